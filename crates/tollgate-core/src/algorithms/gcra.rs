@@ -1,0 +1,54 @@
+//! GCRA, the generic cell rate algorithm in its virtual-scheduling form. The whole state is
+//! one integer, the theoretical arrival time (TAT): the instant at which the bucket would be
+//! full again. That is why the memory store keeps it in one `AtomicU64` and the Redis script
+//! in one string key.
+//!
+//! With emission interval `T` and capacity `B`, a request of cost `c` at `now` passes when
+//! `max(TAT, now) + c*T - now <= B*T`; it then sets `TAT = max(TAT, now) + c*T`.
+
+use crate::{Decision, Micros, Quota};
+
+/// The theoretical arrival time in microseconds since the epoch; 0 (or any past time) is fresh.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct GcraState {
+    /// Theoretical arrival time.
+    pub tat: Micros,
+}
+
+/// Decides one request; writes the state only when `commit` and the request is allowed with a
+/// nonzero cost.
+pub fn check(q: &Quota, state: &mut GcraState, now: Micros, cost: u64, commit: bool) -> Decision {
+    let t = q.emission_interval_micros();
+    let capacity = q.burst() * t;
+    let tat = state.tat.max(now);
+    let used = tat - now;
+    let remaining_before = capacity.saturating_sub(used) / t;
+    let mut d = Decision {
+        allowed: false,
+        limit: q.limit(),
+        remaining: remaining_before,
+        reset_after: used,
+        retry_after: None,
+    };
+    if cost > q.burst() {
+        return d;
+    }
+    let need = cost * t;
+    let new_used = used + need;
+    if new_used <= capacity {
+        d.allowed = true;
+        d.remaining = (capacity - new_used) / t;
+        d.reset_after = new_used;
+        if commit && cost > 0 {
+            state.tat = now + new_used;
+        }
+    } else {
+        d.retry_after = Some(new_used - capacity);
+    }
+    d
+}
+
+/// The instant from which the state equals a fresh one.
+pub fn idle_at(state: &GcraState) -> Micros {
+    state.tat
+}

@@ -1,0 +1,114 @@
+//! Sliding window counter: the approximation of a sliding window from two fixed windows. The
+//! previous window's count is weighted by the part of it still inside the sliding window:
+//! `previous * (period - elapsed) / period + current + cost <= limit`, where `elapsed` is the
+//! time since the current window began.
+//!
+//! It is evaluated exactly in integers, multiplied through by `period`:
+//! `previous * (period - elapsed) + (current + cost) * period <= limit * period`.
+//! It assumes the previous window's requests were spread evenly; when they all came at its
+//! end, it under-admits for a while (it never admits more than `limit` in one window).
+
+use crate::{Decision, Micros, Quota};
+
+/// Counts of the current and the previous aligned window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SlidingWindowCounterState {
+    /// Start of the current window (a multiple of the period).
+    pub window_start: Micros,
+    /// Units admitted in the current window.
+    pub current: u64,
+    /// Units admitted in the window before it.
+    pub previous: u64,
+}
+
+/// Decides one request; writes the state only when `commit` and the request is allowed with a
+/// nonzero cost.
+pub fn check(
+    q: &Quota,
+    state: &mut SlidingWindowCounterState,
+    now: Micros,
+    cost: u64,
+    commit: bool,
+) -> Decision {
+    let p = q.period_micros();
+    let limit = q.limit();
+    let now = now.max(state.window_start);
+    let ws = now - now % p;
+    let (previous, current) = if ws == state.window_start {
+        (state.previous, state.current)
+    } else if ws == state.window_start.saturating_add(p) {
+        (state.current, 0)
+    } else {
+        (0, 0)
+    };
+    let elapsed = now - ws;
+    let p128 = u128::from(p);
+    // previous * (p - elapsed): the weighted previous count, scaled by p.
+    let weighted = u128::from(previous) * u128::from(p - elapsed);
+    let budget = u128::from(limit) * p128;
+    let used = |current: u64| weighted + u128::from(current) * p128;
+    let remaining = |current: u64| {
+        let left = budget.saturating_sub(used(current)) / p128;
+        u64::try_from(left).unwrap_or(limit)
+    };
+    let reset = |current: u64| {
+        if current > 0 {
+            ws.saturating_add(2 * p) - now
+        } else if previous > 0 {
+            ws.saturating_add(p) - now
+        } else {
+            0
+        }
+    };
+    let mut d = Decision {
+        allowed: false,
+        limit,
+        remaining: remaining(current),
+        reset_after: reset(current),
+        retry_after: None,
+    };
+    if cost > limit {
+        return d;
+    }
+    if current + cost <= limit && used(current + cost) <= budget {
+        d.allowed = true;
+        d.remaining = remaining(current + cost);
+        d.reset_after = reset(current + cost);
+        if commit && cost > 0 {
+            *state = SlidingWindowCounterState {
+                window_start: ws,
+                current: current + cost,
+                previous,
+            };
+        }
+        return d;
+    }
+    // The earliest elapsed time e (in some window) at which weight * (p - e) <= room * p.
+    let earliest = |weight: u64, room: u64| -> Micros {
+        if weight == 0 {
+            return 0;
+        }
+        let fits = u128::from(room) * p128 / u128::from(weight);
+        p - u64::try_from(fits.min(p128)).unwrap_or(p)
+    };
+    let at = if current + cost > limit {
+        // Only the next window can take it; there the current count becomes the previous.
+        ws + p + earliest(current, limit - cost)
+    } else {
+        ws + earliest(previous, limit - current - cost)
+    };
+    d.retry_after = Some(at - now);
+    d
+}
+
+/// The instant from which the state equals a fresh one.
+pub fn idle_at(q: &Quota, state: &SlidingWindowCounterState) -> Micros {
+    let p = q.period_micros();
+    if state.current > 0 {
+        state.window_start.saturating_add(2 * p)
+    } else if state.previous > 0 {
+        state.window_start.saturating_add(p)
+    } else {
+        0
+    }
+}

@@ -1,0 +1,113 @@
+//! Sliding window log: exact. It remembers when every admitted unit arrived and admits while
+//! the units in `(now - period, now]` plus the cost stay within the limit. Its memory is
+//! O(limit) per client, which is why its quotas are capped at [`MAX_LOG_LIMIT`].
+//!
+//! Entries with the same timestamp are merged, so a burst of cost `n` at one instant is one
+//! entry.
+
+use crate::{Decision, Micros, Quota};
+use std::collections::VecDeque;
+
+/// The largest limit a sliding log accepts: each admitted unit may need an entry.
+pub const MAX_LOG_LIMIT: u64 = 100_000;
+
+/// One timestamp with the units admitted at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LogEntry {
+    /// When the units were admitted.
+    pub at: Micros,
+    /// How many units were admitted then.
+    pub units: u64,
+}
+
+/// The admitted units still inside the window, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct SlidingWindowLogState {
+    /// Admitted units, oldest first, timestamps strictly increasing.
+    pub entries: VecDeque<LogEntry>,
+}
+
+impl SlidingWindowLogState {
+    fn newest(&self) -> Micros {
+        self.entries.back().map_or(0, |e| e.at)
+    }
+}
+
+/// Decides one request; writes the state only when `commit` and the request is allowed with a
+/// nonzero cost. Expired entries are pruned on commit.
+pub fn check(
+    q: &Quota,
+    state: &mut SlidingWindowLogState,
+    now: Micros,
+    cost: u64,
+    commit: bool,
+) -> Decision {
+    let p = q.period_micros();
+    let limit = q.limit();
+    let now = now.max(state.newest());
+    // Entries at or before `horizon` are out of the window (now - period, now].
+    let horizon = now.saturating_sub(p);
+    let live = state
+        .entries
+        .iter()
+        .skip_while(|e| now >= p && e.at <= horizon);
+    let in_window: u64 = live.clone().map(|e| e.units).sum();
+    let mut d = Decision {
+        allowed: false,
+        limit,
+        remaining: limit.saturating_sub(in_window),
+        reset_after: if in_window == 0 {
+            0
+        } else {
+            state.newest().saturating_add(p) - now
+        },
+        retry_after: None,
+    };
+    if cost > limit {
+        return d;
+    }
+    if in_window + cost <= limit {
+        d.allowed = true;
+        d.remaining = limit - in_window - cost;
+        if cost > 0 {
+            d.reset_after = p;
+        }
+        if commit && cost > 0 {
+            while state
+                .entries
+                .front()
+                .is_some_and(|e| now >= p && e.at <= horizon)
+            {
+                state.entries.pop_front();
+            }
+            match state.entries.back_mut() {
+                Some(last) if last.at == now => last.units += cost,
+                _ => state.entries.push_back(LogEntry {
+                    at: now,
+                    units: cost,
+                }),
+            }
+        }
+        return d;
+    }
+    // Drop the oldest live entries until the request fits; the last one dropped decides.
+    let mut excess = in_window + cost - limit;
+    let mut at = now;
+    for e in live {
+        at = e.at;
+        if e.units >= excess {
+            break;
+        }
+        excess -= e.units;
+    }
+    d.retry_after = Some(at + p - now);
+    d
+}
+
+/// The instant from which the state equals a fresh one.
+pub fn idle_at(q: &Quota, state: &SlidingWindowLogState) -> Micros {
+    match state.entries.back() {
+        Some(e) => e.at.saturating_add(q.period_micros()),
+        None => 0,
+    }
+}

@@ -1,0 +1,68 @@
+//! Being limited is a value, not an error: a [`Decision`] says whether the request passes and,
+//! when it does not, the exact earliest time it would.
+
+use crate::time::Micros;
+
+/// The answer of one algorithm for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request is admitted (and, when committed, charged).
+    pub allowed: bool,
+    /// The quota's limit (units per period), for `RateLimit-Policy: q=`.
+    pub limit: u64,
+    /// Units left after this request (after charging it when allowed).
+    pub remaining: u64,
+    /// Microseconds until the state is back to fresh (a new client's).
+    pub reset_after: Micros,
+    /// When denied: microseconds until the same request would pass if nothing else happened.
+    /// `None` when allowed, and when denied because the cost exceeds what the algorithm can
+    /// ever admit (see [`Decision::exceeds_capacity`]).
+    pub retry_after: Option<Micros>,
+}
+
+impl Decision {
+    /// Denied because the cost is larger than anything this quota can ever admit: retrying
+    /// never helps.
+    pub fn exceeds_capacity(&self) -> bool {
+        !self.allowed && self.retry_after.is_none()
+    }
+}
+
+/// The answer for several checks decided together, all-or-nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// True when every check allowed, and so every check was charged.
+    pub allowed: bool,
+    /// One decision per check, in the order given. When the verdict is a denial, nothing was
+    /// charged: the checks that would have allowed report their uncharged state.
+    pub decisions: Vec<Decision>,
+}
+
+impl Verdict {
+    /// When denied: the earliest time all checks would pass together (the largest of the
+    /// denials' retry times), or `None` when some check can never pass or nothing was denied.
+    pub fn retry_after(&self) -> Option<Micros> {
+        if self.allowed {
+            return None;
+        }
+        let mut worst: Micros = 0;
+        for d in self.decisions.iter().filter(|d| !d.allowed) {
+            worst = worst.max(d.retry_after?);
+        }
+        Some(worst)
+    }
+
+    /// The index of the most constrained decision: the denial with the longest wait, or, when
+    /// all allowed, the one with the least remaining (what `RateLimit` reports).
+    pub fn most_constrained(&self) -> Option<usize> {
+        let key = |d: &Decision| {
+            let wait = match (d.allowed, d.retry_after) {
+                (true, _) => 0,
+                (false, Some(r)) => r,
+                (false, None) => u64::MAX,
+            };
+            (!d.allowed, wait, u64::MAX - d.remaining, d.reset_after)
+        };
+        (0..self.decisions.len()).max_by_key(|&i| key(&self.decisions[i]))
+    }
+}

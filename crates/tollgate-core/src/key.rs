@@ -1,0 +1,114 @@
+//! What a store is asked: for one client, a set of rules, each with a cost.
+
+use crate::algorithms::Limit;
+use std::fmt;
+use std::sync::Arc;
+
+/// A client's identity after the keyed hash: 16 bytes, so raw API keys never reach a store.
+/// It renders as 32 lowercase hex digits (the `{<client>}` part of a Redis key).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientKey(pub [u8; 16]);
+
+impl ClientKey {
+    /// The key as a 128-bit integer (for in-memory tables).
+    pub fn as_u128(&self) -> u128 {
+        u128::from_le_bytes(self.0)
+    }
+
+    /// The key from a 128-bit integer.
+    pub fn from_u128(v: u128) -> Self {
+        Self(v.to_le_bytes())
+    }
+
+    /// Writes the 32 hex digits into `out`.
+    pub fn write_hex(&self, out: &mut String) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for b in self.0 {
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 15)]));
+        }
+    }
+}
+
+impl fmt::Display for ClientKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::with_capacity(32);
+        self.write_hex(&mut s);
+        f.write_str(&s)
+    }
+}
+
+impl fmt::Debug for ClientKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClientKey({self})")
+    }
+}
+
+/// A named limit: what one policy enforces, as a store sees it. The name is part of the store
+/// key; `id` is a 64-bit hash of it that in-process tables use instead of the string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Rule {
+    name: Arc<str>,
+    id: u64,
+    limit: Limit,
+}
+
+impl Rule {
+    /// A rule named `name` enforcing `limit`.
+    pub fn new(name: impl Into<Arc<str>>, limit: Limit) -> Self {
+        let name = name.into();
+        let id = fnv1a(name.as_bytes());
+        Self { name, id, limit }
+    }
+
+    /// The policy name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A stable 64-bit hash of the name (FNV-1a).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The limit it enforces.
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// One rule to check for a request, with the units this request costs under it.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The rule.
+    pub rule: &'a Rule,
+    /// Units this request costs (0 is a pure query).
+    pub cost: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_key_renders_as_32_hex_digits() {
+        let mut b = [0u8; 16];
+        b[0] = 0xab;
+        b[15] = 0x01;
+        let k = ClientKey(b);
+        let s = k.to_string();
+        assert_eq!(s.len(), 32);
+        assert!(s.starts_with("ab"));
+        assert!(s.ends_with("01"));
+        assert_eq!(ClientKey::from_u128(k.as_u128()), k);
+    }
+}

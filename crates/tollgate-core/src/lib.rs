@@ -1,0 +1,29 @@
+//! Pure rate-limiting algorithms for tollgate.
+//!
+//! Every algorithm is a function of the stored state, `now`, the quota and the cost, returning
+//! a [`Decision`] and (when the request is admitted) a new state. Nothing here does I/O or
+//! reads a clock: stores own atomicity and time is passed in, so the same definitions can be
+//! run by the in-memory store under a compare-and-swap, ported to Lua for Redis, and tested
+//! with a [`ManualClock`] that never sleeps.
+//!
+//! Shared rules, enforced by property tests:
+//! - a denied request consumes nothing, and a zero-cost request is a pure query;
+//! - `retry_after` is the exact earliest time the same request would pass if nothing else
+//!   happened, and a cost larger than the algorithm can ever admit is denied with none;
+//! - time is integer microseconds; a clock that goes backwards is clamped, never refunded.
+#![deny(missing_docs)]
+
+pub mod algorithms;
+mod decision;
+mod key;
+mod quota;
+mod time;
+
+pub use algorithms::{check_all, Algorithm, Limit, State, UnknownAlgorithm};
+pub use decision::{Decision, Verdict};
+pub use key::{Check, ClientKey, Rule};
+pub use quota::{Quota, QuotaError, MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
+pub use time::{
+    duration_to_micros, micros_to_duration, micros_to_secs_ceil, Clock, ManualClock, Micros,
+    SystemClock,
+};

@@ -1,0 +1,1 @@
+//! Work in progress: see the workspace README.
