@@ -1,1 +1,27 @@
-//! Work in progress: see the workspace README.
+//! The Redis and Redis Cluster store for tollgate.
+//!
+//! One request matched by several policies is decided by ONE script call: the script
+//! validates its arguments, reads every policy's key, decides each with the same integer
+//! arithmetic as tollgate-core, and charges all of them or none. Why a script: the decision
+//! branches on what it read, which MULTI/EXEC cannot do, and WATCH retry loops collapse under
+//! the contention a rate limiter exists for (many gateways, one hot client).
+//!
+//! Keys are `<prefix>:{<client>}:<policy>`: the hash tag keeps one client's keys in one
+//! Cluster slot, so the multi-key script is valid on a cluster. Every write sets PX so a key
+//! disappears when its state equals a fresh one; expiry never changes a decision.
+//!
+//! The scripts live in `scripts/*.lua` (one per algorithm plus the `check.lua` driver),
+//! documented with their KEYS and ARGV. They are loaded once and called with EVALSHA; a
+//! NOSCRIPT reply (a restarted server, a FLUSH, a promoted replica) is answered by sending
+//! the script itself, which reloads it, without failing the request.
+#![deny(missing_docs)]
+
+mod config;
+mod error;
+mod script;
+mod store;
+
+pub use config::{RedisConfig, StoreClock};
+pub use error::RedisStoreError;
+pub use script::{script_sha, script_text};
+pub use store::RedisStore;

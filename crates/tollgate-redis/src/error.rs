@@ -1,0 +1,128 @@
+//! Store errors, by kind. Being limited is never an error (it is a `Verdict`); these are the
+//! failures the caller's failure policy handles.
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Connection,
+    Timeout,
+    Cluster,
+    Busy,
+    Script,
+    Protocol,
+    Config,
+    Invalid,
+}
+
+/// Why a store call failed. `kind()` names the class for metrics
+/// (`tollgate_store_errors_total{kind}`); `is_transient()` says whether retrying later may
+/// succeed without anyone changing anything.
+#[derive(Debug)]
+pub struct RedisStoreError {
+    kind: Kind,
+    message: String,
+    source: Option<RedisError>,
+}
+
+impl RedisStoreError {
+    /// One of `connection`, `timeout`, `cluster`, `busy`, `script`, `protocol`, `config`,
+    /// `invalid`.
+    pub fn kind(&self) -> &'static str {
+        match self.kind {
+            Kind::Connection => "connection",
+            Kind::Timeout => "timeout",
+            Kind::Cluster => "cluster",
+            Kind::Busy => "busy",
+            Kind::Script => "script",
+            Kind::Protocol => "protocol",
+            Kind::Config => "config",
+            Kind::Invalid => "invalid",
+        }
+    }
+
+    /// True for failures that go away by themselves: the server is unreachable, slow,
+    /// loading, failing over. False for a bad configuration, a rejected argument or a reply
+    /// the store does not understand.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::Connection | Kind::Timeout | Kind::Cluster | Kind::Busy
+        )
+    }
+
+    pub(crate) fn config(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Config,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Invalid,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn protocol(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Protocol,
+            message: message.into(),
+            source: None,
+        }
+    }
+}
+
+impl From<RedisError> for RedisStoreError {
+    fn from(e: RedisError) -> Self {
+        let kind = if e.is_timeout() {
+            Kind::Timeout
+        } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            Kind::Connection
+        } else {
+            match e.kind() {
+                ErrorKind::ClusterConnectionNotFound => Kind::Connection,
+                ErrorKind::Server(
+                    ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::CrossSlot,
+                ) => Kind::Cluster,
+                ErrorKind::Server(ServerErrorKind::BusyLoading) => Kind::Busy,
+                ErrorKind::Parse | ErrorKind::UnexpectedReturnType => Kind::Protocol,
+                ErrorKind::AuthenticationFailed
+                | ErrorKind::InvalidClientConfig
+                | ErrorKind::Server(ServerErrorKind::NoPerm) => Kind::Config,
+                // A script still running (BUSY) is another client's long script.
+                _ if e.code() == Some("BUSY") => Kind::Busy,
+                _ => Kind::Script,
+            }
+        };
+        Self {
+            kind,
+            message: e.to_string(),
+            source: Some(e),
+        }
+    }
+}
+
+impl fmt::Display for RedisStoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "redis store {} error: {}", self.kind(), self.message)
+    }
+}
+
+impl std::error::Error for RedisStoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

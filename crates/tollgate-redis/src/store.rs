@@ -1,0 +1,279 @@
+//! The store: connections (standalone or cluster), key layout, one script call per request.
+
+use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use crate::error::RedisStoreError;
+use crate::script::script;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
+use std::fmt;
+use std::sync::Arc;
+use tollgate_core::{Check, ClientKey, Decision, Micros, Verdict};
+
+/// The largest cost sent to the script. Any cost above `MAX_LIMIT` is denied outright, so
+/// clamping to 2^53 (exact in Lua) changes no decision.
+const MAX_COST: u64 = 1 << 53;
+
+/// A Redis or Redis Cluster store. Clones share the connections: concurrent calls are
+/// pipelined on one multiplexed connection per server, never one connection per request.
+///
+/// It reconnects by itself: after the server restarts (or a cluster fails over) calls fail
+/// fast with a transient error until the server answers again, then succeed, reloading the
+/// script where the server's cache is empty.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Connection,
+    prefix: Arc<str>,
+    clock: StoreClock,
+    ttl_floor_ms: Option<u64>,
+}
+
+#[derive(Clone)]
+enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.conn {
+            Connection::Standalone(_) => "standalone",
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore")
+            .field("kind", &kind)
+            .field("prefix", &self.prefix)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Connects (standalone: exactly one URL; cluster: seed URLs) and loads the script.
+    /// Fails when the server cannot be reached now; afterwards the store reconnects by itself.
+    pub async fn connect(config: RedisConfig) -> Result<Self, RedisStoreError> {
+        if config.urls.is_empty() {
+            return Err(RedisStoreError::config("no Redis URL given"));
+        }
+        let conn = if config.cluster {
+            Connection::Cluster(connect_cluster(&config.urls).await?)
+        } else {
+            if config.urls.len() != 1 {
+                return Err(RedisStoreError::config(
+                    "a standalone Redis takes exactly one URL (use the redis-cluster backend for several)",
+                ));
+            }
+            Connection::Standalone(connect_standalone(&config.urls[0]).await?)
+        };
+        let store = Self {
+            conn,
+            prefix: config.key_prefix.into(),
+            clock: config.clock,
+            ttl_floor_ms: None,
+        };
+        store.load_script().await?;
+        Ok(store)
+    }
+
+    /// Decides `checks` for `client` all-or-nothing in one round trip: when every check
+    /// allows, all are charged; otherwise none is. `now` (microseconds since the epoch) is
+    /// used only with [`StoreClock::Local`]; with the store clock Redis `TIME` decides.
+    pub async fn check(
+        &self,
+        client: &ClientKey,
+        checks: &[Check<'_>],
+        now: Micros,
+    ) -> Result<Verdict, RedisStoreError> {
+        if checks.is_empty() {
+            return Ok(Verdict {
+                allowed: true,
+                decisions: Vec::new(),
+            });
+        }
+        for (i, c) in checks.iter().enumerate() {
+            if checks[..i].iter().any(|o| o.rule.name() == c.rule.name()) {
+                return Err(RedisStoreError::invalid(format!(
+                    "policy {:?} is checked twice in one request",
+                    c.rule.name()
+                )));
+            }
+        }
+        let s = script();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&s.sha);
+        self.push_args(&mut cmd, client, checks, now);
+        let reply = match self.query(&cmd).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                // The server lost its script cache (restart, FLUSH, failover): EVAL sends the
+                // script and caches it again, so the next EVALSHA works.
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(&s.text);
+                self.push_args(&mut eval, client, checks, now);
+                self.query(&eval).await
+            }
+            other => other,
+        }?;
+        parse_reply(&reply, checks)
+    }
+
+    /// Round-trips a PING (on a cluster: to every node).
+    pub async fn ping(&self) -> Result<(), RedisStoreError> {
+        self.query(&redis::cmd("PING")).await?;
+        Ok(())
+    }
+
+    /// The Redis key holding `policy`'s state for `client`: `<prefix>:{<client>}:<policy>`.
+    pub fn key(&self, client: &ClientKey, policy: &str) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + policy.len() + 37);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        client.write_hex(&mut key);
+        key.push_str("}:");
+        key.push_str(policy);
+        key
+    }
+
+    /// The same store (sharing its connections) whose keys live at least `floor`, even past
+    /// the instant their state equals a fresh one. That changes no decision, only memory. It
+    /// is for tests that drive [`StoreClock::Local`] at another pace than real time (or
+    /// backwards): Redis expires keys on its own clock, which would otherwise forget a state
+    /// the test's virtual time still needs.
+    pub fn with_ttl_floor(&self, floor: std::time::Duration) -> Self {
+        let ms = u64::try_from(floor.as_millis()).unwrap_or(u64::MAX);
+        Self {
+            ttl_floor_ms: Some(
+                ms.min(tollgate_core::duration_to_micros(tollgate_core::MAX_PERIOD) / 1000),
+            ),
+            ..self.clone()
+        }
+    }
+
+    /// The clock this store decides with.
+    pub fn clock(&self) -> StoreClock {
+        self.clock
+    }
+
+    fn push_args(&self, cmd: &mut Cmd, client: &ClientKey, checks: &[Check<'_>], now: Micros) {
+        cmd.arg(checks.len());
+        for c in checks {
+            cmd.arg(self.key(client, c.rule.name()));
+        }
+        match self.clock {
+            StoreClock::Store => cmd.arg(""),
+            StoreClock::Local => cmd.arg(now),
+        };
+        for c in checks {
+            let limit = c.rule.limit();
+            let q = &limit.quota;
+            cmd.arg(limit.algorithm.name())
+                .arg(q.limit())
+                .arg(q.period_micros())
+                .arg(q.burst())
+                .arg(c.cost.min(MAX_COST));
+        }
+        if let Some(ms) = self.ttl_floor_ms {
+            cmd.arg(ms);
+        }
+    }
+
+    async fn load_script(&self) -> Result<(), RedisStoreError> {
+        let s = script();
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(&s.text);
+        let sha: String = match self.query(&cmd).await? {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::SimpleString(s) => s,
+            other => {
+                return Err(RedisStoreError::protocol(format!(
+                    "SCRIPT LOAD answered {other:?}"
+                )))
+            }
+        };
+        if sha != s.sha {
+            return Err(RedisStoreError::protocol(format!(
+                "SCRIPT LOAD returned sha {sha}, expected {}",
+                s.sha
+            )));
+        }
+        Ok(())
+    }
+
+    async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
+        match &self.conn {
+            Connection::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+}
+
+async fn connect_standalone(url: &str) -> Result<ConnectionManager, RedisStoreError> {
+    let client = redis::Client::open(url)
+        .map_err(|e| RedisStoreError::config(format!("invalid Redis URL {}: {e}", redact(url))))?;
+    // No reconnect retries inside the client: while the server is down each call fails at
+    // once (and triggers the next attempt) instead of waiting out a backoff schedule.
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_number_of_retries(0);
+    Ok(ConnectionManager::new_with_config(client, config).await?)
+}
+
+async fn connect_cluster(urls: &[String]) -> Result<ClusterConnection, RedisStoreError> {
+    let client = ClusterClient::builder(urls.iter().map(String::as_str))
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .retries(3)
+        .min_retry_wait(20)
+        .max_retry_wait(200)
+        .build()
+        .map_err(|e| {
+            let urls: Vec<String> = urls.iter().map(|u| redact(u)).collect();
+            RedisStoreError::config(format!("invalid Redis Cluster URLs {urls:?}: {e}"))
+        })?;
+    Ok(client.get_async_connection().await?)
+}
+
+/// Four integers per check: allowed, remaining, reset_after, retry_after (-1: none).
+fn parse_reply(reply: &redis::Value, checks: &[Check<'_>]) -> Result<Verdict, RedisStoreError> {
+    let redis::Value::Array(items) = reply else {
+        return Err(RedisStoreError::protocol(format!(
+            "the script answered {reply:?}, expected an array"
+        )));
+    };
+    if items.len() != 4 * checks.len() {
+        return Err(RedisStoreError::protocol(format!(
+            "the script answered {} integers for {} checks",
+            items.len(),
+            checks.len()
+        )));
+    }
+    let int = |v: &redis::Value| match v {
+        redis::Value::Int(i) => Ok(*i),
+        other => Err(RedisStoreError::protocol(format!(
+            "the script answered {other:?}, expected an integer"
+        ))),
+    };
+    let unsigned = |v: &redis::Value| {
+        u64::try_from(int(v)?).map_err(|_| RedisStoreError::protocol("negative count in reply"))
+    };
+    let mut decisions = Vec::with_capacity(checks.len());
+    for (c, item) in checks.iter().zip(items.chunks_exact(4)) {
+        let retry = int(&item[3])?;
+        decisions.push(Decision {
+            allowed: int(&item[0])? == 1,
+            limit: c.rule.limit().quota.limit(),
+            remaining: unsigned(&item[1])?,
+            reset_after: unsigned(&item[2])?,
+            retry_after: if retry < 0 {
+                None
+            } else {
+                Some(retry.unsigned_abs())
+            },
+        });
+    }
+    Ok(Verdict {
+        allowed: decisions.iter().all(|d| d.allowed),
+        decisions,
+    })
+}

@@ -1,0 +1,111 @@
+//! Shared by the integration tests: a small deterministic PRNG, random quotas, and stores
+//! connected to servers the tests start themselves.
+#![allow(dead_code)]
+
+use std::time::Duration;
+use tollgate_core::{Algorithm, ClientKey, Limit, Quota, Rule};
+use tollgate_redis::{RedisConfig, RedisStore, StoreClock};
+
+/// SplitMix64: deterministic, seeded per test, no dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [lo, hi].
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.range(1, 100) <= percent
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.range(0, items.len() as u64 - 1) as usize]
+    }
+}
+
+/// A random valid limit for `algorithm`: small and large limits, periods from a millisecond
+/// to a day (and odd ones that do not divide evenly), bursts below and above the limit.
+pub fn random_limit(rng: &mut Rng, algorithm: Algorithm) -> Limit {
+    for _ in 0..1000 {
+        let period_us = match rng.range(0, 5) {
+            0 => rng.range(1_000, 50_000),
+            1 => 1_000_000,
+            2 => rng.range(1_000_000, 120_000_000),
+            3 => 60_000_000,
+            4 => 3_600_000_000,
+            _ => 86_400_000_000,
+        };
+        let limit = match rng.range(0, 3) {
+            0 => rng.range(1, 5),
+            1 => rng.range(1, 30),
+            2 => rng.range(30, 1000),
+            _ => rng.range(1, 100_000),
+        };
+        let burst = match rng.range(0, 2) {
+            0 => limit,
+            1 => rng.range(1, limit.max(2)),
+            _ => rng.range(limit, limit * 3),
+        };
+        let Ok(q) = Quota::new(limit, Duration::from_micros(period_us)) else {
+            continue;
+        };
+        let Ok(q) = q.with_burst(burst) else {
+            continue;
+        };
+        if let Ok(l) = Limit::new(algorithm, q) {
+            return l;
+        }
+    }
+    panic!("no valid quota found for {algorithm}");
+}
+
+pub fn client(n: u128) -> ClientKey {
+    ClientKey::from_u128(n.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834))
+}
+
+pub fn rule(name: &str, algorithm: Algorithm, limit: u64, period: Duration) -> Rule {
+    let quota = match Quota::new(limit, period) {
+        Ok(q) => q,
+        Err(e) => panic!("bad quota in a test: {e}"),
+    };
+    match Limit::new(algorithm, quota) {
+        Ok(l) => Rule::new(name, l),
+        Err(e) => panic!("bad limit in a test: {e}"),
+    }
+}
+
+pub async fn connect(url: &str, clock: StoreClock) -> RedisStore {
+    let config = RedisConfig::standalone(url)
+        .with_clock(clock)
+        .with_key_prefix("test");
+    match RedisStore::connect(config).await {
+        Ok(s) => s,
+        Err(e) => panic!("cannot connect to {url}: {e}"),
+    }
+}
+
+pub async fn connect_cluster(seeds: Vec<String>, clock: StoreClock) -> RedisStore {
+    let config = RedisConfig::cluster(seeds)
+        .with_clock(clock)
+        .with_key_prefix("test");
+    match RedisStore::connect(config).await {
+        Ok(s) => s,
+        Err(e) => panic!("cannot connect to the cluster: {e}"),
+    }
+}
+
+/// Microseconds since the epoch of 2026-01-01, a realistic `now`.
+pub const EPOCH_2026: u64 = 1_767_225_600_000_000;

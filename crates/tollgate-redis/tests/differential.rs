@@ -1,0 +1,205 @@
+//! The Lua scripts make exactly tollgate-core's decisions: random traces (times, costs,
+//! policies, clients) run through `check_all` in Rust and through the Redis store with the
+//! local clock, and every verdict must be identical.
+
+mod common;
+
+use common::{random_limit, Rng, EPOCH_2026};
+use std::collections::HashMap;
+use tollgate_core::{check_all, Algorithm, Check, Micros, Rule, State, Verdict};
+use tollgate_redis::{RedisStore, StoreClock};
+use tollgate_testkit::RedisServer;
+
+/// The next `now`: mostly forward by amounts around the period (including exactly at window
+/// boundaries), sometimes standing still, sometimes backwards (a clock step).
+fn step(rng: &mut Rng, now: Micros, period: Micros, interval: Micros) -> Micros {
+    match rng.range(0, 9) {
+        0 => now,
+        1 => now + rng.range(1, interval.max(2)),
+        2 => now + rng.range(0, period),
+        3 => now + period,
+        4 => now - now % period + period, // the next window boundary exactly
+        5 => now + rng.range(period, 3 * period),
+        6 => now.saturating_sub(rng.range(1, period)),
+        7 => now + interval,
+        _ => now + rng.range(0, interval.max(1) * 3),
+    }
+}
+
+struct Model {
+    states: HashMap<(u128, String), State>,
+}
+
+impl Model {
+    fn check(&mut self, client: u128, checks: &[Check<'_>], now: Micros) -> Verdict {
+        for c in checks {
+            self.states
+                .entry((client, c.rule.name().to_string()))
+                .or_insert_with(|| c.rule.limit().fresh());
+        }
+        // check_all needs every state mutably at once: take them out and put them back.
+        let mut taken: Vec<State> = checks
+            .iter()
+            .map(|c| {
+                self.states
+                    .remove(&(client, c.rule.name().to_string()))
+                    .unwrap_or_else(|| c.rule.limit().fresh())
+            })
+            .collect();
+        let verdict = check_all(
+            checks
+                .iter()
+                .zip(taken.iter_mut())
+                .map(|(c, s)| (c.rule.limit(), s, c.cost)),
+            now,
+        );
+        for (c, s) in checks.iter().zip(taken) {
+            self.states.insert((client, c.rule.name().to_string()), s);
+        }
+        verdict
+    }
+}
+
+/// How many verdicts were allowed, denied with a retry time, and denied for good.
+#[derive(Debug, Default)]
+struct Outcomes {
+    allowed: u64,
+    retry: u64,
+    never: u64,
+}
+
+async fn run_trace(
+    store: &RedisStore,
+    rules: &[Rule],
+    seed: u64,
+    requests: usize,
+    outcomes: &mut Outcomes,
+) {
+    let mut rng = Rng::new(seed);
+    let mut model = Model {
+        states: HashMap::new(),
+    };
+    let mut now = EPOCH_2026 + rng.range(0, 10_000_000_000);
+    let clients: Vec<u128> = (0..3).map(|i| u128::from(seed) << 8 | i).collect();
+    for i in 0..requests {
+        let first = &rules[rng.range(0, rules.len() as u64 - 1) as usize];
+        let q = first.limit().quota;
+        now = step(
+            &mut rng,
+            now,
+            q.period_micros(),
+            q.emission_interval_micros(),
+        );
+        // One to three distinct rules, each with its own cost (0 and over-capacity included).
+        let mut chosen: Vec<&Rule> = vec![first];
+        for r in rules {
+            if chosen.len() < 3 && r.name() != first.name() && rng.chance(25) {
+                chosen.push(r);
+            }
+        }
+        let checks: Vec<Check<'_>> = chosen
+            .iter()
+            .map(|r| {
+                let q = r.limit().quota;
+                let cap = q.limit().max(q.burst());
+                let cost = match rng.range(0, 9) {
+                    0 => 0,
+                    1 => cap + rng.range(1, 3),
+                    2 => rng.range(1, cap),
+                    _ => rng.range(1, (cap / 4).max(1)),
+                };
+                Check { rule: r, cost }
+            })
+            .collect();
+        let client = *rng.pick(&clients);
+        let expected = model.check(client, &checks, now);
+        let got = match store.check(&common::client(client), &checks, now).await {
+            Ok(v) => v,
+            Err(e) => panic!("store error at request {i}: {e}"),
+        };
+        match (expected.allowed, expected.retry_after()) {
+            (true, _) => outcomes.allowed += 1,
+            (false, Some(_)) => outcomes.retry += 1,
+            (false, None) => outcomes.never += 1,
+        }
+        assert_eq!(
+            got, expected,
+            "seed {seed}, request {i}, now {now}, checks {checks:?}"
+        );
+    }
+}
+
+async fn differential(algorithm: Algorithm, seeds: std::ops::Range<u64>) {
+    let server = RedisServer::start();
+    // Virtual time runs at its own pace (and backwards): keys must not expire in real time.
+    let store = common::connect(&server.url(), StoreClock::Local)
+        .await
+        .with_ttl_floor(std::time::Duration::from_secs(3600));
+    let mut outcomes = Outcomes::default();
+    for seed in seeds {
+        let mut rng = Rng::new(seed * 7919 + algorithm as u64);
+        let rules: Vec<Rule> = (0..2)
+            .map(|i| {
+                Rule::new(
+                    format!("{algorithm}-{seed}-{i}"),
+                    random_limit(&mut rng, algorithm),
+                )
+            })
+            .collect();
+        run_trace(&store, &rules, seed, 300, &mut outcomes).await;
+    }
+    assert_covers_every_outcome(&outcomes);
+}
+
+fn assert_covers_every_outcome(o: &Outcomes) {
+    assert!(o.allowed > 100 && o.retry > 100 && o.never > 10, "{o:?}");
+}
+
+#[tokio::test]
+async fn fixed_window_matches_core() {
+    differential(Algorithm::FixedWindow, 0..12).await;
+}
+
+#[tokio::test]
+async fn sliding_window_log_matches_core() {
+    differential(Algorithm::SlidingWindowLog, 0..12).await;
+}
+
+#[tokio::test]
+async fn sliding_window_counter_matches_core() {
+    differential(Algorithm::SlidingWindowCounter, 0..12).await;
+}
+
+#[tokio::test]
+async fn token_bucket_matches_core() {
+    differential(Algorithm::TokenBucket, 0..12).await;
+}
+
+#[tokio::test]
+async fn leaky_bucket_matches_core() {
+    differential(Algorithm::LeakyBucket, 0..12).await;
+}
+
+#[tokio::test]
+async fn gcra_matches_core() {
+    differential(Algorithm::Gcra, 0..12).await;
+}
+
+#[tokio::test]
+async fn mixed_policies_are_decided_all_or_nothing_like_core() {
+    let server = RedisServer::start();
+    // Virtual time runs at its own pace (and backwards): keys must not expire in real time.
+    let store = common::connect(&server.url(), StoreClock::Local)
+        .await
+        .with_ttl_floor(std::time::Duration::from_secs(3600));
+    let mut outcomes = Outcomes::default();
+    for seed in 100..112 {
+        let mut rng = Rng::new(seed);
+        let rules: Vec<Rule> = Algorithm::ALL
+            .iter()
+            .map(|&a| Rule::new(format!("{a}-{seed}"), random_limit(&mut rng, a)))
+            .collect();
+        run_trace(&store, &rules, seed, 400, &mut outcomes).await;
+    }
+    assert_covers_every_outcome(&outcomes);
+}

@@ -1,0 +1,178 @@
+//! A Redis Cluster of real `redis-server --cluster-enabled yes` processes, created with
+//! `redis-cli --cluster create`.
+
+use crate::process;
+use crate::server::RedisServer;
+use std::time::Duration;
+
+/// How long a cluster gets to reach `cluster_state:ok` on every node.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Milliseconds after which an unreachable master is failed over by its replica.
+pub const NODE_TIMEOUT_MS: u64 = 1000;
+
+/// A Redis Cluster on loopback. Node indices are stable for the cluster's life; which node is
+/// a master changes after a failover, so ask [`RedisCluster::master_of_key`].
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` masters with `replicas_per_master` replicas each (0 or 1 in practice),
+    /// creates the cluster and waits (bounded) until every node reports `cluster_state:ok`.
+    pub fn start(masters: usize, replicas_per_master: usize) -> Self {
+        assert!(masters >= 3, "redis-cli --cluster create needs at least 3 masters");
+        let extra: Vec<String> = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            &NODE_TIMEOUT_MS.to_string(),
+            "--cluster-port",
+            "{bus}",
+            // Tests kill masters; a replica must take over however stale it is.
+            "--cluster-replica-validity-factor",
+            "0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let total = masters * (1 + replicas_per_master);
+        let nodes: Vec<RedisServer> = (0..total)
+            .map(|i| RedisServer::start_with(extra.clone(), i as u32))
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let mut args: Vec<&str> = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        let replicas = replicas_per_master.to_string();
+        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
+        let out = nodes[0].cli(&args);
+        let cluster = RedisCluster { nodes };
+        if !cluster.wait_ok(CLUSTER_TIMEOUT) {
+            panic!("cluster did not reach cluster_state:ok within {CLUSTER_TIMEOUT:?}; redis-cli said:\n{out}");
+        }
+        if replicas_per_master > 0 {
+            let want = masters * replicas_per_master;
+            let synced = process::wait_until(CLUSTER_TIMEOUT, || cluster.synced_replicas() >= want);
+            assert!(synced, "replicas did not finish their initial sync");
+        }
+        cluster
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` and all 16384 slots assigned.
+    pub fn wait_ok(&self, timeout: Duration) -> bool {
+        process::wait_until(timeout, || {
+            self.nodes.iter().filter(|n| n.pid().is_some()).all(|n| {
+                let info = n.cli(&["cluster", "info"]);
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+            })
+        })
+    }
+
+    fn synced_replicas(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| {
+                let info = n.cli(&["info", "replication"]);
+                info.contains("role:slave") && info.contains("master_link_status:up")
+            })
+            .count()
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node (any of them is a valid seed).
+    pub fn seed_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node processes, by index.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// The node process `i` (to kill, pause or restart it).
+    pub fn node_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.nodes[i]
+    }
+
+    /// The index of the running node that serves `key`'s slot as a master, as the cluster
+    /// currently sees it.
+    pub fn master_of_key(&self, key: &str) -> Option<usize> {
+        let probe = self.nodes.iter().find(|n| n.is_up())?;
+        let slot: u32 = probe.cli(&["cluster", "keyslot", key]).trim().parse().ok()?;
+        let table = probe.cli(&["cluster", "nodes"]);
+        for line in table.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 8 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                let mut ends = range.splitn(2, '-');
+                let lo = ends.next().and_then(|s| s.parse::<u32>().ok());
+                let hi = ends.next().and_then(|s| s.parse::<u32>().ok()).or(lo);
+                matches!((lo, hi), (Some(lo), Some(hi)) if lo <= slot && slot <= hi)
+            });
+            if serves {
+                let port: Option<u16> = fields[1]
+                    .split(['@', ','])
+                    .next()
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| p.parse().ok());
+                return self.nodes.iter().position(|n| Some(n.port()) == port);
+            }
+        }
+        None
+    }
+
+    /// Kills (SIGKILL) the master serving `key` and returns its index.
+    pub fn kill_master_of_key(&mut self, key: &str) -> usize {
+        let i = match self.master_of_key(key) {
+            Some(i) => i,
+            None => panic!("no master serves {key}"),
+        };
+        self.nodes[i].kill();
+        i
+    }
+
+    /// Kills master `i` of the masters in node order (SIGKILL).
+    pub fn kill_master(&mut self, i: usize) -> usize {
+        let masters = self.master_indices();
+        let idx = masters[i];
+        self.nodes[idx].kill();
+        idx
+    }
+
+    /// Indices of the running nodes whose role is master.
+    pub fn master_indices(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                self.nodes[i].pid().is_some()
+                    && self.nodes[i]
+                        .cli(&["info", "replication"])
+                        .contains("role:master")
+            })
+            .collect()
+    }
+
+    /// Waits until a node other than `dead` serves `key` as master and the cluster is ok
+    /// again on the running nodes (after a master was killed, its replica takes over).
+    pub fn wait_failover(&self, key: &str, dead: usize, timeout: Duration) -> bool {
+        process::wait_until(timeout, || {
+            matches!(self.master_of_key(key), Some(i) if i != dead) && self.wait_ok(Duration::ZERO)
+        })
+    }
+
+    /// A manual, coordinated failover: replica node `replica` becomes master
+    /// (`CLUSTER FAILOVER`), waiting until it reports the master role.
+    pub fn failover(&self, replica: usize) -> bool {
+        let node = &self.nodes[replica];
+        let _ = node.cli(&["cluster", "failover"]);
+        process::wait_until(CLUSTER_TIMEOUT, || {
+            node.cli(&["info", "replication"]).contains("role:master")
+        }) && self.wait_ok(CLUSTER_TIMEOUT)
+    }
+}

@@ -1,0 +1,25 @@
+//! Real Redis processes for tests: a standalone `redis-server` or a Redis Cluster, each on free
+//! loopback ports, started by the test that needs it and torn down when it is dropped.
+//!
+//! Why real processes and not a mock: the Redis store's guarantees (atomic scripts, NOSCRIPT
+//! after a restart, MOVED after a failover) are properties of the server, and only a server
+//! can show them. Why no fixed port: tests run in parallel processes (nextest), so every server
+//! asks the kernel for a free port and retries when it loses a race for it.
+//!
+//! A missing `redis-server` is a test failure with a clear message, never a silent skip:
+//! `scripts/test` installs it.
+#![deny(missing_docs)]
+
+mod cluster;
+mod process;
+mod server;
+
+pub use cluster::RedisCluster;
+pub use server::RedisServer;
+
+/// Runs `redis-cli` against `127.0.0.1:port` with `args` and returns its standard output.
+///
+/// Panics with a clear message when `redis-cli` is not installed.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    process::cli(port, args)
+}
