@@ -13,8 +13,10 @@ use tollgate_testkit::RedisServer;
 /// The next `now`: mostly forward by amounts around the period (including exactly at window
 /// boundaries), sometimes standing still, sometimes backwards (a clock step).
 fn step(rng: &mut Rng, now: Micros, period: Micros, interval: Micros) -> Micros {
-    match rng.range(0, 9) {
+    match rng.range(0, 11) {
         0 => now,
+        9 => now + interval.saturating_sub(1),
+        10 => now + 1,
         1 => now + rng.range(1, interval.max(2)),
         2 => now + rng.range(0, period),
         3 => now + period,

@@ -96,9 +96,10 @@ pub(crate) fn raw_command(port: u16, command: &str, timeout: Duration) -> Option
     Some(String::from_utf8_lossy(&buf).trim_end().to_string())
 }
 
-/// Whether the server on `port` answers PING with PONG.
+/// Whether the server on `port` answers PING (with PONG, or by asking for a password).
 pub(crate) fn pings(port: u16) -> bool {
-    raw_command(port, "PING", Duration::from_millis(500)).is_some_and(|r| r == "+PONG")
+    raw_command(port, "PING", Duration::from_millis(500))
+        .is_some_and(|r| r == "+PONG" || r.starts_with("-NOAUTH"))
 }
 
 /// Runs redis-cli against the server on `port`.

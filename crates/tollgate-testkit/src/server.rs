@@ -23,6 +23,12 @@ impl RedisServer {
         Self::start_with(Vec::new(), 0)
     }
 
+    /// Starts a server with extra `redis-server` arguments (for example
+    /// `["--requirepass", "secret"]`).
+    pub fn start_with_args(args: &[&str]) -> Self {
+        Self::start_with(args.iter().map(|s| s.to_string()).collect(), 0)
+    }
+
     /// Starts a server with extra `redis-server` arguments. `extra` may contain the
     /// placeholder `{bus}`, replaced by a second free port (the cluster bus).
     pub(crate) fn start_with(extra: Vec<String>, attempt_seed: u32) -> Self {

@@ -1,0 +1,329 @@
+//! The Redis store against one real redis-server: key layout and expiry, all-or-nothing
+//! charging, script reloading, failures and reconnection, credentials from the URL.
+
+mod common;
+
+use common::{client, rule, EPOCH_2026};
+use std::time::Duration;
+use tollgate_core::{Algorithm, Check, Clock, Limit, State, SystemClock};
+use tollgate_redis::{script_sha, RedisConfig, RedisStore, StoreClock};
+use tollgate_testkit::RedisServer;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[tokio::test]
+async fn keys_are_prefix_client_policy_and_expire_when_their_state_is_fresh_again() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Local).await;
+    let who = client(1);
+    for algorithm in Algorithm::ALL {
+        let r = rule(&format!("p-{algorithm}"), algorithm, 10, HOUR);
+        let now = SystemClock.now();
+        let verdict = store
+            .check(&who, &[Check { rule: &r, cost: 3 }], now)
+            .await
+            .expect("check");
+        assert!(verdict.allowed);
+        let key = format!("test:{{{who}}}:p-{algorithm}");
+        assert_eq!(store.key(&who, r.name()), key);
+        let mut state: State = r.limit().fresh();
+        r.limit().check(&mut state, now, 3, true);
+        let idle_ms = (state.idle_at(&r.limit().quota) - now).div_ceil(1000);
+        let pttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("pttl");
+        let pttl = u64::try_from(pttl).expect("the key exists and has a TTL");
+        assert!(pttl <= idle_ms, "{algorithm}: pttl {pttl} > idle {idle_ms}");
+        // The key must not be set to vanish long before its state is fresh again.
+        assert!(
+            pttl + 60_000 > idle_ms,
+            "{algorithm}: pttl {pttl}, idle {idle_ms}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_denied_policy_charges_none_of_the_others() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Local).await;
+    let wide = rule("wide", Algorithm::TokenBucket, 100, HOUR);
+    let narrow = rule("narrow", Algorithm::FixedWindow, 2, HOUR);
+    let who = client(2);
+    let now = EPOCH_2026;
+    for _ in 0..2 {
+        let v = store
+            .check(
+                &who,
+                &[
+                    Check {
+                        rule: &wide,
+                        cost: 1,
+                    },
+                    Check {
+                        rule: &narrow,
+                        cost: 1,
+                    },
+                ],
+                now,
+            )
+            .await
+            .expect("check");
+        assert!(v.allowed);
+    }
+    let before = server.cli(&["get", &store.key(&who, "wide")]);
+    let v = store
+        .check(
+            &who,
+            &[
+                Check {
+                    rule: &wide,
+                    cost: 1,
+                },
+                Check {
+                    rule: &narrow,
+                    cost: 1,
+                },
+            ],
+            now,
+        )
+        .await
+        .expect("check");
+    assert!(!v.allowed);
+    assert!(v.decisions[0].allowed, "wide alone would allow");
+    assert_eq!(
+        v.decisions[0].remaining, 98,
+        "and reports its uncharged state"
+    );
+    assert!(!v.decisions[1].allowed);
+    assert_eq!(server.cli(&["get", &store.key(&who, "wide")]), before);
+}
+
+#[tokio::test]
+async fn an_invalid_argument_fails_before_any_write() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Local).await;
+    // Policy 1 is valid, policy 2 has limit 0: the script must refuse without charging 1.
+    let out = server.cli(&[
+        "evalsha",
+        script_sha(),
+        "2",
+        "k1",
+        "k2",
+        "1000",
+        "gcra",
+        "10",
+        "1000000",
+        "10",
+        "1",
+        "gcra",
+        "0",
+        "1000000",
+        "10",
+        "1",
+    ]);
+    assert!(out.contains("tollgate") && out.contains("limit"), "{out}");
+    assert_eq!(server.cli(&["exists", "k1", "k2"]).trim(), "0");
+    let out = server.cli(&[
+        "evalsha",
+        script_sha(),
+        "1",
+        "k1",
+        "1000",
+        "nope",
+        "1",
+        "1",
+        "1",
+        "1",
+    ]);
+    assert!(out.contains("not an algorithm"), "{out}");
+    let out = server.cli(&["evalsha", script_sha(), "1", "k1", "1000", "gcra", "1", "1"]);
+    assert!(out.contains("expected 1 + 5 arguments"), "{out}");
+    assert_eq!(server.cli(&["dbsize"]).trim(), "0");
+    drop(store);
+}
+
+#[tokio::test]
+async fn zero_cost_queries_and_impossible_costs_write_nothing() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Store).await;
+    let r = rule("q", Algorithm::Gcra, 5, HOUR);
+    let who = client(3);
+    let v = store
+        .check(&who, &[Check { rule: &r, cost: 0 }], 0)
+        .await
+        .expect("check");
+    assert!(v.allowed);
+    assert_eq!(v.decisions[0].remaining, 5);
+    let v = store
+        .check(&who, &[Check { rule: &r, cost: 6 }], 0)
+        .await
+        .expect("check");
+    assert!(!v.allowed);
+    assert_eq!(v.decisions[0].retry_after, None, "retrying never helps");
+    assert_eq!(server.cli(&["dbsize"]).trim(), "0");
+}
+
+#[tokio::test]
+async fn the_store_clock_is_redis_time() {
+    let server = RedisServer::start();
+    // The caller's `now` is ignored: a wildly wrong one changes nothing.
+    let store = common::connect(&server.url(), StoreClock::Store).await;
+    let r = rule("s", Algorithm::Gcra, 5, HOUR);
+    let who = client(4);
+    let mut allowed = 0;
+    for i in 0..6u64 {
+        let v = store
+            .check(&who, &[Check { rule: &r, cost: 1 }], i * 1_000_000_000_000)
+            .await
+            .expect("check");
+        allowed += u64::from(v.allowed);
+        if !v.allowed {
+            let retry = v.decisions[0].retry_after.expect("a retry time");
+            assert!(retry > 700_000_000 && retry <= 720_000_000, "{retry}");
+        }
+    }
+    assert_eq!(allowed, 5);
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_a_flush_without_failing_the_request() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Store).await;
+    let r = rule("f", Algorithm::TokenBucket, 5, HOUR);
+    assert_eq!(server.cli(&["script", "exists", script_sha()]).trim(), "1");
+    server.cli(&["script", "flush"]);
+    assert_eq!(server.cli(&["script", "exists", script_sha()]).trim(), "0");
+    let v = store
+        .check(&client(5), &[Check { rule: &r, cost: 1 }], 0)
+        .await
+        .expect("check");
+    assert!(v.allowed);
+    assert_eq!(server.cli(&["script", "exists", script_sha()]).trim(), "1");
+}
+
+#[tokio::test]
+async fn a_dead_server_fails_calls_fast_and_a_restarted_one_is_used_again() {
+    let mut server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Store).await;
+    let r = rule("r", Algorithm::Gcra, 100, HOUR);
+    let who = client(6);
+    let checks = [Check { rule: &r, cost: 1 }];
+    let call = || store.check(&who, &checks, 0);
+    assert!(call().await.expect("check").allowed);
+    server.kill();
+    for _ in 0..3 {
+        let res = tokio::time::timeout(Duration::from_secs(5), call()).await;
+        let err = res
+            .expect("a dead server must not hang a call")
+            .expect_err("server is dead");
+        assert_eq!(err.kind(), "connection", "{err}");
+        assert!(err.is_transient());
+    }
+    // Same port, empty script cache: the store reconnects and reloads by itself.
+    server.restart();
+    let mut recovered = false;
+    for _ in 0..100 {
+        if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(5), call()).await {
+            assert!(v.allowed);
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        recovered,
+        "the store did not reconnect to the restarted server"
+    );
+    assert_eq!(server.cli(&["script", "exists", script_sha()]).trim(), "1");
+}
+
+#[tokio::test]
+async fn a_frozen_server_times_out_and_is_used_again_when_it_thaws() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Store).await;
+    let r = rule("z", Algorithm::Gcra, 100, HOUR);
+    let who = client(7);
+    server.pause();
+    let res = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.check(&who, &[Check { rule: &r, cost: 1 }], 0),
+    )
+    .await;
+    server.resume();
+    let err = res
+        .expect("the client's response timeout bounds the call")
+        .expect_err("frozen");
+    assert!(err.is_transient(), "{err}");
+    let mut recovered = false;
+    for _ in 0..100 {
+        if let Ok(v) = store.check(&who, &[Check { rule: &r, cost: 1 }], 0).await {
+            assert!(v.allowed);
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(recovered);
+}
+
+#[tokio::test]
+async fn credentials_come_from_the_url() {
+    let server = RedisServer::start_with_args(&["--requirepass", "s3cret"]);
+    let port = server.port();
+    let ok = RedisStore::connect(RedisConfig::standalone(format!(
+        "redis://:s3cret@127.0.0.1:{port}"
+    )))
+    .await
+    .expect("the right password connects");
+    ok.ping().await.expect("ping");
+    server.cli(&[
+        "-a",
+        "s3cret",
+        "--no-auth-warning",
+        "acl",
+        "setuser",
+        "gw",
+        "on",
+        ">pw2",
+        "~*",
+        "+@all",
+    ]);
+    let user = RedisStore::connect(RedisConfig::standalone(format!(
+        "redis://gw:pw2@127.0.0.1:{port}"
+    )))
+    .await
+    .expect("an ACL user connects");
+    let r = rule("a", Algorithm::Gcra, 1, HOUR);
+    assert!(
+        user.check(&client(8), &[Check { rule: &r, cost: 1 }], 0)
+            .await
+            .expect("check")
+            .allowed
+    );
+    let err = RedisStore::connect(RedisConfig::standalone(format!(
+        "redis://:wrong@127.0.0.1:{port}"
+    )))
+    .await
+    .expect_err("a wrong password is refused");
+    assert!(!err.is_transient(), "{err}");
+    assert!(
+        !format!("{err}").contains("wrong"),
+        "errors do not print passwords: {err}"
+    );
+}
+
+#[tokio::test]
+async fn policies_checked_twice_in_one_request_are_refused() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Store).await;
+    let r = rule("d", Algorithm::Gcra, 1, HOUR);
+    let l: &Limit = r.limit();
+    assert_eq!(l.quota.limit(), 1);
+    let err = store
+        .check(
+            &client(9),
+            &[Check { rule: &r, cost: 1 }, Check { rule: &r, cost: 1 }],
+            0,
+        )
+        .await
+        .expect_err("duplicate");
+    assert_eq!(err.kind(), "invalid");
+}
