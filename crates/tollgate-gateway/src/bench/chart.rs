@@ -1,0 +1,114 @@
+//! The SVG chart: throughput (admitted vs limited per second) above latency percentiles over
+//! time, so a person sees at a glance whether the limiter held and what it cost.
+
+use anyhow::anyhow;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::output::Report;
+use super::report::SecondSummary;
+
+const WIDTH: u32 = 1000;
+const HEIGHT: u32 = 720;
+
+/// One line: its legend, colour and value in a second.
+type Series = (&'static str, RGBColor, fn(&SecondSummary) -> f64);
+
+const THROUGHPUT: [Series; 3] = [
+    ("admitted (2xx)/s", RGBColor(0x2e, 0x7d, 0x32), |s| {
+        s.admitted as f64
+    }),
+    ("limited (429)/s", RGBColor(0xc6, 0x28, 0x28), |s| {
+        s.limited as f64
+    }),
+    ("other + errors/s", RGBColor(0x75, 0x75, 0x75), |s| {
+        (s.other + s.errors) as f64
+    }),
+];
+
+const LATENCY_MS: [Series; 3] = [
+    ("p50", RGBColor(0x15, 0x65, 0xc0), |s| {
+        s.p50_us as f64 / 1000.0
+    }),
+    ("p90", RGBColor(0xef, 0x6c, 0x00), |s| {
+        s.p90_us as f64 / 1000.0
+    }),
+    ("p99", RGBColor(0x6a, 0x1b, 0x9a), |s| {
+        s.p99_us as f64 / 1000.0
+    }),
+];
+
+/// Renders the report's timeline as an SVG document.
+pub fn render(report: &Report) -> anyhow::Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow!("chart: {e}"))?;
+        let (top, bottom) = root.split_vertically(HEIGHT / 2);
+        let seconds = &report.timeline;
+        panel(
+            &top,
+            "throughput per second",
+            "requests/s",
+            seconds,
+            &THROUGHPUT,
+        )?;
+        // Seconds in which nothing finished have no latency to draw.
+        let busy: Vec<SecondSummary> = seconds
+            .iter()
+            .filter(|s| s.admitted + s.limited + s.other + s.errors > 0)
+            .cloned()
+            .collect();
+        panel(
+            &bottom,
+            "latency percentiles per second",
+            "ms",
+            &busy,
+            &LATENCY_MS,
+        )?;
+        root.present().map_err(|e| anyhow!("chart: {e}"))?;
+    }
+    Ok(svg)
+}
+
+fn panel(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    caption: &str,
+    unit: &str,
+    seconds: &[SecondSummary],
+    series: &[Series],
+) -> anyhow::Result<()> {
+    let peak = seconds
+        .iter()
+        .flat_map(|s| series.iter().map(move |(_, _, value)| value(s)))
+        .fold(0.0, f64::max);
+    let span = seconds.last().map_or(1.0, |s| s.second as f64 + 1.0);
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0f64..span, 0f64..(peak * 1.1).max(0.1))
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc(unit)
+        .draw()
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    for &(label, color, value) in series {
+        let points = seconds.iter().map(|s| (s.second as f64 + 0.5, value(s)));
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(|e| anyhow!("chart: {e}"))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    Ok(())
+}
