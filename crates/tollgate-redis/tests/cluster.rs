@@ -1,0 +1,113 @@
+//! The Redis store against a real Redis Cluster: one client's keys share a slot (so the
+//! multi-key script is legal), clients spread over every master, and a killed master's
+//! replica takes over without recreating the store (NOSCRIPT on the promoted replica is
+//! answered by reloading the script).
+
+mod common;
+
+use common::{client, rule};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_core::{Algorithm, Check};
+use tollgate_redis::{script_sha, StoreClock};
+use tollgate_testkit::RedisCluster;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[tokio::test]
+async fn a_clients_keys_share_one_slot_and_clients_spread_over_every_master() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
+    let rules: Vec<_> = Algorithm::ALL
+        .iter()
+        .map(|&a| rule(&format!("c-{a}"), a, 2, HOUR))
+        .collect();
+    let checks: Vec<Check<'_>> = rules.iter().map(|rule| Check { rule, cost: 1 }).collect();
+    let mut masters = HashSet::new();
+    for n in 0..30u128 {
+        let who = client(n);
+        // Six keys in one request: a cross-slot request would be refused by the cluster.
+        for expect in [true, true, false] {
+            let v = store.check(&who, &checks, 0).await.expect("check");
+            assert_eq!(v.allowed, expect, "client {n}");
+        }
+        let owners: HashSet<_> = rules
+            .iter()
+            .map(|r| cluster.master_of_key(&store.key(&who, r.name())))
+            .collect();
+        assert_eq!(owners.len(), 1, "client {n}: one slot, one master");
+        masters.extend(owners);
+    }
+    assert_eq!(masters.len(), 3, "30 clients land on all three masters");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_gateways_admit_exactly_the_limit_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let mut stores = Vec::new();
+    for _ in 0..20 {
+        stores.push(common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await);
+    }
+    let r = Arc::new(rule("race", Algorithm::Gcra, 100, HOUR));
+    for rep in 0..20u128 {
+        let mut tasks = Vec::new();
+        for i in 0..300 {
+            let store = stores[i % stores.len()].clone();
+            let r = r.clone();
+            tasks.push(tokio::spawn(async move {
+                let checks = [Check { rule: &r, cost: 1 }];
+                store.check(&client(1000 + rep), &checks, 0).await
+            }));
+        }
+        let mut allowed = 0;
+        for t in tasks {
+            allowed += usize::from(t.await.expect("task").expect("check").allowed);
+        }
+        assert_eq!(allowed, 100, "repetition {rep}");
+    }
+}
+
+#[tokio::test]
+async fn a_failover_is_survived_without_recreating_the_store() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
+    let r = rule("fo", Algorithm::TokenBucket, 1000, HOUR);
+    let who = client(77);
+    let checks = [Check { rule: &r, cost: 1 }];
+    assert!(store.check(&who, &checks, 0).await.expect("check").allowed);
+    let key = store.key(&who, r.name());
+    let dead = cluster.kill_master_of_key(&key);
+    // While the cluster notices and promotes the replica, calls fail (transiently) or, once
+    // it is done, succeed; they never hang.
+    let mut errors = 0;
+    let mut recovered = false;
+    for _ in 0..300 {
+        match tokio::time::timeout(Duration::from_secs(10), store.check(&who, &checks, 0)).await {
+            Ok(Ok(v)) => {
+                assert!(v.allowed);
+                recovered = true;
+                break;
+            }
+            Ok(Err(e)) => {
+                assert!(e.is_transient(), "{e}");
+                errors += 1;
+            }
+            Err(_) => panic!("a call hung for 10 s during a failover"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        recovered,
+        "no success within 300 attempts ({errors} errors)"
+    );
+    let promoted = cluster
+        .master_of_key(&key)
+        .expect("a master serves the key");
+    assert_ne!(promoted, dead);
+    // The promoted replica never had the script loaded by us: NOSCRIPT was answered by a
+    // reload, and the next call uses EVALSHA again.
+    let exists = cluster.nodes()[promoted].cli(&["script", "exists", script_sha()]);
+    assert_eq!(exists.trim(), "1");
+    assert!(store.check(&who, &checks, 0).await.expect("check").allowed);
+}
