@@ -46,69 +46,102 @@ pub fn render(report: &Report) -> anyhow::Result<String> {
         root.fill(&WHITE).map_err(|e| anyhow!("chart: {e}"))?;
         let (top, bottom) = root.split_vertically(HEIGHT / 2);
         let seconds = &report.timeline;
-        panel(
-            &top,
-            "throughput per second",
-            "requests/s",
-            seconds,
-            &THROUGHPUT,
-        )?;
+        let top_panel = Panel {
+            caption: "throughput per second",
+            unit: "requests/s",
+            series: &THROUGHPUT,
+            reference: allowed_rate(report).map(|rate| ("limit x clients", rate)),
+        };
+        top_panel.draw(&top, seconds)?;
         // Seconds in which nothing finished have no latency to draw.
         let busy: Vec<SecondSummary> = seconds
             .iter()
             .filter(|s| s.admitted + s.limited + s.other + s.errors > 0)
             .cloned()
             .collect();
-        panel(
-            &bottom,
-            "latency percentiles per second",
-            "ms",
-            &busy,
-            &LATENCY_MS,
-        )?;
+        let bottom_panel = Panel {
+            caption: "latency percentiles per second",
+            unit: "ms",
+            series: &LATENCY_MS,
+            reference: None,
+        };
+        bottom_panel.draw(&bottom, &busy)?;
         root.present().map_err(|e| anyhow!("chart: {e}"))?;
     }
     Ok(svg)
 }
 
-fn panel(
-    area: &DrawingArea<SVGBackend<'_>, Shift>,
-    caption: &str,
-    unit: &str,
-    seconds: &[SecondSummary],
-    series: &[Series],
-) -> anyhow::Result<()> {
-    let peak = seconds
+/// What the whole fleet of clients may be admitted per second, in the long run.
+fn allowed_rate(report: &Report) -> Option<f64> {
+    let accuracy = report.accuracy.as_ref()?;
+    let per_client = accuracy
+        .limits
         .iter()
-        .flat_map(|s| series.iter().map(move |(_, _, value)| value(s)))
-        .fold(0.0, f64::max);
-    let span = seconds.last().map_or(1.0, |s| s.second as f64 + 1.0);
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0f64..span, 0f64..(peak * 1.1).max(0.1))
-        .map_err(|e| anyhow!("chart: {e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc(unit)
-        .draw()
-        .map_err(|e| anyhow!("chart: {e}"))?;
-    for &(label, color, value) in series {
-        let points = seconds.iter().map(|s| (s.second as f64 + 0.5, value(s)));
+        .map(|limit| limit.limit as f64 / limit.period.as_secs_f64().max(1e-9))
+        .fold(f64::INFINITY, f64::min);
+    per_client
+        .is_finite()
+        .then_some(per_client * report.settings.clients as f64)
+}
+
+/// One chart of lines over the seconds of the run.
+struct Panel<'a> {
+    caption: &'a str,
+    unit: &'a str,
+    series: &'a [Series],
+    /// A horizontal line to compare against, with its legend.
+    reference: Option<(&'a str, f64)>,
+}
+
+impl Panel<'_> {
+    fn draw(
+        &self,
+        area: &DrawingArea<SVGBackend<'_>, Shift>,
+        seconds: &[SecondSummary],
+    ) -> anyhow::Result<()> {
+        let peak = seconds
+            .iter()
+            .flat_map(|s| self.series.iter().map(move |(_, _, value)| value(s)))
+            .chain(self.reference.map(|(_, level)| level))
+            .fold(0.0, f64::max);
+        let span = seconds.last().map_or(1.0, |s| s.second as f64 + 1.0);
+        let mut chart = ChartBuilder::on(area)
+            .caption(self.caption, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(32)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0f64..span, 0f64..(peak * 1.1).max(0.1))
+            .map_err(|e| anyhow!("chart: {e}"))?;
         chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(|e| anyhow!("chart: {e}"))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+            .configure_mesh()
+            .x_desc("seconds")
+            .y_desc(self.unit)
+            .draw()
+            .map_err(|e| anyhow!("chart: {e}"))?;
+        if let Some((label, level)) = self.reference {
+            let line = LineSeries::new([(0.0, level), (span, level)], BLACK.stroke_width(1));
+            chart
+                .draw_series(line)
+                .map_err(|e| anyhow!("chart: {e}"))?
+                .label(label)
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK));
+        }
+        for &(label, color, value) in self.series {
+            let points = seconds.iter().map(|s| (s.second as f64 + 0.5, value(s)));
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                .map_err(|e| anyhow!("chart: {e}"))?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| anyhow!("chart: {e}"))?;
+        Ok(())
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| anyhow!("chart: {e}"))?;
-    Ok(())
 }
