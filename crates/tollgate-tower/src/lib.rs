@@ -1,1 +1,38 @@
-//! Work in progress: see the workspace README.
+//! Rate limiting for any tower-based HTTP stack (hyper, axum, tonic) with a
+//! [`tollgate::Limiter`].
+//!
+//! The layer decides before the inner service sees a request: policies are matched by path
+//! prefix and method, the client is identified (API key header, user header, or client IP
+//! through trusted proxies only) and hashed with a keyed hash, and every matched policy is
+//! checked in one all-or-nothing limiter call. A limited request gets `429` with
+//! `Retry-After` and a problem+json body; an allowed one goes on and its response carries
+//! `RateLimit-Policy` and `RateLimit`. The service is always ready and never queues: load
+//! shedding beats waiting for capacity that a limited client must not get.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use tollgate::{Algorithm, IdentityHasher, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
+//! use tollgate_tower::{RateLimitLayer, RoutedPolicy};
+//! let limiter = Limiter::new(LimiterConfig::default()).await?;
+//! let api = limiter.policy(PolicySpec::new(
+//!     "api",
+//!     Limit::new(Algorithm::TokenBucket, Quota::per_minute(100)?)?,
+//! ))?;
+//! let layer = RateLimitLayer::new(limiter, IdentityHasher::new(b"secret"))
+//!     .policy(RoutedPolicy::new(api).path_prefix("/api"));
+//! # let _ = layer; Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+pub mod forwarded;
+pub mod identity;
+mod layer;
+pub mod response;
+mod route;
+mod service;
+
+pub use forwarded::ForwardHeader;
+pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
+pub use layer::{PeerAddr, PeerFn, RateLimitLayer};
+pub use route::{normalize_path, RoutedPolicy};
+pub use service::{RateLimit, RateLimitBody, ResponseFuture};

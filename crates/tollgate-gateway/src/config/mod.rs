@@ -1,0 +1,232 @@
+//! Configuration in two stages, as ripgrep does it: [`raw`] is the file as written (parsed,
+//! spanned, unknown keys rejected), and [`Config`] is what it means, built only from values
+//! that were checked: a `Quota` that cannot be invalid, socket addresses, CIDRs, durations.
+//! Every problem is reported with its file, line and key; validation goes on after the first
+//! one so a user fixes a file in one pass.
+
+mod duration;
+mod error;
+mod raw;
+mod validate;
+
+pub use duration::parse_duration;
+pub use error::{ConfigError, ConfigErrors};
+
+use http::Method;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use tollgate::{BreakerConfig, FailurePolicy, Limit, SyncMode};
+use tollgate_tower::{IdentityConfig, IdentitySource};
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it came from (`<built-in>` for the defaults).
+    pub origin: String,
+    /// `[server]`.
+    pub server: ServerConfig,
+    /// `[store]`.
+    pub store: StoreConfig,
+    /// `[identity]` without the secret.
+    pub identity: IdentityConfig,
+    /// `identity.secret`, expanded.
+    pub secret: Secret,
+    /// `[[policy]]`, in file order.
+    pub policies: Vec<PolicyConfig>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The gateway's address.
+    pub listen: SocketAddr,
+    /// The admin server's address.
+    pub admin_listen: SocketAddr,
+    /// Reverse proxy target; `None` is decision mode.
+    pub upstream: Option<Upstream>,
+    /// How long to wait for the upstream's response headers.
+    pub upstream_timeout: Duration,
+}
+
+/// An `http://host:port[/base]` upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// `host:port`.
+    pub authority: http::uri::Authority,
+    /// A base path without a trailing slash (empty for none).
+    pub base_path: String,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Which store.
+    pub backend: StoreBackend,
+    /// Timeout of each store call.
+    pub timeout: Duration,
+    /// Prefix of every Redis key.
+    pub key_prefix: String,
+    /// Whose clock decides: Redis `TIME` (`store`) or the gateway's (`local`).
+    pub clock_local: bool,
+    /// Default failure policy of every policy.
+    pub on_failure: FailurePolicy,
+    /// Default divisor of the local fallback.
+    pub local_divisor: u64,
+    /// Circuit breaker.
+    pub breaker: BreakerConfig,
+}
+
+/// The store backend with its own settings.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreBackend {
+    /// In-process.
+    Memory {
+        /// Hard bound on tracked keys.
+        max_keys: usize,
+    },
+    /// One Redis server.
+    Redis {
+        /// `redis://` or `rediss://`.
+        url: String,
+    },
+    /// A Redis Cluster.
+    RedisCluster {
+        /// Seed nodes.
+        urls: Vec<String>,
+    },
+}
+
+impl StoreBackend {
+    /// The config name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StoreBackend::Memory { .. } => "memory",
+            StoreBackend::Redis { .. } => "redis",
+            StoreBackend::RedisCluster { .. } => "redis-cluster",
+        }
+    }
+}
+
+impl fmt::Debug for StoreBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreBackend::Memory { max_keys } => write!(f, "memory(max_keys={max_keys})"),
+            StoreBackend::Redis { url } => write!(f, "redis({})", redact_url(url)),
+            StoreBackend::RedisCluster { urls } => {
+                let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+                write!(f, "redis-cluster({})", urls.join(","))
+            }
+        }
+    }
+}
+
+/// A URL with its password (if any) replaced by `<redacted>`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:<redacted>@{host}{path}")
+        }
+        None => url.to_string(),
+    }
+}
+
+/// The identity secret; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub Vec<u8>);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// One validated `[[policy]]`.
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    /// Unique, `[A-Za-z0-9_-]+`.
+    pub name: String,
+    /// Path prefix (starts with `/`).
+    pub path_prefix: String,
+    /// Methods (empty = all).
+    pub methods: Vec<Method>,
+    /// Algorithm and quota.
+    pub limit: Limit,
+    /// Units per request.
+    pub cost: u64,
+    /// Identity override.
+    pub identity: Option<Vec<IdentitySource>>,
+    /// Failure policy.
+    pub on_failure: FailurePolicy,
+    /// Local fallback divisor.
+    pub local_divisor: u64,
+    /// Dry run.
+    pub shadow: bool,
+    /// Exact or lease.
+    pub sync: SyncMode,
+}
+
+/// The secret used when none is configured. Fine for one process with the memory store;
+/// gateways sharing Redis should set their own (a warning is logged otherwise).
+pub const DEFAULT_SECRET: &str = "change-me";
+
+impl Config {
+    /// The built-in defaults of `tollgate serve` without `--config`: memory store, decision
+    /// mode, token_bucket 100/min per client IP, 127.0.0.1:8080, admin 127.0.0.1:9090.
+    pub fn builtin() -> Result<Config, ConfigErrors> {
+        Self::parse("<built-in>", BUILTIN)
+    }
+
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let file = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::parse(&file, &text),
+            Err(e) => Err(ConfigErrors(vec![ConfigError {
+                file,
+                line: 1,
+                col: 1,
+                key: "(file)".to_string(),
+                message: format!("cannot read the file: {e}; expected a readable TOML file"),
+            }])),
+        }
+    }
+
+    /// Validates `text`, naming `file` in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
+        validate::validate(file, text, |name| std::env::var(name).ok())
+    }
+
+    /// Whether the gateway answers itself (no upstream).
+    pub fn decision_mode(&self) -> bool {
+        self.server.upstream.is_none()
+    }
+}
+
+const BUILTIN: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+admin_listen = "127.0.0.1:9090"
+
+[store]
+backend = "memory"
+
+[identity]
+sources = ["ip"]
+
+[[policy]]
+name = "default"
+algorithm = "token_bucket"
+limit = 100
+period = "1m"
+"#;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,86 @@
+//! The configuration as written: only parsed, never trusted. Every field is optional and
+//! spanned, so validation can report every problem with the line it sits on, and unknown
+//! keys are errors (a typo must not silently disable a limit).
+
+use serde::Deserialize;
+use toml::Spanned;
+
+pub(crate) type S<T> = Option<Spanned<T>>;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub server: S<RawServer>,
+    pub store: S<RawStore>,
+    pub identity: S<RawIdentity>,
+    #[serde(default)]
+    pub policy: Vec<Spanned<RawPolicy>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawServer {
+    pub listen: S<String>,
+    pub admin_listen: S<String>,
+    pub upstream: S<String>,
+    pub upstream_timeout: S<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawStore {
+    pub backend: S<String>,
+    pub url: S<String>,
+    pub urls: S<Vec<Spanned<String>>>,
+    pub timeout: S<String>,
+    pub key_prefix: S<String>,
+    pub clock: S<String>,
+    pub max_keys: S<i64>,
+    pub on_failure: S<String>,
+    pub local_divisor: S<i64>,
+    pub breaker: S<RawBreaker>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBreaker {
+    pub failures: S<i64>,
+    pub open_for: S<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawIdentity {
+    pub sources: S<Vec<Spanned<String>>>,
+    pub trusted_proxies: S<Vec<Spanned<String>>>,
+    pub client_ip_header: S<String>,
+    pub ipv6_prefix: S<i64>,
+    pub secret: S<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPolicy {
+    pub name: S<String>,
+    #[serde(rename = "match")]
+    pub matches: S<RawMatch>,
+    pub algorithm: S<String>,
+    pub limit: S<i64>,
+    pub period: S<String>,
+    pub burst: S<i64>,
+    pub cost: S<i64>,
+    pub identity: S<Vec<Spanned<String>>>,
+    pub on_failure: S<String>,
+    pub local_divisor: S<i64>,
+    pub shadow: S<bool>,
+    pub sync: S<String>,
+    pub lease_ttl: S<String>,
+    pub lease_max: S<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMatch {
+    pub path_prefix: S<String>,
+    pub methods: S<Vec<Spanned<String>>>,
+}

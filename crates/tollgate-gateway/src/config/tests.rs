@@ -1,0 +1,157 @@
+use super::*;
+
+fn errors(text: &str) -> Vec<String> {
+    match validate::validate("t.toml", text, |n| {
+        (n == "SECRET").then(|| "s3".to_string())
+    }) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+const GOOD: &str = r#"
+[server]
+listen = "127.0.0.1:18080"
+admin_listen = "127.0.0.1:19090"
+upstream = "http://127.0.0.1:3000/base/"
+upstream_timeout = "5s"
+
+[store]
+backend = "redis"
+url = "redis://:hunter2@127.0.0.1:6379"
+timeout = "20ms"
+breaker = { failures = 3, open_for = "2s" }
+
+[identity]
+sources = ["header:X-Api-Key", "ip"]
+trusted_proxies = ["10.0.0.0/8", "127.0.0.1"]
+client_ip_header = "forwarded"
+ipv6_prefix = 56
+secret = "pre-${SECRET}"
+
+[[policy]]
+name = "api"
+match = { path_prefix = "/api", methods = ["get", "POST"] }
+algorithm = "gcra"
+limit = 100
+period = "1m"
+burst = 10
+cost = 2
+identity = ["ip"]
+on_failure = "local"
+shadow = true
+"#;
+
+#[test]
+fn the_builtin_defaults_are_valid() {
+    let c = Config::builtin().expect("builtin config");
+    assert!(c.decision_mode());
+    assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9090");
+    assert_eq!(c.policies.len(), 1);
+    assert_eq!(c.policies[0].limit.quota.limit(), 100);
+    assert_eq!(
+        c.store.backend,
+        StoreBackend::Memory {
+            max_keys: 1_000_000
+        }
+    );
+}
+
+#[test]
+fn a_full_config_validates_into_typed_values() {
+    let c = validate::validate("t.toml", GOOD, |n| {
+        (n == "SECRET").then(|| "s3".to_string())
+    })
+    .expect("valid config");
+    let up = c.server.upstream.as_ref().expect("upstream");
+    assert_eq!(up.authority.as_str(), "127.0.0.1:3000");
+    assert_eq!(up.base_path, "/base");
+    assert_eq!(c.secret.0, b"pre-s3");
+    assert_eq!(c.identity.ipv6_prefix, 56);
+    assert_eq!(c.store.breaker.failures, 3);
+    let p = &c.policies[0];
+    assert_eq!(p.methods, vec![Method::GET, Method::POST]);
+    assert_eq!(p.limit.quota.burst(), 10);
+    assert!(p.shadow);
+    assert_eq!(p.on_failure, FailurePolicy::Local);
+}
+
+#[test]
+fn secrets_never_show_in_debug_output() {
+    let c = validate::validate("t.toml", GOOD, |n| {
+        (n == "SECRET").then(|| "s3".to_string())
+    })
+    .expect("valid config");
+    let dbg = format!("{c:?}");
+    assert!(!dbg.contains("hunter2"), "{dbg}");
+    assert!(!dbg.contains("pre-s3"), "{dbg}");
+}
+
+#[test]
+fn a_typo_is_an_error_naming_line_key_and_what_is_allowed() {
+    let e = errors("[[policy]]\nname = \"a\"\nalgorithm = \"gcra\"\nlimt = 5\nperiod = \"1s\"\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("error: t.toml:4:1: policy[0].limt: unknown field `limt`"),
+        "{e:?}"
+    );
+    assert!(e[0].contains("expected one of"), "{e:?}");
+    let e = errors("[servr]\nlisten = \"x\"\n");
+    assert!(
+        e[0].contains("servr") && e[0].contains("expected one of"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn every_value_error_is_reported_at_once() {
+    let text = "[server]\nlisten = \"nope\"\n[[policy]]\nname = \"bad name\"\nalgorithm = \"token_buckit\"\nlimit = -5\nperiod = \"1 minute\"\n";
+    let e = errors(text);
+    assert_eq!(e.len(), 5, "{e:?}");
+    assert!(
+        e[0].starts_with("error: t.toml:2:10: server.listen:"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].contains("policy[0].name") && e[1].contains("[A-Za-z0-9_-]"),
+        "{e:?}"
+    );
+    assert!(
+        e[2].contains("policy[0].algorithm") && e[2].contains("token_bucket"),
+        "{e:?}"
+    );
+    assert!(
+        e[3].contains("t.toml:6:9: policy[0].limit: -5 is not allowed"),
+        "{e:?}"
+    );
+    assert!(
+        e[4].contains("policy[0].period") && e[4].contains("\"1m\""),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn quota_rules_and_uniqueness_are_checked() {
+    let p = |extra: &str| {
+        format!("[[policy]]\nname = \"a\"\nalgorithm = \"token_bucket\"\nperiod = \"1s\"\n{extra}")
+    };
+    assert!(errors(&p("limit = 2000000\n"))[0].contains("policy[0].limit: rate must be at most"));
+    assert!(errors(&p("limit = 5\ncost = 6\n"))[0].contains("policy[0].cost"));
+    assert!(errors(&p("limit = 5\nburst = 0\n"))[0].contains("policy[0].burst"));
+    let two = format!("{}{}", p("limit = 1\n"), p("limit = 2\n"));
+    assert!(errors(&two)[0].contains("duplicate policy name"));
+    assert!(errors(&p(""))[0].contains("policy[0].limit: is missing"));
+}
+
+#[test]
+fn bad_types_env_and_sections_are_errors() {
+    assert!(errors("[identity]\nsecret = \"${NOPE}\"\n")[0].contains("NOPE"));
+    assert!(errors("[store]\nbackend = \"redis-cluster\"\n")[0].contains("store.urls"));
+    assert!(errors("[store]\nbackend = \"memcached\"\n")[0]
+        .contains("\"memory\", \"redis\", \"redis-cluster\""));
+    assert!(errors("[server]\nupstream = \"https://x\"\n")[0].contains("https upstreams"));
+    assert!(errors("[identity]\ntrusted_proxies = [\"10.0.0.0/33\"]\n")[0].contains("CIDR"));
+    assert!(errors("[[policy]]\nlimit = 1.5\n")[0].contains("policy[0].limit"));
+    assert!(errors("this is not toml")[0].starts_with("error: t.toml:1:"));
+}

@@ -1,0 +1,33 @@
+//! Small shared HTTP pieces: the gateway's body type and plain-text responses.
+
+use bytes::Bytes;
+use http::{header::CONTENT_TYPE, HeaderValue, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+/// Errors of a streamed body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The gateway's response body: upstream bodies stream through, its own are small.
+pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
+
+/// A text response with `status`.
+pub fn status_response(status: StatusCode, text: &'static str) -> Response<BoxBody> {
+    text_response(status, "text/plain; charset=utf-8", text.into())
+}
+
+/// A response with `status`, a content type and a body.
+pub fn text_response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: String,
+) -> Response<BoxBody> {
+    let mut resp = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}

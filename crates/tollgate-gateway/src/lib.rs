@@ -1,0 +1,12 @@
+//! The `tollgate` binary's library half: configuration, the gateway server (reverse proxy or
+//! decision mode, built on `tollgate-tower`), the admin server and the `check-config`
+//! command. The binary (`main.rs`) only parses arguments and dispatches.
+#![deny(missing_docs)]
+
+pub mod admin;
+pub mod check_config;
+pub mod config;
+pub mod http_util;
+pub mod metrics;
+pub mod proxy;
+pub mod serve;

@@ -1,0 +1,411 @@
+//! `tollgate serve`: the gateway and the admin server, from a validated [`Config`].
+//!
+//! Every request goes through one `tollgate_tower::RateLimit` service wrapped around either
+//! the reverse proxy or, in decision mode, a service that answers 200 (forward-auth). The
+//! HTTP/1 server bounds what a client can send (header count and size) and shuts down
+//! gracefully: on SIGTERM or SIGINT it stops accepting, lets in-flight requests finish for
+//! up to [`GRACE`], then exits.
+
+use crate::admin::Admin;
+use crate::config::{Config, StoreBackend};
+use crate::http_util::{status_response, BoxBody};
+use crate::metrics::HttpMetrics;
+use crate::proxy::Proxy;
+use anyhow::Context as _;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Either};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tollgate::{
+    Backend, IdentityHasher, Limiter, LimiterConfig, MemoryConfig, PolicySpec, RedisConfig,
+    StoreClock,
+};
+use tollgate_tower::{PeerAddr, RateLimitLayer, RoutedPolicy};
+use tower_service::Service;
+
+/// How long in-flight requests may take to finish after a shutdown signal.
+pub const GRACE: Duration = Duration::from_secs(30);
+/// Most headers a request may have.
+pub const MAX_HEADERS: usize = 100;
+/// Most bytes of a request head (request line and headers).
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// What the rate limiter wraps: the upstream, or the decision-mode 200.
+#[derive(Clone)]
+enum Target {
+    Proxy(Proxy),
+    Decision,
+}
+
+impl Service<Request<Incoming>> for Target {
+    type Response = Response<BoxBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<BoxBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        match self {
+            Target::Proxy(p) => {
+                let p = p.clone();
+                let peer = req.extensions().get::<PeerAddr>().map(|a| a.0);
+                Box::pin(async move {
+                    let Some(peer) = peer else {
+                        return Ok(status_response(StatusCode::BAD_REQUEST, "no peer\n"));
+                    };
+                    Ok(p.forward(req, peer).await)
+                })
+            }
+            Target::Decision => Box::pin(async { Ok(status_response(StatusCode::OK, "")) }),
+        }
+    }
+}
+
+/// Builds the limiter described by `config`.
+pub fn limiter(config: &Config) -> Limiter {
+    let s = &config.store;
+    let clock = if s.clock_local {
+        StoreClock::Local
+    } else {
+        StoreClock::Store
+    };
+    let backend = match &s.backend {
+        StoreBackend::Memory { max_keys } => Backend::Memory(MemoryConfig {
+            max_keys: *max_keys,
+            ..MemoryConfig::default()
+        }),
+        StoreBackend::Redis { url } => Backend::Redis(RedisConfig {
+            urls: vec![url.clone()],
+            cluster: false,
+            key_prefix: s.key_prefix.clone(),
+            clock,
+        }),
+        StoreBackend::RedisCluster { urls } => Backend::Redis(RedisConfig {
+            urls: urls.clone(),
+            cluster: true,
+            key_prefix: s.key_prefix.clone(),
+            clock,
+        }),
+    };
+    let mut lc = LimiterConfig::new(backend);
+    lc.timeout = s.timeout;
+    lc.breaker = s.breaker;
+    Limiter::new(lc)
+}
+
+/// Builds the rate-limit layer (policies registered with `limiter`).
+pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLayer> {
+    let mut layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(&config.secret.0))
+        .identity(config.identity.clone())
+        .forward_auth(config.decision_mode());
+    for p in &config.policies {
+        let policy = limiter
+            .policy(PolicySpec {
+                name: p.name.clone(),
+                limit: p.limit,
+                cost: p.cost,
+                on_failure: p.on_failure,
+                local_divisor: p.local_divisor,
+                shadow: p.shadow,
+                sync: p.sync,
+            })
+            .with_context(|| format!("{}: policy {:?}", config.origin, p.name))?;
+        let mut routed = RoutedPolicy::new(policy)
+            .path_prefix(p.path_prefix.clone())
+            .methods(p.methods.clone());
+        if let Some(sources) = &p.identity {
+            routed = routed.identity(sources.clone());
+        }
+        layer = layer.policy(routed);
+    }
+    Ok(layer)
+}
+
+/// Runs the gateway until SIGTERM or SIGINT.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let limiter = limiter(&config);
+    let layer = layer(&config, &limiter)?;
+    let http_metrics = Arc::new(HttpMetrics::default());
+    let target = match &config.server.upstream {
+        Some(u) => Target::Proxy(Proxy::new(
+            u.clone(),
+            config.server.upstream_timeout,
+            http_metrics.clone(),
+        )),
+        None => Target::Decision,
+    };
+    let service = tower_layer::Layer::layer(&layer, target);
+    let listener = TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
+    let admin_listener = TcpListener::bind(config.server.admin_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (server.admin_listen)",
+                config.server.admin_listen
+            )
+        })?;
+    log_start(&config, &listener, &admin_listener);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let admin = Admin {
+        limiter: limiter.clone(),
+        http: http_metrics.clone(),
+    };
+    let admin_task = tokio::spawn(serve_admin(admin_listener, admin, stop_rx.clone()));
+    let gateway = serve_gateway(listener, service, http_metrics, stop_rx);
+    tokio::pin!(gateway);
+    tokio::select! {
+        r = &mut gateway => r?,
+        _ = shutdown_signal() => {
+            tracing::info!(grace = ?GRACE, "shutting down: no new connections, finishing in-flight requests");
+            let _ = stop_tx.send(true);
+            gateway.await?;
+        }
+    }
+    let _ = admin_task.await;
+    limiter.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn log_start(config: &Config, listener: &TcpListener, admin: &TcpListener) {
+    let listen = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let admin_listen = admin
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let mode = match &config.server.upstream {
+        Some(u) => format!("proxy to http://{}{}", u.authority, u.base_path),
+        None => "decision".to_string(),
+    };
+    let policies: Vec<String> = config
+        .policies
+        .iter()
+        .map(|p| {
+            let q = p.limit.quota;
+            format!(
+                "{}: {} {}/{:?} burst {} cost {} on {} {:?}{}{}",
+                p.name,
+                p.limit.algorithm,
+                q.limit(),
+                q.period(),
+                q.burst(),
+                p.cost,
+                p.path_prefix,
+                p.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+                if p.shadow { " shadow" } else { "" },
+                format_args!(" on_failure={}", p.on_failure.as_str()),
+            )
+        })
+        .collect();
+    tracing::info!(
+        config = %config.origin,
+        listen,
+        admin_listen,
+        mode,
+        store = ?config.store.backend,
+        store_timeout = ?config.store.timeout,
+        identity = ?config.identity.sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        trusted_proxies = ?config.identity.trusted_proxies,
+        secret = "<redacted>",
+        ?policies,
+        "tollgate started"
+    );
+    let default_secret = config.secret.0 == crate::config::DEFAULT_SECRET.as_bytes();
+    if default_secret && !matches!(config.store.backend, StoreBackend::Memory { .. }) {
+        tracing::warn!(
+            "identity.secret is the default; set a secret of your own when gateways share a store"
+        );
+    }
+}
+
+async fn serve_gateway<S>(
+    listener: TcpListener,
+    service: S,
+    metrics: Arc<HttpMetrics>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()>
+where
+    S: Service<
+            Request<Incoming>,
+            Response = Response<tollgate_tower::RateLimitBody<BoxBody>>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let svc = service.clone();
+                let metrics = metrics.clone();
+                let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                    req.extensions_mut().insert(PeerAddr(peer));
+                    let mut svc = svc.clone();
+                    let metrics = metrics.clone();
+                    async move {
+                        let resp = svc.call(req).await?;
+                        metrics.response(resp.status().as_u16());
+                        Ok::<_, Infallible>(resp.map(unify))
+                    }
+                });
+                let conn = builder().serve_connection(TokioIo::new(stream), hyper_svc);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, %peer, "connection ended with an error");
+                    }
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(GRACE) => tracing::warn!("grace period over; dropping remaining connections"),
+    }
+    Ok(())
+}
+
+/// One body type for the connection: the layer's own bodies are boxed like upstream ones.
+fn unify(body: tollgate_tower::RateLimitBody<BoxBody>) -> BoxBody {
+    match body {
+        Either::Left(b) => b,
+        Either::Right(full) => full.map_err(|never| match never {}).boxed(),
+    }
+}
+
+fn builder() -> http1::Builder {
+    let mut b = http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(10))
+        .max_headers(MAX_HEADERS)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .keep_alive(true);
+    b
+}
+
+async fn serve_admin(listener: TcpListener, admin: Admin, mut stop: watch::Receiver<bool>) {
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let admin = admin.clone();
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let admin = admin.clone();
+                    async move { Ok::<_, Infallible>(admin.handle(req).await) }
+                });
+                let conn = graceful.watch(builder().serve_connection(TokioIo::new(stream), svc));
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+/// `tollgate serve [--config FILE]`: load (or use the defaults), then run. Exit code 2 on a
+/// bad config, 1 on a runtime error.
+pub fn main(config_path: Option<&std::path::Path>) -> i32 {
+    let config = match config_path {
+        Some(p) => Config::load(p),
+        None => Config::builtin(),
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return 2;
+        }
+    };
+    init_tracing();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return 1;
+        }
+    };
+    match rt.block_on(run(config)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = std::env::var("TOLLGATE_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

@@ -1,0 +1,193 @@
+//! Who is the client? An ordered list of sources is tried and the first present wins; the
+//! winning value is hashed with the keyed [`IdentityHasher`] together with the source's name,
+//! so a store only ever sees 16 opaque bytes.
+//!
+//! Header values are hashed as raw bytes: a huge or non-UTF-8 value is just another client.
+//! Addresses are canonicalised first (IPv4-mapped IPv6 is IPv4) and IPv6 addresses are
+//! aggregated to a prefix, because one host usually owns a whole /64.
+
+use crate::forwarded::{client_ip, ForwardHeader};
+use http::{HeaderMap, HeaderName};
+use ipnet::{IpNet, Ipv6Net};
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+use tollgate::{ClientKey, IdentityHasher};
+
+/// Where an identity comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentitySource {
+    /// A request header, e.g. `header:x-api-key`.
+    Header(HeaderName),
+    /// The client address: the socket peer, or what a trusted proxy forwarded.
+    Ip,
+}
+
+impl IdentitySource {
+    /// The name that is hashed with the value (`header:<lowercase name>` or `ip`).
+    pub fn name(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for IdentitySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdentitySource::Header(h) => write!(f, "header:{}", h.as_str()),
+            IdentitySource::Ip => f.write_str("ip"),
+        }
+    }
+}
+
+/// An identity source that is neither `ip` nor `header:<valid header name>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadIdentitySource(pub String);
+
+impl fmt::Display for BadIdentitySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown identity source {:?}; expected \"ip\" or \"header:NAME\" with a valid header name",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for BadIdentitySource {}
+
+impl FromStr for IdentitySource {
+    type Err = BadIdentitySource;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "ip" {
+            return Ok(IdentitySource::Ip);
+        }
+        let name = s
+            .strip_prefix("header:")
+            .ok_or_else(|| BadIdentitySource(s.to_string()))?;
+        HeaderName::from_bytes(name.as_bytes())
+            .map(IdentitySource::Header)
+            .map_err(|_| BadIdentitySource(s.to_string()))
+    }
+}
+
+/// How clients are identified.
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    /// Tried in order; the first present wins. Default: `["ip"]`.
+    pub sources: Vec<IdentitySource>,
+    /// Peers whose forwarding header is believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// The only forwarding header read.
+    pub client_ip_header: ForwardHeader,
+    /// IPv6 client addresses are aggregated to this prefix length (0..=128). Default 64.
+    pub ipv6_prefix: u8,
+}
+
+impl Default for IdentityConfig {
+    fn default() -> Self {
+        Self {
+            sources: vec![IdentitySource::Ip],
+            trusted_proxies: Vec::new(),
+            client_ip_header: ForwardHeader::XForwardedFor,
+            ipv6_prefix: 64,
+        }
+    }
+}
+
+impl IdentityConfig {
+    /// The client address of a request from `peer`, aggregated for IPv6, as it is hashed.
+    pub fn client_addr(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<String> {
+        let peer = peer?;
+        let ip = client_ip(peer, headers, self.client_ip_header, &self.trusted_proxies);
+        Some(match ip {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => match Ipv6Net::new(v6, self.ipv6_prefix.min(128)) {
+                Ok(net) => net.trunc().to_string(),
+                Err(_) => v6.to_string(),
+            },
+        })
+    }
+
+    /// The client key of a request under `sources` (or this config's own sources when
+    /// `None`). When no source is present (no such header, no known peer), all such requests
+    /// share one key per source list: missing identity never means unlimited.
+    pub fn client_key(
+        &self,
+        hasher: &IdentityHasher,
+        sources: Option<&[IdentitySource]>,
+        peer: Option<IpAddr>,
+        headers: &HeaderMap,
+    ) -> ClientKey {
+        let sources = sources.unwrap_or(&self.sources);
+        for source in sources {
+            match source {
+                IdentitySource::Header(name) => {
+                    if let Some(v) = headers.get(name) {
+                        if !v.as_bytes().is_empty() {
+                            return hasher.client_key(&source.name(), v.as_bytes());
+                        }
+                    }
+                }
+                IdentitySource::Ip => {
+                    if let Some(addr) = self.client_addr(peer, headers) {
+                        return hasher.client_key("ip", addr.as_bytes());
+                    }
+                }
+            }
+        }
+        let names: Vec<String> = sources.iter().map(IdentitySource::name).collect();
+        hasher.client_key("anonymous", names.join(",").as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn cfg() -> IdentityConfig {
+        IdentityConfig {
+            sources: vec![
+                "header:x-api-key".parse().expect("source"),
+                IdentitySource::Ip,
+            ],
+            ..IdentityConfig::default()
+        }
+    }
+
+    #[test]
+    fn sources_parse_and_reject_nonsense() {
+        assert_eq!("ip".parse::<IdentitySource>(), Ok(IdentitySource::Ip));
+        assert!("header:X-Api-Key".parse::<IdentitySource>().is_ok());
+        assert!("cookie:x".parse::<IdentitySource>().is_err());
+        assert!("header:bad name".parse::<IdentitySource>().is_err());
+    }
+
+    #[test]
+    fn ipv6_addresses_in_one_prefix_are_one_client() {
+        let h = IdentityHasher::new(b"s");
+        let c = IdentityConfig::default();
+        let a = c.client_key(&h, None, "2001:db8::1".parse().ok(), &HeaderMap::new());
+        let b = c.client_key(&h, None, "2001:db8::ffff:2".parse().ok(), &HeaderMap::new());
+        let other = c.client_key(&h, None, "2001:db8:0:1::1".parse().ok(), &HeaderMap::new());
+        assert_eq!(a, b);
+        assert_ne!(a, other);
+    }
+
+    #[test]
+    fn first_present_source_wins_and_raw_bytes_hash() {
+        let h = IdentityHasher::new(b"s");
+        let c = cfg();
+        let peer = "1.2.3.4".parse().ok();
+        let mut with_key = HeaderMap::new();
+        with_key.insert(
+            "x-api-key",
+            HeaderValue::from_bytes(b"k\xff\xfe").expect("opaque bytes"),
+        );
+        let by_key = c.client_key(&h, None, peer, &with_key);
+        let by_ip = c.client_key(&h, None, peer, &HeaderMap::new());
+        assert_ne!(by_key, by_ip);
+        let only_ip = [IdentitySource::Ip];
+        assert_eq!(c.client_key(&h, Some(&only_ip), peer, &with_key), by_ip);
+    }
+}

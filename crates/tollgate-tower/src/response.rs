@@ -1,0 +1,139 @@
+//! What a client sees: `RateLimit-Policy` and `RateLimit` (IETF httpapi draft syntax) on
+//! every response to a request that policies matched, and the 429 / 503 answers with
+//! `Retry-After` and an `application/problem+json` body.
+//!
+//! Shadow policies are invisible to clients: they are counted in metrics, never advertised.
+//! When a request's cost exceeds what a policy can ever admit there is no honest retry time:
+//! the 429 then has no `Retry-After`, and its body says `"retry_after":null` and why.
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+use http_body_util::Full;
+use std::fmt::Write;
+use tollgate::{micros_to_secs_ceil, LimitResult, Micros, PolicyResult};
+
+/// `RateLimit-Policy`.
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`.
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The problem type of a 429.
+pub const QUOTA_EXCEEDED: &str = "https://tollgate.dev/problems#quota-exceeded";
+/// The problem type of a 503 from a store failing closed.
+pub const STORE_UNAVAILABLE: &str = "https://tollgate.dev/problems#store-unavailable";
+
+/// Adds `RateLimit-Policy` and `RateLimit` for `result` to `headers`. Nothing is added when
+/// every matched policy is a shadow one.
+pub fn add_headers(headers: &mut HeaderMap, result: &LimitResult) {
+    let mut policy = String::new();
+    for r in result.results.iter().filter(|r| !r.policy.is_shadow()) {
+        if !policy.is_empty() {
+            policy.push_str(", ");
+        }
+        let q = r.policy.limit().quota;
+        let w = micros_to_secs_ceil(q.period_micros(), 1);
+        let _ = write!(policy, "\"{}\";q={};w={}", r.policy.name(), q.limit(), w);
+    }
+    if policy.is_empty() {
+        return;
+    }
+    if let Ok(v) = HeaderValue::from_str(&policy) {
+        headers.insert(RATELIMIT_POLICY.clone(), v);
+    }
+    if let Some(r) = most_constrained(result) {
+        if let Some(d) = r.decision {
+            let t = micros_to_secs_ceil(d.reset_after, 0);
+            let value = format!("\"{}\";r={};t={}", r.policy.name(), d.remaining, t);
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(RATELIMIT.clone(), v);
+            }
+        }
+    }
+}
+
+fn most_constrained(result: &LimitResult) -> Option<&PolicyResult> {
+    result
+        .most_constrained()
+        .filter(|r| !r.policy.is_shadow())
+        .or_else(|| {
+            result
+                .results
+                .iter()
+                .filter(|r| !r.policy.is_shadow() && r.decision.is_some())
+                .min_by_key(|r| r.decision.map(|d| d.remaining))
+        })
+}
+
+/// The 429 for `result`; `retry_after` is `None` when some policy can never admit the cost.
+pub fn too_many_requests(
+    result: &LimitResult,
+    retry_after: Option<Micros>,
+) -> Response<Full<Bytes>> {
+    let violated: Vec<String> = result.violated().map(json_string).collect();
+    let (retry_json, detail) = match retry_after {
+        Some(us) => (
+            micros_to_secs_ceil(us, 1).to_string(),
+            "Rate limit exceeded; retry after the number of seconds in Retry-After.".to_string(),
+        ),
+        None => (
+            "null".to_string(),
+            "This request costs more than the policy can ever admit; retrying will not help."
+                .to_string(),
+        ),
+    };
+    let body = format!(
+        "{{\"type\":\"{QUOTA_EXCEEDED}\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":{},\"violated-policies\":[{}],\"retry_after\":{}}}",
+        json_string(&detail),
+        violated.join(","),
+        retry_json
+    );
+    let mut resp = problem(StatusCode::TOO_MANY_REQUESTS, body);
+    if let Some(us) = retry_after {
+        resp.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(micros_to_secs_ceil(us, 1)));
+    }
+    add_headers(resp.headers_mut(), result);
+    resp
+}
+
+/// The 503 when the store fails and a policy fails closed.
+pub fn unavailable(result: &LimitResult, retry_after: Micros) -> Response<Full<Bytes>> {
+    let secs = micros_to_secs_ceil(retry_after, 1);
+    let body = format!(
+        "{{\"type\":\"{STORE_UNAVAILABLE}\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"The rate-limit store is unavailable and this policy fails closed.\",\"retry_after\":{secs}}}"
+    );
+    let mut resp = problem(StatusCode::SERVICE_UNAVAILABLE, body);
+    resp.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(secs));
+    add_headers(resp.headers_mut(), result);
+    resp
+}
+
+fn problem(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    resp
+}
+
+/// A JSON string literal (policy names are restricted by config, but the layer takes any).
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}

@@ -1,0 +1,108 @@
+//! The service: decide first, then either answer (429 / 503) or call the inner service and
+//! add the `RateLimit` headers to its response.
+
+use crate::layer::{target_of, Shared};
+use crate::response::{add_headers, too_many_requests, unavailable};
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{Either, Full};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tollgate::Action;
+use tower_service::Service;
+
+/// The response body: the inner service's, or the layer's own 429 / 503 body.
+pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
+
+/// The boxed response future.
+pub type ResponseFuture<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
+
+/// Rate-limits requests to `S`. Built by [`crate::RateLimitLayer`].
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> RateLimit<S> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    /// Always ready: readiness of the inner service is awaited in `call`, after the
+    /// decision, so a limited request never waits for capacity it will not use.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let plan = self.shared.plan(
+            req.method(),
+            &target_of(req.uri()),
+            req.headers(),
+            req.extensions(),
+        );
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let Some(plan) = plan else {
+                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                return Ok(inner.call(req).await?.map(Either::Left));
+            };
+            let result = shared.check(plan).await;
+            match result.action {
+                Action::Allow => {
+                    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                    let mut resp = inner.call(req).await?;
+                    add_headers(resp.headers_mut(), &result);
+                    Ok(resp.map(Either::Left))
+                }
+                Action::Limit { retry_after } => {
+                    Ok(too_many_requests(&result, retry_after).map(Either::Right))
+                }
+                Action::Unavailable { retry_after } => {
+                    Ok(unavailable(&result, retry_after).map(Either::Right))
+                }
+            }
+        })
+    }
+}

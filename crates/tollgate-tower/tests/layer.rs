@@ -1,0 +1,165 @@
+//! The layer end to end over a memory limiter, with a trivial inner service.
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::net::SocketAddr;
+use std::task::{Context, Poll};
+use tollgate::{Algorithm, IdentityHasher, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
+use tollgate_tower::{PeerAddr, RateLimit, RateLimitLayer, RoutedPolicy};
+use tower_layer::Layer;
+use tower_service::Service;
+
+#[derive(Clone)]
+struct Ok200;
+
+impl Service<Request<()>> for Ok200 {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        ready(Ok(Response::new(Full::new(Bytes::from_static(
+            b"upstream",
+        )))))
+    }
+}
+
+fn policy(limiter: &Limiter, name: &str, limit: u64, shadow: bool) -> tollgate::Policy {
+    let mut spec = PolicySpec::new(
+        name,
+        Limit::new(
+            Algorithm::FixedWindow,
+            Quota::per_hour(limit).expect("quota"),
+        )
+        .expect("limit"),
+    );
+    spec.shadow = shadow;
+    limiter.policy(spec).expect("policy")
+}
+
+fn service(policies: impl FnOnce(&Limiter) -> Vec<RoutedPolicy>) -> RateLimit<Ok200> {
+    let limiter = Limiter::new(LimiterConfig::default());
+    let mut layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(b"t"));
+    for p in policies(&limiter) {
+        layer = layer.policy(p);
+    }
+    layer.layer(Ok200)
+}
+
+async fn send(
+    svc: &mut RateLimit<Ok200>,
+    path: &str,
+    key: Option<&str>,
+) -> (StatusCode, http::HeaderMap, String) {
+    let mut req = Request::builder().uri(path);
+    if let Some(k) = key {
+        req = req.header("x-api-key", k);
+    }
+    let mut req = req.body(()).expect("request");
+    let peer: SocketAddr = "192.0.2.1:1234".parse().expect("addr");
+    req.extensions_mut().insert(PeerAddr(peer));
+    std::future::poll_fn(|cx| svc.poll_ready(cx))
+        .await
+        .expect("ready");
+    let resp = svc.call(req).await.expect("infallible");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn remaining_counts_down_then_429_with_problem_json() {
+    let mut svc =
+        service(|l| vec![RoutedPolicy::new(policy(l, "api", 5, false)).path_prefix("/api")]);
+    for r in (0..5).rev() {
+        let (status, h, body) = send(&mut svc, "/api/x", None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, "upstream");
+        assert_eq!(h["ratelimit-policy"], "\"api\";q=5;w=3600");
+        let rl = h["ratelimit"].to_str().expect("ascii");
+        assert!(rl.starts_with(&format!("\"api\";r={r};t=")), "{rl}");
+    }
+    let (status, h, body) = send(&mut svc, "/api/x", None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(h["content-type"], "application/problem+json");
+    let retry: u64 = h["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("int");
+    assert!(retry >= 1);
+    assert!(body.contains("#quota-exceeded\""), "{body}");
+    assert!(body.contains("\"status\":429"), "{body}");
+    assert!(body.contains("\"violated-policies\":[\"api\"]"), "{body}");
+    assert!(
+        body.contains(&format!("\"retry_after\":{retry}}}")),
+        "{body}"
+    );
+    // Unmatched paths pass untouched, without headers.
+    let (status, h, _) = send(&mut svc, "/other", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!h.contains_key("ratelimit") && !h.contains_key("ratelimit-policy"));
+}
+
+#[tokio::test]
+async fn shadow_policies_count_but_never_reject_nor_show() {
+    let mut svc = service(|l| vec![RoutedPolicy::new(policy(l, "dry", 1, true))]);
+    for _ in 0..3 {
+        let (status, h, _) = send(&mut svc, "/", None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(!h.contains_key("ratelimit-policy"));
+    }
+}
+
+#[tokio::test]
+async fn two_api_keys_are_two_clients_and_several_policies_list_all() {
+    let mut svc = service(|l| {
+        let by_key = vec![
+            "header:x-api-key".parse().expect("source"),
+            tollgate_tower::IdentitySource::Ip,
+        ];
+        vec![
+            RoutedPolicy::new(policy(l, "a", 1, false)).identity(by_key.clone()),
+            RoutedPolicy::new(policy(l, "b", 10, false)).identity(by_key),
+        ]
+    });
+    let (s1, h, _) = send(&mut svc, "/", Some("k1")).await;
+    assert_eq!(s1, StatusCode::OK);
+    assert_eq!(h["ratelimit-policy"], "\"a\";q=1;w=3600, \"b\";q=10;w=3600");
+    assert!(h["ratelimit"]
+        .to_str()
+        .expect("ascii")
+        .starts_with("\"a\";r=0;"));
+    let (s2, _, _) = send(&mut svc, "/", Some("k2")).await;
+    assert_eq!(s2, StatusCode::OK);
+    let (s3, _, body) = send(&mut svc, "/", Some("k1")).await;
+    assert_eq!(s3, StatusCode::TOO_MANY_REQUESTS);
+    assert!(body.contains("[\"a\"]"), "{body}");
+}
+
+#[tokio::test]
+async fn a_cost_above_capacity_is_429_without_retry_after() {
+    let limiter = Limiter::new(LimiterConfig::default());
+    let mut spec = PolicySpec::new(
+        "big",
+        Limit::new(Algorithm::TokenBucket, Quota::per_hour(2).expect("quota")).expect("limit"),
+    );
+    spec.cost = 3;
+    let p = limiter.policy(spec).expect("policy");
+    let mut svc = RateLimitLayer::new(limiter, IdentityHasher::new(b"t"))
+        .policy(RoutedPolicy::new(p))
+        .layer(Ok200);
+    let (status, h, body) = send(&mut svc, "/", None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(!h.contains_key("retry-after"));
+    assert!(body.contains("\"retry_after\":null"), "{body}");
+}
