@@ -1,1 +1,440 @@
-//! Work in progress: see the workspace README.
+//! The tollgate [`Limiter`]: what a service or gateway holds. It puts a store behind the
+//! resilience a shared store needs, in this order for each request:
+//!
+//! 1. the **deny cache** answers for clients already denied until their retry time (exact:
+//!    denials consume nothing), so abusive traffic never reaches the store;
+//! 2. the **circuit breaker** skips a store that keeps failing, so no request waits on it;
+//! 3. the **store call**, all matched policies in one atomic round trip, under a **timeout**;
+//! 4. when the store fails, each policy's **failure policy**: allow (`open`), reject with 503
+//!    (`closed`), or decide with an in-process **local fallback** at `limit / local_divisor`.
+//!
+//! Every step is counted in [`Metrics`], rendered for Prometheus by
+//! [`Limiter::render_metrics`]. The pure algorithms are re-exported from `tollgate-core`.
+#![deny(missing_docs)]
+
+#[cfg(not(any(feature = "memory", feature = "redis")))]
+compile_error!("tollgate needs a backend: enable the `memory` or the `redis` feature");
+
+mod breaker;
+mod deny_cache;
+mod identity;
+mod metrics;
+mod outcome;
+mod policy;
+mod store;
+
+pub use breaker::BreakerConfig;
+pub use identity::IdentityHasher;
+pub use metrics::{LeaseKind, Metrics, PolicyStats, LATENCY_BUCKETS_US};
+pub use outcome::{Action, LimitResult, Outcome, PolicyResult};
+pub use policy::{FailurePolicy, Policy, PolicySpec, SyncMode};
+pub use store::Backend;
+pub use tollgate_core::*;
+pub use tollgate_memory::MemoryConfig;
+#[cfg(feature = "redis")]
+pub use tollgate_redis::{RedisConfig, StoreClock};
+
+use breaker::{Breaker, Permit};
+use deny_cache::DenyCache;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use store::{Store, StoreFailure};
+use tollgate_memory::MemoryStore;
+
+/// Errors building a limiter or a policy.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A policy specification is invalid.
+    #[error("policy {name:?}: {reason}")]
+    InvalidPolicy {
+        /// The policy's name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// How to build a [`Limiter`].
+#[derive(Clone)]
+pub struct LimiterConfig {
+    /// The store.
+    pub backend: Backend,
+    /// Timeout of each store call (`store.timeout`).
+    pub timeout: Duration,
+    /// Circuit breaker settings (`store.breaker`).
+    pub breaker: BreakerConfig,
+    /// Entries the deny cache holds at most (0 disables it). Used with remote stores only.
+    pub deny_cache_capacity: usize,
+    /// Keys the local fallback store tracks at most.
+    pub fallback_max_keys: usize,
+    /// Where `now` comes from.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for LimiterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimiterConfig")
+            .field("backend", &self.backend)
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .field("deny_cache_capacity", &self.deny_cache_capacity)
+            .field("fallback_max_keys", &self.fallback_max_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "memory")]
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        Self::new(Backend::default())
+    }
+}
+
+impl LimiterConfig {
+    /// Defaults around `backend`: 20 ms timeout, breaker 5 failures / 1 s, 100,000 deny cache
+    /// entries, 100,000 fallback keys, the system clock.
+    pub fn new(backend: Backend) -> Self {
+        Self {
+            backend,
+            timeout: Duration::from_millis(20),
+            breaker: BreakerConfig::default(),
+            deny_cache_capacity: 100_000,
+            fallback_max_keys: 100_000,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+struct Inner {
+    store: Store,
+    fallback: MemoryStore,
+    clock: Arc<dyn Clock>,
+    timeout: Duration,
+    breaker: Breaker,
+    deny_cache: Option<DenyCache>,
+    metrics: Metrics,
+}
+
+/// A rate limiter over a store. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("remote", &self.inner.store.is_remote())
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Limiter {
+    /// Builds a limiter. A remote store is connected on first use, so this succeeds while
+    /// Redis is down (requests then follow their failure policies).
+    pub fn new(config: LimiterConfig) -> Self {
+        let store = Store::new(config.backend);
+        let deny_cache = (store.is_remote() && config.deny_cache_capacity > 0)
+            .then(|| DenyCache::new(config.deny_cache_capacity));
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                fallback: MemoryStore::new(tollgate_memory::MemoryConfig {
+                    max_keys: config.fallback_max_keys,
+                    ..Default::default()
+                }),
+                clock: config.clock,
+                timeout: config.timeout,
+                breaker: Breaker::new(config.breaker),
+                deny_cache,
+                metrics: Metrics::default(),
+            }),
+        }
+    }
+
+    /// Registers a policy (and its metrics) with this limiter.
+    pub fn policy(&self, spec: PolicySpec) -> Result<Policy, Error> {
+        let invalid = |reason: String| Error::InvalidPolicy {
+            name: spec.name.clone(),
+            reason,
+        };
+        if spec.name.is_empty() {
+            return Err(invalid("the name must not be empty".into()));
+        }
+        if let SyncMode::Lease { .. } = spec.sync {
+            return Err(invalid("sync = \"lease\" is not available yet".into()));
+        }
+        spec.limit
+            .algorithm
+            .validate(&spec.limit.quota)
+            .map_err(&invalid)?;
+        let stats = self.inner.metrics.policy(&spec.name);
+        let name = spec.name.clone();
+        Policy::build(spec, stats).map_err(|reason| Error::InvalidPolicy { name, reason })
+    }
+
+    /// The limiter's counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Appends every `tollgate_*` metric family in the Prometheus text format.
+    pub fn render_metrics(&self, out: &mut String) {
+        let keys = self.inner.store.memory_keys() + self.inner.fallback.len();
+        self.inner
+            .metrics
+            .render(out, self.inner.breaker.is_open(), keys);
+    }
+
+    /// Whether the store answers now (and the breaker is closed).
+    pub async fn ready(&self) -> bool {
+        let i = &self.inner;
+        if !i.store.is_remote() {
+            return true;
+        }
+        !i.breaker.is_open() && i.store.ping(i.timeout).await.is_ok()
+    }
+
+    /// Returns what the limiter holds of the shared state (leases) before the process exits.
+    pub async fn shutdown(&self) {}
+
+    /// Decides one request of `client` against `policies`: all enforcing policies together,
+    /// all-or-nothing, in one store round trip; shadow policies beside them, never rejecting.
+    /// Never fails: store failures become each policy's failure outcome.
+    pub async fn check(&self, client: &ClientKey, policies: &[&Policy]) -> LimitResult {
+        let now = self.inner.clock.now();
+        if let Some(result) = self.deny_cached(client, policies, now) {
+            return result;
+        }
+        let (shadow, enforced): (Vec<&Policy>, Vec<&Policy>) =
+            policies.iter().copied().partition(|p| p.is_shadow());
+        let mut results = Vec::with_capacity(policies.len());
+        let action = if shadow.is_empty() {
+            self.decide(client, &enforced, now, &mut results).await
+        } else {
+            let mut shadow_results = Vec::with_capacity(shadow.len());
+            let (action, _) = tokio::join!(
+                self.decide(client, &enforced, now, &mut results),
+                self.decide(client, &shadow, now, &mut shadow_results),
+            );
+            results.extend(shadow_results);
+            action
+        };
+        LimitResult { action, results }
+    }
+
+    fn deny_cached(
+        &self,
+        client: &ClientKey,
+        policies: &[&Policy],
+        now: Micros,
+    ) -> Option<LimitResult> {
+        let cache = self.inner.deny_cache.as_ref()?;
+        let mut results = Vec::new();
+        let mut wait = 0;
+        for p in policies.iter().filter(|p| !p.is_shadow()) {
+            if let Some(until) = cache.denied_until(client, p.rule().id(), now) {
+                let retry = until - now;
+                wait = wait.max(retry);
+                p.inner.stats.deny_cache_hit();
+                p.inner.stats.record(Outcome::Limited);
+                results.push(PolicyResult {
+                    policy: (*p).clone(),
+                    outcome: Outcome::Limited,
+                    decision: Some(Decision {
+                        allowed: false,
+                        limit: p.limit().quota.limit(),
+                        remaining: 0,
+                        reset_after: retry,
+                        retry_after: Some(retry),
+                    }),
+                });
+            }
+        }
+        (!results.is_empty()).then_some(LimitResult {
+            action: Action::Limit {
+                retry_after: Some(wait),
+            },
+            results,
+        })
+    }
+
+    /// Decides one group (the enforcing or the shadow policies) and appends its results.
+    async fn decide(
+        &self,
+        client: &ClientKey,
+        group: &[&Policy],
+        now: Micros,
+        results: &mut Vec<PolicyResult>,
+    ) -> Action {
+        if group.is_empty() {
+            return Action::Allow;
+        }
+        let checks: Vec<Check<'_>> = group
+            .iter()
+            .map(|p| Check {
+                rule: p.rule(),
+                cost: p.cost(),
+            })
+            .collect();
+        match self.call_store(client, &checks, now).await {
+            Ok(verdict) => self.apply_verdict(client, group, verdict, now, results),
+            Err(skip_for) => self.apply_failure(client, group, now, skip_for, results),
+        }
+    }
+
+    /// One store call behind the breaker and the timeout. On failure, returns how long until
+    /// the store may be tried again.
+    async fn call_store(
+        &self,
+        client: &ClientKey,
+        checks: &[Check<'_>],
+        now: Micros,
+    ) -> Result<Verdict, Micros> {
+        let i = &self.inner;
+        if !i.store.is_remote() {
+            return i
+                .store
+                .check(client, checks, now, i.timeout)
+                .await
+                .map_err(|_| 0);
+        }
+        let permit = i.breaker.acquire(now);
+        if let Permit::Skip(wait) = permit {
+            i.metrics.store_error("breaker_open");
+            return Err(wait);
+        }
+        let started = Instant::now();
+        let result = i.store.check(client, checks, now, i.timeout).await;
+        i.metrics.observe_store(started.elapsed());
+        match result {
+            Ok(v) => {
+                i.breaker.on_success(permit);
+                Ok(v)
+            }
+            Err(StoreFailure { kind, message }) => {
+                i.metrics.store_error(kind);
+                tracing::debug!(target: "tollgate::store", kind, %message, "store call failed");
+                i.breaker.on_failure(permit, i.clock.now());
+                Err(duration_to_micros(i.timeout).max(1))
+            }
+        }
+    }
+
+    fn apply_verdict(
+        &self,
+        client: &ClientKey,
+        group: &[&Policy],
+        verdict: Verdict,
+        now: Micros,
+        results: &mut Vec<PolicyResult>,
+    ) -> Action {
+        let mut impossible = false;
+        let mut wait = 0;
+        for (p, d) in group.iter().zip(verdict.decisions) {
+            let outcome = match (d.allowed, p.is_shadow()) {
+                (true, _) => Outcome::Allowed,
+                (false, true) => Outcome::ShadowLimited,
+                (false, false) => Outcome::Limited,
+            };
+            if outcome == Outcome::Limited {
+                match d.retry_after {
+                    Some(r) => {
+                        wait = wait.max(r);
+                        if let Some(cache) = &self.inner.deny_cache {
+                            cache.deny(client, p.rule().id(), now.saturating_add(r), now);
+                        }
+                    }
+                    None => impossible = true,
+                }
+            }
+            p.inner.stats.record(outcome);
+            results.push(PolicyResult {
+                policy: (*p).clone(),
+                outcome,
+                decision: Some(d),
+            });
+        }
+        if verdict.allowed || group.iter().all(|p| p.is_shadow()) {
+            Action::Allow
+        } else {
+            Action::Limit {
+                retry_after: (!impossible).then_some(wait),
+            }
+        }
+    }
+
+    fn apply_failure(
+        &self,
+        client: &ClientKey,
+        group: &[&Policy],
+        now: Micros,
+        skip_for: Micros,
+        results: &mut Vec<PolicyResult>,
+    ) -> Action {
+        let local: Vec<&Policy> = group
+            .iter()
+            .copied()
+            .filter(|p| !p.is_shadow() && p.on_failure() == FailurePolicy::Local)
+            .collect();
+        let fallback = (!local.is_empty()).then(|| {
+            let checks: Vec<Check<'_>> = local
+                .iter()
+                .map(|p| Check {
+                    rule: p.fallback_rule(),
+                    cost: p.cost(),
+                })
+                .collect();
+            self.inner.fallback.check(client, &checks, now)
+        });
+        let mut closed = false;
+        let mut limited = false;
+        let mut impossible = false;
+        let mut wait = 0;
+        let mut local_decisions = fallback.map(|v| v.decisions.into_iter());
+        for p in group {
+            let (outcome, decision) = match (p.is_shadow(), p.on_failure()) {
+                (true, _) | (false, FailurePolicy::Open) => (Outcome::FailedOpen, None),
+                (false, FailurePolicy::Closed) => {
+                    closed = true;
+                    (Outcome::FailedClosed, None)
+                }
+                (false, FailurePolicy::Local) => {
+                    let d = local_decisions.as_mut().and_then(|it| it.next());
+                    match d {
+                        Some(d) if d.allowed => (Outcome::FallbackAllowed, Some(d)),
+                        Some(d) => {
+                            limited = true;
+                            match d.retry_after {
+                                Some(r) => wait = wait.max(r),
+                                None => impossible = true,
+                            }
+                            (Outcome::FallbackLimited, Some(d))
+                        }
+                        None => (Outcome::FailedOpen, None),
+                    }
+                }
+            };
+            p.inner.stats.record(outcome);
+            results.push(PolicyResult {
+                policy: (*p).clone(),
+                outcome,
+                decision,
+            });
+        }
+        // All-or-nothing among the local policies: when one rejects, none was charged, and
+        // the ones that would have allowed report it as fallback_allowed decisions.
+        if closed {
+            Action::Unavailable {
+                retry_after: skip_for.max(1),
+            }
+        } else if limited {
+            Action::Limit {
+                retry_after: (!impossible).then_some(wait),
+            }
+        } else {
+            Action::Allow
+        }
+    }
+}

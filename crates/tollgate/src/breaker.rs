@@ -1,0 +1,169 @@
+//! A circuit breaker in front of the store: after `failures` consecutive errors or timeouts it
+//! opens and no request waits on the store; after `open_for` exactly one request probes
+//! (half-open); its success closes the breaker, its failure opens it again.
+//!
+//! Lock-free: three atomics. State changes are logged once per change, never per request.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+use tollgate_core::{duration_to_micros, Micros};
+
+/// Breaker settings (`store.breaker`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker (at least 1).
+    pub failures: u32,
+    /// How long it stays open before one probe.
+    pub open_for: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            open_for: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Whether a request may call the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Permit {
+    /// Closed: call.
+    Call,
+    /// Half-open: this request is the one probe.
+    Probe,
+    /// Open: skip the store; it may be tried again after this many microseconds.
+    Skip(Micros),
+}
+
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    threshold: u32,
+    open_for: Micros,
+    consecutive: AtomicU32,
+    /// 0 while closed; otherwise when the next probe may go.
+    open_until: AtomicU64,
+    probing: AtomicBool,
+}
+
+impl Breaker {
+    pub(crate) fn new(cfg: BreakerConfig) -> Self {
+        Self {
+            threshold: cfg.failures.max(1),
+            open_for: duration_to_micros(cfg.open_for).max(1),
+            consecutive: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
+    pub(crate) fn acquire(&self, now: Micros) -> Permit {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Permit::Call;
+        }
+        if now < until {
+            return Permit::Skip(until - now);
+        }
+        if self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            Permit::Probe
+        } else {
+            Permit::Skip(self.open_for)
+        }
+    }
+
+    pub(crate) fn on_success(&self, permit: Permit) {
+        self.consecutive.store(0, Ordering::Release);
+        if permit == Permit::Probe || self.is_open() {
+            if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+                tracing::info!(target: "tollgate::breaker", "store answered; circuit breaker closed");
+            }
+            self.probing.store(false, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn on_failure(&self, permit: Permit, now: Micros) {
+        let n = self
+            .consecutive
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
+        let until = now.saturating_add(self.open_for);
+        if permit == Permit::Probe {
+            self.open_until.store(until, Ordering::Release);
+            self.probing.store(false, Ordering::Release);
+            tracing::warn!(target: "tollgate::breaker", "probe failed; circuit breaker open again");
+        } else if n >= self.threshold
+            && self
+                .open_until
+                .compare_exchange(0, until, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            tracing::warn!(
+                target: "tollgate::breaker",
+                failures = n,
+                open_for_us = self.open_for,
+                "store failing; circuit breaker open"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> Breaker {
+        Breaker::new(BreakerConfig {
+            failures: 3,
+            open_for: Duration::from_secs(1),
+        })
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_only() {
+        let b = breaker();
+        b.on_failure(Permit::Call, 0);
+        b.on_failure(Permit::Call, 0);
+        b.on_success(Permit::Call);
+        b.on_failure(Permit::Call, 0);
+        b.on_failure(Permit::Call, 0);
+        assert_eq!(b.acquire(0), Permit::Call);
+        b.on_failure(Permit::Call, 0);
+        assert_eq!(b.acquire(10), Permit::Skip(1_000_000 - 10));
+        assert!(b.is_open());
+    }
+
+    #[test]
+    fn one_probe_after_open_for_then_closes_on_success() {
+        let b = breaker();
+        for _ in 0..3 {
+            b.on_failure(Permit::Call, 0);
+        }
+        assert_eq!(b.acquire(1_000_000), Permit::Probe);
+        assert!(matches!(b.acquire(1_000_000), Permit::Skip(_)));
+        b.on_success(Permit::Probe);
+        assert!(!b.is_open());
+        assert_eq!(b.acquire(1_000_001), Permit::Call);
+    }
+
+    #[test]
+    fn failed_probe_reopens_for_another_period() {
+        let b = breaker();
+        for _ in 0..3 {
+            b.on_failure(Permit::Call, 0);
+        }
+        assert_eq!(b.acquire(2_000_000), Permit::Probe);
+        b.on_failure(Permit::Probe, 2_000_000);
+        assert_eq!(b.acquire(2_500_000), Permit::Skip(500_000));
+        assert_eq!(b.acquire(3_000_000), Permit::Probe);
+    }
+}

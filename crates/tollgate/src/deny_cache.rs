@@ -1,0 +1,152 @@
+//! The deny cache: after the store denies a client under a policy with retry time `t`, that
+//! client and policy are denied locally until `t`, with no store call.
+//!
+//! Exact for every tollgate algorithm: a denial consumes nothing, and capacity never comes
+//! back sooner than `retry_after` says, so the store would have answered the same. It keeps an
+//! abusive client's traffic off Redis. Bounded: a fixed number of shards, each holding at most
+//! `capacity / shards` entries; a full shard first drops expired entries, then the entry that
+//! expires soonest (forgetting a denial only costs a store call, never a wrong admission).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+use tollgate_core::{ClientKey, Micros};
+
+const SHARDS: usize = 32;
+
+/// Keys are already uniform (a keyed hash of the client, an FNV hash of the policy name):
+/// mixing them once is enough.
+#[derive(Default)]
+struct PrehashedHasher(u64);
+
+impl Hasher for PrehashedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0 ^ u64::from_le_bytes(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u128(&mut self, v: u128) {
+        // Truncation intended: the two halves are mixed in one after the other.
+        self.write_u64(v as u64);
+        self.write_u64((v >> 64) as u64);
+    }
+}
+
+type Map = HashMap<(u128, u64), Micros, BuildHasherDefault<PrehashedHasher>>;
+
+pub(crate) struct DenyCache {
+    shards: Vec<Mutex<Map>>,
+    per_shard: usize,
+}
+
+impl DenyCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        let per_shard = capacity.div_ceil(SHARDS);
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
+            per_shard,
+        }
+    }
+
+    fn shard(&self, client: &ClientKey, policy: u64) -> &Mutex<Map> {
+        let h = (client.as_u128() as u64) ^ policy.rotate_left(17);
+        &self.shards[(h as usize) % SHARDS]
+    }
+
+    /// When the client is still denied under the policy at `now`: the instant it may retry.
+    pub(crate) fn denied_until(
+        &self,
+        client: &ClientKey,
+        policy: u64,
+        now: Micros,
+    ) -> Option<Micros> {
+        if self.per_shard == 0 {
+            return None;
+        }
+        let mut map = self
+            .shard(client, policy)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let key = (client.as_u128(), policy);
+        match map.get(&key) {
+            Some(&until) if until > now => Some(until),
+            Some(_) => {
+                map.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Remembers that the client is denied under the policy until `until`.
+    pub(crate) fn deny(&self, client: &ClientKey, policy: u64, until: Micros, now: Micros) {
+        if self.per_shard == 0 || until <= now {
+            return;
+        }
+        let mut map = self
+            .shard(client, policy)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let key = (client.as_u128(), policy);
+        if map.len() >= self.per_shard && !map.contains_key(&key) {
+            map.retain(|_, u| *u > now);
+            if map.len() >= self.per_shard {
+                if let Some(k) = map.iter().min_by_key(|(_, u)| **u).map(|(k, _)| *k) {
+                    map.remove(&k);
+                }
+            }
+        }
+        map.insert(key, until);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u128) -> ClientKey {
+        ClientKey::from_u128(i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835))
+    }
+
+    #[test]
+    fn denies_until_the_retry_time_and_not_after() {
+        let c = DenyCache::new(100);
+        c.deny(&key(1), 7, 1_000, 0);
+        assert_eq!(c.denied_until(&key(1), 7, 999), Some(1_000));
+        assert_eq!(c.denied_until(&key(1), 7, 1_000), None);
+        assert_eq!(c.denied_until(&key(1), 8, 10), None);
+        assert_eq!(c.denied_until(&key(2), 7, 10), None);
+    }
+
+    #[test]
+    fn stays_bounded_under_many_clients() {
+        let c = DenyCache::new(64);
+        for i in 0..10_000 {
+            c.deny(&key(i), 1, 1_000_000 + i as u64, 0);
+        }
+        assert!(c.len() <= 64, "{}", c.len());
+    }
+
+    #[test]
+    fn zero_capacity_disables_it() {
+        let c = DenyCache::new(0);
+        c.deny(&key(1), 1, 100, 0);
+        assert_eq!(c.denied_until(&key(1), 1, 0), None);
+    }
+}

@@ -1,0 +1,331 @@
+//! Counters the limiter keeps for operators, rendered in the Prometheus text format. Plain
+//! atomics, no registry crate: the hot path pays one relaxed increment per counter it touches.
+
+use crate::outcome::Outcome;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Upper bounds of the store latency histogram, in microseconds. Steps of 10 us up to 100 us
+/// then widening, so p50/p99/p999 of a loopback Redis (tens of microseconds) are resolved.
+pub const LATENCY_BUCKETS_US: [u64; 30] = [
+    10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 125, 150, 200, 250, 300, 400, 500, 750, 1_000, 1_500,
+    2_000, 3_000, 5_000, 10_000, 20_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+];
+
+/// Kinds of lease unit movements (`tollgate_lease_units_total{kind}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// Units taken from the shared store.
+    Granted,
+    /// Units spent on requests.
+    Used,
+    /// Units given back unused.
+    Returned,
+}
+
+/// Per-policy counters.
+#[derive(Debug)]
+pub struct PolicyStats {
+    name: Arc<str>,
+    decisions: [AtomicU64; 7],
+    deny_cache_hits: AtomicU64,
+    lease: [AtomicU64; 3],
+}
+
+impl PolicyStats {
+    pub(crate) fn new(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            decisions: Default::default(),
+            deny_cache_hits: AtomicU64::new(0),
+            lease: Default::default(),
+        }
+    }
+
+    pub(crate) fn record(&self, outcome: Outcome) {
+        self.decisions[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn deny_cache_hit(&self) {
+        self.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `units` to a lease counter.
+    pub fn lease(&self, kind: LeaseKind, units: u64) {
+        self.lease[kind as usize].fetch_add(units, Ordering::Relaxed);
+    }
+
+    /// The count of decisions with `outcome`.
+    pub fn decisions(&self, outcome: Outcome) -> u64 {
+        self.decisions[outcome.index()].load(Ordering::Relaxed)
+    }
+
+    /// Requests rejected by the deny cache without a store call.
+    pub fn deny_cache_hits(&self) -> u64 {
+        self.deny_cache_hits.load(Ordering::Relaxed)
+    }
+
+    /// Lease units of a kind.
+    pub fn lease_units(&self, kind: LeaseKind) -> u64 {
+        self.lease[kind as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Store error kinds counted separately; anything else is `other`.
+const ERROR_KINDS: [&str; 8] = [
+    "timeout",
+    "connection",
+    "script",
+    "protocol",
+    "cluster",
+    "auth",
+    "breaker_open",
+    "other",
+];
+
+/// The limiter's counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    policies: Mutex<Vec<Arc<PolicyStats>>>,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
+    latency_count: AtomicU64,
+    latency_sum_us: AtomicU64,
+    errors: [AtomicU64; ERROR_KINDS.len()],
+    store_calls: AtomicU64,
+}
+
+impl Metrics {
+    /// The stats of the policy named `name`, created on first use (two policies with one name
+    /// share counters).
+    pub(crate) fn policy(&self, name: &str) -> Arc<PolicyStats> {
+        let mut list = self.policies.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = list.iter().find(|s| &*s.name == name) {
+            return s.clone();
+        }
+        let s = Arc::new(PolicyStats::new(name));
+        list.push(s.clone());
+        s
+    }
+
+    /// Records one store call's latency.
+    pub fn observe_store(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.store_calls.fetch_add(1, Ordering::Relaxed);
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
+        if let Some(i) = LATENCY_BUCKETS_US.iter().position(|&b| us <= b) {
+            self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one store error of `kind`.
+    pub fn store_error(&self, kind: &str) {
+        let i = ERROR_KINDS
+            .iter()
+            .position(|&k| k == kind)
+            .unwrap_or(ERROR_KINDS.len() - 1);
+        self.errors[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Store errors of `kind` so far.
+    pub fn store_errors(&self, kind: &str) -> u64 {
+        ERROR_KINDS
+            .iter()
+            .position(|&k| k == kind)
+            .map_or(0, |i| self.errors[i].load(Ordering::Relaxed))
+    }
+
+    /// Store calls made so far (each a round trip for a remote store).
+    pub fn store_calls(&self) -> u64 {
+        self.store_calls.load(Ordering::Relaxed)
+    }
+
+    /// The stats of every registered policy.
+    pub fn policies(&self) -> Vec<Arc<PolicyStats>> {
+        self.policies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Appends every `tollgate_*` family in the Prometheus text format.
+    pub(crate) fn render(&self, out: &mut String, breaker_open: bool, memory_keys: usize) {
+        let policies = self.policies();
+        family(
+            out,
+            "tollgate_decisions_total",
+            "counter",
+            "Decisions by policy and outcome.",
+        );
+        for p in &policies {
+            for o in Outcome::ALL {
+                let _ = writeln!(
+                    out,
+                    "tollgate_decisions_total{{policy=\"{}\",outcome=\"{}\"}} {}",
+                    escape(&p.name),
+                    o.as_str(),
+                    p.decisions(o)
+                );
+            }
+        }
+        family(
+            out,
+            "tollgate_store_duration_seconds",
+            "histogram",
+            "Latency of store calls.",
+        );
+        let mut cumulative = 0;
+        for (i, b) in LATENCY_BUCKETS_US.iter().enumerate() {
+            cumulative += self.latency_buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "tollgate_store_duration_seconds_bucket{{le=\"{}\"}} {cumulative}",
+                seconds(*b)
+            );
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "tollgate_store_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "tollgate_store_duration_seconds_sum {}",
+            seconds(self.latency_sum_us.load(Ordering::Relaxed))
+        );
+        let _ = writeln!(out, "tollgate_store_duration_seconds_count {count}");
+        family(
+            out,
+            "tollgate_store_errors_total",
+            "counter",
+            "Store errors by kind.",
+        );
+        for (i, k) in ERROR_KINDS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "tollgate_store_errors_total{{kind=\"{k}\"}} {}",
+                self.errors[i].load(Ordering::Relaxed)
+            );
+        }
+        family(
+            out,
+            "tollgate_breaker_open",
+            "gauge",
+            "1 while the circuit breaker skips the store.",
+        );
+        let _ = writeln!(out, "tollgate_breaker_open {}", u8::from(breaker_open));
+        family(
+            out,
+            "tollgate_deny_cache_hits_total",
+            "counter",
+            "Requests rejected locally until their retry time, without a store call.",
+        );
+        for p in &policies {
+            let _ = writeln!(
+                out,
+                "tollgate_deny_cache_hits_total{{policy=\"{}\"}} {}",
+                escape(&p.name),
+                p.deny_cache_hits()
+            );
+        }
+        family(
+            out,
+            "tollgate_memory_keys",
+            "gauge",
+            "Keys tracked by in-process stores (primary and fallback).",
+        );
+        let _ = writeln!(out, "tollgate_memory_keys {memory_keys}");
+        family(
+            out,
+            "tollgate_lease_units_total",
+            "counter",
+            "Lease units granted by the store, used by requests and returned.",
+        );
+        for p in &policies {
+            for (kind, name) in [
+                (LeaseKind::Granted, "granted"),
+                (LeaseKind::Used, "used"),
+                (LeaseKind::Returned, "returned"),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "tollgate_lease_units_total{{policy=\"{}\",kind=\"{name}\"}} {}",
+                    escape(&p.name),
+                    p.lease_units(kind)
+                );
+            }
+        }
+        family(
+            out,
+            "tollgate_store_calls_total",
+            "counter",
+            "Store calls made (divide by decisions for calls per request).",
+        );
+        let _ = writeln!(out, "tollgate_store_calls_total {}", self.store_calls());
+    }
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn seconds(us: u64) -> String {
+    format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
+}
+
+/// Escapes a label value (backslash, quote, newline).
+fn escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative_and_counts_everything() {
+        let m = Metrics::default();
+        m.observe_store(Duration::from_micros(45));
+        m.observe_store(Duration::from_micros(55));
+        m.observe_store(Duration::from_secs(5));
+        let mut s = String::new();
+        m.render(&mut s, false, 0);
+        assert!(s.contains("tollgate_store_duration_seconds_bucket{le=\"0.000050\"} 1\n"));
+        assert!(s.contains("tollgate_store_duration_seconds_bucket{le=\"0.000060\"} 2\n"));
+        assert!(s.contains("tollgate_store_duration_seconds_bucket{le=\"1.000000\"} 2\n"));
+        assert!(s.contains("tollgate_store_duration_seconds_bucket{le=\"+Inf\"} 3\n"));
+        assert!(s.contains("tollgate_store_duration_seconds_count 3\n"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = Metrics::default();
+        m.policy("a\"b").record(Outcome::Limited);
+        let mut s = String::new();
+        m.render(&mut s, true, 7);
+        assert!(s.contains("tollgate_decisions_total{policy=\"a\\\"b\",outcome=\"limited\"} 1\n"));
+        assert!(s.contains("tollgate_breaker_open 1\n"));
+        assert!(s.contains("tollgate_memory_keys 7\n"));
+    }
+
+    #[test]
+    fn unknown_error_kinds_count_as_other() {
+        let m = Metrics::default();
+        m.store_error("weird");
+        m.store_error("timeout");
+        assert_eq!(m.store_errors("other"), 1);
+        assert_eq!(m.store_errors("timeout"), 1);
+    }
+}

@@ -1,0 +1,178 @@
+//! A policy is a rule plus what the limiter does around it: its cost, what happens when the
+//! shared store fails, whether it only observes (shadow), and how it synchronises.
+
+use crate::metrics::PolicyStats;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_core::{Limit, Quota, Rule};
+
+/// What a policy does when the shared store cannot answer (error, timeout, open breaker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Allow the request (outcome `failed_open`): availability over protection.
+    Open,
+    /// Reject with 503 (outcome `failed_closed`): protection over availability.
+    Closed,
+    /// Decide with an in-process limiter whose limit is divided by `local_divisor` (outcomes
+    /// `fallback_allowed` / `fallback_limited`).
+    Local,
+}
+
+impl FailurePolicy {
+    /// The configuration name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Open => "open",
+            FailurePolicy::Closed => "closed",
+            FailurePolicy::Local => "local",
+        }
+    }
+}
+
+/// How a policy's decisions reach the shared store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// One atomic store call per request.
+    Exact,
+    /// Units leased from the shared state and spent locally.
+    Lease {
+        /// Unused units go back after this long.
+        ttl: Duration,
+        /// The most units one limiter holds at once.
+        max: u64,
+    },
+}
+
+/// Everything needed to build a [`Policy`].
+#[derive(Debug, Clone)]
+pub struct PolicySpec {
+    /// Unique name: part of store keys, headers and metric labels.
+    pub name: String,
+    /// Algorithm and quota.
+    pub limit: Limit,
+    /// Units each request costs.
+    pub cost: u64,
+    /// What to do when the store fails.
+    pub on_failure: FailurePolicy,
+    /// The local fallback divides limit and burst by this (at least 1).
+    pub local_divisor: u64,
+    /// Count would-be rejections, never reject.
+    pub shadow: bool,
+    /// Exact or leased.
+    pub sync: SyncMode,
+}
+
+impl PolicySpec {
+    /// A policy enforcing `limit` with cost 1, failing open, exact, not shadow.
+    pub fn new(name: impl Into<String>, limit: Limit) -> Self {
+        Self {
+            name: name.into(),
+            limit,
+            cost: 1,
+            on_failure: FailurePolicy::Open,
+            local_divisor: 1,
+            shadow: false,
+            sync: SyncMode::Exact,
+        }
+    }
+}
+
+pub(crate) struct PolicyInner {
+    pub(crate) rule: Rule,
+    pub(crate) fallback: Rule,
+    pub(crate) cost: u64,
+    pub(crate) on_failure: FailurePolicy,
+    pub(crate) shadow: bool,
+    pub(crate) sync: SyncMode,
+    pub(crate) stats: Arc<PolicyStats>,
+}
+
+/// A policy registered with a [`crate::Limiter`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Policy {
+    pub(crate) inner: Arc<PolicyInner>,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name())
+            .field("limit", self.inner.rule.limit())
+            .field("cost", &self.inner.cost)
+            .field("on_failure", &self.inner.on_failure)
+            .field("shadow", &self.inner.shadow)
+            .field("sync", &self.inner.sync)
+            .finish()
+    }
+}
+
+impl Policy {
+    pub(crate) fn build(spec: PolicySpec, stats: Arc<PolicyStats>) -> Result<Self, String> {
+        let fallback = fallback_limit(&spec.limit, spec.local_divisor)?;
+        Ok(Self {
+            inner: Arc::new(PolicyInner {
+                fallback: Rule::new(format!("{}:local", spec.name), fallback),
+                rule: Rule::new(spec.name, spec.limit),
+                cost: spec.cost,
+                on_failure: spec.on_failure,
+                shadow: spec.shadow,
+                sync: spec.sync,
+                stats,
+            }),
+        })
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        self.inner.rule.name()
+    }
+
+    /// The rule the shared store enforces.
+    pub fn rule(&self) -> &Rule {
+        &self.inner.rule
+    }
+
+    /// Algorithm and quota.
+    pub fn limit(&self) -> &Limit {
+        self.inner.rule.limit()
+    }
+
+    /// Units each request costs.
+    pub fn cost(&self) -> u64 {
+        self.inner.cost
+    }
+
+    /// Whether the policy only observes.
+    pub fn is_shadow(&self) -> bool {
+        self.inner.shadow
+    }
+
+    /// What the policy does when the store fails.
+    pub fn on_failure(&self) -> FailurePolicy {
+        self.inner.on_failure
+    }
+
+    /// Exact or leased.
+    pub fn sync(&self) -> SyncMode {
+        self.inner.sync
+    }
+
+    /// The rule the local fallback enforces (limit and burst divided by the divisor).
+    pub fn fallback_rule(&self) -> &Rule {
+        &self.inner.fallback
+    }
+}
+
+/// The local fallback's limit: the same algorithm and period with limit and burst divided by
+/// `divisor` (rounded down, at least 1), so that N gateways deciding alone admit about the
+/// shared limit in total when N = divisor.
+fn fallback_limit(limit: &Limit, divisor: u64) -> Result<Limit, String> {
+    if divisor == 0 {
+        return Err("local_divisor must be at least 1".to_string());
+    }
+    let q = limit.quota;
+    let quota = Quota::new((q.limit() / divisor).max(1), q.period())
+        .and_then(|nq| nq.with_burst((q.burst() / divisor).max(1)))
+        .map_err(|e| format!("local fallback quota: {e}"))?;
+    Limit::new(limit.algorithm, quota)
+}

@@ -1,0 +1,169 @@
+//! The store behind a limiter, chosen at run time: an enum of concrete stores, so the hot path
+//! is a match and a direct call, not a boxed future behind a trait object.
+
+use std::time::Duration;
+use tollgate_core::{Check, ClientKey, Micros, Verdict};
+#[cfg(feature = "memory")]
+use tollgate_memory::MemoryStore;
+#[cfg(feature = "redis")]
+use tollgate_redis::{RedisConfig, RedisStore, RedisStoreError};
+
+/// Which store a limiter uses.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The in-process store (no sharing between processes).
+    #[cfg(feature = "memory")]
+    Memory(tollgate_memory::MemoryConfig),
+    /// Redis or Redis Cluster, shared by every gateway.
+    #[cfg(feature = "redis")]
+    Redis(RedisConfig),
+}
+
+#[cfg(feature = "memory")]
+impl Default for Backend {
+    fn default() -> Self {
+        Backend::Memory(tollgate_memory::MemoryConfig::default())
+    }
+}
+
+/// Why a store call failed, as counted in `tollgate_store_errors_total{kind}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoreFailure {
+    pub(crate) kind: &'static str,
+    pub(crate) message: String,
+}
+
+pub(crate) enum Store {
+    #[cfg(feature = "memory")]
+    Memory(MemoryStore),
+    #[cfg(feature = "redis")]
+    Redis(LazyRedis),
+}
+
+impl Store {
+    pub(crate) fn new(backend: Backend) -> Self {
+        match backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(cfg) => Store::Memory(MemoryStore::new(cfg)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(cfg) => Store::Redis(LazyRedis::new(cfg)),
+        }
+    }
+
+    /// A remote store: calls can fail, so they get a timeout, a breaker and a deny cache.
+    pub(crate) fn is_remote(&self) -> bool {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(_) => false,
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => true,
+        }
+    }
+
+    pub(crate) fn memory_keys(&self) -> usize {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(m) => m.len(),
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => 0,
+        }
+    }
+
+    pub(crate) async fn check(
+        &self,
+        client: &ClientKey,
+        checks: &[Check<'_>],
+        now: Micros,
+        timeout: Duration,
+    ) -> Result<Verdict, StoreFailure> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(m) => {
+                let _ = timeout;
+                Ok(m.check(client, checks, now))
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.check(client, checks, now, timeout).await,
+        }
+    }
+
+    pub(crate) async fn ping(&self, timeout: Duration) -> Result<(), StoreFailure> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(_) => {
+                let _ = timeout;
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.ping(timeout).await,
+        }
+    }
+}
+
+/// A Redis store connected on first use: a gateway starts (and fails over to its policies)
+/// while Redis is down, and connects once it answers.
+#[cfg(feature = "redis")]
+pub(crate) struct LazyRedis {
+    config: RedisConfig,
+    store: tokio::sync::OnceCell<RedisStore>,
+}
+
+#[cfg(feature = "redis")]
+impl LazyRedis {
+    fn new(config: RedisConfig) -> Self {
+        Self {
+            config,
+            store: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn get(&self) -> Result<&RedisStore, RedisStoreError> {
+        self.store
+            .get_or_try_init(|| RedisStore::connect(self.config.clone()))
+            .await
+    }
+
+    async fn check(
+        &self,
+        client: &ClientKey,
+        checks: &[Check<'_>],
+        now: Micros,
+        timeout: Duration,
+    ) -> Result<Verdict, StoreFailure> {
+        let call = async {
+            let store = self.get().await?;
+            store.check(client, checks, now).await
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(failure(&e)),
+            Err(_) => Err(StoreFailure {
+                kind: "timeout",
+                message: format!("no answer within {timeout:?}"),
+            }),
+        }
+    }
+
+    async fn ping(&self, timeout: Duration) -> Result<(), StoreFailure> {
+        let call = async {
+            let store = self.get().await?;
+            store.ping().await
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(failure(&e)),
+            Err(_) => Err(StoreFailure {
+                kind: "timeout",
+                message: format!("no answer within {timeout:?}"),
+            }),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+fn failure(e: &RedisStoreError) -> StoreFailure {
+    StoreFailure {
+        kind: e.kind(),
+        message: e.to_string(),
+    }
+}

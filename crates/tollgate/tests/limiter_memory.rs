@@ -1,0 +1,209 @@
+//! The limiter over the embedded store: decisions, shadow policies, multi-policy requests and
+//! the metrics they leave behind. Time is a ManualClock: nothing sleeps.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate::{
+    Action, Algorithm, ClientKey, Limit, Limiter, LimiterConfig, ManualClock, Outcome, PolicySpec,
+    Quota,
+};
+
+const T0: u64 = 1_800_000_000_000_000;
+
+fn limiter(clock: &ManualClock) -> Limiter {
+    let mut cfg = LimiterConfig::default();
+    cfg.clock = Arc::new(clock.clone());
+    Limiter::new(cfg)
+}
+
+fn spec(name: &str, alg: Algorithm, limit: u64, period: Duration) -> PolicySpec {
+    let quota = Quota::new(limit, period).expect("quota");
+    PolicySpec::new(name, Limit::new(alg, quota).expect("limit"))
+}
+
+fn client(i: u8) -> ClientKey {
+    ClientKey([i; 16])
+}
+
+#[tokio::test]
+async fn admits_the_limit_then_rejects_with_the_exact_retry_time() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let p = l
+        .policy(spec("api", Algorithm::Gcra, 5, Duration::from_secs(60)))
+        .expect("policy");
+    for left in (0..5).rev() {
+        let r = l.check(&client(1), &[&p]).await;
+        assert_eq!(r.action, Action::Allow);
+        let d = r.results[0].decision.expect("decision");
+        assert_eq!(d.remaining, left);
+    }
+    let r = l.check(&client(1), &[&p]).await;
+    assert_eq!(
+        r.action,
+        Action::Limit {
+            retry_after: Some(12_000_000)
+        }
+    );
+    assert_eq!(r.results[0].outcome, Outcome::Limited);
+    assert_eq!(r.violated().collect::<Vec<_>>(), vec!["api"]);
+    clock.advance(Duration::from_secs(12));
+    assert_eq!(l.check(&client(1), &[&p]).await.action, Action::Allow);
+    assert_eq!(p.name(), "api");
+    let stats = &l.metrics().policies()[0];
+    assert_eq!(stats.decisions(Outcome::Allowed), 6);
+    assert_eq!(stats.decisions(Outcome::Limited), 1);
+}
+
+#[tokio::test]
+async fn clients_are_independent() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let p = l
+        .policy(spec(
+            "api",
+            Algorithm::FixedWindow,
+            1,
+            Duration::from_secs(60),
+        ))
+        .expect("policy");
+    assert_eq!(l.check(&client(1), &[&p]).await.action, Action::Allow);
+    assert!(matches!(
+        l.check(&client(1), &[&p]).await.action,
+        Action::Limit { .. }
+    ));
+    assert_eq!(l.check(&client(2), &[&p]).await.action, Action::Allow);
+}
+
+#[tokio::test]
+async fn shadow_policies_count_but_never_reject() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let mut s = spec("dry", Algorithm::TokenBucket, 2, Duration::from_secs(60));
+    s.shadow = true;
+    let dry = l.policy(s).expect("policy");
+    let api = l
+        .policy(spec(
+            "api",
+            Algorithm::TokenBucket,
+            100,
+            Duration::from_secs(60),
+        ))
+        .expect("policy");
+    for _ in 0..5 {
+        assert_eq!(
+            l.check(&client(1), &[&api, &dry]).await.action,
+            Action::Allow
+        );
+    }
+    let stats = l.metrics().policies();
+    let dry_stats = stats
+        .iter()
+        .find(|s| s.decisions(Outcome::ShadowLimited) > 0);
+    assert_eq!(
+        dry_stats.map(|s| s.decisions(Outcome::ShadowLimited)),
+        Some(3)
+    );
+    // The enforcing policy was charged for every request the shadow one would have rejected.
+    let r = l.check(&client(1), &[&api]).await;
+    assert_eq!(r.results[0].decision.map(|d| d.remaining), Some(94));
+}
+
+#[tokio::test]
+async fn several_policies_are_all_or_nothing() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let small = l
+        .policy(spec(
+            "small",
+            Algorithm::SlidingWindowLog,
+            2,
+            Duration::from_secs(10),
+        ))
+        .expect("policy");
+    let big = l
+        .policy(spec(
+            "big",
+            Algorithm::FixedWindow,
+            10,
+            Duration::from_secs(3600),
+        ))
+        .expect("policy");
+    for _ in 0..2 {
+        assert_eq!(
+            l.check(&client(1), &[&small, &big]).await.action,
+            Action::Allow
+        );
+    }
+    let r = l.check(&client(1), &[&small, &big]).await;
+    assert!(matches!(
+        r.action,
+        Action::Limit {
+            retry_after: Some(_)
+        }
+    ));
+    // "big" was not charged by the rejected request: 8 left, not 7.
+    let big_result = r
+        .results
+        .iter()
+        .find(|x| x.policy.name() == "big")
+        .expect("big");
+    assert_eq!(big_result.decision.map(|d| d.remaining), Some(8));
+    assert_eq!(r.most_constrained().map(|x| x.policy.name()), Some("small"));
+}
+
+#[tokio::test]
+async fn a_cost_beyond_capacity_is_rejected_without_retry_time() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let mut s = spec("api", Algorithm::TokenBucket, 5, Duration::from_secs(1));
+    s.cost = 6;
+    let p = l.policy(s).expect("policy");
+    let r = l.check(&client(1), &[&p]).await;
+    assert_eq!(r.action, Action::Limit { retry_after: None });
+}
+
+#[tokio::test]
+async fn metrics_render_every_family() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let p = l
+        .policy(spec("api", Algorithm::Gcra, 1, Duration::from_secs(60)))
+        .expect("policy");
+    l.check(&client(1), &[&p]).await;
+    l.check(&client(1), &[&p]).await;
+    let mut out = String::new();
+    l.render_metrics(&mut out);
+    for needle in [
+        "tollgate_decisions_total{policy=\"api\",outcome=\"allowed\"} 1\n",
+        "tollgate_decisions_total{policy=\"api\",outcome=\"limited\"} 1\n",
+        "# TYPE tollgate_store_duration_seconds histogram\n",
+        "tollgate_store_errors_total{kind=\"timeout\"} 0\n",
+        "tollgate_breaker_open 0\n",
+        "tollgate_deny_cache_hits_total{policy=\"api\"} 0\n",
+        "tollgate_memory_keys 1\n",
+        "tollgate_lease_units_total{policy=\"api\",kind=\"granted\"} 0\n",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    assert!(l.ready().await);
+}
+
+#[tokio::test]
+async fn invalid_policies_are_rejected_with_a_reason() {
+    let l = Limiter::new(LimiterConfig::default());
+    let quota = Quota::per_second(200_000).expect("quota");
+    let log = Limit {
+        algorithm: Algorithm::SlidingWindowLog,
+        quota,
+    };
+    let err = l
+        .policy(PolicySpec::new("log", log))
+        .expect_err("too large a log");
+    assert!(err.to_string().contains("sliding_window_log"), "{err}");
+    let mut s = spec("x", Algorithm::Gcra, 5, Duration::from_secs(1));
+    s.local_divisor = 0;
+    assert!(l.policy(s).is_err());
+    let s = spec("", Algorithm::Gcra, 5, Duration::from_secs(1));
+    assert!(l.policy(s).is_err());
+}
