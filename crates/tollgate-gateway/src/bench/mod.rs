@@ -14,7 +14,7 @@ mod load;
 mod output;
 mod report;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -130,7 +130,9 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
         }
     };
     let report = output::Report::build(settings, &finished, limits, source, args.algorithm);
-    print!("{}", report.to_table());
+    std::io::stdout()
+        .write_all(report.to_table().as_bytes())
+        .context("cannot write the report to stdout")?;
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
         std::fs::write(path, json + "\n")
