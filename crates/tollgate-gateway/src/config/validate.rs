@@ -191,7 +191,7 @@ fn failure_policy(s: &str) -> Result<FailurePolicy, String> {
 
 fn redis_url(s: &str) -> Result<String, String> {
     if s.starts_with("redis://") || s.starts_with("rediss://") {
-        Ok(s.clone())
+        Ok(s.to_string())
     } else {
         Err(format!(
             "{:?} is not a Redis URL; expected redis://HOST:PORT or rediss://HOST:PORT",
