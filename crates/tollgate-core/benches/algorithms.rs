@@ -1,1 +1,83 @@
-fn main() {}
+//! Nanoseconds per decision for each algorithm, on a fixed (manual) clock.
+//!
+//! Two paths per algorithm, both through `Limit::check` (the enum dispatch the stores use):
+//! - `allowed`: a steady stream at half the quota's rate, so every request is admitted and
+//!   charged and the state stays in a steady shape (the sliding log holds about
+//!   `limit / 2` entries, pruning one and pushing one per request);
+//! - `denied`: the quota is exhausted and time stands still, so every request is denied with a
+//!   retry time and nothing is written.
+//!
+//! Run: `cargo bench -p tollgate-core --bench algorithms -- --quick`.
+
+// `criterion_group!` generates a public function without docs.
+#![allow(missing_docs)]
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::hint::black_box;
+use std::time::Duration;
+use tollgate_core::{Algorithm, Limit, Micros, Quota};
+
+/// 1000 units per second (one every 1 ms), burst = limit.
+fn limit(algorithm: Algorithm) -> Limit {
+    let quota = Quota::new(1_000, Duration::from_secs(1)).expect("a valid quota");
+    Limit::new(algorithm, quota).expect("valid for every algorithm")
+}
+
+/// A wall-clock-like start, aligned to the period.
+const START: Micros = 1_700_000_000_000_000;
+
+fn allowed(c: &mut Criterion) {
+    let mut group = c.benchmark_group("allowed");
+    for algorithm in Algorithm::ALL {
+        let limit = limit(algorithm);
+        let step = 2 * limit.quota.emission_interval_micros();
+        let mut state = limit.fresh();
+        let mut now = START;
+        // Warm the state into its steady shape (a full window of history).
+        for _ in 0..2 * limit.quota.limit() {
+            now += step;
+            assert!(limit.check(&mut state, now, 1, true).allowed);
+        }
+        group.bench_function(algorithm.name(), |b| {
+            b.iter(|| {
+                now += step;
+                let d = limit.check(black_box(&mut state), black_box(now), 1, true);
+                debug_assert!(d.allowed);
+                d
+            })
+        });
+    }
+    group.finish();
+}
+
+fn denied(c: &mut Criterion) {
+    let mut group = c.benchmark_group("denied");
+    for algorithm in Algorithm::ALL {
+        let limit = limit(algorithm);
+        let mut state = limit.fresh();
+        let now = START + 500_000;
+        // Spread the admissions over the window so the log has many entries to scan.
+        let mut t = START;
+        while limit.check(&mut state, t, 1, true).allowed {
+            t = (t + 400).min(now);
+        }
+        assert!(!limit.check(&mut state, now, 1, true).allowed);
+        group.bench_function(algorithm.name(), |b| {
+            b.iter(|| limit.check(black_box(&mut state), black_box(now), 1, true))
+        });
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = allowed, denied
+}
+criterion_main!(benches);

@@ -12,6 +12,7 @@
 //!   happened, and a cost larger than the algorithm can ever admit is denied with none;
 //! - time is integer microseconds; a clock that goes backwards is clamped, never refunded.
 #![deny(missing_docs)]
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod algorithms;
 mod decision;

@@ -90,7 +90,7 @@ impl Quota {
         if period < Duration::from_micros(1) {
             return Err(QuotaError::PeriodTooShort);
         }
-        if period.subsec_nanos() % 1_000 != 0 {
+        if !period.subsec_nanos().is_multiple_of(1_000) {
             return Err(QuotaError::PeriodNotWholeMicros);
         }
         let period = duration_to_micros(period);
