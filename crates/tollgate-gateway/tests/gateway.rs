@@ -1,0 +1,364 @@
+//! `tollgate serve` end to end: the real binary, an upstream this test starts, real sockets.
+
+mod support;
+
+use http::{Method, StatusCode};
+use std::time::Duration;
+use support::*;
+
+const API_POLICY: &str = r#"
+[[policy]]
+name = "api"
+match = { path_prefix = "/api" }
+algorithm = "fixed_window"
+limit = 3
+period = "1h"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_requests_reach_the_upstream_intact_and_limited_ones_do_not() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), API_POLICY);
+    let c = client();
+    let body = vec![b'x'; 1 << 20];
+    for r in (0..3).rev() {
+        let a = send(
+            &c,
+            Method::POST,
+            &gw.url("/api/echo?a=1&b=%20"),
+            &[
+                ("x-custom", b"kept"),
+                ("connection", b"keep-alive, x-hop"),
+                ("x-hop", b"must not pass"),
+            ],
+            body.clone(),
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+        assert_eq!(a.body.len(), body.len());
+        assert!(a.body.iter().all(|b| *b == b'x'));
+        assert_eq!(a.header("x-echo-method"), "POST");
+        assert_eq!(a.header("x-echo-uri"), "/api/echo?a=1&b=%20");
+        assert_eq!(a.header("x-echo-custom"), "kept");
+        assert_eq!(a.header("x-echo-hop"), "");
+        assert_eq!(a.header("x-echo-xff"), "127.0.0.1");
+        assert_eq!(
+            a.header("x-echo-forwarded"),
+            format!("for=127.0.0.1;proto=http;host=\"127.0.0.1:{}\"", gw.port)
+        );
+        assert_eq!(a.header("ratelimit-policy"), "\"api\";q=3;w=3600");
+        assert!(
+            a.header("ratelimit")
+                .starts_with(&format!("\"api\";r={r};t=")),
+            "{}",
+            a.header("ratelimit")
+        );
+    }
+    assert_eq!(up.hits(), 3);
+    let a = send(&c, Method::POST, &gw.url("/api/echo"), &[], body.clone()).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(a.header("content-type"), "application/problem+json");
+    let retry: u64 = a
+        .header("retry-after")
+        .parse()
+        .expect("Retry-After is an integer");
+    assert!((1..=3600).contains(&retry));
+    let text = a.text();
+    assert!(text.contains("#quota-exceeded\""), "{text}");
+    assert!(text.contains("\"status\":429"), "{text}");
+    assert!(text.contains("\"violated-policies\":[\"api\"]"), "{text}");
+    assert!(text.contains(&format!("\"retry_after\":{retry}")), "{text}");
+    assert_eq!(a.header("ratelimit-policy"), "\"api\";q=3;w=3600");
+    assert!(a.header("ratelimit").starts_with("\"api\";r=0;t="));
+    assert_eq!(
+        up.hits(),
+        3,
+        "a limited request must not reach the upstream"
+    );
+    // Paths no policy matches pass untouched, without RateLimit headers.
+    let a = get(&c, &gw.url("/free"), &[]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.header("ratelimit"), "");
+    assert_eq!(a.header("ratelimit-policy"), "");
+    assert_eq!(up.hits(), 4);
+    // The admin server reports the decisions.
+    let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+    assert!(
+        m.contains("tollgate_decisions_total{policy=\"api\",outcome=\"allowed\"} 3"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tollgate_decisions_total{policy=\"api\",outcome=\"limited\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tollgate_http_responses_total{code=\"429\"} 1"),
+        "{m}"
+    );
+    assert_eq!(
+        get(&c, &gw.admin_url("/readyz"), &[]).await.status,
+        StatusCode::OK
+    );
+    let log = gw.log_text();
+    assert!(log.contains("tollgate started"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_is_502_and_a_slow_one_504() {
+    let dead = free_port();
+    let gw = Gateway::start(&format!("upstream = \"http://127.0.0.1:{dead}\""), "");
+    let c = client();
+    let a = get(&c, &gw.url("/x"), &[]).await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &format!("upstream = \"{}\"\nupstream_timeout = \"300ms\"", up.url()),
+        "",
+    );
+    let a = get(&c, &gw.url("/slow"), &[]).await;
+    assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
+    let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+    assert!(
+        m.contains("tollgate_http_upstream_errors_total{kind=\"timeout\"} 1"),
+        "{m}"
+    );
+}
+
+fn ip_policy(trusted: &str, extra_identity: &str) -> String {
+    format!(
+        "[identity]\nsources = [\"header:x-api-key\", \"ip\"]\ntrusted_proxies = [{trusted}]\n{extra_identity}\n\
+         [[policy]]\nname = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_for_from_an_untrusted_peer_cannot_change_the_identity() {
+    let gw = Gateway::start("", &ip_policy("\"10.0.0.0/8\"", ""));
+    let c = client();
+    let a = get(&c, &gw.url("/"), &[("x-forwarded-for", b"1.1.1.1")]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let a = get(&c, &gw.url("/"), &[("x-forwarded-for", b"2.2.2.2")]).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+    let a = get(&c, &gw.url("/"), &[("forwarded", b"for=3.3.3.3")]).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_for_from_a_trusted_proxy_is_the_identity() {
+    let gw = Gateway::start("", &ip_policy("\"127.0.0.1\"", ""));
+    let c = client();
+    let status = |a: Answer| a.status;
+    assert_eq!(
+        status(get(&c, &gw.url("/"), &[("x-forwarded-for", b"1.1.1.1")]).await),
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(
+            get(
+                &c,
+                &gw.url("/"),
+                &[("x-forwarded-for", b"9.9.9.9, 2.2.2.2")]
+            )
+            .await
+        ),
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(get(&c, &gw.url("/"), &[("x-forwarded-for", b"1.1.1.1")]).await),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // IPv6 addresses in one /64 are one client; the next /64 is another.
+    assert_eq!(
+        status(get(&c, &gw.url("/"), &[("x-forwarded-for", b"2001:db8::1")]).await),
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(
+            get(
+                &c,
+                &gw.url("/"),
+                &[("x-forwarded-for", b"2001:db8::abcd:2")]
+            )
+            .await
+        ),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(get(&c, &gw.url("/"), &[("x-forwarded-for", b"2001:db8:0:1::1")]).await),
+        StatusCode::OK
+    );
+    // Only the configured header is read: Forwarded is ignored here.
+    assert_eq!(
+        status(get(&c, &gw.url("/"), &[("forwarded", b"for=7.7.7.7")]).await),
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(get(&c, &gw.url("/"), &[("forwarded", b"for=8.8.8.8")]).await),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_api_keys_are_two_clients_whatever_their_bytes() {
+    let gw = Gateway::start("", &ip_policy("", ""));
+    let c = client();
+    let huge = vec![b'k'; 16 * 1024];
+    for key in [
+        &b"key-one"[..],
+        b"key-two",
+        b"\xff\xfe invalid utf-8 \xc3",
+        &huge,
+    ] {
+        let a = get(&c, &gw.url("/"), &[("x-api-key", key)]).await;
+        assert_eq!(a.status, StatusCode::OK, "first request of a key");
+        let a = get(&c, &gw.url("/"), &[("x-api-key", key)]).await;
+        assert_eq!(
+            a.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "second request of a key"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decision_mode_behind_forward_auth_matches_the_original_request() {
+    let body = format!(
+        "{}\n[[policy]]\nname = \"writes\"\nmatch = {{ path_prefix = \"/api\", methods = [\"POST\"] }}\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1h\"\n",
+        "[identity]\ntrusted_proxies = [\"127.0.0.1\"]"
+    );
+    let gw = Gateway::start("", &body);
+    let c = client();
+    let fwd = |m: &'static [u8], uri: &'static [u8]| {
+        [("x-forwarded-method", m), ("x-forwarded-uri", uri)]
+    };
+    let a = get(&c, &gw.url("/auth"), &fwd(b"GET", b"/api/items")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.header("ratelimit"), "", "GET is not matched");
+    let a = get(&c, &gw.url("/auth"), &fwd(b"POST", b"/api/items?x=1")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.header("ratelimit-policy"), "\"writes\";q=1;w=3600");
+    let a = get(&c, &gw.url("/auth"), &fwd(b"POST", b"/api/other")).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+    let a = get(&c, &gw.url("/auth"), &fwd(b"POST", b"/public")).await;
+    assert_eq!(a.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_4xx_never_a_500_nor_a_crash() {
+    let gw = Gateway::start("", &ip_policy("", ""));
+    let mut key = b"GET / HTTP/1.1\r\nhost: x\r\nx-api-key: ".to_vec();
+    key.extend(std::iter::repeat_n(b'a', 1 << 20));
+    key.extend_from_slice(b"\r\n\r\n");
+    let line = raw(gw.port, &key).await;
+    assert!(
+        line.starts_with("HTTP/1.1 431") || line.starts_with("HTTP/1.1 400"),
+        "{line:?}"
+    );
+    let line = raw(gw.port, b"GARBAGE\r\n\r\n").await;
+    assert!(line.starts_with("HTTP/1.1 400"), "{line:?}");
+    let line = raw(gw.port, b"GET / HTTP/1.1\r\nhost: x\r\nbad header\r\n\r\n").await;
+    assert!(line.starts_with("HTTP/1.1 400"), "{line:?}");
+    let mut many = b"GET / HTTP/1.1\r\nhost: x\r\n".to_vec();
+    for i in 0..500 {
+        many.extend_from_slice(format!("x-h{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    let line = raw(gw.port, &many).await;
+    assert!(
+        line.starts_with("HTTP/1.1 431") || line.starts_with("HTTP/1.1 400"),
+        "{line:?}"
+    );
+    let line = raw(
+        gw.port,
+        b"GET / HTTP/1.1\r\nhost: x\r\nx-api-key: \xff\xfe\x80\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(line.starts_with("HTTP/1.1 200"), "{line:?}");
+    let line = raw(
+        gw.port,
+        b"GET /%zz/../..//?\xff HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        line.starts_with("HTTP/1.1 4") || line.starts_with("HTTP/1.1 200"),
+        "{line:?}"
+    );
+    // Still serving.
+    let a = get(&client(), &gw.url("/"), &[("x-api-key", b"after")]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let m = get(&client(), &gw.admin_url("/metrics"), &[]).await.text();
+    assert!(!m.contains("code=\"500\""), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let up = Upstream::start().await;
+    let mut gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), "");
+    let c = client();
+    let url = gw.url("/slow");
+    let in_flight = tokio::spawn(async move { get(&c, &url, &[]).await.status });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while up.hits() == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.terminate();
+    assert_eq!(in_flight.await.expect("task"), StatusCode::OK);
+    let status = gw
+        .wait_exit(Duration::from_secs(10))
+        .expect("exits after draining");
+    assert!(status.success(), "{status}");
+}
+
+fn check_config(text: &str) -> (i32, String) {
+    let path = support::scratch("check.toml");
+    std::fs::write(&path, text).expect("write config");
+    let out = tollgate()
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .expect("run check-config");
+    let stderr = String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "FILE");
+    (out.status.code().unwrap_or(-1), stderr)
+}
+
+#[test]
+fn check_config_names_file_line_and_key_and_exits_2() {
+    let (code, err) = check_config("[[policy]]\nname = \"a\"\nalgoritm = \"gcra\"\n");
+    assert_eq!(code, 2);
+    assert!(
+        err.starts_with("error: FILE:3:1: policy[0].algoritm: unknown field `algoritm`"),
+        "{err}"
+    );
+    let (code, err) = check_config(
+        "[[policy]]\nname = \"a\"\nalgorithm = \"token_bucket\"\nlimit = -1\nperiod = \"1m\"\n",
+    );
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("FILE:4:9: policy[0].limit: -1 is not allowed"),
+        "{err}"
+    );
+    let (code, err) = check_config(
+        "[[policy]]\nname = \"a\"\nalgorithm = \"sliding_door\"\nlimit = 1\nperiod = \"1m\"\n",
+    );
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(
+            "FILE:3:13: policy[0].algorithm: unknown algorithm \"sliding_door\"; expected one of"
+        ),
+        "{err}"
+    );
+    let (code, _) = check_config(
+        "[[policy]]\nname = \"a\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1m\"\n",
+    );
+    assert_eq!(code, 0);
+    // serve refuses a bad config the same way, without starting.
+    let path = support::scratch("bad.toml");
+    std::fs::write(&path, "[server]\nlisten = \"nowhere\"\n").expect("write config");
+    let out = tollgate()
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run serve");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(":2:10: server.listen:"));
+}
