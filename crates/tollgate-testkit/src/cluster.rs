@@ -35,6 +35,11 @@ impl RedisCluster {
             // Tests kill masters; a replica must take over however stale it is.
             "--cluster-replica-validity-factor",
             "0",
+            // The setting a rate limiter's cluster wants: a lost shard must not stop the
+            // others (the default, `yes`, answers CLUSTERDOWN for every slot while any slot
+            // is uncovered).
+            "--cluster-require-full-coverage",
+            "no",
         ]
         .iter()
         .map(|s| s.to_string())

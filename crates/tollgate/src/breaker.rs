@@ -117,8 +117,90 @@ impl Breaker {
     }
 }
 
+/// Breakers by store shard. A standalone store has one. A Redis Cluster gets one breaker per
+/// range of 256 hash slots (64 in all), chosen by the slot of the client's hash tag: a dead
+/// master opens only the breakers of the slots it served, so clients whose keys live on the
+/// other masters never notice.
+#[derive(Debug)]
+pub(crate) struct Breakers {
+    list: Vec<Breaker>,
+}
+
+/// Slots per breaker in cluster mode (16384 slots / 64 breakers).
+const SLOTS_PER_BREAKER: u16 = 256;
+
+impl Breakers {
+    pub(crate) fn new(cfg: BreakerConfig, cluster: bool) -> Self {
+        let n = if cluster {
+            usize::from(16384 / SLOTS_PER_BREAKER)
+        } else {
+            1
+        };
+        Self {
+            list: (0..n).map(|_| Breaker::new(cfg)).collect(),
+        }
+    }
+
+    /// The breaker guarding the shard that holds `client`'s keys.
+    pub(crate) fn for_client(&self, client: &tollgate_core::ClientKey) -> &Breaker {
+        if self.list.len() == 1 {
+            return &self.list[0];
+        }
+        let mut tag = String::with_capacity(32);
+        client.write_hex(&mut tag);
+        let slot = crc16_xmodem(tag.as_bytes()) % 16384;
+        &self.list[usize::from(slot / SLOTS_PER_BREAKER)]
+    }
+
+    /// Whether any breaker is open.
+    pub(crate) fn any_open(&self) -> bool {
+        self.list.iter().any(Breaker::is_open)
+    }
+}
+
+/// CRC16/XMODEM, the checksum Redis Cluster maps keys to slots with (slot = crc16(tag) mod
+/// 16384, where the tag is the part of the key between `{` and `}`).
+pub(crate) fn crc16_xmodem(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn crc16_matches_the_redis_cluster_reference_value() {
+        // The Redis Cluster specification gives CRC16("123456789") = 0x31C3.
+        assert_eq!(super::crc16_xmodem(b"123456789"), 0x31c3);
+    }
+
+    #[test]
+    fn cluster_breakers_are_per_slot_range() {
+        let b = super::Breakers::new(super::BreakerConfig::default(), true);
+        let k1 = tollgate_core::ClientKey([1; 16]);
+        let k2 = tollgate_core::ClientKey([2; 16]);
+        for _ in 0..5 {
+            b.for_client(&k1).on_failure(super::Permit::Call, 0);
+        }
+        assert!(b.any_open());
+        assert!(b.for_client(&k1).is_open());
+        // Different slot ranges (checked, not assumed): the other client is unaffected.
+        let slot = |k: &tollgate_core::ClientKey| {
+            super::crc16_xmodem(k.to_string().as_bytes()) % 16384 / 256
+        };
+        assert_ne!(slot(&k1), slot(&k2));
+        assert!(!b.for_client(&k2).is_open());
+    }
+
     use super::*;
 
     fn breaker() -> Breaker {

@@ -34,7 +34,7 @@ pub use tollgate_memory::MemoryConfig;
 #[cfg(feature = "redis")]
 pub use tollgate_redis::{RedisConfig, StoreClock};
 
-use breaker::{Breaker, Permit};
+use breaker::{Breakers, Permit};
 use deny_cache::DenyCache;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -110,7 +110,7 @@ struct Inner {
     fallback: MemoryStore,
     clock: Arc<dyn Clock>,
     timeout: Duration,
-    breaker: Breaker,
+    breakers: Breakers,
     deny_cache: Option<DenyCache>,
     metrics: Metrics,
 }
@@ -134,6 +134,7 @@ impl Limiter {
     /// Builds a limiter. A remote store is connected on first use, so this succeeds while
     /// Redis is down (requests then follow their failure policies).
     pub fn new(config: LimiterConfig) -> Self {
+        let cluster = store::is_cluster(&config.backend);
         let store = Store::new(config.backend);
         let deny_cache = (store.is_remote() && config.deny_cache_capacity > 0)
             .then(|| DenyCache::new(config.deny_cache_capacity));
@@ -146,7 +147,7 @@ impl Limiter {
                 }),
                 clock: config.clock,
                 timeout: config.timeout,
-                breaker: Breaker::new(config.breaker),
+                breakers: Breakers::new(config.breaker, cluster),
                 deny_cache,
                 metrics: Metrics::default(),
             }),
@@ -184,16 +185,16 @@ impl Limiter {
         let keys = self.inner.store.memory_keys() + self.inner.fallback.len();
         self.inner
             .metrics
-            .render(out, self.inner.breaker.is_open(), keys);
+            .render(out, self.inner.breakers.any_open(), keys);
     }
 
-    /// Whether the store answers now (and the breaker is closed).
+    /// Whether the store answers now and no breaker is open.
     pub async fn ready(&self) -> bool {
         let i = &self.inner;
         if !i.store.is_remote() {
             return true;
         }
-        !i.breaker.is_open() && i.store.ping(i.timeout).await.is_ok()
+        !i.breakers.any_open() && i.store.ping(i.timeout).await.is_ok()
     }
 
     /// Returns what the limiter holds of the shared state (leases) before the process exits.
@@ -300,7 +301,8 @@ impl Limiter {
                 .await
                 .map_err(|_| 0);
         }
-        let permit = i.breaker.acquire(now);
+        let breaker = i.breakers.for_client(client);
+        let permit = breaker.acquire(now);
         if let Permit::Skip(wait) = permit {
             i.metrics.store_error("breaker_open");
             return Err(wait);
@@ -310,13 +312,13 @@ impl Limiter {
         i.metrics.observe_store(started.elapsed());
         match result {
             Ok(v) => {
-                i.breaker.on_success(permit);
+                breaker.on_success(permit);
                 Ok(v)
             }
             Err(StoreFailure { kind, message }) => {
                 i.metrics.store_error(kind);
                 tracing::debug!(target: "tollgate::store", kind, %message, "store call failed");
-                i.breaker.on_failure(permit, i.clock.now());
+                breaker.on_failure(permit, i.clock.now());
                 Err(duration_to_micros(i.timeout).max(1))
             }
         }

@@ -26,6 +26,16 @@ impl Default for Backend {
     }
 }
 
+/// Whether the backend is a Redis Cluster (breakers are then kept per slot range).
+pub(crate) fn is_cluster(backend: &Backend) -> bool {
+    match backend {
+        #[cfg(feature = "memory")]
+        Backend::Memory(_) => false,
+        #[cfg(feature = "redis")]
+        Backend::Redis(cfg) => cfg.cluster,
+    }
+}
+
 /// Why a store call failed, as counted in `tollgate_store_errors_total{kind}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StoreFailure {

@@ -1,0 +1,303 @@
+//! Fault tests of the limiter against real `redis-server` processes that the tests start, kill,
+//! freeze and restart. Limiter time is a ManualClock (the store is told the same time), so the
+//! breaker's schedule is driven, not waited for; only store timeouts use real time.
+#![cfg(feature = "redis")]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tollgate::{
+    Action, Algorithm, Backend, BreakerConfig, ClientKey, FailurePolicy, Limit, Limiter,
+    LimiterConfig, ManualClock, Outcome, Policy, PolicySpec, Quota, RedisConfig, StoreClock,
+};
+use tollgate_testkit::RedisServer;
+
+const T0: u64 = 1_800_000_000_000_000;
+const TIMEOUT: Duration = Duration::from_millis(100);
+const OPEN_FOR: Duration = Duration::from_secs(1);
+/// Far above any scheduling noise: a call slower than timeout + this margin is a hang.
+const MARGIN: Duration = Duration::from_secs(2);
+
+fn limiter_with(url: &str, clock: &ManualClock, prefix: &str, deny_cache: usize) -> Limiter {
+    let redis = RedisConfig::standalone(url)
+        .with_clock(StoreClock::Local)
+        .with_key_prefix(prefix);
+    let mut cfg = LimiterConfig::new(Backend::Redis(redis));
+    cfg.clock = Arc::new(clock.clone());
+    cfg.timeout = TIMEOUT;
+    cfg.breaker = BreakerConfig {
+        failures: 3,
+        open_for: OPEN_FOR,
+    };
+    cfg.deny_cache_capacity = deny_cache;
+    Limiter::new(cfg)
+}
+
+fn limiter(url: &str, clock: &ManualClock) -> Limiter {
+    limiter_with(url, clock, "t", 10_000)
+}
+
+fn policy(l: &Limiter, name: &str, limit: u64, on_failure: FailurePolicy, divisor: u64) -> Policy {
+    let quota = Quota::per_hour(limit).expect("quota");
+    let mut spec = PolicySpec::new(
+        name,
+        Limit::new(Algorithm::TokenBucket, quota).expect("limit"),
+    );
+    spec.on_failure = on_failure;
+    spec.local_divisor = divisor;
+    l.policy(spec).expect("policy")
+}
+
+fn client(i: u8) -> ClientKey {
+    ClientKey([i; 16])
+}
+
+/// Checks once and asserts the call did not hang.
+async fn timed_check(l: &Limiter, c: &ClientKey, p: &[&Policy]) -> tollgate::LimitResult {
+    let started = Instant::now();
+    let r = l.check(c, p).await;
+    let took = started.elapsed();
+    assert!(took < TIMEOUT + MARGIN, "a check took {took:?}");
+    r
+}
+
+fn metrics(l: &Limiter) -> String {
+    let mut s = String::new();
+    l.render_metrics(&mut s);
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_policy_follows_its_failure_policy_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let l = limiter(&server.url(), &clock);
+    let open = policy(&l, "open", 10, FailurePolicy::Open, 1);
+    let closed = policy(&l, "closed", 10, FailurePolicy::Closed, 1);
+    let local = policy(&l, "local", 4, FailurePolicy::Local, 2);
+    let r = timed_check(&l, &client(1), &[&open]).await;
+    assert_eq!(
+        r.results[0].outcome,
+        Outcome::Allowed,
+        "store reachable first"
+    );
+
+    server.kill();
+    for _ in 0..5 {
+        let r = timed_check(&l, &client(1), &[&open]).await;
+        assert_eq!(r.action, Action::Allow);
+        assert_eq!(r.results[0].outcome, Outcome::FailedOpen);
+    }
+    let r = timed_check(&l, &client(1), &[&closed]).await;
+    assert!(matches!(r.action, Action::Unavailable { retry_after } if retry_after > 0));
+    assert_eq!(r.results[0].outcome, Outcome::FailedClosed);
+    // The local fallback admits limit / divisor = 2, then limits: a real rate limit, a 429.
+    for _ in 0..2 {
+        let r = timed_check(&l, &client(1), &[&local]).await;
+        assert_eq!(r.action, Action::Allow);
+        assert_eq!(r.results[0].outcome, Outcome::FallbackAllowed);
+    }
+    let r = timed_check(&l, &client(1), &[&local]).await;
+    assert!(matches!(
+        r.action,
+        Action::Limit {
+            retry_after: Some(_)
+        }
+    ));
+    assert_eq!(r.results[0].outcome, Outcome::FallbackLimited);
+
+    let m = metrics(&l);
+    assert!(m.contains("tollgate_breaker_open 1\n"), "{m}");
+    assert!(
+        !m.contains("tollgate_store_errors_total{kind=\"breaker_open\"} 0\n"),
+        "{m}"
+    );
+    assert!(m.contains("tollgate_decisions_total{policy=\"open\",outcome=\"failed_open\"} 5\n"));
+    assert!(!l.ready().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_limiting_resumes_within_two_open_for_after_a_restart() {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let l = limiter(&server.url(), &clock);
+    let p = policy(&l, "api", 5, FailurePolicy::Open, 1);
+    assert_eq!(
+        timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
+        Outcome::Allowed
+    );
+
+    server.kill();
+    for _ in 0..4 {
+        assert_eq!(
+            timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
+            Outcome::FailedOpen
+        );
+    }
+    server.restart();
+    // Still inside open_for: the breaker skips the store, no call is made.
+    let calls = l.metrics().store_calls();
+    assert_eq!(
+        timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
+        Outcome::FailedOpen
+    );
+    assert_eq!(l.metrics().store_calls(), calls);
+
+    // The first probe may meet the connection the restart broke; the second must succeed.
+    let mut resumed_after = None;
+    for probe in 1..=2 {
+        clock.advance(OPEN_FOR);
+        let r = timed_check(&l, &client(1), &[&p]).await;
+        if r.results[0].outcome == Outcome::Allowed {
+            resumed_after = Some(probe);
+            break;
+        }
+    }
+    assert!(resumed_after.is_some(), "not resumed within 2 x open_for");
+    assert!(l.ready().await);
+    // Shared limiting again: the restarted server is empty, so 5 - 1 remain, then 429.
+    for _ in 0..4 {
+        assert_eq!(
+            timed_check(&l, &client(1), &[&p]).await.action,
+            Action::Allow
+        );
+    }
+    let r = timed_check(&l, &client(1), &[&p]).await;
+    assert_eq!(r.results[0].outcome, Outcome::Limited);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_costs_at_most_the_timeout_and_counts_nothing_twice() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let l = limiter(&server.url(), &clock);
+    let p = policy(&l, "api", 100, FailurePolicy::Open, 1);
+    assert_eq!(
+        timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
+        Outcome::Allowed
+    );
+
+    server.pause();
+    let mut waited = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let r = timed_check(&l, &client(1), &[&p]).await;
+        waited.push(started.elapsed());
+        assert_eq!(r.results[0].outcome, Outcome::FailedOpen);
+    }
+    // Only the calls before the breaker opened waited (for the timeout); the rest skipped.
+    let slow = waited.iter().filter(|d| **d >= TIMEOUT).count();
+    assert!(slow <= 3, "{slow} calls waited for the timeout: {waited:?}");
+    assert!(metrics(&l).contains("tollgate_breaker_open 1\n"));
+
+    server.resume();
+    let mut resumed = false;
+    for _ in 0..2 {
+        clock.advance(OPEN_FOR);
+        if timed_check(&l, &client(1), &[&p]).await.results[0].outcome == Outcome::Allowed {
+            resumed = true;
+            break;
+        }
+    }
+    assert!(resumed, "not resumed within 2 x open_for after the thaw");
+    // Charged so far: 1 before, at most the 3 calls sent into the frozen server (Redis runs
+    // them after the thaw: each at most once), and 1 or 2 probes. Never a request twice.
+    let r = timed_check(&l, &client(1), &[&p]).await;
+    let remaining = r.results[0].decision.expect("decision").remaining;
+    let charged = 100 - remaining;
+    assert!((3..=7).contains(&charged), "charged {charged}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_fallback_over_four_gateways_admits_about_the_shared_limit() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let clock = ManualClock::new(T0);
+    let gateways: Vec<Limiter> = (0..4).map(|_| limiter(&url, &clock)).collect();
+    let policies: Vec<Policy> = gateways
+        .iter()
+        .map(|g| policy(g, "api", 100, FailurePolicy::Local, 4))
+        .collect();
+    let mut admitted = 0;
+    for i in 0..400 {
+        let g = i % 4;
+        let r = timed_check(&gateways[g], &client(9), &[&policies[g]]).await;
+        if r.action == Action::Allow {
+            admitted += 1;
+            assert_eq!(r.results[0].outcome, Outcome::FallbackAllowed);
+        } else {
+            assert_eq!(r.results[0].outcome, Outcome::FallbackLimited);
+        }
+    }
+    assert!(admitted <= 100 + 4, "admitted {admitted}");
+    assert!(admitted >= 100, "admitted {admitted}");
+    let counted: u64 = gateways
+        .iter()
+        .map(|g| g.metrics().policies()[0].decisions(Outcome::FallbackAllowed))
+        .sum();
+    assert_eq!(counted, admitted);
+}
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["info", "commandstats"]);
+    stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn abuse(l: &Limiter, p: &Policy, clock: &ManualClock, n: usize) -> Vec<Action> {
+    let mut actions = Vec::with_capacity(n + 2);
+    for _ in 0..n {
+        actions.push(l.check(&client(7), &[p]).await.action);
+    }
+    // At the retry time the client passes again, with or without the cache.
+    if let Some(Action::Limit {
+        retry_after: Some(r),
+    }) = actions.last().copied()
+    {
+        clock.advance(Duration::from_micros(r));
+    }
+    actions.push(l.check(&client(7), &[p]).await.action);
+    actions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_keeps_an_abusive_client_off_redis_with_the_same_decisions() {
+    let server = RedisServer::start();
+    let n = 10_010;
+
+    let clock = ManualClock::new(T0);
+    let cached = limiter_with(&server.url(), &clock, "cached", 10_000);
+    let p = policy(&cached, "api", 10, FailurePolicy::Open, 1);
+    let before = evalsha_calls(&server);
+    let with_cache = abuse(&cached, &p, &clock, n).await;
+    let calls_with_cache = evalsha_calls(&server) - before;
+
+    let clock = ManualClock::new(T0);
+    let uncached = limiter_with(&server.url(), &clock, "uncached", 0);
+    let p = policy(&uncached, "api", 10, FailurePolicy::Open, 1);
+    let before = evalsha_calls(&server);
+    let without_cache = abuse(&uncached, &p, &clock, n).await;
+    let calls_without_cache = evalsha_calls(&server) - before;
+
+    assert_eq!(with_cache, without_cache, "the cache changed a decision");
+    assert_eq!(
+        with_cache.iter().filter(|a| **a == Action::Allow).count(),
+        11
+    );
+    // 10 admitted, 1 denial that fills the cache, 1 after the retry time (+ a reload or two).
+    assert!(
+        calls_with_cache <= 15,
+        "{calls_with_cache} store calls with the cache"
+    );
+    assert!(
+        calls_without_cache >= n as u64,
+        "{calls_without_cache} without"
+    );
+    let hits = cached.metrics().policies()[0].deny_cache_hits();
+    assert_eq!(hits, n as u64 - 11);
+}
