@@ -1,1 +1,264 @@
-//! Work in progress: see the workspace README.
+//! The in-process tollgate store: what `tollgate serve` uses without Redis, what the tower
+//! middleware uses in a single service, and the local fallback when Redis is down.
+//!
+//! # Data structure
+//!
+//! Keys are `(ClientKey, rule.id())`. The store is a fixed array of shards, each a
+//! `Mutex` over an open-addressing table (linear probing, backward-shift deletion). The shard
+//! is chosen by a seeded hash of the **client only**, so every rule of one client lives in one
+//! shard and a request checked against several policies takes exactly one lock: the checks
+//! are decided all-or-nothing under it, and there is no lock ordering to get wrong.
+//!
+//! A slot is 32 bytes: the 16-byte client key and two words of state. The rule is stored as a
+//! 16-bit index into the shard's list of rules it has seen (which also remembers each rule's
+//! limit, so eviction can judge a key without the request that created it). Fixed window,
+//! token bucket, leaky bucket, GCRA and (up to 2^20 units per window) the sliding window
+//! counter keep their tollgate-core state inline, field for field; the sliding log and larger
+//! counters live in a per-shard slab. Every decision is computed by the tollgate-core
+//! functions on that exact state: the store only loads, calls, and stores back.
+//!
+//! # Why a lock per shard and not a compare-and-swap per key
+//!
+//! A CAS loop on a packed word (what governor does) still needs a lock or a concurrent map to
+//! find the word, cannot decide several keys all-or-nothing, and cannot evict safely without
+//! more machinery. A short critical section over 64 cache-padded shards costs the same two
+//! atomic operations per check as an uncontended read lock plus a CAS would, and is exact by
+//! construction: no lost update, whatever the algorithm. `docs/benchmarks.md` has the numbers.
+//!
+//! # Bounded memory and eviction
+//!
+//! `max_keys` is a hard bound: it is split between the shards (their bounds add up to it) and
+//! a shard never holds more than its share, so [`MemoryStore::len`] never exceeds `max_keys`.
+//! Each table grows by doubling up to `ceil(bound x 5/4) + 1` slots (load factor at most 4/5),
+//! so at the bound a key costs 32 / 0.8 = 40 bytes of table, plus the slab for sliding logs.
+//!
+//! There is no background sweep and nothing to call: every insert, and every eighth check,
+//! moves the shard's clock hand over a couple of slots and removes the keys that are **idle**
+//! (their state equals a fresh one since at least `idle_grace`; the grace absorbs clocks of
+//! concurrent callers that differ by a little). The work per operation is constant whatever
+//! the number of keys.
+//!
+//! When a new key arrives at a full shard, the shard samples up to 32 keys from its clock hand
+//! and evicts, in this order:
+//! 1. the first idle key found: forgetting it changes no decision;
+//! 2. else the sampled key **closest to fresh** (earliest `idle_at`) among those that are
+//!    **not limited**, i.e. would still admit a one-unit request now.
+//!
+//! A **limited** key is never evicted, so a flood of new keys can never turn a client's
+//! denial into an admission. A key of the requesting client is never the victim either.
+//! Evicting a key that is not limited forgives what it has used; choosing the one closest to
+//! fresh keeps that small, and since the flood that forces an eviction is itself made of keys
+//! that are each admitted, evictions give an attacker nothing that more identities would not.
+//!
+//! When every sampled key is limited (an attacker holding the whole table at its limits), the
+//! new key cannot be recorded, and [`WhenFull`] decides: by default the request is **denied**,
+//! charging nothing, with a retry time of when the first sampled key stops being limited (as
+//! nginx's `limit_req` refuses a request whose state it cannot store). The alternative,
+//! `AdmitUntracked`, decides it as a fresh client's and admits it unrecorded: it fails open,
+//! and a new key stays unlimited for as long as the table stays pinned, which is why it is not
+//! the default. Either way limited keys stay limited; [`MemoryStore::untracked`] counts these
+//! requests. For a multi-rule request the room for all new keys is made before anything is
+//! charged, so this too is all-or-nothing.
+//!
+//! Cost-0 checks (pure queries) and denied requests never create an entry.
+#![deny(missing_docs)]
+
+mod packed;
+mod shard;
+mod table;
+
+use shard::Shard;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+use tollgate_core::{duration_to_micros, Check, ClientKey, Micros, Verdict};
+
+pub use shard::EVICTION_SAMPLE;
+
+/// Settings of a [`MemoryStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// The most keys (client x rule) tracked at once: a hard bound.
+    pub max_keys: usize,
+    /// Shards (rounded up to a power of two); 0 picks 64, fewer for small `max_keys` so that
+    /// each shard holds at least 1024 keys.
+    pub shards: usize,
+    /// How long past `idle_at` a key is kept before the sweep may drop it.
+    pub idle_grace: Duration,
+    /// What a full table does with a new key when every sampled key is limited.
+    pub when_full: WhenFull,
+}
+
+/// What a full table answers a new key when it cannot evict anything (every sampled key is
+/// limited, and limited keys are never evicted). See the crate docs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Deny the new key's request, charging nothing, with a retry time of when a sampled key
+    /// stops being limited (and so becomes evictable). Fails closed for new keys only.
+    #[default]
+    Deny,
+    /// Decide the new key's request against a fresh state and admit it without recording it.
+    /// Fails open for new keys only: while the table stays full of limited keys, a new key is
+    /// not limited at all.
+    AdmitUntracked,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            max_keys: 1_000_000,
+            shards: 0,
+            idle_grace: Duration::from_secs(1),
+            when_full: WhenFull::Deny,
+        }
+    }
+}
+
+/// One shard and its published counters, on its own cache lines.
+#[repr(align(128))]
+struct Padded {
+    shard: Mutex<Shard>,
+    len: AtomicUsize,
+    untracked: AtomicU64,
+}
+
+/// The in-memory keyed store. `Send + Sync`; share it through an `Arc`.
+pub struct MemoryStore {
+    shards: Box<[Padded]>,
+    shift: u32,
+    seed: [u64; 2],
+    max_keys: usize,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .field("max_keys", &self.max_keys)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(MemoryConfig::default())
+    }
+}
+
+impl MemoryStore {
+    /// A store with the given settings. Tables are allocated as keys arrive.
+    pub fn new(config: MemoryConfig) -> Self {
+        let n = shard_count(&config);
+        let shift = if n == 1 { 64 } else { 64 - n.trailing_zeros() };
+        let random = std::collections::hash_map::RandomState::new();
+        let seed = [random.hash_one(0x5eed_u64), random.hash_one(0xfeed_u64)];
+        let grace = duration_to_micros(config.idle_grace);
+        let shards = (0..n)
+            .map(|i| {
+                let bound = config.max_keys / n + usize::from(i < config.max_keys % n);
+                Padded {
+                    shard: Mutex::new(Shard::new(bound, seed, grace, config.when_full)),
+                    len: AtomicUsize::new(0),
+                    untracked: AtomicU64::new(0),
+                }
+            })
+            .collect();
+        Self {
+            shards,
+            shift,
+            seed,
+            max_keys: config.max_keys,
+        }
+    }
+
+    /// Decides `checks` for one client all-or-nothing, at `now` (microseconds since the
+    /// epoch): when every check allows, all are charged; otherwise none is.
+    pub fn check(&self, client: &ClientKey, checks: &[Check<'_>], now: Micros) -> Verdict {
+        let (lo, hi) = halves(client);
+        let ch = table::client_hash(self.seed, lo, hi);
+        let padded = &self.shards[self.shard_of(ch)];
+        if let [one] = checks {
+            // Allocate before taking the lock: the critical section is only the decision.
+            let mut decisions = Vec::with_capacity(1);
+            let mut shard = lock(&padded.shard);
+            let d = shard.check_one(lo, hi, ch, one, now);
+            publish(padded, &shard);
+            drop(shard);
+            decisions.push(d);
+            return Verdict {
+                allowed: d.allowed,
+                decisions,
+            };
+        }
+        let mut shard = lock(&padded.shard);
+        let verdict = shard.check_many(lo, hi, ch, checks, now);
+        publish(padded, &shard);
+        verdict
+    }
+
+    /// Keys tracked now (the `tollgate_memory_keys` metric); never above `max_keys`.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|p| p.len.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured bound on [`MemoryStore::len`].
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Requests of new keys that a full table could not record because every sampled key was
+    /// limited: denied under [`WhenFull::Deny`], admitted uncharged under
+    /// [`WhenFull::AdmitUntracked`]. Export it next to `tollgate_memory_keys`.
+    pub fn untracked(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|p| p.untracked.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn shard_of(&self, client_hash: u64) -> usize {
+        // shift is 64 for a single shard: checked_shr gives None, which means shard 0.
+        client_hash
+            .checked_shr(self.shift)
+            .map_or(0, |s| usize::try_from(s).unwrap_or(0))
+    }
+}
+
+fn shard_count(config: &MemoryConfig) -> usize {
+    if config.shards > 0 {
+        return config.shards.next_power_of_two();
+    }
+    let mut n = 64;
+    while n > 1 && config.max_keys / n < 1024 {
+        n /= 2;
+    }
+    n
+}
+
+fn halves(client: &ClientKey) -> (u64, u64) {
+    let v = client.as_u128();
+    // Truncations intended: the two halves of the key.
+    (v as u64, (v >> 64) as u64)
+}
+
+/// Makes the shard's counters readable without its lock.
+fn publish(padded: &Padded, shard: &Shard) {
+    padded.len.store(shard.len(), Ordering::Relaxed);
+    padded.untracked.store(shard.untracked, Ordering::Relaxed);
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic inside a check leaves the shard's table consistent (every write is one slot);
+    // keep serving rather than failing every later request.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,409 @@
+//! One shard: its table, the rules it has seen, the slab for states that do not fit a slot, and
+//! the eviction rule. Everything here runs under the shard's lock, which is what makes a check
+//! (or several, all-or-nothing) atomic.
+
+use crate::packed::{self, Kind, MAX_RULES};
+use crate::table::{slot_hash, Slot, Table};
+use crate::WhenFull;
+use tollgate_core::{Check, Decision, Limit, Micros, Rule, State, Verdict};
+
+/// Slots the incremental sweep looks at on each insert.
+const SWEEP_ON_INSERT: usize = 2;
+/// Slots the incremental sweep looks at every [`SWEEP_EVERY`] checks.
+const SWEEP_ON_CHECK: usize = 1;
+const SWEEP_EVERY: u32 = 4;
+/// Used slots a full shard samples for a victim before giving up.
+pub const EVICTION_SAMPLE: usize = 32;
+
+/// Where one check's key lives.
+#[derive(Clone, Copy)]
+struct Item {
+    rule: Option<u16>,
+    slot: Option<usize>,
+    /// The first check of the request with the same key: its state is shared.
+    owner: usize,
+}
+
+/// The state of one shard.
+#[derive(Debug)]
+pub struct Shard {
+    table: Table,
+    bound: usize,
+    rule_ids: Vec<u64>,
+    limits: Vec<Limit>,
+    slab: Vec<State>,
+    free: Vec<usize>,
+    grace: Micros,
+    when_full: WhenFull,
+    ops: u32,
+    /// Decisions taken against a fresh state without being recorded (see the crate docs).
+    pub untracked: u64,
+}
+
+impl Shard {
+    /// A shard holding at most `bound` keys.
+    pub fn new(bound: usize, seed: [u64; 2], grace: Micros, when_full: WhenFull) -> Self {
+        Self {
+            table: Table::new(bound, seed),
+            bound,
+            rule_ids: Vec::new(),
+            limits: Vec::new(),
+            slab: Vec::new(),
+            free: Vec::new(),
+            grace,
+            when_full,
+            ops: 0,
+            untracked: 0,
+        }
+    }
+
+    /// Keys tracked.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The shard-local index of a rule, registering it (or its new limit) on first sight.
+    /// `None` only when the shard has seen [`MAX_RULES`] distinct rules.
+    fn rule_index(&mut self, rule: &Rule) -> Option<u16> {
+        let id = rule.id();
+        let i = match self.rule_ids.iter().position(|&r| r == id) {
+            Some(i) => i,
+            None if self.rule_ids.len() < MAX_RULES => {
+                self.rule_ids.push(id);
+                self.limits.push(*rule.limit());
+                self.rule_ids.len() - 1
+            }
+            None => return None,
+        };
+        if self.limits[i] != *rule.limit() {
+            self.limits[i] = *rule.limit();
+        }
+        u16::try_from(i).ok()
+    }
+
+    fn load(&self, i: usize) -> State {
+        let s = self.table.slot(i);
+        match packed::decode(s.meta, s.time) {
+            Some(state) => state,
+            None => self.slab[to_index(packed::value(s.meta))].clone(),
+        }
+    }
+
+    fn store(&mut self, i: usize, state: State) {
+        let s = *self.table.slot(i);
+        let rule = packed::rule(s.meta);
+        if packed::kind(s.meta) == Kind::Slab {
+            self.slab[to_index(packed::value(s.meta))] = state;
+            return;
+        }
+        let (meta, time) = self.pack(rule, state);
+        let slot = self.table.slot_mut(i);
+        slot.meta = meta;
+        slot.time = time;
+    }
+
+    /// The meta and time words for a state, moving it to the slab when it does not fit.
+    fn pack(&mut self, rule: u16, state: State) -> (u64, u64) {
+        if let Some((kind, value, time)) = packed::encode(&state) {
+            return (packed::meta(kind, rule, value), time);
+        }
+        let j = match self.free.pop() {
+            Some(j) => {
+                self.slab[j] = state;
+                j
+            }
+            None => {
+                self.slab.push(state);
+                self.slab.len() - 1
+            }
+        };
+        (packed::meta(Kind::Slab, rule, to_value(j)), 0)
+    }
+
+    fn evict(&mut self, i: usize) {
+        let meta = self.table.slot(i).meta;
+        if packed::kind(meta) == Kind::Slab {
+            let j = to_index(packed::value(meta));
+            // Drop the state's heap memory now; the index is reused.
+            self.slab[j] = State::Gcra(Default::default());
+            self.free.push(j);
+        }
+        self.table.remove(i);
+    }
+
+    /// When the key at `i` becomes equal to a fresh one. A state of another algorithm than its
+    /// rule's is reset by the next check anyway, so it counts as idle.
+    fn idle_at(&self, i: usize) -> Micros {
+        let limit = &self.limits[usize::from(packed::rule(self.table.slot(i).meta))];
+        let state = self.load(i);
+        if state.algorithm() != limit.algorithm {
+            return 0;
+        }
+        state.idle_at(&limit.quota)
+    }
+
+    /// When the key at `i` is limited now (a request of one unit would be denied): how long
+    /// until that request would pass.
+    fn limited_for(&self, i: usize, now: Micros) -> Option<Micros> {
+        let limit = &self.limits[usize::from(packed::rule(self.table.slot(i).meta))];
+        let mut state = self.load(i);
+        let d = limit.check(&mut state, now, 1, false);
+        (!d.allowed).then(|| d.retry_after.unwrap_or(Micros::MAX))
+    }
+
+    fn is_idle(&self, idle_at: Micros, now: Micros) -> bool {
+        idle_at.saturating_add(self.grace) <= now
+    }
+
+    /// Looks at up to `n` slots from the clock hand and evicts those that are idle.
+    fn sweep(&mut self, now: Micros, n: usize, lo: u64, hi: u64) {
+        if self.table.capacity() == 0 {
+            return;
+        }
+        for _ in 0..n {
+            let i = self.table.hand;
+            let s = self.table.slot(i);
+            let mine = s.lo == lo && s.hi == hi;
+            if self.table.is_used(i) && !mine && self.is_idle(self.idle_at(i), now) {
+                // The backward shift may move an unseen entry into i: look at i again.
+                self.evict(i);
+            } else {
+                self.table.tick();
+            }
+        }
+    }
+
+    /// Makes room for one more key, or says how long until a sampled key stops being limited
+    /// when the shard is full of keys it must keep.
+    ///
+    /// Victims, in order: an idle key (forgetting it changes no decision); else, among the
+    /// sampled keys that are not limited, the one closest to fresh (earliest `idle_at`). A
+    /// limited key is never evicted, and neither is a key of the requesting client.
+    fn make_room(&mut self, now: Micros, lo: u64, hi: u64) -> Result<(), Micros> {
+        self.sweep(now, SWEEP_ON_INSERT, lo, hi);
+        if self.table.len() < self.bound {
+            return Ok(());
+        }
+        let mut best: Option<(usize, Micros)> = None;
+        let mut wait = Micros::MAX;
+        let (mut seen, mut steps) = (0, 0);
+        while seen < EVICTION_SAMPLE && steps < self.table.capacity() {
+            steps += 1;
+            let i = self.table.tick();
+            if !self.table.is_used(i) {
+                continue;
+            }
+            seen += 1;
+            let s = self.table.slot(i);
+            if s.lo == lo && s.hi == hi {
+                continue;
+            }
+            let idle_at = self.idle_at(i);
+            if self.is_idle(idle_at, now) {
+                self.evict(i);
+                return Ok(());
+            }
+            if best.is_some_and(|(_, b)| b <= idle_at) {
+                continue;
+            }
+            match self.limited_for(i, now) {
+                None => best = Some((i, idle_at)),
+                Some(w) => wait = wait.min(w),
+            }
+        }
+        match best {
+            Some((i, _)) => {
+                self.evict(i);
+                Ok(())
+            }
+            None => Err(wait.max(1)),
+        }
+    }
+
+    /// Inserts a key known to be absent after [`Shard::make_room`] succeeded.
+    fn insert(&mut self, lo: u64, hi: u64, rule: u16, hash: u64, state: State) {
+        let (meta, time) = self.pack(rule, state);
+        self.table.insert(Slot { lo, hi, meta, time }, hash);
+    }
+
+    /// What a full table answers for a new key: under `Deny`, a denial that says when a
+    /// sampled key stops being limited; under `AdmitUntracked`, the fresh decision.
+    fn full(&mut self, fresh: Decision, wait: Micros) -> Decision {
+        self.untracked += 1;
+        match self.when_full {
+            WhenFull::AdmitUntracked => fresh,
+            WhenFull::Deny => denial(fresh, wait),
+        }
+    }
+
+    fn tick_ops(&mut self, now: Micros, lo: u64, hi: u64) {
+        self.ops = self.ops.wrapping_add(1);
+        if self.ops.is_multiple_of(SWEEP_EVERY) {
+            self.sweep(now, SWEEP_ON_CHECK, lo, hi);
+        }
+    }
+
+    /// Decides and charges one check for the client `(lo, hi)` whose hash is `ch`.
+    pub fn check_one(
+        &mut self,
+        lo: u64,
+        hi: u64,
+        ch: u64,
+        check: &Check<'_>,
+        now: Micros,
+    ) -> Decision {
+        self.tick_ops(now, lo, hi);
+        let limit = check.rule.limit();
+        let Some(rule) = self.rule_index(check.rule) else {
+            self.untracked += 1;
+            return limit.check(&mut limit.fresh(), now, check.cost, true);
+        };
+        let hash = slot_hash(ch, rule);
+        match self.table.find(lo, hi, rule, hash) {
+            Some(i) => {
+                let meta = self.table.slot(i).meta;
+                if packed::kind(meta) == Kind::Slab {
+                    let state = &mut self.slab[to_index(packed::value(meta))];
+                    return limit.check(state, now, check.cost, true);
+                }
+                let mut state = self.load(i);
+                let d = limit.check(&mut state, now, check.cost, true);
+                self.store(i, state);
+                d
+            }
+            None => {
+                let mut state = limit.fresh();
+                let d = limit.check(&mut state, now, check.cost, true);
+                if !d.allowed || check.cost == 0 {
+                    return d;
+                }
+                match self.make_room(now, lo, hi) {
+                    Ok(()) => {
+                        self.insert(lo, hi, rule, hash, state);
+                        d
+                    }
+                    Err(wait) => self.full(d, wait),
+                }
+            }
+        }
+    }
+
+    /// Decides several checks for one client all-or-nothing, as `tollgate_core::check_all`
+    /// does; two checks of the same rule share one state and are charged in order.
+    pub fn check_many(
+        &mut self,
+        lo: u64,
+        hi: u64,
+        ch: u64,
+        checks: &[Check<'_>],
+        now: Micros,
+    ) -> Verdict {
+        self.tick_ops(now, lo, hi);
+        let mut items: Vec<Item> = Vec::with_capacity(checks.len());
+        let mut states: Vec<State> = Vec::with_capacity(checks.len());
+        for (i, c) in checks.iter().enumerate() {
+            let rule = self.rule_index(c.rule);
+            if rule.is_none() {
+                self.untracked += 1;
+            }
+            let owner = items
+                .iter()
+                .position(|it| rule.is_some() && it.rule == rule)
+                .unwrap_or(i);
+            let slot = match rule {
+                Some(r) if owner == i => self.table.find(lo, hi, r, slot_hash(ch, r)),
+                _ => None,
+            };
+            states.push(slot.map_or_else(|| c.rule.limit().fresh(), |s| self.load(s)));
+            items.push(Item { rule, slot, owner });
+        }
+        let before = states.clone();
+        let mut decisions: Vec<Decision> = checks
+            .iter()
+            .zip(&items)
+            .map(|(c, it)| {
+                c.rule
+                    .limit()
+                    .check(&mut states[it.owner], now, c.cost, true)
+            })
+            .collect();
+        let allowed = decisions.iter().all(|d| d.allowed);
+        if !allowed {
+            for ((c, it), d) in checks.iter().zip(&items).zip(decisions.iter_mut()) {
+                if d.allowed {
+                    let mut state = before[it.owner].clone();
+                    *d = c.rule.limit().check(&mut state, now, 0, false);
+                }
+            }
+            return Verdict { allowed, decisions };
+        }
+        // Make room for every new key first (all-or-nothing: a full table may refuse), then
+        // find the present keys again, since evictions move slots.
+        let charged = |i: usize| {
+            checks
+                .iter()
+                .zip(&items)
+                .any(|(c, o)| o.owner == i && c.cost > 0)
+        };
+        let new_keys = (0..items.len())
+            .filter(|&i| {
+                items[i].owner == i
+                    && items[i].rule.is_some()
+                    && items[i].slot.is_none()
+                    && charged(i)
+            })
+            .count();
+        let mut untracked = false;
+        for _ in 0..new_keys {
+            if let Err(wait) = self.make_room(now, lo, hi) {
+                self.untracked += 1;
+                if self.when_full == WhenFull::Deny {
+                    for d in decisions.iter_mut() {
+                        *d = denial(*d, wait);
+                    }
+                    return Verdict {
+                        allowed: false,
+                        decisions,
+                    };
+                }
+                untracked = true;
+                break;
+            }
+        }
+        for (i, it) in items.iter().enumerate() {
+            let Some(r) = it.rule.filter(|_| it.owner == i) else {
+                continue;
+            };
+            let state = std::mem::replace(&mut states[i], State::Gcra(Default::default()));
+            let hash = slot_hash(ch, r);
+            if it.slot.is_some() {
+                if let Some(s) = self.table.find(lo, hi, r, hash) {
+                    self.store(s, state);
+                }
+            } else if charged(i) && !untracked {
+                self.insert(lo, hi, r, hash, state);
+            }
+        }
+        Verdict { allowed, decisions }
+    }
+}
+
+/// A full table's denial of a new key: nothing is charged, and the retry time is when a
+/// sampled key stops being limited (and so could make room).
+fn denial(fresh: Decision, wait: Micros) -> Decision {
+    Decision {
+        allowed: false,
+        limit: fresh.limit,
+        remaining: 0,
+        reset_after: 0,
+        retry_after: Some(wait),
+    }
+}
+
+fn to_index(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+fn to_value(i: usize) -> u64 {
+    u64::try_from(i).unwrap_or(u64::MAX)
+}
