@@ -245,8 +245,8 @@ impl Recorder {
     }
 }
 
-/// Seconds kept in the timeline: the longest allowed run plus room for the drain.
-const MAX_SECONDS: usize = 3_700;
+/// Seconds kept in the timeline: the longest run (1 h) plus the longest timeout (5 min).
+const MAX_SECONDS: usize = 3_900;
 
 /// Latency summary of a set of requests, in microseconds.
 #[derive(Debug, Clone, Serialize)]
