@@ -18,10 +18,12 @@
 
 mod config;
 mod error;
+mod lease;
 mod script;
 mod store;
 
 pub use config::{RedisConfig, StoreClock};
 pub use error::RedisStoreError;
+pub use lease::{leasable, Lease, LeaseRequest};
 pub use script::{script_sha, script_text};
 pub use store::RedisStore;

@@ -21,26 +21,43 @@ pub(crate) struct Script {
     pub(crate) sha: String,
 }
 
+/// The lease driver and the algorithms it can lease (see `scripts/lease.lua`).
+const LEASE_PARTS: [&str; 6] = [
+    include_str!("../scripts/prelude.lua"),
+    include_str!("../scripts/fixed_window.lua"),
+    include_str!("../scripts/token_bucket.lua"),
+    include_str!("../scripts/leaky_bucket.lua"),
+    include_str!("../scripts/gcra.lua"),
+    include_str!("../scripts/lease.lua"),
+];
+
 pub(crate) fn script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| {
-        let mut text = format!(
-            "-- tollgate: bounds from tollgate-core\n\
+    SCRIPT.get_or_init(|| build(&PARTS))
+}
+
+pub(crate) fn lease_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| build(&LEASE_PARTS))
+}
+
+fn build(parts: &[&str]) -> Script {
+    let mut text = format!(
+        "-- tollgate: bounds from tollgate-core\n\
              local MAX_LIMIT = {MAX_LIMIT}\n\
              local MAX_PERIOD = {}\n\
              local MAX_BURST_SPAN = {MAX_BURST_SPAN}\n\
              local MAX_LOG_LIMIT = {MAX_LOG_LIMIT}\n\
              local MAX_INT = {}\n",
-            tollgate_core::duration_to_micros(MAX_PERIOD),
-            1u64 << 53,
-        );
-        for part in PARTS {
-            text.push_str(part);
-            text.push('\n');
-        }
-        let sha = redis::Script::new(&text).get_hash().to_string();
-        Script { text, sha }
-    })
+        tollgate_core::duration_to_micros(MAX_PERIOD),
+        1u64 << 53,
+    );
+    for part in parts {
+        text.push_str(part);
+        text.push('\n');
+    }
+    let sha = redis::Script::new(&text).get_hash().to_string();
+    Script { text, sha }
 }
 
 /// The whole Lua script the store runs (what `SCRIPT LOAD` receives): for redis-benchmark

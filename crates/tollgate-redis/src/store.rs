@@ -199,7 +199,7 @@ impl RedisStore {
         Ok(())
     }
 
-    async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
+    pub(crate) async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
         match &self.conn {
             Connection::Standalone(c) => cmd.query_async(&mut c.clone()).await,
             Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
