@@ -18,6 +18,8 @@ compile_error!("tollgate needs a backend: enable the `memory` or the `redis` fea
 mod breaker;
 mod deny_cache;
 mod identity;
+mod lease;
+mod leased;
 mod metrics;
 mod outcome;
 mod policy;
@@ -36,6 +38,7 @@ pub use tollgate_redis::{RedisConfig, StoreClock};
 
 use breaker::{Breakers, Permit};
 use deny_cache::DenyCache;
+use lease::Leases;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store::{Store, StoreFailure};
@@ -112,6 +115,9 @@ struct Inner {
     timeout: Duration,
     breakers: Breakers,
     deny_cache: Option<DenyCache>,
+    leases: Option<Leases>,
+    lease_policies: std::sync::Mutex<Vec<Policy>>,
+    sweeper: std::sync::OnceLock<()>,
     metrics: Metrics,
 }
 
@@ -136,6 +142,7 @@ impl Limiter {
     pub fn new(config: LimiterConfig) -> Self {
         let cluster = store::is_cluster(&config.backend);
         let store = Store::new(config.backend);
+        let can_lease = store.can_lease();
         let deny_cache = (store.is_remote() && config.deny_cache_capacity > 0)
             .then(|| DenyCache::new(config.deny_cache_capacity));
         Self {
@@ -148,7 +155,10 @@ impl Limiter {
                 clock: config.clock,
                 timeout: config.timeout,
                 breakers: Breakers::new(config.breaker, cluster),
+                leases: can_lease.then(|| Leases::new(config.deny_cache_capacity.max(1024))),
                 deny_cache,
+                lease_policies: std::sync::Mutex::new(Vec::new()),
+                sweeper: std::sync::OnceLock::new(),
                 metrics: Metrics::default(),
             }),
         }
@@ -163,8 +173,8 @@ impl Limiter {
         if spec.name.is_empty() {
             return Err(invalid("the name must not be empty".into()));
         }
-        if let SyncMode::Lease { .. } = spec.sync {
-            return Err(invalid("sync = \"lease\" is not available yet".into()));
+        if let SyncMode::Lease { ttl, max } = spec.sync {
+            leased::validate(spec.limit.algorithm, ttl, max).map_err(&invalid)?;
         }
         spec.limit
             .algorithm
@@ -172,7 +182,12 @@ impl Limiter {
             .map_err(&invalid)?;
         let stats = self.inner.metrics.policy(&spec.name);
         let name = spec.name.clone();
-        Policy::build(spec, stats).map_err(|reason| Error::InvalidPolicy { name, reason })
+        let policy =
+            Policy::build(spec, stats).map_err(|reason| Error::InvalidPolicy { name, reason })?;
+        if self.leases(&policy) {
+            self.register_lease_policy(&policy);
+        }
+        Ok(policy)
     }
 
     /// The limiter's counters.
@@ -197,8 +212,11 @@ impl Limiter {
         !i.breakers.any_open() && i.store.ping(i.timeout).await.is_ok()
     }
 
-    /// Returns what the limiter holds of the shared state (leases) before the process exits.
-    pub async fn shutdown(&self) {}
+    /// Gives back every unused lease unit to the shared store (call before the process exits;
+    /// a limiter that is killed instead loses at most the leases it held).
+    pub async fn shutdown(&self) {
+        self.return_leases(true).await;
+    }
 
     /// Decides one request of `client` against `policies`: all enforcing policies together,
     /// all-or-nothing, in one store round trip; shadow policies beside them, never rejecting.
@@ -210,18 +228,32 @@ impl Limiter {
         }
         let (shadow, enforced): (Vec<&Policy>, Vec<&Policy>) =
             policies.iter().copied().partition(|p| p.is_shadow());
+        let (leased, exact): (Vec<&Policy>, Vec<&Policy>) =
+            enforced.into_iter().partition(|p| self.leases(p));
         let mut results = Vec::with_capacity(policies.len());
+        let mut taken = Vec::new();
+        if !leased.is_empty() {
+            let action = self
+                .decide_leased(client, &leased, now, &mut results, &mut taken)
+                .await;
+            if action != Action::Allow {
+                self.settle(client, &taken, false);
+                return LimitResult { action, results };
+            }
+        }
         let action = if shadow.is_empty() {
-            self.decide(client, &enforced, now, &mut results).await
+            self.decide(client, &exact, now, &mut results).await
         } else {
             let mut shadow_results = Vec::with_capacity(shadow.len());
             let (action, _) = tokio::join!(
-                self.decide(client, &enforced, now, &mut results),
+                self.decide(client, &exact, now, &mut results),
                 self.decide(client, &shadow, now, &mut shadow_results),
             );
             results.extend(shadow_results);
             action
         };
+        // All-or-nothing: lease units taken by a rejected request go back to the lease.
+        self.settle(client, &taken, action == Action::Allow);
         LimitResult { action, results }
     }
 
@@ -301,6 +333,19 @@ impl Limiter {
                 .await
                 .map_err(|_| 0);
         }
+        self.guarded(client, now, i.store.check(client, checks, now, i.timeout))
+            .await
+    }
+
+    /// Runs a remote store call behind the client's breaker, timing it and counting its
+    /// failures. On failure, returns how long until the store may be tried again.
+    pub(crate) async fn guarded<T>(
+        &self,
+        client: &ClientKey,
+        now: Micros,
+        call: impl std::future::Future<Output = Result<T, StoreFailure>>,
+    ) -> Result<T, Micros> {
+        let i = &self.inner;
         let breaker = i.breakers.for_client(client);
         let permit = breaker.acquire(now);
         if let Permit::Skip(wait) = permit {
@@ -308,7 +353,7 @@ impl Limiter {
             return Err(wait);
         }
         let started = Instant::now();
-        let result = i.store.check(client, checks, now, i.timeout).await;
+        let result = call.await;
         i.metrics.observe_store(started.elapsed());
         match result {
             Ok(v) => {

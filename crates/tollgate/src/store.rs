@@ -36,6 +36,25 @@ pub(crate) fn is_cluster(backend: &Backend) -> bool {
     }
 }
 
+/// A lease call: give back, then take up to `want` if `need` is available.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseCall {
+    pub(crate) want: u64,
+    pub(crate) need: u64,
+    pub(crate) give_back: u64,
+    pub(crate) window: Micros,
+}
+
+/// What a lease call got.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseGrant {
+    pub(crate) granted: u64,
+    pub(crate) remaining: u64,
+    pub(crate) retry_after: Option<Micros>,
+    pub(crate) window: Micros,
+    pub(crate) window_end_after: Micros,
+}
+
 /// Why a store call failed, as counted in `tollgate_store_errors_total{kind}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StoreFailure {
@@ -97,6 +116,39 @@ impl Store {
         }
     }
 
+    /// Whether this store can lease units (a shared store: leasing a local one saves nothing).
+    pub(crate) fn can_lease(&self) -> bool {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(_) => false,
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => true,
+        }
+    }
+
+    /// One lease call (see `tollgate_redis::RedisStore::lease`).
+    pub(crate) async fn lease(
+        &self,
+        client: &ClientKey,
+        rule: &tollgate_core::Rule,
+        request: LeaseCall,
+        now: Micros,
+        timeout: Duration,
+    ) -> Result<LeaseGrant, StoreFailure> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(_) => {
+                let _ = (client, rule, request, now, timeout);
+                Err(StoreFailure {
+                    kind: "other",
+                    message: "the memory store does not lease".into(),
+                })
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.lease(client, rule, request, now, timeout).await,
+        }
+    }
+
     pub(crate) async fn ping(&self, timeout: Duration) -> Result<(), StoreFailure> {
         match self {
             #[cfg(feature = "memory")]
@@ -146,6 +198,40 @@ impl LazyRedis {
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(failure(&e)),
+            Err(_) => Err(StoreFailure {
+                kind: "timeout",
+                message: format!("no answer within {timeout:?}"),
+            }),
+        }
+    }
+
+    async fn lease(
+        &self,
+        client: &ClientKey,
+        rule: &tollgate_core::Rule,
+        request: LeaseCall,
+        now: Micros,
+        timeout: Duration,
+    ) -> Result<LeaseGrant, StoreFailure> {
+        let call = async {
+            let store = self.get().await?;
+            let req = tollgate_redis::LeaseRequest {
+                want: request.want,
+                need: request.need,
+                give_back: request.give_back,
+                give_back_window: request.window,
+            };
+            store.lease(client, rule, req, now).await
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(l)) => Ok(LeaseGrant {
+                granted: l.granted,
+                remaining: l.remaining,
+                retry_after: l.retry_after,
+                window: l.window,
+                window_end_after: l.window_end_after,
+            }),
             Ok(Err(e)) => Err(failure(&e)),
             Err(_) => Err(StoreFailure {
                 kind: "timeout",
