@@ -9,11 +9,11 @@
 //! `RateLimit-Policy` and `RateLimit`. The service is always ready and never queues: load
 //! shedding beats waiting for capacity that a limited client must not get.
 //!
-//! ```no_run
+//! ```
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use tollgate::{Algorithm, IdentityHasher, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
 //! use tollgate_tower::{RateLimitLayer, RoutedPolicy};
-//! let limiter = Limiter::new(LimiterConfig::default()).await?;
+//! let limiter = Limiter::new(LimiterConfig::default());
 //! let api = limiter.policy(PolicySpec::new(
 //!     "api",
 //!     Limit::new(Algorithm::TokenBucket, Quota::per_minute(100)?)?,
