@@ -4,7 +4,7 @@
 //! # Data structure
 //!
 //! Keys are `(ClientKey, rule.id())`. The store is a fixed array of shards, each a
-//! `Mutex` over an open-addressing table (linear probing, backward-shift deletion). The shard
+//! `RwLock` over an open-addressing table (linear probing, backward-shift deletion). The shard
 //! is chosen by a seeded hash of the **client only**, so every rule of one client lives in one
 //! shard and a request checked against several policies takes exactly one lock: the checks
 //! are decided all-or-nothing under it, and there is no lock ordering to get wrong.
@@ -17,13 +17,21 @@
 //! counters live in a per-shard slab. Every decision is computed by the tollgate-core
 //! functions on that exact state: the store only loads, calls, and stores back.
 //!
-//! # Why a lock per shard and not a compare-and-swap per key
+//! # Atomicity: a read-write lock per shard, a compare-and-swap per key
 //!
-//! A CAS loop on a packed word (what governor does) still needs a lock or a concurrent map to
-//! find the word, cannot decide several keys all-or-nothing, and cannot evict safely without
-//! more machinery. A short critical section over 64 cache-padded shards costs the same two
-//! atomic operations per check as an uncontended read lock plus a CAS would, and is exact by
-//! construction: no lost update, whatever the algorithm. `docs/benchmarks.md` has the numbers.
+//! Each shard sits behind a `RwLock`. The common case, one check on a key already present
+//! whose state is inline, holds it **shared**: for GCRA (one word of state) the update is a
+//! compare-and-swap loop on the slot's time word, as governor does; for the other inline
+//! states (two words) a lock bit in the slot's own meta word guards the few nanoseconds of the
+//! update. Readers never block each other, so a thread preempted mid-check (common on a busy
+//! machine) stalls nobody but callers of the very same key, and only for two-word states.
+//!
+//! Everything else holds the lock **exclusively**: inserting a key (and evicting for it), a
+//! state in the slab (sliding logs), a rule or limit the shard has not seen, a policy whose
+//! algorithm changed, and every multi-rule request (decided all-or-nothing under it). The
+//! exclusive holder waits for all shared holders, so it never sees a slot mid-update. Either
+//! way a check is one atomic read-modify-write of the state: no lost update, for any
+//! algorithm; `docs/benchmarks.md` has the numbers.
 //!
 //! # Bounded memory and eviction
 //!
@@ -32,8 +40,9 @@
 //! Each table grows by doubling up to `ceil(bound x 5/4) + 1` slots (load factor at most 4/5),
 //! so at the bound a key costs 32 / 0.8 = 40 bytes of table, plus the slab for sliding logs.
 //!
-//! There is no background sweep and nothing to call: every insert, and every eighth check,
-//! moves the shard's clock hand over a couple of slots and removes the keys that are **idle**
+//! There is no background sweep and nothing to call: every insert (in its shard), and one in
+//! 64 of a thread's checks (in the next shard in turn, when its lock is free at that moment),
+//! moves a shard's clock hand over a few slots and removes the keys that are **idle**
 //! (their state equals a fresh one since at least `idle_grace`; the grace absorbs clocks of
 //! concurrent callers that differ by a little). The work per operation is constant whatever
 //! the number of keys.
@@ -68,11 +77,12 @@ mod shard;
 mod table;
 
 use shard::Shard;
+use std::cell::Cell;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
-use tollgate_core::{duration_to_micros, Check, ClientKey, Micros, Verdict};
+use tollgate_core::{duration_to_micros, Check, ClientKey, Decision, Micros, Verdict};
 
 pub use shard::EVICTION_SAMPLE;
 
@@ -118,7 +128,7 @@ impl Default for MemoryConfig {
 /// One shard and its published counters, on its own cache lines.
 #[repr(align(128))]
 struct Padded {
-    shard: Mutex<Shard>,
+    shard: RwLock<Shard>,
     len: AtomicUsize,
     untracked: AtomicU64,
 }
@@ -159,7 +169,7 @@ impl MemoryStore {
             .map(|i| {
                 let bound = config.max_keys / n + usize::from(i < config.max_keys % n);
                 Padded {
-                    shard: Mutex::new(Shard::new(bound, seed, grace, config.when_full)),
+                    shard: RwLock::new(Shard::new(bound, seed, grace, config.when_full)),
                     len: AtomicUsize::new(0),
                     untracked: AtomicU64::new(0),
                 }
@@ -176,26 +186,44 @@ impl MemoryStore {
     /// Decides `checks` for one client all-or-nothing, at `now` (microseconds since the
     /// epoch): when every check allows, all are charged; otherwise none is.
     pub fn check(&self, client: &ClientKey, checks: &[Check<'_>], now: Micros) -> Verdict {
-        let (lo, hi) = halves(client);
-        let ch = table::client_hash(self.seed, lo, hi);
-        let padded = &self.shards[self.shard_of(ch)];
         if let [one] = checks {
-            // Allocate before taking the lock: the critical section is only the decision.
+            // Allocate before taking any lock: the critical section is only the decision.
             let mut decisions = Vec::with_capacity(1);
-            let mut shard = lock(&padded.shard);
-            let d = shard.check_one(lo, hi, ch, one, now);
-            publish(padded, &shard);
-            drop(shard);
+            let d = self.check_one(client, one, now);
             decisions.push(d);
             return Verdict {
                 allowed: d.allowed,
                 decisions,
             };
         }
-        let mut shard = lock(&padded.shard);
+        let (lo, hi) = halves(client);
+        let ch = table::client_hash(self.seed, lo, hi);
+        let padded = &self.shards[self.shard_of(ch)];
+        let mut shard = write(&padded.shard);
         let verdict = shard.check_many(lo, hi, ch, checks, now);
         publish(padded, &shard);
         verdict
+    }
+
+    /// [`MemoryStore::check`] for a single check, returning its decision without allocating a
+    /// [`Verdict`]: the same decision and the same charge.
+    pub fn check_one(&self, client: &ClientKey, check: &Check<'_>, now: Micros) -> Decision {
+        let (lo, hi) = halves(client);
+        let ch = table::client_hash(self.seed, lo, hi);
+        let padded = &self.shards[self.shard_of(ch)];
+        let shared = read(&padded.shard).check_shared(lo, hi, ch, check, now);
+        match shared {
+            Some(d) => {
+                self.sweep_now_and_then(now);
+                d
+            }
+            None => {
+                let mut shard = write(&padded.shard);
+                let d = shard.check_one(lo, hi, ch, check, now);
+                publish(padded, &shard);
+                d
+            }
+        }
     }
 
     /// Keys tracked now (the `tollgate_memory_keys` metric); never above `max_keys`.
@@ -224,6 +252,22 @@ impl MemoryStore {
             .iter()
             .map(|p| p.untracked.load(Ordering::Relaxed))
             .sum()
+    }
+
+    fn sweep_now_and_then(&self, now: Micros) {
+        let n = CHECKS.with(|c| {
+            let n = c.get().wrapping_add(1);
+            c.set(n);
+            n
+        });
+        if !n.is_multiple_of(SWEEP_PERIOD) {
+            return;
+        }
+        let padded = &self.shards[(n / SWEEP_PERIOD) as usize % self.shards.len()];
+        if let Ok(mut shard) = padded.shard.try_write() {
+            shard.sweep(now, shard::SWEEP_ON_CHECK, 0, 0);
+            publish(padded, &shard);
+        }
     }
 
     fn shard_of(&self, client_hash: u64) -> usize {
@@ -257,8 +301,22 @@ fn publish(padded: &Padded, shard: &Shard) {
     padded.untracked.store(shard.untracked, Ordering::Relaxed);
 }
 
-fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+fn read(m: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
     // A panic inside a check leaves the shard's table consistent (every write is one slot);
     // keep serving rather than failing every later request.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    m.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write(m: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    m.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Checks that stay on the shared path do not sweep the shard they use; instead one in
+/// [`SWEEP_PERIOD`] of a thread's checks sweeps a few slots of the next shard in turn (so cold
+/// shards are swept too), if its lock is free right now (never waiting for it). The counter is
+/// per thread, so it costs no shared write.
+const SWEEP_PERIOD: u32 = 64;
+
+thread_local! {
+    static CHECKS: Cell<u32> = const { Cell::new(0) };
 }

@@ -52,9 +52,13 @@ pub enum Kind {
     Slab = 6,
 }
 
+/// The bit of a meta word that a check holding the shard lock shared sets while it updates a
+/// two-word state in place. Never set while the lock is held exclusively.
+pub const LOCKED: u64 = 1 << 63;
+
 /// Reads the kind of a slot from its meta word.
 pub fn kind(meta: u64) -> Kind {
-    match meta >> KIND_SHIFT {
+    match (meta >> KIND_SHIFT) & 7 {
         1 => Kind::FixedWindow,
         2 => Kind::TokenBucket,
         3 => Kind::LeakyBucket,

@@ -3,15 +3,16 @@
 //! (or several, all-or-nothing) atomic.
 
 use crate::packed::{self, Kind, MAX_RULES};
-use crate::table::{slot_hash, Slot, Table};
+use crate::table::{slot_hash, Raw, Slot, Table};
 use crate::WhenFull;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use tollgate_core::algorithms::GcraState;
 use tollgate_core::{Check, Decision, Limit, Micros, Rule, State, Verdict};
 
 /// Slots the incremental sweep looks at on each insert.
 const SWEEP_ON_INSERT: usize = 2;
-/// Slots the incremental sweep looks at every [`SWEEP_EVERY`] checks.
-const SWEEP_ON_CHECK: usize = 1;
-const SWEEP_EVERY: u32 = 4;
+/// Slots the incremental sweep looks at when a check finds the shard lock free.
+pub const SWEEP_ON_CHECK: usize = 16;
 /// Used slots a full shard samples for a victim before giving up.
 pub const EVICTION_SAMPLE: usize = 32;
 
@@ -24,8 +25,10 @@ struct Item {
     owner: usize,
 }
 
-/// The state of one shard.
+/// The state of one shard. Aligned to a cache line of its own so that the lock word next to it
+/// (written by every check) does not share a line with this read-mostly data.
 #[derive(Debug)]
+#[repr(align(64))]
 pub struct Shard {
     table: Table,
     bound: usize,
@@ -35,7 +38,6 @@ pub struct Shard {
     free: Vec<usize>,
     grace: Micros,
     when_full: WhenFull,
-    ops: u32,
     /// Decisions taken against a fresh state without being recorded (see the crate docs).
     pub untracked: u64,
 }
@@ -52,7 +54,6 @@ impl Shard {
             free: Vec::new(),
             grace,
             when_full,
-            ops: 0,
             untracked: 0,
         }
     }
@@ -82,7 +83,7 @@ impl Shard {
     }
 
     fn load(&self, i: usize) -> State {
-        let s = self.table.slot(i);
+        let s = self.table.raw(i);
         match packed::decode(s.meta, s.time) {
             Some(state) => state,
             None => self.slab[to_index(packed::value(s.meta))].clone(),
@@ -90,16 +91,14 @@ impl Shard {
     }
 
     fn store(&mut self, i: usize, state: State) {
-        let s = *self.table.slot(i);
+        let s = self.table.raw(i);
         let rule = packed::rule(s.meta);
         if packed::kind(s.meta) == Kind::Slab {
             self.slab[to_index(packed::value(s.meta))] = state;
             return;
         }
         let (meta, time) = self.pack(rule, state);
-        let slot = self.table.slot_mut(i);
-        slot.meta = meta;
-        slot.time = time;
+        self.table.set_state(i, meta, time);
     }
 
     /// The meta and time words for a state, moving it to the slab when it does not fit.
@@ -121,7 +120,7 @@ impl Shard {
     }
 
     fn evict(&mut self, i: usize) {
-        let meta = self.table.slot(i).meta;
+        let meta = self.table.raw(i).meta;
         if packed::kind(meta) == Kind::Slab {
             let j = to_index(packed::value(meta));
             // Drop the state's heap memory now; the index is reused.
@@ -134,7 +133,7 @@ impl Shard {
     /// When the key at `i` becomes equal to a fresh one. A state of another algorithm than its
     /// rule's is reset by the next check anyway, so it counts as idle.
     fn idle_at(&self, i: usize) -> Micros {
-        let limit = &self.limits[usize::from(packed::rule(self.table.slot(i).meta))];
+        let limit = &self.limits[usize::from(packed::rule(self.table.raw(i).meta))];
         let state = self.load(i);
         if state.algorithm() != limit.algorithm {
             return 0;
@@ -145,7 +144,7 @@ impl Shard {
     /// When the key at `i` is limited now (a request of one unit would be denied): how long
     /// until that request would pass.
     fn limited_for(&self, i: usize, now: Micros) -> Option<Micros> {
-        let limit = &self.limits[usize::from(packed::rule(self.table.slot(i).meta))];
+        let limit = &self.limits[usize::from(packed::rule(self.table.raw(i).meta))];
         let mut state = self.load(i);
         let d = limit.check(&mut state, now, 1, false);
         (!d.allowed).then(|| d.retry_after.unwrap_or(Micros::MAX))
@@ -156,13 +155,13 @@ impl Shard {
     }
 
     /// Looks at up to `n` slots from the clock hand and evicts those that are idle.
-    fn sweep(&mut self, now: Micros, n: usize, lo: u64, hi: u64) {
+    pub fn sweep(&mut self, now: Micros, n: usize, lo: u64, hi: u64) {
         if self.table.capacity() == 0 {
             return;
         }
         for _ in 0..n {
             let i = self.table.hand;
-            let s = self.table.slot(i);
+            let s = self.table.raw(i);
             let mine = s.lo == lo && s.hi == hi;
             if self.table.is_used(i) && !mine && self.is_idle(self.idle_at(i), now) {
                 // The backward shift may move an unseen entry into i: look at i again.
@@ -194,7 +193,7 @@ impl Shard {
                 continue;
             }
             seen += 1;
-            let s = self.table.slot(i);
+            let s = self.table.raw(i);
             if s.lo == lo && s.hi == hi {
                 continue;
             }
@@ -223,7 +222,7 @@ impl Shard {
     /// Inserts a key known to be absent after [`Shard::make_room`] succeeded.
     fn insert(&mut self, lo: u64, hi: u64, rule: u16, hash: u64, state: State) {
         let (meta, time) = self.pack(rule, state);
-        self.table.insert(Slot { lo, hi, meta, time }, hash);
+        self.table.insert(Raw { lo, hi, meta, time }, hash);
     }
 
     /// What a full table answers for a new key: under `Deny`, a denial that says when a
@@ -236,10 +235,64 @@ impl Shard {
         }
     }
 
-    fn tick_ops(&mut self, now: Micros, lo: u64, hi: u64) {
-        self.ops = self.ops.wrapping_add(1);
-        if self.ops.is_multiple_of(SWEEP_EVERY) {
-            self.sweep(now, SWEEP_ON_CHECK, lo, hi);
+    /// The index of a rule this shard already knows with this very limit (read-only).
+    fn known_rule(&self, rule: &Rule) -> Option<u16> {
+        let i = self.rule_ids.iter().position(|&r| r == rule.id())?;
+        (self.limits[i] == *rule.limit()).then_some(())?;
+        u16::try_from(i).ok()
+    }
+
+    /// Decides and charges one check holding the shard lock **shared**: for a key already
+    /// present with its state inline. A GCRA state is one word, updated by compare-and-swap; a
+    /// two-word state is updated under a lock bit in its own slot. `None` means "take the lock
+    /// exclusively" (new key, slab state, new rule or limit, algorithm change); nothing was
+    /// written then.
+    pub fn check_shared(
+        &self,
+        lo: u64,
+        hi: u64,
+        ch: u64,
+        check: &Check<'_>,
+        now: Micros,
+    ) -> Option<Decision> {
+        let limit = check.rule.limit();
+        let rule = self.known_rule(check.rule)?;
+        let slot = self
+            .table
+            .slot(self.table.find(lo, hi, rule, slot_hash(ch, rule))?);
+        match packed::kind(slot.meta.load(Relaxed)) {
+            Kind::Gcra => loop {
+                // Under a shared lock a GCRA slot's meta word never changes: the time word is
+                // the whole state.
+                let tat = slot.time.load(Acquire);
+                let mut state = State::Gcra(GcraState { tat });
+                let d = limit.check(&mut state, now, check.cost, true);
+                let State::Gcra(GcraState { tat: new }) = state else {
+                    return None;
+                };
+                if new == tat
+                    || slot
+                        .time
+                        .compare_exchange_weak(tat, new, Release, Relaxed)
+                        .is_ok()
+                {
+                    return Some(d);
+                }
+            },
+            Kind::Empty | Kind::Slab => None,
+            _ => {
+                let guard = SlotLock::acquire(slot);
+                let meta = guard.meta;
+                let mut state = packed::decode(meta, slot.time.load(Relaxed))?;
+                let d = limit.check(&mut state, now, check.cost, true);
+                let (kind, value, time) = packed::encode(&state)?;
+                if kind != packed::kind(meta) {
+                    return None;
+                }
+                slot.time.store(time, Relaxed);
+                guard.release(packed::meta(kind, packed::rule(meta), value));
+                Some(d)
+            }
         }
     }
 
@@ -252,7 +305,6 @@ impl Shard {
         check: &Check<'_>,
         now: Micros,
     ) -> Decision {
-        self.tick_ops(now, lo, hi);
         let limit = check.rule.limit();
         let Some(rule) = self.rule_index(check.rule) else {
             self.untracked += 1;
@@ -261,7 +313,7 @@ impl Shard {
         let hash = slot_hash(ch, rule);
         match self.table.find(lo, hi, rule, hash) {
             Some(i) => {
-                let meta = self.table.slot(i).meta;
+                let meta = self.table.raw(i).meta;
                 if packed::kind(meta) == Kind::Slab {
                     let state = &mut self.slab[to_index(packed::value(meta))];
                     return limit.check(state, now, check.cost, true);
@@ -298,7 +350,6 @@ impl Shard {
         checks: &[Check<'_>],
         now: Micros,
     ) -> Verdict {
-        self.tick_ops(now, lo, hi);
         let mut items: Vec<Item> = Vec::with_capacity(checks.len());
         let mut states: Vec<State> = Vec::with_capacity(checks.len());
         for (i, c) in checks.iter().enumerate() {
@@ -385,6 +436,48 @@ impl Shard {
             }
         }
         Verdict { allowed, decisions }
+    }
+}
+
+/// The lock bit of one slot, held by a check under the shared shard lock. Dropping it
+/// without [`SlotLock::release`] (an early return, a panic in a check) restores the meta word
+/// as it was, so a slot is never left locked.
+struct SlotLock<'a> {
+    slot: &'a Slot,
+    meta: u64,
+}
+
+impl<'a> SlotLock<'a> {
+    fn acquire(slot: &'a Slot) -> Self {
+        let mut spins = 0u32;
+        loop {
+            let meta = slot.meta.load(Relaxed);
+            if meta & packed::LOCKED == 0
+                && slot
+                    .meta
+                    .compare_exchange_weak(meta, meta | packed::LOCKED, Acquire, Relaxed)
+                    .is_ok()
+            {
+                return Self { slot, meta };
+            }
+            spins += 1;
+            if spins.is_multiple_of(64) {
+                // The holder may be preempted: let it run.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    fn release(mut self, meta: u64) {
+        self.meta = meta;
+    }
+}
+
+impl Drop for SlotLock<'_> {
+    fn drop(&mut self) {
+        self.slot.meta.store(self.meta, Release);
     }
 }
 

@@ -8,6 +8,7 @@
 //! index from where it left off.
 
 use crate::packed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Slots per used key at the final capacity: the load factor is kept at or below 4/5.
 const LOAD_NUM: usize = 4;
@@ -15,22 +16,57 @@ const LOAD_DEN: usize = 5;
 const MIN_CAPACITY: usize = 16;
 
 /// One entry: the client key, then the packed state (see [`crate::packed`]). All zero is free.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+///
+/// The words are atomics so that checks holding the shard's lock *shared* can update a state in
+/// place (see `Shard::check_shared`); everything that moves or frees slots holds it exclusively.
+#[derive(Debug, Default)]
 #[repr(C, align(32))]
 pub struct Slot {
+    /// Low half of the client key.
+    pub lo: AtomicU64,
+    /// High half of the client key.
+    pub hi: AtomicU64,
+    /// Value, rule index and kind; zero means the slot is free.
+    pub meta: AtomicU64,
+    /// The time field of the state (or 0 for slab entries).
+    pub time: AtomicU64,
+}
+
+/// The plain contents of a slot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Raw {
     /// Low half of the client key.
     pub lo: u64,
     /// High half of the client key.
     pub hi: u64,
-    /// Value, rule index and kind; zero means the slot is free.
+    /// Value, rule index and kind.
     pub meta: u64,
-    /// The time field of the state (or 0 for slab entries).
+    /// The time field.
     pub time: u64,
 }
 
 impl Slot {
     fn is_free(&self) -> bool {
-        self.meta == 0
+        self.meta.load(Relaxed) == 0
+    }
+
+    /// The slot's words. Under the exclusive lock they are stable; under the shared lock the
+    /// key and the rule index are.
+    pub fn raw(&self) -> Raw {
+        Raw {
+            lo: self.lo.load(Relaxed),
+            hi: self.hi.load(Relaxed),
+            meta: self.meta.load(Relaxed),
+            time: self.time.load(Relaxed),
+        }
+    }
+
+    /// Overwrites the slot (exclusive access).
+    pub fn set(&mut self, r: Raw) {
+        *self.lo.get_mut() = r.lo;
+        *self.hi.get_mut() = r.hi;
+        *self.meta.get_mut() = r.meta;
+        *self.time.get_mut() = r.time;
     }
 }
 
@@ -97,9 +133,16 @@ impl Table {
         &self.slots[i]
     }
 
-    /// The slot at `i`, to update its state in place.
-    pub fn slot_mut(&mut self, i: usize) -> &mut Slot {
-        &mut self.slots[i]
+    /// The contents of slot `i`.
+    pub fn raw(&self, i: usize) -> Raw {
+        self.slots[i].raw()
+    }
+
+    /// Overwrites the state words of slot `i` (exclusive access).
+    pub fn set_state(&mut self, i: usize, meta: u64, time: u64) {
+        let s = &mut self.slots[i];
+        *s.meta.get_mut() = meta;
+        *s.time.get_mut() = time;
     }
 
     /// Whether slot `i` holds a key.
@@ -117,10 +160,11 @@ impl Table {
         // The load factor stays below one, so a free slot ends every probe.
         loop {
             let s = &self.slots[i];
-            if s.is_free() {
+            let meta = s.meta.load(Relaxed);
+            if meta == 0 {
                 return None;
             }
-            if s.lo == lo && s.hi == hi && packed::rule(s.meta) == rule {
+            if s.lo.load(Relaxed) == lo && s.hi.load(Relaxed) == hi && packed::rule(meta) == rule {
                 return Some(i);
             }
             i += 1;
@@ -132,8 +176,8 @@ impl Table {
 
     /// Adds a key known to be absent. The caller keeps `len` within the shard's bound, which
     /// the capacity was sized for.
-    pub fn insert(&mut self, slot: Slot, hash: u64) {
-        debug_assert!(!slot.is_free());
+    pub fn insert(&mut self, slot: Raw, hash: u64) {
+        debug_assert!(slot.meta != 0);
         if (self.len + 1) * LOAD_DEN > self.slots.len() * LOAD_NUM {
             self.grow();
         }
@@ -141,7 +185,7 @@ impl Table {
         self.len += 1;
     }
 
-    fn place(slots: &mut [Slot], slot: Slot, hash: u64) {
+    fn place(slots: &mut [Slot], slot: Raw, hash: u64) {
         let cap = slots.len();
         let mut i = reduce(hash, cap);
         while !slots[i].is_free() {
@@ -150,10 +194,10 @@ impl Table {
                 i = 0;
             }
         }
-        slots[i] = slot;
+        slots[i].set(slot);
     }
 
-    fn home(&self, s: &Slot, cap: usize) -> usize {
+    fn home(&self, s: &Raw, cap: usize) -> usize {
         let ch = client_hash(self.seed, s.lo, s.hi);
         reduce(slot_hash(ch, packed::rule(s.meta)), cap)
     }
@@ -161,8 +205,9 @@ impl Table {
     fn grow(&mut self) {
         let cap = self.slots.len();
         let new_cap = (cap * 2).clamp(MIN_CAPACITY, self.max_capacity.max(cap + 1));
-        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); new_cap]);
-        for s in old.into_iter().filter(|s| !s.is_free()) {
+        let fresh = (0..new_cap).map(|_| Slot::default()).collect();
+        let old = std::mem::replace(&mut self.slots, fresh);
+        for s in old.iter().map(Slot::raw).filter(|s| s.meta != 0) {
             let ch = client_hash(self.seed, s.lo, s.hi);
             Self::place(&mut self.slots, s, slot_hash(ch, packed::rule(s.meta)));
         }
@@ -180,10 +225,11 @@ impl Table {
             if j == cap {
                 j = 0;
             }
-            if self.slots[j].is_free() {
+            let moving = self.slots[j].raw();
+            if moving.meta == 0 {
                 break;
             }
-            let k = self.home(&self.slots[j], cap);
+            let k = self.home(&moving, cap);
             // The entry at j may fill the hole at i unless its home lies cyclically in (i, j].
             let stays = if i <= j {
                 i < k && k <= j
@@ -191,11 +237,11 @@ impl Table {
                 i < k || k <= j
             };
             if !stays {
-                self.slots[i] = self.slots[j];
+                self.slots[i].set(moving);
                 i = j;
             }
         }
-        self.slots[i] = Slot::default();
+        self.slots[i].set(Raw::default());
         self.len -= 1;
     }
 
@@ -215,8 +261,8 @@ mod tests {
     use super::*;
     use crate::packed::{meta, Kind};
 
-    fn slot(n: u64, rule: u16) -> Slot {
-        Slot {
+    fn slot(n: u64, rule: u16) -> Raw {
+        Raw {
             lo: n,
             hi: n.wrapping_mul(31),
             meta: meta(Kind::Gcra, rule, 0),
@@ -224,14 +270,14 @@ mod tests {
         }
     }
 
-    fn hash(t: &Table, s: &Slot) -> u64 {
+    fn hash(t: &Table, s: &Raw) -> u64 {
         slot_hash(client_hash(t.seed, s.lo, s.hi), packed::rule(s.meta))
     }
 
     #[test]
     fn every_key_stays_findable_through_growth_and_removal() {
         let mut t = Table::new(5_000, [1, 2]);
-        let keys: Vec<Slot> = (0..5_000).map(|n| slot(n, (n % 3) as u16)).collect();
+        let keys: Vec<Raw> = (0..5_000).map(|n| slot(n, (n % 3) as u16)).collect();
         for s in &keys {
             assert_eq!(t.find(s.lo, s.hi, packed::rule(s.meta), hash(&t, s)), None);
             t.insert(*s, hash(&t, s));
@@ -250,7 +296,7 @@ mod tests {
             if n % 3 == 0 {
                 assert_eq!(found, None);
             } else {
-                assert_eq!(found.map(|i| *t.slot(i)), Some(*s));
+                assert_eq!(found.map(|i| t.raw(i)), Some(*s));
             }
         }
         assert_eq!(t.len(), 5_000 - 5_000usize.div_ceil(3));
