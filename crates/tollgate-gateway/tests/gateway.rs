@@ -362,3 +362,39 @@ fn check_config_names_file_line_and_key_and_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains(":2:10: server.listen:"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_store_is_503_for_closed_policies_and_allowed_for_open_ones_never_500() {
+    let dead = free_port();
+    let body = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{dead}\"\ntimeout = \"200ms\"\n\
+         [[policy]]\nname = \"login\"\nmatch = {{ path_prefix = \"/login\" }}\non_failure = \"closed\"\n\
+         algorithm = \"gcra\"\nlimit = 5\nperiod = \"1m\"\n\
+         [[policy]]\nname = \"reads\"\nmatch = {{ path_prefix = \"/read\" }}\non_failure = \"open\"\n\
+         algorithm = \"gcra\"\nlimit = 5\nperiod = \"1m\"\n"
+    );
+    let gw = Gateway::start("", &body);
+    let c = client();
+    for _ in 0..8 {
+        let a = get(&c, &gw.url("/login"), &[]).await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.text());
+        let retry: u64 = a.header("retry-after").parse().expect("Retry-After");
+        assert!(retry >= 1);
+        assert_eq!(a.header("content-type"), "application/problem+json");
+        let a = get(&c, &gw.url("/read"), &[]).await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    assert_eq!(
+        get(&c, &gw.admin_url("/readyz"), &[]).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+    assert!(
+        m.contains("tollgate_decisions_total{policy=\"login\",outcome=\"failed_closed\"} 8"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tollgate_decisions_total{policy=\"reads\",outcome=\"failed_open\"} 8"),
+        "{m}"
+    );
+}
