@@ -79,6 +79,15 @@ impl Ours {
         self.check_n(key, 1)
     }
 
+    /// The same check through `check_one`, which returns the decision without a `Verdict`.
+    fn check_one(&self, key: &ClientKey) -> bool {
+        let check = Check {
+            rule: &self.rule,
+            cost: 1,
+        };
+        self.store.check_one(key, &check, self.clock.now()).allowed
+    }
+
     fn check_n(&self, key: &ClientKey, cost: u64) -> bool {
         let checks = [Check {
             rule: &self.rule,
@@ -203,6 +212,17 @@ fn time_ours(f: &Fixture, threads: usize, random: bool, iters: u64) -> Duration 
     }
 }
 
+fn time_ours_one(f: &Fixture, threads: usize, random: bool, iters: u64) -> Duration {
+    let hot = f.all[0];
+    if random {
+        run(threads, iters, |rng| {
+            f.ours.check_one(&f.all[rng.below(KEYS)])
+        })
+    } else {
+        run(threads, iters, |_| f.ours.check_one(&hot))
+    }
+}
+
 fn time_governor(f: &Fixture, threads: usize, random: bool, iters: u64) -> Duration {
     let hot = f.all[0];
     if random {
@@ -236,33 +256,33 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-/// The paired comparison: for each configuration, 40 rounds, each timing a block of checks on
-/// one limiter then the same block on the other (the order alternating), so that load on the
-/// shared machine changing over seconds hits both alike. Prints the medians and the median of
-/// the per-round ratios as a markdown table.
+/// The paired comparison: for each configuration, 60 rounds, each timing a block of checks on
+/// each limiter in turn (the order rotating), so that load on the shared machine changing over
+/// seconds hits all alike. Prints the medians and the median of the per-round ratios as a
+/// markdown table; `check_one` is the same check without building a `Verdict`.
 fn paired() {
     let f = fixture();
-    println!("\n## paired: ns per check, median of 40 alternating rounds");
-    println!("| configuration | tollgate ns/check | governor ns/check | ratio tollgate/governor |");
-    println!("|---|---:|---:|---:|");
+    println!("\n## paired: ns per check, median of 60 rotating rounds");
+    println!("| configuration | tollgate `check` | governor `check_key` | ratio | tollgate `check_one` | ratio |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    type Timer = fn(&Fixture, usize, bool, u64) -> Duration;
+    let timers: [Timer; 3] = [time_ours, time_governor, time_ours_one];
     for (_, threads, random) in CONFIGS {
         let block: u64 = if random { 50_000 } else { 200_000 };
-        let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-        for round in 0..40 {
-            let (a, b) = if round % 2 == 0 {
-                let a = time_ours(f, threads, random, block);
-                (a, time_governor(f, threads, random, block))
-            } else {
-                let b = time_governor(f, threads, random, block);
-                (time_ours(f, threads, random, block), b)
-            };
-            let (a, b) = (
-                a.as_nanos() as f64 / block as f64,
-                b.as_nanos() as f64 / block as f64,
-            );
-            ours.push(a);
-            theirs.push(b);
-            ratios.push(a / b);
+        let mut ns: [Vec<f64>; 3] = Default::default();
+        let (mut ratio, mut ratio_one) = (Vec::new(), Vec::new());
+        for round in 0..60 {
+            let mut t = [0.0; 3];
+            for k in 0..3 {
+                let which = (round + k) % 3;
+                let d = timers[which](f, threads, random, block);
+                t[which] = d.as_nanos() as f64 / block as f64;
+            }
+            for (v, x) in ns.iter_mut().zip(t) {
+                v.push(x);
+            }
+            ratio.push(t[0] / t[1]);
+            ratio_one.push(t[2] / t[1]);
         }
         let label = if random {
             "1,000,000 random keys"
@@ -270,11 +290,14 @@ fn paired() {
             "one hot key"
         };
         let plural = if threads > 1 { "s" } else { "" };
+        let [a, b, c] = &mut ns;
         println!(
-            "| {label}, {threads} thread{plural} | {:.1} | {:.1} | {:.2} |",
-            median(&mut ours),
-            median(&mut theirs),
-            median(&mut ratios)
+            "| {label}, {threads} thread{plural} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |",
+            median(a),
+            median(b),
+            median(&mut ratio),
+            median(c),
+            median(&mut ratio_one)
         );
     }
     // Every check of the run was admitted, for both: the comparison is of the same work.
