@@ -47,7 +47,8 @@ pub fn check(
     if cost > limit {
         return d;
     }
-    if count + cost <= limit {
+    // `count + cost <= limit`, without overflow when the stored count is out of range.
+    if count <= limit && cost <= limit - count {
         d.allowed = true;
         d.remaining = limit - count - cost;
         d.reset_after = reset(count + cost);

@@ -34,13 +34,15 @@ pub fn check(q: &Quota, state: &mut GcraState, now: Micros, cost: u64, commit: b
         return d;
     }
     let need = cost * t;
-    let new_used = used + need;
+    // `used` is unbounded when the clock stepped far back; saturate rather than overflow.
+    let new_used = used.saturating_add(need);
     if new_used <= capacity {
         d.allowed = true;
         d.remaining = (capacity - new_used) / t;
         d.reset_after = new_used;
         if commit && cost > 0 {
-            state.tat = now + new_used;
+            // Saturates only within 2^52 us of u64::MAX (half a million years from now).
+            state.tat = now.saturating_add(new_used);
         }
     } else {
         d.retry_after = Some(new_used - capacity);

@@ -34,11 +34,14 @@ pub fn check(
     } else {
         (state.level - drained, state.last + drained * t)
     };
+    // `now - last` is the partial unit drained so far (less than `t`; 0 when empty). The level
+    // may exceed `burst` when the quota shrank since it was stored, hence the saturation.
+    let partial = now - last;
     let empty_after = |level: u64| {
         if level == 0 {
             0
         } else {
-            last + level * t - now
+            level.saturating_mul(t) - partial
         }
     };
     let mut d = Decision {
@@ -51,7 +54,7 @@ pub fn check(
     if cost > burst {
         return d;
     }
-    if level + cost <= burst {
+    if level <= burst && cost <= burst - level {
         let new_level = level + cost;
         d.allowed = true;
         d.remaining = burst - new_level;
@@ -63,7 +66,8 @@ pub fn check(
             };
         }
     } else {
-        d.retry_after = Some(last + (level + cost - burst) * t - now);
+        let overflow = level.saturating_add(cost) - burst;
+        d.retry_after = Some(overflow.saturating_mul(t) - partial);
     }
     d
 }

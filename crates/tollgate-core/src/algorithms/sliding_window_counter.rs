@@ -70,7 +70,8 @@ pub fn check(
     if cost > limit {
         return d;
     }
-    if current + cost <= limit && used(current + cost) <= budget {
+    let fits_count = current <= limit && cost <= limit - current;
+    if fits_count && used(current + cost) <= budget {
         d.allowed = true;
         d.remaining = remaining(current + cost);
         d.reset_after = reset(current + cost);
@@ -91,11 +92,13 @@ pub fn check(
         let fits = u128::from(room) * p128 / u128::from(weight);
         p - u64::try_from(fits.min(p128)).unwrap_or(p)
     };
-    let at = if current + cost > limit {
+    let at = if !fits_count {
         // Only the next window can take it; there the current count becomes the previous.
-        ws + p + earliest(current, limit - cost)
+        // Saturates only in the last window before u64::MAX.
+        ws.saturating_add(p)
+            .saturating_add(earliest(current, limit - cost))
     } else {
-        ws + earliest(previous, limit - current - cost)
+        ws.saturating_add(earliest(previous, limit - current - cost))
     };
     d.retry_after = Some(at - now);
     d

@@ -51,7 +51,7 @@ pub fn check(
         .entries
         .iter()
         .skip_while(|e| now >= p && e.at <= horizon);
-    let in_window: u64 = live.clone().map(|e| e.units).sum();
+    let in_window = live.clone().fold(0u64, |n, e| n.saturating_add(e.units));
     let mut d = Decision {
         allowed: false,
         limit,
@@ -66,7 +66,7 @@ pub fn check(
     if cost > limit {
         return d;
     }
-    if in_window + cost <= limit {
+    if in_window <= limit && cost <= limit - in_window {
         d.allowed = true;
         d.remaining = limit - in_window - cost;
         if cost > 0 {
@@ -81,7 +81,7 @@ pub fn check(
                 state.entries.pop_front();
             }
             match state.entries.back_mut() {
-                Some(last) if last.at == now => last.units += cost,
+                Some(last) if last.at == now => last.units = last.units.saturating_add(cost),
                 _ => state.entries.push_back(LogEntry {
                     at: now,
                     units: cost,
@@ -91,7 +91,7 @@ pub fn check(
         return d;
     }
     // Drop the oldest live entries until the request fits; the last one dropped decides.
-    let mut excess = in_window + cost - limit;
+    let mut excess = in_window.saturating_add(cost) - limit;
     let mut at = now;
     for e in live {
         at = e.at;
@@ -100,7 +100,8 @@ pub fn check(
         }
         excess -= e.units;
     }
-    d.retry_after = Some(at + p - now);
+    // `at` is live: now - period < at <= now, so this is positive and cannot overflow.
+    d.retry_after = Some(p - (now - at));
     d
 }
 

@@ -44,11 +44,15 @@ pub fn check(
     } else {
         (state.tokens + n, state.last + n * t)
     };
+    // `now - last` is the partial token accrued so far (less than `t`; 0 when full), so the
+    // differences below never go negative, and nothing adds to `last` (no overflow near
+    // u64::MAX). `burst * t` is bounded by the quota (MAX_BURST_SPAN).
+    let partial = now - last;
     let full_after = |tokens: u64| {
         if tokens >= burst {
             0
         } else {
-            last + (burst - tokens) * t - now
+            (burst - tokens) * t - partial
         }
     };
     let mut d = Decision {
@@ -70,7 +74,7 @@ pub fn check(
             *state = TokenBucketState { tokens: left, last };
         }
     } else {
-        d.retry_after = Some(last + (cost - tokens) * t - now);
+        d.retry_after = Some((cost - tokens) * t - partial);
     }
     d
 }
