@@ -6,6 +6,7 @@
 
 mod duration;
 mod error;
+mod policy;
 mod raw;
 mod validate;
 

@@ -2,12 +2,12 @@
 //! value that fails is replaced by its default so later checks can still run.
 
 use super::error::Reporter;
-use super::raw::{RawConfig, RawIdentity, RawPolicy, RawServer, RawStore, S};
+use super::policy::policy;
+use super::raw::{RawConfig, RawIdentity, RawServer, RawStore, S};
 use super::*;
 use crate::config::duration::{parse_duration, DURATION_HELP};
 use ipnet::IpNet;
 use std::collections::HashSet;
-use tollgate::{Algorithm, Quota};
 use tollgate_tower::ForwardHeader;
 use toml::Spanned;
 
@@ -74,7 +74,7 @@ pub(crate) fn validate(
 }
 
 /// The value of an optional spanned field, checked by `f`; the default when absent or wrong.
-fn field<T, U>(
+pub(super) fn field<T, U>(
     r: &mut Reporter<'_>,
     key: &str,
     v: &S<T>,
@@ -93,14 +93,14 @@ fn field<T, U>(
     }
 }
 
-fn positive(v: &i64, what: &str) -> Result<u64, String> {
+pub(super) fn positive(v: &i64, what: &str) -> Result<u64, String> {
     u64::try_from(*v)
         .ok()
         .filter(|n| *n >= 1)
         .ok_or_else(|| format!("{v} is not allowed; {what} must be a positive integer"))
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
+pub(super) fn duration(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.is_zero() {
         return Err(format!("must be longer than zero; {DURATION_HELP}"));
@@ -108,7 +108,7 @@ fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn one_of<T: Copy>(s: &str, options: &[(&str, T)]) -> Result<T, String> {
+pub(super) fn one_of<T: Copy>(s: &str, options: &[(&str, T)]) -> Result<T, String> {
     options
         .iter()
         .find(|(n, _)| *n == s)
@@ -129,12 +129,16 @@ fn server(r: &mut Reporter<'_>, raw: RawServer) -> ServerConfig {
         r,
         "server.listen",
         &raw.listen,
-        ([127, 0, 0, 1], 8080).into(), |s| addr(s));
+        ([127, 0, 0, 1], 8080).into(),
+        |s| addr(s),
+    );
     let admin_listen = field(
         r,
         "server.admin_listen",
         &raw.admin_listen,
-        ([127, 0, 0, 1], 9090).into(), |s| addr(s));
+        ([127, 0, 0, 1], 9090).into(),
+        |s| addr(s),
+    );
     let upstream = field(r, "server.upstream", &raw.upstream, None, |s| {
         upstream(s).map(Some)
     });
@@ -142,7 +146,9 @@ fn server(r: &mut Reporter<'_>, raw: RawServer) -> ServerConfig {
         r,
         "server.upstream_timeout",
         &raw.upstream_timeout,
-        Duration::from_secs(30), |s| duration(s));
+        Duration::from_secs(30),
+        |s| duration(s),
+    );
     ServerConfig {
         listen,
         admin_listen,
@@ -178,7 +184,7 @@ fn upstream(s: &str) -> Result<Upstream, String> {
     })
 }
 
-fn failure_policy(s: &str) -> Result<FailurePolicy, String> {
+pub(super) fn failure_policy(s: &str) -> Result<FailurePolicy, String> {
     one_of(
         s,
         &[
@@ -262,7 +268,9 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
         r,
         "store.timeout",
         &raw.timeout,
-        Duration::from_millis(20), |s| duration(s));
+        Duration::from_millis(20),
+        |s| duration(s),
+    );
     let key_prefix = field(
         r,
         "store.key_prefix",
@@ -285,7 +293,9 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
         r,
         "store.on_failure",
         &raw.on_failure,
-        FailurePolicy::Open, |s| failure_policy(s));
+        FailurePolicy::Open,
+        |s| failure_policy(s),
+    );
     let local_divisor = field(r, "store.local_divisor", &raw.local_divisor, 20, |v| {
         positive(v, "local_divisor")
     });
@@ -304,7 +314,9 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
             r,
             "store.breaker.open_for",
             &b.open_for,
-            breaker.open_for, |s| duration(s));
+            breaker.open_for,
+            |s| duration(s),
+        );
     }
     StoreConfig {
         backend,
@@ -317,7 +329,7 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
     }
 }
 
-fn sources(
+pub(super) fn sources(
     r: &mut Reporter<'_>,
     key: &str,
     list: &Spanned<Vec<Spanned<String>>>,
@@ -428,250 +440,4 @@ fn expand_env(s: &str, env: &impl Fn(&str) -> Option<String>) -> Result<String, 
     }
     out.push_str(rest);
     Ok(out)
-}
-
-fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-}
-
-fn policy(
-    r: &mut Reporter<'_>,
-    i: usize,
-    span: std::ops::Range<usize>,
-    raw: RawPolicy,
-    store: &StoreConfig,
-) -> Option<PolicyConfig> {
-    let k = |name: &str| format!("policy[{i}].{name}");
-    let before = r.errors.len();
-    let name = match &raw.name {
-        None => {
-            r.at(
-                span.clone(),
-                k("name"),
-                "is missing; every policy needs a name matching [A-Za-z0-9_-]+",
-            );
-            String::new()
-        }
-        Some(n) => {
-            if !valid_name(n.get_ref()) {
-                r.at(
-                    n.span(),
-                    k("name"),
-                    format!(
-                        "{:?} is not allowed; expected 1 to 64 characters from [A-Za-z0-9_-]",
-                        n.get_ref()
-                    ),
-                );
-            }
-            n.get_ref().clone()
-        }
-    };
-    let (path_prefix, methods) = match &raw.matches {
-        None => ("/".to_string(), Vec::new()),
-        Some(m) => {
-            let m = m.get_ref();
-            let prefix = field(
-                r,
-                &k("match.path_prefix"),
-                &m.path_prefix,
-                "/".to_string(),
-                |s| {
-                    if s.starts_with('/') {
-                        Ok(s.clone())
-                    } else {
-                        Err(format!(
-                            "{s:?} is not allowed; expected a path starting with \"/\""
-                        ))
-                    }
-                },
-            );
-            let mut methods = Vec::new();
-            for mth in m
-                .methods
-                .as_ref()
-                .map(|l| l.get_ref().as_slice())
-                .unwrap_or(&[])
-            {
-                match Method::from_bytes(mth.get_ref().to_ascii_uppercase().as_bytes()) {
-                    Ok(x) => methods.push(x),
-                    Err(_) => r.at(
-                        mth.span(),
-                        k("match.methods"),
-                        format!(
-                            "{:?} is not an HTTP method; expected e.g. \"GET\", \"POST\"",
-                            mth.get_ref()
-                        ),
-                    ),
-                }
-            }
-            (prefix, methods)
-        }
-    };
-    let algorithm = match &raw.algorithm {
-        None => {
-            r.at(span.clone(), k("algorithm"), "is missing; expected one of fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, gcra");
-            None
-        }
-        Some(a) => match a.get_ref().parse::<Algorithm>() {
-            Ok(alg) => Some(alg),
-            Err(e) => {
-                r.at(a.span(), k("algorithm"), e.to_string());
-                None
-            }
-        },
-    };
-    let limit = match &raw.limit {
-        None => {
-            r.at(
-                span.clone(),
-                k("limit"),
-                "is missing; expected a positive integer (units per period)",
-            );
-            None
-        }
-        Some(l) => match positive(l.get_ref(), "limit") {
-            Ok(n) => Some(n),
-            Err(m) => {
-                r.at(l.span(), k("limit"), m);
-                None
-            }
-        },
-    };
-    let period = match &raw.period {
-        None => {
-            r.at(
-                span.clone(),
-                k("period"),
-                format!("is missing; {DURATION_HELP}"),
-            );
-            None
-        }
-        Some(p) => match duration(p.get_ref()) {
-            Ok(d) => Some(d),
-            Err(m) => {
-                r.at(p.span(), k("period"), m);
-                None
-            }
-        },
-    };
-    let burst = field(r, &k("burst"), &raw.burst, None, |v| {
-        positive(v, "burst").map(Some)
-    });
-    let cost = field(r, &k("cost"), &raw.cost, 1, |v| {
-        u64::try_from(*v)
-            .map_err(|_| format!("{v} is not allowed; cost must be 0 or a positive integer"))
-    });
-    let identity = raw.identity.as_ref().map(|l| sources(r, &k("identity"), l));
-    let on_failure = field(
-        r,
-        &k("on_failure"),
-        &raw.on_failure,
-        store.on_failure, |s| failure_policy(s));
-    let local_divisor = field(
-        r,
-        &k("local_divisor"),
-        &raw.local_divisor,
-        store.local_divisor,
-        |v| positive(v, "local_divisor"),
-    );
-    let shadow = raw.shadow.as_ref().is_some_and(|s| *s.get_ref());
-    let lease = field(r, &k("sync"), &raw.sync, false, |s| {
-        one_of(s, &[("exact", false), ("lease", true)])
-    });
-    let ttl = field(
-        r,
-        &k("lease_ttl"),
-        &raw.lease_ttl,
-        Duration::from_millis(200), |s| duration(s));
-    let max = field(r, &k("lease_max"), &raw.lease_max, 1000, |v| {
-        positive(v, "lease_max")
-    });
-    if !lease {
-        for (key, present) in [
-            ("lease_ttl", raw.lease_ttl.as_ref().map(|s| s.span())),
-            ("lease_max", raw.lease_max.as_ref().map(|s| s.span())),
-        ] {
-            if let Some(sp) = present {
-                r.at(sp, k(key), "only applies with sync = \"lease\"");
-            }
-        }
-    }
-    let sync = if lease {
-        SyncMode::Lease { ttl, max }
-    } else {
-        SyncMode::Exact
-    };
-    // The quota: errors go to the key that caused them.
-    let (Some(algorithm), Some(limit_n), Some(period)) = (algorithm, limit, period) else {
-        return None;
-    };
-    let quota = match Quota::new(limit_n, period) {
-        Ok(q) => q,
-        Err(e) => {
-            let (key, sp) = match e {
-                tollgate::QuotaError::ZeroLimit
-                | tollgate::QuotaError::LimitTooLarge
-                | tollgate::QuotaError::RateTooHigh => {
-                    ("limit", raw.limit.as_ref().map(|s| s.span()))
-                }
-                _ => ("period", raw.period.as_ref().map(|s| s.span())),
-            };
-            r.at(sp.unwrap_or(span), k(key), e.to_string());
-            return None;
-        }
-    };
-    let quota = match burst {
-        None => quota,
-        Some(b) => match quota.with_burst(b) {
-            Ok(q) => q,
-            Err(e) => {
-                r.at(
-                    raw.burst.as_ref().map_or(span.clone(), |s| s.span()),
-                    k("burst"),
-                    e.to_string(),
-                );
-                return None;
-            }
-        },
-    };
-    let limit = match Limit::new(algorithm, quota) {
-        Ok(l) => l,
-        Err(m) => {
-            r.at(
-                raw.limit.as_ref().map_or(span.clone(), |s| s.span()),
-                k("limit"),
-                m,
-            );
-            return None;
-        }
-    };
-    let capacity = match algorithm {
-        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => quota.burst(),
-        _ => quota.limit(),
-    };
-    if cost > capacity {
-        r.at(
-            raw.cost.as_ref().map_or(span.clone(), |s| s.span()),
-            k("cost"),
-            format!("{cost} can never be admitted; cost must be at most {capacity} (the burst of bucket algorithms, the limit of window algorithms)"),
-        );
-    }
-    if r.errors.len() > before {
-        return None;
-    }
-    Some(PolicyConfig {
-        name,
-        path_prefix,
-        methods,
-        limit,
-        cost,
-        identity,
-        on_failure,
-        local_divisor,
-        shadow,
-        sync,
-    })
 }
