@@ -47,11 +47,21 @@ pub fn check(
     let now = now.max(state.newest());
     // Entries at or before `horizon` are out of the window (now - period, now].
     let horizon = now.saturating_sub(p);
-    let live = state
+    // Timestamps are increasing: a binary search finds the first live entry, and the sum
+    // runs over plain slices (the only O(entries) part of a decision).
+    let first_live = state
         .entries
-        .iter()
-        .skip_while(|e| now >= p && e.at <= horizon);
-    let in_window = live.clone().fold(0u64, |n, e| n.saturating_add(e.units));
+        .partition_point(|e| now >= p && e.at <= horizon);
+    let live = state.entries.range(first_live..);
+    let (front, back) = state.entries.as_slices();
+    // Summed in u128 (no overflow for any count of u64 entries), saturated back to u64.
+    let units = |s: &[LogEntry]| s.iter().map(|e| u128::from(e.units)).sum::<u128>();
+    let total = if first_live <= front.len() {
+        units(&front[first_live..]) + units(back)
+    } else {
+        units(&back[first_live - front.len()..])
+    };
+    let in_window = u64::try_from(total).unwrap_or(u64::MAX);
     let mut d = Decision {
         allowed: false,
         limit,
