@@ -155,3 +155,13 @@ fn bad_types_env_and_sections_are_errors() {
     assert!(errors("[[policy]]\nlimit = 1.5\n")[0].contains("policy[0].limit"));
     assert!(errors("this is not toml")[0].starts_with("error: t.toml:1:"));
 }
+
+#[test]
+fn the_documented_example_config_is_valid() {
+    let text = include_str!("../../../../docs/tollgate.example.toml");
+    let c = validate::validate("docs/tollgate.example.toml", text, |n| {
+        (n == "TOLLGATE_SECRET").then(|| "s".to_string())
+    })
+    .expect("the example config validates");
+    assert_eq!(c.policies.len(), 2);
+}
