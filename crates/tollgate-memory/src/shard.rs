@@ -12,7 +12,7 @@ use tollgate_core::{Check, Decision, Limit, Micros, Rule, State, Verdict};
 /// Slots the incremental sweep looks at on each insert.
 const SWEEP_ON_INSERT: usize = 2;
 /// Slots the incremental sweep looks at when a check finds the shard lock free.
-pub const SWEEP_ON_CHECK: usize = 16;
+pub const SWEEP_ON_CHECK: usize = 32;
 /// Used slots a full shard samples for a victim before giving up.
 pub const EVICTION_SAMPLE: usize = 32;
 

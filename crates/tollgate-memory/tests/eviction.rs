@@ -197,7 +197,7 @@ fn idle_keys_are_dropped_by_normal_traffic() {
     assert_eq!(store.len(), 20_000);
     // An hour later, requests from five thousand other clients sweep the old keys out.
     let later = T0 + 3_600_000_000;
-    for n in 0..400_000 {
+    for n in 0..800_000 {
         check(&store, &client(1_000_000 + n % 5_000), &r, 1, later + n);
     }
     // What remains is the five thousand active clients: the twenty thousand old keys are gone.
