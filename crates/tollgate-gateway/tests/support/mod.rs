@@ -49,39 +49,47 @@ pub struct Gateway {
 impl Gateway {
     /// Starts `tollgate serve` with `[server] listen/admin_listen` filled in and `body`
     /// appended (which must not contain a `[server]` table; use `server_extra` for keys).
+    /// Ports are picked free and, should another process take one first, picked again.
     pub fn start(server_extra: &str, body: &str) -> Gateway {
-        let port = free_port();
-        let admin_port = free_port();
-        let text = format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\n{server_extra}\n{body}"
-        );
-        let config = scratch("gateway.toml");
-        std::fs::write(&config, text).expect("write config");
-        let log = scratch("gateway.log");
-        let stderr = std::fs::File::create(&log).expect("log file");
-        let child = tollgate()
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn tollgate serve");
-        let mut g = Gateway {
-            child,
-            port,
-            admin_port,
-            log,
-        };
-        g.wait_healthy();
-        g
+        let mut last_log = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let admin_port = free_port();
+            let text = format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\n{server_extra}\n{body}"
+            );
+            let config = scratch("gateway.toml");
+            std::fs::write(&config, text).expect("write config");
+            let log = scratch("gateway.log");
+            let stderr = std::fs::File::create(&log).expect("log file");
+            let child = tollgate()
+                .arg("serve")
+                .arg("--config")
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("spawn tollgate serve");
+            let mut g = Gateway {
+                child,
+                port,
+                admin_port,
+                log,
+            };
+            match g.wait_healthy() {
+                Ok(()) => return g,
+                Err(log) if log.contains("cannot listen") => last_log = log,
+                Err(log) => panic!("tollgate serve did not start: {log}"),
+            }
+        }
+        panic!("tollgate serve could not bind free ports: {last_log}");
     }
 
-    fn wait_healthy(&mut self) {
+    fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("tollgate serve exited with {status}: {}", self.log_text());
+                return Err(format!("exited with {status}: {}", self.log_text()));
             }
             if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.admin_port)) {
                 use std::io::{Read, Write};
@@ -92,13 +100,13 @@ impl Gateway {
                     let mut buf = String::new();
                     let _ = s.read_to_string(&mut buf);
                     if buf.starts_with("HTTP/1.1 200") {
-                        return;
+                        return Ok(());
                     }
                 }
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("tollgate serve did not become healthy: {}", self.log_text());
+        Err(format!("not healthy within 20 s: {}", self.log_text()))
     }
 
     pub fn url(&self, path: &str) -> String {
