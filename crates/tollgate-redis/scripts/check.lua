@@ -62,15 +62,15 @@ end
 -- 1. Validate every argument.
 local now
 if ARGV[1] == '' then
-  -- TIME is not deterministic: replicate the effects, not the script (default since 5.0).
-  redis.replicate_commands()
+  -- TIME is not deterministic: Redis >= 5 replicates a script's effects, not the script.
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 else
   now = int(1, 0, MAX_INT - 1, 'now')
 end
-local algs, limits, periods, bursts, intervals, costs = {}, {}, {}, {}, {}, {}
-for i = 1, n do
+
+-- Policy i's arguments, checked: algorithm, limit, period, burst, interval, cost.
+local function policy(i)
   local b = 5 * i - 3
   local name = ARGV[b]
   local alg = ALGORITHMS[name]
@@ -90,14 +90,40 @@ for i = 1, n do
   if burst * t > MAX_BURST_SPAN then
     fail('policy ' .. i .. ': burst x interval exceeds 2^52 us')
   end
-  if name == 'sliding_window_log' and limit > MAX_LOG_LIMIT then
+  if alg == sliding_window_log and limit > MAX_LOG_LIMIT then
     fail('policy ' .. i .. ': sliding_window_log limit exceeds ' .. MAX_LOG_LIMIT)
   end
-  if name == 'sliding_window_counter' and limit * p > MAX_INT then
+  if alg == sliding_window_counter and limit * p > MAX_INT then
     fail('policy ' .. i .. ': sliding_window_counter needs limit x period <= 2^53')
   end
-  algs[i], limits[i], periods[i], bursts[i], intervals[i] = alg, limit, p, burst, t
-  costs[i] = int(b + 4, 0, MAX_INT, 'cost')
+  return alg, limit, p, burst, t, int(b + 4, 0, MAX_INT, 'cost')
+end
+
+local function expire_ms(idle_at)
+  local ms = ttl_ms(idle_at, now)
+  if ms < ttl_floor then
+    return ttl_floor
+  end
+  return ms
+end
+
+-- One policy (the common case): the same steps without the bookkeeping of several.
+if n == 1 then
+  local alg, limit, p, burst, t, cost = policy(1)
+  local ok, remaining, reset, retry, value, idle_at =
+    alg(redis.call('GET', KEYS[1]), now, limit, p, burst, t, cost)
+  if ok then
+    if cost > 0 then
+      redis.call('SET', KEYS[1], value, 'PX', expire_ms(idle_at))
+    end
+    return { 1, remaining, reset, retry }
+  end
+  return { 0, remaining, reset, retry }
+end
+
+local algs, limits, periods, bursts, intervals, costs = {}, {}, {}, {}, {}, {}
+for i = 1, n do
+  algs[i], limits[i], periods[i], bursts[i], intervals[i], costs[i] = policy(i)
 end
 
 -- 2. Read every key (one slot: MGET is valid in a cluster).
@@ -124,11 +150,7 @@ end
 if all then
   for i = 1, n do
     if costs[i] > 0 then
-      local ms = ttl_ms(idles[i], now)
-      if ms < ttl_floor then
-        ms = ttl_floor
-      end
-      redis.call('SET', KEYS[i], values[i], 'PX', ms)
+      redis.call('SET', KEYS[i], values[i], 'PX', expire_ms(idles[i]))
     end
   end
 else

@@ -1,6 +1,11 @@
 -- leaky_bucket.lua: leaky bucket as a meter, ported from tollgate-core's
 -- algorithms/leaky_bucket.rs.
 --
+-- KEYS and ARGV: run by check.lua for policy i with KEYS[i] = this state key and
+-- ARGV[5i-3 .. 5i+1] = 'leaky_bucket', limit, period (us), burst, cost (see check.lua, which also says
+-- why this is a Lua script). This file only decides: it returns the new value and the
+-- instant it becomes idle, and check.lua writes it (SET ... PX) when every policy allows.
+--
 -- State: one string key, 15 bytes: "L", level (7 bytes), last (7 bytes), big-endian
 -- integers: the units in the bucket at `last`, the instant the partial unit being drained
 -- started. Missing (or another algorithm's value) is an empty bucket: level 0, last 0.

@@ -20,6 +20,8 @@
 --          would be.
 -- ARGV[8]  give back: unused units of the previous lease.
 -- ARGV[9]  the window the given-back units were taken in (fixed_window; 0 otherwise).
+-- ARGV[10] (optional) a floor in milliseconds for PX, as in check.lua (tests that drive a
+--          local clock at another pace than Redis' own).
 --
 -- Reply: granted, remaining (after the grant), reset_after (us), retry_after (us; -1 when
 --        nothing was denied or `need` can never be met), window (the fixed window the grant
@@ -48,8 +50,12 @@ local function int(i, lo, hi, what)
   return x
 end
 
-if #KEYS ~= 1 or #ARGV ~= 9 then
+if #KEYS ~= 1 or (#ARGV ~= 9 and #ARGV ~= 10) then
   fail('expected 1 key and 9 arguments')
+end
+local ttl_floor = 0
+if #ARGV == 10 then
+  ttl_floor = int(10, 0, MAX_PERIOD, 'ttl floor')
 end
 local now
 if ARGV[1] == '' then
@@ -58,6 +64,14 @@ if ARGV[1] == '' then
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 else
   now = int(1, 0, MAX_INT - 1, 'now')
+end
+-- PX for a key idle at `idle_at`, never below the floor.
+local function expire_ms(idle_at)
+  local ms = ttl_ms(idle_at, now)
+  if ms < ttl_floor then
+    return ttl_floor
+  end
+  return ms
 end
 local name = ARGV[2]
 local alg = LEASABLE[name]
@@ -164,11 +178,11 @@ end
 
 -- 3. Write: the grant (which includes the give-back), or the give-back alone.
 if granted > 0 then
-  redis.call('SET', KEYS[1], value, 'PX', ttl_ms(idle_at, now))
+  redis.call('SET', KEYS[1], value, 'PX', expire_ms(idle_at))
 elseif changed then
   if raw then
     local _, _, r = alg(raw, now, limit, p, burst, t, 0)
-    redis.call('SET', KEYS[1], raw, 'PX', ttl_ms(now + r, now))
+    redis.call('SET', KEYS[1], raw, 'PX', expire_ms(now + r))
   else
     redis.call('DEL', KEYS[1])
   end

@@ -1,6 +1,11 @@
 -- token_bucket.lua: token bucket with lazy integer refill, ported from tollgate-core's
 -- algorithms/token_bucket.rs.
 --
+-- KEYS and ARGV: run by check.lua for policy i with KEYS[i] = this state key and
+-- ARGV[5i-3 .. 5i+1] = 'token_bucket', limit, period (us), burst, cost (see check.lua, which also says
+-- why this is a Lua script). This file only decides: it returns the new value and the
+-- instant it becomes idle, and check.lua writes it (SET ... PX) when every policy allows.
+--
 -- State: one string key, 15 bytes: "T", tokens (7 bytes), last (7 bytes), big-endian
 -- integers: the whole tokens in hand at `last`, the instant the partial token being accrued
 -- started. Missing (or another algorithm's value) is a full bucket: tokens = burst, last = 0.

@@ -81,6 +81,9 @@ impl RedisStore {
                 .arg(request.need)
                 .arg(request.give_back)
                 .arg(request.give_back_window);
+            if let Some(ms) = self.ttl_floor_ms() {
+                cmd.arg(ms);
+            }
         };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&s.sha);

@@ -149,6 +149,11 @@ impl RedisStore {
         }
     }
 
+    /// The PX floor set by [`RedisStore::with_ttl_floor`], in milliseconds.
+    pub(crate) fn ttl_floor_ms(&self) -> Option<u64> {
+        self.ttl_floor_ms
+    }
+
     /// The clock this store decides with.
     pub fn clock(&self) -> StoreClock {
         self.clock

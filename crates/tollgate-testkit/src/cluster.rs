@@ -22,7 +22,10 @@ impl RedisCluster {
     /// Starts `masters` masters with `replicas_per_master` replicas each (0 or 1 in practice),
     /// creates the cluster and waits (bounded) until every node reports `cluster_state:ok`.
     pub fn start(masters: usize, replicas_per_master: usize) -> Self {
-        assert!(masters >= 3, "redis-cli --cluster create needs at least 3 masters");
+        assert!(
+            masters >= 3,
+            "redis-cli --cluster create needs at least 3 masters"
+        );
         let extra: Vec<String> = [
             "--cluster-enabled",
             "yes",
@@ -108,7 +111,11 @@ impl RedisCluster {
     /// currently sees it.
     pub fn master_of_key(&self, key: &str) -> Option<usize> {
         let probe = self.nodes.iter().find(|n| n.is_up())?;
-        let slot: u32 = probe.cli(&["cluster", "keyslot", key]).trim().parse().ok()?;
+        let slot: u32 = probe
+            .cli(&["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .ok()?;
         let table = probe.cli(&["cluster", "nodes"]);
         for line in table.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();

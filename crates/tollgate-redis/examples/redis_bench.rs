@@ -1,0 +1,179 @@
+//! Decisions per second and latency of `RedisStore::check` against a running Redis: `callers`
+//! concurrent tasks, each request for a random one of `clients` clients, one policy
+//! (100 per minute) of the chosen algorithm, store clock. `scripts/bench-redis` runs it beside
+//! redis-benchmark; see docs/benchmarks.md.
+//!
+//! ```text
+//! redis_bench --url redis://127.0.0.1:PORT --algorithm gcra [--requests 200000]
+//!             [--callers 64] [--clients 100000] [--connections 1] [--threads 1]
+//! redis_bench --print-script FILE    # writes the Lua text the store loads, prints its SHA1
+//! ```
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tollgate_core::{Algorithm, Check, ClientKey, Limit, Quota, Rule};
+use tollgate_redis::{RedisConfig, RedisStore};
+
+struct Args {
+    url: String,
+    algorithm: Algorithm,
+    requests: usize,
+    callers: usize,
+    clients: u64,
+    connections: usize,
+    threads: usize,
+}
+
+fn parse() -> Result<Option<Args>, String> {
+    let mut args = Args {
+        url: String::new(),
+        algorithm: Algorithm::Gcra,
+        requests: 200_000,
+        callers: 64,
+        clients: 100_000,
+        connections: 1,
+        threads: 1,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let num = |v: &str| v.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--url" => args.url = value,
+            "--algorithm" => args.algorithm = value.parse().map_err(|e| format!("{e}"))?,
+            "--requests" => args.requests = num(&value)?,
+            "--callers" => args.callers = num(&value)?.max(1),
+            "--clients" => args.clients = num(&value)?.max(1) as u64,
+            "--connections" => args.connections = num(&value)?.max(1),
+            "--threads" => args.threads = num(&value)?.max(1),
+            "--print-script" => {
+                std::fs::write(&value, tollgate_redis::script_text())
+                    .map_err(|e| format!("{value}: {e}"))?;
+                println!("{}", tollgate_redis::script_sha());
+                return Ok(None);
+            }
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.url.is_empty() {
+        return Err("--url is required".into());
+    }
+    Ok(Some(args))
+}
+
+/// SplitMix64 step: cheap per-request randomness without a dependency.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+async fn run_phase(
+    stores: &[RedisStore],
+    rule: &Arc<Rule>,
+    args: &Args,
+    requests: usize,
+    seed: u64,
+) -> Result<(Duration, Vec<u32>, usize), String> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for caller in 0..args.callers {
+        let store = stores[caller % stores.len()].clone();
+        let rule = rule.clone();
+        let next = next.clone();
+        let clients = args.clients;
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(requests / 64 + 1);
+            let mut allowed = 0usize;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    break;
+                }
+                let client = ClientKey::from_u128(u128::from(mix(seed ^ i as u64) % clients));
+                let checks = [Check {
+                    rule: &rule,
+                    cost: 1,
+                }];
+                let t = Instant::now();
+                let v = store
+                    .check(&client, &checks, 0)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                latencies.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
+                allowed += usize::from(v.allowed);
+            }
+            Ok::<_, String>((latencies, allowed))
+        }));
+    }
+    let mut all = Vec::with_capacity(requests);
+    let mut allowed = 0;
+    for t in tasks {
+        let (lat, a) = t.await.map_err(|e| e.to_string())??;
+        all.extend(lat);
+        allowed += a;
+    }
+    Ok((start.elapsed(), all, allowed))
+}
+
+async fn bench(args: Args) -> Result<(), String> {
+    let mut stores = Vec::new();
+    for _ in 0..args.connections {
+        let config = RedisConfig::standalone(args.url.clone());
+        stores.push(
+            RedisStore::connect(config)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let quota = Quota::per_minute(100).map_err(|e| e.to_string())?;
+    let limit = Limit::new(args.algorithm, quota)?;
+    let rule = Arc::new(Rule::new(args.algorithm.name(), limit));
+    // Warm up connections, the script cache and the allocator, then measure.
+    run_phase(&stores, &rule, &args, args.requests / 10, 1).await?;
+    let (elapsed, mut lat, allowed) = run_phase(&stores, &rule, &args, args.requests, 2).await?;
+    lat.sort_unstable();
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    println!(
+        "algorithm={} requests={} callers={} clients={} connections={} decisions_per_s={:.0} p50_us={} p99_us={} allowed={}",
+        args.algorithm,
+        lat.len(),
+        args.callers,
+        args.clients,
+        args.connections,
+        lat.len() as f64 / elapsed.as_secs_f64(),
+        pct(0.50),
+        pct(0.99),
+        allowed
+    );
+    Ok(())
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(Some(a)) => a,
+        Ok(None) => return,
+        Err(e) => {
+            eprintln!("redis_bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("redis_bench: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(bench(args)) {
+        eprintln!("redis_bench: {e}");
+        std::process::exit(1);
+    }
+}
