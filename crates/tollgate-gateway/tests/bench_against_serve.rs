@@ -1,0 +1,165 @@
+//! `tollgate bench` against the real `tollgate serve` (decision mode, memory store) on
+//! 127.0.0.1: the gateway must admit no client more than its limit allows, and the bench must
+//! learn the limit from the gateway's `RateLimit-Policy` header by itself.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A `tollgate serve` child process, stopped when dropped.
+struct Gateway {
+    child: Child,
+    listen: SocketAddr,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-bench-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.join(name)
+}
+
+/// A loopback port nothing listens on right now.
+fn free_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    listener.local_addr().expect("local addr")
+}
+
+/// Starts `tollgate serve` with one policy and waits (at most 20 s) until it accepts.
+fn start_gateway(name: &str, policy: &str) -> Gateway {
+    let (listen, admin) = (free_port(), free_port());
+    let config = format!(
+        r#"
+[server]
+listen = "{listen}"
+admin_listen = "{admin}"
+
+[store]
+backend = "memory"
+
+[identity]
+sources = ["header:x-api-key", "ip"]
+secret = "bench-test-secret"
+
+[[policy]]
+name = "api"
+{policy}
+"#
+    );
+    let path = scratch(&format!("{name}.toml"));
+    std::fs::write(&path, config).expect("write config");
+    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tollgate serve");
+    let mut gateway = Gateway { child, listen };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err() {
+        if let Ok(Some(status)) = gateway.child.try_wait() {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = gateway.child.stderr.take() {
+                let _ = pipe.read_to_string(&mut stderr);
+            }
+            panic!("tollgate serve exited with {status}: {stderr}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tollgate serve did not listen on {listen}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    gateway
+}
+
+/// Runs the bench against `gateway` with `args` (split on spaces); returns its JSON report.
+fn bench(gateway: &Gateway, name: &str, args: &str) -> Value {
+    let json = scratch(&format!("{name}.json"));
+    let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("bench")
+        .arg("--target")
+        .arg(format!("http://{}/", gateway.listen))
+        .args(["--json", &json.display().to_string(), "--quiet"])
+        .args(args.split_whitespace())
+        .output()
+        .expect("run tollgate bench");
+    assert!(
+        output.status.success(),
+        "bench failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(&json).expect("json written");
+    serde_json::from_str(&text).expect("valid json")
+}
+
+fn u(value: &Value) -> u64 {
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("not a count: {value}"))
+}
+
+#[test]
+fn the_real_gateway_admits_each_client_exactly_its_limit() {
+    let gateway = start_gateway(
+        "exact",
+        "algorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1h\"",
+    );
+    let report = bench(
+        &gateway,
+        "exact",
+        "--clients 5 --max-requests 100 --duration 1m --connections 4",
+    );
+
+    let accuracy = &report["accuracy"];
+    assert_eq!(accuracy["source"], "header", "{report}");
+    assert_eq!(accuracy["limits"][0]["name"], "api");
+    assert_eq!(u(&accuracy["limits"][0]["limit"]), 5);
+    assert_eq!(u(&accuracy["limits"][0]["period_ms"]), 3_600_000);
+    assert_eq!(u(&accuracy["clients"]), 5);
+    assert_eq!(u(&accuracy["over_admission"]["total"]), 0, "{accuracy}");
+    assert_eq!(u(&accuracy["under_admission"]["total"]), 0, "{accuracy}");
+    assert_eq!(u(&report["status"]["200"]), 25, "{}", report["status"]);
+    let sent = u(&report["requests"]["sent"]);
+    let by_status: u64 = report["status"]
+        .as_object()
+        .map_or(0, |statuses| statuses.values().map(u).sum());
+    assert_eq!(by_status, sent, "every request got an answer");
+}
+
+#[test]
+fn the_real_gateway_never_over_admits_while_refilling() {
+    // 10/s allowed against 30/s offered per client for about 2 s: the allowance grows while
+    // the run lasts, and the gateway must stay under it.
+    let gateway = start_gateway(
+        "refill",
+        "algorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nburst = 3",
+    );
+    let report = bench(
+        &gateway,
+        "refill",
+        "--clients 2 --rate 60 --max-requests 120 --duration 1m \
+         --algorithm gcra --limit 10 --period 1s --burst 3",
+    );
+
+    let accuracy = &report["accuracy"];
+    assert_eq!(accuracy["source"], "flags");
+    assert_eq!(u(&accuracy["clients"]), 2);
+    assert_eq!(u(&accuracy["over_admission"]["total"]), 0, "{accuracy}");
+    for client in accuracy["per_client"].as_array().expect("per_client") {
+        assert!(u(&client["admitted"]) >= 3, "the burst at least: {client}");
+    }
+}
