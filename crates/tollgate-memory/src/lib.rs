@@ -38,8 +38,8 @@
 //! `max_keys` is a hard bound: it is split between the shards (their bounds add up to it) and
 //! a shard never holds more than its share, so [`MemoryStore::len`] never exceeds `max_keys`.
 //! (A store at its bound may hold a little less: a shard that fills before the others evicts
-//! within its share. At 1,000,000 keys over 64 shards that is about 0.3%.) `max_keys = 0`
-//! tracks nothing.
+//! within its share. At 1,000,000 keys over 64 shards that is about 0.3%.) A `max_keys` of 0
+//! is taken as 1, and there are never more shards than keys, so every shard can hold one.
 //! Each table grows by doubling up to `ceil(bound x 5/4) + 1` slots (load factor at most 4/5),
 //! so at the bound a key costs 32 / 0.8 = 40 bytes of table, plus the slab for sliding logs.
 //!
@@ -93,7 +93,7 @@ pub use shard::EVICTION_SAMPLE;
 /// Settings of a [`MemoryStore`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryConfig {
-    /// The most keys (client x rule) tracked at once: a hard bound.
+    /// The most keys (client x rule) tracked at once: a hard bound (0 is taken as 1).
     pub max_keys: usize,
     /// Shards (rounded up to a power of two); 0 picks 64, fewer for small `max_keys` so that
     /// each shard holds at least 1024 keys.
@@ -163,7 +163,8 @@ impl Default for MemoryStore {
 
 impl MemoryStore {
     /// A store with the given settings. Tables are allocated as keys arrive.
-    pub fn new(config: MemoryConfig) -> Self {
+    pub fn new(mut config: MemoryConfig) -> Self {
+        config.max_keys = config.max_keys.max(1);
         let n = shard_count(&config);
         let shift = if n == 1 { 64 } else { 64 - n.trailing_zeros() };
         let random = std::collections::hash_map::RandomState::new();
@@ -283,11 +284,16 @@ impl MemoryStore {
 }
 
 fn shard_count(config: &MemoryConfig) -> usize {
-    if config.shards > 0 {
-        return config.shards.next_power_of_two();
-    }
-    let mut n = 64;
-    while n > 1 && config.max_keys / n < 1024 {
+    let mut n = if config.shards > 0 {
+        config.shards.next_power_of_two()
+    } else {
+        let mut n = 64;
+        while n > 1 && config.max_keys / n < 1024 {
+            n /= 2;
+        }
+        n
+    };
+    while n > 1 && n > config.max_keys {
         n /= 2;
     }
     n

@@ -72,6 +72,30 @@ fn a_full_store_never_exceeds_max_keys() {
 }
 
 #[test]
+fn tiny_bounds_and_many_shards_still_track_keys() {
+    let r = rule(Algorithm::Gcra, 10, Duration::from_secs(60));
+    for (max_keys, shards) in [(0, 0), (3, 64), (100, 1_000)] {
+        let store = MemoryStore::new(MemoryConfig {
+            max_keys,
+            shards,
+            ..MemoryConfig::default()
+        });
+        for n in 0..50 {
+            assert!(
+                check(&store, &client(n), &r, 1, T0),
+                "{max_keys}/{shards}: key {n}"
+            );
+        }
+        // Every shard has room for at least one key, so every new key was admitted and
+        // tracked (or replaced one); with more shards than a few keys fill, some evict early.
+        assert!(store.len() <= max_keys.clamp(1, 50), "{max_keys}/{shards}");
+        if max_keys < 10 {
+            assert_eq!(store.len(), max_keys.max(1), "{max_keys}/{shards}");
+        }
+    }
+}
+
+#[test]
 fn a_limited_key_survives_a_flood_of_new_keys() {
     let store = small(1_000);
     for algorithm in Algorithm::ALL {
