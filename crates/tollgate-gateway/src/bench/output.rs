@@ -49,7 +49,7 @@ impl Settings {
             },
             rate: plan.rate,
             connections: plan.connections,
-            identity: args.identity.clone(),
+            identity: format!("header:{}", args.identity),
             duration_ms: plan.duration.as_millis(),
             max_requests: plan.max_requests,
             timeout_ms: plan.timeout.as_millis(),
