@@ -1,6 +1,7 @@
-//! `tollgate bench` against the real `tollgate serve` (decision mode, memory store) on
-//! 127.0.0.1: the gateway must admit no client more than its limit allows, and the bench must
-//! learn the limit from the gateway's `RateLimit-Policy` header by itself.
+//! `tollgate bench` against the real `tollgate serve` (decision mode) on 127.0.0.1: the gateway
+//! must admit no client more than its limit allows, the bench must learn the limit from the
+//! gateway's `RateLimit-Policy` header by itself, and it must see a fleet that does not share
+//! its state (one memory store per gateway) over-admit, while one sharing a Redis does not.
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -9,11 +10,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tollgate_testkit::RedisServer;
+
+const MEMORY: &str = "backend = \"memory\"";
 
 /// A `tollgate serve` child process, stopped when dropped.
 struct Gateway {
     child: Child,
     listen: SocketAddr,
+    admin: SocketAddr,
 }
 
 impl Drop for Gateway {
@@ -35,8 +40,9 @@ fn free_port() -> SocketAddr {
     listener.local_addr().expect("local addr")
 }
 
-/// Starts `tollgate serve` with one policy and waits (at most 20 s) until it accepts.
-fn start_gateway(name: &str, policy: &str) -> Gateway {
+/// Starts `tollgate serve` with a `[store]` body and one policy, and waits (at most 20 s)
+/// until it accepts.
+fn start_gateway(name: &str, store: &str, policy: &str) -> Gateway {
     let (listen, admin) = (free_port(), free_port());
     let config = format!(
         r#"
@@ -45,7 +51,7 @@ listen = "{listen}"
 admin_listen = "{admin}"
 
 [store]
-backend = "memory"
+{store}
 
 [identity]
 sources = ["header:x-api-key", "ip"]
@@ -66,7 +72,11 @@ name = "api"
         .stderr(Stdio::piped())
         .spawn()
         .expect("start tollgate serve");
-    let mut gateway = Gateway { child, listen };
+    let mut gateway = Gateway {
+        child,
+        listen,
+        admin,
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
     while TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err() {
         if let Ok(Some(status)) = gateway.child.try_wait() {
@@ -86,12 +96,16 @@ name = "api"
 }
 
 /// Runs the bench against `gateway` with `args` (split on spaces); returns its JSON report.
-fn bench(gateway: &Gateway, name: &str, args: &str) -> Value {
+fn bench(gateways: &[&Gateway], name: &str, args: &str) -> Value {
+    let targets: Vec<String> = gateways
+        .iter()
+        .map(|gateway| format!("http://{}/", gateway.listen))
+        .collect();
     let json = scratch(&format!("{name}.json"));
     let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("bench")
         .arg("--target")
-        .arg(format!("http://{}/", gateway.listen))
+        .arg(targets.join(","))
         .args(["--json", &json.display().to_string(), "--quiet"])
         .args(args.split_whitespace())
         .output()
@@ -106,6 +120,27 @@ fn bench(gateway: &Gateway, name: &str, args: &str) -> Value {
     serde_json::from_str(&text).expect("valid json")
 }
 
+/// The gateway's decision and store-error counters, for failure messages.
+fn decision_metrics(gateway: &Gateway) -> String {
+    let Ok(mut stream) = TcpStream::connect_timeout(&gateway.admin, Duration::from_secs(2)) else {
+        return "admin unreachable".into();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    if std::io::Write::write_all(&mut stream, request.as_bytes()).is_err() {
+        return "admin write failed".into();
+    }
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text.lines()
+        .filter(|line| {
+            line.starts_with("tollgate_decisions") || line.starts_with("tollgate_store_errors")
+        })
+        .filter(|line| !line.ends_with(" 0"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn u(value: &Value) -> u64 {
     value
         .as_u64()
@@ -116,10 +151,11 @@ fn u(value: &Value) -> u64 {
 fn the_real_gateway_admits_each_client_exactly_its_limit() {
     let gateway = start_gateway(
         "exact",
+        MEMORY,
         "algorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1h\"",
     );
     let report = bench(
-        &gateway,
+        &[&gateway],
         "exact",
         "--clients 5 --max-requests 100 --duration 1m --connections 4",
     );
@@ -146,10 +182,11 @@ fn the_real_gateway_never_over_admits_while_refilling() {
     // the run lasts, and the gateway must stay under it.
     let gateway = start_gateway(
         "refill",
+        MEMORY,
         "algorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nburst = 3",
     );
     let report = bench(
-        &gateway,
+        &[&gateway],
         "refill",
         "--clients 2 --rate 60 --max-requests 120 --duration 1m \
          --algorithm gcra --limit 10 --period 1s --burst 3",
@@ -162,4 +199,56 @@ fn the_real_gateway_never_over_admits_while_refilling() {
     for client in accuracy["per_client"].as_array().expect("per_client") {
         assert!(u(&client["admitted"]) >= 3, "the burst at least: {client}");
     }
+}
+
+const FIVE_PER_HOUR: &str = "algorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1h\"";
+
+#[test]
+fn a_fleet_sharing_one_redis_admits_each_client_its_limit_once() {
+    let redis = RedisServer::start();
+    // A store error must not pass for a decision: fail closed (503, neither admitted nor
+    // limited), with a timeout a loaded test machine meets. The default (20ms, open) admits
+    // on a slow cold start, and the bench rightly reports that as over-admission.
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\non_failure = \"closed\"",
+        redis.url()
+    );
+    let first = start_gateway("fleet-redis-1", &store, FIVE_PER_HOUR);
+    let second = start_gateway("fleet-redis-2", &store, FIVE_PER_HOUR);
+    let report = bench(
+        &[&first, &second],
+        "fleet-redis",
+        "--clients 4 --max-requests 80 --duration 1m",
+    );
+
+    let accuracy = &report["accuracy"];
+    let metrics = format!(
+        "{}\n{}",
+        decision_metrics(&first),
+        decision_metrics(&second)
+    );
+    assert_eq!(
+        u(&accuracy["over_admission"]["total"]),
+        0,
+        "{accuracy}\n{metrics}"
+    );
+    assert_eq!(u(&accuracy["under_admission"]["total"]), 0, "{accuracy}");
+    assert_eq!(u(&report["status"]["200"]), 20, "{}", report["status"]);
+}
+
+#[test]
+fn a_fleet_with_a_memory_store_each_over_admits_and_the_bench_says_by_how_much() {
+    // Each client alternates between the gateways, and each gateway grants it 5 on its own.
+    let first = start_gateway("fleet-memory-1", MEMORY, FIVE_PER_HOUR);
+    let second = start_gateway("fleet-memory-2", MEMORY, FIVE_PER_HOUR);
+    let report = bench(
+        &[&first, &second],
+        "fleet-memory",
+        "--clients 4 --max-requests 80 --duration 1m",
+    );
+
+    let over = &report["accuracy"]["over_admission"];
+    assert_eq!(u(&over["clients"]), 4, "{over}");
+    assert_eq!(u(&over["max"]), 5);
+    assert_eq!(u(&over["total"]), 20);
 }
