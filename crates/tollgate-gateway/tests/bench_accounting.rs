@@ -315,3 +315,23 @@ async fn https_targets_are_refused_as_a_usage_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("https is not supported"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwritable_report_fails_before_any_request_is_sent() {
+    let server = limiter(5, None);
+    let addr = serve(Arc::clone(&server)).await;
+    let missing = scratch("no-such-dir").join("report.json");
+    let output = bench(vec![
+        "--target".into(),
+        format!("http://{addr}/"),
+        "--json".into(),
+        missing.display().to_string(),
+        "--max-requests".into(),
+        "10".into(),
+    ])
+    .await;
+
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot create"));
+    assert_eq!(server.requests.load(Ordering::Relaxed), 0);
+}

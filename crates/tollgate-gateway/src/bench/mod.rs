@@ -15,7 +15,9 @@ mod load;
 mod output;
 mod report;
 
+use std::fs::File;
 use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -41,6 +43,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     let plan = plan_from(&args)?;
     let flagged_limit = limit_from(&args);
+    // Open the output files first: a long run must not end in "cannot write".
+    let json_file = args.json.as_deref().map(create_output).transpose()?;
+    let svg_file = args.svg.as_deref().map(create_output).transpose()?;
     let started_wall = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .context("the system clock is before 1970")?;
@@ -68,16 +73,37 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     std::io::stdout()
         .write_all(report.to_table().as_bytes())
         .context("cannot write the report to stdout")?;
-    if let Some(path) = &args.json {
+    if let Some(output) = json_file {
         let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
-        std::fs::write(path, json + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        output.write(json + "\n")?;
     }
-    if let Some(path) = &args.svg {
-        let svg = chart::render(&report)?;
-        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
+    if let Some(output) = svg_file {
+        output.write(chart::render(&report)?)?;
     }
     Ok(())
+}
+
+/// An output file, created (and so checked) before the run.
+struct OutputFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl OutputFile {
+    fn write(mut self, content: String) -> anyhow::Result<()> {
+        self.file
+            .write_all(content.as_bytes())
+            .and_then(|()| self.file.flush())
+            .with_context(|| format!("cannot write {}", self.path.display()))
+    }
+}
+
+fn create_output(path: &Path) -> anyhow::Result<OutputFile> {
+    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    Ok(OutputFile {
+        path: path.to_owned(),
+        file,
+    })
 }
 
 fn plan_from(args: &BenchArgs) -> anyhow::Result<Plan> {

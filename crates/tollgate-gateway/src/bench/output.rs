@@ -232,7 +232,11 @@ impl Report {
             .iter()
             .map(|(k, v)| format!("{k}: {v}"))
             .collect();
-        let _ = writeln!(out, "status      {}", statuses.join("  "));
+        if statuses.is_empty() {
+            let _ = writeln!(out, "status      no answer");
+        } else {
+            let _ = writeln!(out, "status      {}", statuses.join("  "));
+        }
         if !self.errors.is_empty() {
             let errors: Vec<String> = self
                 .errors
