@@ -203,6 +203,21 @@ impl Limiter {
             .render(out, self.inner.breakers.any_open(), keys);
     }
 
+    /// Connects the store (and loads its scripts) now rather than inside the first requests'
+    /// timeouts, waiting at most `within`. Returns whether it is connected; when it is not,
+    /// requests follow their failure policies and the store is connected on a later call.
+    /// Call it once at startup: a connection and a script load do not fit in a 20 ms request
+    /// timeout on a loaded machine, and a cold start must not trip the breaker.
+    pub async fn connect(&self, within: Duration) -> bool {
+        match self.inner.store.connect(within).await {
+            Ok(()) => true,
+            Err(StoreFailure { kind, message }) => {
+                tracing::warn!(target: "tollgate::store", kind, %message, "store not reachable at startup");
+                false
+            }
+        }
+    }
+
     /// Whether the store answers now and no breaker is open.
     pub async fn ready(&self) -> bool {
         let i = &self.inner;

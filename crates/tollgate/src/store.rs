@@ -160,6 +160,26 @@ impl Store {
             Store::Redis(r) => r.ping(timeout).await,
         }
     }
+
+    /// Connects a remote store (and loads its scripts) if it is not connected yet.
+    pub(crate) async fn connect(&self, within: Duration) -> Result<(), StoreFailure> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(_) => {
+                let _ = within;
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => match tokio::time::timeout(within, r.get()).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(failure(&e)),
+                Err(_) => Err(StoreFailure {
+                    kind: "timeout",
+                    message: format!("not connected within {within:?}"),
+                }),
+            },
+        }
+    }
 }
 
 /// A Redis store connected on first use: a gateway starts (and fails over to its policies)

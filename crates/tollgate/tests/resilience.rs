@@ -301,3 +301,30 @@ async fn the_deny_cache_keeps_an_abusive_client_off_redis_with_the_same_decision
     let hits = cached.metrics().policies()[0].deny_cache_hits();
     assert_eq!(hits, n as u64 - 11);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_at_startup_keeps_the_first_requests_off_the_breaker() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let l = limiter(&server.url(), &clock);
+    let p = policy(&l, "api", 10, FailurePolicy::Open, 1);
+    assert!(l.connect(Duration::from_secs(5)).await);
+    let calls_before = l.metrics().store_calls();
+    assert_eq!(
+        timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
+        Outcome::Allowed
+    );
+    assert_eq!(l.metrics().store_calls(), calls_before + 1);
+    assert_eq!(l.metrics().store_errors("timeout"), 0);
+
+    let mut dead = RedisServer::start();
+    let url = dead.url();
+    dead.kill();
+    let l = limiter(&url, &clock);
+    let started = Instant::now();
+    assert!(!l.connect(Duration::from_secs(1)).await);
+    assert!(started.elapsed() < Duration::from_secs(1) + MARGIN);
+    // Not connected: requests follow their policy, and a failed startup connect did not
+    // count against the breaker.
+    assert!(metrics(&l).contains("tollgate_breaker_open 0\n"));
+}
