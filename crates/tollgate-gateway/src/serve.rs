@@ -133,10 +133,17 @@ pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLaye
     Ok(layer)
 }
 
+/// How long startup waits for a shared store to connect before serving anyway.
+const STARTUP_CONNECT: Duration = Duration::from_secs(2);
+
 /// Runs the gateway until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let limiter = limiter(&config);
     let layer = layer(&config, &limiter)?;
+    // Connect to a shared store before taking traffic, so a cold start does not spend the
+    // first requests' timeouts on a connection and a script load (and trip the breaker).
+    // A store that is down does not stop the gateway: requests follow their failure policy.
+    limiter.connect(STARTUP_CONNECT).await;
     let http_metrics = Arc::new(HttpMetrics::default());
     let target = match &config.server.upstream {
         Some(u) => Target::Proxy(Proxy::new(
