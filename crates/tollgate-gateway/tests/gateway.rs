@@ -398,3 +398,39 @@ async fn a_dead_store_is_503_for_closed_policies_and_allowed_for_open_ones_never
         "{m}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_policies_count_but_never_reject_and_cost_charges_units() {
+    let body = "[[policy]]\nname = \"dry\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nshadow = true\n\
+                [[policy]]\nname = \"heavy\"\nmatch = { path_prefix = \"/export\" }\nalgorithm = \"token_bucket\"\nlimit = 4\nperiod = \"1h\"\ncost = 2\n";
+    let gw = Gateway::start("", body);
+    let c = client();
+    for _ in 0..3 {
+        let a = get(&c, &gw.url("/"), &[]).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(
+            a.header("ratelimit-policy"),
+            "",
+            "shadow policies are not advertised"
+        );
+    }
+    for r in [2, 0] {
+        let a = get(&c, &gw.url("/export"), &[]).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.header("ratelimit-policy"), "\"heavy\";q=4;w=3600");
+        assert!(
+            a.header("ratelimit")
+                .starts_with(&format!("\"heavy\";r={r};")),
+            "{}",
+            a.header("ratelimit")
+        );
+    }
+    let a = get(&c, &gw.url("/export"), &[]).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(a.text().contains("[\"heavy\"]"), "{}", a.text());
+    let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+    assert!(
+        m.contains("tollgate_decisions_total{policy=\"dry\",outcome=\"shadow_limited\"} 5"),
+        "{m}"
+    );
+}
