@@ -10,3 +10,4 @@ pub mod http_util;
 pub mod metrics;
 pub mod proxy;
 pub mod serve;
+pub mod server;
