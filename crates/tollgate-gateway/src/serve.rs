@@ -207,7 +207,7 @@ fn log_start(config: &Config, listener: &TcpListener, admin: &TcpListener) {
                 p.path_prefix,
                 p.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
                 if p.shadow { " shadow" } else { "" },
-                format_args!(" on_failure={}", p.on_failure.as_str()),
+                format_args!(" on_failure={} sync={:?}", p.on_failure.as_str(), p.sync),
             )
         })
         .collect();
