@@ -11,6 +11,25 @@
 //! - `retry_after` is the exact earliest time the same request would pass if nothing else
 //!   happened, and a cost larger than the algorithm can ever admit is denied with none;
 //! - time is integer microseconds; a clock that goes backwards is clamped, never refunded.
+//!
+//! ```
+//! use tollgate_core::{Algorithm, Limit, Quota};
+//!
+//! // 100 per minute, at most 10 at once.
+//! let quota = Quota::per_minute(100)?.with_burst(10)?;
+//! let limit = Limit::new(Algorithm::Gcra, quota)?;
+//! let mut state = limit.fresh();
+//! let now = 1_700_000_000_000_000; // microseconds since the Unix epoch
+//! for _ in 0..10 {
+//!     assert!(limit.check(&mut state, now, 1, true).allowed);
+//! }
+//! let denied = limit.check(&mut state, now, 1, true);
+//! assert!(!denied.allowed);
+//! // Exactly one emission interval (60 s / 100) until the next unit.
+//! assert_eq!(denied.retry_after, Some(600_000));
+//! assert!(limit.check(&mut state, now + 600_000, 1, true).allowed);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![deny(missing_docs)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
