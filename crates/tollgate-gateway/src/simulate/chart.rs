@@ -8,7 +8,7 @@ use std::path::Path;
 
 const ADMITTED: RGBColor = RGBColor(0x1b, 0x9e, 0x4b);
 const REJECTED: RGBColor = RGBColor(0xd6, 0x27, 0x28);
-const BOUNDARY: RGBColor = RGBColor(0x99, 0x99, 0x99);
+const BOUNDARY: RGBColor = RGBColor(0x3b, 0x6e, 0xc4);
 
 /// Draws the chart to `path`.
 pub fn draw(path: &Path, scenario: &Scenario, outcomes: &[Outcome]) -> anyhow::Result<()> {
@@ -49,12 +49,15 @@ fn draw_inner(path: &Path, s: &Scenario, outcomes: &[Outcome]) -> anyhow::Result
             .y_label_formatter(&|v| format!("{v:.0}"))
             .x_label_formatter(&|v| format!("{v}"))
             .light_line_style(WHITE.mix(0.0))
+            .bold_line_style(BLACK.mix(0.08))
             .draw()?;
         let boundaries = window_boundaries(x0, x1, period);
         let mut first = true;
         for b in boundaries {
-            let series = chart.draw_series(LineSeries::new(
+            let series = chart.draw_series(DashedLineSeries::new(
                 [(b, 0.0), (b, y_max)],
+                6,
+                4,
                 BOUNDARY.stroke_width(1),
             ))?;
             if first {
