@@ -6,7 +6,8 @@
 //! ```text
 //! redis_bench --url redis://127.0.0.1:PORT --algorithm gcra [--requests 200000]
 //!             [--callers 64] [--clients 100000] [--connections 1] [--threads 1]
-//! redis_bench --print-script FILE    # writes the Lua text the store loads, prints its SHA1
+//! redis_bench --print-scripts DIR    # writes the Lua texts the store loads (one per
+//!                                    # algorithm, and check.lua), prints "name sha1" lines
 //! ```
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,10 +48,18 @@ fn parse() -> Result<Option<Args>, String> {
             "--clients" => args.clients = num(&value)?.max(1) as u64,
             "--connections" => args.connections = num(&value)?.max(1),
             "--threads" => args.threads = num(&value)?.max(1),
-            "--print-script" => {
-                std::fs::write(&value, tollgate_redis::script_text())
-                    .map_err(|e| format!("{value}: {e}"))?;
-                println!("{}", tollgate_redis::script_sha());
+            "--print-scripts" => {
+                let dir = std::path::Path::new(&value);
+                let write = |name: &str, text: &str| {
+                    std::fs::write(dir.join(format!("{name}.lua")), text)
+                        .map_err(|e| format!("{value}: {e}"))
+                };
+                for a in Algorithm::ALL {
+                    write(a.name(), tollgate_redis::single_script_text(a))?;
+                    println!("{} {}", a.name(), tollgate_redis::single_script_sha(a));
+                }
+                write("check", tollgate_redis::script_text())?;
+                println!("check {}", tollgate_redis::script_sha());
                 return Ok(None);
             }
             other => return Err(format!("unknown flag {other}")),

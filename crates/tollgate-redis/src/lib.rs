@@ -10,8 +10,9 @@
 //! Cluster slot, so the multi-key script is valid on a cluster. Every write sets PX so a key
 //! disappears when its state equals a fresh one; expiry never changes a decision.
 //!
-//! The scripts live in `scripts/*.lua` (one per algorithm plus the `check.lua` driver),
-//! documented with their KEYS and ARGV. They are loaded once and called with EVALSHA; a
+//! The scripts live in `scripts/*.lua` (one file per algorithm, the `check_one.lua` driver
+//! for one policy and the `check.lua` driver for several), documented with their KEYS and
+//! ARGV. They are loaded once and called with EVALSHA; a
 //! NOSCRIPT reply (a restarted server, a FLUSH, a promoted replica) is answered by sending
 //! the script itself, which reloads it, without failing the request.
 #![deny(missing_docs)]
@@ -25,5 +26,5 @@ mod store;
 pub use config::{RedisConfig, StoreClock};
 pub use error::RedisStoreError;
 pub use lease::{leasable, Lease, LeaseRequest};
-pub use script::{script_sha, script_text};
+pub use script::{script_sha, script_text, single_script_sha, single_script_text};
 pub use store::RedisStore;

@@ -2,7 +2,7 @@
 
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::script::script;
+use crate::script::{check_scripts, script, single_script};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -99,7 +99,10 @@ impl RedisStore {
                 )));
             }
         }
-        let s = script();
+        let s = match checks {
+            [one] => single_script(one.rule.limit().algorithm),
+            _ => script(),
+        };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&s.sha);
         self.push_args(&mut cmd, client, checks, now);
@@ -183,23 +186,24 @@ impl RedisStore {
     }
 
     async fn load_script(&self) -> Result<(), RedisStoreError> {
-        let s = script();
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(&s.text);
-        let sha: String = match self.query(&cmd).await? {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-            redis::Value::SimpleString(s) => s,
-            other => {
+        for s in check_scripts() {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(&s.text);
+            let sha: String = match self.query(&cmd).await? {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                redis::Value::SimpleString(s) => s,
+                other => {
+                    return Err(RedisStoreError::protocol(format!(
+                        "SCRIPT LOAD answered {other:?}"
+                    )))
+                }
+            };
+            if sha != s.sha {
                 return Err(RedisStoreError::protocol(format!(
-                    "SCRIPT LOAD answered {other:?}"
-                )))
+                    "SCRIPT LOAD returned sha {sha}, expected {}",
+                    s.sha
+                )));
             }
-        };
-        if sha != s.sha {
-            return Err(RedisStoreError::protocol(format!(
-                "SCRIPT LOAD returned sha {sha}, expected {}",
-                s.sha
-            )));
         }
         Ok(())
     }

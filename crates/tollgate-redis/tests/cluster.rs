@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check};
-use tollgate_redis::{script_sha, StoreClock};
+use tollgate_redis::{single_script_sha, StoreClock};
 use tollgate_testkit::RedisCluster;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -107,7 +107,11 @@ async fn a_failover_is_survived_without_recreating_the_store() {
     assert_ne!(promoted, dead);
     // The promoted replica never had the script loaded by us: NOSCRIPT was answered by a
     // reload, and the next call uses EVALSHA again.
-    let exists = cluster.nodes()[promoted].cli(&["script", "exists", script_sha()]);
+    let exists = cluster.nodes()[promoted].cli(&[
+        "script",
+        "exists",
+        single_script_sha(Algorithm::TokenBucket),
+    ]);
     assert_eq!(exists.trim(), "1");
     assert!(store.check(&who, &checks, 0).await.expect("check").allowed);
 }

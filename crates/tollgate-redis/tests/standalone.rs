@@ -6,7 +6,7 @@ mod common;
 use common::{client, rule, EPOCH_2026};
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Clock, Limit, State, SystemClock};
-use tollgate_redis::{script_sha, RedisConfig, RedisStore, StoreClock};
+use tollgate_redis::{script_sha, single_script_sha, RedisConfig, RedisStore, StoreClock};
 use tollgate_testkit::RedisServer;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -136,6 +136,27 @@ async fn an_invalid_argument_fails_before_any_write() {
     assert!(out.contains("not an algorithm"), "{out}");
     let out = server.cli(&["evalsha", script_sha(), "1", "k1", "1000", "gcra", "1", "1"]);
     assert!(out.contains("expected 1 + 5 arguments"), "{out}");
+    // The single-policy script validates the same way.
+    let gcra = single_script_sha(Algorithm::Gcra);
+    let out = server.cli(&[
+        "evalsha", gcra, "1", "k1", "1000", "gcra", "0", "1000000", "10", "1",
+    ]);
+    assert!(out.contains("tollgate"), "{out}");
+    let out = server.cli(&[
+        "evalsha",
+        gcra,
+        "1",
+        "k1",
+        "1000",
+        "token_bucket",
+        "1",
+        "1",
+        "1",
+        "1",
+    ]);
+    assert!(out.contains("is not gcra"), "{out}");
+    let out = server.cli(&["evalsha", gcra, "1", "k1", "-5", "gcra", "1", "1", "1", "1"]);
+    assert!(out.contains("tollgate"), "{out}");
     assert_eq!(server.cli(&["dbsize"]).trim(), "0");
     drop(store);
 }
@@ -188,15 +209,42 @@ async fn scripts_are_reloaded_after_a_flush_without_failing_the_request() {
     let server = RedisServer::start();
     let store = common::connect(&server.url(), StoreClock::Store).await;
     let r = rule("f", Algorithm::TokenBucket, 5, HOUR);
-    assert_eq!(server.cli(&["script", "exists", script_sha()]).trim(), "1");
+    assert_eq!(
+        server
+            .cli(&[
+                "script",
+                "exists",
+                single_script_sha(Algorithm::TokenBucket)
+            ])
+            .trim(),
+        "1"
+    );
     server.cli(&["script", "flush"]);
-    assert_eq!(server.cli(&["script", "exists", script_sha()]).trim(), "0");
+    assert_eq!(
+        server
+            .cli(&[
+                "script",
+                "exists",
+                single_script_sha(Algorithm::TokenBucket)
+            ])
+            .trim(),
+        "0"
+    );
     let v = store
         .check(&client(5), &[Check { rule: &r, cost: 1 }], 0)
         .await
         .expect("check");
     assert!(v.allowed);
-    assert_eq!(server.cli(&["script", "exists", script_sha()]).trim(), "1");
+    assert_eq!(
+        server
+            .cli(&[
+                "script",
+                "exists",
+                single_script_sha(Algorithm::TokenBucket)
+            ])
+            .trim(),
+        "1"
+    );
 }
 
 #[tokio::test]
@@ -232,7 +280,12 @@ async fn a_dead_server_fails_calls_fast_and_a_restarted_one_is_used_again() {
         recovered,
         "the store did not reconnect to the restarted server"
     );
-    assert_eq!(server.cli(&["script", "exists", script_sha()]).trim(), "1");
+    assert_eq!(
+        server
+            .cli(&["script", "exists", single_script_sha(Algorithm::Gcra)])
+            .trim(),
+        "1"
+    );
 }
 
 #[tokio::test]
