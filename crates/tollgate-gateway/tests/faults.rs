@@ -36,28 +36,48 @@ async fn killing_redis_under_load_follows_each_policy_and_recovers() {
             let started = Instant::now();
             let a = get(&c, &url, &[("x-api-key", b"k1")]).await;
             let took = started.elapsed();
-            assert!(took < Duration::from_millis(50) + MARGIN, "{path} took {took:?}");
+            assert!(
+                took < Duration::from_millis(50) + MARGIN,
+                "{path} took {took:?}"
+            );
             assert_ne!(a.status, StatusCode::INTERNAL_SERVER_ERROR, "{path}: 500");
             a
         }
     };
     for path in ["/login", "/reads", "/api"] {
-        assert_eq!(timed(path).await.status, StatusCode::OK, "{path} with Redis up");
+        assert_eq!(
+            timed(path).await.status,
+            StatusCode::OK,
+            "{path} with Redis up"
+        );
     }
 
     redis.kill();
     let mut reads = Vec::new();
     for round in 0..20 {
         let login = timed("/login").await;
-        assert_eq!(login.status, StatusCode::SERVICE_UNAVAILABLE, "round {round}");
+        assert_eq!(
+            login.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "round {round}"
+        );
         let retry: u64 = login.header("retry-after").parse().expect("Retry-After");
         assert!(retry >= 1);
         assert_eq!(timed("/api").await.status, StatusCode::OK, "round {round}");
         reads.push(timed("/reads").await.status);
     }
     // The local fallback: 4 / 2 = 2 admitted, then real 429s (not 503s, not 500s).
-    assert_eq!(reads.iter().filter(|s| **s == StatusCode::OK).count(), 2, "{reads:?}");
-    assert!(reads[2..].iter().all(|s| *s == StatusCode::TOO_MANY_REQUESTS), "{reads:?}");
+    assert_eq!(
+        reads.iter().filter(|s| **s == StatusCode::OK).count(),
+        2,
+        "{reads:?}"
+    );
+    assert!(
+        reads[2..]
+            .iter()
+            .all(|s| *s == StatusCode::TOO_MANY_REQUESTS),
+        "{reads:?}"
+    );
 
     let metrics = get(&c, &g.admin_url("/metrics"), &[]).await.text();
     for needle in [
@@ -87,12 +107,18 @@ async fn killing_redis_under_load_follows_each_policy_and_recovers() {
     }
     let resumed = resumed.expect("shared limiting never resumed");
     // Within 2 x open_for, with the margin for a loaded machine.
-    assert!(resumed < Duration::from_millis(1000) + MARGIN, "resumed after {resumed:?}");
+    assert!(
+        resumed < Duration::from_millis(1000) + MARGIN,
+        "resumed after {resumed:?}"
+    );
     // Shared again: the emptied Redis has 5 - 1 login attempts left for this client, then 429.
     for _ in 0..4 {
         assert_eq!(get(&c, &g.url("/login"), key).await.status, StatusCode::OK);
     }
     let limited = get(&c, &g.url("/login"), key).await;
     assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(get(&c, &g.admin_url("/readyz"), &[]).await.status, StatusCode::OK);
+    assert_eq!(
+        get(&c, &g.admin_url("/readyz"), &[]).await.status,
+        StatusCode::OK
+    );
 }
