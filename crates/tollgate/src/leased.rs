@@ -10,13 +10,21 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{duration_to_micros, Algorithm, ClientKey, Decision, Micros};
 
+/// Whether `sync = "lease"` can be used with `algorithm`: token_bucket, leaky_bucket, gcra
+/// and fixed_window, whose unused units can be given back exactly. The sliding algorithms
+/// cannot (a log would have to forget timestamps of units never used; the counter's weighted
+/// previous window cannot be decremented exactly).
+pub fn lease_supported(algorithm: Algorithm) -> bool {
+    matches!(
+        algorithm,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra | Algorithm::FixedWindow
+    )
+}
+
 /// Checks a lease configuration: the algorithm must be one whose units can be given back
 /// exactly, the ttl positive, the maximum at least 1.
 pub(crate) fn validate(algorithm: Algorithm, ttl: Duration, max: u64) -> Result<(), String> {
-    if !matches!(
-        algorithm,
-        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra | Algorithm::FixedWindow
-    ) {
+    if !lease_supported(algorithm) {
         return Err(format!(
             "sync = \"lease\" supports token_bucket, leaky_bucket, gcra and fixed_window, not {algorithm} (its state cannot give unused units back exactly)"
         ));

@@ -27,6 +27,7 @@ mod store;
 
 pub use breaker::BreakerConfig;
 pub use identity::IdentityHasher;
+pub use leased::lease_supported;
 pub use metrics::{LeaseKind, Metrics, PolicyStats, LATENCY_BUCKETS_US};
 pub use outcome::{Action, LimitResult, Outcome, PolicyResult};
 pub use policy::{FailurePolicy, Policy, PolicySpec, SyncMode};

@@ -243,6 +243,13 @@ pub(super) fn policy(
             format!("{cost} can never be admitted; cost must be at most {capacity} (the burst of bucket algorithms, the limit of window algorithms)"),
         );
     }
+    if lease && !tollgate::lease_supported(algorithm) {
+        r.at(
+            raw.sync.as_ref().map_or(span.clone(), |s| s.span()),
+            k("sync"),
+            format!("\"lease\" is not supported by {algorithm} (its unused units cannot be given back exactly); use token_bucket, leaky_bucket, gcra or fixed_window, or sync = \"exact\""),
+        );
+    }
     if r.errors.len() > before {
         return None;
     }

@@ -165,3 +165,15 @@ fn the_documented_example_config_is_valid() {
     .expect("the example config validates");
     assert_eq!(c.policies.len(), 2);
 }
+
+#[test]
+fn lease_is_refused_for_the_sliding_algorithms_with_the_key_and_line() {
+    let text = "[[policy]]\nname = \"a\"\nalgorithm = \"sliding_window_log\"\nlimit = 10\nperiod = \"1s\"\nsync = \"lease\"\n";
+    let errs = errors(text);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].starts_with("error: t.toml:6:"), "{}", errs[0]);
+    assert!(errs[0].contains("sync"), "{}", errs[0]);
+    assert!(errs[0].contains("sliding_window_log"), "{}", errs[0]);
+    let ok = "[[policy]]\nname = \"a\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nsync = \"lease\"\nlease_ttl = \"100ms\"\nlease_max = 50\n";
+    assert!(errors(ok).is_empty(), "{:?}", errors(ok));
+}
