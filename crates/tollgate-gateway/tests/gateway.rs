@@ -55,7 +55,10 @@ async fn allowed_requests_reach_the_upstream_intact_and_limited_ones_do_not() {
         );
     }
     assert_eq!(up.hits(), 3);
-    let a = send(&c, Method::POST, &gw.url("/api/echo"), &[], body.clone()).await;
+    // A rejected request's body is never read: the 429 goes out at once and the connection
+    // closes. A client still pushing a large body may then see a reset instead of the answer
+    // (large uploads should send `Expect: 100-continue`), so this one sends a small body.
+    let a = send(&c, Method::POST, &gw.url("/api/echo"), &[], &b"small"[..]).await;
     assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(a.header("content-type"), "application/problem+json");
     let retry: u64 = a
