@@ -11,9 +11,10 @@ use tollgate::{
 const T0: u64 = 1_800_000_000_000_000;
 
 fn limiter(clock: &ManualClock) -> Limiter {
-    let mut cfg = LimiterConfig::default();
-    cfg.clock = Arc::new(clock.clone());
-    Limiter::new(cfg)
+    Limiter::new(LimiterConfig {
+        clock: Arc::new(clock.clone()),
+        ..LimiterConfig::default()
+    })
 }
 
 fn spec(name: &str, alg: Algorithm, limit: u64, period: Duration) -> PolicySpec {
