@@ -15,6 +15,16 @@
 //! ARGV. They are loaded once and called with EVALSHA; a
 //! NOSCRIPT reply (a restarted server, a FLUSH, a promoted replica) is answered by sending
 //! the script itself, which reloads it, without failing the request.
+//!
+//! Client library: redis-rs, with a `ConnectionManager` per standalone server (one
+//! multiplexed connection that pipelines every concurrent call and reconnects by itself) and
+//! `cluster-async` for Redis Cluster (slot map, MOVED/ASK, refresh after a failover). fred was
+//! measured beside it on the same workload (EVALSHA of the GCRA script, 64 concurrent
+//! callers, one client object each, one tokio worker): 43k-64k decisions/s for redis-rs
+//! against 43k-56k for fred over three rounds on the shared 2-core machine, so the simpler
+//! dependency won. Connect and response timeouts are set and reconnect retries disabled, so
+//! a dead server fails calls at once instead of hanging them (the caller adds its own timeout
+//! and circuit breaker).
 #![deny(missing_docs)]
 
 mod config;
