@@ -37,20 +37,6 @@ local ALGORITHMS = {
   gcra = gcra,
 }
 
-local function fail(msg)
-  error(redis.error_reply('ERR tollgate: ' .. msg))
-end
-
--- ARGV[i] as an integer in [lo, hi], or an error naming it.
-local function int(i, lo, hi, what)
-  local x = tonumber(ARGV[i])
-  if not x or x % 1 ~= 0 or x < lo or x > hi then
-    fail('ARGV[' .. i .. '] (' .. what .. ') must be an integer in [' ..
-      string.format('%.0f', lo) .. ', ' .. string.format('%.0f', hi) .. ']')
-  end
-  return x
-end
-
 local n = #KEYS
 local ttl_floor = 0
 if n == 0 or (#ARGV ~= 1 + 5 * n and #ARGV ~= 2 + 5 * n) then
@@ -60,14 +46,7 @@ elseif #ARGV == 2 + 5 * n then
 end
 
 -- 1. Validate every argument.
-local now
-if ARGV[1] == '' then
-  -- TIME is not deterministic: Redis >= 5 replicates a script's effects, not the script.
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-else
-  now = int(1, 0, MAX_INT - 1, 'now')
-end
+local now = read_now()
 
 -- Policy i's arguments, checked: algorithm, limit, period, burst, interval, cost.
 local function policy(i)
@@ -77,19 +56,7 @@ local function policy(i)
   if not alg then
     fail('ARGV[' .. b .. '] is not an algorithm: ' .. tostring(name))
   end
-  local limit = int(b + 1, 1, MAX_LIMIT, 'limit')
-  local p = int(b + 2, 1, MAX_PERIOD, 'period')
-  if limit > p then
-    fail('policy ' .. i .. ': more than one unit per microsecond')
-  end
-  local burst = int(b + 3, 1, MAX_LIMIT, 'burst')
-  local t = floor(p / limit)
-  if t * limit < p then
-    t = t + 1
-  end
-  if burst * t > MAX_BURST_SPAN then
-    fail('policy ' .. i .. ': burst x interval exceeds 2^52 us')
-  end
+  local limit, p, burst, t = quota(b + 1, 'policy ' .. i .. ': ')
   if alg == sliding_window_log and limit > MAX_LOG_LIMIT then
     fail('policy ' .. i .. ': sliding_window_log limit exceeds ' .. MAX_LOG_LIMIT)
   end

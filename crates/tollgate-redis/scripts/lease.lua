@@ -37,19 +37,6 @@ local LEASABLE = {
   fixed_window = fixed_window,
 }
 
-local function fail(msg)
-  error(redis.error_reply('ERR tollgate lease: ' .. msg))
-end
-
-local function int(i, lo, hi, what)
-  local x = tonumber(ARGV[i])
-  if not x or x % 1 ~= 0 or x < lo or x > hi then
-    fail('ARGV[' .. i .. '] (' .. what .. ') must be an integer in [' ..
-      string.format('%.0f', lo) .. ', ' .. string.format('%.0f', hi) .. ']')
-  end
-  return x
-end
-
 if #KEYS ~= 1 or (#ARGV ~= 9 and #ARGV ~= 10) then
   fail('expected 1 key and 9 arguments')
 end
@@ -57,14 +44,7 @@ local ttl_floor = 0
 if #ARGV == 10 then
   ttl_floor = int(10, 0, MAX_PERIOD, 'ttl floor')
 end
-local now
-if ARGV[1] == '' then
-  redis.replicate_commands()
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-else
-  now = int(1, 0, MAX_INT - 1, 'now')
-end
+local now = read_now()
 -- PX for a key idle at `idle_at`, never below the floor.
 local function expire_ms(idle_at)
   local ms = ttl_ms(idle_at, now)
@@ -76,21 +56,9 @@ end
 local name = ARGV[2]
 local alg = LEASABLE[name]
 if not alg then
-  fail('algorithm ' .. tostring(name) .. ' cannot be leased')
+  fail('lease: algorithm ' .. tostring(name) .. ' cannot be leased')
 end
-local limit = int(3, 1, MAX_LIMIT, 'limit')
-local p = int(4, 1, MAX_PERIOD, 'period')
-if limit > p then
-  fail('more than one unit per microsecond')
-end
-local burst = int(5, 1, MAX_LIMIT, 'burst')
-local t = floor(p / limit)
-if t * limit < p then
-  t = t + 1
-end
-if burst * t > MAX_BURST_SPAN then
-  fail('burst x interval exceeds 2^52 us')
-end
+local limit, p, burst, t = quota(3, 'lease: ')
 local want = int(6, 0, MAX_LIMIT, 'want')
 local need = int(7, 0, MAX_LIMIT, 'need')
 if (want == 0 and need ~= 0) or (want > 0 and (need < 1 or need > want)) then

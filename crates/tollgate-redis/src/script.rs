@@ -11,8 +11,9 @@ use tollgate_core::algorithms::MAX_LOG_LIMIT;
 use tollgate_core::Algorithm;
 use tollgate_core::{MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
 
-const PARTS: [&str; 8] = [
+const PARTS: [&str; 9] = [
     include_str!("../scripts/prelude.lua"),
+    include_str!("../scripts/args.lua"),
     include_str!("../scripts/fixed_window.lua"),
     include_str!("../scripts/sliding_window_log.lua"),
     include_str!("../scripts/sliding_window_counter.lua"),
@@ -28,8 +29,9 @@ pub(crate) struct Script {
 }
 
 /// The lease driver and the algorithms it can lease (see `scripts/lease.lua`).
-const LEASE_PARTS: [&str; 6] = [
+const LEASE_PARTS: [&str; 7] = [
     include_str!("../scripts/prelude.lua"),
+    include_str!("../scripts/args.lua"),
     include_str!("../scripts/fixed_window.lua"),
     include_str!("../scripts/token_bucket.lua"),
     include_str!("../scripts/leaky_bucket.lua"),

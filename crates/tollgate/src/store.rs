@@ -170,14 +170,7 @@ impl Store {
                 Ok(())
             }
             #[cfg(feature = "redis")]
-            Store::Redis(r) => match tokio::time::timeout(within, r.get()).await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(failure(&e)),
-                Err(_) => Err(StoreFailure {
-                    kind: "timeout",
-                    message: format!("not connected within {within:?}"),
-                }),
-            },
+            Store::Redis(r) => self::within(within, r.get()).await.map(|_| ()),
         }
     }
 }
@@ -212,18 +205,11 @@ impl LazyRedis {
         now: Micros,
         timeout: Duration,
     ) -> Result<Verdict, StoreFailure> {
-        let call = async {
+        within(timeout, async {
             let store = self.get().await?;
             store.check(client, checks, now).await
-        };
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(failure(&e)),
-            Err(_) => Err(StoreFailure {
-                kind: "timeout",
-                message: format!("no answer within {timeout:?}"),
-            }),
-        }
+        })
+        .await
     }
 
     async fn lease(
@@ -234,7 +220,7 @@ impl LazyRedis {
         now: Micros,
         timeout: Duration,
     ) -> Result<LeaseGrant, StoreFailure> {
-        let call = async {
+        let l = within(timeout, async {
             let store = self.get().await?;
             let req = tollgate_redis::LeaseRequest {
                 want: request.want,
@@ -243,36 +229,38 @@ impl LazyRedis {
                 give_back_window: request.window,
             };
             store.lease(client, rule, req, now).await
-        };
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(l)) => Ok(LeaseGrant {
-                granted: l.granted,
-                remaining: l.remaining,
-                retry_after: l.retry_after,
-                window: l.window,
-                window_end_after: l.window_end_after,
-            }),
-            Ok(Err(e)) => Err(failure(&e)),
-            Err(_) => Err(StoreFailure {
-                kind: "timeout",
-                message: format!("no answer within {timeout:?}"),
-            }),
-        }
+        })
+        .await?;
+        Ok(LeaseGrant {
+            granted: l.granted,
+            remaining: l.remaining,
+            retry_after: l.retry_after,
+            window: l.window,
+            window_end_after: l.window_end_after,
+        })
     }
 
     async fn ping(&self, timeout: Duration) -> Result<(), StoreFailure> {
-        let call = async {
+        within(timeout, async {
             let store = self.get().await?;
             store.ping().await
-        };
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(failure(&e)),
-            Err(_) => Err(StoreFailure {
-                kind: "timeout",
-                message: format!("no answer within {timeout:?}"),
-            }),
-        }
+        })
+        .await
+    }
+}
+
+/// Runs a Redis call under `timeout`: its error, or a `timeout` failure.
+#[cfg(feature = "redis")]
+async fn within<T>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<T, RedisStoreError>>,
+) -> Result<T, StoreFailure> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result.map_err(|e| failure(&e)),
+        Err(_) => Err(StoreFailure {
+            kind: "timeout",
+            message: format!("no answer within {timeout:?}"),
+        }),
     }
 }
 
