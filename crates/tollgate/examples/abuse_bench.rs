@@ -15,6 +15,8 @@
 //! Usage: cargo run --release -p tollgate --features redis --example abuse_bench --
 //!        [--users 2000] [--seconds 10] [--reps 3] [--abusive-pct 5] [--factor 50]
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,42 +47,18 @@ fn parse_args() -> Args {
         abusive_pct: 5,
         factor: 50,
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let Some(raw) = argv.get(i + 1) else {
-            eprintln!("{} needs a value", argv[i]);
-            std::process::exit(2)
-        };
-        let v: u64 = raw.parse().unwrap_or_else(|_| {
-            eprintln!("{} needs a number", argv[i]);
-            std::process::exit(2)
-        });
-        match argv[i].as_str() {
+    common::numeric_flags(|flag, v| {
+        match flag {
             "--users" => a.users = v.clamp(20, 1_000_000),
             "--seconds" => a.seconds = v.clamp(1, 600),
             "--reps" => a.reps = usize::try_from(v).unwrap_or(1).clamp(1, 20),
             "--abusive-pct" => a.abusive_pct = v.clamp(1, 50),
             "--factor" => a.factor = v.clamp(2, 1000),
-            other => {
-                eprintln!("unknown flag {other}");
-                std::process::exit(2)
-            }
+            _ => return false,
         }
-        i += 2;
-    }
+        true
+    });
     a
-}
-
-fn script_calls(server: &RedisServer) -> u64 {
-    server
-        .cli(&["info", "commandstats"])
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|s| s.split(',').next())
-        .filter_map(|n| n.trim().parse::<u64>().ok())
-        .sum()
 }
 
 struct Run {
@@ -212,7 +190,7 @@ async fn run(server: &RedisServer, a: Args, mode: &'static str, rep: usize) -> R
         offered: AtomicU64::new(0),
         admitted: AtomicU64::new(0),
     });
-    let before = script_calls(server);
+    let before = common::script_calls(server);
     let start = Instant::now() + Duration::from_millis(50);
     let legit_task = tokio::spawn(drive(
         limiter.clone(),
@@ -237,7 +215,7 @@ async fn run(server: &RedisServer, a: Args, mode: &'static str, rep: usize) -> R
     let mut legit_lat = legit_task.await.unwrap_or_default();
     let mut abusive_lat = abusive_task.await.unwrap_or_default();
     let elapsed = start.elapsed().as_secs_f64();
-    let calls = script_calls(server) - before;
+    let calls = common::script_calls(server) - before;
     limiter.shutdown().await;
     legit_lat.sort_unstable();
     abusive_lat.sort_unstable();
@@ -272,18 +250,6 @@ async fn run(server: &RedisServer, a: Args, mode: &'static str, rep: usize) -> R
     r
 }
 
-fn stats(mut v: Vec<f64>, digits: usize) -> String {
-    v.sort_by(f64::total_cmp);
-    let med = v[v.len() / 2];
-    format!(
-        "{:.d$} / {:.d$} / {:.d$}",
-        v[0],
-        med,
-        v[v.len() - 1],
-        d = digits
-    )
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let a = parse_args();
@@ -310,36 +276,36 @@ async fn main() {
     let base: Vec<&Run> = runs.iter().filter(|r| r.mode == modes[0]).collect();
     for mode in modes {
         let mine: Vec<&Run> = runs.iter().filter(|r| r.mode == mode).collect();
-        let offered = stats(
+        let offered = common::stats(
             mine.iter()
                 .map(|r| r.requests() as f64 / r.elapsed)
                 .collect(),
             0,
         );
-        let calls = stats(mine.iter().map(|r| r.calls_per_request()).collect(), 3);
-        let calls_vs = stats(
+        let calls = common::stats(mine.iter().map(|r| r.calls_per_request()).collect(), 3);
+        let calls_vs = common::stats(
             mine.iter()
                 .zip(&base)
                 .map(|(r, b)| r.calls_per_request() / b.calls_per_request().max(1e-9))
                 .collect(),
             3,
         );
-        let p50 = stats(mine.iter().map(|r| r.legit_p50_us as f64).collect(), 0);
-        let p99 = stats(mine.iter().map(|r| r.legit_p99_us as f64).collect(), 0);
-        let p99_vs = stats(
+        let p50 = common::stats(mine.iter().map(|r| r.legit_p50_us as f64).collect(), 0);
+        let p99 = common::stats(mine.iter().map(|r| r.legit_p99_us as f64).collect(), 0);
+        let p99_vs = common::stats(
             mine.iter()
                 .zip(&base)
                 .map(|(r, b)| r.legit_p99_us as f64 / b.legit_p99_us.max(1) as f64)
                 .collect(),
             2,
         );
-        let legit_ok = stats(
+        let legit_ok = common::stats(
             mine.iter()
                 .map(|r| r.legit_admitted as f64 / r.legit_offered.max(1) as f64)
                 .collect(),
             3,
         );
-        let abusive_ok = stats(
+        let abusive_ok = common::stats(
             mine.iter()
                 .map(|r| r.abusive_admitted as f64 / r.abusive_offered.max(1) as f64)
                 .collect(),

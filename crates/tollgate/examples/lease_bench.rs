@@ -17,6 +17,8 @@
 //! Usage: cargo run --release -p tollgate --features redis --example lease_bench --
 //!        [--limit 10000] [--seconds 10] [--reps 3] [--users 200] [--user-rate 5000]
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,38 +47,18 @@ fn parse_args() -> Args {
         users: 200,
         user_rate: 5_000,
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i + 1 < argv.len() {
-        let v: u64 = argv[i + 1].parse().unwrap_or_else(|_| {
-            eprintln!("{} needs a number", argv[i]);
-            std::process::exit(2)
-        });
-        match argv[i].as_str() {
+    common::numeric_flags(|flag, v| {
+        match flag {
             "--limit" => a.limit = v,
             "--seconds" => a.seconds = v.clamp(1, 600),
             "--reps" => a.reps = usize::try_from(v).unwrap_or(1).clamp(1, 20),
             "--users" => a.users = v.max(1),
             "--user-rate" => a.user_rate = v.max(1),
-            other => {
-                eprintln!("unknown flag {other}");
-                std::process::exit(2)
-            }
+            _ => return false,
         }
-        i += 2;
-    }
+        true
+    });
     a
-}
-
-fn script_calls(server: &RedisServer) -> u64 {
-    let stats = server.cli(&["info", "commandstats"]);
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|s| s.split(',').next())
-        .filter_map(|n| n.trim().parse::<u64>().ok())
-        .sum()
 }
 
 struct Run {
@@ -192,9 +174,9 @@ async fn run(
     for (l, _) in gws.iter() {
         let _ = l.ready().await;
     }
-    let before = script_calls(server);
+    let before = common::script_calls(server);
     let (offered, admitted, elapsed) = drive(gws, rate, seconds, client, users).await;
-    let calls = script_calls(server) - before;
+    let calls = common::script_calls(server) - before;
     let r = Run {
         workload,
         mode,
@@ -216,12 +198,6 @@ async fn run(
         r.elapsed
     );
     r
-}
-
-fn stats(mut v: Vec<f64>) -> String {
-    v.sort_by(f64::total_cmp);
-    let med = v[v.len() / 2];
-    format!("{:.3} / {:.3} / {:.3}", v[0], med, v[v.len() - 1])
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -293,13 +269,17 @@ async fn main() {
                 .iter()
                 .filter(|r| r.workload == workload && r.mode == "exact")
                 .collect();
-            let offered = stats(mine.iter().map(|r| r.offered as f64 / r.elapsed).collect());
-            let of_bound = stats(
+            let offered = common::stats(
+                mine.iter().map(|r| r.offered as f64 / r.elapsed).collect(),
+                3,
+            );
+            let of_bound = common::stats(
                 mine.iter()
                     .map(|r| r.admitted as f64 / r.bound as f64)
                     .collect(),
+                3,
             );
-            let vs_exact = stats(
+            let vs_exact = common::stats(
                 mine.iter()
                     .zip(&exact)
                     .map(|(r, e)| {
@@ -307,11 +287,13 @@ async fn main() {
                         share(r) / share(e)
                     })
                     .collect(),
+                3,
             );
-            let calls = stats(
+            let calls = common::stats(
                 mine.iter()
                     .map(|r| r.calls as f64 / r.offered.max(1) as f64)
                     .collect(),
+                3,
             );
             println!("| {workload} | {mode} | {offered} | {of_bound} | {vs_exact} | {calls} |");
         }
