@@ -26,6 +26,23 @@ impl Decision {
     pub fn exceeds_capacity(&self) -> bool {
         !self.allowed && self.retry_after.is_none()
     }
+
+    /// How constrained this decision is, as an ordering key (greater = more constrained): a
+    /// denial over an allowance, then the longer wait (never passing longest), then the
+    /// fewer remaining units, then the later reset. What `RateLimit` reports is the maximum.
+    pub fn constraint(&self) -> impl Ord {
+        let wait = match (self.allowed, self.retry_after) {
+            (true, _) => 0,
+            (false, Some(r)) => r,
+            (false, None) => u64::MAX,
+        };
+        (
+            !self.allowed,
+            wait,
+            u64::MAX - self.remaining,
+            self.reset_after,
+        )
+    }
 }
 
 /// The answer for several checks decided together, all-or-nothing.
@@ -55,14 +72,6 @@ impl Verdict {
     /// The index of the most constrained decision: the denial with the longest wait, or, when
     /// all allowed, the one with the least remaining (what `RateLimit` reports).
     pub fn most_constrained(&self) -> Option<usize> {
-        let key = |d: &Decision| {
-            let wait = match (d.allowed, d.retry_after) {
-                (true, _) => 0,
-                (false, Some(r)) => r,
-                (false, None) => u64::MAX,
-            };
-            (!d.allowed, wait, u64::MAX - d.remaining, d.reset_after)
-        };
-        (0..self.decisions.len()).max_by_key(|&i| key(&self.decisions[i]))
+        (0..self.decisions.len()).max_by_key(|&i| self.decisions[i].constraint())
     }
 }

@@ -48,44 +48,22 @@ async fn a_denied_policy_charges_none_of_the_others() {
     let narrow = rule("narrow", Algorithm::FixedWindow, 2, HOUR);
     let who = client(2);
     let now = EPOCH_2026;
+    let both = [
+        Check {
+            rule: &wide,
+            cost: 1,
+        },
+        Check {
+            rule: &narrow,
+            cost: 1,
+        },
+    ];
     for _ in 0..2 {
-        let v = store
-            .check(
-                &who,
-                &[
-                    Check {
-                        rule: &wide,
-                        cost: 1,
-                    },
-                    Check {
-                        rule: &narrow,
-                        cost: 1,
-                    },
-                ],
-                now,
-            )
-            .await
-            .expect("check");
+        let v = store.check(&who, &both, now).await.expect("check");
         assert!(v.allowed);
     }
     let before = server.cli(&["get", &store.key(&who, "wide")]);
-    let v = store
-        .check(
-            &who,
-            &[
-                Check {
-                    rule: &wide,
-                    cost: 1,
-                },
-                Check {
-                    rule: &narrow,
-                    cost: 1,
-                },
-            ],
-            now,
-        )
-        .await
-        .expect("check");
+    let v = store.check(&who, &both, now).await.expect("check");
     assert!(!v.allowed);
     assert!(v.decisions[0].allowed, "wide alone would allow");
     assert_eq!(

@@ -11,7 +11,7 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 use std::fmt::Write;
-use tollgate::{micros_to_secs_ceil, LimitResult, Micros, PolicyResult};
+use tollgate::{micros_to_secs_ceil, LimitResult, Micros};
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -41,7 +41,7 @@ pub fn add_headers(headers: &mut HeaderMap, result: &LimitResult) {
     if let Ok(v) = HeaderValue::from_str(&policy) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
-    if let Some(r) = most_constrained(result) {
+    if let Some(r) = result.most_constrained() {
         if let Some(d) = r.decision {
             let t = micros_to_secs_ceil(d.reset_after, 0);
             let value = format!("\"{}\";r={};t={}", r.policy.name(), d.remaining, t);
@@ -50,19 +50,6 @@ pub fn add_headers(headers: &mut HeaderMap, result: &LimitResult) {
             }
         }
     }
-}
-
-fn most_constrained(result: &LimitResult) -> Option<&PolicyResult> {
-    result
-        .most_constrained()
-        .filter(|r| !r.policy.is_shadow())
-        .or_else(|| {
-            result
-                .results
-                .iter()
-                .filter(|r| !r.policy.is_shadow() && r.decision.is_some())
-                .min_by_key(|r| r.decision.map(|d| d.remaining))
-        })
 }
 
 /// The 429 for `result`; `retry_after` is `None` when some policy can never admit the cost.

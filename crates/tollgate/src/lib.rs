@@ -393,24 +393,24 @@ impl Limiter {
         now: Micros,
         results: &mut Vec<PolicyResult>,
     ) -> Action {
-        let mut impossible = false;
-        let mut wait = 0;
+        // A group is all shadow or all enforcing: a shadow group never rejects.
+        let action = if verdict.allowed || group.iter().all(|p| p.is_shadow()) {
+            Action::Allow
+        } else {
+            Action::Limit {
+                retry_after: verdict.retry_after(),
+            }
+        };
         for (p, d) in group.iter().zip(verdict.decisions) {
             let outcome = match (d.allowed, p.is_shadow()) {
                 (true, _) => Outcome::Allowed,
                 (false, true) => Outcome::ShadowLimited,
                 (false, false) => Outcome::Limited,
             };
-            if outcome == Outcome::Limited {
-                match d.retry_after {
-                    Some(r) => {
-                        wait = wait.max(r);
-                        if let Some(cache) = &self.inner.deny_cache {
-                            cache.deny(client, p.rule().id(), now.saturating_add(r), now);
-                        }
-                    }
-                    None => impossible = true,
-                }
+            if let (Outcome::Limited, Some(r), Some(cache)) =
+                (outcome, d.retry_after, &self.inner.deny_cache)
+            {
+                cache.deny(client, p.rule().id(), now.saturating_add(r), now);
             }
             p.inner.stats.record(outcome);
             results.push(PolicyResult {
@@ -419,13 +419,7 @@ impl Limiter {
                 decision: Some(d),
             });
         }
-        if verdict.allowed || group.iter().all(|p| p.is_shadow()) {
-            Action::Allow
-        } else {
-            Action::Limit {
-                retry_after: (!impossible).then_some(wait),
-            }
-        }
+        action
     }
 
     fn apply_failure(
@@ -451,10 +445,13 @@ impl Limiter {
                 .collect();
             self.inner.fallback.check(client, &checks, now)
         });
+        // All-or-nothing among the local policies: when one rejects, none was charged, and
+        // the ones that would have allowed report it as fallback_allowed decisions.
+        let limited = fallback
+            .as_ref()
+            .filter(|v| !v.allowed)
+            .map(|v| v.retry_after());
         let mut closed = false;
-        let mut limited = false;
-        let mut impossible = false;
-        let mut wait = 0;
         let mut local_decisions = fallback.map(|v| v.decisions.into_iter());
         for p in group {
             let (outcome, decision) = match (p.is_shadow(), p.on_failure()) {
@@ -467,14 +464,7 @@ impl Limiter {
                     let d = local_decisions.as_mut().and_then(|it| it.next());
                     match d {
                         Some(d) if d.allowed => (Outcome::FallbackAllowed, Some(d)),
-                        Some(d) => {
-                            limited = true;
-                            match d.retry_after {
-                                Some(r) => wait = wait.max(r),
-                                None => impossible = true,
-                            }
-                            (Outcome::FallbackLimited, Some(d))
-                        }
+                        Some(d) => (Outcome::FallbackLimited, Some(d)),
                         None => (Outcome::FailedOpen, None),
                     }
                 }
@@ -486,18 +476,12 @@ impl Limiter {
                 decision,
             });
         }
-        // All-or-nothing among the local policies: when one rejects, none was charged, and
-        // the ones that would have allowed report it as fallback_allowed decisions.
-        if closed {
-            Action::Unavailable {
+        match (closed, limited) {
+            (true, _) => Action::Unavailable {
                 retry_after: skip_for.max(1),
-            }
-        } else if limited {
-            Action::Limit {
-                retry_after: (!impossible).then_some(wait),
-            }
-        } else {
-            Action::Allow
+            },
+            (false, Some(retry_after)) => Action::Limit { retry_after },
+            (false, None) => Action::Allow,
         }
     }
 }

@@ -93,21 +93,15 @@ pub struct LimitResult {
 }
 
 impl LimitResult {
-    /// The most constrained evaluated policy with a decision (what the `RateLimit` header
-    /// reports): a rejection with the longest wait first, else the least remaining.
+    /// The most constrained evaluated policy with a decision, shadow policies aside (what the
+    /// `RateLimit` header reports): a rejection with the longest wait first, else the least remaining.
     pub fn most_constrained(&self) -> Option<&PolicyResult> {
         self.results
             .iter()
-            .filter(|r| r.decision.is_some() && r.outcome != Outcome::ShadowLimited)
-            .max_by_key(|r| {
-                let d = r.decision.unwrap_or(ZERO);
-                let wait = match (d.allowed, d.retry_after) {
-                    (true, _) => 0,
-                    (false, Some(w)) => w,
-                    (false, None) => u64::MAX,
-                };
-                (!d.allowed, wait, u64::MAX - d.remaining, d.reset_after)
-            })
+            .filter(|r| !r.policy.is_shadow())
+            .filter_map(|r| Some((r, r.decision?)))
+            .max_by_key(|(_, d)| d.constraint())
+            .map(|(r, _)| r)
     }
 
     /// The names of the policies that rejected the request.
@@ -118,11 +112,3 @@ impl LimitResult {
             .map(|r| r.policy.name())
     }
 }
-
-const ZERO: Decision = Decision {
-    allowed: true,
-    limit: 0,
-    remaining: 0,
-    reset_after: 0,
-    retry_after: None,
-};

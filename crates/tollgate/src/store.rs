@@ -36,8 +36,10 @@ pub(crate) fn is_cluster(backend: &Backend) -> bool {
     }
 }
 
-/// A lease call: give back, then take up to `want` if `need` is available.
+/// A lease call: give back, then take up to `want` if `need` is available. (Only a Redis
+/// store reads it; the memory store does not lease.)
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) struct LeaseCall {
     pub(crate) want: u64,
     pub(crate) need: u64,
