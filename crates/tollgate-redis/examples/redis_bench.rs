@@ -6,8 +6,9 @@
 //! ```text
 //! redis_bench --url redis://127.0.0.1:PORT --algorithm gcra [--requests 200000]
 //!             [--callers 64] [--clients 100000] [--connections 1] [--threads 1]
-//! redis_bench --print-scripts DIR    # writes the Lua texts the store loads (one per
-//!                                    # algorithm, and check.lua), prints "name sha1" lines
+//! redis_bench --print-scripts DIR    # writes the Lua texts the store loads (the one of a
+//!                                    # 100-per-minute policy of each algorithm, and
+//!                                    # check.lua), prints "name sha1" lines
 //! ```
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,9 +55,15 @@ fn parse() -> Result<Option<Args>, String> {
                     std::fs::write(dir.join(format!("{name}.lua")), text)
                         .map_err(|e| format!("{value}: {e}"))
                 };
+                let quota = Quota::per_minute(100).map_err(|e| e.to_string())?;
                 for a in Algorithm::ALL {
-                    write(a.name(), tollgate_redis::single_script_text(a))?;
-                    println!("{} {}", a.name(), tollgate_redis::single_script_sha(a));
+                    let limit = Limit::new(a, quota)?;
+                    let text =
+                        tollgate_redis::single_script_text(&limit).map_err(|e| e.to_string())?;
+                    let sha =
+                        tollgate_redis::single_script_sha(&limit).map_err(|e| e.to_string())?;
+                    write(a.name(), &text)?;
+                    println!("{} {sha}", a.name());
                 }
                 write("check", tollgate_redis::script_text())?;
                 println!("check {}", tollgate_redis::script_sha());

@@ -81,7 +81,7 @@ if n == 1 then
     alg(redis.call('GET', KEYS[1]), now, limit, p, burst, t, cost)
   if ok then
     if cost > 0 then
-      redis.call('SET', KEYS[1], value, 'PX', expire_ms(idle_at))
+      redis.call('SET', KEYS[1], value, 'PX', fmt('%d', expire_ms(idle_at)))
     end
     return { 1, remaining, reset, retry }
   end
@@ -117,7 +117,7 @@ end
 if all then
   for i = 1, n do
     if costs[i] > 0 then
-      redis.call('SET', KEYS[i], values[i], 'PX', expire_ms(idles[i]))
+      redis.call('SET', KEYS[i], values[i], 'PX', fmt('%d', expire_ms(idles[i])))
     end
   end
 else

@@ -1,76 +1,77 @@
 -- check_one.lua: the driver for a request matched by ONE policy, the common case. The Rust
--- side builds one script per algorithm: bounds, prelude.lua, that algorithm's file, then
--- `local decide, ALGORITHM = <function>, '<name>'` and this file. Each runs only its own
--- algorithm's definitions (Redis re-runs a script's whole chunk on every call), and
--- validates inline; requests with several policies use check.lua.
+-- side builds one script per policy shape (algorithm, limit, period, burst): bounds,
+-- prelude.lua, that algorithm's file, then
+--   local decide, ALGORITHM = <function>, '<name>'
+--   local LIMIT, PERIOD, BURST, T = <integers>
+-- and this file. The quota is a constant of the script, checked in Rust by tollgate-core
+-- (and against the Lua bounds) when the script is built, so a call carries and validates
+-- only what changes per request. Requests with several policies use check.lua, which takes
+-- the quotas as arguments.
+--
+-- Why so lean: this script's cost inside Redis is the ceiling of every gateway sharing it,
+-- and Redis charges per argument (a Lua string and a table slot each), per conversion
+-- (tonumber parses twice; a number passed to redis.call is printed with %.17g), per closure
+-- and per table reply (several thousand instructions each; measured with callgrind, see
+-- docs/benchmarks.md). So: at most three arguments, integers passed to SET as strings
+-- formatted with %d, no helper that this algorithm does not use, the reply packed into one
+-- string.
 --
 -- KEYS[1]  the state of the policy: <prefix>:{<client>}:<policy>.
--- ARGV     as check.lua with one policy: now ('' = Redis TIME), algorithm name (must be
---          this script's), limit, period (us), burst, cost, and the optional PX floor (ms).
--- Reply:   allowed (1 or 0), remaining, reset_after (us), retry_after (us; -1: never).
+-- ARGV[1]  cost, an integer in [0, 2^53].
+-- ARGV[2]  optional: now in microseconds since the epoch; absent or '' = Redis TIME.
+-- ARGV[3]  optional: PX floor in milliseconds (tests that drive a local clock).
+-- Reply:   a 22-byte string, struct '>BI7I7I7': allowed (1 or 0), remaining, reset_after
+--          (us), retry_after + 1 (us; 0: none, retrying never helps or nothing to wait for).
 --
--- Why Lua, and why validate and read before writing: see check.lua. Here the only write is
--- the last command.
+-- Why Lua, and why decide before writing: see check.lua. Here the only write is the last
+-- command, after every argument was checked and the key was read.
 
-local function fail(msg)
-  error(redis.error_reply('ERR tollgate: ' .. msg))
-end
-
+-- Errors are returned, not raised: no `fail` closure to build on every call.
 local nargs = #ARGV
-if #KEYS ~= 1 or (nargs ~= 6 and nargs ~= 7) then
-  fail('expected 1 key and 6 arguments, got ' .. #KEYS .. ' keys and ' .. nargs .. ' arguments')
+if #KEYS ~= 1 or nargs < 1 or nargs > 3 then
+  return redis.error_reply('ERR tollgate: expected 1 key and 1 to 3 arguments (cost, now, ' ..
+    'PX floor), got ' .. #KEYS .. ' keys and ' .. nargs .. ' arguments')
 end
-if ARGV[2] ~= ALGORITHM then
-  fail('ARGV[2] is not ' .. ALGORITHM .. ': ' .. tostring(ARGV[2]))
+-- A cost of 1 is nearly every call: comparing interned strings is cheaper than parsing.
+local cost = ARGV[1]
+if cost == '1' then
+  cost = 1
+else
+  cost = tonumber(cost)
+  if not cost or cost % 1 ~= 0 or cost < 0 or cost > MAX_INT then
+    return redis.error_reply('ERR tollgate: ARGV[1] (cost) must be an integer in [0, 2^53]')
+  end
 end
 local now
-if ARGV[1] == '' then
+local given = ARGV[2]
+if given == nil or given == '' then
   local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  now = time[1] * 1000000 + time[2]
 else
-  now = tonumber(ARGV[1])
+  now = tonumber(given)
+  if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then
+    return redis.error_reply('ERR tollgate: ARGV[2] (now) must be an integer in [0, 2^53) or empty')
+  end
 end
-local limit, p, burst, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local ttl_floor = 0
-if nargs == 7 then
-  ttl_floor = tonumber(ARGV[7])
-end
-if not (now and limit and p and burst and cost and ttl_floor)
-  or now % 1 ~= 0 or limit % 1 ~= 0 or p % 1 ~= 0 or burst % 1 ~= 0 or cost % 1 ~= 0
-  or ttl_floor % 1 ~= 0 or now < 0 or now >= MAX_INT or limit < 1 or limit > MAX_LIMIT
-  or p < 1 or p > MAX_PERIOD or burst < 1 or burst > MAX_LIMIT or cost < 0 or cost > MAX_INT
-  or ttl_floor < 0 or ttl_floor > MAX_PERIOD then
-  fail('ARGV must be integers: now in [0, 2^53), limit and burst in [1, ' ..
-    string.format('%.0f', MAX_LIMIT) .. '], period in [1, ' .. string.format('%.0f', MAX_PERIOD) ..
-    '] us, cost in [0, 2^53], PX floor in [0, period bound]')
-end
-if limit > p then
-  fail('more than one unit per microsecond')
-end
-local t = floor(p / limit)
-if t * limit < p then
-  t = t + 1
-end
-if burst * t > MAX_BURST_SPAN then
-  fail('burst x interval exceeds 2^52 us')
-end
-if ALGORITHM == 'sliding_window_log' and limit > MAX_LOG_LIMIT then
-  fail('sliding_window_log limit exceeds ' .. MAX_LOG_LIMIT)
-end
-if ALGORITHM == 'sliding_window_counter' and limit * p > MAX_INT then
-  fail('sliding_window_counter needs limit x period <= 2^53')
+if nargs == 3 then
+  ttl_floor = tonumber(ARGV[3])
+  if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then
+    return redis.error_reply('ERR tollgate: ARGV[3] (PX floor) must be an integer number of ' ..
+      'milliseconds in [0, period bound]')
+  end
 end
 
 local ok, remaining, reset, retry, value, idle_at =
-  decide(redis.call('GET', KEYS[1]), now, limit, p, burst, t, cost)
+  decide(redis.call('GET', KEYS[1]), now, LIMIT, PERIOD, BURST, T, cost)
 if not ok then
-  return { 0, remaining, reset, retry }
+  return pack('>BI7I7I7', 0, remaining, reset, retry + 1)
 end
 if cost > 0 then
   local ms = ttl_ms(idle_at, now)
   if ms < ttl_floor then
     ms = ttl_floor
   end
-  redis.call('SET', KEYS[1], value, 'PX', ms)
+  redis.call('SET', KEYS[1], value, 'PX', fmt('%d', ms))
 end
-return { 1, remaining, reset, retry }
+return pack('>BI7I7I7', 1, remaining, reset, retry + 1)

@@ -16,7 +16,7 @@
 -- Returns allowed, remaining, reset_after, retry_after (-1: never), new value, idle_at.
 local function gcra(raw, now, limit, p, burst, t, cost)
   local capacity = burst * t
-  local tat = tonumber(raw) or 0
+  local tat = raw and tonumber(raw) or 0
   if tat < now then
     tat = now
   end
@@ -31,7 +31,7 @@ local function gcra(raw, now, limit, p, burst, t, cost)
   local new_used = used + cost * t
   if new_used <= capacity then
     local new_tat = now + new_used
-    return true, floor((capacity - new_used) / t), new_used, -1, new_tat, new_tat
+    return true, floor((capacity - new_used) / t), new_used, -1, fmt('%d', new_tat), new_tat
   end
   return false, before, used, new_used - capacity
 end

@@ -146,11 +146,11 @@ end
 
 -- 3. Write: the grant (which includes the give-back), or the give-back alone.
 if granted > 0 then
-  redis.call('SET', KEYS[1], value, 'PX', expire_ms(idle_at))
+  redis.call('SET', KEYS[1], value, 'PX', fmt('%d', expire_ms(idle_at)))
 elseif changed then
   if raw then
     local _, _, r = alg(raw, now, limit, p, burst, t, 0)
-    redis.call('SET', KEYS[1], raw, 'PX', expire_ms(now + r))
+    redis.call('SET', KEYS[1], raw, 'PX', fmt('%d', expire_ms(now + r)))
   else
     redis.call('DEL', KEYS[1])
   end

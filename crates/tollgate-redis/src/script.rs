@@ -1,18 +1,22 @@
-//! The script texts, each built once from `scripts/*.lua` with the core's bounds in front;
-//! their SHA1s are what EVALSHA names.
+//! The script texts, built from `scripts/*.lua` with the core's bounds in front; their SHA1s
+//! are what EVALSHA names.
 //!
-//! - one script per algorithm for a request matched by one policy (the common case): bounds,
-//!   prelude, that algorithm's file, `check_one.lua`. Redis runs a script's whole chunk on
-//!   every call, so each carries only the definitions it needs;
+//! - one script per policy shape (algorithm, limit, period, burst) for a request matched by
+//!   one policy (the common case): bounds, prelude, that algorithm's file, the quota as
+//!   constants, `check_one.lua`. Redis runs a script's whole chunk on every call, so each
+//!   carries only the definitions it needs, and a call passes only the cost (and the clock);
 //! - one script with all six algorithms and `check.lua` for several policies at once.
 
-use std::sync::OnceLock;
+use crate::error::RedisStoreError;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 use tollgate_core::algorithms::MAX_LOG_LIMIT;
-use tollgate_core::Algorithm;
+use tollgate_core::{Algorithm, Limit};
 use tollgate_core::{MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
 
-const PARTS: [&str; 9] = [
+const PARTS: [&str; 10] = [
     include_str!("../scripts/prelude.lua"),
+    include_str!("../scripts/packed.lua"),
     include_str!("../scripts/args.lua"),
     include_str!("../scripts/fixed_window.lua"),
     include_str!("../scripts/sliding_window_log.lua"),
@@ -29,8 +33,9 @@ pub(crate) struct Script {
 }
 
 /// The lease driver and the algorithms it can lease (see `scripts/lease.lua`).
-const LEASE_PARTS: [&str; 7] = [
+const LEASE_PARTS: [&str; 8] = [
     include_str!("../scripts/prelude.lua"),
+    include_str!("../scripts/packed.lua"),
     include_str!("../scripts/args.lua"),
     include_str!("../scripts/fixed_window.lua"),
     include_str!("../scripts/token_bucket.lua"),
@@ -45,6 +50,7 @@ pub(crate) fn script() -> &'static Script {
 }
 
 const PRELUDE: &str = include_str!("../scripts/prelude.lua");
+const PACKED: &str = include_str!("../scripts/packed.lua");
 const CHECK_ONE: &str = include_str!("../scripts/check_one.lua");
 
 fn algorithm_file(a: Algorithm) -> &'static str {
@@ -58,26 +64,76 @@ fn algorithm_file(a: Algorithm) -> &'static str {
     }
 }
 
-/// The single-policy script of `algorithm`.
-pub(crate) fn single_script(algorithm: Algorithm) -> &'static Script {
-    static SCRIPTS: [OnceLock<Script>; 6] = [const { OnceLock::new() }; 6];
-    let i = Algorithm::ALL
-        .iter()
-        .position(|&a| a == algorithm)
-        .unwrap_or_default();
-    SCRIPTS[i].get_or_init(|| {
-        let name = algorithm.name();
-        let bind = format!("local decide, ALGORITHM = {name}, '{name}'");
-        build(&[PRELUDE, algorithm_file(algorithm), &bind, CHECK_ONE])
-    })
+/// The single-policy script of `limit`, built (and checked: a `Limit` with public fields may
+/// bypass [`Limit::new`]) once per policy shape and kept. Past [`MAX_POLICY_SCRIPTS`] shapes
+/// the caller falls back to the multi-policy script, which takes the quota as arguments.
+pub(crate) fn single_script(limit: &Limit) -> Result<Option<Arc<Script>>, RedisStoreError> {
+    static SCRIPTS: OnceLock<RwLock<HashMap<Limit, Arc<Script>>>> = OnceLock::new();
+    let scripts = SCRIPTS.get_or_init(Default::default);
+    if let Some(s) = scripts
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(limit)
+    {
+        return Ok(Some(Arc::clone(s)));
+    }
+    let built = Arc::new(build_single(limit)?);
+    let mut map = scripts
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if map.len() >= MAX_POLICY_SCRIPTS {
+        return Ok(None);
+    }
+    Ok(Some(Arc::clone(map.entry(*limit).or_insert(built))))
 }
 
-/// Every script `check` may send, for loading them up front.
+/// How many policy shapes get a script of their own. Configurations have a handful; the
+/// bound keeps a program that makes quotas up at run time from filling Redis' script cache.
+pub(crate) const MAX_POLICY_SCRIPTS: usize = 1024;
+
+fn build_single(limit: &Limit) -> Result<Script, RedisStoreError> {
+    let q = &limit.quota;
+    Limit::new(limit.algorithm, *q).map_err(RedisStoreError::invalid)?;
+    // The core's bounds already keep these within the Lua bounds; the script must never
+    // receive a constant it would have refused as an argument.
+    let (l, p, b, t) = (
+        q.limit(),
+        q.period_micros(),
+        q.burst(),
+        q.emission_interval_micros(),
+    );
+    if l == 0 || l > MAX_LIMIT || b == 0 || b > MAX_LIMIT || p == 0 || l > p {
+        return Err(RedisStoreError::invalid(format!(
+            "quota {q:?} is out of the script's bounds"
+        )));
+    }
+    if b.checked_mul(t).is_none_or(|span| span > MAX_BURST_SPAN) {
+        return Err(RedisStoreError::invalid("burst x interval exceeds 2^52 us"));
+    }
+    let name = limit.algorithm.name();
+    let bind = format!(
+        "local decide, ALGORITHM = {name}, '{name}'\n\
+         local LIMIT, PERIOD, BURST, T = {l}, {p}, {b}, {t}"
+    );
+    // GCRA's state is one decimal integer: it needs none of the packed-state helpers.
+    let packed = if limit.algorithm == Algorithm::Gcra {
+        ""
+    } else {
+        PACKED
+    };
+    Ok(build(&[
+        PRELUDE,
+        packed,
+        algorithm_file(limit.algorithm),
+        &bind,
+        CHECK_ONE,
+    ]))
+}
+
+/// The scripts every store loads when it connects (single-policy scripts are loaded on
+/// first use).
 pub(crate) fn check_scripts() -> impl Iterator<Item = &'static Script> {
-    Algorithm::ALL
-        .into_iter()
-        .map(single_script)
-        .chain(std::iter::once(script()))
+    std::iter::once(script())
 }
 
 pub(crate) fn lease_script() -> &'static Script {
@@ -115,14 +171,16 @@ pub fn script_sha() -> &'static str {
     &script().sha
 }
 
-/// The script a request matched by one policy of `algorithm` runs.
-pub fn single_script_text(algorithm: Algorithm) -> &'static str {
-    &single_script(algorithm).text
+/// The script a request matched by one policy with `limit` runs: for redis-benchmark and
+/// for operators who want to read what runs in their Redis. Its arguments are the cost, then
+/// optionally now (microseconds; empty: Redis TIME) and a PX floor; see `check_one.lua`.
+pub fn single_script_text(limit: &Limit) -> Result<String, RedisStoreError> {
+    Ok(build_single(limit)?.text)
 }
 
 /// The SHA1 of [`single_script_text`].
-pub fn single_script_sha(algorithm: Algorithm) -> &'static str {
-    &single_script(algorithm).sha
+pub fn single_script_sha(limit: &Limit) -> Result<String, RedisStoreError> {
+    Ok(build_single(limit)?.sha)
 }
 
 #[cfg(test)]
@@ -146,7 +204,9 @@ mod tests {
         }
         assert_eq!(script_sha().len(), 40);
         for a in tollgate_core::Algorithm::ALL {
-            let one = single_script_text(a);
+            let quota = tollgate_core::Quota::per_minute(100).expect("quota");
+            let one = single_script_text(&Limit::new(a, quota).expect("limit")).expect("script");
+            assert!(one.contains("local LIMIT, PERIOD, BURST, T = 100, 60000000, 100, 600000\n"));
             assert!(
                 one.contains(&format!("local function {}(", a.name())),
                 "{a}"

@@ -2,13 +2,15 @@
 
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::script::{check_scripts, script, single_script};
+use crate::script::{check_scripts, script, single_script, Script};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::RwLock;
 use tollgate_core::{Check, ClientKey, Decision, Micros, Verdict};
 
 /// The largest cost sent to the script. Any cost above `MAX_LIMIT` is denied outright, so
@@ -27,6 +29,8 @@ pub struct RedisStore {
     prefix: Arc<str>,
     clock: StoreClock,
     ttl_floor_ms: Option<u64>,
+    /// The SHA1s of the scripts this store loaded into its server(s).
+    loaded: Arc<RwLock<HashSet<String>>>,
 }
 
 #[derive(Clone)]
@@ -71,6 +75,7 @@ impl RedisStore {
             prefix: config.key_prefix.into(),
             clock: config.clock,
             ttl_floor_ms: None,
+            loaded: Arc::default(),
         };
         store.load_script().await?;
         Ok(store)
@@ -99,10 +104,12 @@ impl RedisStore {
                 )));
             }
         }
-        let s = match checks {
-            [one] => single_script(one.rule.limit().algorithm),
-            _ => script(),
-        };
+        if let [one] = checks {
+            if let Some(s) = single_script(one.rule.limit())? {
+                return self.check_single(&s, client, one, now).await;
+            }
+        }
+        let s = script();
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&s.sha);
         self.push_args(&mut cmd, client, checks, now);
@@ -118,6 +125,70 @@ impl RedisStore {
             other => other,
         }?;
         parse_reply(&reply, checks)
+    }
+
+    /// One policy: its own script (quota built in), whose reply is one packed string.
+    async fn check_single(
+        &self,
+        s: &Script,
+        client: &ClientKey,
+        check: &Check<'_>,
+        now: Micros,
+    ) -> Result<Verdict, RedisStoreError> {
+        if !self.is_loaded(&s.sha) {
+            self.load(s).await?;
+        }
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&s.sha);
+        self.push_single_args(&mut cmd, client, check, now);
+        let reply = match self.query(&cmd).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(&s.text);
+                self.push_single_args(&mut eval, client, check, now);
+                self.query(&eval).await
+            }
+            other => other,
+        }?;
+        let decision = parse_packed(&reply, check)?;
+        Ok(Verdict {
+            allowed: decision.allowed,
+            decisions: vec![decision],
+        })
+    }
+
+    fn is_loaded(&self, sha: &str) -> bool {
+        self.loaded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(sha)
+    }
+
+    /// SCRIPT LOAD (on a cluster: on every master), so the first call is an EVALSHA like the
+    /// others. A server that loses its cache later answers NOSCRIPT and gets an EVAL.
+    async fn load(&self, s: &Script) -> Result<(), RedisStoreError> {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(&s.text);
+        let sha: String = match self.query(&cmd).await? {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::SimpleString(s) => s,
+            other => {
+                return Err(RedisStoreError::protocol(format!(
+                    "SCRIPT LOAD answered {other:?}"
+                )))
+            }
+        };
+        if sha != s.sha {
+            return Err(RedisStoreError::protocol(format!(
+                "SCRIPT LOAD returned sha {sha}, expected {}",
+                s.sha
+            )));
+        }
+        self.loaded
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(sha);
+        Ok(())
     }
 
     /// Round-trips a PING (on a cluster: to every node).
@@ -185,25 +256,29 @@ impl RedisStore {
         }
     }
 
+    /// The single-policy script's arguments: the key, the cost, then now (store clock:
+    /// empty, and only when a PX floor follows) and the floor.
+    fn push_single_args(&self, cmd: &mut Cmd, client: &ClientKey, check: &Check<'_>, now: Micros) {
+        cmd.arg(1)
+            .arg(self.key(client, check.rule.name()))
+            .arg(check.cost.min(MAX_COST));
+        match (self.clock, self.ttl_floor_ms) {
+            (StoreClock::Store, None) => {}
+            (StoreClock::Store, Some(ms)) => {
+                cmd.arg("").arg(ms);
+            }
+            (StoreClock::Local, None) => {
+                cmd.arg(now);
+            }
+            (StoreClock::Local, Some(ms)) => {
+                cmd.arg(now).arg(ms);
+            }
+        }
+    }
+
     async fn load_script(&self) -> Result<(), RedisStoreError> {
         for s in check_scripts() {
-            let mut cmd = redis::cmd("SCRIPT");
-            cmd.arg("LOAD").arg(&s.text);
-            let sha: String = match self.query(&cmd).await? {
-                redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-                redis::Value::SimpleString(s) => s,
-                other => {
-                    return Err(RedisStoreError::protocol(format!(
-                        "SCRIPT LOAD answered {other:?}"
-                    )))
-                }
-            };
-            if sha != s.sha {
-                return Err(RedisStoreError::protocol(format!(
-                    "SCRIPT LOAD returned sha {sha}, expected {}",
-                    s.sha
-                )));
-            }
+            self.load(s).await?;
         }
         Ok(())
     }
@@ -284,5 +359,40 @@ fn parse_reply(reply: &redis::Value, checks: &[Check<'_>]) -> Result<Verdict, Re
     Ok(Verdict {
         allowed: decisions.iter().all(|d| d.allowed),
         decisions,
+    })
+}
+
+/// The single-policy script's reply: 22 bytes, big-endian, allowed (1 byte), remaining,
+/// reset_after and retry_after + 1 (7 bytes each; 0: no retry time).
+fn parse_packed(reply: &redis::Value, check: &Check<'_>) -> Result<Decision, RedisStoreError> {
+    let bytes = match reply {
+        redis::Value::BulkString(b) if b.len() == 22 => b,
+        other => {
+            return Err(RedisStoreError::protocol(format!(
+                "the script answered {other:?}, expected 22 bytes"
+            )))
+        }
+    };
+    let int = |at: usize| {
+        bytes[at..at + 7]
+            .iter()
+            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
+    };
+    let allowed = match bytes[0] {
+        0 => false,
+        1 => true,
+        other => {
+            return Err(RedisStoreError::protocol(format!(
+                "the script answered allowed = {other}"
+            )))
+        }
+    };
+    let retry = int(15);
+    Ok(Decision {
+        allowed,
+        limit: check.rule.limit().quota.limit(),
+        remaining: int(1),
+        reset_after: int(8),
+        retry_after: retry.checked_sub(1),
     })
 }

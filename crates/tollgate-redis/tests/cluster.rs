@@ -110,7 +110,7 @@ async fn a_failover_is_survived_without_recreating_the_store() {
     let exists = cluster.nodes()[promoted].cli(&[
         "script",
         "exists",
-        single_script_sha(Algorithm::TokenBucket),
+        &single_script_sha(r.limit()).expect("script"),
     ]);
     assert_eq!(exists.trim(), "1");
     assert!(store.check(&who, &checks, 0).await.expect("check").allowed);

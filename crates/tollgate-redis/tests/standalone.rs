@@ -6,7 +6,9 @@ mod common;
 use common::{client, rule, EPOCH_2026};
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Clock, Limit, State, SystemClock};
-use tollgate_redis::{script_sha, single_script_sha, RedisConfig, RedisStore, StoreClock};
+use tollgate_redis::{
+    script_sha, single_script_sha, single_script_text, RedisConfig, RedisStore, StoreClock,
+};
 use tollgate_testkit::RedisServer;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -114,27 +116,41 @@ async fn an_invalid_argument_fails_before_any_write() {
     assert!(out.contains("not an algorithm"), "{out}");
     let out = server.cli(&["evalsha", script_sha(), "1", "k1", "1000", "gcra", "1", "1"]);
     assert!(out.contains("expected 1 + 5 arguments"), "{out}");
-    // The single-policy script validates the same way.
-    let gcra = single_script_sha(Algorithm::Gcra);
-    let out = server.cli(&[
-        "evalsha", gcra, "1", "k1", "1000", "gcra", "0", "1000000", "10", "1",
-    ]);
-    assert!(out.contains("tollgate"), "{out}");
-    let out = server.cli(&[
-        "evalsha",
-        gcra,
-        "1",
-        "k1",
-        "1000",
-        "token_bucket",
-        "1",
-        "1",
-        "1",
-        "1",
-    ]);
-    assert!(out.contains("is not gcra"), "{out}");
-    let out = server.cli(&["evalsha", gcra, "1", "k1", "-5", "gcra", "1", "1", "1", "1"]);
-    assert!(out.contains("tollgate"), "{out}");
+    // The single-policy script (its quota built in) validates what a call carries: the cost,
+    // now and the PX floor, and the shape of the call.
+    let r = rule("v", Algorithm::Gcra, 10, HOUR);
+    let text = single_script_text(r.limit()).expect("script");
+    let gcra = single_script_sha(r.limit()).expect("script");
+    assert_eq!(server.cli(&["script", "load", &text]).trim(), gcra);
+    for (args, message) in [
+        (&["1", "k1", "-5"][..], "(cost)"),
+        (&["1", "k1", "1.5"][..], "(cost)"),
+        (&["1", "k1", "x"][..], "(cost)"),
+        (&["1", "k1", "1", "-1"][..], "(now)"),
+        (&["1", "k1", "1", "soon"][..], "(now)"),
+        (&["1", "k1", "1", "1000", "-3"][..], "(PX floor)"),
+        (
+            &["1", "k1", "1", "1000", "1", "extra"][..],
+            "1 to 3 arguments",
+        ),
+        (&["2", "k1", "k2", "1"][..], "1 to 3 arguments"),
+        (&["1", "k1"][..], "1 to 3 arguments"),
+    ] {
+        let mut cmd = vec!["evalsha", gcra.as_str()];
+        cmd.extend_from_slice(args);
+        let out = server.cli(&cmd);
+        assert!(
+            out.contains("tollgate") && out.contains(message),
+            "{args:?}: {out}"
+        );
+    }
+    // The single-policy script is built from a checked limit only.
+    let bad = Limit {
+        algorithm: Algorithm::SlidingWindowLog,
+        quota: tollgate_core::Quota::per_hour(1_000_000).expect("quota"),
+    };
+    let err = single_script_text(&bad).expect_err("an invalid limit");
+    assert_eq!(err.kind(), "invalid", "{err}");
     assert_eq!(server.cli(&["dbsize"]).trim(), "0");
     drop(store);
 }
@@ -187,42 +203,37 @@ async fn scripts_are_reloaded_after_a_flush_without_failing_the_request() {
     let server = RedisServer::start();
     let store = common::connect(&server.url(), StoreClock::Store).await;
     let r = rule("f", Algorithm::TokenBucket, 5, HOUR);
-    assert_eq!(
-        server
-            .cli(&[
-                "script",
-                "exists",
-                single_script_sha(Algorithm::TokenBucket)
-            ])
-            .trim(),
-        "1"
-    );
+    let sha = single_script_sha(r.limit()).expect("script");
+    let exists = |sha: &str| server.cli(&["script", "exists", sha]).trim().to_string();
+    // The multi-policy script is loaded on connect, a policy's own script on first use.
+    assert_eq!(exists(script_sha()), "1");
+    assert_eq!(exists(&sha), "0");
+    let who = client(5);
+    let one = [Check { rule: &r, cost: 1 }];
+    let check = || store.check(&who, &one, 0);
+    assert!(check().await.expect("check").allowed);
+    assert_eq!(exists(&sha), "1");
     server.cli(&["script", "flush"]);
-    assert_eq!(
-        server
-            .cli(&[
-                "script",
-                "exists",
-                single_script_sha(Algorithm::TokenBucket)
-            ])
-            .trim(),
-        "0"
-    );
+    assert_eq!(exists(&sha), "0");
+    assert!(check().await.expect("check").allowed);
+    assert_eq!(exists(&sha), "1");
+    // Both scripts count the same state: 2 of 5 used.
+    let other = rule("g", Algorithm::Gcra, 5, HOUR);
     let v = store
-        .check(&client(5), &[Check { rule: &r, cost: 1 }], 0)
+        .check(
+            &client(5),
+            &[
+                Check { rule: &r, cost: 1 },
+                Check {
+                    rule: &other,
+                    cost: 1,
+                },
+            ],
+            0,
+        )
         .await
         .expect("check");
-    assert!(v.allowed);
-    assert_eq!(
-        server
-            .cli(&[
-                "script",
-                "exists",
-                single_script_sha(Algorithm::TokenBucket)
-            ])
-            .trim(),
-        "1"
-    );
+    assert_eq!(v.decisions[0].remaining, 2);
 }
 
 #[tokio::test]
@@ -260,7 +271,11 @@ async fn a_dead_server_fails_calls_fast_and_a_restarted_one_is_used_again() {
     );
     assert_eq!(
         server
-            .cli(&["script", "exists", single_script_sha(Algorithm::Gcra)])
+            .cli(&[
+                "script",
+                "exists",
+                &single_script_sha(r.limit()).expect("script")
+            ])
             .trim(),
         "1"
     );
