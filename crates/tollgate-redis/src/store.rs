@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::RwLock;
-use tollgate_core::{Check, ClientKey, Decision, Micros, Verdict};
+use tollgate_core::{Check, ClientKey, Decision, Limit, Micros, Verdict};
 
 /// The largest cost sent to the script. Any cost above `MAX_LIMIT` is denied outright, so
 /// clamping to 2^53 (exact in Lua) changes no decision.
@@ -188,6 +188,19 @@ impl RedisStore {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(sha);
+        Ok(())
+    }
+
+    /// Loads the single-policy scripts of `limits` now, so the first request of each policy
+    /// is one EVALSHA like the others (otherwise it also pays a SCRIPT LOAD round trip).
+    pub async fn prepare(&self, limits: &[Limit]) -> Result<(), RedisStoreError> {
+        for limit in limits {
+            if let Some(s) = single_script(limit)? {
+                if !self.is_loaded(&s.sha) {
+                    self.load(&s).await?;
+                }
+            }
+        }
         Ok(())
     }
 

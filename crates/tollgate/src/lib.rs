@@ -118,6 +118,8 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     leases: Option<Leases>,
     lease_policies: std::sync::Mutex<Vec<Policy>>,
+    /// The limits of the policies made so far, for `connect` to load their scripts.
+    limits: std::sync::Mutex<Vec<tollgate_core::Limit>>,
     sweeper: std::sync::OnceLock<()>,
     metrics: Metrics,
 }
@@ -159,6 +161,7 @@ impl Limiter {
                 leases: can_lease.then(|| Leases::new(config.deny_cache_capacity.max(1024))),
                 deny_cache,
                 lease_policies: std::sync::Mutex::new(Vec::new()),
+                limits: std::sync::Mutex::new(Vec::new()),
                 sweeper: std::sync::OnceLock::new(),
                 metrics: Metrics::default(),
             }),
@@ -183,11 +186,21 @@ impl Limiter {
             .map_err(&invalid)?;
         let stats = self.inner.metrics.policy(&spec.name);
         let name = spec.name.clone();
+        let spec_limit = spec.limit;
         let policy =
             Policy::build(spec, stats).map_err(|reason| Error::InvalidPolicy { name, reason })?;
         if self.leases(&policy) {
             self.register_lease_policy(&policy);
         }
+        let mut limits = self
+            .inner
+            .limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !limits.contains(&spec_limit) {
+            limits.push(spec_limit);
+        }
+        drop(limits);
         Ok(policy)
     }
 
@@ -204,13 +217,19 @@ impl Limiter {
             .render(out, self.inner.breakers.any_open(), keys);
     }
 
-    /// Connects the store (and loads its scripts) now rather than inside the first requests'
-    /// timeouts, waiting at most `within`. Returns whether it is connected; when it is not,
+    /// Connects the store (and loads the scripts of the policies made so far) now rather than
+    /// inside the first requests' timeouts, waiting at most `within`. Returns whether it is connected; when it is not,
     /// requests follow their failure policies and the store is connected on a later call.
     /// Call it once at startup: a connection and a script load do not fit in a 20 ms request
     /// timeout on a loaded machine, and a cold start must not trip the breaker.
     pub async fn connect(&self, within: Duration) -> bool {
-        match self.inner.store.connect(within).await {
+        let limits = self
+            .inner
+            .limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match self.inner.store.connect(within, &limits).await {
             Ok(()) => true,
             Err(StoreFailure { kind, message }) => {
                 tracing::warn!(target: "tollgate::store", kind, %message, "store not reachable at startup");

@@ -164,15 +164,22 @@ impl Store {
     }
 
     /// Connects a remote store (and loads its scripts) if it is not connected yet.
-    pub(crate) async fn connect(&self, within: Duration) -> Result<(), StoreFailure> {
+    /// Connects a remote store and loads the scripts of `limits` (the policies known now).
+    pub(crate) async fn connect(
+        &self,
+        within: Duration,
+        limits: &[tollgate_core::Limit],
+    ) -> Result<(), StoreFailure> {
         match self {
             #[cfg(feature = "memory")]
             Store::Memory(_) => {
-                let _ = within;
+                let _ = (within, limits);
                 Ok(())
             }
             #[cfg(feature = "redis")]
-            Store::Redis(r) => self::within(within, r.get()).await.map(|_| ()),
+            Store::Redis(r) => {
+                self::within(within, async { r.get().await?.prepare(limits).await }).await
+            }
         }
     }
 }

@@ -308,7 +308,12 @@ async fn connecting_at_startup_keeps_the_first_requests_off_the_breaker() {
     let clock = ManualClock::new(T0);
     let l = limiter(&server.url(), &clock);
     let p = policy(&l, "api", 10, FailurePolicy::Open, 1);
+    let limit = Limit::new(Algorithm::TokenBucket, Quota::per_hour(10).expect("quota"));
+    let sha = tollgate_redis::single_script_sha(&limit.expect("limit")).expect("script");
+    assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "0");
     assert!(l.connect(Duration::from_secs(5)).await);
+    // The policy's own script is loaded too: its first request is one EVALSHA.
+    assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "1");
     let calls_before = l.metrics().store_calls();
     assert_eq!(
         timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
