@@ -17,24 +17,26 @@
 -- string.
 --
 -- KEYS[1]  the state of the policy: <prefix>:{<client>}:<policy>.
--- ARGV[1]  cost, an integer in [0, 2^53].
+-- ARGV[1]  optional: cost, an integer in [0, 2^53]; absent = 1 (the common call has no
+--          argument at all).
 -- ARGV[2]  optional: now in microseconds since the epoch; absent or '' = Redis TIME.
 -- ARGV[3]  optional: PX floor in milliseconds (tests that drive a local clock).
--- Reply:   a 22-byte string, struct '>BI7I7I7': allowed (1 or 0), remaining, reset_after
---          (us), retry_after + 1 (us; 0: none, retrying never helps or nothing to wait for).
+-- Reply:   a packed string, struct '>BI7I7I7' for a denial: 0, remaining, reset_after (us),
+--          retry_after + 1 (us; 0: retrying never helps); '>BI7I7' when allowed: 1,
+--          remaining, reset_after.
 --
 -- Why Lua, and why decide before writing: see check.lua. Here the only write is the last
 -- command, after every argument was checked and the key was read.
 
 -- Errors are returned, not raised: no `fail` closure to build on every call.
 local nargs = #ARGV
-if #KEYS ~= 1 or nargs < 1 or nargs > 3 then
-  return redis.error_reply('ERR tollgate: expected 1 key and 1 to 3 arguments (cost, now, ' ..
+if #KEYS ~= 1 or nargs > 3 then
+  return redis.error_reply('ERR tollgate: expected 1 key and 0 to 3 arguments (cost, now, ' ..
     'PX floor), got ' .. #KEYS .. ' keys and ' .. nargs .. ' arguments')
 end
 -- A cost of 1 is nearly every call: comparing interned strings is cheaper than parsing.
 local cost = ARGV[1]
-if cost == '1' then
+if cost == nil or cost == '1' then
   cost = 1
 else
   cost = tonumber(cost)
@@ -68,10 +70,17 @@ if not ok then
   return pack('>BI7I7I7', 0, remaining, reset, retry + 1)
 end
 if cost > 0 then
-  local ms = ttl_ms(idle_at, now)
+  -- PX so that the key disappears at idle_at (rounded up to the next millisecond, never
+  -- early): from then on its state equals a fresh one.
+  local ms = floor((idle_at - now + 999) / 1000)
+  if ms < 1 then
+    ms = 1
+  end
   if ms < ttl_floor then
     ms = ttl_floor
   end
-  redis.call('SET', KEYS[1], value, 'PX', fmt('%d', ms))
+  -- GET turns SET's reply into a bulk string (nil for a new key): a status reply becomes a
+  -- Lua table, which costs more (callgrind: -750 instructions per call).
+  redis.call('SET', KEYS[1], value, 'PX', fmt('%d', ms), 'GET')
 end
-return pack('>BI7I7I7', 1, remaining, reset, retry + 1)
+return pack('>BI7I7', 1, remaining, reset)

@@ -13,13 +13,3 @@ local pack = struct.pack
 -- Integers go to redis.call as strings formatted with %d: a Lua number argument is printed
 -- by Redis with %.17g, which costs several times more.
 local fmt = string.format
-
--- Milliseconds for PX so that a key written at `now` disappears at `idle_at` (rounded up to
--- the next millisecond, never early): from then on its state equals a fresh one.
-local function ttl_ms(idle_at, now)
-  local ms = floor((idle_at - now + 999) / 1000)
-  if ms < 1 then
-    return 1
-  end
-  return ms
-end

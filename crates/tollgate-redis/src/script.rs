@@ -14,8 +14,9 @@ use tollgate_core::algorithms::MAX_LOG_LIMIT;
 use tollgate_core::{Algorithm, Limit};
 use tollgate_core::{MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
 
-const PARTS: [&str; 10] = [
+const PARTS: [&str; 11] = [
     include_str!("../scripts/prelude.lua"),
+    include_str!("../scripts/ttl.lua"),
     include_str!("../scripts/packed.lua"),
     include_str!("../scripts/args.lua"),
     include_str!("../scripts/fixed_window.lua"),
@@ -33,8 +34,9 @@ pub(crate) struct Script {
 }
 
 /// The lease driver and the algorithms it can lease (see `scripts/lease.lua`).
-const LEASE_PARTS: [&str; 8] = [
+const LEASE_PARTS: [&str; 9] = [
     include_str!("../scripts/prelude.lua"),
+    include_str!("../scripts/ttl.lua"),
     include_str!("../scripts/packed.lua"),
     include_str!("../scripts/args.lua"),
     include_str!("../scripts/fixed_window.lua"),

@@ -269,22 +269,25 @@ impl RedisStore {
         }
     }
 
-    /// The single-policy script's arguments: the key, the cost, then now (store clock:
-    /// empty, and only when a PX floor follows) and the floor.
+    /// The single-policy script's arguments: the key, then the cost (left out when it is 1
+    /// and nothing follows: each argument costs Redis a string and a table slot), now (store
+    /// clock: empty, and only when a PX floor follows) and the floor.
     fn push_single_args(&self, cmd: &mut Cmd, client: &ClientKey, check: &Check<'_>, now: Micros) {
-        cmd.arg(1)
-            .arg(self.key(client, check.rule.name()))
-            .arg(check.cost.min(MAX_COST));
+        cmd.arg(1).arg(self.key(client, check.rule.name()));
+        let cost = check.cost.min(MAX_COST);
         match (self.clock, self.ttl_floor_ms) {
-            (StoreClock::Store, None) => {}
+            (StoreClock::Store, None) if cost == 1 => {}
+            (StoreClock::Store, None) => {
+                cmd.arg(cost);
+            }
             (StoreClock::Store, Some(ms)) => {
-                cmd.arg("").arg(ms);
+                cmd.arg(cost).arg("").arg(ms);
             }
             (StoreClock::Local, None) => {
-                cmd.arg(now);
+                cmd.arg(cost).arg(now);
             }
             (StoreClock::Local, Some(ms)) => {
-                cmd.arg(now).arg(ms);
+                cmd.arg(cost).arg(now).arg(ms);
             }
         }
     }
@@ -375,14 +378,18 @@ fn parse_reply(reply: &redis::Value, checks: &[Check<'_>]) -> Result<Verdict, Re
     })
 }
 
-/// The single-policy script's reply: 22 bytes, big-endian, allowed (1 byte), remaining,
-/// reset_after and retry_after + 1 (7 bytes each; 0: no retry time).
+/// The single-policy script's reply, big-endian: allowed (1 byte), remaining and reset_after
+/// (7 bytes each), and for a denial retry_after + 1 (7 bytes; 0: retrying never helps).
 fn parse_packed(reply: &redis::Value, check: &Check<'_>) -> Result<Decision, RedisStoreError> {
     let bytes = match reply {
-        redis::Value::BulkString(b) if b.len() == 22 => b,
+        redis::Value::BulkString(b)
+            if matches!((b.len(), b.first()), (15, Some(1)) | (22, Some(0))) =>
+        {
+            b
+        }
         other => {
             return Err(RedisStoreError::protocol(format!(
-                "the script answered {other:?}, expected 22 bytes"
+                "the script answered {other:?}, expected 15 bytes (allowed) or 22 (denied)"
             )))
         }
     };
@@ -391,21 +398,16 @@ fn parse_packed(reply: &redis::Value, check: &Check<'_>) -> Result<Decision, Red
             .iter()
             .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
     };
-    let allowed = match bytes[0] {
-        0 => false,
-        1 => true,
-        other => {
-            return Err(RedisStoreError::protocol(format!(
-                "the script answered allowed = {other}"
-            )))
-        }
-    };
-    let retry = int(15);
+    let allowed = bytes[0] == 1;
     Ok(Decision {
         allowed,
         limit: check.rule.limit().quota.limit(),
         remaining: int(1),
         reset_after: int(8),
-        retry_after: retry.checked_sub(1),
+        retry_after: if allowed {
+            None
+        } else {
+            int(15).checked_sub(1)
+        },
     })
 }
