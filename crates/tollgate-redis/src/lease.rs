@@ -5,7 +5,6 @@ use crate::error::RedisStoreError;
 use crate::script::lease_script;
 use crate::store::RedisStore;
 use crate::StoreClock;
-use redis::{ErrorKind, ServerErrorKind};
 use tollgate_core::{Algorithm, ClientKey, Micros, Rule};
 
 /// One lease call: give back `give_back` unused units of the previous lease (taken in
@@ -85,18 +84,7 @@ impl RedisStore {
                 cmd.arg(ms);
             }
         };
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&s.sha);
-        args(&mut cmd);
-        let reply = match self.query(&cmd).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut eval = redis::cmd("EVAL");
-                eval.arg(&s.text);
-                args(&mut eval);
-                self.query(&eval).await
-            }
-            other => other,
-        }?;
+        let reply = self.run_script(s, args).await?;
         parse(&reply)
     }
 }

@@ -109,21 +109,9 @@ impl RedisStore {
                 return self.check_single(&s, client, one, now).await;
             }
         }
-        let s = script();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&s.sha);
-        self.push_args(&mut cmd, client, checks, now);
-        let reply = match self.query(&cmd).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                // The server lost its script cache (restart, FLUSH, failover): EVAL sends the
-                // script and caches it again, so the next EVALSHA works.
-                let mut eval = redis::cmd("EVAL");
-                eval.arg(&s.text);
-                self.push_args(&mut eval, client, checks, now);
-                self.query(&eval).await
-            }
-            other => other,
-        }?;
+        let reply = self
+            .run_script(script(), |cmd| self.push_args(cmd, client, checks, now))
+            .await?;
         parse_reply(&reply, checks)
     }
 
@@ -138,18 +126,9 @@ impl RedisStore {
         if !self.is_loaded(&s.sha) {
             self.load(s).await?;
         }
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&s.sha);
-        self.push_single_args(&mut cmd, client, check, now);
-        let reply = match self.query(&cmd).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut eval = redis::cmd("EVAL");
-                eval.arg(&s.text);
-                self.push_single_args(&mut eval, client, check, now);
-                self.query(&eval).await
-            }
-            other => other,
-        }?;
+        let reply = self
+            .run_script(s, |cmd| self.push_single_args(cmd, client, check, now))
+            .await?;
         let decision = parse_packed(&reply, check)?;
         Ok(Verdict {
             allowed: decision.allowed,
@@ -297,6 +276,28 @@ impl RedisStore {
             self.load(s).await?;
         }
         Ok(())
+    }
+
+    /// EVALSHA of `s` with the arguments `args` writes. A server that lost its script cache
+    /// (restart, FLUSH, failover) answers NOSCRIPT; EVAL then sends the script, which caches it
+    /// again, so the next EVALSHA works and no request fails for it.
+    pub(crate) async fn run_script(
+        &self,
+        s: &Script,
+        args: impl Fn(&mut Cmd),
+    ) -> Result<redis::Value, RedisError> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&s.sha);
+        args(&mut cmd);
+        match self.query(&cmd).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(&s.text);
+                args(&mut eval);
+                self.query(&eval).await
+            }
+            other => other,
+        }
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
