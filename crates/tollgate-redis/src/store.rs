@@ -2,12 +2,12 @@
 
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::script::{check_scripts, script, single_script, Script};
+use crate::script::{check_scripts, script, single_script, LimitHash, Script};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::RwLock;
@@ -29,8 +29,9 @@ pub struct RedisStore {
     prefix: Arc<str>,
     clock: StoreClock,
     ttl_floor_ms: Option<u64>,
-    /// The SHA1s of the scripts this store loaded into its server(s).
-    loaded: Arc<RwLock<HashSet<String>>>,
+    /// The single-policy scripts this store loaded into its server(s), by policy shape: one
+    /// lookup per check finds the script and knows it is loaded.
+    ready: Arc<RwLock<HashMap<Limit, Arc<Script>, LimitHash>>>,
 }
 
 #[derive(Clone)]
@@ -75,7 +76,7 @@ impl RedisStore {
             prefix: config.key_prefix.into(),
             clock: config.clock,
             ttl_floor_ms: None,
-            loaded: Arc::default(),
+            ready: Arc::default(),
         };
         store.load_script().await?;
         Ok(store)
@@ -105,7 +106,7 @@ impl RedisStore {
             }
         }
         if let [one] = checks {
-            if let Some(s) = single_script(one.rule.limit())? {
+            if let Some(s) = self.single(one.rule.limit()).await? {
                 return self.check_single(&s, client, one, now).await;
             }
         }
@@ -123,9 +124,6 @@ impl RedisStore {
         check: &Check<'_>,
         now: Micros,
     ) -> Result<Verdict, RedisStoreError> {
-        if !self.is_loaded(&s.sha) {
-            self.load(s).await?;
-        }
         let reply = self
             .run_script(s, |cmd| self.push_single_args(cmd, client, check, now))
             .await?;
@@ -136,11 +134,27 @@ impl RedisStore {
         })
     }
 
-    fn is_loaded(&self, sha: &str) -> bool {
-        self.loaded
+    /// The single-policy script of `limit`, loaded into this store's server(s) on first use;
+    /// `None` past the cap on policy shapes (the multi-policy script serves those).
+    async fn single(&self, limit: &Limit) -> Result<Option<Arc<Script>>, RedisStoreError> {
+        let ready = self
+            .ready
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(sha)
+            .get(limit)
+            .cloned();
+        if ready.is_some() {
+            return Ok(ready);
+        }
+        let Some(s) = single_script(limit)? else {
+            return Ok(None);
+        };
+        self.load(&s).await?;
+        self.ready
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(*limit, Arc::clone(&s));
+        Ok(Some(s))
     }
 
     /// SCRIPT LOAD (on a cluster: on every master), so the first call is an EVALSHA like the
@@ -163,10 +177,6 @@ impl RedisStore {
                 s.sha
             )));
         }
-        self.loaded
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(sha);
         Ok(())
     }
 
@@ -174,11 +184,7 @@ impl RedisStore {
     /// is one EVALSHA like the others (otherwise it also pays a SCRIPT LOAD round trip).
     pub async fn prepare(&self, limits: &[Limit]) -> Result<(), RedisStoreError> {
         for limit in limits {
-            if let Some(s) = single_script(limit)? {
-                if !self.is_loaded(&s.sha) {
-                    self.load(&s).await?;
-                }
-            }
+            self.single(limit).await?;
         }
         Ok(())
     }
