@@ -21,9 +21,10 @@
 --          argument at all).
 -- ARGV[2]  optional: now in microseconds since the epoch; absent or '' = Redis TIME.
 -- ARGV[3]  optional: PX floor in milliseconds (tests that drive a local clock).
--- Reply:   a packed string, struct '>BI7I7I7' for a denial: 0, remaining, reset_after (us),
---          retry_after + 1 (us; 0: retrying never helps); '>BI7I7' when allowed: 1,
---          remaining, reset_after.
+-- Reply:   allowed: the integer reset_after * REPLY_BASE + remaining when the quota's bounds
+--          let it fit below 2^53, else a packed string, struct '>BI7I7': 1, remaining,
+--          reset_after. Denied: struct '>BI7I7I7': 0, remaining, reset_after (us),
+--          retry_after + 1 (us; 0: retrying never helps).
 --
 -- Why Lua, and why decide before writing: see check.lua. Here the only write is the last
 -- command, after every argument was checked and the key was read.
@@ -82,5 +83,10 @@ if cost > 0 then
   -- GET turns SET's reply into a bulk string (nil for a new key): a status reply becomes a
   -- Lua table, which costs more (callgrind: -750 instructions per call).
   redis.call('SET', KEYS[1], value, 'PX', fmt('%d', ms), 'GET')
+end
+-- An integer is the cheapest reply: reset_after * REPLY_BASE + remaining, when the Rust side
+-- proved at build time that every value fits below 2^53 (REPLY_BASE = 0 otherwise).
+if remaining < REPLY_BASE and reset < REPLY_RESET_BOUND then
+  return reset * REPLY_BASE + remaining
 end
 return pack('>BI7I7', 1, remaining, reset)

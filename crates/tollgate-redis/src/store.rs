@@ -127,7 +127,7 @@ impl RedisStore {
         let reply = self
             .run_script(s, |cmd| self.push_single_args(cmd, client, check, now))
             .await?;
-        let decision = parse_packed(&reply, check)?;
+        let decision = parse_single(&reply, check, s.reply_base)?;
         Ok(Verdict {
             allowed: decision.allowed,
             decisions: vec![decision],
@@ -385,9 +385,29 @@ fn parse_reply(reply: &redis::Value, checks: &[Check<'_>]) -> Result<Verdict, Re
     })
 }
 
-/// The single-policy script's reply, big-endian: allowed (1 byte), remaining and reset_after
-/// (7 bytes each), and for a denial retry_after + 1 (7 bytes; 0: retrying never helps).
-fn parse_packed(reply: &redis::Value, check: &Check<'_>) -> Result<Decision, RedisStoreError> {
+/// The single-policy script's reply. Allowed: the integer `reset_after * base + remaining`
+/// (`base` > 0), or the packed string below. Packed, big-endian: allowed (1 byte), remaining
+/// and reset_after (7 bytes each), and for a denial retry_after + 1 (7 bytes; 0: retrying
+/// never helps).
+fn parse_single(
+    reply: &redis::Value,
+    check: &Check<'_>,
+    base: u64,
+) -> Result<Decision, RedisStoreError> {
+    let limit = check.rule.limit().quota.limit();
+    if let redis::Value::Int(n) = reply {
+        let n = u64::try_from(*n)
+            .ok()
+            .filter(|_| base > 0)
+            .ok_or_else(|| RedisStoreError::protocol(format!("the script answered {n}")))?;
+        return Ok(Decision {
+            allowed: true,
+            limit,
+            remaining: n % base,
+            reset_after: n / base,
+            retry_after: None,
+        });
+    }
     let bytes = match reply {
         redis::Value::BulkString(b)
             if matches!((b.len(), b.first()), (15, Some(1)) | (22, Some(0))) =>
@@ -408,7 +428,7 @@ fn parse_packed(reply: &redis::Value, check: &Check<'_>) -> Result<Decision, Red
     let allowed = bytes[0] == 1;
     Ok(Decision {
         allowed,
-        limit: check.rule.limit().quota.limit(),
+        limit,
         remaining: int(1),
         reset_after: int(8),
         retry_after: if allowed {

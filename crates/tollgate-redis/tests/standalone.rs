@@ -155,6 +155,40 @@ async fn an_invalid_argument_fails_before_any_write() {
 }
 
 #[tokio::test]
+async fn quotas_too_large_for_an_integer_reply_are_answered_packed_and_decide_like_core() {
+    // The single-policy script answers an allowed request with one integer when the quota's
+    // bounds let remaining and reset_after share it below 2^53, else with a packed string.
+    // These quotas are too large for the integer: the packed path must decode exactly.
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Local).await;
+    let day = Duration::from_secs(86_400);
+    for algorithm in Algorithm::ALL {
+        let (limit, period) = match algorithm {
+            Algorithm::SlidingWindowLog => (100_000, day * 366),
+            Algorithm::SlidingWindowCounter => (100_000, day),
+            _ => (1 << 40, day * 366),
+        };
+        let quota = tollgate_core::Quota::new(limit, period).expect("quota");
+        let r = tollgate_core::Rule::new(
+            format!("big-{algorithm}"),
+            Limit::new(algorithm, quota).expect("limit"),
+        );
+        let who = client(9);
+        let mut state = r.limit().fresh();
+        let mut now = EPOCH_2026;
+        for cost in [3, 2, 0, limit, 1] {
+            let expected = r.limit().check(&mut state, now, cost, true);
+            let v = store
+                .check(&who, &[Check { rule: &r, cost }], now)
+                .await
+                .expect("check");
+            assert_eq!(v.decisions[0], expected, "{algorithm} cost {cost}");
+            now += 1_000_003;
+        }
+    }
+}
+
+#[tokio::test]
 async fn zero_cost_queries_and_impossible_costs_write_nothing() {
     let server = RedisServer::start();
     let store = common::connect(&server.url(), StoreClock::Store).await;
