@@ -2,8 +2,10 @@
 --
 -- KEYS and ARGV: run by check.lua for policy i with KEYS[i] = this state key and
 -- ARGV[5i-3 .. 5i+1] = 'gcra', limit, period (us), burst, cost (see check.lua, which also says
--- why this is a Lua script). This file only decides: it returns the new value and the
--- instant it becomes idle, and check.lua writes it (SET ... PX) when every policy allows.
+-- why this is a Lua script), and by a single-policy script (check_one.lua) with the quota
+-- built in. This file only decides: it returns the new value (a string, formatted with %d)
+-- and the instant it becomes idle, and the driver writes it (SET ... PX) when every policy
+-- allows.
 --
 -- State: one string key holding the theoretical arrival time (TAT) as a decimal integer, in
 -- microseconds since the epoch (Redis stores it as an integer-encoded string). A missing key

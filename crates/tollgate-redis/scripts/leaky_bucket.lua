@@ -3,8 +3,9 @@
 --
 -- KEYS and ARGV: run by check.lua for policy i with KEYS[i] = this state key and
 -- ARGV[5i-3 .. 5i+1] = 'leaky_bucket', limit, period (us), burst, cost (see check.lua, which also says
--- why this is a Lua script). This file only decides: it returns the new value and the
--- instant it becomes idle, and check.lua writes it (SET ... PX) when every policy allows.
+-- why this is a Lua script), and by a single-policy script (check_one.lua) with the quota
+-- built in. This file only decides: it returns the new value and the instant it becomes
+-- idle, and the driver writes it (SET ... PX) when every policy allows.
 --
 -- State: one string key, 15 bytes: "L", level (7 bytes), last (7 bytes), big-endian
 -- integers: the units in the bucket at `last`, the instant the partial unit being drained
