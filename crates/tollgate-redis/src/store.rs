@@ -116,7 +116,7 @@ impl RedisStore {
         parse_reply(&reply, checks)
     }
 
-    /// One policy: its own script (quota built in), whose reply is one packed string.
+    /// One policy: its own script (quota built in), answering an integer or a packed string.
     async fn check_single(
         &self,
         s: &Script,

@@ -197,7 +197,9 @@ impl Limiter {
             .limits
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !limits.contains(&spec_limit) {
+        // Bounded like the store's own cache of policy shapes: past it, policies still work
+        // and load their script on first use.
+        if limits.len() < 1024 && !limits.contains(&spec_limit) {
             limits.push(spec_limit);
         }
         drop(limits);
@@ -218,8 +220,9 @@ impl Limiter {
     }
 
     /// Connects the store (and loads the scripts of the policies made so far) now rather than
-    /// inside the first requests' timeouts, waiting at most `within`. Returns whether it is connected; when it is not,
-    /// requests follow their failure policies and the store is connected on a later call.
+    /// inside the first requests' timeouts, waiting at most `within`. Returns whether it is
+    /// connected; when it is not, requests follow their failure policies and the store is
+    /// connected on a later call.
     /// Call it once at startup: a connection and a script load do not fit in a 20 ms request
     /// timeout on a loaded machine, and a cold start must not trip the breaker.
     pub async fn connect(&self, within: Duration) -> bool {

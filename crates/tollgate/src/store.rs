@@ -163,8 +163,8 @@ impl Store {
         }
     }
 
-    /// Connects a remote store (and loads its scripts) if it is not connected yet.
-    /// Connects a remote store and loads the scripts of `limits` (the policies known now).
+    /// Connects a remote store if it is not connected yet, and loads the scripts of `limits`
+    /// (the policies known now).
     pub(crate) async fn connect(
         &self,
         within: Duration,
