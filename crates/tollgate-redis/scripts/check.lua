@@ -66,14 +66,6 @@ local function policy(i)
   return alg, limit, p, burst, t, int(b + 4, 0, MAX_INT, 'cost')
 end
 
-local function expire_ms(idle_at)
-  local ms = ttl_ms(idle_at, now)
-  if ms < ttl_floor then
-    return ttl_floor
-  end
-  return ms
-end
-
 -- One policy (the common case): the same steps without the bookkeeping of several.
 if n == 1 then
   local alg, limit, p, burst, t, cost = policy(1)
@@ -81,7 +73,7 @@ if n == 1 then
     alg(redis.call('GET', KEYS[1]), now, limit, p, burst, t, cost)
   if ok then
     if cost > 0 then
-      redis.call('SET', KEYS[1], value, 'PX', fmt('%d', expire_ms(idle_at)))
+      redis.call('SET', KEYS[1], value, 'PX', px(idle_at, now, ttl_floor))
     end
     return { 1, remaining, reset, retry }
   end
@@ -117,7 +109,7 @@ end
 if all then
   for i = 1, n do
     if costs[i] > 0 then
-      redis.call('SET', KEYS[i], values[i], 'PX', fmt('%d', expire_ms(idles[i])))
+      redis.call('SET', KEYS[i], values[i], 'PX', px(idles[i], now, ttl_floor))
     end
   end
 else

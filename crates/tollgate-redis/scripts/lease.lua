@@ -45,14 +45,6 @@ if #ARGV == 10 then
   ttl_floor = int(10, 0, MAX_PERIOD, 'ttl floor')
 end
 local now = read_now()
--- PX for a key idle at `idle_at`, never below the floor.
-local function expire_ms(idle_at)
-  local ms = ttl_ms(idle_at, now)
-  if ms < ttl_floor then
-    return ttl_floor
-  end
-  return ms
-end
 local name = ARGV[2]
 local alg = LEASABLE[name]
 if not alg then
@@ -146,11 +138,11 @@ end
 
 -- 3. Write: the grant (which includes the give-back), or the give-back alone.
 if granted > 0 then
-  redis.call('SET', KEYS[1], value, 'PX', fmt('%d', expire_ms(idle_at)))
+  redis.call('SET', KEYS[1], value, 'PX', px(idle_at, now, ttl_floor))
 elseif changed then
   if raw then
     local _, _, r = alg(raw, now, limit, p, burst, t, 0)
-    redis.call('SET', KEYS[1], raw, 'PX', fmt('%d', expire_ms(now + r)))
+    redis.call('SET', KEYS[1], raw, 'PX', px(now + r, now, ttl_floor))
   else
     redis.call('DEL', KEYS[1])
   end
