@@ -9,6 +9,7 @@ use http::header::HeaderName;
 use http::Uri;
 
 use super::accuracy::Algorithm;
+use tollgate_gateway::config::parse_duration;
 
 /// The longest run allowed.
 const MAX_DURATION: Duration = Duration::from_secs(3_600);
@@ -96,29 +97,6 @@ pub fn parse_target(target: &str) -> Result<Uri, String> {
     let mut parts = uri.into_parts();
     parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
     Uri::from_parts(parts).map_err(|e| format!("{target:?}: {e}"))
-}
-
-/// Parses "250ms", "10s", "1m", "1h" (one integer and one unit).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like \"10s\" or \"1m\""))?;
-    let unit_ms: u64 = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(format!("{text:?}: unknown unit; allowed ms, s, m, h")),
-    };
-    let millis = number
-        .checked_mul(unit_ms)
-        .ok_or_else(|| format!("{text:?} is too long"))?;
-    Ok(Duration::from_millis(millis))
 }
 
 fn duration_within(text: &str, max: Duration, max_text: &str) -> Result<Duration, String> {
