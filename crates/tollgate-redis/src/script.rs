@@ -190,12 +190,6 @@ fn reply_base(limit: u64, period: u64, burst: u64, interval: u64) -> (u64, u64) 
     }
 }
 
-/// The scripts every store loads when it connects (single-policy scripts are loaded on
-/// first use).
-pub(crate) fn check_scripts() -> impl Iterator<Item = &'static Script> {
-    std::iter::once(script())
-}
-
 pub(crate) fn lease_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
     SCRIPT.get_or_init(|| build(&LEASE_PARTS))

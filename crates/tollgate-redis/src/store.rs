@@ -2,7 +2,7 @@
 
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::script::{check_scripts, script, single_script, LimitHash, Script};
+use crate::script::{script, single_script, LimitHash, Script};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -78,7 +78,8 @@ impl RedisStore {
             ttl_floor_ms: None,
             ready: Arc::default(),
         };
-        store.load_script().await?;
+        // The multi-policy script; single-policy ones load on first use or in `prepare`.
+        store.load(script()).await?;
         Ok(store)
     }
 
@@ -275,13 +276,6 @@ impl RedisStore {
                 cmd.arg(cost).arg(now).arg(ms);
             }
         }
-    }
-
-    async fn load_script(&self) -> Result<(), RedisStoreError> {
-        for s in check_scripts() {
-            self.load(s).await?;
-        }
-        Ok(())
     }
 
     /// EVALSHA of `s` with the arguments `args` writes. A server that lost its script cache
