@@ -2,13 +2,14 @@
 //! behaviour, started on 127.0.0.1 inside the test. The accuracy report must see exactly what
 //! the limiter did: no over-admission from an exact one, the leak from a leaky one.
 
+mod support;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::Output;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use support::scratch;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -84,12 +85,6 @@ fn limiter(admit: u64, policy_header: Option<&str>) -> Arc<CountingLimiter> {
     })
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tollgate-bench-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir.join(name)
-}
-
 /// Runs `tollgate bench ARGS` off the async runtime, so the test server keeps serving.
 async fn bench(args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
@@ -115,14 +110,7 @@ async fn bench_json(args: &str, extra: &[&str], json_name: &str) -> Value {
         "--quiet".to_owned(),
     ]);
     let output = bench(args).await;
-    assert!(
-        output.status.success(),
-        "bench failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = std::fs::read_to_string(&json).expect("json written");
-    serde_json::from_str(&text).expect("valid json")
+    support::bench_report(&output, &json)
 }
 
 fn u(value: &Value) -> u64 {

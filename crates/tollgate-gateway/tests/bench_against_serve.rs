@@ -3,11 +3,12 @@
 //! gateway's `RateLimit-Policy` header by itself, and it must see a fleet that does not share
 //! its state (one memory store per gateway) over-admit, while one sharing a Redis does not.
 
+mod support;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use support::scratch;
 
 use serde_json::Value;
 use tollgate_testkit::RedisServer;
@@ -26,12 +27,6 @@ impl Drop for Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tollgate-bench-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir.join(name)
 }
 
 /// A loopback port nothing listens on right now.
@@ -110,14 +105,7 @@ fn bench(gateways: &[&Gateway], name: &str, args: &str) -> Value {
         .args(args.split_whitespace())
         .output()
         .expect("run tollgate bench");
-    assert!(
-        output.status.success(),
-        "bench failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = std::fs::read_to_string(&json).expect("json written");
-    serde_json::from_str(&text).expect("valid json")
+    support::bench_report(&output, &json)
 }
 
 /// The gateway's decision and store-error counters, for failure messages.

@@ -9,8 +9,9 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::Path;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +35,19 @@ pub fn scratch(name: &str) -> PathBuf {
 }
 
 /// The `tollgate` binary.
+/// The JSON report a `tollgate bench --json PATH` run wrote, after checking that it
+/// succeeded (its output is shown otherwise).
+pub fn bench_report(output: &Output, json: &Path) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "bench failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(json).expect("json written");
+    serde_json::from_str(&text).expect("valid json")
+}
+
 pub fn tollgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
 }
