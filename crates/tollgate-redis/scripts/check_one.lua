@@ -1,20 +1,30 @@
 -- check_one.lua: the driver for a request matched by ONE policy, the common case. The Rust
--- side builds one script per policy shape (algorithm, limit, period, burst): bounds,
--- prelude.lua, that algorithm's file, then
---   local decide, ALGORITHM = <function>, '<name>'
---   local LIMIT, PERIOD, BURST, T = <integers>
--- and this file. The quota is a constant of the script, checked in Rust by tollgate-core
--- (and against the Lua bounds) when the script is built, so a call carries and validates
--- only what changes per request. Requests with several policies use check.lua, which takes
--- the quotas as arguments.
+-- side builds one script per policy shape (algorithm, limit, period, burst): the bounds, then
+--   local limit, p, burst, t = <integers>
+--   local REPLY_BASE, REPLY_RESET_BOUND = <integers>
+-- then this file, with that algorithm's decision body written out in place of the
+-- `@decide` line below. The quota is a constant of the script, checked in Rust by
+-- tollgate-core (and against the Lua bounds) when the script is built, so a call carries and
+-- validates only what changes per request. Requests with several policies use check.lua,
+-- which takes the quotas as arguments and runs the same bodies as functions.
+--
+-- The decision body contract (every scripts/<algorithm>.lua is one):
+--   reads   raw (the state key's value, false when missing), now (us), limit, p (period, us),
+--           burst, t (emission interval, us), cost; it never assigns them (a body that clamps
+--           a clock that went back does so on a local copy of now);
+--   sets    ok, remaining, reset (reset_after, us), retry (retry_after, us; -1: never), and,
+--           when ok and cost > 0, value (the new state) and idle_at (the instant the state
+--           equals a fresh one again).
+-- A body is one block without return or break: the same text runs inline here and inside
+-- a function in check.lua and lease.lua.
 --
 -- Why so lean: this script's cost inside Redis is the ceiling of every gateway sharing it,
 -- and Redis charges per argument (a Lua string and a table slot each), per conversion
--- (tonumber parses twice; a number passed to redis.call is printed with %.17g), per closure
--- and per table reply (several thousand instructions each; measured with callgrind, see
--- docs/benchmarks.md). So: at most three arguments, integers passed to SET as strings
--- formatted with %d, no helper that this algorithm does not use, the reply packed into one
--- string.
+-- (tonumber parses twice; a number passed to redis.call is printed with %.17g), per closure,
+-- per global lookup, and per table reply (several thousand instructions each; measured with
+-- callgrind, see docs/benchmarks.md). So: no helper functions and no closures at all (the
+-- body is inline), at most three arguments, integers passed to SET as strings formatted with
+-- %d, an integer reply in the common case.
 --
 -- KEYS[1]  the state of the policy: <prefix>:{<client>}:<policy>.
 -- ARGV[1]  optional: cost, an integer in [0, 2^53]; absent = 1 (the common call has no
@@ -30,52 +40,55 @@
 -- command, after every argument was checked and the key was read.
 
 -- Errors are returned, not raised: no `fail` closure to build on every call.
-local nargs = #ARGV
+local key, nargs = KEYS[1], #ARGV
 if #KEYS ~= 1 or nargs > 3 then
   return redis.error_reply('ERR tollgate: expected 1 key and 0 to 3 arguments (cost, now, ' ..
     'PX floor), got ' .. #KEYS .. ' keys and ' .. nargs .. ' arguments')
 end
--- A cost of 1 is nearly every call: comparing interned strings is cheaper than parsing.
-local cost = ARGV[1]
-if cost == nil or cost == '1' then
-  cost = 1
-else
-  cost = tonumber(cost)
-  if not cost or cost % 1 ~= 0 or cost < 0 or cost > MAX_INT then
-    return redis.error_reply('ERR tollgate: ARGV[1] (cost) must be an integer in [0, 2^53]')
+local cost, now, ttl_floor = 1, nil, 0
+if nargs > 0 then
+  -- A cost of 1 is nearly every call: comparing interned strings is cheaper than parsing.
+  local given = ARGV[1]
+  if given ~= '1' then
+    cost = tonumber(given)
+    if not cost or cost % 1 ~= 0 or cost < 0 or cost > MAX_INT then
+      return redis.error_reply('ERR tollgate: ARGV[1] (cost) must be an integer in [0, 2^53]')
+    end
+  end
+  given = ARGV[2]
+  if given ~= nil and given ~= '' then
+    now = tonumber(given)
+    if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then
+      return redis.error_reply('ERR tollgate: ARGV[2] (now) must be an integer in [0, 2^53) or empty')
+    end
+  end
+  if nargs == 3 then
+    ttl_floor = tonumber(ARGV[3])
+    if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then
+      return redis.error_reply('ERR tollgate: ARGV[3] (PX floor) must be an integer number of ' ..
+        'milliseconds in [0, period bound]')
+    end
   end
 end
-local now
-local given = ARGV[2]
-if given == nil or given == '' then
+if not now then
   local time = redis.call('TIME')
   now = time[1] * 1000000 + time[2]
-else
-  now = tonumber(given)
-  if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then
-    return redis.error_reply('ERR tollgate: ARGV[2] (now) must be an integer in [0, 2^53) or empty')
-  end
-end
-local ttl_floor = 0
-if nargs == 3 then
-  ttl_floor = tonumber(ARGV[3])
-  if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then
-    return redis.error_reply('ERR tollgate: ARGV[3] (PX floor) must be an integer number of ' ..
-      'milliseconds in [0, period bound]')
-  end
 end
 
-local ok, remaining, reset, retry, value, idle_at =
-  decide(redis.call('GET', KEYS[1]), now, LIMIT, PERIOD, BURST, T, cost)
+local raw = redis.call('GET', key)
+local ok, remaining, reset, retry, value, idle_at
+do
+-- @decide
+end
 if not ok then
-  return pack('>BI7I7I7', 0, remaining, reset, retry + 1)
+  return struct.pack('>BI7I7I7', 0, remaining, reset, retry + 1)
 end
 if cost > 0 then
   -- PX so that the key disappears at idle_at (rounded up to the next millisecond, never
   -- early): from then on its state equals a fresh one. ttl.lua's px() computes the same for
   -- the other drivers; calling it here cost ~1,000 instructions per call more (callgrind,
   -- GCRA: 49,600 and 49,200 against 48,200 and 48,300 inline), so it is written out.
-  local ms = floor((idle_at - now + 999) / 1000)
+  local ms = math.floor((idle_at - now + 999) / 1000)
   if ms < 1 then
     ms = 1
   end
@@ -84,11 +97,11 @@ if cost > 0 then
   end
   -- GET turns SET's reply into a bulk string (nil for a new key): a status reply becomes a
   -- Lua table, which costs more (callgrind: -750 instructions per call).
-  redis.call('SET', KEYS[1], value, 'PX', fmt('%d', ms), 'GET')
+  redis.call('SET', key, value, 'PX', string.format('%d', ms), 'GET')
 end
 -- An integer is the cheapest reply: reset_after * REPLY_BASE + remaining, when the Rust side
 -- proved at build time that every value fits below 2^53 (REPLY_BASE = 0 otherwise).
 if remaining < REPLY_BASE and reset < REPLY_RESET_BOUND then
   return reset * REPLY_BASE + remaining
 end
-return pack('>BI7I7', 1, remaining, reset)
+return struct.pack('>BI7I7', 1, remaining, reset)

@@ -1,4 +1,4 @@
--- prelude.lua: helpers shared by the algorithm files and the drivers. The Rust side prepends the bounds
+-- prelude.lua: helpers shared by the multi-policy and lease drivers. The Rust side prepends the bounds
 -- (MAX_LIMIT, MAX_PERIOD, MAX_BURST_SPAN, MAX_LOG_LIMIT, MAX_INT) generated from
 -- tollgate-core's constants, so the script and the core can never disagree on them.
 --

@@ -1,11 +1,11 @@
 -- sliding_window_log.lua: the exact sliding window, ported from tollgate-core's
 -- algorithms/sliding_window_log.rs.
 --
--- KEYS and ARGV: run by check.lua for policy i with KEYS[i] = this state key and
--- ARGV[5i-3 .. 5i+1] = 'sliding_window_log', limit, period (us), burst, cost (see check.lua, which also says
--- why this is a Lua script), and by a single-policy script (check_one.lua) with the quota
--- built in. This file only decides: it returns the new value and the instant it becomes
--- idle, and the driver writes it (SET ... PX) when every policy allows.
+-- A decision body (the contract is in check_one.lua): check.lua and lease.lua run it as the
+-- function sliding_window_log(raw, now, limit, p, burst, t, cost) for KEYS[i] and the quota in
+-- ARGV[5i-3 .. 5i+1] (check.lua says why this is a Lua script); a single-policy script runs
+-- it inline, with the quota as constants. It only decides: the driver writes `value`
+-- (SET ... PX) when every policy allows.
 --
 -- State: one string key: "S", base (7 bytes), then one 14-byte record per admission instant:
 -- at (7 bytes), cum (7 bytes), big-endian integers, `at` strictly increasing. `cum` is the
@@ -20,86 +20,75 @@
 -- MAX_LOG_LIMIT. Missing (or another algorithm's value) is an empty log. The key expires one
 -- period after its newest record.
 --
--- Record i (1-based) starts at byte 9 + (i - 1) * 14: `at` there, `cum` 7 bytes later.
-local function log_at(raw, i)
-  return (unpack_bin('>I7', raw, i * 14 - 5))
+-- Record i (1-based) starts at byte 9 + (i - 1) * 14: its `at` there (i * 14 - 5) and its
+-- `cum` 7 bytes later (i * 14 + 2, which for i = 0 is `base`). Both binary searches are
+-- written out: a helper would be a closure built on every call.
+local unpack_bin = struct.unpack
+local n = 0
+if raw and #raw >= 8 and (#raw - 8) % 14 == 0 and string.byte(raw, 1) == 83 then
+  n = (#raw - 8) / 14
 end
-
-local function log_cum(raw, i)
-  if i == 0 then
-    return (unpack_bin('>I7', raw, 2))
+local newest, before, total = 0, 0, 0
+if n > 0 then
+  newest, total = unpack_bin('>I7I7', raw, n * 14 - 5)
+end
+local now = now -- clamped below when the clock went back; the driver keeps its own
+if now < newest then
+  now = newest
+end
+-- Records at or before the horizon are out of the window (now - p, now]: `first` is the
+-- first live one (n + 1 when none is).
+local first = 1
+if n > 0 then
+  if now >= p then
+    local horizon, lo, hi = now - p, 1, n
+    while lo <= hi do
+      local mid = (lo + hi - (lo + hi) % 2) / 2
+      if unpack_bin('>I7', raw, mid * 14 - 5) > horizon then
+        hi = mid - 1
+      else
+        lo = mid + 1
+      end
+    end
+    first = lo
   end
-  return (unpack_bin('>I7', raw, i * 14 + 2))
+  before = unpack_bin('>I7', raw, first * 14 - 12)
 end
-
--- The smallest i in [lo, hi + 1] for which pred(i) holds, pred being monotonic.
-local function first_where(lo, hi, pred)
+local in_window = total - before
+ok, remaining, reset, retry = false, 0, 0, -1
+if limit > in_window then
+  remaining = limit - in_window
+end
+if in_window > 0 then
+  reset = newest + p - now
+end
+if cost <= limit and in_window + cost <= limit then
+  ok, remaining = true, limit - in_window - cost
+  if cost > 0 then
+    reset, idle_at = p, now + p
+    if first > n then
+      value = struct.pack('>BI7I7I7', 83, 0, now, cost)
+    else
+      -- The live records, without the newest when this request shares its instant (the new
+      -- record replaces it), then the new record.
+      local last = n
+      if newest == now then
+        last = n - 1
+      end
+      value = struct.pack('>BI7', 83, before) .. string.sub(raw, first * 14 - 5, last * 14 + 8) ..
+        struct.pack('>I7I7', now, total + cost)
+    end
+  end
+elseif cost <= limit then
+  -- Drop the oldest live records until the request fits: the last one dropped decides.
+  local excess, lo, hi = in_window + cost - limit, first, n
   while lo <= hi do
-    local mid = floor((lo + hi) / 2)
-    if pred(mid) then
+    local mid = (lo + hi - (lo + hi) % 2) / 2
+    if unpack_bin('>I7', raw, mid * 14 + 2) - before >= excess then
       hi = mid - 1
     else
       lo = mid + 1
     end
   end
-  return lo
-end
-
--- Returns allowed, remaining, reset_after, retry_after (-1: never), new value, idle_at.
-local function sliding_window_log(raw, now, limit, p, burst, t, cost)
-  local n = 0
-  if raw and #raw >= 8 and (#raw - 8) % 14 == 0 and byte(raw, 1) == 83 then
-    n = (#raw - 8) / 14
-  else
-    raw = pack('>BI7', 83, 0)
-  end
-  local newest = 0
-  if n > 0 then
-    newest = log_at(raw, n)
-  end
-  if now < newest then
-    now = newest
-  end
-  -- Records at or before the horizon are out of the window (now - p, now].
-  local first = 1
-  if now >= p then
-    local horizon = now - p
-    first = first_where(1, n, function(i)
-      return log_at(raw, i) > horizon
-    end)
-  end
-  local before = log_cum(raw, first - 1)
-  local total = log_cum(raw, n)
-  local in_window = total - before
-  local remaining, reset = 0, 0
-  if limit > in_window then
-    remaining = limit - in_window
-  end
-  if in_window > 0 then
-    reset = newest + p - now
-  end
-  if cost > limit then
-    return false, remaining, reset, -1
-  end
-  if in_window + cost <= limit then
-    if cost == 0 then
-      return true, limit - in_window, reset, -1
-    end
-    local kept
-    if first > n then
-      kept, total = pack('>BI7', 83, 0), 0
-    else
-      kept = pack('>BI7', 83, before) .. string.sub(raw, 9 + (first - 1) * 14, 8 + (n - 1) * 14)
-      if newest ~= now then
-        kept = kept .. string.sub(raw, 9 + (n - 1) * 14)
-      end
-    end
-    return true, limit - in_window - cost, p, -1, kept .. pack('>I7I7', now, total + cost), now + p
-  end
-  -- Drop the oldest live records until the request fits: the last one dropped decides.
-  local excess = in_window + cost - limit
-  local j = first_where(first, n, function(i)
-    return log_cum(raw, i) - before >= excess
-  end)
-  return false, remaining, reset, log_at(raw, j) + p - now
+  retry = unpack_bin('>I7', raw, lo * 14 - 5) + p - now
 end

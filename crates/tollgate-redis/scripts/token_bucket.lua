@@ -1,11 +1,11 @@
 -- token_bucket.lua: token bucket with lazy integer refill, ported from tollgate-core's
 -- algorithms/token_bucket.rs.
 --
--- KEYS and ARGV: run by check.lua for policy i with KEYS[i] = this state key and
--- ARGV[5i-3 .. 5i+1] = 'token_bucket', limit, period (us), burst, cost (see check.lua, which also says
--- why this is a Lua script), and by a single-policy script (check_one.lua) with the quota
--- built in. This file only decides: it returns the new value and the instant it becomes
--- idle, and the driver writes it (SET ... PX) when every policy allows.
+-- A decision body (the contract is in check_one.lua): check.lua and lease.lua run it as the
+-- function token_bucket(raw, now, limit, p, burst, t, cost) for KEYS[i] and the quota in
+-- ARGV[5i-3 .. 5i+1] (check.lua says why this is a Lua script); a single-policy script runs
+-- it inline, with the quota as constants. It only decides: the driver writes `value`
+-- (SET ... PX) when every policy allows.
 --
 -- State: one string key, 15 bytes: "T", tokens (7 bytes), last (7 bytes), big-endian
 -- integers: the whole tokens in hand at `last`, the instant the partial token being accrued
@@ -16,36 +16,38 @@
 -- `last`, and `last` cannot be recovered from TAT alone. Two integers keep the port exact.
 -- The key expires when the bucket is full again: last + (burst - tokens) * T.
 --
--- Returns allowed, remaining, reset_after, retry_after (-1: never), new value, idle_at.
-local function token_bucket(raw, now, limit, p, burst, t, cost)
-  local tokens, last = unpack_state(raw, 84, 2)
-  if not tokens then
+local tokens, last = burst, 0
+if raw and #raw == 15 then
+  local tag
+  tag, tokens, last = struct.unpack('>BI7I7', raw)
+  if tag ~= 84 then
     tokens, last = burst, 0
   end
-  if now < last then
-    now = last
+end
+local now = now -- clamped below when the clock went back; the driver keeps its own
+if now < last then
+  now = last
+end
+local n = math.floor((now - last) / t)
+if (tokens < burst and tokens or burst) + (n < burst and n or burst) >= burst then
+  tokens, last = burst, now
+else
+  tokens, last = tokens + n, last + n * t
+end
+if cost <= burst and tokens >= cost then
+  local left = tokens - cost
+  ok, remaining, reset, retry = true, left, 0, -1
+  idle_at = last + (burst - left) * t
+  if left < burst then
+    reset = idle_at - now
   end
-  local n = floor((now - last) / t)
-  if (tokens < burst and tokens or burst) + (n < burst and n or burst) >= burst then
-    tokens, last = burst, now
-  else
-    tokens, last = tokens + n, last + n * t
-  end
-  local reset = 0
+  value = struct.pack('>BI7I7', 84, left, last)
+else
+  ok, remaining, reset, retry = false, tokens, 0, -1
   if tokens < burst then
     reset = last + (burst - tokens) * t - now
   end
-  if cost > burst then
-    return false, tokens, reset, -1
+  if cost <= burst then
+    retry = last + (cost - tokens) * t - now
   end
-  if tokens >= cost then
-    local left = tokens - cost
-    local idle_at = last + (burst - left) * t
-    local full_after = 0
-    if left < burst then
-      full_after = idle_at - now
-    end
-    return true, left, full_after, -1, pack('>BI7I7', 84, left, last), idle_at
-  end
-  return false, tokens, reset, last + (cost - tokens) * t - now
 end

@@ -1,11 +1,14 @@
 //! The script texts, built from `scripts/*.lua` with the core's bounds in front; their SHA1s
 //! are what EVALSHA names.
 //!
-//! - one script per policy shape (algorithm, limit, period, burst) for a request matched by
-//!   one policy (the common case): bounds, prelude, that algorithm's file, the quota as
-//!   constants, `check_one.lua`. Redis runs a script's whole chunk on every call, so each
-//!   carries only the definitions it needs, and a call passes only the cost (and the clock);
-//! - one script with all six algorithms and `check.lua` for several policies at once.
+//! Each `scripts/<algorithm>.lua` is a decision body: a block of statements with the contract
+//! written in `check_one.lua`. It is used two ways:
+//! - written out inline in one script per policy shape (algorithm, limit, period, burst), for
+//!   a request matched by one policy (the common case): bounds, the quota as constants, and
+//!   `check_one.lua` with the body in place of its `@decide` line. No function, no closure:
+//!   Redis runs a script's whole chunk on every call, and each closure costs (callgrind);
+//! - wrapped in a function of the algorithm's name, in the script with all six algorithms
+//!   and `check.lua` for several policies at once, and in the lease script.
 
 use crate::error::RedisStoreError;
 use std::collections::HashMap;
@@ -14,19 +17,15 @@ use tollgate_core::algorithms::MAX_LOG_LIMIT;
 use tollgate_core::{Algorithm, Limit};
 use tollgate_core::{MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
 
-const PARTS: [&str; 11] = [
-    include_str!("../scripts/prelude.lua"),
-    include_str!("../scripts/ttl.lua"),
-    include_str!("../scripts/packed.lua"),
-    include_str!("../scripts/args.lua"),
-    include_str!("../scripts/fixed_window.lua"),
-    include_str!("../scripts/sliding_window_log.lua"),
-    include_str!("../scripts/sliding_window_counter.lua"),
-    include_str!("../scripts/token_bucket.lua"),
-    include_str!("../scripts/leaky_bucket.lua"),
-    include_str!("../scripts/gcra.lua"),
-    include_str!("../scripts/check.lua"),
-];
+const PRELUDE: &str = include_str!("../scripts/prelude.lua");
+const TTL: &str = include_str!("../scripts/ttl.lua");
+const PACKED: &str = include_str!("../scripts/packed.lua");
+const ARGS: &str = include_str!("../scripts/args.lua");
+const CHECK: &str = include_str!("../scripts/check.lua");
+const LEASE: &str = include_str!("../scripts/lease.lua");
+const CHECK_ONE: &str = include_str!("../scripts/check_one.lua");
+/// The line of `check_one.lua` that the algorithm's body replaces.
+const DECIDE_MARK: &str = "-- @decide\n";
 
 pub(crate) struct Script {
     pub(crate) text: String,
@@ -36,27 +35,51 @@ pub(crate) struct Script {
     pub(crate) reply_base: u64,
 }
 
-/// The lease driver and the algorithms it can lease (see `scripts/lease.lua`).
-const LEASE_PARTS: [&str; 9] = [
-    include_str!("../scripts/prelude.lua"),
-    include_str!("../scripts/ttl.lua"),
-    include_str!("../scripts/packed.lua"),
-    include_str!("../scripts/args.lua"),
-    include_str!("../scripts/fixed_window.lua"),
-    include_str!("../scripts/token_bucket.lua"),
-    include_str!("../scripts/leaky_bucket.lua"),
-    include_str!("../scripts/gcra.lua"),
-    include_str!("../scripts/lease.lua"),
-];
-
 pub(crate) fn script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| build(&PARTS))
+    SCRIPT.get_or_init(|| {
+        let functions: Vec<String> = Algorithm::ALL.iter().map(|&a| as_function(a)).collect();
+        let mut parts = vec![PRELUDE, TTL, ARGS];
+        parts.extend(functions.iter().map(String::as_str));
+        parts.push(CHECK);
+        build(&parts)
+    })
 }
 
-const PRELUDE: &str = include_str!("../scripts/prelude.lua");
-const PACKED: &str = include_str!("../scripts/packed.lua");
-const CHECK_ONE: &str = include_str!("../scripts/check_one.lua");
+/// The lease driver and the algorithms it can lease (see `scripts/lease.lua`).
+pub(crate) fn lease_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        let functions: Vec<String> = [
+            Algorithm::FixedWindow,
+            Algorithm::TokenBucket,
+            Algorithm::LeakyBucket,
+            Algorithm::Gcra,
+        ]
+        .iter()
+        .map(|&a| as_function(a))
+        .collect();
+        let mut parts = vec![PRELUDE, TTL, PACKED, ARGS];
+        parts.extend(functions.iter().map(String::as_str));
+        parts.push(LEASE);
+        build(&parts)
+    })
+}
+
+/// An algorithm's body as the function the multi-policy and lease drivers call:
+/// `name(raw, now, limit, p, burst, t, cost)` returning ok, remaining, reset, retry, value,
+/// idle_at.
+fn as_function(a: Algorithm) -> String {
+    format!(
+        "local function {}(raw, now, limit, p, burst, t, cost)\n\
+         local ok, remaining, reset, retry, value, idle_at\n\
+         do\n{}end\n\
+         return ok, remaining, reset, retry, value, idle_at\n\
+         end",
+        a.name(),
+        algorithm_file(a)
+    )
+}
 
 fn algorithm_file(a: Algorithm) -> &'static str {
     match a {
@@ -147,26 +170,15 @@ fn build_single(limit: &Limit) -> Result<Script, RedisStoreError> {
     if b.checked_mul(t).is_none_or(|span| span > MAX_BURST_SPAN) {
         return Err(RedisStoreError::invalid("burst x interval exceeds 2^52 us"));
     }
-    let name = limit.algorithm.name();
     let (base, reset_bound) = reply_base(l, p, b, t);
     let bind = format!(
-        "local decide, ALGORITHM = {name}, '{name}'\n\
-         local LIMIT, PERIOD, BURST, T = {l}, {p}, {b}, {t}\n\
+        "local limit, p, burst, t = {l}, {p}, {b}, {t}\n\
          local REPLY_BASE, REPLY_RESET_BOUND = {base}, {reset_bound}"
     );
-    // GCRA's state is one decimal integer: it needs none of the packed-state helpers.
-    let packed = if limit.algorithm == Algorithm::Gcra {
-        ""
-    } else {
-        PACKED
-    };
-    let mut script = build(&[
-        PRELUDE,
-        packed,
-        algorithm_file(limit.algorithm),
-        &bind,
-        CHECK_ONE,
-    ]);
+    let (head, tail) = CHECK_ONE
+        .split_once(DECIDE_MARK)
+        .ok_or_else(|| RedisStoreError::invalid("check_one.lua has no @decide line"))?;
+    let mut script = build(&[&bind, head, algorithm_file(limit.algorithm), tail]);
     script.reply_base = base;
     Ok(script)
 }
@@ -188,11 +200,6 @@ fn reply_base(limit: u64, period: u64, burst: u64, interval: u64) -> (u64, u64) 
         Some(n) if n <= 1 << 53 => (base, reset_bound),
         _ => (0, 0),
     }
-}
-
-pub(crate) fn lease_script() -> &'static Script {
-    static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| build(&LEASE_PARTS))
 }
 
 fn build(parts: &[&str]) -> Script {
@@ -281,15 +288,18 @@ mod tests {
         for a in tollgate_core::Algorithm::ALL {
             let quota = tollgate_core::Quota::per_minute(100).expect("quota");
             let one = single_script_text(&Limit::new(a, quota).expect("limit")).expect("script");
-            assert!(one.contains("local LIMIT, PERIOD, BURST, T = 100, 60000000, 100, 600000\n"));
+            assert!(one.contains("local limit, p, burst, t = 100, 60000000, 100, 600000\n"));
+            // The body is inline: its own file's text, no function and no marker left.
+            assert!(one.contains(algorithm_file(a)), "{a}");
             assert!(
-                one.contains(&format!("local function {}(", a.name())),
-                "{a}"
+                !one.contains("local function") && !one.contains("= function"),
+                "{a} defines a function"
             );
+            assert!(!one.contains(DECIDE_MARK), "{a}");
             let others = tollgate_core::Algorithm::ALL.iter().filter(|&&b| b != a);
             for b in others {
                 assert!(
-                    !one.contains(&format!("local function {}(", b.name())),
+                    !one.contains(&format!("-- {}.lua:", b.name())),
                     "{a} has {b}"
                 );
             }
