@@ -10,6 +10,8 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    /// The TLS port, when the arguments used `{tls}`.
+    tls_port: Option<u16>,
     dir: PathBuf,
     extra: Vec<String>,
     child: Option<Child>,
@@ -24,27 +26,37 @@ impl RedisServer {
     }
 
     /// Starts a server with extra `redis-server` arguments (for example
-    /// `["--requirepass", "secret"]`).
+    /// `["--requirepass", "secret"]`). The placeholder `{tls}` is replaced by another free
+    /// port (for `--tls-port {tls}`); [`RedisServer::tls_port`] tells which. The plain port
+    /// stays open either way: the testkit pings it to know the server is up.
     pub fn start_with_args(args: &[&str]) -> Self {
         Self::start_with(args.iter().map(|s| s.to_string()).collect(), 0)
     }
 
     /// Starts a server with extra `redis-server` arguments. `extra` may contain the
-    /// placeholder `{bus}`, replaced by a second free port (the cluster bus).
+    /// placeholders `{bus}` (the cluster bus) and `{tls}` (the TLS port), each replaced by
+    /// another free port.
     pub(crate) fn start_with(extra: Vec<String>, attempt_seed: u32) -> Self {
         let dir = process::temp_dir(&format!("redis{attempt_seed}"));
         let mut server = RedisServer {
             port: 0,
+            tls_port: None,
             dir,
             extra: Vec::new(),
             child: None,
         };
+        let uses_tls = extra.iter().any(|a| a.contains("{tls}"));
         let mut last_log = String::new();
         // Another process may grab the port between our probe and redis-server's bind.
         for _ in 0..20 {
             server.port = process::free_port();
             let bus = process::free_port().to_string();
-            server.extra = extra.iter().map(|a| a.replace("{bus}", &bus)).collect();
+            server.tls_port = uses_tls.then(process::free_port);
+            let tls = server.tls_port.map(|p| p.to_string()).unwrap_or_default();
+            server.extra = extra
+                .iter()
+                .map(|a| a.replace("{bus}", &bus).replace("{tls}", &tls))
+                .collect();
             match server.spawn_and_wait() {
                 Ok(()) => return server,
                 Err(log) => last_log = log,
@@ -89,6 +101,16 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The TLS port (127.0.0.1), when the server was started with `{tls}` in its arguments.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// `rediss://127.0.0.1:<tls port>`, when the server has a TLS port.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port.map(|p| format!("rediss://127.0.0.1:{p}"))
     }
 
     /// The OS process id, while it runs.

@@ -8,6 +8,9 @@ fn servers_start_on_distinct_ports_and_restart_on_the_same_one() {
     let a = RedisServer::start();
     let mut b = RedisServer::start();
     assert_ne!(a.port(), b.port());
+    // No `{tls}` in the arguments: no TLS port.
+    assert_eq!(a.tls_port(), None);
+    assert_eq!(a.tls_url(), None);
     assert!(a.cli(&["ping"]).contains("PONG"));
     b.cli(&["set", "k", "v"]);
     let port = b.port();
