@@ -68,6 +68,18 @@ fn parse() -> Result<Option<Args>, String> {
                     write(a.name(), &text)?;
                     println!("{} {sha}", a.name());
                 }
+                // A request matched by two policies: 100 per minute (token bucket) and 1,000
+                // per hour (GCRA).
+                let hourly = Quota::new(1000, std::time::Duration::from_secs(3600))
+                    .map_err(|e| e.to_string())?;
+                let pair = [
+                    Limit::new(Algorithm::TokenBucket, quota)?,
+                    Limit::new(Algorithm::Gcra, hourly)?,
+                ];
+                let text = tollgate_redis::set_script_text(&pair).map_err(|e| e.to_string())?;
+                let sha = tollgate_redis::set_script_sha(&pair).map_err(|e| e.to_string())?;
+                write("set2", &text)?;
+                println!("set2 {sha}");
                 write("check", tollgate_redis::script_text())?;
                 println!("check {}", tollgate_redis::script_sha());
                 return Ok(None);

@@ -36,5 +36,7 @@ mod store;
 pub use config::{RedisConfig, StoreClock};
 pub use error::RedisStoreError;
 pub use lease::{leasable, Lease, LeaseRequest};
-pub use script::{script_sha, script_text, single_script_sha, single_script_text};
+pub use script::{
+    script_sha, script_text, set_script_sha, set_script_text, single_script_sha, single_script_text,
+};
 pub use store::RedisStore;

@@ -24,6 +24,7 @@ const ARGS: &str = include_str!("../scripts/args.lua");
 const CHECK: &str = include_str!("../scripts/check.lua");
 const LEASE: &str = include_str!("../scripts/lease.lua");
 const CHECK_ONE: &str = include_str!("../scripts/check_one.lua");
+const CHECK_SET: &str = include_str!("../scripts/check_set.lua");
 /// The line of `check_one.lua` that the algorithm's body replaces.
 const DECIDE_MARK: &str = "-- @decide\n";
 
@@ -151,11 +152,13 @@ impl std::hash::Hasher for MultiplyHasher {
 /// bound keeps a program that makes quotas up at run time from filling Redis' script cache.
 pub(crate) const MAX_POLICY_SCRIPTS: usize = 1024;
 
-fn build_single(limit: &Limit) -> Result<Script, RedisStoreError> {
+/// The quota of `limit` as the script's constants (limit, period, burst, interval), checked:
+/// a `Limit` with public fields may bypass [`Limit::new`], and the script must never receive
+/// a constant it would have refused as an argument.
+fn constants(limit: &Limit) -> Result<(u64, u64, u64, u64), RedisStoreError> {
     let q = &limit.quota;
     Limit::new(limit.algorithm, *q).map_err(RedisStoreError::invalid)?;
-    // The core's bounds already keep these within the Lua bounds; the script must never
-    // receive a constant it would have refused as an argument.
+    // The core's bounds already keep these within the Lua bounds.
     let (l, p, b, t) = (
         q.limit(),
         q.period_micros(),
@@ -170,6 +173,11 @@ fn build_single(limit: &Limit) -> Result<Script, RedisStoreError> {
     if b.checked_mul(t).is_none_or(|span| span > MAX_BURST_SPAN) {
         return Err(RedisStoreError::invalid("burst x interval exceeds 2^52 us"));
     }
+    Ok((l, p, b, t))
+}
+
+fn build_single(limit: &Limit) -> Result<Script, RedisStoreError> {
+    let (l, p, b, t) = constants(limit)?;
     let (base, reset_bound) = reply_base(l, p, b, t);
     let bind = format!(
         "local limit, p, burst, t = {l}, {p}, {b}, {t}\n\
@@ -181,6 +189,114 @@ fn build_single(limit: &Limit) -> Result<Script, RedisStoreError> {
     let mut script = build(&[&bind, head, algorithm_file(limit.algorithm), tail]);
     script.reply_base = base;
     Ok(script)
+}
+
+/// The most policies a request may have for a policy-set script of its own; requests with
+/// more use the multi-policy script (check.lua). Each policy adds seven Lua locals and its
+/// body twice; Lua 5.1 allows 200 locals per function.
+pub(crate) const MAX_SET_POLICIES: usize = 8;
+
+/// The script of a request matched by the policies `limits` (2 to [`MAX_SET_POLICIES`], in
+/// the request's order), built once per set of policy shapes and kept; `None` past
+/// [`MAX_POLICY_SCRIPTS`] sets or outside those counts (the multi-policy script serves those).
+pub(crate) fn set_script(limits: &[Limit]) -> Result<Option<Arc<Script>>, RedisStoreError> {
+    type Sets = RwLock<HashMap<Box<[Limit]>, Arc<Script>, LimitHash>>;
+    static SCRIPTS: OnceLock<Sets> = OnceLock::new();
+    if !(2..=MAX_SET_POLICIES).contains(&limits.len()) {
+        return Ok(None);
+    }
+    let scripts = SCRIPTS.get_or_init(Default::default);
+    if let Some(s) = scripts
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(limits)
+    {
+        return Ok(Some(Arc::clone(s)));
+    }
+    let built = Arc::new(build_set(limits)?);
+    let mut map = scripts
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if map.len() >= MAX_POLICY_SCRIPTS {
+        return Ok(None);
+    }
+    Ok(Some(Arc::clone(map.entry(limits.into()).or_insert(built))))
+}
+
+/// The sections of `check_set.lua` (see its header), in the order the script uses them.
+const SET_SECTIONS: [&str; 7] = [
+    "head",
+    "policy",
+    "decided",
+    "commit",
+    "else",
+    "uncharged",
+    "reply",
+];
+
+/// `check_set.lua` cut at its `-- @<section>` lines: the preamble, then one text per section
+/// of [`SET_SECTIONS`].
+fn set_sections() -> Result<(&'static str, Vec<&'static str>), RedisStoreError> {
+    let missing = |name: &str| RedisStoreError::invalid(format!("check_set.lua has no @{name}"));
+    let mut rest = CHECK_SET;
+    let mut preamble = "";
+    let mut sections = Vec::with_capacity(SET_SECTIONS.len());
+    for (i, name) in SET_SECTIONS.iter().enumerate() {
+        let mark = format!("-- @{name}\n");
+        let (before, after) = rest.split_once(&mark).ok_or_else(|| missing(name))?;
+        if i == 0 {
+            preamble = before;
+        } else {
+            sections.push(before);
+        }
+        rest = after;
+    }
+    sections.push(rest);
+    Ok((preamble, sections))
+}
+
+fn build_set(limits: &[Limit]) -> Result<Script, RedisStoreError> {
+    let (preamble, sections) = set_sections()?;
+    let [head, policy, decided, commit, otherwise, uncharged, reply] = sections[..] else {
+        return Err(RedisStoreError::invalid(
+            "check_set.lua has the wrong sections",
+        ));
+    };
+    let n = limits.len();
+    let mut text = String::from(preamble);
+    text.push_str(&head.replace("$N", &n.to_string()));
+    let mut commits = String::new();
+    let mut uncharges = String::new();
+    for (i, limit) in limits.iter().enumerate() {
+        let (l, p, b, t) = constants(limit)?;
+        let bind = |section: &str| {
+            section
+                .replace("$I", &(i + 1).to_string())
+                .replace("$LIMIT", &l.to_string())
+                .replace("$PERIOD", &p.to_string())
+                .replace("$BURST", &b.to_string())
+                .replace("$T", &t.to_string())
+        };
+        // Placeholders first: the body is inserted as it is.
+        let body = algorithm_file(limit.algorithm);
+        text.push_str(&bind(policy).replace(DECIDE_MARK, body));
+        commits.push_str(&bind(commit));
+        uncharges.push_str(&bind(uncharged).replace(DECIDE_MARK, body));
+    }
+    text.push_str(decided);
+    text.push_str(&commits);
+    text.push_str(otherwise);
+    text.push_str(&uncharges);
+    let format = format!(">{}", "BI7I7I7".repeat(n));
+    let values: Vec<String> = (1..=n)
+        .map(|i| format!("ok_{i} and 1 or 0, remaining_{i}, reset_{i}, retry_{i} + 1"))
+        .collect();
+    text.push_str(
+        &reply
+            .replace("$FORMAT", &format)
+            .replace("$VALUES", &values.join(", ")),
+    );
+    Ok(build(&[&text]))
 }
 
 /// How an allowed request's decision fits one integer reply (a table costs Redis ~5,000
@@ -241,6 +357,26 @@ pub fn script_sha() -> &'static str {
 /// optionally now (microseconds; empty: Redis TIME) and a PX floor; see `check_one.lua`.
 pub fn single_script_text(limit: &Limit) -> Result<String, RedisStoreError> {
     Ok(build_single(limit)?.text)
+}
+
+/// The script a request matched by the policies `limits` runs (2 to 8 of them, in the
+/// request's order; others use [`script_text`]): for redis-benchmark and for operators. Its
+/// arguments are nothing (every cost 1, Redis TIME) or the costs, then optionally now and a
+/// PX floor; see `check_set.lua`.
+pub fn set_script_text(limits: &[Limit]) -> Result<String, RedisStoreError> {
+    if !(2..=MAX_SET_POLICIES).contains(&limits.len()) {
+        return Err(RedisStoreError::invalid(format!(
+            "a policy-set script takes 2 to {MAX_SET_POLICIES} policies, not {}",
+            limits.len()
+        )));
+    }
+    Ok(build_set(limits)?.text)
+}
+
+/// The SHA1 of [`set_script_text`].
+pub fn set_script_sha(limits: &[Limit]) -> Result<String, RedisStoreError> {
+    let text = set_script_text(limits)?;
+    Ok(redis::Script::new(&text).get_hash().to_string())
 }
 
 /// The SHA1 of [`single_script_text`].

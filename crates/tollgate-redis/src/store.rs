@@ -2,7 +2,7 @@
 
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::script::{script, single_script, LimitHash, Script};
+use crate::script::{script, set_script, single_script, LimitHash, Script, MAX_SET_POLICIES};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -31,8 +31,14 @@ pub struct RedisStore {
     ttl_floor_ms: Option<u64>,
     /// The single-policy scripts this store loaded into its server(s), by policy shape: one
     /// lookup per check finds the script and knows it is loaded.
-    ready: Arc<RwLock<HashMap<Limit, Arc<Script>, LimitHash>>>,
+    ready: Ready<Limit>,
+    /// The same for policy-set scripts (requests matched by 2 to 8 policies), by the shapes
+    /// of their policies in order.
+    ready_sets: Ready<Box<[Limit]>>,
 }
+
+/// Scripts loaded into a store's server(s), by what selects them.
+type Ready<K> = Arc<RwLock<HashMap<K, Arc<Script>, LimitHash>>>;
 
 #[derive(Clone)]
 enum Connection {
@@ -77,6 +83,7 @@ impl RedisStore {
             clock: config.clock,
             ttl_floor_ms: None,
             ready: Arc::default(),
+            ready_sets: Arc::default(),
         };
         // The multi-policy script; single-policy ones load on first use or in `prepare`.
         store.load(script()).await?;
@@ -109,6 +116,14 @@ impl RedisStore {
         if let [one] = checks {
             if let Some(s) = self.single(one.rule.limit()).await? {
                 return self.check_single(&s, client, one, now).await;
+            }
+        } else if checks.len() <= MAX_SET_POLICIES {
+            let limits: Vec<Limit> = checks.iter().map(|c| *c.rule.limit()).collect();
+            if let Some(s) = self.set(&limits).await? {
+                let reply = self
+                    .run_script(&s, |cmd| self.push_set_args(cmd, client, checks, now))
+                    .await?;
+                return parse_set(&reply, checks);
             }
         }
         let reply = self
@@ -155,6 +170,28 @@ impl RedisStore {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(*limit, Arc::clone(&s));
+        Ok(Some(s))
+    }
+
+    /// The policy-set script of `limits`, loaded on first use like [`Self::single`]'s.
+    async fn set(&self, limits: &[Limit]) -> Result<Option<Arc<Script>>, RedisStoreError> {
+        let ready = self
+            .ready_sets
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(limits)
+            .cloned();
+        if ready.is_some() {
+            return Ok(ready);
+        }
+        let Some(s) = set_script(limits)? else {
+            return Ok(None);
+        };
+        self.load(&s).await?;
+        self.ready_sets
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(limits.into(), Arc::clone(&s));
         Ok(Some(s))
     }
 
@@ -278,6 +315,35 @@ impl RedisStore {
         }
     }
 
+    /// A policy-set script's arguments: the keys, then nothing when every cost is 1 with the
+    /// store clock and no PX floor; otherwise the costs, now (store clock: empty) and the
+    /// floor, the last two only when used.
+    fn push_set_args(&self, cmd: &mut Cmd, client: &ClientKey, checks: &[Check<'_>], now: Micros) {
+        cmd.arg(checks.len());
+        for c in checks {
+            cmd.arg(self.key(client, c.rule.name()));
+        }
+        let plain = self.clock == StoreClock::Store && self.ttl_floor_ms.is_none();
+        if plain && checks.iter().all(|c| c.cost == 1) {
+            return;
+        }
+        for c in checks {
+            cmd.arg(c.cost.min(MAX_COST));
+        }
+        match (self.clock, self.ttl_floor_ms) {
+            (StoreClock::Store, None) => {}
+            (StoreClock::Store, Some(ms)) => {
+                cmd.arg("").arg(ms);
+            }
+            (StoreClock::Local, None) => {
+                cmd.arg(now);
+            }
+            (StoreClock::Local, Some(ms)) => {
+                cmd.arg(now).arg(ms);
+            }
+        }
+    }
+
     /// EVALSHA of `s` with the arguments `args` writes. A server that lost its script cache
     /// (restart, FLUSH, failover) answers NOSCRIPT; EVAL then sends the script, which caches it
     /// again, so the next EVALSHA works and no request fails for it.
@@ -383,6 +449,52 @@ fn parse_reply(reply: &redis::Value, checks: &[Check<'_>]) -> Result<Verdict, Re
 /// (`base` > 0), or the packed string below. Packed, big-endian: allowed (1 byte), remaining
 /// and reset_after (7 bytes each), and for a denial retry_after + 1 (7 bytes; 0: retrying
 /// never helps).
+/// A policy-set script's reply: 22 bytes per check, struct '>BI7I7I7' (allowed, remaining,
+/// reset_after, retry_after + 1 with 0 for none).
+fn parse_set(reply: &redis::Value, checks: &[Check<'_>]) -> Result<Verdict, RedisStoreError> {
+    let bytes = match reply {
+        redis::Value::BulkString(b) if b.len() == 22 * checks.len() => b,
+        other => {
+            return Err(RedisStoreError::protocol(format!(
+                "the script answered {other:?}, expected {} bytes",
+                22 * checks.len()
+            )))
+        }
+    };
+    let mut decisions = Vec::with_capacity(checks.len());
+    for (c, item) in checks.iter().zip(bytes.chunks_exact(22)) {
+        let int = |at: usize| {
+            item[at..at + 7]
+                .iter()
+                .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
+        };
+        let allowed = match item[0] {
+            0 => false,
+            1 => true,
+            other => {
+                return Err(RedisStoreError::protocol(format!(
+                    "the script answered flag {other}"
+                )))
+            }
+        };
+        decisions.push(Decision {
+            allowed,
+            limit: c.rule.limit().quota.limit(),
+            remaining: int(1),
+            reset_after: int(8),
+            retry_after: if allowed {
+                None
+            } else {
+                int(15).checked_sub(1)
+            },
+        });
+    }
+    Ok(Verdict {
+        allowed: decisions.iter().all(|d| d.allowed),
+        decisions,
+    })
+}
+
 fn parse_single(
     reply: &redis::Value,
     check: &Check<'_>,

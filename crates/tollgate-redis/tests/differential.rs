@@ -75,6 +75,7 @@ async fn run_trace(
     rules: &[Rule],
     seed: u64,
     requests: usize,
+    per_request: usize,
     outcomes: &mut Outcomes,
 ) {
     let mut rng = Rng::new(seed);
@@ -92,10 +93,12 @@ async fn run_trace(
             q.period_micros(),
             q.emission_interval_micros(),
         );
-        // One to three distinct rules, each with its own cost (0 and over-capacity included).
+        // One to `per_request` distinct rules, each with its own cost (0 and over-capacity
+        // included); every rule when per_request is the number of rules.
         let mut chosen: Vec<&Rule> = vec![first];
         for r in rules {
-            if chosen.len() < 3 && r.name() != first.name() && rng.chance(25) {
+            let wanted = per_request >= rules.len() || rng.chance(25);
+            if chosen.len() < per_request && r.name() != first.name() && wanted {
                 chosen.push(r);
             }
         }
@@ -148,7 +151,7 @@ async fn differential(algorithm: Algorithm, seeds: std::ops::Range<u64>) {
                 )
             })
             .collect();
-        run_trace(&store, &rules, seed, 300, &mut outcomes).await;
+        run_trace(&store, &rules, seed, 300, 3, &mut outcomes).await;
     }
     assert_covers_every_outcome(&outcomes);
 }
@@ -201,7 +204,29 @@ async fn mixed_policies_are_decided_all_or_nothing_like_core() {
             .iter()
             .map(|&a| Rule::new(format!("{a}-{seed}"), random_limit(&mut rng, a)))
             .collect();
-        run_trace(&store, &rules, seed, 400, &mut outcomes).await;
+        run_trace(&store, &rules, seed, 400, 3, &mut outcomes).await;
     }
     assert_covers_every_outcome(&outcomes);
+}
+
+/// Requests matched by more policies than a policy-set script takes (8) go through the
+/// generic multi-policy script (check.lua): the same decisions.
+#[tokio::test]
+async fn requests_with_nine_policies_use_the_generic_script_and_match_core() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Local)
+        .await
+        .with_ttl_floor(std::time::Duration::from_secs(3600));
+    let mut outcomes = Outcomes::default();
+    for seed in 200..206 {
+        let mut rng = Rng::new(seed);
+        let rules: Vec<Rule> = (0..9)
+            .map(|i| {
+                let a = Algorithm::ALL[i % Algorithm::ALL.len()];
+                Rule::new(format!("{a}-{seed}-{i}"), random_limit(&mut rng, a))
+            })
+            .collect();
+        run_trace(&store, &rules, seed, 200, rules.len(), &mut outcomes).await;
+    }
+    assert!(outcomes.allowed > 50 && outcomes.retry > 50, "{outcomes:?}");
 }

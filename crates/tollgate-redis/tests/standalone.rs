@@ -7,7 +7,8 @@ use common::{client, rule, EPOCH_2026};
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Clock, Limit, State, SystemClock};
 use tollgate_redis::{
-    script_sha, single_script_sha, single_script_text, RedisConfig, RedisStore, StoreClock,
+    script_sha, set_script_sha, set_script_text, single_script_sha, single_script_text,
+    RedisConfig, RedisStore, StoreClock,
 };
 use tollgate_testkit::RedisServer;
 
@@ -45,35 +46,86 @@ async fn keys_are_prefix_client_policy_and_expire_when_their_state_is_fresh_agai
 #[tokio::test]
 async fn a_denied_policy_charges_none_of_the_others() {
     let server = RedisServer::start();
-    let store = common::connect(&server.url(), StoreClock::Local).await;
-    let wide = rule("wide", Algorithm::TokenBucket, 100, HOUR);
-    let narrow = rule("narrow", Algorithm::FixedWindow, 2, HOUR);
-    let who = client(2);
-    let now = EPOCH_2026;
-    let both = [
-        Check {
-            rule: &wide,
-            cost: 1,
-        },
-        Check {
-            rule: &narrow,
-            cost: 1,
-        },
-    ];
-    for _ in 0..2 {
+    // Both clocks: with the store clock and costs of 1 the policy-set script gets no
+    // arguments at all, with the local clock it gets the costs and now.
+    for clock in [StoreClock::Local, StoreClock::Store] {
+        let store = common::connect(&server.url(), clock).await;
+        let wide = rule("wide", Algorithm::TokenBucket, 100, HOUR);
+        let narrow = rule("narrow", Algorithm::Gcra, 2, HOUR);
+        let who = client(2 + clock as u128);
+        let now = EPOCH_2026;
+        let both = [
+            Check {
+                rule: &wide,
+                cost: 1,
+            },
+            Check {
+                rule: &narrow,
+                cost: 1,
+            },
+        ];
+        for _ in 0..2 {
+            let v = store.check(&who, &both, now).await.expect("check");
+            assert!(v.allowed, "{clock:?}");
+        }
+        let before = server.cli(&["get", &store.key(&who, "wide")]);
         let v = store.check(&who, &both, now).await.expect("check");
-        assert!(v.allowed);
+        assert!(!v.allowed, "{clock:?}");
+        assert!(v.decisions[0].allowed, "wide alone would allow");
+        assert_eq!(
+            v.decisions[0].remaining, 98,
+            "and reports its uncharged state"
+        );
+        assert!(!v.decisions[1].allowed);
+        assert!(v.retry_after().is_some_and(|r| r > 0), "{v:?}");
+        assert_eq!(server.cli(&["get", &store.key(&who, "wide")]), before);
+        // Decided by the script of this policy set, not the generic one.
+        let set = set_script_sha(&[*wide.limit(), *narrow.limit()]).expect("sha");
+        assert_eq!(server.cli(&["script", "exists", &set]).trim(), "1");
     }
-    let before = server.cli(&["get", &store.key(&who, "wide")]);
-    let v = store.check(&who, &both, now).await.expect("check");
-    assert!(!v.allowed);
-    assert!(v.decisions[0].allowed, "wide alone would allow");
-    assert_eq!(
-        v.decisions[0].remaining, 98,
-        "and reports its uncharged state"
-    );
-    assert!(!v.decisions[1].allowed);
-    assert_eq!(server.cli(&["get", &store.key(&who, "wide")]), before);
+}
+
+#[tokio::test]
+async fn a_policy_set_script_refuses_a_bad_cost_before_any_write() {
+    let server = RedisServer::start();
+    let limits = [
+        Limit::new(
+            Algorithm::TokenBucket,
+            tollgate_core::Quota::per_minute(10).expect("quota"),
+        )
+        .expect("limit"),
+        Limit::new(
+            Algorithm::FixedWindow,
+            tollgate_core::Quota::per_minute(5).expect("quota"),
+        )
+        .expect("limit"),
+    ];
+    let text = set_script_text(&limits).expect("script");
+    let sha = server.cli(&["script", "load", &text]);
+    assert_eq!(sha.trim(), set_script_sha(&limits).expect("sha"));
+    // Costs 1 and "x": the second is refused, and the first policy is not charged.
+    for bad in [
+        &["1", "x"][..],
+        &["1", "-1"],
+        &["1", "1.5"],
+        &["1"],
+        &["1", "1", "", "-5"],
+    ] {
+        let mut args = vec!["evalsha", sha.trim(), "2", "k:{a}:1", "k:{a}:2"];
+        args.extend_from_slice(bad);
+        let out = server.cli(&args);
+        assert!(out.contains("ERR tollgate"), "{bad:?}: {out}");
+        assert_eq!(
+            server.cli(&["exists", "k:{a}:1", "k:{a}:2"]).trim(),
+            "0",
+            "{bad:?}"
+        );
+    }
+    // Without arguments: both charged (costs 1, Redis TIME).
+    let out = server.cli(&["evalsha", sha.trim(), "2", "k:{a}:1", "k:{a}:2"]);
+    assert!(!out.contains("ERR"), "{out:?}");
+    assert_eq!(server.cli(&["exists", "k:{a}:1", "k:{a}:2"]).trim(), "2");
+    assert!(set_script_text(&limits[..1]).is_err());
 }
 
 #[tokio::test]

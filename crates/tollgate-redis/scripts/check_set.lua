@@ -1,0 +1,111 @@
+-- check_set.lua: the driver for a request matched by SEVERAL policies (2 to 8; more use
+-- check.lua). Like check_one.lua, the Rust side builds one script per policy set (the shapes
+-- (algorithm, limit, period, burst) of its policies, in the request's order), with every
+-- quota a constant and every algorithm's decision body written out inline (the body contract
+-- is in check_one.lua). Sections start at `-- @<name>` lines; Rust assembles them:
+--   head                once, with $N the number of policies;
+--   policy              once per policy $I, with its quota ($LIMIT, $PERIOD, $BURST, $T) and
+--                       its body in place of `-- @decide`;
+--   decided             once: `if denied == 0 then`;
+--   commit              once per policy;
+--   else                once;
+--   uncharged           once per policy (its body again, with cost 0);
+--   reply               once, with $FORMAT and $VALUES (four per policy).
+--
+-- KEYS[1..N]   the policies' state keys (one client: one Redis Cluster slot).
+-- ARGV         either nothing (every cost 1, Redis TIME), or: costs 1..N, then optionally now
+--              (us; '' = Redis TIME), then optionally a PX floor in milliseconds.
+-- Reply:       N x struct '>BI7I7I7': allowed (1/0), remaining, reset_after (us),
+--              retry_after + 1 (us; 0: allowed, or retrying never helps). All or nothing: when
+--              one policy denies, nothing is written, and the policies that would have allowed
+--              report their state uncharged (their body runs again with cost 0).
+--
+-- Every argument is checked and every key read (one MGET) before the first write.
+
+-- @head
+local keys, nargs = KEYS, #ARGV
+if #keys ~= $N or (nargs ~= 0 and nargs < $N) or nargs > $N + 2 then
+  return redis.error_reply('ERR tollgate: expected $N keys and 0, $N, $N + 1 or $N + 2 ' ..
+    'arguments (costs, now, PX floor), got ' .. #keys .. ' keys and ' .. nargs .. ' arguments')
+end
+local now, ttl_floor, denied = nil, 0, 0
+if nargs > $N then
+  local given = ARGV[$N + 1]
+  if given ~= '' then
+    now = tonumber(given)
+    if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then
+      return redis.error_reply('ERR tollgate: ARGV[$N + 1] (now) must be an integer in ' ..
+        '[0, 2^53) or empty')
+    end
+  end
+  if nargs == $N + 2 then
+    ttl_floor = tonumber(ARGV[$N + 2])
+    if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then
+      return redis.error_reply('ERR tollgate: ARGV[$N + 2] (PX floor) must be an integer ' ..
+        'number of milliseconds in [0, period bound]')
+    end
+  end
+end
+if not now then
+  local time = redis.call('TIME')
+  now = time[1] * 1000000 + time[2]
+end
+local raws = redis.call('MGET', unpack(keys))
+
+-- @policy
+local ok_$I, remaining_$I, reset_$I, retry_$I, value_$I, idle_$I, cost_$I
+do
+  local cost = 1
+  if nargs > 0 then
+    local given = ARGV[$I]
+    if given ~= '1' then
+      cost = tonumber(given)
+      if not cost or cost % 1 ~= 0 or cost < 0 or cost > MAX_INT then
+        return redis.error_reply('ERR tollgate: ARGV[$I] (cost) must be an integer in [0, 2^53]')
+      end
+    end
+  end
+  local raw, limit, p, burst, t = raws[$I], $LIMIT, $PERIOD, $BURST, $T
+  local ok, remaining, reset, retry, value, idle_at
+  do
+-- @decide
+  end
+  if not ok then
+    denied = denied + 1
+  end
+  ok_$I, remaining_$I, reset_$I, retry_$I, value_$I, idle_$I, cost_$I =
+    ok, remaining, reset, retry, value, idle_at, cost
+end
+
+-- @decided
+if denied == 0 then
+
+-- @commit
+  if cost_$I > 0 then
+    -- PX: see check_one.lua (rounded up to the next millisecond, %d truncates).
+    local ms = (idle_$I - now + 999) / 1000
+    if ms < 1 then
+      ms = 1
+    end
+    if ms < ttl_floor then
+      ms = ttl_floor
+    end
+    redis.call('SET', keys[$I], value_$I, 'PX', string.format('%d', ms), 'GET')
+  end
+
+-- @else
+else
+
+-- @uncharged
+  if ok_$I and cost_$I > 0 then
+    local raw, cost, limit, p, burst, t = raws[$I], 0, $LIMIT, $PERIOD, $BURST, $T
+    local ok, remaining, reset, retry, value, idle_at
+    do
+-- @decide
+    end
+    remaining_$I, reset_$I = remaining, reset
+  end
+
+-- @reply
+end
+return struct.pack('$FORMAT', $VALUES)
