@@ -3,7 +3,7 @@
 -- (algorithm, limit, period, burst) of its policies, in the request's order), with every
 -- quota a constant and every algorithm's decision body written out inline (the body contract
 -- is in check_one.lua). Sections start at `-- @<name>` lines; Rust assembles them:
---   head                once, with $N the number of policies;
+--   head                once, with $N the number of policies ($N1, $N2: N + 1, N + 2);
 --   policy              once per policy $I, with its quota ($LIMIT, $PERIOD, $BURST, $T) and
 --                       its body in place of `-- @decide`;
 --   decided             once: `if denied == 0 then`;
@@ -24,24 +24,24 @@
 
 -- @head
 local keys, nargs = KEYS, #ARGV
-if #keys ~= $N or (nargs ~= 0 and nargs < $N) or nargs > $N + 2 then
-  return redis.error_reply('ERR tollgate: expected $N keys and 0, $N, $N + 1 or $N + 2 ' ..
+if #keys ~= $N or (nargs ~= 0 and nargs < $N) or nargs > $N2 then
+  return redis.error_reply('ERR tollgate: expected $N keys and 0, $N, $N1 or $N2 ' ..
     'arguments (costs, now, PX floor), got ' .. #keys .. ' keys and ' .. nargs .. ' arguments')
 end
 local now, ttl_floor, denied = nil, 0, 0
 if nargs > $N then
-  local given = ARGV[$N + 1]
+  local given = ARGV[$N1]
   if given ~= '' then
     now = tonumber(given)
     if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then
-      return redis.error_reply('ERR tollgate: ARGV[$N + 1] (now) must be an integer in ' ..
+      return redis.error_reply('ERR tollgate: ARGV[$N1] (now) must be an integer in ' ..
         '[0, 2^53) or empty')
     end
   end
-  if nargs == $N + 2 then
-    ttl_floor = tonumber(ARGV[$N + 2])
+  if nargs == $N2 then
+    ttl_floor = tonumber(ARGV[$N2])
     if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then
-      return redis.error_reply('ERR tollgate: ARGV[$N + 2] (PX floor) must be an integer ' ..
+      return redis.error_reply('ERR tollgate: ARGV[$N2] (PX floor) must be an integer ' ..
         'number of milliseconds in [0, period bound]')
     end
   end

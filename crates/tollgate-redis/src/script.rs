@@ -264,7 +264,12 @@ fn build_set(limits: &[Limit]) -> Result<Script, RedisStoreError> {
     };
     let n = limits.len();
     let mut text = String::from(preamble);
-    text.push_str(&head.replace("$N", &n.to_string()));
+    text.push_str(
+        &head
+            .replace("$N1", &(n + 1).to_string())
+            .replace("$N2", &(n + 2).to_string())
+            .replace("$N", &n.to_string()),
+    );
     let mut commits = String::new();
     let mut uncharges = String::new();
     for (i, limit) in limits.iter().enumerate() {
