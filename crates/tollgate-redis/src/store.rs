@@ -153,45 +153,44 @@ impl RedisStore {
     /// The single-policy script of `limit`, loaded into this store's server(s) on first use;
     /// `None` past the cap on policy shapes (the multi-policy script serves those).
     async fn single(&self, limit: &Limit) -> Result<Option<Arc<Script>>, RedisStoreError> {
-        let ready = self
-            .ready
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(limit)
-            .cloned();
-        if ready.is_some() {
-            return Ok(ready);
-        }
-        let Some(s) = single_script(limit)? else {
-            return Ok(None);
-        };
-        self.load(&s).await?;
-        self.ready
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(*limit, Arc::clone(&s));
-        Ok(Some(s))
+        self.loaded(&self.ready, limit, single_script, |l| *l).await
     }
 
     /// The policy-set script of `limits`, loaded on first use like [`Self::single`]'s.
     async fn set(&self, limits: &[Limit]) -> Result<Option<Arc<Script>>, RedisStoreError> {
-        let ready = self
-            .ready_sets
+        self.loaded(&self.ready_sets, limits, set_script, |l: &[Limit]| l.into())
+            .await
+    }
+
+    /// The script `build` makes for `key`, from `ready` when this store already loaded it,
+    /// else built (or found in the process-wide cache), loaded and remembered.
+    async fn loaded<K, Q>(
+        &self,
+        ready: &Ready<K>,
+        key: &Q,
+        build: impl FnOnce(&Q) -> Result<Option<Arc<Script>>, RedisStoreError>,
+        owned: impl FnOnce(&Q) -> K,
+    ) -> Result<Option<Arc<Script>>, RedisStoreError>
+    where
+        K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        let found = ready
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(limits)
+            .get(key)
             .cloned();
-        if ready.is_some() {
-            return Ok(ready);
+        if found.is_some() {
+            return Ok(found);
         }
-        let Some(s) = set_script(limits)? else {
+        let Some(s) = build(key)? else {
             return Ok(None);
         };
         self.load(&s).await?;
-        self.ready_sets
+        ready
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(limits.into(), Arc::clone(&s));
+            .insert(owned(key), Arc::clone(&s));
         Ok(Some(s))
     }
 
