@@ -3,7 +3,7 @@
 --   local limit, p, burst, t = <integers>
 --   local REPLY_BASE, REPLY_RESET_BOUND = <integers>
 -- then this file, with that algorithm's decision body written out in place of the
--- `@decide` line below. The quota is a constant of the script, checked in Rust by
+-- `@decide` line below, clock.lua at `@clock` and write.lua at `@write`. The quota is a constant of the script, checked in Rust by
 -- tollgate-core (and against the Lua bounds) when the script is built, so a call carries and
 -- validates only what changes per request. Requests with several policies use check.lua,
 -- which takes the quotas as arguments and runs the same bodies as functions.
@@ -56,25 +56,8 @@ if nargs > 0 then
       return redis.error_reply('ERR tollgate: ARGV[1] (cost) must be an integer in [0, 2^53]')
     end
   end
-  given = ARGV[2]
-  if given ~= nil and given ~= '' then
-    now = tonumber(given)
-    if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then
-      return redis.error_reply('ERR tollgate: ARGV[2] (now) must be an integer in [0, 2^53) or empty')
-    end
-  end
-  if nargs == 3 then
-    ttl_floor = tonumber(ARGV[3])
-    if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then
-      return redis.error_reply('ERR tollgate: ARGV[3] (PX floor) must be an integer number of ' ..
-        'milliseconds in [0, period bound]')
-    end
-  end
 end
-if not now then
-  local time = redis.call('TIME')
-  now = time[1] * 1000000 + time[2]
-end
+-- @clock
 
 local raw = redis.call('GET', key)
 local ok, remaining, reset, retry, value, idle_at
@@ -85,22 +68,7 @@ if not ok then
   return struct.pack('>BI7I7I7', 0, remaining, reset, retry + 1)
 end
 if cost > 0 then
-  -- PX so that the key disappears at idle_at (rounded up to the next millisecond, never
-  -- early): from then on its state equals a fresh one. ttl.lua's px() computes the same for
-  -- the other drivers; calling it here cost ~1,000 instructions per call more (callgrind,
-  -- GCRA: 49,600 and 49,200 against 48,200 and 48,300 inline), so it is written out.
-  -- %d truncates, which for a positive quotient is the floor: no math.floor call. Comparing
-  -- the quotient with the integers 1 and ttl_floor gives what comparing its floor would.
-  local ms = (idle_at - now + 999) / 1000
-  if ms < 1 then
-    ms = 1
-  end
-  if ms < ttl_floor then
-    ms = ttl_floor
-  end
-  -- GET turns SET's reply into a bulk string (nil for a new key): a status reply becomes a
-  -- Lua table, which costs more (callgrind: -750 instructions per call).
-  redis.call('SET', key, value, 'PX', string.format('%d', ms), 'GET')
+-- @write
 end
 -- An integer is the cheapest reply: reset_after * REPLY_BASE + remaining, when the Rust side
 -- proved at build time that every value fits below 2^53 (REPLY_BASE = 0 otherwise).

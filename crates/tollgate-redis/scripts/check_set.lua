@@ -29,27 +29,7 @@ if #keys ~= $N or (nargs ~= 0 and nargs < $N) or nargs > $N2 then
     'arguments (costs, now, PX floor), got ' .. #keys .. ' keys and ' .. nargs .. ' arguments')
 end
 local now, ttl_floor, denied = nil, 0, 0
-if nargs > $N then
-  local given = ARGV[$N1]
-  if given ~= '' then
-    now = tonumber(given)
-    if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then
-      return redis.error_reply('ERR tollgate: ARGV[$N1] (now) must be an integer in ' ..
-        '[0, 2^53) or empty')
-    end
-  end
-  if nargs == $N2 then
-    ttl_floor = tonumber(ARGV[$N2])
-    if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then
-      return redis.error_reply('ERR tollgate: ARGV[$N2] (PX floor) must be an integer ' ..
-        'number of milliseconds in [0, period bound]')
-    end
-  end
-end
-if not now then
-  local time = redis.call('TIME')
-  now = time[1] * 1000000 + time[2]
-end
+-- @clock
 local raws = redis.call('MGET', unpack(keys))
 
 -- @policy
@@ -82,15 +62,7 @@ if denied == 0 then
 
 -- @commit
   if cost_$I > 0 then
-    -- PX: see check_one.lua (rounded up to the next millisecond, %d truncates).
-    local ms = (idle_$I - now + 999) / 1000
-    if ms < 1 then
-      ms = 1
-    end
-    if ms < ttl_floor then
-      ms = ttl_floor
-    end
-    redis.call('SET', keys[$I], value_$I, 'PX', string.format('%d', ms), 'GET')
+-- @write
   end
 
 -- @else

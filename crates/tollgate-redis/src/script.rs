@@ -25,8 +25,27 @@ const CHECK: &str = include_str!("../scripts/check.lua");
 const LEASE: &str = include_str!("../scripts/lease.lua");
 const CHECK_ONE: &str = include_str!("../scripts/check_one.lua");
 const CHECK_SET: &str = include_str!("../scripts/check_set.lua");
-/// The line of `check_one.lua` that the algorithm's body replaces.
+const CLOCK: &str = include_str!("../scripts/clock.lua");
+const WRITE: &str = include_str!("../scripts/write.lua");
+/// The lines of the drivers that an algorithm's body, `clock.lua` and `write.lua` replace.
 const DECIDE_MARK: &str = "-- @decide\n";
+const CLOCK_MARK: &str = "-- @clock\n";
+const WRITE_MARK: &str = "-- @write\n";
+
+/// `clock.lua` for a driver whose optional `now` is ARGV[now_at] (the PX floor follows it).
+fn clock(now_at: usize) -> String {
+    CLOCK
+        .replace("$NOW", &now_at.to_string())
+        .replace("$FLOOR", &(now_at + 1).to_string())
+}
+
+/// `write.lua` for the key, value and idle instant named by these Lua expressions.
+fn write(key: &str, value: &str, idle: &str) -> String {
+    WRITE
+        .replace("$KEY", key)
+        .replace("$VALUE", value)
+        .replace("$IDLE", idle)
+}
 
 pub(crate) struct Script {
     pub(crate) text: String,
@@ -183,10 +202,11 @@ fn build_single(limit: &Limit) -> Result<Script, RedisStoreError> {
         "local limit, p, burst, t = {l}, {p}, {b}, {t}\n\
          local REPLY_BASE, REPLY_RESET_BOUND = {base}, {reset_bound}"
     );
-    let (head, tail) = CHECK_ONE
-        .split_once(DECIDE_MARK)
-        .ok_or_else(|| RedisStoreError::invalid("check_one.lua has no @decide line"))?;
-    let mut script = build(&[&bind, head, algorithm_file(limit.algorithm), tail]);
+    let driver = CHECK_ONE
+        .replace(CLOCK_MARK, &clock(2))
+        .replace(WRITE_MARK, &write("key", "value", "idle_at"))
+        .replace(DECIDE_MARK, algorithm_file(limit.algorithm));
+    let mut script = build(&[&bind, &driver]);
     script.reply_base = base;
     Ok(script)
 }
@@ -266,6 +286,7 @@ fn build_set(limits: &[Limit]) -> Result<Script, RedisStoreError> {
     let mut text = String::from(preamble);
     text.push_str(
         &head
+            .replace(CLOCK_MARK, &clock(n + 1))
             .replace("$N1", &(n + 1).to_string())
             .replace("$N2", &(n + 2).to_string())
             .replace("$N", &n.to_string()),
@@ -285,7 +306,9 @@ fn build_set(limits: &[Limit]) -> Result<Script, RedisStoreError> {
         // Placeholders first: the body is inserted as it is.
         let body = algorithm_file(limit.algorithm);
         text.push_str(&bind(policy).replace(DECIDE_MARK, body));
-        commits.push_str(&bind(commit));
+        commits.push_str(&bind(
+            &commit.replace(WRITE_MARK, &write("keys[$I]", "value_$I", "idle_$I")),
+        ));
         uncharges.push_str(&bind(uncharged).replace(DECIDE_MARK, body));
     }
     text.push_str(decided);
@@ -411,6 +434,36 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_set_script_has_every_section_and_no_placeholder_left() {
+        let quota = tollgate_core::Quota::per_minute(100).expect("quota");
+        let limits: Vec<Limit> = tollgate_core::Algorithm::ALL
+            .iter()
+            .map(|&a| Limit::new(a, quota).expect("limit"))
+            .collect();
+        let text = set_script_text(&limits).expect("script");
+        // The preamble's comments name the placeholders; no code line keeps one.
+        let code = text.lines().filter(|l| !l.trim_start().starts_with("--"));
+        for line in code {
+            assert!(!line.contains('$'), "a placeholder is left: {line}");
+        }
+        for mark in [DECIDE_MARK, CLOCK_MARK, WRITE_MARK] {
+            assert!(!text.contains(mark), "{mark}");
+        }
+        // Every policy is decided, committed and re-decided uncharged.
+        assert_eq!(text.matches("local ok_").count(), limits.len());
+        assert_eq!(
+            text.matches("redis.call('SET', keys[").count(),
+            limits.len()
+        );
+        assert_eq!(
+            text.matches("remaining_6, reset_6 = remaining, reset")
+                .count(),
+            1
+        );
+        assert!(text.contains("ARGV[7] (now)") && text.contains("ARGV[8] (PX floor)"));
+    }
+
+    #[test]
     fn the_script_carries_the_core_bounds_and_every_algorithm() {
         let text = script_text();
         assert!(text.contains("local MAX_LIMIT = 1099511627776\n"));
@@ -436,7 +489,10 @@ mod tests {
                 !one.contains("local function") && !one.contains("= function"),
                 "{a} defines a function"
             );
-            assert!(!one.contains(DECIDE_MARK), "{a}");
+            for mark in [DECIDE_MARK, CLOCK_MARK, WRITE_MARK] {
+                assert!(!one.contains(mark), "{a}: {mark}");
+            }
+            assert!(!one.contains('$'), "{a}: a placeholder is left");
             let others = tollgate_core::Algorithm::ALL.iter().filter(|&&b| b != a);
             for b in others {
                 assert!(
