@@ -3,7 +3,8 @@
 --   local limit, p, burst, t = <integers>
 --   local REPLY_BASE, REPLY_RESET_BOUND = <integers>
 -- then this file, with that algorithm's decision body written out in place of the
--- `@decide` line below, clock.lua at `@clock` and write.lua at `@write`. The quota is a constant of the script, checked in Rust by
+-- `@decide` line below, and cost.lua, clock.lua and write.lua at `@cost`, `@clock` and
+-- `@write`. The quota is a constant of the script, checked in Rust by
 -- tollgate-core (and against the Lua bounds) when the script is built, so a call carries and
 -- validates only what changes per request. Requests with several policies use check.lua,
 -- which takes the quotas as arguments and runs the same bodies as functions.
@@ -47,16 +48,7 @@ if #keys ~= 1 or nargs > 3 then
     'PX floor), got ' .. #keys .. ' keys and ' .. nargs .. ' arguments')
 end
 local cost, now, ttl_floor = 1, nil, 0
-if nargs > 0 then
-  -- A cost of 1 is nearly every call: comparing interned strings is cheaper than parsing.
-  local given = ARGV[1]
-  if given ~= '1' then
-    cost = tonumber(given)
-    if not cost or cost % 1 ~= 0 or cost < 0 or cost > MAX_INT then
-      return redis.error_reply('ERR tollgate: ARGV[1] (cost) must be an integer in [0, 2^53]')
-    end
-  end
-end
+-- @cost
 -- @clock
 
 local raw = redis.call('GET', key)

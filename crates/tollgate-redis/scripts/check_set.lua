@@ -36,15 +36,7 @@ local raws = redis.call('MGET', unpack(keys))
 local ok_$I, remaining_$I, reset_$I, retry_$I, value_$I, idle_$I, cost_$I
 do
   local cost = 1
-  if nargs > 0 then
-    local given = ARGV[$I]
-    if given ~= '1' then
-      cost = tonumber(given)
-      if not cost or cost % 1 ~= 0 or cost < 0 or cost > MAX_INT then
-        return redis.error_reply('ERR tollgate: ARGV[$I] (cost) must be an integer in [0, 2^53]')
-      end
-    end
-  end
+-- @cost
   local raw, limit, p, burst, t = raws[$I], $LIMIT, $PERIOD, $BURST, $T
   local ok, remaining, reset, retry, value, idle_at
   do

@@ -25,12 +25,20 @@ const CHECK: &str = include_str!("../scripts/check.lua");
 const LEASE: &str = include_str!("../scripts/lease.lua");
 const CHECK_ONE: &str = include_str!("../scripts/check_one.lua");
 const CHECK_SET: &str = include_str!("../scripts/check_set.lua");
+const COST: &str = include_str!("../scripts/cost.lua");
 const CLOCK: &str = include_str!("../scripts/clock.lua");
 const WRITE: &str = include_str!("../scripts/write.lua");
-/// The lines of the drivers that an algorithm's body, `clock.lua` and `write.lua` replace.
+/// The lines of the drivers that an algorithm's body and `cost.lua`, `clock.lua` and
+/// `write.lua` replace.
 const DECIDE_MARK: &str = "-- @decide\n";
 const CLOCK_MARK: &str = "-- @clock\n";
+const COST_MARK: &str = "-- @cost\n";
 const WRITE_MARK: &str = "-- @write\n";
+
+/// `cost.lua` for a policy whose cost is ARGV[at] (a Lua expression: check_set.lua's `$I`).
+fn cost(at: &str) -> String {
+    COST.replace("$COST", at)
+}
 
 /// `clock.lua` for a driver whose optional `now` is ARGV[now_at] (the PX floor follows it).
 fn clock(now_at: usize) -> String {
@@ -116,23 +124,41 @@ fn algorithm_file(a: Algorithm) -> &'static str {
 /// bypass [`Limit::new`]) once per policy shape and kept. Past [`MAX_POLICY_SCRIPTS`] shapes
 /// the caller falls back to the multi-policy script, which takes the quota as arguments.
 pub(crate) fn single_script(limit: &Limit) -> Result<Option<Arc<Script>>, RedisStoreError> {
-    static SCRIPTS: OnceLock<RwLock<HashMap<Limit, Arc<Script>, LimitHash>>> = OnceLock::new();
-    let scripts = SCRIPTS.get_or_init(Default::default);
+    static SCRIPTS: Cache<Limit> = OnceLock::new();
+    cached(&SCRIPTS, limit, build_single, |l| *l)
+}
+
+/// A process-wide script cache, by what selects the script.
+type Cache<K> = OnceLock<RwLock<HashMap<K, Arc<Script>, LimitHash>>>;
+
+/// The script for `key` from `cache`, built by `build` and kept on first use; `None` once the
+/// cache holds [`MAX_POLICY_SCRIPTS`] scripts (the multi-policy script serves the rest).
+fn cached<K, Q>(
+    cache: &Cache<K>,
+    key: &Q,
+    build: impl FnOnce(&Q) -> Result<Script, RedisStoreError>,
+    owned: impl FnOnce(&Q) -> K,
+) -> Result<Option<Arc<Script>>, RedisStoreError>
+where
+    K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
+    Q: std::hash::Hash + Eq + ?Sized,
+{
+    let scripts = cache.get_or_init(Default::default);
     if let Some(s) = scripts
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(limit)
+        .get(key)
     {
         return Ok(Some(Arc::clone(s)));
     }
-    let built = Arc::new(build_single(limit)?);
+    let built = Arc::new(build(key)?);
     let mut map = scripts
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if map.len() >= MAX_POLICY_SCRIPTS {
         return Ok(None);
     }
-    Ok(Some(Arc::clone(map.entry(*limit).or_insert(built))))
+    Ok(Some(Arc::clone(map.entry(owned(key)).or_insert(built))))
 }
 
 /// A hasher for the script cache, which every single-policy check reads: its keys are a few
@@ -203,6 +229,7 @@ fn build_single(limit: &Limit) -> Result<Script, RedisStoreError> {
          local REPLY_BASE, REPLY_RESET_BOUND = {base}, {reset_bound}"
     );
     let driver = CHECK_ONE
+        .replace(COST_MARK, &cost("1"))
         .replace(CLOCK_MARK, &clock(2))
         .replace(WRITE_MARK, &write("key", "value", "idle_at"))
         .replace(DECIDE_MARK, algorithm_file(limit.algorithm));
@@ -220,27 +247,11 @@ pub(crate) const MAX_SET_POLICIES: usize = 8;
 /// the request's order), built once per set of policy shapes and kept; `None` past
 /// [`MAX_POLICY_SCRIPTS`] sets or outside those counts (the multi-policy script serves those).
 pub(crate) fn set_script(limits: &[Limit]) -> Result<Option<Arc<Script>>, RedisStoreError> {
-    type Sets = RwLock<HashMap<Box<[Limit]>, Arc<Script>, LimitHash>>;
-    static SCRIPTS: OnceLock<Sets> = OnceLock::new();
+    static SCRIPTS: Cache<Box<[Limit]>> = OnceLock::new();
     if !(2..=MAX_SET_POLICIES).contains(&limits.len()) {
         return Ok(None);
     }
-    let scripts = SCRIPTS.get_or_init(Default::default);
-    if let Some(s) = scripts
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(limits)
-    {
-        return Ok(Some(Arc::clone(s)));
-    }
-    let built = Arc::new(build_set(limits)?);
-    let mut map = scripts
-        .write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if map.len() >= MAX_POLICY_SCRIPTS {
-        return Ok(None);
-    }
-    Ok(Some(Arc::clone(map.entry(limits.into()).or_insert(built))))
+    cached(&SCRIPTS, limits, build_set, |l: &[Limit]| l.into())
 }
 
 /// The sections of `check_set.lua` (see its header), in the order the script uses them.
@@ -305,7 +316,7 @@ fn build_set(limits: &[Limit]) -> Result<Script, RedisStoreError> {
         };
         // Placeholders first: the body is inserted as it is.
         let body = algorithm_file(limit.algorithm);
-        text.push_str(&bind(policy).replace(DECIDE_MARK, body));
+        text.push_str(&bind(&policy.replace(COST_MARK, &cost("$I"))).replace(DECIDE_MARK, body));
         commits.push_str(&bind(
             &commit.replace(WRITE_MARK, &write("keys[$I]", "value_$I", "idle_$I")),
         ));
@@ -446,7 +457,7 @@ mod tests {
         for line in code {
             assert!(!line.contains('$'), "a placeholder is left: {line}");
         }
-        for mark in [DECIDE_MARK, CLOCK_MARK, WRITE_MARK] {
+        for mark in [DECIDE_MARK, COST_MARK, CLOCK_MARK, WRITE_MARK] {
             assert!(!text.contains(mark), "{mark}");
         }
         // Every policy is decided, committed and re-decided uncharged.
@@ -489,7 +500,7 @@ mod tests {
                 !one.contains("local function") && !one.contains("= function"),
                 "{a} defines a function"
             );
-            for mark in [DECIDE_MARK, CLOCK_MARK, WRITE_MARK] {
+            for mark in [DECIDE_MARK, COST_MARK, CLOCK_MARK, WRITE_MARK] {
                 assert!(!one.contains(mark), "{a}: {mark}");
             }
             assert!(!one.contains('$'), "{a}: a placeholder is left");

@@ -460,34 +460,11 @@ fn parse_set(reply: &redis::Value, checks: &[Check<'_>]) -> Result<Verdict, Redi
             )))
         }
     };
-    let mut decisions = Vec::with_capacity(checks.len());
-    for (c, item) in checks.iter().zip(bytes.chunks_exact(22)) {
-        let int = |at: usize| {
-            item[at..at + 7]
-                .iter()
-                .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
-        };
-        let allowed = match item[0] {
-            0 => false,
-            1 => true,
-            other => {
-                return Err(RedisStoreError::protocol(format!(
-                    "the script answered flag {other}"
-                )))
-            }
-        };
-        decisions.push(Decision {
-            allowed,
-            limit: c.rule.limit().quota.limit(),
-            remaining: int(1),
-            reset_after: int(8),
-            retry_after: if allowed {
-                None
-            } else {
-                int(15).checked_sub(1)
-            },
-        });
-    }
+    let decisions = checks
+        .iter()
+        .zip(bytes.chunks_exact(22))
+        .map(|(c, item)| packed_decision(item, c.rule.limit().quota.limit()))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Verdict {
         allowed: decisions.iter().all(|d| d.allowed),
         decisions,
@@ -525,21 +502,35 @@ fn parse_single(
             )))
         }
     };
+    packed_decision(bytes, limit)
+}
+
+/// One packed decision, struct '>BI7I7I7' (denied, or a policy of a set) or '>BI7I7' (allowed,
+/// single policy): allowed (1/0), remaining, reset_after, and retry_after + 1 (0: none).
+fn packed_decision(item: &[u8], limit: u64) -> Result<Decision, RedisStoreError> {
     let int = |at: usize| {
-        bytes[at..at + 7]
-            .iter()
-            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
+        item.get(at..at + 7)
+            .map(|b| b.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+            .ok_or_else(|| RedisStoreError::protocol("a packed decision is too short"))
     };
-    let allowed = bytes[0] == 1;
+    let allowed = match item.first() {
+        Some(0) => false,
+        Some(1) => true,
+        other => {
+            return Err(RedisStoreError::protocol(format!(
+                "the script answered flag {other:?}"
+            )))
+        }
+    };
     Ok(Decision {
         allowed,
         limit,
-        remaining: int(1),
-        reset_after: int(8),
+        remaining: int(1)?,
+        reset_after: int(8)?,
         retry_after: if allowed {
             None
         } else {
-            int(15).checked_sub(1)
+            int(15)?.checked_sub(1)
         },
     })
 }
