@@ -7,8 +7,8 @@
 //! ```ignore
 //! struct Mem(MemoryStore);
 //! impl ConformanceStore for Mem {
-//!     async fn check(&self, client: &ClientKey, checks: &[Check<'_>], now: Micros) -> Verdict {
-//!         self.0.check(client, checks, now)
+//!     async fn check(&self, checks: &[Check<'_>], now: Micros) -> Verdict {
+//!         self.0.check(checks, now)
 //!     }
 //! }
 //! tollgate_conformance::conformance_suite!(Mem(MemoryStore::default()));
@@ -26,20 +26,15 @@
 mod suite;
 
 use std::future::Future;
-use tollgate_core::{Check, ClientKey, Micros, Verdict};
+use tollgate_core::{Check, Micros, Verdict};
 
 pub use suite::*;
 
 /// What the suite needs from a store.
 pub trait ConformanceStore: Send + Sync + 'static {
-    /// Decides `checks` for `client` all-or-nothing at `now`. Store errors should panic: in a
-    /// conformance test they are failures.
-    fn check(
-        &self,
-        client: &ClientKey,
-        checks: &[Check<'_>],
-        now: Micros,
-    ) -> impl Future<Output = Verdict> + Send;
+    /// Decides a plan (`checks`, of one or several clients) all-or-nothing at `now`. Store
+    /// errors should panic: in a conformance test they are failures.
+    fn check(&self, checks: &[Check<'_>], now: Micros) -> impl Future<Output = Verdict> + Send;
 
     /// Whether the store decides at the `now` it is given (false for a store that reads its
     /// own clock, such as Redis `TIME`): time-travelling tests are skipped when false.
@@ -61,6 +56,8 @@ macro_rules! conformance_suite {
             retry_after_is_the_exact_earliest_time,
             expiry_never_changes_a_decision,
             multi_rule_traces_match_tollgate_core,
+            a_denial_under_one_identity_charges_no_other_identity,
+            shadow_rules_never_deny_and_charge_only_what_they_allow,
             distinct_clients_and_rules_are_independent,
             zero_cost_is_a_pure_query,
             denied_requests_consume_nothing,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{
-    Algorithm, Check, ClientKey, Decision, Limit, Micros, Quota, Rule, State, Verdict,
+    Algorithm, Check, ClientKey, Decision, Limit, Micros, Mode, Quota, Rule, State, Verdict,
 };
 
 /// A fixed synthetic instant (mid-2025), in microseconds since the epoch.
@@ -38,7 +38,7 @@ async fn one<S: ConformanceStore>(
     cost: u64,
     now: Micros,
 ) -> Decision {
-    let v = s.check(c, &[Check { rule: r, cost }], now).await;
+    let v = s.check(&[Check::new(*c, r, cost)], now).await;
     assert_eq!(v.decisions.len(), 1, "one decision per check");
     assert_eq!(v.allowed, v.decisions[0].allowed);
     v.decisions[0]
@@ -58,10 +58,13 @@ async fn hammer<S: ConformanceStore>(
         let store = Arc::clone(store);
         let rules = rules.to_vec();
         tasks.push(tokio::spawn(async move {
-            let checks: Vec<Check<'_>> = rules.iter().map(|rule| Check { rule, cost }).collect();
+            let checks: Vec<Check<'_>> = rules
+                .iter()
+                .map(|rule| Check::new(client, rule, cost))
+                .collect();
             let mut admitted = 0;
             for _ in 0..per_task {
-                if store.check(&client, &checks, T0).await.allowed {
+                if store.check(&checks, T0).await.allowed {
                     admitted += 1;
                 }
             }
@@ -117,13 +120,13 @@ pub async fn several_rules_are_decided_all_or_nothing<S: ConformanceStore>(store
     let c = rule(Algorithm::SlidingWindowLog, 10, THIRTY_DAYS, "aon-c");
     let client = fresh_client();
     let checks = [
-        Check { rule: &a, cost: 1 },
-        Check { rule: &b, cost: 1 },
-        Check { rule: &c, cost: 1 },
+        Check::new(client, &a, 1),
+        Check::new(client, &b, 1),
+        Check::new(client, &c, 1),
     ];
     let mut verdicts: Vec<Verdict> = Vec::new();
     for _ in 0..5 {
-        verdicts.push(store.check(&client, &checks, T0).await);
+        verdicts.push(store.check(&checks, T0).await);
     }
     let allowed: Vec<bool> = verdicts.iter().map(|v| v.allowed).collect();
     assert_eq!(allowed, [true, true, true, false, false]);
@@ -244,8 +247,8 @@ pub async fn expiry_never_changes_a_decision<S: ConformanceStore>(store: S) {
     }
 }
 
-/// Random multi-rule requests decide exactly as `tollgate_core::check_all` on states that are
-/// never forgotten.
+/// Random plans (several rules, two clients, some rules in shadow mode) decide exactly as
+/// `tollgate_core::decide` on states that are never forgotten.
 pub async fn multi_rule_traces_match_tollgate_core<S: ConformanceStore>(store: S) {
     if !store.uses_local_clock() {
         return;
@@ -255,36 +258,130 @@ pub async fn multi_rule_traces_match_tollgate_core<S: ConformanceStore>(store: S
         .enumerate()
         .map(|(i, &a)| rule(a, 4 + i as u64, Duration::from_secs(5 + i as u64), "trace"))
         .collect();
-    let client = fresh_client();
-    let mut states: Vec<State> = rules.iter().map(|r| r.limit().fresh()).collect();
+    let clients = [fresh_client(), fresh_client()];
+    // One state per (client, rule).
+    let mut states: Vec<State> = clients
+        .iter()
+        .flat_map(|_| rules.iter().map(|r| r.limit().fresh()))
+        .collect();
     let mut rng = Rng(42);
     let mut now = T0;
     for step in 0..600 {
         now += rng.below(1_500_000);
-        let picked: Vec<usize> = (0..rules.len()).filter(|_| rng.below(3) == 0).collect();
+        let picked: Vec<(usize, usize)> = (0..clients.len() * rules.len())
+            .filter(|_| rng.below(6) == 0)
+            .map(|k| (k / rules.len(), k % rules.len()))
+            .collect();
         let costs: Vec<u64> = picked.iter().map(|_| rng.below(3)).collect();
+        let modes: Vec<Mode> = picked
+            .iter()
+            .map(|_| match rng.below(4) {
+                0 => Mode::Shadow,
+                _ => Mode::Enforce,
+            })
+            .collect();
         let checks: Vec<Check<'_>> = picked
             .iter()
             .zip(&costs)
-            .map(|(&i, &cost)| Check {
-                rule: &rules[i],
+            .zip(&modes)
+            .map(|((&(c, r), &cost), &mode)| Check {
+                client: clients[c],
+                rule: &rules[r],
                 cost,
+                mode,
             })
             .collect();
-        let got = store.check(&client, &checks, now).await;
-        let mut scratch: Vec<State> = picked.iter().map(|&i| states[i].clone()).collect();
-        let want = tollgate_core::check_all(
+        let got = store.check(&checks, now).await;
+        let index = |(c, r): (usize, usize)| c * rules.len() + r;
+        let mut scratch: Vec<State> = picked.iter().map(|&k| states[index(k)].clone()).collect();
+        let want = tollgate_core::decide(
             picked
                 .iter()
                 .zip(scratch.iter_mut())
                 .zip(&costs)
-                .map(|((&i, s), &c)| (rules[i].limit(), s, c)),
+                .zip(&modes)
+                .map(|(((&(_, r), s), &c), &m)| (rules[r].limit(), s, c, m)),
             now,
         );
-        assert_eq!(got, want, "step {step}: rules {picked:?} costs {costs:?}");
-        for (&i, s) in picked.iter().zip(scratch) {
-            states[i] = s;
+        assert_eq!(
+            got, want,
+            "step {step}: (client, rule) {picked:?} costs {costs:?} modes {modes:?}"
+        );
+        for (&k, s) in picked.iter().zip(scratch) {
+            states[index(k)] = s;
         }
+    }
+}
+
+/// A request matched by a per-API-key rule and a per-IP rule (two identities, one plan): when
+/// the IP's rule is exhausted the request is denied and the API key's rule is charged nothing,
+/// for every algorithm (read back with a query).
+pub async fn a_denial_under_one_identity_charges_no_other_identity<S: ConformanceStore>(store: S) {
+    for algorithm in Algorithm::ALL {
+        let per_key = rule(algorithm, 10, THIRTY_DAYS, "per-key");
+        let per_ip = rule(algorithm, 3, THIRTY_DAYS, "per-ip");
+        let (key, ip) = (fresh_client(), fresh_client());
+        let plan = [Check::new(key, &per_key, 1), Check::new(ip, &per_ip, 1)];
+        for i in 0..3 {
+            let v = store.check(&plan, T0).await;
+            assert!(v.allowed, "{algorithm}: request {i} fits both");
+        }
+        let before = one(&store, &key, &per_key, 0, T0).await.remaining;
+        assert_eq!(before, 7, "{algorithm}: three charged to the key");
+        for _ in 0..4 {
+            let v = store.check(&plan, T0).await;
+            assert!(!v.allowed, "{algorithm}: the IP's rule is exhausted");
+            assert!(v.decisions[0].allowed && !v.decisions[1].allowed);
+            assert_eq!(
+                v.decisions[0].remaining, 7,
+                "{algorithm}: reported uncharged"
+            );
+        }
+        let after = one(&store, &key, &per_key, 0, T0).await.remaining;
+        assert_eq!(after, before, "{algorithm}: the key's rule was not charged");
+    }
+}
+
+/// A shadow rule never denies; it is charged when it allows and the request passes, and
+/// charged nothing when it would deny or when an enforced rule denies.
+pub async fn shadow_rules_never_deny_and_charge_only_what_they_allow<S: ConformanceStore>(
+    store: S,
+) {
+    for algorithm in Algorithm::ALL {
+        let enforced = rule(algorithm, 4, THIRTY_DAYS, "enforced");
+        let shadow = rule(algorithm, 2, THIRTY_DAYS, "shadow");
+        let client = fresh_client();
+        let plan = [
+            Check::new(client, &enforced, 1),
+            Check::new(client, &shadow, 1).shadow(),
+        ];
+        let allowed: Vec<(bool, bool, bool)> = {
+            let mut out = Vec::new();
+            for _ in 0..6 {
+                let v = store.check(&plan, T0).await;
+                out.push((v.allowed, v.decisions[0].allowed, v.decisions[1].allowed));
+            }
+            out
+        };
+        // The shadow rule allows twice, then would deny; the enforced rule allows 4 times.
+        assert_eq!(
+            allowed,
+            [
+                (true, true, true),
+                (true, true, true),
+                (true, true, false),
+                (true, true, false),
+                (false, false, false),
+                (false, false, false),
+            ],
+            "{algorithm}"
+        );
+        assert_eq!(one(&store, &client, &enforced, 0, T0).await.remaining, 0);
+        assert_eq!(
+            one(&store, &client, &shadow, 0, T0).await.remaining,
+            0,
+            "{algorithm}: the shadow rule was charged its two allowed units, no more"
+        );
     }
 }
 

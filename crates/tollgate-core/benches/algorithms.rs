@@ -30,11 +30,11 @@ fn allowed(c: &mut Criterion) {
     let mut group = c.benchmark_group("allowed");
     for algorithm in Algorithm::ALL {
         let limit = limit(algorithm);
-        let step = 2 * limit.quota.emission_interval_micros();
+        let step = 2 * limit.quota().emission_interval_micros();
         let mut state = limit.fresh();
         let mut now = START;
         // Warm the state into its steady shape (a full window of history).
-        for _ in 0..2 * limit.quota.limit() {
+        for _ in 0..2 * limit.quota().limit() {
             now += step;
             assert!(limit.check(&mut state, now, 1, true).allowed);
         }

@@ -45,10 +45,10 @@ impl Decision {
     }
 }
 
-/// The answer for several checks decided together, all-or-nothing.
+/// The answer for a plan's checks decided together, all-or-nothing (see [`crate::decide`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
-    /// True when every check allowed, and so every check was charged.
+    /// True when every enforced check allowed, and so every check that allowed was charged.
     pub allowed: bool,
     /// One decision per check, in the order given. When the verdict is a denial, nothing was
     /// charged: the checks that would have allowed report their uncharged state.
@@ -56,14 +56,20 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// When denied: the earliest time all checks would pass together (the largest of the
-    /// denials' retry times), or `None` when some check can never pass or nothing was denied.
-    pub fn retry_after(&self) -> Option<Micros> {
+    /// When denied: the earliest time all enforced checks would pass together (the largest
+    /// of their denials' retry times), or `None` when one can never pass or nothing was
+    /// denied. `checks` are the checks this verdict answers, in order.
+    pub fn retry_after(&self, checks: &[crate::Check<'_>]) -> Option<Micros> {
         if self.allowed {
             return None;
         }
         let mut worst: Micros = 0;
-        for d in self.decisions.iter().filter(|d| !d.allowed) {
+        for (d, _) in self
+            .decisions
+            .iter()
+            .zip(checks)
+            .filter(|(d, c)| !d.allowed && c.enforces())
+        {
             worst = worst.max(d.retry_after?);
         }
         Some(worst)

@@ -86,13 +86,55 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-/// One rule to check for a request, with the units this request costs under it.
+/// Whether a rule of a plan may deny the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// The rule's denial denies the request.
+    #[default]
+    Enforce,
+    /// Dry run: decided and charged like an enforced rule, but a would-be denial denies
+    /// nothing (and charges that rule nothing).
+    Shadow,
+}
+
+/// One item of a request's plan: a client's state under a rule, the units this request costs
+/// there, and whether the rule enforces. A store decides all the checks of one plan together
+/// (see [`crate::decide`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Check<'a> {
+    /// Whose state: the keyed hash of the identity this rule counts by.
+    pub client: ClientKey,
     /// The rule.
     pub rule: &'a Rule,
     /// Units this request costs (0 is a pure query).
     pub cost: u64,
+    /// Enforced or shadow.
+    pub mode: Mode,
+}
+
+impl<'a> Check<'a> {
+    /// An enforced check of `rule` for `client` at `cost`.
+    pub fn new(client: ClientKey, rule: &'a Rule, cost: u64) -> Self {
+        Self {
+            client,
+            rule,
+            cost,
+            mode: Mode::Enforce,
+        }
+    }
+
+    /// The same check in shadow mode.
+    pub fn shadow(self) -> Self {
+        Self {
+            mode: Mode::Shadow,
+            ..self
+        }
+    }
+
+    /// Whether this check may deny the request.
+    pub fn enforces(&self) -> bool {
+        self.mode == Mode::Enforce
+    }
 }
 
 #[cfg(test)]

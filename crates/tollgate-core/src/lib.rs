@@ -39,9 +39,9 @@ mod key;
 mod quota;
 mod time;
 
-pub use algorithms::{check_all, Algorithm, Limit, State, UnknownAlgorithm};
+pub use algorithms::{decide, Algorithm, Limit, LimitError, State, UnknownAlgorithm};
 pub use decision::{Decision, Verdict};
-pub use key::{Check, ClientKey, Rule};
+pub use key::{Check, ClientKey, Mode, Rule};
 pub use quota::{Quota, QuotaError, MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
 pub use time::{
     duration_to_micros, micros_to_duration, micros_to_secs_ceil, Clock, ManualClock, Micros,

@@ -36,19 +36,17 @@ fn extreme_quotas() -> Vec<Quota> {
     ]
 }
 
-/// Every algorithm with `q`, without the per-algorithm validation: the algorithms must not
-/// panic even on a quota a config would reject.
+/// Every algorithm that accepts `q` (a `Limit` exists only for quotas its algorithm can run).
 fn all(q: Quota) -> impl Iterator<Item = Limit> {
-    Algorithm::ALL.into_iter().map(move |algorithm| Limit {
-        algorithm,
-        quota: q,
-    })
+    Algorithm::ALL
+        .into_iter()
+        .filter_map(move |algorithm| Limit::new(algorithm, q).ok())
 }
 
 fn capacity(l: &Limit) -> u64 {
-    match l.algorithm {
-        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => l.quota.burst(),
-        _ => l.quota.limit(),
+    match l.algorithm() {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => l.quota().burst(),
+        _ => l.quota().limit(),
     }
 }
 
@@ -68,9 +66,9 @@ fn the_first_request_is_admitted_at_any_time() {
             for now in [0, 1, WALL, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
                 let mut s = l.fresh();
                 let d = l.check(&mut s, now, 1, true);
-                assert!(d.allowed, "{} {q:?} at {now}", l.algorithm);
-                assert_eq!(d.remaining, capacity(&l) - 1, "{} at {now}", l.algorithm);
-                assert_ne!(s, l.fresh(), "{} did not charge", l.algorithm);
+                assert!(d.allowed, "{} {q:?} at {now}", l.algorithm());
+                assert_eq!(d.remaining, capacity(&l) - 1, "{} at {now}", l.algorithm());
+                assert_ne!(s, l.fresh(), "{} did not charge", l.algorithm());
             }
         }
     }
@@ -86,14 +84,14 @@ fn a_gap_of_years_brings_back_exactly_the_full_capacity() {
         for l in all(q) {
             let cap = capacity(&l);
             let mut s = l.fresh();
-            assert_eq!(drain(&l, &mut s, WALL, 10 * cap), cap, "{}", l.algorithm);
+            assert_eq!(drain(&l, &mut s, WALL, 10 * cap), cap, "{}", l.algorithm());
             for gap in [YEAR, 100 * YEAR] {
                 let mut s = s.clone();
                 assert_eq!(
                     drain(&l, &mut s, WALL + gap, 10 * cap),
                     cap,
                     "{}",
-                    l.algorithm
+                    l.algorithm()
                 );
             }
         }
@@ -112,9 +110,9 @@ fn an_exhausted_limit_stays_exhausted_when_the_clock_steps_back() {
                 drain(&l, &mut s, WALL - back, 10),
                 0,
                 "{} back {back}",
-                l.algorithm
+                l.algorithm()
             );
-            assert_eq!(s, before, "{}", l.algorithm);
+            assert_eq!(s, before, "{}", l.algorithm());
         }
     }
 }
@@ -143,10 +141,10 @@ fn huge_quotas_and_times_never_overflow() {
                     let d = l.check(&mut s, now, cost, true);
                     let _ = s.idle_at(&q);
                     if !d.allowed {
-                        assert_eq!(s, before, "{} denial changed state", l.algorithm);
+                        assert_eq!(s, before, "{} denial changed state", l.algorithm());
                     }
                     if cost > capacity(&l) {
-                        assert!(d.exceeds_capacity(), "{} cost {cost}", l.algorithm);
+                        assert!(d.exceeds_capacity(), "{} cost {cost}", l.algorithm());
                     }
                 }
             }
@@ -164,7 +162,7 @@ fn retry_after_stays_exact_far_in_the_future() {
                 let d = l.check(&mut s.clone(), now, 1, false);
                 let Some(r) = d.retry_after else {
                     // A quota too large to exhaust in 1000 requests.
-                    assert!(d.allowed, "{}", l.algorithm);
+                    assert!(d.allowed, "{}", l.algorithm());
                     continue;
                 };
                 assert!(l.check(&mut s.clone(), now + r, 1, false).allowed);
@@ -232,7 +230,9 @@ proptest! {
     ) {
         let q = extreme_quotas()[qi];
         let algorithm = state.algorithm();
-        let l = Limit { algorithm, quota: q };
+        let Ok(l) = Limit::new(algorithm, q) else {
+            return Ok(());
+        };
         let mut s = state.clone();
         let d = l.check(&mut s, now, cost, true);
         let _ = s.idle_at(&q);
@@ -272,7 +272,7 @@ proptest! {
         let back_to = at.saturating_sub(back);
         let stepped_back = drain(&l, &mut behind, back_to, k) + drain(&l, &mut behind, at + later, k);
         let steady = drain(&l, &mut level, at, k) + drain(&l, &mut level, at + later, k);
-        prop_assert!(stepped_back <= steady, "{}: {stepped_back} > {steady}", l.algorithm);
+        prop_assert!(stepped_back <= steady, "{}: {stepped_back} > {steady}", l.algorithm());
     }
 }
 
@@ -305,15 +305,14 @@ fn states_left_by_a_larger_quota_are_decided_without_overflow() {
         State::Gcra(GcraState { tat: u64::MAX }),
     ];
     for state in states {
-        let l = Limit {
-            algorithm: state.algorithm(),
-            quota: q,
+        let Ok(l) = Limit::new(state.algorithm(), q) else {
+            continue;
         };
         for cost in [1, 10] {
             let mut s = state.clone();
             let d = l.check(&mut s, WALL, cost, true);
-            assert!(!d.allowed, "{}", l.algorithm);
-            assert!(d.retry_after.is_some(), "{}", l.algorithm);
+            assert!(!d.allowed, "{}", l.algorithm());
+            assert!(d.retry_after.is_some(), "{}", l.algorithm());
             assert_eq!(s, state);
         }
     }

@@ -4,7 +4,9 @@
 //! simultaneous requests (time steps of 0), bursts, long idle gaps and oversized costs.
 
 use proptest::prelude::*;
-use tollgate_core::{check_all, Algorithm, Decision, Limit, Micros, Quota, State};
+use tollgate_core::{
+    decide, Algorithm, Check, ClientKey, Decision, Limit, Micros, Mode, Quota, Rule, State,
+};
 
 /// A random quota: limit 1..=50, period 1ms..=10s in whole micros, burst 1..=2*limit.
 fn quota() -> impl Strategy<Value = Quota> {
@@ -124,10 +126,10 @@ fn is_bucket(a: Algorithm) -> bool {
 
 /// The largest cost the algorithm can ever admit.
 fn capacity(limit: &Limit) -> u64 {
-    if is_bucket(limit.algorithm) {
-        limit.quota.burst()
+    if is_bucket(limit.algorithm()) {
+        limit.quota().burst()
     } else {
-        limit.quota.limit()
+        limit.quota().limit()
     }
 }
 
@@ -201,7 +203,7 @@ proptest! {
     fn admitted_units_never_exceed_the_bound(case in case()) {
         for limit in limits(case.quota) {
             let adm = admitted(&run(&limit, &case));
-            match limit.algorithm {
+            match limit.algorithm() {
                 Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
                     assert_bucket_bound(&case.quota, &adm)?
                 }
@@ -218,11 +220,11 @@ proptest! {
         for limit in limits(case.quota) {
             for s in run(&limit, &case) {
                 if !s.decision.allowed {
-                    prop_assert_eq!(&s.after, &s.before, "{} denial changed state", limit.algorithm);
+                    prop_assert_eq!(&s.after, &s.before, "{} denial changed state", limit.algorithm());
                 }
                 if s.cost == 0 {
-                    prop_assert!(s.decision.allowed, "{} denied a zero-cost query", limit.algorithm);
-                    prop_assert_eq!(&s.after, &s.before, "{} query changed state", limit.algorithm);
+                    prop_assert!(s.decision.allowed, "{} denied a zero-cost query", limit.algorithm());
+                    prop_assert_eq!(&s.after, &s.before, "{} query changed state", limit.algorithm());
                 }
             }
         }
@@ -234,11 +236,11 @@ proptest! {
             for s in run(&limit, &case) {
                 let Some(r) = s.decision.retry_after else { continue };
                 prop_assert!(!s.decision.allowed);
-                prop_assert!(r > 0, "{} denied with retry_after 0", limit.algorithm);
+                prop_assert!(r > 0, "{} denied with retry_after 0", limit.algorithm());
                 let later = uncommitted(&limit, &s.after, s.now + r, s.cost);
-                prop_assert!(later.allowed, "{} still denied at now + retry_after ({r})", limit.algorithm);
+                prop_assert!(later.allowed, "{} still denied at now + retry_after ({r})", limit.algorithm());
                 let early = uncommitted(&limit, &s.after, s.now + r - 1, s.cost);
-                prop_assert!(!early.allowed, "{} allowed before now + retry_after ({r})", limit.algorithm);
+                prop_assert!(!early.allowed, "{} allowed before now + retry_after ({r})", limit.algorithm());
             }
         }
     }
@@ -249,9 +251,9 @@ proptest! {
             let cap = capacity(&limit);
             for s in run(&limit, &case) {
                 if s.cost > cap {
-                    prop_assert!(s.decision.exceeds_capacity(), "{} cost {} > {cap}", limit.algorithm, s.cost);
+                    prop_assert!(s.decision.exceeds_capacity(), "{} cost {} > {cap}", limit.algorithm(), s.cost);
                 } else if !s.decision.allowed {
-                    prop_assert!(s.decision.retry_after.is_some(), "{} cost {} <= {cap} with no retry", limit.algorithm, s.cost);
+                    prop_assert!(s.decision.retry_after.is_some(), "{} cost {} <= {cap} with no retry", limit.algorithm(), s.cost);
                 }
                 for extra in [1, 2, u64::MAX - cap] {
                     let d = uncommitted(&limit, &s.after, s.now, cap + extra);
@@ -267,9 +269,9 @@ proptest! {
             for s in run(&limit, &case) {
                 let r = s.decision.remaining;
                 prop_assert!(uncommitted(&limit, &s.after, s.now, r).allowed,
-                    "{} remaining {r} but a request of that cost is denied", limit.algorithm);
+                    "{} remaining {r} but a request of that cost is denied", limit.algorithm());
                 prop_assert!(!uncommitted(&limit, &s.after, s.now, r + 1).allowed,
-                    "{} remaining {r} but a request of cost {} passes", limit.algorithm, r + 1);
+                    "{} remaining {r} but a request of cost {} passes", limit.algorithm(), r + 1);
             }
         }
     }
@@ -292,13 +294,13 @@ proptest! {
             let fresh = limit.fresh();
             let cap = capacity(&limit);
             for s in run(&limit, &case) {
-                let idle = s.after.idle_at(&limit.quota);
+                let idle = s.after.idle_at(&limit.quota());
                 let at = idle.max(s.now) + offset;
                 for cost in [0, 1, s.cost, cap, cap + 1] {
                     prop_assert_eq!(
                         uncommitted(&limit, &s.after, at, cost),
                         uncommitted(&limit, &fresh, at, cost),
-                        "{} at idle_at {} + {} cost {}", limit.algorithm, idle, offset, cost
+                        "{} at idle_at {} + {} cost {}", limit.algorithm(), idle, offset, cost
                     );
                 }
             }
@@ -309,9 +311,9 @@ proptest! {
     fn reset_after_points_at_idle_at(case in case()) {
         for limit in limits(case.quota) {
             for s in run(&limit, &case) {
-                let idle = s.after.idle_at(&limit.quota);
+                let idle = s.after.idle_at(&limit.quota());
                 prop_assert_eq!(idle.max(s.now), s.now + s.decision.reset_after,
-                    "{} reset_after {} disagrees with idle_at {}", limit.algorithm, s.decision.reset_after, idle);
+                    "{} reset_after {} disagrees with idle_at {}", limit.algorithm(), s.decision.reset_after, idle);
             }
         }
     }
@@ -349,7 +351,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn check_all_charges_all_or_nothing(case in multi_case()) {
+    fn decide_charges_all_or_nothing(case in multi_case(), shadow_mask in any::<u8>()) {
+        // Some rules in shadow mode: they never deny, and a would-be denial charges them nothing.
+        let modes: Vec<Mode> = (0..case.limits.len())
+            .map(|i| if shadow_mask >> i & 1 == 1 { Mode::Shadow } else { Mode::Enforce })
+            .collect();
+        let rules: Vec<Rule> = case.limits.iter().enumerate().map(|(i, l)| Rule::new(format!("r{i}"), *l)).collect();
         let mut states: Vec<State> = case.limits.iter().map(Limit::fresh).collect();
         let mut now = case.start;
         for (delta, costs) in &case.trace {
@@ -367,17 +374,21 @@ proptest! {
                     (d, s)
                 })
                 .collect();
-            let verdict = check_all(
-                case.limits.iter().zip(states.iter_mut()).zip(costs).map(|((l, s), &c)| (l, s, c)),
+            let verdict = decide(
+                case.limits.iter().zip(states.iter_mut()).zip(costs).zip(&modes).map(|(((l, s), &c), &m)| (l, s, c, m)),
                 now,
             );
-            let all_allow = alone.iter().all(|(d, _)| d.allowed);
+            let all_allow = alone.iter().zip(&modes).all(|((d, _), m)| d.allowed || *m == Mode::Shadow);
             prop_assert_eq!(verdict.allowed, all_allow);
             prop_assert_eq!(verdict.decisions.len(), case.limits.len());
             if all_allow {
                 for (i, (d, s)) in alone.iter().enumerate() {
                     prop_assert_eq!(&verdict.decisions[i], d);
-                    prop_assert_eq!(&states[i], s, "limit {} charged differently", i);
+                    if d.allowed {
+                        prop_assert_eq!(&states[i], s, "limit {} charged differently", i);
+                    } else {
+                        prop_assert_eq!(&states[i], &before[i], "a shadow denial charged limit {}", i);
+                    }
                 }
             } else {
                 prop_assert_eq!(&states, &before, "a denied verdict charged something");
@@ -392,7 +403,9 @@ proptest! {
                         prop_assert_eq!(got, &q);
                     }
                 }
-                prop_assert!(verdict.retry_after().is_some() || alone.iter().any(|(d, _)| d.exceeds_capacity()));
+                let checks: Vec<Check<'_>> = rules.iter().zip(&modes).map(|(r, &mode)| Check { client: ClientKey([0; 16]), rule: r, cost: 1, mode }).collect();
+                let enforced_never = alone.iter().zip(&modes).any(|((d, _), m)| *m == Mode::Enforce && d.exceeds_capacity());
+                prop_assert!(verdict.retry_after(&checks).is_some() || enforced_never);
             }
         }
     }

@@ -81,19 +81,13 @@ impl Ours {
 
     /// The same check through `check_one`, which returns the decision without a `Verdict`.
     fn check_one(&self, key: &ClientKey) -> bool {
-        let check = Check {
-            rule: &self.rule,
-            cost: 1,
-        };
-        self.store.check_one(key, &check, self.clock.now()).allowed
+        let check = Check::new(*key, &self.rule, 1);
+        self.store.check_one(&check, self.clock.now()).allowed
     }
 
     fn check_n(&self, key: &ClientKey, cost: u64) -> bool {
-        let checks = [Check {
-            rule: &self.rule,
-            cost,
-        }];
-        self.store.check(key, &checks, self.clock.now()).allowed
+        let checks = [Check::new(*key, &self.rule, cost)];
+        self.store.check(&checks, self.clock.now()).allowed
     }
 }
 

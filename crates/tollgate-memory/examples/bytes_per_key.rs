@@ -40,11 +40,8 @@ fn measure(which: &str) -> Result<(u64, u64), Box<dyn Error>> {
             let before = rss_bytes()?;
             let store = MemoryStore::new(MemoryConfig::default());
             for i in 0..KEYS {
-                let checks = [Check {
-                    rule: &rule,
-                    cost: u64::from(prefill.get()),
-                }];
-                store.check(&key(i), &checks, SystemClock.now());
+                let checks = [Check::new(key(i), &rule, u64::from(prefill.get()))];
+                store.check(&checks, SystemClock.now());
             }
             let after = rss_bytes()?;
             Ok((store.len() as u64, after.saturating_sub(before)))

@@ -77,6 +77,7 @@
 #![deny(missing_docs)]
 
 mod packed;
+mod plan;
 mod shard;
 mod table;
 
@@ -188,34 +189,43 @@ impl MemoryStore {
         }
     }
 
-    /// Decides `checks` for one client all-or-nothing, at `now` (microseconds since the
-    /// epoch): when every check allows, all are charged; otherwise none is.
-    pub fn check(&self, client: &ClientKey, checks: &[Check<'_>], now: Micros) -> Verdict {
+    /// Decides a request's plan at `now` (microseconds since the epoch), all-or-nothing (see
+    /// [`tollgate_core::decide`]): when every enforced check allows, every check that allowed is
+    /// charged; otherwise nothing is. The checks may be of several clients: every shard they
+    /// touch is locked (in ascending order, so two plans never wait on each other in a cycle)
+    /// for the whole decision.
+    pub fn check(&self, checks: &[Check<'_>], now: Micros) -> Verdict {
         if let [one] = checks {
             // Allocate before taking any lock: the critical section is only the decision.
             let mut decisions = Vec::with_capacity(1);
-            let d = self.check_one(client, one, now);
+            let d = self.check_one(one, now);
             decisions.push(d);
             return Verdict {
-                allowed: d.allowed,
+                allowed: d.allowed || !one.enforces(),
                 decisions,
             };
         }
-        let (lo, hi) = halves(client);
-        let ch = table::client_hash(self.seed, lo, hi);
-        let padded = &self.shards[self.shard_of(ch)];
-        let mut shard = write(&padded.shard);
-        let verdict = shard.check_many(lo, hi, ch, checks, now);
-        publish(padded, &shard);
+        let keys: Vec<Place> = checks.iter().map(|c| self.place(&c.client)).collect();
+        let mut order: Vec<usize> = keys.iter().map(|k| k.shard).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<RwLockWriteGuard<'_, Shard>> = order
+            .iter()
+            .map(|&i| write(&self.shards[i].shard))
+            .collect();
+        let guard = |k: &Place| order.binary_search(&k.shard).unwrap_or(0);
+        let verdict = plan::decide(&mut guards, &keys, guard, checks, now);
+        for (g, &i) in guards.iter().zip(&order) {
+            publish(&self.shards[i], g);
+        }
         verdict
     }
 
     /// [`MemoryStore::check`] for a single check, returning its decision without allocating a
     /// [`Verdict`]: the same decision and the same charge.
-    pub fn check_one(&self, client: &ClientKey, check: &Check<'_>, now: Micros) -> Decision {
-        let (lo, hi) = halves(client);
-        let ch = table::client_hash(self.seed, lo, hi);
-        let padded = &self.shards[self.shard_of(ch)];
+    pub fn check_one(&self, check: &Check<'_>, now: Micros) -> Decision {
+        let Place { lo, hi, ch, shard } = self.place(&check.client);
+        let padded = &self.shards[shard];
         let shared = read(&padded.shard).check_shared(lo, hi, ch, check, now);
         match shared {
             Some(d) => {
@@ -228,6 +238,17 @@ impl MemoryStore {
                 publish(padded, &shard);
                 d
             }
+        }
+    }
+
+    fn place(&self, client: &ClientKey) -> Place {
+        let (lo, hi) = halves(client);
+        let ch = table::client_hash(self.seed, lo, hi);
+        Place {
+            lo,
+            hi,
+            ch,
+            shard: self.shard_of(ch),
         }
     }
 
@@ -270,7 +291,7 @@ impl MemoryStore {
         }
         let padded = &self.shards[(n / SWEEP_PERIOD) as usize % self.shards.len()];
         if let Ok(mut shard) = padded.shard.try_write() {
-            shard.sweep(now, shard::SWEEP_ON_CHECK, 0, 0);
+            shard.sweep(now, shard::SWEEP_ON_CHECK, &[]);
             publish(padded, &shard);
         }
     }
@@ -297,6 +318,15 @@ fn shard_count(config: &MemoryConfig) -> usize {
         n /= 2;
     }
     n
+}
+
+/// Where a client's keys live: its halves, its hash and its shard.
+#[derive(Clone, Copy)]
+pub(crate) struct Place {
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
+    pub(crate) ch: u64,
+    pub(crate) shard: usize,
 }
 
 fn halves(client: &ClientKey) -> (u64, u64) {

@@ -7,7 +7,7 @@ use crate::table::{slot_hash, Raw, Slot, Table};
 use crate::WhenFull;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use tollgate_core::algorithms::GcraState;
-use tollgate_core::{Check, Decision, Limit, Micros, Rule, State, Verdict};
+use tollgate_core::{Check, Decision, Limit, Micros, Rule, State};
 
 /// Slots the incremental sweep looks at on each insert.
 const SWEEP_ON_INSERT: usize = 2;
@@ -15,15 +15,6 @@ const SWEEP_ON_INSERT: usize = 2;
 pub const SWEEP_ON_CHECK: usize = 32;
 /// Used slots a full shard samples for a victim before giving up.
 pub const EVICTION_SAMPLE: usize = 32;
-
-/// Where one check's key lives.
-#[derive(Clone, Copy)]
-struct Item {
-    rule: Option<u16>,
-    slot: Option<usize>,
-    /// The first check of the request with the same key: its state is shared.
-    owner: usize,
-}
 
 /// The state of one shard. Aligned to a cache line of its own so that the lock word next to it
 /// (written by every check) does not share a line with this read-mostly data.
@@ -135,10 +126,10 @@ impl Shard {
     fn idle_at(&self, i: usize) -> Micros {
         let limit = &self.limits[usize::from(packed::rule(self.table.raw(i).meta))];
         let state = self.load(i);
-        if state.algorithm() != limit.algorithm {
+        if state.algorithm() != limit.algorithm() {
             return 0;
         }
-        state.idle_at(&limit.quota)
+        state.idle_at(&limit.quota())
     }
 
     /// When the key at `i` is limited now (a request of one unit would be denied): how long
@@ -155,14 +146,14 @@ impl Shard {
     }
 
     /// Looks at up to `n` slots from the clock hand and evicts those that are idle.
-    pub fn sweep(&mut self, now: Micros, n: usize, lo: u64, hi: u64) {
+    pub fn sweep(&mut self, now: Micros, n: usize, spare: &[(u64, u64)]) {
         if self.table.capacity() == 0 {
             return;
         }
         for _ in 0..n {
             let i = self.table.hand;
             let s = self.table.raw(i);
-            let mine = s.lo == lo && s.hi == hi;
+            let mine = spare.contains(&(s.lo, s.hi));
             if self.table.is_used(i) && !mine && self.is_idle(self.idle_at(i), now) {
                 // The backward shift may move an unseen entry into i: look at i again.
                 self.evict(i);
@@ -178,8 +169,8 @@ impl Shard {
     /// Victims, in order: an idle key (forgetting it changes no decision); else, among the
     /// sampled keys that are not limited, the one closest to fresh (earliest `idle_at`). A
     /// limited key is never evicted, and neither is a key of the requesting client.
-    fn make_room(&mut self, now: Micros, lo: u64, hi: u64) -> Result<(), Micros> {
-        self.sweep(now, SWEEP_ON_INSERT, lo, hi);
+    fn make_room(&mut self, now: Micros, spare: &[(u64, u64)]) -> Result<(), Micros> {
+        self.sweep(now, SWEEP_ON_INSERT, spare);
         if self.table.len() < self.bound {
             return Ok(());
         }
@@ -194,7 +185,7 @@ impl Shard {
             }
             seen += 1;
             let s = self.table.raw(i);
-            if s.lo == lo && s.hi == hi {
+            if spare.contains(&(s.lo, s.hi)) {
                 continue;
             }
             let idle_at = self.idle_at(i);
@@ -329,7 +320,7 @@ impl Shard {
                 if !d.allowed || check.cost == 0 {
                     return d;
                 }
-                match self.make_room(now, lo, hi) {
+                match self.make_room(now, &[(lo, hi)]) {
                     Ok(()) => {
                         self.insert(lo, hi, rule, hash, state);
                         d
@@ -340,102 +331,50 @@ impl Shard {
         }
     }
 
-    /// Decides several checks for one client all-or-nothing, as `tollgate_core::check_all`
-    /// does; two checks of the same rule share one state and are charged in order.
-    pub fn check_many(
-        &mut self,
-        lo: u64,
-        hi: u64,
-        ch: u64,
-        checks: &[Check<'_>],
-        now: Micros,
-    ) -> Verdict {
-        let mut items: Vec<Item> = Vec::with_capacity(checks.len());
-        let mut states: Vec<State> = Vec::with_capacity(checks.len());
-        for (i, c) in checks.iter().enumerate() {
-            let rule = self.rule_index(c.rule);
-            if rule.is_none() {
-                self.untracked += 1;
-            }
-            let owner = items
-                .iter()
-                .position(|it| rule.is_some() && it.rule == rule)
-                .unwrap_or(i);
-            let slot = match rule {
-                Some(r) if owner == i => self.table.find(lo, hi, r, slot_hash(ch, r)),
-                _ => None,
-            };
-            states.push(slot.map_or_else(|| c.rule.limit().fresh(), |s| self.load(s)));
-            items.push(Item { rule, slot, owner });
-        }
-        let before = states.clone();
-        let mut decisions: Vec<Decision> = checks
-            .iter()
-            .zip(&items)
-            .map(|(c, it)| {
-                c.rule
-                    .limit()
-                    .check(&mut states[it.owner], now, c.cost, true)
-            })
-            .collect();
-        let allowed = decisions.iter().all(|d| d.allowed);
-        if !allowed {
-            for ((c, it), d) in checks.iter().zip(&items).zip(decisions.iter_mut()) {
-                if d.allowed {
-                    let mut state = before[it.owner].clone();
-                    *d = c.rule.limit().check(&mut state, now, 0, false);
-                }
-            }
-            return Verdict { allowed, decisions };
-        }
-        // Make room for every new key first (all-or-nothing: a full table may refuse), then
-        // find the present keys again, since evictions move slots.
-        let charged = |i: usize| {
-            checks
-                .iter()
-                .zip(&items)
-                .any(|(c, o)| o.owner == i && c.cost > 0)
+    /// Where `rule`'s state of the client `(lo, hi)` (hash `ch`) lives, and the state (fresh
+    /// when absent). The rule index is `None` when the shard has seen too many rules (such a
+    /// check is decided on a fresh state and never recorded).
+    pub fn locate(&mut self, lo: u64, hi: u64, ch: u64, rule: &Rule) -> (Option<u16>, State) {
+        let Some(r) = self.rule_index(rule) else {
+            self.untracked += 1;
+            return (None, rule.limit().fresh());
         };
-        let new_keys = (0..items.len())
-            .filter(|&i| {
-                items[i].owner == i
-                    && items[i].rule.is_some()
-                    && items[i].slot.is_none()
-                    && charged(i)
-            })
-            .count();
-        let mut untracked = false;
-        for _ in 0..new_keys {
-            if let Err(wait) = self.make_room(now, lo, hi) {
+        match self.table.find(lo, hi, r, slot_hash(ch, r)) {
+            Some(i) => (Some(r), self.load(i)),
+            None => (Some(r), rule.limit().fresh()),
+        }
+    }
+
+    /// Whether the client `(lo, hi)` (hash `ch`) has a key under the rule index `rule`.
+    pub fn has(&self, lo: u64, hi: u64, ch: u64, rule: u16) -> bool {
+        self.table.find(lo, hi, rule, slot_hash(ch, rule)).is_some()
+    }
+
+    /// Makes room for `n` new keys, evicting no key of the clients in `spare` (those of the
+    /// request), or says how long until a sampled key stops being limited. Under
+    /// `AdmitUntracked` a failure is `Ok(false)`: the new keys are then not recorded.
+    pub fn reserve(&mut self, n: usize, now: Micros, spare: &[(u64, u64)]) -> Result<bool, Micros> {
+        for _ in 0..n {
+            if let Err(wait) = self.make_room(now, spare) {
                 self.untracked += 1;
-                if self.when_full == WhenFull::Deny {
-                    for d in decisions.iter_mut() {
-                        *d = denial(*d, wait);
-                    }
-                    return Verdict {
-                        allowed: false,
-                        decisions,
-                    };
-                }
-                untracked = true;
-                break;
+                return match self.when_full {
+                    WhenFull::Deny => Err(wait),
+                    WhenFull::AdmitUntracked => Ok(false),
+                };
             }
         }
-        for (i, it) in items.iter().enumerate() {
-            let Some(r) = it.rule.filter(|_| it.owner == i) else {
-                continue;
-            };
-            let state = std::mem::replace(&mut states[i], State::Gcra(Default::default()));
-            let hash = slot_hash(ch, r);
-            if it.slot.is_some() {
-                if let Some(s) = self.table.find(lo, hi, r, hash) {
-                    self.store(s, state);
-                }
-            } else if charged(i) && !untracked {
-                self.insert(lo, hi, r, hash, state);
-            }
+        Ok(true)
+    }
+
+    /// Writes `state` for the rule index `rule` of the client: over its slot when present
+    /// (found again: evictions move slots), inserted when `insert` (room was reserved).
+    pub fn put(&mut self, lo: u64, hi: u64, ch: u64, rule: u16, state: State, insert: bool) {
+        let hash = slot_hash(ch, rule);
+        match self.table.find(lo, hi, rule, hash) {
+            Some(i) => self.store(i, state),
+            None if insert => self.insert(lo, hi, rule, hash, state),
+            None => {}
         }
-        Verdict { allowed, decisions }
     }
 }
 
@@ -483,7 +422,7 @@ impl Drop for SlotLock<'_> {
 
 /// A full table's denial of a new key: nothing is charged, and the retry time is when a
 /// sampled key stops being limited (and so could make room).
-fn denial(fresh: Decision, wait: Micros) -> Decision {
+pub fn denial(fresh: Decision, wait: Micros) -> Decision {
     Decision {
         allowed: false,
         limit: fresh.limit,

@@ -1,14 +1,14 @@
 //! The shared store conformance suite, run against the memory store.
 
 use tollgate_conformance::ConformanceStore;
-use tollgate_core::{Check, ClientKey, Micros, Verdict};
+use tollgate_core::{Check, Micros, Verdict};
 use tollgate_memory::{MemoryConfig, MemoryStore};
 
 struct Mem(MemoryStore);
 
 impl ConformanceStore for Mem {
-    async fn check(&self, client: &ClientKey, checks: &[Check<'_>], now: Micros) -> Verdict {
-        self.0.check(client, checks, now)
+    async fn check(&self, checks: &[Check<'_>], now: Micros) -> Verdict {
+        self.0.check(checks, now)
     }
 }
 

@@ -29,7 +29,7 @@ fn small(max_keys: usize) -> MemoryStore {
 }
 
 fn check(store: &MemoryStore, c: &ClientKey, r: &Rule, cost: u64, now: u64) -> bool {
-    store.check(c, &[Check { rule: r, cost }], now).allowed
+    store.check(&[Check::new(*c, r, cost)], now).allowed
 }
 
 #[test]
@@ -42,8 +42,8 @@ fn zero_cost_and_denied_requests_create_no_entry() {
             assert!(!check(&store, &client(n), &r, 11, T0));
         }
         assert!(store.is_empty(), "{algorithm}: {} entries", store.len());
-        let both = [Check { rule: &r, cost: 1 }, Check { rule: &r, cost: 10 }];
-        assert!(!store.check(&client(1), &both, T0).allowed);
+        let both = [Check::new(client(1), &r, 1), Check::new(client(1), &r, 10)];
+        assert!(!store.check(&both, T0).allowed);
         assert!(store.is_empty(), "{algorithm}: a denied multi-rule request");
     }
     let r = rule(Algorithm::Gcra, 10, Duration::from_secs(60));
@@ -133,13 +133,14 @@ fn a_table_full_of_limited_keys_denies_new_keys_by_default() {
     let store = small(64);
     let r = rule(Algorithm::Gcra, 2, Duration::from_secs(3600));
     fill_with_limited_keys(&store, &r);
-    let v = store.check(&client(1_000), &[Check { rule: &r, cost: 1 }], T0);
+    let checks = [Check::new(client(1_000), &r, 1)];
+    let v = store.check(&checks, T0);
     assert!(
         !v.allowed,
         "no room and nothing evictable: the new key is refused"
     );
     // One unit of the sampled keys comes back after one emission interval (30 minutes).
-    assert_eq!(v.retry_after(), Some(1_800_000_000));
+    assert_eq!(v.retry_after(&checks), Some(1_800_000_000));
     assert_eq!(store.len(), 64);
     assert_eq!(store.untracked(), 1);
     for n in 0..64 {
@@ -163,8 +164,8 @@ fn a_full_table_refuses_a_multi_rule_request_without_charging_it() {
     fill_with_limited_keys(&store, &r);
     // Client 7 is present under r (limited) but new under r2; use a fresh client instead.
     let newcomer = client(5_000);
-    let both = [Check { rule: &r, cost: 1 }, Check { rule: &r2, cost: 1 }];
-    assert!(!store.check(&newcomer, &both, T0).allowed);
+    let both = [Check::new(newcomer, &r, 1), Check::new(newcomer, &r2, 1)];
+    assert!(!store.check(&both, T0).allowed);
     assert_eq!(store.len(), 64);
     assert!(!check(&store, &c, &r, 1, T0));
 }
@@ -205,7 +206,7 @@ fn eviction_takes_the_key_closest_to_fresh_first() {
     assert_eq!(store.len(), 2);
     // heavy kept its charge (2 left), light was forgotten (fresh again: 10 left).
     let remaining =
-        |c: &ClientKey| store.check(c, &[Check { rule: &r, cost: 0 }], T0).decisions[0].remaining;
+        |c: &ClientKey| store.check(&[Check::new(*c, &r, 0)], T0).decisions[0].remaining;
     assert_eq!(remaining(&heavy), 2);
     assert_eq!(remaining(&light), 10);
     assert_eq!(remaining(&new), 9);
@@ -239,11 +240,7 @@ fn sliding_logs_use_the_slab_and_are_freed_on_eviction() {
             assert!(store.len() <= 1_000);
         }
     }
-    let d = store.check(
-        &client(4_999),
-        &[Check { rule: &r, cost: 0 }],
-        T0 + 40_005_000,
-    );
+    let d = store.check(&[Check::new(client(4_999), &r, 0)], T0 + 40_005_000);
     assert_eq!(d.decisions[0].remaining, 100 - (1 + 4_999 % 3));
 }
 

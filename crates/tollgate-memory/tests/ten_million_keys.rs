@@ -36,14 +36,7 @@ fn ten_million_distinct_keys_never_exceed_a_bound_of_one_million() {
             let key = ClientKey::from_u128(
                 u128::from(i).wrapping_mul(0x2545_f491_4f6c_dd1d_9e37_79b9_7f4a_7c15),
             );
-            let v = store.check(
-                &key,
-                &[Check {
-                    rule: &rule,
-                    cost: 1,
-                }],
-                t0 + 2 * i,
-            );
+            let v = store.check(&[Check::new(key, &rule, 1)], t0 + 2 * i);
             assert!(v.allowed, "a new client's first request is admitted");
         }
         let len = store.len();
@@ -58,14 +51,7 @@ fn ten_million_distinct_keys_never_exceed_a_bound_of_one_million() {
     let last = ClientKey::from_u128(
         u128::from(KEYS - 1).wrapping_mul(0x2545_f491_4f6c_dd1d_9e37_79b9_7f4a_7c15),
     );
-    let again = store.check(
-        &last,
-        &[Check {
-            rule: &rule,
-            cost: 0,
-        }],
-        t0 + 2 * (KEYS - 1),
-    );
+    let again = store.check(&[Check::new(last, &rule, 0)], t0 + 2 * (KEYS - 1));
     assert_eq!(
         again.decisions[0].remaining, 99,
         "the newest key kept its charge"

@@ -12,7 +12,7 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
-use crate::{Decision, Micros, Quota, Verdict};
+use crate::{Decision, Micros, Mode, Quota, Verdict};
 use std::fmt;
 use std::str::FromStr;
 
@@ -66,17 +66,42 @@ impl Algorithm {
     /// Checks the quota against this algorithm's own bounds: the sliding log keeps one entry
     /// per unit (limit at most [`MAX_LOG_LIMIT`]); the sliding counter multiplies
     /// `limit x period`, which must stay exact as a double in Redis (at most 2^53).
-    pub fn validate(self, q: &Quota) -> Result<(), String> {
+    fn validate(self, q: &Quota) -> Result<(), LimitError> {
         match self {
-            Algorithm::SlidingWindowLog if q.limit() > MAX_LOG_LIMIT => Err(format!(
-                "sliding_window_log keeps one entry per admitted unit: limit must be at most {MAX_LOG_LIMIT}"
-            )),
+            Algorithm::SlidingWindowLog if q.limit() > MAX_LOG_LIMIT => Err(LimitError::LogTooLong),
             Algorithm::SlidingWindowCounter
                 if u128::from(q.limit()) * u128::from(q.period_micros()) > 1u128 << 53 =>
             {
-                Err("sliding_window_counter needs limit x period (in us) <= 2^53".to_string())
+                Err(LimitError::CounterInexact)
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Whether units of this algorithm can be leased and given back exactly: its state is a
+    /// count of units that a give-back can decrement (token and leaky bucket, GCRA, and the
+    /// fixed window inside the window they were taken in). The sliding algorithms cannot: a
+    /// sliding log would have to forget timestamps, and the sliding counter's weighted
+    /// previous window cannot be decremented exactly.
+    pub fn is_leasable(self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow
+                | Algorithm::TokenBucket
+                | Algorithm::LeakyBucket
+                | Algorithm::Gcra
+        )
+    }
+
+    /// The largest cost this algorithm can ever admit under `q`: the burst of the bucket
+    /// algorithms, the limit of the window algorithms. A larger cost is denied with no retry
+    /// time.
+    pub fn max_cost(self, q: &Quota) -> u64 {
+        match self {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => q.burst(),
+            Algorithm::FixedWindow
+            | Algorithm::SlidingWindowLog
+            | Algorithm::SlidingWindowCounter => q.limit(),
         }
     }
 
@@ -175,20 +200,60 @@ impl State {
     }
 }
 
-/// An algorithm with its quota: what one policy enforces.
+/// Why an algorithm cannot enforce a quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitError {
+    /// The sliding log keeps one entry per admitted unit.
+    LogTooLong,
+    /// The sliding counter's `limit x period` must stay exact as a double (Redis' Lua).
+    CounterInexact,
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitError::LogTooLong => write!(
+                f,
+                "sliding_window_log keeps one entry per admitted unit: limit must be at most {MAX_LOG_LIMIT}"
+            ),
+            LimitError::CounterInexact => {
+                f.write_str("sliding_window_counter needs limit x period (in us) <= 2^53")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LimitError {}
+
+/// An algorithm with its quota: what one policy enforces. Built only by [`Limit::new`], which
+/// checks the quota against the algorithm's own bounds, so every `Limit` a store receives is
+/// one it can run (the Redis scripts take its numbers as constants without checking again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
-    /// The algorithm.
-    pub algorithm: Algorithm,
-    /// Its quota.
-    pub quota: Quota,
+    algorithm: Algorithm,
+    quota: Quota,
 }
 
 impl Limit {
-    /// A limit, checked against the algorithm's own bounds (see [`Algorithm::validate`]).
-    pub fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, String> {
+    /// A limit, checked against the algorithm's own bounds.
+    pub fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, LimitError> {
         algorithm.validate(&quota)?;
         Ok(Self { algorithm, quota })
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The quota.
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// The largest cost this limit can ever admit (see [`Algorithm::max_cost`]).
+    pub fn max_cost(&self) -> u64 {
+        self.algorithm.max_cost(&self.quota)
     }
 
     /// The state of a client never seen before.
@@ -216,25 +281,36 @@ impl Limit {
     }
 }
 
-/// Decides several limits for one request all-or-nothing: when every one allows, all are
-/// charged; otherwise none is, and the decisions of those that would have allowed describe
-/// their uncharged state.
-pub fn check_all<'a, I>(items: I, now: Micros) -> Verdict
+/// Decides the rules of one request's plan together, as every store must:
+/// - every rule is decided as if it were charged alone, in order;
+/// - the request is allowed when every **enforced** rule allows; shadow rules never deny;
+/// - allowed: every rule that allowed is charged (enforced and shadow alike); a shadow rule
+///   that would have denied is charged nothing;
+/// - denied: nothing is charged, and the rules that would have allowed report their
+///   uncharged state.
+///
+/// Each item is (limit, state, cost, mode); the states are updated in place.
+pub fn decide<'a, I>(items: I, now: Micros) -> Verdict
 where
-    I: IntoIterator<Item = (&'a Limit, &'a mut State, u64)>,
+    I: IntoIterator<Item = (&'a Limit, &'a mut State, u64, Mode)>,
 {
     let mut items: Vec<_> = items.into_iter().collect();
     let mut decisions: Vec<Decision> = items
         .iter_mut()
-        .map(|(limit, state, cost)| limit.check(state, now, *cost, false))
+        .map(|(limit, state, cost, _)| limit.check(state, now, *cost, false))
         .collect();
-    let allowed = decisions.iter().all(|d| d.allowed);
+    let allowed = items
+        .iter()
+        .zip(&decisions)
+        .all(|(it, d)| d.allowed || it.3 == Mode::Shadow);
     if allowed {
-        for ((limit, state, cost), d) in items.iter_mut().zip(decisions.iter_mut()) {
-            *d = limit.check(state, now, *cost, true);
+        for ((limit, state, cost, _), d) in items.iter_mut().zip(decisions.iter_mut()) {
+            if d.allowed {
+                *d = limit.check(state, now, *cost, true);
+            }
         }
     } else {
-        for ((limit, state, _), d) in items.iter_mut().zip(decisions.iter_mut()) {
+        for ((limit, state, _, _), d) in items.iter_mut().zip(decisions.iter_mut()) {
             if d.allowed {
                 *d = limit.check(state, now, 0, false);
             }

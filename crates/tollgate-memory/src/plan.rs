@@ -1,0 +1,95 @@
+//! A plan of several checks, decided under the write locks of every shard it touches.
+
+use crate::shard::{denial, Shard};
+use crate::Place;
+use tollgate_core::{Check, Decision, Micros, State, Verdict};
+
+/// Decides `checks` all-or-nothing (the rules of [`tollgate_core::decide`]); `keys[i]` is
+/// where check `i`'s client lives and `guard(&keys[i])` the index of its shard in `shards`.
+/// A key checked twice in one plan shares its state: the second check sees the first's charge.
+///
+/// Order of work, so that nothing is half written: read every state; decide; when allowed,
+/// make room for every new key in every shard (a full table may refuse: then nothing is
+/// charged); only then write.
+pub(crate) fn decide<G: std::ops::DerefMut<Target = Shard>>(
+    shards: &mut [G],
+    keys: &[Place],
+    guard: impl Fn(&Place) -> usize,
+    checks: &[Check<'_>],
+    now: Micros,
+) -> Verdict {
+    let n = checks.len();
+    let mut rules = Vec::with_capacity(n);
+    let mut states: Vec<State> = Vec::with_capacity(n);
+    let mut owner = Vec::with_capacity(n);
+    for (i, (c, k)) in checks.iter().zip(keys).enumerate() {
+        let (rule, state) = shards[guard(k)].locate(k.lo, k.hi, k.ch, c.rule);
+        let same = |j: &usize| {
+            rule.is_some() && rules[*j] == rule && keys[*j].lo == k.lo && keys[*j].hi == k.hi
+        };
+        owner.push((0..i).find(same).unwrap_or(i));
+        rules.push(rule);
+        states.push(state);
+    }
+    let before = states.clone();
+    let mut decisions: Vec<Decision> = checks
+        .iter()
+        .zip(&owner)
+        .map(|(c, &o)| c.rule.limit().check(&mut states[o], now, c.cost, true))
+        .collect();
+    let allowed = checks
+        .iter()
+        .zip(&decisions)
+        .all(|(c, d)| d.allowed || !c.enforces());
+    if !allowed {
+        for ((c, &o), d) in checks.iter().zip(&owner).zip(decisions.iter_mut()) {
+            if d.allowed {
+                let mut state = before[o].clone();
+                *d = c.rule.limit().check(&mut state, now, 0, false);
+            }
+        }
+        return Verdict { allowed, decisions };
+    }
+    // The keys to write: each owner that some allowed check with a cost charged.
+    let mut charged = vec![false; n];
+    for (i, (c, d)) in checks.iter().zip(&decisions).enumerate() {
+        if d.allowed && c.cost > 0 && rules[owner[i]].is_some() {
+            charged[owner[i]] = true;
+        }
+    }
+    // Room for the new keys, shard by shard, sparing every client of the plan.
+    let spare: Vec<(u64, u64)> = keys.iter().map(|k| (k.lo, k.hi)).collect();
+    let mut record = vec![true; shards.len()];
+    for (g, shard) in shards.iter_mut().enumerate() {
+        let new_keys = (0..n)
+            .filter(|&i| charged[i] && guard(&keys[i]) == g)
+            .filter(|&i| {
+                let k = &keys[i];
+                rules[i].is_some_and(|r| !shard.has(k.lo, k.hi, k.ch, r))
+            })
+            .count();
+        if new_keys == 0 {
+            continue;
+        }
+        match shard.reserve(new_keys, now, &spare) {
+            Ok(r) => record[g] = r,
+            Err(wait) => {
+                for d in decisions.iter_mut() {
+                    *d = denial(*d, wait);
+                }
+                return Verdict {
+                    allowed: false,
+                    decisions,
+                };
+            }
+        }
+    }
+    for i in (0..n).filter(|&i| charged[i]) {
+        let (k, g) = (&keys[i], guard(&keys[i]));
+        if let Some(r) = rules[i] {
+            let state = std::mem::replace(&mut states[i], State::Gcra(Default::default()));
+            shards[g].put(k.lo, k.hi, k.ch, r, state, record[g]);
+        }
+    }
+    Verdict { allowed, decisions }
+}
