@@ -17,8 +17,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate_core::{Algorithm, Check, ClientKey, Limit, Quota, Rule};
-use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_core::{Algorithm, Check, ClientKey, Limit, Mode, Quota, Rule};
+use tollgate_redis::{RedisConfig, RedisStore, RuleShape};
 
 struct Args {
     url: String,
@@ -59,12 +59,17 @@ fn parse() -> Result<Option<Args>, String> {
                         .map_err(|e| format!("{value}: {e}"))
                 };
                 let quota = Quota::per_minute(100).map_err(|e| e.to_string())?;
+                let shape = |limit| RuleShape {
+                    limit,
+                    mode: Mode::Enforce,
+                };
+                let missing = || "no generated script".to_string();
                 for a in Algorithm::ALL {
-                    let limit = Limit::new(a, quota)?;
+                    let limit = Limit::new(a, quota).map_err(|e| e.to_string())?;
                     let text =
-                        tollgate_redis::single_script_text(&limit).map_err(|e| e.to_string())?;
+                        tollgate_redis::plan_script_text(&[shape(limit)]).ok_or_else(missing)?;
                     let sha =
-                        tollgate_redis::single_script_sha(&limit).map_err(|e| e.to_string())?;
+                        tollgate_redis::plan_script_sha(&[shape(limit)]).ok_or_else(missing)?;
                     write(a.name(), &text)?;
                     println!("{} {sha}", a.name());
                 }
@@ -73,15 +78,15 @@ fn parse() -> Result<Option<Args>, String> {
                 let hourly = Quota::new(1000, std::time::Duration::from_secs(3600))
                     .map_err(|e| e.to_string())?;
                 let pair = [
-                    Limit::new(Algorithm::TokenBucket, quota)?,
-                    Limit::new(Algorithm::Gcra, hourly)?,
+                    shape(Limit::new(Algorithm::TokenBucket, quota).map_err(|e| e.to_string())?),
+                    shape(Limit::new(Algorithm::Gcra, hourly).map_err(|e| e.to_string())?),
                 ];
-                let text = tollgate_redis::set_script_text(&pair).map_err(|e| e.to_string())?;
-                let sha = tollgate_redis::set_script_sha(&pair).map_err(|e| e.to_string())?;
+                let text = tollgate_redis::plan_script_text(&pair).ok_or_else(missing)?;
+                let sha = tollgate_redis::plan_script_sha(&pair).ok_or_else(missing)?;
                 write("set2", &text)?;
                 println!("set2 {sha}");
-                write("check", tollgate_redis::script_text())?;
-                println!("check {}", tollgate_redis::script_sha());
+                write("check", tollgate_redis::generic_script_text())?;
+                println!("check {}", tollgate_redis::generic_script_sha());
                 return Ok(None);
             }
             other => return Err(format!("unknown flag {other}")),
@@ -125,15 +130,9 @@ async fn run_phase(
                     break;
                 }
                 let client = ClientKey::from_u128(u128::from(mix(seed ^ i as u64) % clients));
-                let checks = [Check {
-                    rule: &rule,
-                    cost: 1,
-                }];
+                let checks = [Check::new(client, &rule, 1)];
                 let t = Instant::now();
-                let v = store
-                    .check(&client, &checks, 0)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let v = store.check(&checks, 0).await.map_err(|e| e.to_string())?;
                 latencies.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
                 allowed += usize::from(v.allowed);
             }
@@ -161,7 +160,7 @@ async fn bench(args: Args) -> Result<(), String> {
         );
     }
     let quota = Quota::per_minute(100).map_err(|e| e.to_string())?;
-    let limit = Limit::new(args.algorithm, quota)?;
+    let limit = Limit::new(args.algorithm, quota).map_err(|e| e.to_string())?;
     let rule = Arc::new(Rule::new(args.algorithm.name(), limit));
     // Warm up connections, the script cache and the allocator, then measure.
     run_phase(&stores, &rule, &args, args.requests / 10, 1).await?;

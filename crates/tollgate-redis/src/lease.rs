@@ -5,7 +5,7 @@ use crate::error::RedisStoreError;
 use crate::script::lease_script;
 use crate::store::RedisStore;
 use crate::StoreClock;
-use tollgate_core::{Algorithm, ClientKey, Micros, Rule};
+use tollgate_core::{ClientKey, Micros, Rule};
 
 /// One lease call: give back `give_back` unused units of the previous lease (taken in
 /// `give_back_window` for a fixed window), then take up to `want` units if at least `need`
@@ -40,14 +40,6 @@ pub struct Lease {
     pub window_end_after: Micros,
 }
 
-/// Whether the algorithm's state can be leased (and given back exactly).
-pub fn leasable(algorithm: Algorithm) -> bool {
-    matches!(
-        algorithm,
-        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra | Algorithm::FixedWindow
-    )
-}
-
 impl RedisStore {
     /// Gives back and takes lease units of `rule` for `client` in one atomic round trip.
     pub async fn lease(
@@ -58,10 +50,10 @@ impl RedisStore {
         now: Micros,
     ) -> Result<Lease, RedisStoreError> {
         let limit = rule.limit();
-        if !leasable(limit.algorithm) {
+        if !limit.algorithm().is_leasable() {
             return Err(RedisStoreError::invalid(format!(
                 "{} cannot be leased",
-                limit.algorithm
+                limit.algorithm()
             )));
         }
         let s = lease_script();
@@ -71,8 +63,8 @@ impl RedisStore {
                 StoreClock::Store => cmd.arg(""),
                 StoreClock::Local => cmd.arg(now),
             };
-            let q = &limit.quota;
-            cmd.arg(limit.algorithm.name())
+            let q = limit.quota();
+            cmd.arg(limit.algorithm().name())
                 .arg(q.limit())
                 .arg(q.period_micros())
                 .arg(q.burst())

@@ -35,8 +35,9 @@ mod store;
 
 pub use config::{RedisConfig, StoreClock};
 pub use error::RedisStoreError;
-pub use lease::{leasable, Lease, LeaseRequest};
+pub use lease::{Lease, LeaseRequest};
 pub use script::{
-    script_sha, script_text, set_script_sha, set_script_text, single_script_sha, single_script_text,
+    generic_script_sha, generic_script_text, plan_script_sha, plan_script_text, RuleShape,
+    MAX_INLINE_RULES,
 };
 pub use store::RedisStore;

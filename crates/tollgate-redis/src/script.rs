@@ -1,20 +1,41 @@
-//! The script texts, built from `scripts/*.lua` with the core's bounds in front; their SHA1s
-//! are what EVALSHA names.
+//! The Lua scripts: one generator, one reply format.
 //!
-//! Each `scripts/<algorithm>.lua` is a decision body: a block of statements with the contract
-//! written in `check_one.lua`. It is used two ways:
-//! - written out inline in one script per policy shape (algorithm, limit, period, burst), for
-//!   a request matched by one policy (the common case): bounds, the quota as constants, and
-//!   `check_one.lua` with the body in place of its `@decide` line. No function, no closure:
-//!   Redis runs a script's whole chunk on every call, and each closure costs (callgrind);
-//! - wrapped in a function of the algorithm's name, in the script with all six algorithms
-//!   and `check.lua` for several policies at once, and in the lease script.
+//! A request's plan runs ONE script, generated for the plan's **shape** (the algorithm, quota
+//! and mode of each rule, in order) and kept: the quotas are constants of the script, each
+//! algorithm's decision body (`scripts/<algorithm>.lua`, the contract below) is written out
+//! inline, the keys are read with one GET (one rule) or one MGET, and every write comes after
+//! every decision. What the measurements bought is kept (see docs/benchmarks.md): Redis runs
+//! a script's whole chunk on every call, so a generated script has no function, no closure,
+//! no table but MGET's, and an integer reply for an allowed one-rule request.
+//!
+//! The decision body contract (every `scripts/<algorithm>.lua` is one):
+//! - reads `raw` (the key's value, false when missing), `now` (us), `limit`, `p` (period, us),
+//!   `burst`, `t` (emission interval, us), `cost`; it never assigns them;
+//! - sets `ok`, `remaining`, `reset` (reset_after, us), `retry` (retry_after, us; -1: never),
+//!   and, when ok and cost > 0, `value` (the new state) and `idle_at` (when the state equals
+//!   a fresh one again);
+//! - is one block without `return` or `break`.
+//!
+//! The call: KEYS are the rules' state keys in plan order; ARGV is empty (every cost 1, Redis
+//! TIME, no PX floor) or the costs 1..n, then optionally `now` ('' = Redis TIME), then
+//! optionally a PX floor in milliseconds.
+//!
+//! The reply (one format, parsed by [`parse_reply`]): the integer
+//! `reset_after * base + remaining` for an allowed one-rule plan whose bounds fit below 2^53
+//! ([`Script::reply_base`] > 0); otherwise a string, struct `'>I7' .. n x 'BI7I7I7'`: the
+//! script's `now` (us), then per rule allowed (1/0), remaining, reset_after (us) and
+//! retry_after + 1 (us; 0: allowed, or retrying never helps).
+//!
+//! Plans with more rules than [`MAX_INLINE_RULES`], and shapes past [`MAX_SCRIPTS`], run
+//! `scripts/check.lua` (the bodies as functions, the quotas and modes as arguments), which
+//! answers in the same format.
 
 use crate::error::RedisStoreError;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock, RwLock};
 use tollgate_core::algorithms::MAX_LOG_LIMIT;
-use tollgate_core::{Algorithm, Limit};
+use tollgate_core::{Algorithm, Decision, Limit, Micros, Mode};
 use tollgate_core::{MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
 
 const PRELUDE: &str = include_str!("../scripts/prelude.lua");
@@ -23,78 +44,89 @@ const PACKED: &str = include_str!("../scripts/packed.lua");
 const ARGS: &str = include_str!("../scripts/args.lua");
 const CHECK: &str = include_str!("../scripts/check.lua");
 const LEASE: &str = include_str!("../scripts/lease.lua");
-const CHECK_ONE: &str = include_str!("../scripts/check_one.lua");
-const CHECK_SET: &str = include_str!("../scripts/check_set.lua");
-const COST: &str = include_str!("../scripts/cost.lua");
-const CLOCK: &str = include_str!("../scripts/clock.lua");
-const WRITE: &str = include_str!("../scripts/write.lua");
-/// The lines of the drivers that an algorithm's body and `cost.lua`, `clock.lua` and
-/// `write.lua` replace.
-const DECIDE_MARK: &str = "-- @decide\n";
-const CLOCK_MARK: &str = "-- @clock\n";
-const COST_MARK: &str = "-- @cost\n";
-const WRITE_MARK: &str = "-- @write\n";
 
-/// `cost.lua` for a policy whose cost is ARGV[at] (a Lua expression: check_set.lua's `$I`).
-fn cost(at: &str) -> String {
-    COST.replace("$COST", at)
+/// One rule of a plan as its script sees it: the limit (constants) and the mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RuleShape {
+    /// Algorithm and quota.
+    pub limit: Limit,
+    /// Enforced or shadow.
+    pub mode: Mode,
 }
 
-/// `clock.lua` for a driver whose optional `now` is ARGV[now_at] (the PX floor follows it).
-fn clock(now_at: usize) -> String {
-    CLOCK
-        .replace("$NOW", &now_at.to_string())
-        .replace("$FLOOR", &(now_at + 1).to_string())
+/// What selects a generated script.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Shape {
+    pub(crate) rules: Box<[RuleShape]>,
+    /// Whether an allowed one-rule plan may be answered with an integer. Off for the scripts
+    /// of a Redis Cluster plan that spans slots: a give-back needs the script's `now`.
+    pub(crate) integer_reply: bool,
 }
 
-/// `write.lua` for the key, value and idle instant named by these Lua expressions.
-fn write(key: &str, value: &str, idle: &str) -> String {
-    WRITE
-        .replace("$KEY", key)
-        .replace("$VALUE", value)
-        .replace("$IDLE", idle)
+impl Shape {
+    pub(crate) fn new(rules: &[RuleShape], integer_reply: bool) -> Self {
+        // One rule: a shadow rule runs the enforced rule's script (the verdict is the caller's).
+        let rules: Box<[RuleShape]> = match rules {
+            [one] => Box::new([RuleShape {
+                mode: Mode::Enforce,
+                ..*one
+            }]),
+            _ => rules.into(),
+        };
+        Self {
+            rules,
+            integer_reply,
+        }
+    }
 }
 
 pub(crate) struct Script {
     pub(crate) text: String,
     pub(crate) sha: String,
-    /// Single-policy scripts: when nonzero, an allowed request is answered with the integer
-    /// `reset_after * reply_base + remaining` (see [`reply_base`]).
+    /// When nonzero, an allowed one-rule plan is answered with the integer
+    /// `reset_after * reply_base + remaining`.
     pub(crate) reply_base: u64,
 }
 
-pub(crate) fn script() -> &'static Script {
+/// The most rules a generated script inlines. Each rule adds seven Lua locals and its body
+/// twice; Lua 5.1 allows 200 locals per function. Larger plans run `check.lua`.
+pub const MAX_INLINE_RULES: usize = 8;
+
+/// How many shapes get a script of their own. Configurations have a handful; the bound keeps a
+/// program that makes quotas up at run time (an RLS `limit` override) from filling Redis'
+/// script cache: past it, plans run `check.lua`.
+pub(crate) const MAX_SCRIPTS: usize = 1024;
+
+/// The generic script (`check.lua`): any number of rules, quotas and modes as arguments.
+pub(crate) fn generic_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
     SCRIPT.get_or_init(|| {
         let functions: Vec<String> = Algorithm::ALL.iter().map(|&a| as_function(a)).collect();
         let mut parts = vec![PRELUDE, TTL, ARGS];
         parts.extend(functions.iter().map(String::as_str));
         parts.push(CHECK);
-        build(&parts)
+        finish(&parts)
     })
 }
 
-/// The lease driver and the algorithms it can lease (see `scripts/lease.lua`).
+/// The lease driver (also the give-back of a Redis Cluster plan that spans slots) and the
+/// algorithms it can lease (see `scripts/lease.lua`).
 pub(crate) fn lease_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
     SCRIPT.get_or_init(|| {
-        let functions: Vec<String> = [
-            Algorithm::FixedWindow,
-            Algorithm::TokenBucket,
-            Algorithm::LeakyBucket,
-            Algorithm::Gcra,
-        ]
-        .iter()
-        .map(|&a| as_function(a))
-        .collect();
+        let functions: Vec<String> = Algorithm::ALL
+            .iter()
+            .filter(|a| a.is_leasable())
+            .map(|&a| as_function(a))
+            .collect();
         let mut parts = vec![PRELUDE, TTL, PACKED, ARGS];
         parts.extend(functions.iter().map(String::as_str));
         parts.push(LEASE);
-        build(&parts)
+        finish(&parts)
     })
 }
 
-/// An algorithm's body as the function the multi-policy and lease drivers call:
+/// An algorithm's body as the function `check.lua` and `lease.lua` call:
 /// `name(raw, now, limit, p, burst, t, cost)` returning ok, remaining, reset, retry, value,
 /// idle_at.
 fn as_function(a: Algorithm) -> String {
@@ -105,11 +137,11 @@ fn as_function(a: Algorithm) -> String {
          return ok, remaining, reset, retry, value, idle_at\n\
          end",
         a.name(),
-        algorithm_file(a)
+        body(a)
     )
 }
 
-fn algorithm_file(a: Algorithm) -> &'static str {
+fn body(a: Algorithm) -> &'static str {
     match a {
         Algorithm::FixedWindow => include_str!("../scripts/fixed_window.lua"),
         Algorithm::SlidingWindowLog => include_str!("../scripts/sliding_window_log.lua"),
@@ -120,50 +152,37 @@ fn algorithm_file(a: Algorithm) -> &'static str {
     }
 }
 
-/// The single-policy script of `limit`, built (and checked: a `Limit` with public fields may
-/// bypass [`Limit::new`]) once per policy shape and kept. Past [`MAX_POLICY_SCRIPTS`] shapes
-/// the caller falls back to the multi-policy script, which takes the quota as arguments.
-pub(crate) fn single_script(limit: &Limit) -> Result<Option<Arc<Script>>, RedisStoreError> {
-    static SCRIPTS: Cache<Limit> = OnceLock::new();
-    cached(&SCRIPTS, limit, build_single, |l| *l)
-}
+/// A process-wide cache of generated scripts.
+type Cache = OnceLock<RwLock<HashMap<Shape, Arc<Script>, LimitHash>>>;
 
-/// A process-wide script cache, by what selects the script.
-type Cache<K> = OnceLock<RwLock<HashMap<K, Arc<Script>, LimitHash>>>;
-
-/// The script for `key` from `cache`, built by `build` and kept on first use; `None` once the
-/// cache holds [`MAX_POLICY_SCRIPTS`] scripts (the multi-policy script serves the rest).
-fn cached<K, Q>(
-    cache: &Cache<K>,
-    key: &Q,
-    build: impl FnOnce(&Q) -> Result<Script, RedisStoreError>,
-    owned: impl FnOnce(&Q) -> K,
-) -> Result<Option<Arc<Script>>, RedisStoreError>
-where
-    K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
-    Q: std::hash::Hash + Eq + ?Sized,
-{
-    let scripts = cache.get_or_init(Default::default);
+/// The script of `shape`, generated and kept on first use; `None` for plans the generic
+/// script serves (more than [`MAX_INLINE_RULES`] rules, or [`MAX_SCRIPTS`] shapes known).
+pub(crate) fn plan_script(shape: &Shape) -> Option<Arc<Script>> {
+    static SCRIPTS: Cache = OnceLock::new();
+    if shape.rules.is_empty() || shape.rules.len() > MAX_INLINE_RULES {
+        return None;
+    }
+    let scripts = SCRIPTS.get_or_init(Default::default);
     if let Some(s) = scripts
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(key)
+        .get(shape)
     {
-        return Ok(Some(Arc::clone(s)));
+        return Some(Arc::clone(s));
     }
-    let built = Arc::new(build(key)?);
+    let built = Arc::new(generate(shape));
     let mut map = scripts
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if map.len() >= MAX_POLICY_SCRIPTS {
-        return Ok(None);
+    if map.len() >= MAX_SCRIPTS {
+        return None;
     }
-    Ok(Some(Arc::clone(map.entry(owned(key)).or_insert(built))))
+    Some(Arc::clone(map.entry(shape.clone()).or_insert(built)))
 }
 
-/// A hasher for the script cache, which every single-policy check reads: its keys are a few
-/// trusted integers (no attacker picks them), so SipHash's flood resistance buys nothing and
-/// its cost showed in the client's profile (`perf record` of `redis_bench`).
+/// A hasher for the script caches, which every check reads: their keys are a few trusted
+/// integers (no attacker picks them), so SipHash's flood resistance buys nothing and its cost
+/// showed in the client's profile (`perf record` of `redis_bench`).
 #[derive(Default, Clone, Copy)]
 pub(crate) struct LimitHash;
 
@@ -193,158 +212,235 @@ impl std::hash::Hasher for MultiplyHasher {
     }
 }
 
-/// How many policy shapes get a script of their own. Configurations have a handful; the
-/// bound keeps a program that makes quotas up at run time from filling Redis' script cache.
-pub(crate) const MAX_POLICY_SCRIPTS: usize = 1024;
-
-/// The quota of `limit` as the script's constants (limit, period, burst, interval), checked:
-/// a `Limit` with public fields may bypass [`Limit::new`], and the script must never receive
-/// a constant it would have refused as an argument.
-fn constants(limit: &Limit) -> Result<(u64, u64, u64, u64), RedisStoreError> {
-    let q = &limit.quota;
-    Limit::new(limit.algorithm, *q).map_err(RedisStoreError::invalid)?;
-    // The core's bounds already keep these within the Lua bounds.
-    let (l, p, b, t) = (
+/// The quota of `limit` as the script's constants: limit, period, burst, interval. A `Limit`
+/// exists only within the core's bounds, which are within the scripts' (checked by a test).
+fn constants(limit: &Limit) -> (u64, u64, u64, u64) {
+    let q = limit.quota();
+    (
         q.limit(),
         q.period_micros(),
         q.burst(),
         q.emission_interval_micros(),
+    )
+}
+
+/// Generates the script of `shape` (1 to [`MAX_INLINE_RULES`] rules).
+fn generate(shape: &Shape) -> Script {
+    let n = shape.rules.len();
+    let mut lua = String::with_capacity(4096 * n);
+    let _ = writeln!(lua, "-- tollgate plan script: {n} rule(s)");
+    let _ = writeln!(
+        lua,
+        "local keys, nargs = KEYS, #ARGV\n\
+         if #keys ~= {n} or (nargs ~= 0 and nargs < {n}) or nargs > {n2} then\n  \
+         return redis.error_reply('ERR tollgate: expected {n} keys and 0, {n}, {n1} or {n2} ' ..\n    \
+         'arguments (costs, now, PX floor), got ' .. #keys .. ' keys and ' .. nargs .. ' arguments')\n\
+         end\n\
+         local now, ttl_floor = nil, 0",
+        n1 = n + 1,
+        n2 = n + 2
     );
-    if l == 0 || l > MAX_LIMIT || b == 0 || b > MAX_LIMIT || p == 0 || l > p {
-        return Err(RedisStoreError::invalid(format!(
-            "quota {q:?} is out of the script's bounds"
-        )));
-    }
-    if b.checked_mul(t).is_none_or(|span| span > MAX_BURST_SPAN) {
-        return Err(RedisStoreError::invalid("burst x interval exceeds 2^52 us"));
-    }
-    Ok((l, p, b, t))
-}
-
-fn build_single(limit: &Limit) -> Result<Script, RedisStoreError> {
-    let (l, p, b, t) = constants(limit)?;
-    let (base, reset_bound) = reply_base(l, p, b, t);
-    let bind = format!(
-        "local limit, p, burst, t = {l}, {p}, {b}, {t}\n\
-         local REPLY_BASE, REPLY_RESET_BOUND = {base}, {reset_bound}"
-    );
-    let driver = CHECK_ONE
-        .replace(COST_MARK, &cost("1"))
-        .replace(CLOCK_MARK, &clock(2))
-        .replace(WRITE_MARK, &write("key", "value", "idle_at"))
-        .replace(DECIDE_MARK, algorithm_file(limit.algorithm));
-    let mut script = build(&[&bind, &driver]);
-    script.reply_base = base;
-    Ok(script)
-}
-
-/// The most policies a request may have for a policy-set script of its own; requests with
-/// more use the multi-policy script (check.lua). Each policy adds seven Lua locals and its
-/// body twice; Lua 5.1 allows 200 locals per function.
-pub(crate) const MAX_SET_POLICIES: usize = 8;
-
-/// The script of a request matched by the policies `limits` (2 to [`MAX_SET_POLICIES`], in
-/// the request's order), built once per set of policy shapes and kept; `None` past
-/// [`MAX_POLICY_SCRIPTS`] sets or outside those counts (the multi-policy script serves those).
-pub(crate) fn set_script(limits: &[Limit]) -> Result<Option<Arc<Script>>, RedisStoreError> {
-    static SCRIPTS: Cache<Box<[Limit]>> = OnceLock::new();
-    if !(2..=MAX_SET_POLICIES).contains(&limits.len()) {
-        return Ok(None);
-    }
-    cached(&SCRIPTS, limits, build_set, |l: &[Limit]| l.into())
-}
-
-/// The sections of `check_set.lua` (see its header), in the order the script uses them.
-const SET_SECTIONS: [&str; 7] = [
-    "head",
-    "policy",
-    "decided",
-    "commit",
-    "else",
-    "uncharged",
-    "reply",
-];
-
-/// `check_set.lua` cut at its `-- @<section>` lines: the preamble, then one text per section
-/// of [`SET_SECTIONS`].
-fn set_sections() -> Result<(&'static str, Vec<&'static str>), RedisStoreError> {
-    let missing = |name: &str| RedisStoreError::invalid(format!("check_set.lua has no @{name}"));
-    let mut rest = CHECK_SET;
-    let mut preamble = "";
-    let mut sections = Vec::with_capacity(SET_SECTIONS.len());
-    for (i, name) in SET_SECTIONS.iter().enumerate() {
-        let mark = format!("-- @{name}\n");
-        let (before, after) = rest.split_once(&mark).ok_or_else(|| missing(name))?;
-        if i == 0 {
-            preamble = before;
-        } else {
-            sections.push(before);
-        }
-        rest = after;
-    }
-    sections.push(rest);
-    Ok((preamble, sections))
-}
-
-fn build_set(limits: &[Limit]) -> Result<Script, RedisStoreError> {
-    let (preamble, sections) = set_sections()?;
-    let [head, policy, decided, commit, otherwise, uncharged, reply] = sections[..] else {
-        return Err(RedisStoreError::invalid(
-            "check_set.lua has the wrong sections",
-        ));
+    clock(&mut lua, n + 1);
+    let base = if let [one] = &shape.rules[..] {
+        one_rule(&mut lua, one, shape.integer_reply)
+    } else {
+        several_rules(&mut lua, &shape.rules);
+        0
     };
-    let n = limits.len();
-    let mut text = String::from(preamble);
-    text.push_str(
-        &head
-            .replace(CLOCK_MARK, &clock(n + 1))
-            .replace("$N1", &(n + 1).to_string())
-            .replace("$N2", &(n + 2).to_string())
-            .replace("$N", &n.to_string()),
+    let mut script = finish(&[&lua]);
+    script.reply_base = base;
+    script
+}
+
+/// A one-rule plan: the body at the top level, no suffixed locals, GET not MGET.
+fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) -> u64 {
+    let (l, p, b, t) = constants(&rule.limit);
+    let (base, bound) = if integer_reply {
+        reply_base(l, p, b, t)
+    } else {
+        (0, 0)
+    };
+    let _ = writeln!(
+        lua,
+        "local limit, p, burst, t = {l}, {p}, {b}, {t}\nlocal cost = 1"
     );
-    let mut commits = String::new();
-    let mut uncharges = String::new();
-    for (i, limit) in limits.iter().enumerate() {
-        let (l, p, b, t) = constants(limit)?;
-        let bind = |section: &str| {
-            section
-                .replace("$I", &(i + 1).to_string())
-                .replace("$LIMIT", &l.to_string())
-                .replace("$PERIOD", &p.to_string())
-                .replace("$BURST", &b.to_string())
-                .replace("$T", &t.to_string())
-        };
-        // Placeholders first: the body is inserted as it is.
-        let body = algorithm_file(limit.algorithm);
-        text.push_str(&bind(&policy.replace(COST_MARK, &cost("$I"))).replace(DECIDE_MARK, body));
-        commits.push_str(&bind(
-            &commit.replace(WRITE_MARK, &write("keys[$I]", "value_$I", "idle_$I")),
-        ));
-        uncharges.push_str(&bind(uncharged).replace(DECIDE_MARK, body));
+    cost(lua, 1);
+    lua.push_str(
+        "local raw = redis.call('GET', keys[1])\n\
+         local ok, remaining, reset, retry, value, idle_at\n\
+         do\n",
+    );
+    lua.push_str(body(rule.limit.algorithm()));
+    lua.push_str(
+        "end\n\
+         if not ok then\n  \
+         return struct.pack('>I7BI7I7I7', now, 0, remaining, reset, retry + 1)\n\
+         end\n\
+         if cost > 0 then\n",
+    );
+    write(lua, "keys[1]", "value", "idle_at");
+    lua.push_str("end\n");
+    if base > 0 {
+        // The Rust side proved every value fits below 2^53; the script checks it anyway.
+        let _ = writeln!(
+            lua,
+            "if remaining < {base} and reset < {bound} then\n  \
+             return reset * {base} + remaining\n\
+             end"
+        );
     }
-    text.push_str(decided);
-    text.push_str(&commits);
-    text.push_str(otherwise);
-    text.push_str(&uncharges);
-    let format = format!(">{}", "BI7I7I7".repeat(n));
-    let values: Vec<String> = (1..=n)
+    lua.push_str("return struct.pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n");
+    base
+}
+
+/// A plan of 2 to [`MAX_INLINE_RULES`] rules: every rule decided (suffixed locals), then all
+/// charged or none.
+fn several_rules(lua: &mut String, rules: &[RuleShape]) {
+    lua.push_str("local denied = 0\nlocal raws = redis.call('MGET', unpack(keys))\n");
+    for (i, rule) in rules.iter().enumerate() {
+        let i = i + 1;
+        let (l, p, b, t) = constants(&rule.limit);
+        let _ = writeln!(
+            lua,
+            "local ok_{i}, remaining_{i}, reset_{i}, retry_{i}, value_{i}, idle_{i}, cost_{i}\n\
+             do\n  local cost = 1"
+        );
+        cost(lua, i);
+        let _ = writeln!(
+            lua,
+            "  local raw, limit, p, burst, t = raws[{i}], {l}, {p}, {b}, {t}\n  \
+             local ok, remaining, reset, retry, value, idle_at\n  do"
+        );
+        lua.push_str(body(rule.limit.algorithm()));
+        lua.push_str("  end\n");
+        if rule.mode == Mode::Enforce {
+            lua.push_str("  if not ok then\n    denied = denied + 1\n  end\n");
+        }
+        let _ = writeln!(
+            lua,
+            "  ok_{i}, remaining_{i}, reset_{i}, retry_{i}, value_{i}, idle_{i}, cost_{i} =\n    \
+             ok, remaining, reset, retry, value, idle_at, cost\n\
+             end"
+        );
+    }
+    // All or nothing: charge every rule that allowed (an enforced one always did), or none.
+    lua.push_str("if denied == 0 then\n");
+    for (i, rule) in rules.iter().enumerate() {
+        let i = i + 1;
+        match rule.mode {
+            Mode::Enforce => {
+                let _ = writeln!(lua, "  if cost_{i} > 0 then");
+            }
+            Mode::Shadow => {
+                let _ = writeln!(lua, "  if ok_{i} and cost_{i} > 0 then");
+            }
+        }
+        write(
+            lua,
+            &format!("keys[{i}]"),
+            &format!("value_{i}"),
+            &format!("idle_{i}"),
+        );
+        lua.push_str("  end\n");
+    }
+    // Denied: the rules that would have allowed report their uncharged state.
+    lua.push_str("else\n");
+    for (i, rule) in rules.iter().enumerate() {
+        let i = i + 1;
+        let (l, p, b, t) = constants(&rule.limit);
+        let _ = writeln!(
+            lua,
+            "  if ok_{i} and cost_{i} > 0 then\n    \
+             local raw, cost, limit, p, burst, t = raws[{i}], 0, {l}, {p}, {b}, {t}\n    \
+             local ok, remaining, reset, retry, value, idle_at\n    do"
+        );
+        lua.push_str(body(rule.limit.algorithm()));
+        let _ = writeln!(
+            lua,
+            "    end\n    remaining_{i}, reset_{i} = remaining, reset\n  end"
+        );
+    }
+    lua.push_str("end\n");
+    let values: Vec<String> = (1..=rules.len())
         .map(|i| format!("ok_{i} and 1 or 0, remaining_{i}, reset_{i}, retry_{i} + 1"))
         .collect();
-    text.push_str(
-        &reply
-            .replace("$FORMAT", &format)
-            .replace("$VALUES", &values.join(", ")),
+    let _ = writeln!(
+        lua,
+        "return struct.pack('>I7{}', now, {})",
+        "BI7I7I7".repeat(rules.len()),
+        values.join(", ")
     );
-    Ok(build(&[&text]))
 }
 
-/// How an allowed request's decision fits one integer reply (a table costs Redis ~5,000
+/// `now` from ARGV[at] when the call has it and it is not empty, else Redis TIME (the
+/// default clock = "store": every gateway agrees on time); the PX floor from ARGV[at + 1].
+fn clock(lua: &mut String, at: usize) {
+    let floor = at + 1;
+    let _ = writeln!(
+        lua,
+        "if nargs >= {at} then\n  \
+         local given = ARGV[{at}]\n  \
+         if given ~= '' then\n    \
+         now = tonumber(given)\n    \
+         if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then\n      \
+         return redis.error_reply('ERR tollgate: ARGV[{at}] (now) must be an integer in ' ..\n        \
+         '[0, 2^53) or empty')\n    \
+         end\n  \
+         end\n  \
+         if nargs == {floor} then\n    \
+         ttl_floor = tonumber(ARGV[{floor}])\n    \
+         if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then\n      \
+         return redis.error_reply('ERR tollgate: ARGV[{floor}] (PX floor) must be an integer ' ..\n        \
+         'number of milliseconds in [0, period bound]')\n    \
+         end\n  \
+         end\n\
+         end\n\
+         if not now then\n  \
+         local time = redis.call('TIME')\n  \
+         now = time[1] * 1000000 + time[2]\n\
+         end"
+    );
+}
+
+/// The cost of rule `at` from ARGV[at] when the call has arguments (a call without any
+/// charges 1). A cost of 1 is nearly every call: comparing interned strings is cheaper than
+/// parsing.
+fn cost(lua: &mut String, at: usize) {
+    let _ = writeln!(
+        lua,
+        "if nargs > 0 then\n  \
+         local given = ARGV[{at}]\n  \
+         if given ~= '1' then\n    \
+         cost = tonumber(given)\n    \
+         if not cost or cost % 1 ~= 0 or cost < 0 or cost > MAX_INT then\n      \
+         return redis.error_reply('ERR tollgate: ARGV[{at}] (cost) must be an integer in ' ..\n        \
+         '[0, 2^53]')\n    \
+         end\n  \
+         end\n\
+         end"
+    );
+}
+
+/// SET key value, expiring at the idle instant rounded up to the next millisecond (never
+/// early: from then on the state equals a fresh one). `%d` truncates, which for a positive
+/// quotient is the floor (no math.floor call, measured ~1,000 instructions dearer); GET makes
+/// SET answer a bulk string rather than a status (a Lua table: -750 instructions).
+fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
+    let _ = writeln!(
+        lua,
+        "  local ms = ({idle} - now + 999) / 1000\n  \
+         if ms < 1 then\n    ms = 1\n  end\n  \
+         if ms < ttl_floor then\n    ms = ttl_floor\n  end\n  \
+         redis.call('SET', {key}, {value}, 'PX', string.format('%d', ms), 'GET')"
+    );
+}
+
+/// How an allowed one-rule decision fits one integer reply (a table costs Redis ~5,000
 /// instructions and a packed string ~2,000 more than an integer, measured with callgrind):
 /// `reset_after * base + remaining`, with `remaining < base` and `reset_after < reset_bound`.
 /// Every algorithm's remaining is at most max(limit, burst) and its reset_after at most
 /// max(burst x interval, 2 x period) (the sliding counter's state lives two periods). Returns
-/// (0, 0) when `reset_bound x base` would not stay below 2^53 (exact in Lua): such quotas are
-/// answered with the packed string. The script checks both bounds before using the integer.
+/// (0, 0) when `reset_bound x base` would not stay below 2^53 (exact in Lua).
 fn reply_base(limit: u64, period: u64, burst: u64, interval: u64) -> (u64, u64) {
     let base = limit.max(burst) + 1;
     let reset_bound = burst
@@ -357,7 +453,9 @@ fn reply_base(limit: u64, period: u64, burst: u64, interval: u64) -> (u64, u64) 
     }
 }
 
-fn build(parts: &[&str]) -> Script {
+/// The script text: the core's bounds (so the script and the core can never disagree on
+/// them), then the parts; and its SHA1.
+fn finish(parts: &[&str]) -> Script {
     let mut text = format!(
         "-- tollgate: bounds from tollgate-core\n\
              local MAX_LIMIT = {MAX_LIMIT}\n\
@@ -380,52 +478,123 @@ fn build(parts: &[&str]) -> Script {
     }
 }
 
-/// The multi-policy Lua script (what `SCRIPT LOAD` receives): for redis-benchmark and for
-/// operators who want to read what runs in their Redis.
-pub fn script_text() -> &'static str {
-    &script().text
+/// A script's answer: the script's `now` (absent from an integer reply) and one decision per
+/// rule, in plan order.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) now: Option<Micros>,
+    pub(crate) decisions: Vec<Decision>,
 }
 
-/// The multi-policy script's SHA1, as EVALSHA names it.
-pub fn script_sha() -> &'static str {
-    &script().sha
-}
-
-/// The script a request matched by one policy with `limit` runs: for redis-benchmark and
-/// for operators who want to read what runs in their Redis. Its arguments are the cost, then
-/// optionally now (microseconds; empty: Redis TIME) and a PX floor; see `check_one.lua`.
-pub fn single_script_text(limit: &Limit) -> Result<String, RedisStoreError> {
-    Ok(build_single(limit)?.text)
-}
-
-/// The script a request matched by the policies `limits` runs (2 to 8 of them, in the
-/// request's order; others use [`script_text`]): for redis-benchmark and for operators. Its
-/// arguments are nothing (every cost 1, Redis TIME) or the costs, then optionally now and a
-/// PX floor; see `check_set.lua`.
-pub fn set_script_text(limits: &[Limit]) -> Result<String, RedisStoreError> {
-    if !(2..=MAX_SET_POLICIES).contains(&limits.len()) {
-        return Err(RedisStoreError::invalid(format!(
-            "a policy-set script takes 2 to {MAX_SET_POLICIES} policies, not {}",
-            limits.len()
-        )));
+/// Parses any script's reply (see the module docs) for rules whose limits are `limits`.
+pub(crate) fn parse_reply(
+    reply: &redis::Value,
+    limits: impl ExactSizeIterator<Item = u64>,
+    base: u64,
+) -> Result<Reply, RedisStoreError> {
+    let n = limits.len();
+    match reply {
+        redis::Value::Int(v) if n == 1 && base > 0 => {
+            let v = u64::try_from(*v)
+                .map_err(|_| RedisStoreError::protocol(format!("the script answered {v}")))?;
+            let mut decisions = Vec::with_capacity(1);
+            for limit in limits {
+                decisions.push(Decision {
+                    allowed: true,
+                    limit,
+                    remaining: v % base,
+                    reset_after: v / base,
+                    retry_after: None,
+                });
+            }
+            Ok(Reply {
+                now: None,
+                decisions,
+            })
+        }
+        redis::Value::BulkString(b) if b.len() == 7 + 22 * n => {
+            let int = |item: &[u8], at: usize| {
+                item[at..at + 7]
+                    .iter()
+                    .fold(0u64, |acc, &x| (acc << 8) | u64::from(x))
+            };
+            let mut decisions = Vec::with_capacity(n);
+            for (item, limit) in b[7..].chunks_exact(22).zip(limits) {
+                let allowed = match item[0] {
+                    0 => false,
+                    1 => true,
+                    other => {
+                        return Err(RedisStoreError::protocol(format!(
+                            "the script answered flag {other}"
+                        )))
+                    }
+                };
+                decisions.push(Decision {
+                    allowed,
+                    limit,
+                    remaining: int(item, 1),
+                    reset_after: int(item, 8),
+                    retry_after: if allowed {
+                        None
+                    } else {
+                        int(item, 15).checked_sub(1)
+                    },
+                });
+            }
+            Ok(Reply {
+                now: Some(int(b, 0)),
+                decisions,
+            })
+        }
+        other => Err(RedisStoreError::protocol(format!(
+            "the script answered {other:?}, expected {} bytes{}",
+            7 + 22 * n,
+            if n == 1 { " or an integer" } else { "" }
+        ))),
     }
-    Ok(build_set(limits)?.text)
 }
 
-/// The SHA1 of [`set_script_text`].
-pub fn set_script_sha(limits: &[Limit]) -> Result<String, RedisStoreError> {
-    let text = set_script_text(limits)?;
-    Ok(redis::Script::new(&text).get_hash().to_string())
+/// The text of the script a plan of this shape runs (`None`: it runs the generic script,
+/// [`generic_script_text`]): for redis-benchmark, and for operators who want to read what runs
+/// in their Redis.
+pub fn plan_script_text(rules: &[RuleShape]) -> Option<String> {
+    plan_script(&Shape::new(rules, true)).map(|s| s.text.clone())
 }
 
-/// The SHA1 of [`single_script_text`].
-pub fn single_script_sha(limit: &Limit) -> Result<String, RedisStoreError> {
-    Ok(build_single(limit)?.sha)
+/// The SHA1 of [`plan_script_text`], as EVALSHA names it.
+pub fn plan_script_sha(rules: &[RuleShape]) -> Option<String> {
+    plan_script(&Shape::new(rules, true)).map(|s| s.sha.clone())
+}
+
+/// The generic script's text (`check.lua`: any number of rules, quotas as arguments).
+pub fn generic_script_text() -> &'static str {
+    &generic_script().text
+}
+
+/// The generic script's SHA1.
+pub fn generic_script_sha() -> &'static str {
+    &generic_script().sha
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn shapes() -> Vec<RuleShape> {
+        let quota = tollgate_core::Quota::per_minute(100).expect("quota");
+        Algorithm::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| RuleShape {
+                limit: Limit::new(a, quota).expect("limit"),
+                mode: if i % 2 == 1 {
+                    Mode::Shadow
+                } else {
+                    Mode::Enforce
+                },
+            })
+            .collect()
+    }
 
     #[test]
     fn the_integer_reply_is_used_only_where_every_value_fits_below_2_pow_53() {
@@ -434,10 +603,8 @@ mod tests {
             reply_base(100, 60_000_000, 100, 600_000),
             (101, 120_000_001)
         );
-        // The largest values of both must combine exactly in a double.
         let (base, bound) = reply_base(1000, 86_400_000_000, 1000, 86_400_000);
         assert!(base > 0 && (bound - 1) * base + (base - 1) < 1 << 53);
-        // Too large: the packed string instead.
         assert_eq!(
             reply_base(1 << 40, 31_622_400_000_000, 1 << 40, 28_760),
             (0, 0)
@@ -445,72 +612,98 @@ mod tests {
     }
 
     #[test]
-    fn a_policy_set_script_has_every_section_and_no_placeholder_left() {
-        let quota = tollgate_core::Quota::per_minute(100).expect("quota");
-        let limits: Vec<Limit> = tollgate_core::Algorithm::ALL
-            .iter()
-            .map(|&a| Limit::new(a, quota).expect("limit"))
-            .collect();
-        let text = set_script_text(&limits).expect("script");
-        // The preamble's comments name the placeholders; no code line keeps one.
-        let code = text.lines().filter(|l| !l.trim_start().starts_with("--"));
-        for line in code {
-            assert!(!line.contains('$'), "a placeholder is left: {line}");
+    fn a_one_rule_script_inlines_its_body_with_the_quota_as_constants() {
+        for rule in shapes() {
+            let a = rule.limit.algorithm();
+            let text = plan_script_text(&[rule]).expect("script");
+            assert!(text.contains("local limit, p, burst, t = 100, 60000000, 100, 600000\n"));
+            assert!(text.contains(body(a)), "{a}");
+            assert!(
+                !text.contains("local function") && !text.contains("= function"),
+                "{a} defines a function"
+            );
+            assert!(text.contains("redis.call('GET', keys[1])") && !text.contains("MGET"));
+            assert!(text.contains("return reset * 101 + remaining"), "{a}");
+            // A shadow rule alone runs the enforced rule's script.
+            let enforced = RuleShape {
+                mode: Mode::Enforce,
+                ..rule
+            };
+            assert_eq!(plan_script_sha(&[rule]), plan_script_sha(&[enforced]));
         }
-        for mark in [DECIDE_MARK, COST_MARK, CLOCK_MARK, WRITE_MARK] {
-            assert!(!text.contains(mark), "{mark}");
-        }
-        // Every policy is decided, committed and re-decided uncharged.
-        assert_eq!(text.matches("local ok_").count(), limits.len());
-        assert_eq!(
-            text.matches("redis.call('SET', keys[").count(),
-            limits.len()
-        );
-        assert_eq!(
-            text.matches("remaining_6, reset_6 = remaining, reset")
-                .count(),
-            1
-        );
-        assert!(text.contains("ARGV[7] (now)") && text.contains("ARGV[8] (PX floor)"));
+        // Without the integer reply (a Cluster plan across slots), always the packed string.
+        let packed = generate(&Shape::new(&shapes()[..1], false));
+        assert_eq!(packed.reply_base, 0);
+        assert!(!packed.text.contains("return reset *"));
     }
 
     #[test]
-    fn the_script_carries_the_core_bounds_and_every_algorithm() {
-        let text = script_text();
+    fn a_plan_script_decides_every_rule_and_charges_by_mode() {
+        let rules = shapes();
+        let text = plan_script_text(&rules).expect("script");
+        assert_eq!(text.matches("local ok_").count(), rules.len());
+        assert_eq!(text.matches("redis.call('MGET'").count(), 1);
+        assert_eq!(text.matches("redis.call('SET', keys[").count(), rules.len());
+        // Enforced rules count denials; shadow rules are charged only when they allowed.
+        assert_eq!(text.matches("denied = denied + 1").count(), 3);
+        assert!(text.contains("  if ok_2 and cost_2 > 0 then\n  local ms"));
+        assert!(text.contains("  if cost_1 > 0 then\n  local ms"));
+        assert!(text.contains("remaining_6, reset_6 = remaining, reset"));
+        assert!(text.contains("ARGV[7] (now)") && text.contains("ARGV[8] (PX floor)"));
+        assert!(text.contains(&format!("'>I7{}'", "BI7I7I7".repeat(6))));
+        for a in Algorithm::ALL {
+            assert_eq!(
+                text.matches(body(a)).count(),
+                2,
+                "{a}: decided and uncharged"
+            );
+        }
+        // Order and mode are part of the shape.
+        let mut swapped = rules.clone();
+        swapped.swap(0, 1);
+        assert_ne!(plan_script_sha(&rules), plan_script_sha(&swapped));
+        // Beyond the inline bound: the generic script.
+        let many: Vec<RuleShape> = rules.iter().chain(&rules).copied().collect();
+        assert!(plan_script_text(&many).is_none());
+    }
+
+    #[test]
+    fn the_generic_script_carries_the_core_bounds_and_every_algorithm() {
+        let text = generic_script_text();
         assert!(text.contains("local MAX_LIMIT = 1099511627776\n"));
         assert!(text.contains("local MAX_PERIOD = 31622400000000\n"));
-        for a in tollgate_core::Algorithm::ALL {
+        for a in Algorithm::ALL {
             assert!(
                 text.contains(&format!("local function {}(", a.name())),
                 "{a}"
             );
-            assert!(
-                text.contains(&format!("  {} = {},", a.name(), a.name())),
-                "{a}"
-            );
         }
-        assert_eq!(script_sha().len(), 40);
-        for a in tollgate_core::Algorithm::ALL {
-            let quota = tollgate_core::Quota::per_minute(100).expect("quota");
-            let one = single_script_text(&Limit::new(a, quota).expect("limit")).expect("script");
-            assert!(one.contains("local limit, p, burst, t = 100, 60000000, 100, 600000\n"));
-            // The body is inline: its own file's text, no function and no marker left.
-            assert!(one.contains(algorithm_file(a)), "{a}");
-            assert!(
-                !one.contains("local function") && !one.contains("= function"),
-                "{a} defines a function"
-            );
-            for mark in [DECIDE_MARK, COST_MARK, CLOCK_MARK, WRITE_MARK] {
-                assert!(!one.contains(mark), "{a}: {mark}");
-            }
-            assert!(!one.contains('$'), "{a}: a placeholder is left");
-            let others = tollgate_core::Algorithm::ALL.iter().filter(|&&b| b != a);
-            for b in others {
-                assert!(
-                    !one.contains(&format!("-- {}.lua:", b.name())),
-                    "{a} has {b}"
-                );
-            }
-        }
+        assert_eq!(generic_script_sha().len(), 40);
+    }
+
+    #[test]
+    fn every_reply_form_parses_to_the_same_decisions() {
+        let limits = [100u64, 5];
+        let mut packed = vec![0, 0, 0, 0, 0, 0, 42];
+        packed.extend([1, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 9]);
+        packed.extend([0; 7]);
+        packed.extend([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]);
+        packed.extend([0, 0, 0, 0, 0, 0, 5]);
+        let r =
+            parse_reply(&redis::Value::BulkString(packed), limits.into_iter(), 0).expect("packed");
+        assert_eq!(r.now, Some(42));
+        assert!(r.decisions[0].allowed && r.decisions[0].remaining == 7);
+        assert_eq!(r.decisions[0].reset_after, 9);
+        assert_eq!(r.decisions[1].retry_after, Some(4));
+        assert_eq!(r.decisions[1].limit, 5);
+        let one = parse_reply(&redis::Value::Int(9 * 101 + 7), [100u64].into_iter(), 101)
+            .expect("integer");
+        assert_eq!(one.now, None);
+        assert_eq!(
+            (one.decisions[0].remaining, one.decisions[0].reset_after),
+            (7, 9)
+        );
+        assert!(parse_reply(&redis::Value::Int(3), limits.into_iter(), 101).is_err());
+        assert!(parse_reply(&redis::Value::BulkString(vec![1; 8]), [1u64].into_iter(), 0).is_err());
     }
 }

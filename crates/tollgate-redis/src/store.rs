@@ -1,8 +1,12 @@
-//! The store: connections (standalone or cluster), key layout, one script call per request.
+//! The store: connections (standalone or cluster), key layout, one script call per plan (per
+//! slot on a Redis Cluster).
 
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::script::{script, set_script, single_script, LimitHash, Script, MAX_SET_POLICIES};
+use crate::script::{
+    generic_script, lease_script, parse_reply, plan_script, LimitHash, Reply, RuleShape, Script,
+    Shape,
+};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -11,7 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::RwLock;
-use tollgate_core::{Check, ClientKey, Decision, Limit, Micros, Verdict};
+use tollgate_core::{Check, ClientKey, Micros, Mode, Verdict};
 
 /// The largest cost sent to the script. Any cost above `MAX_LIMIT` is denied outright, so
 /// clamping to 2^53 (exact in Lua) changes no decision.
@@ -29,16 +33,13 @@ pub struct RedisStore {
     prefix: Arc<str>,
     clock: StoreClock,
     ttl_floor_ms: Option<u64>,
-    /// The single-policy scripts this store loaded into its server(s), by policy shape: one
-    /// lookup per check finds the script and knows it is loaded.
-    ready: Ready<Limit>,
-    /// The same for policy-set scripts (requests matched by 2 to 8 policies), by the shapes
-    /// of their policies in order.
-    ready_sets: Ready<Box<[Limit]>>,
+    /// The plan scripts this store loaded into its server(s), by shape: one lookup per plan
+    /// finds the script and knows it is loaded.
+    ready: Ready,
 }
 
-/// Scripts loaded into a store's server(s), by what selects them.
-type Ready<K> = Arc<RwLock<HashMap<K, Arc<Script>, LimitHash>>>;
+/// Scripts loaded into a store's server(s), by shape.
+type Ready = Arc<RwLock<HashMap<Shape, Arc<Script>, LimitHash>>>;
 
 #[derive(Clone)]
 enum Connection {
@@ -83,19 +84,22 @@ impl RedisStore {
             clock: config.clock,
             ttl_floor_ms: None,
             ready: Arc::default(),
-            ready_sets: Arc::default(),
         };
-        // The multi-policy script; single-policy ones load on first use or in `prepare`.
-        store.load(script()).await?;
+        // The generic script; plan scripts load on first use or in `prepare`.
+        store.load(generic_script()).await?;
         Ok(store)
     }
 
-    /// Decides `checks` for `client` all-or-nothing in one round trip: when every check
-    /// allows, all are charged; otherwise none is. `now` (microseconds since the epoch) is
-    /// used only with [`StoreClock::Local`]; with the store clock Redis `TIME` decides.
+    /// Decides a plan (`checks`, of one or several clients) all-or-nothing (the rules of
+    /// [`tollgate_core::decide`]) in one script call: every enforced rule allows and every rule
+    /// that allowed is charged, or nothing is. `now` (microseconds since the epoch) is used only
+    /// with [`StoreClock::Local`]; with the store clock Redis `TIME` decides.
+    ///
+    /// On a Redis Cluster the plan's keys are grouped by slot, one script call per slot, in
+    /// order; when a later slot denies, what the earlier slots charged is given back (see
+    /// [`RedisStore::check`]'s give-back notes in docs/operations.md).
     pub async fn check(
         &self,
-        client: &ClientKey,
         checks: &[Check<'_>],
         now: Micros,
     ) -> Result<Verdict, RedisStoreError> {
@@ -106,91 +110,194 @@ impl RedisStore {
             });
         }
         for (i, c) in checks.iter().enumerate() {
-            if checks[..i].iter().any(|o| o.rule.name() == c.rule.name()) {
+            if checks[..i]
+                .iter()
+                .any(|o| o.client == c.client && o.rule.name() == c.rule.name())
+            {
                 return Err(RedisStoreError::invalid(format!(
-                    "policy {:?} is checked twice in one request",
+                    "rule {:?} is checked twice for one client in one plan",
                     c.rule.name()
                 )));
             }
         }
-        if let [one] = checks {
-            if let Some(s) = self.single(one.rule.limit()).await? {
-                return self.check_single(&s, client, one, now).await;
-            }
-        } else if checks.len() <= MAX_SET_POLICIES {
-            let limits: Vec<Limit> = checks.iter().map(|c| *c.rule.limit()).collect();
-            if let Some(s) = self.set(&limits).await? {
-                let reply = self
-                    .run_script(&s, |cmd| self.push_set_args(cmd, client, checks, now))
-                    .await?;
-                return parse_set(&reply, checks);
+        if let Connection::Cluster(_) = self.conn {
+            let first = checks[0].client;
+            if checks.iter().any(|c| slot(&c.client) != slot(&first)) {
+                return self.check_across_slots(checks, now).await;
             }
         }
-        let reply = self
-            .run_script(script(), |cmd| self.push_args(cmd, client, checks, now))
-            .await?;
-        parse_reply(&reply, checks)
+        let reply = self.run_plan(checks, now, true).await?;
+        Ok(verdict(checks, reply.decisions))
     }
 
-    /// One policy: its own script (quota built in), answering an integer or a packed string.
-    async fn check_single(
+    /// One script call for `checks` (all on one server, or one slot): the plan's generated
+    /// script, or the generic one.
+    async fn run_plan(
         &self,
-        s: &Script,
-        client: &ClientKey,
-        check: &Check<'_>,
+        checks: &[Check<'_>],
+        now: Micros,
+        integer_reply: bool,
+    ) -> Result<Reply, RedisStoreError> {
+        let rules: Vec<RuleShape> = checks
+            .iter()
+            .map(|c| RuleShape {
+                limit: *c.rule.limit(),
+                mode: c.mode,
+            })
+            .collect();
+        let limits = || checks.iter().map(|c| c.rule.limit().quota().limit());
+        let shape = Shape::new(&rules, integer_reply);
+        if let Some(s) = self.loaded(shape).await? {
+            let reply = self
+                .run_script(&s, |cmd| self.push_plan_args(cmd, checks, now))
+                .await?;
+            return parse_reply(&reply, limits(), s.reply_base);
+        }
+        let reply = self
+            .run_script(generic_script(), |cmd| {
+                self.push_generic_args(cmd, checks, now)
+            })
+            .await?;
+        parse_reply(&reply, limits(), 0)
+    }
+
+    /// A Cluster plan whose clients live in several slots: one script call per slot, the slots
+    /// whose rules cannot be given back exactly (the sliding algorithms) last. When a slot
+    /// denies, the slots before it are given back what they charged (the lease script's
+    /// give-back, with the charge's own window for a fixed window) and the plan is denied.
+    async fn check_across_slots(
+        &self,
+        checks: &[Check<'_>],
         now: Micros,
     ) -> Result<Verdict, RedisStoreError> {
-        let reply = self
-            .run_script(s, |cmd| self.push_single_args(cmd, client, check, now))
-            .await?;
-        let decision = parse_single(&reply, check, s.reply_base)?;
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            let s = slot(&c.client);
+            match groups.iter_mut().find(|g| g.0 == s) {
+                Some(g) => g.1.push(i),
+                None => groups.push((s, vec![i])),
+            }
+        }
+        let exact = |g: &(u16, Vec<usize>)| {
+            g.1.iter()
+                .all(|&i| checks[i].rule.limit().algorithm().is_leasable())
+        };
+        groups.sort_by_key(|g| !exact(g));
+        // Two slots or more that cannot be given back: query every slot first (cost 0: a
+        // rule admits `cost` exactly when the query's remaining is at least `cost`) and call a
+        // slot predicted to deny first, so that nothing is charged before it. Exact unless
+        // another request changes the client's state between the query and the charge.
+        if groups.iter().filter(|g| !exact(g)).count() > 1 {
+            let mut denies = Vec::with_capacity(groups.len());
+            for (_, members) in &groups {
+                let query: Vec<Check<'_>> = members
+                    .iter()
+                    .map(|&i| Check {
+                        cost: 0,
+                        ..checks[i]
+                    })
+                    .collect();
+                let reply = self.run_plan(&query, now, false).await?;
+                denies.push(
+                    members
+                        .iter()
+                        .zip(&reply.decisions)
+                        .any(|(&i, d)| checks[i].enforces() && d.remaining < checks[i].cost),
+                );
+            }
+            let mut flagged: Vec<(bool, (u16, Vec<usize>))> =
+                denies.into_iter().zip(groups).collect();
+            flagged.sort_by_key(|(deny, _)| !deny);
+            groups = flagged.into_iter().map(|(_, g)| g).collect();
+        }
+        let mut decisions = vec![None; checks.len()];
+        let mut charged: Vec<(usize, Micros)> = Vec::new();
+        let mut denied = false;
+        for (_, members) in &groups {
+            let part: Vec<Check<'_>> = members.iter().map(|&i| checks[i]).collect();
+            let reply = self.run_plan(&part, now, false).await?;
+            let allowed = part
+                .iter()
+                .zip(&reply.decisions)
+                .all(|(c, d)| d.allowed || !c.enforces());
+            for (&i, d) in members.iter().zip(&reply.decisions) {
+                decisions[i] = Some(*d);
+            }
+            if !allowed {
+                denied = true;
+                break;
+            }
+            let at = reply.now.unwrap_or(now);
+            for (&i, d) in members.iter().zip(&reply.decisions) {
+                if d.allowed && checks[i].cost > 0 {
+                    charged.push((i, at));
+                }
+            }
+        }
+        if !denied {
+            let decisions = decisions.into_iter().flatten().collect();
+            return Ok(Verdict {
+                allowed: true,
+                decisions,
+            });
+        }
+        // Give back, then report every charged rule as uncharged (what it would allow now).
+        for &(i, at) in &charged {
+            let c = &checks[i];
+            let q = c.rule.limit().quota();
+            let window = match c.rule.limit().algorithm() {
+                tollgate_core::Algorithm::FixedWindow => at - at % q.period_micros(),
+                _ => 0,
+            };
+            if c.rule.limit().algorithm().is_leasable() {
+                let back = crate::LeaseRequest {
+                    want: 0,
+                    need: 0,
+                    give_back: c.cost,
+                    give_back_window: window,
+                };
+                let state = self.lease(&c.client, c.rule, back, now).await?;
+                if let Some(d) = decisions[i].as_mut() {
+                    d.remaining = state.remaining;
+                    d.reset_after = state.reset_after;
+                }
+            }
+        }
+        // The slots never called are reported as their uncharged state would show: a query.
+        for (i, c) in checks.iter().enumerate() {
+            if decisions[i].is_none() {
+                let query = [Check { cost: 0, ..*c }];
+                let reply = self.run_plan(&query, now, false).await?;
+                decisions[i] = reply.decisions.first().copied();
+            }
+        }
+        let decisions: Vec<_> = decisions.into_iter().flatten().collect();
         Ok(Verdict {
-            allowed: decision.allowed,
-            decisions: vec![decision],
+            allowed: false,
+            decisions,
         })
     }
 
-    /// The single-policy script of `limit`, loaded into this store's server(s) on first use;
-    /// `None` past the cap on policy shapes (the multi-policy script serves those).
-    async fn single(&self, limit: &Limit) -> Result<Option<Arc<Script>>, RedisStoreError> {
-        self.loaded(&self.ready, limit, single_script, |l| *l).await
-    }
-
-    /// The policy-set script of `limits`, loaded on first use like [`Self::single`]'s.
-    async fn set(&self, limits: &[Limit]) -> Result<Option<Arc<Script>>, RedisStoreError> {
-        self.loaded(&self.ready_sets, limits, set_script, |l: &[Limit]| l.into())
-            .await
-    }
-
-    /// The script `build` makes for `key`, from `ready` when this store already loaded it,
-    /// else built (or found in the process-wide cache), loaded and remembered.
-    async fn loaded<K, Q>(
-        &self,
-        ready: &Ready<K>,
-        key: &Q,
-        build: impl FnOnce(&Q) -> Result<Option<Arc<Script>>, RedisStoreError>,
-        owned: impl FnOnce(&Q) -> K,
-    ) -> Result<Option<Arc<Script>>, RedisStoreError>
-    where
-        K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
-        Q: std::hash::Hash + Eq + ?Sized,
-    {
-        let found = ready
+    /// The script of `shape`, loaded into this store's server(s) on first use; `None` when the
+    /// plan runs the generic script.
+    async fn loaded(&self, shape: Shape) -> Result<Option<Arc<Script>>, RedisStoreError> {
+        let found = self
+            .ready
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(key)
+            .get(&shape)
             .cloned();
         if found.is_some() {
             return Ok(found);
         }
-        let Some(s) = build(key)? else {
+        let Some(s) = plan_script(&shape) else {
             return Ok(None);
         };
         self.load(&s).await?;
-        ready
+        self.ready
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(owned(key), Arc::clone(&s));
+            .insert(shape, Arc::clone(&s));
         Ok(Some(s))
     }
 
@@ -217,13 +324,13 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Loads the single-policy scripts of `limits` now, so the first request of each policy
-    /// is one EVALSHA like the others (otherwise it also pays a SCRIPT LOAD round trip).
-    pub async fn prepare(&self, limits: &[Limit]) -> Result<(), RedisStoreError> {
-        for limit in limits {
-            self.single(limit).await?;
+    /// Loads the scripts of these plan shapes now, so the first request of each is one
+    /// EVALSHA like the others (otherwise it also pays a SCRIPT LOAD round trip).
+    pub async fn prepare(&self, shapes: &[Vec<RuleShape>]) -> Result<(), RedisStoreError> {
+        for rules in shapes {
+            self.loaded(Shape::new(rules, true)).await?;
         }
-        Ok(())
+        self.load(lease_script()).await
     }
 
     /// Round-trips a PING (on a cluster: to every node).
@@ -268,10 +375,11 @@ impl RedisStore {
         self.clock
     }
 
-    fn push_args(&self, cmd: &mut Cmd, client: &ClientKey, checks: &[Check<'_>], now: Micros) {
+    /// The generic script's arguments (see `scripts/check.lua`).
+    fn push_generic_args(&self, cmd: &mut Cmd, checks: &[Check<'_>], now: Micros) {
         cmd.arg(checks.len());
         for c in checks {
-            cmd.arg(self.key(client, c.rule.name()));
+            cmd.arg(self.key(&c.client, c.rule.name()));
         }
         match self.clock {
             StoreClock::Store => cmd.arg(""),
@@ -279,48 +387,26 @@ impl RedisStore {
         };
         for c in checks {
             let limit = c.rule.limit();
-            let q = &limit.quota;
-            cmd.arg(limit.algorithm.name())
+            let q = limit.quota();
+            cmd.arg(limit.algorithm().name())
                 .arg(q.limit())
                 .arg(q.period_micros())
                 .arg(q.burst())
-                .arg(c.cost.min(MAX_COST));
+                .arg(c.cost.min(MAX_COST))
+                .arg(u8::from(c.mode == Mode::Shadow));
         }
         if let Some(ms) = self.ttl_floor_ms {
             cmd.arg(ms);
         }
     }
 
-    /// The single-policy script's arguments: the key, then the cost (left out when it is 1
-    /// and nothing follows: each argument costs Redis a string and a table slot), now (store
-    /// clock: empty, and only when a PX floor follows) and the floor.
-    fn push_single_args(&self, cmd: &mut Cmd, client: &ClientKey, check: &Check<'_>, now: Micros) {
-        cmd.arg(1).arg(self.key(client, check.rule.name()));
-        let cost = check.cost.min(MAX_COST);
-        match (self.clock, self.ttl_floor_ms) {
-            (StoreClock::Store, None) if cost == 1 => {}
-            (StoreClock::Store, None) => {
-                cmd.arg(cost);
-            }
-            (StoreClock::Store, Some(ms)) => {
-                cmd.arg(cost).arg("").arg(ms);
-            }
-            (StoreClock::Local, None) => {
-                cmd.arg(cost).arg(now);
-            }
-            (StoreClock::Local, Some(ms)) => {
-                cmd.arg(cost).arg(now).arg(ms);
-            }
-        }
-    }
-
-    /// A policy-set script's arguments: the keys, then nothing when every cost is 1 with the
-    /// store clock and no PX floor; otherwise the costs, now (store clock: empty) and the
-    /// floor, the last two only when used.
-    fn push_set_args(&self, cmd: &mut Cmd, client: &ClientKey, checks: &[Check<'_>], now: Micros) {
+    /// A generated script's arguments: the keys, then nothing when every cost is 1 with the
+    /// store clock and no PX floor (each argument costs Redis a string and a table slot);
+    /// otherwise the costs, then now (store clock: empty) and the floor, each only when used.
+    fn push_plan_args(&self, cmd: &mut Cmd, checks: &[Check<'_>], now: Micros) {
         cmd.arg(checks.len());
         for c in checks {
-            cmd.arg(self.key(client, c.rule.name()));
+            cmd.arg(self.key(&c.client, c.rule.name()));
         }
         let plain = self.clock == StoreClock::Store && self.ttl_floor_ms.is_none();
         if plain && checks.iter().all(|c| c.cost == 1) {
@@ -400,137 +486,49 @@ async fn connect_cluster(urls: &[String]) -> Result<ClusterConnection, RedisStor
     Ok(client.get_async_connection().await?)
 }
 
-/// Four integers per check: allowed, remaining, reset_after, retry_after (-1: none).
-fn parse_reply(reply: &redis::Value, checks: &[Check<'_>]) -> Result<Verdict, RedisStoreError> {
-    let redis::Value::Array(items) = reply else {
-        return Err(RedisStoreError::protocol(format!(
-            "the script answered {reply:?}, expected an array"
-        )));
-    };
-    if items.len() != 4 * checks.len() {
-        return Err(RedisStoreError::protocol(format!(
-            "the script answered {} integers for {} checks",
-            items.len(),
-            checks.len()
-        )));
-    }
-    let int = |v: &redis::Value| match v {
-        redis::Value::Int(i) => Ok(*i),
-        other => Err(RedisStoreError::protocol(format!(
-            "the script answered {other:?}, expected an integer"
-        ))),
-    };
-    let unsigned = |v: &redis::Value| {
-        u64::try_from(int(v)?).map_err(|_| RedisStoreError::protocol("negative count in reply"))
-    };
-    let mut decisions = Vec::with_capacity(checks.len());
-    for (c, item) in checks.iter().zip(items.chunks_exact(4)) {
-        let retry = int(&item[3])?;
-        decisions.push(Decision {
-            allowed: int(&item[0])? == 1,
-            limit: c.rule.limit().quota.limit(),
-            remaining: unsigned(&item[1])?,
-            reset_after: unsigned(&item[2])?,
-            retry_after: if retry < 0 {
-                None
-            } else {
-                Some(retry.unsigned_abs())
-            },
-        });
-    }
-    Ok(Verdict {
-        allowed: decisions.iter().all(|d| d.allowed),
-        decisions,
-    })
-}
-
-/// The single-policy script's reply. Allowed: the integer `reset_after * base + remaining`
-/// (`base` > 0), or the packed string below. Packed, big-endian: allowed (1 byte), remaining
-/// and reset_after (7 bytes each), and for a denial retry_after + 1 (7 bytes; 0: retrying
-/// never helps).
-/// A policy-set script's reply: 22 bytes per check, struct '>BI7I7I7' (allowed, remaining,
-/// reset_after, retry_after + 1 with 0 for none).
-fn parse_set(reply: &redis::Value, checks: &[Check<'_>]) -> Result<Verdict, RedisStoreError> {
-    let bytes = match reply {
-        redis::Value::BulkString(b) if b.len() == 22 * checks.len() => b,
-        other => {
-            return Err(RedisStoreError::protocol(format!(
-                "the script answered {other:?}, expected {} bytes",
-                22 * checks.len()
-            )))
-        }
-    };
-    let decisions = checks
+/// The verdict of a plan from its decisions: allowed when every enforced rule allowed.
+fn verdict(checks: &[Check<'_>], decisions: Vec<tollgate_core::Decision>) -> Verdict {
+    let allowed = checks
         .iter()
-        .zip(bytes.chunks_exact(22))
-        .map(|(c, item)| packed_decision(item, c.rule.limit().quota.limit()))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Verdict {
-        allowed: decisions.iter().all(|d| d.allowed),
-        decisions,
-    })
+        .zip(&decisions)
+        .all(|(c, d)| d.allowed || !c.enforces());
+    Verdict { allowed, decisions }
 }
 
-fn parse_single(
-    reply: &redis::Value,
-    check: &Check<'_>,
-    base: u64,
-) -> Result<Decision, RedisStoreError> {
-    let limit = check.rule.limit().quota.limit();
-    if let redis::Value::Int(n) = reply {
-        let n = u64::try_from(*n)
-            .ok()
-            .filter(|_| base > 0)
-            .ok_or_else(|| RedisStoreError::protocol(format!("the script answered {n}")))?;
-        return Ok(Decision {
-            allowed: true,
-            limit,
-            remaining: n % base,
-            reset_after: n / base,
-            retry_after: None,
-        });
+/// The Redis Cluster slot of a client's keys: CRC16 (XMODEM) of the hash tag, the client's
+/// 32 hex digits, modulo 16384.
+pub(crate) fn slot(client: &ClientKey) -> u16 {
+    let mut tag = String::with_capacity(32);
+    client.write_hex(&mut tag);
+    crc16(tag.as_bytes()) % 16384
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
     }
-    let bytes = match reply {
-        redis::Value::BulkString(b)
-            if matches!((b.len(), b.first()), (15, Some(1)) | (22, Some(0))) =>
-        {
-            b
-        }
-        other => {
-            return Err(RedisStoreError::protocol(format!(
-                "the script answered {other:?}, expected 15 bytes (allowed) or 22 (denied)"
-            )))
-        }
-    };
-    packed_decision(bytes, limit)
+    crc
 }
 
-/// One packed decision, struct '>BI7I7I7' (denied, or a policy of a set) or '>BI7I7' (allowed,
-/// single policy): allowed (1/0), remaining, reset_after, and retry_after + 1 (0: none).
-fn packed_decision(item: &[u8], limit: u64) -> Result<Decision, RedisStoreError> {
-    let int = |at: usize| {
-        item.get(at..at + 7)
-            .map(|b| b.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
-            .ok_or_else(|| RedisStoreError::protocol("a packed decision is too short"))
-    };
-    let allowed = match item.first() {
-        Some(0) => false,
-        Some(1) => true,
-        other => {
-            return Err(RedisStoreError::protocol(format!(
-                "the script answered flag {other:?}"
-            )))
-        }
-    };
-    Ok(Decision {
-        allowed,
-        limit,
-        remaining: int(1)?,
-        reset_after: int(8)?,
-        retry_after: if allowed {
-            None
-        } else {
-            int(15)?.checked_sub(1)
-        },
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // The reference value of the Redis Cluster specification.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        let c = ClientKey::from_u128(7);
+        let mut hex = String::new();
+        c.write_hex(&mut hex);
+        assert_eq!(slot(&c), crc16(hex.as_bytes()) % 16384);
+    }
 }

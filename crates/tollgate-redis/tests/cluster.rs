@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check};
-use tollgate_redis::{single_script_sha, StoreClock};
+use tollgate_redis::{plan_script_sha, RuleShape, StoreClock};
 use tollgate_testkit::RedisCluster;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -23,13 +23,13 @@ async fn a_clients_keys_share_one_slot_and_clients_spread_over_every_master() {
         .iter()
         .map(|&a| rule(&format!("c-{a}"), a, 2, HOUR))
         .collect();
-    let checks: Vec<Check<'_>> = rules.iter().map(|rule| Check { rule, cost: 1 }).collect();
     let mut masters = HashSet::new();
     for n in 0..30u128 {
         let who = client(n);
+        let checks: Vec<Check<'_>> = rules.iter().map(|rule| Check::new(who, rule, 1)).collect();
         // Six keys in one request: a cross-slot request would be refused by the cluster.
         for expect in [true, true, false] {
-            let v = store.check(&who, &checks, 0).await.expect("check");
+            let v = store.check(&checks, 0).await.expect("check");
             assert_eq!(v.allowed, expect, "client {n}");
         }
         let owners: HashSet<_> = rules
@@ -56,8 +56,8 @@ async fn twenty_gateways_admit_exactly_the_limit_on_a_cluster() {
             let store = stores[i % stores.len()].clone();
             let r = r.clone();
             tasks.push(tokio::spawn(async move {
-                let checks = [Check { rule: &r, cost: 1 }];
-                store.check(&client(1000 + rep), &checks, 0).await
+                let checks = [Check::new(client(1000 + rep), &r, 1)];
+                store.check(&checks, 0).await
             }));
         }
         let mut allowed = 0;
@@ -74,8 +74,8 @@ async fn a_failover_is_survived_without_recreating_the_store() {
     let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
     let r = rule("fo", Algorithm::TokenBucket, 1000, HOUR);
     let who = client(77);
-    let checks = [Check { rule: &r, cost: 1 }];
-    assert!(store.check(&who, &checks, 0).await.expect("check").allowed);
+    let checks = [Check::new(who, &r, 1)];
+    assert!(store.check(&checks, 0).await.expect("check").allowed);
     let key = store.key(&who, r.name());
     let dead = cluster.kill_master_of_key(&key);
     // While the cluster notices and promotes the replica, calls fail (transiently) or, once
@@ -83,7 +83,7 @@ async fn a_failover_is_survived_without_recreating_the_store() {
     let mut errors = 0;
     let mut recovered = false;
     for _ in 0..300 {
-        match tokio::time::timeout(Duration::from_secs(10), store.check(&who, &checks, 0)).await {
+        match tokio::time::timeout(Duration::from_secs(10), store.check(&checks, 0)).await {
             Ok(Ok(v)) => {
                 assert!(v.allowed);
                 recovered = true;
@@ -110,8 +110,65 @@ async fn a_failover_is_survived_without_recreating_the_store() {
     let exists = cluster.nodes()[promoted].cli(&[
         "script",
         "exists",
-        &single_script_sha(r.limit()).expect("script"),
+        &plan_script_sha(&[RuleShape {
+            limit: *r.limit(),
+            mode: tollgate_core::Mode::Enforce,
+        }])
+        .expect("script"),
     ]);
     assert_eq!(exists.trim(), "1");
-    assert!(store.check(&who, &checks, 0).await.expect("check").allowed);
+    assert!(store.check(&checks, 0).await.expect("check").allowed);
+}
+
+/// A plan whose two clients live in two slots, the second slot denying: the first slot's
+/// charge is given back exactly (read back with a query), for every algorithm whose state can
+/// be given back; a sliding algorithm is exact too as long as it is the only slot that cannot
+/// be given back (its slot is called last). Slot order and the limits of this are in
+/// docs/operations.md.
+#[tokio::test]
+async fn a_plan_across_two_slots_gives_back_the_first_slot_when_the_second_denies() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
+    let slot = |key: &str| cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
+    for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+        let first = rule(&format!("first-{algorithm}"), algorithm, 10, HOUR);
+        // The denying rule: the same algorithm when it can be given back, else GCRA, so that
+        // the slot of the sliding rule is the only one that cannot be given back.
+        let second_alg = if algorithm.is_leasable() {
+            algorithm
+        } else {
+            Algorithm::Gcra
+        };
+        let second = rule(&format!("second-{algorithm}"), second_alg, 2, HOUR);
+        let a = client(10_000 + i as u128);
+        let b = (0..1000u128)
+            .map(|n| client(20_000 + 1000 * i as u128 + n))
+            .find(|b| slot(&store.key(b, second.name())) != slot(&store.key(&a, first.name())))
+            .expect("a client in another slot");
+        let plan = [Check::new(a, &first, 1), Check::new(b, &second, 1)];
+        for n in 0..2 {
+            let v = store.check(&plan, 0).await.expect("check");
+            assert!(v.allowed, "{algorithm}: request {n}");
+        }
+        let query = [Check::new(a, &first, 0)];
+        let before = store.check(&query, 0).await.expect("query").decisions[0];
+        assert_eq!(before.remaining, 8, "{algorithm}");
+        for n in 0..3 {
+            let v = store.check(&plan, 0).await.expect("check");
+            assert!(
+                !v.allowed,
+                "{algorithm}: request {n} is over the second rule"
+            );
+            assert!(v.decisions[0].allowed && !v.decisions[1].allowed);
+            assert_eq!(
+                v.decisions[0].remaining, 8,
+                "{algorithm}: reported uncharged"
+            );
+        }
+        let after = store.check(&query, 0).await.expect("query").decisions[0];
+        assert_eq!(
+            after.remaining, before.remaining,
+            "{algorithm}: the first slot was given back"
+        );
+    }
 }

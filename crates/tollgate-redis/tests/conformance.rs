@@ -3,17 +3,12 @@
 //! caller's clock so time-travelling tests run too.
 
 use tollgate_conformance::ConformanceStore;
-use tollgate_core::{Check, ClientKey, Micros, Verdict};
+use tollgate_core::{Check, Micros, Verdict};
 use tollgate_redis::{RedisConfig, RedisStore, StoreClock};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
-async fn decide(
-    store: &RedisStore,
-    client: &ClientKey,
-    checks: &[Check<'_>],
-    now: Micros,
-) -> Verdict {
-    match store.check(client, checks, now).await {
+async fn decide(store: &RedisStore, checks: &[Check<'_>], now: Micros) -> Verdict {
+    match store.check(checks, now).await {
         Ok(v) => v,
         Err(e) => panic!("store error: {e}"),
     }
@@ -47,8 +42,8 @@ mod standalone {
     }
 
     impl ConformanceStore for Standalone {
-        async fn check(&self, client: &ClientKey, checks: &[Check<'_>], now: Micros) -> Verdict {
-            decide(&self.store, client, checks, now).await
+        async fn check(&self, checks: &[Check<'_>], now: Micros) -> Verdict {
+            decide(&self.store, checks, now).await
         }
     }
 
@@ -75,8 +70,8 @@ mod cluster {
     }
 
     impl ConformanceStore for Cluster {
-        async fn check(&self, client: &ClientKey, checks: &[Check<'_>], now: Micros) -> Verdict {
-            decide(&self.store, client, checks, now).await
+        async fn check(&self, checks: &[Check<'_>], now: Micros) -> Verdict {
+            decide(&self.store, checks, now).await
         }
     }
 

@@ -1,12 +1,14 @@
-//! The Lua scripts make exactly tollgate-core's decisions: random traces (times, costs,
-//! policies, clients) run through `check_all` in Rust and through the Redis store with the
-//! local clock, and every verdict must be identical.
+//! The Lua scripts make exactly tollgate-core's decisions: random plans (times, costs, rules,
+//! a client per rule, enforced or shadow) run through `tollgate_core::decide` in Rust and
+//! through the Redis store with the local clock, and every verdict must be identical. Every
+//! plan shape the generator makes (one to eight rules, every algorithm) and the generic script
+//! (nine rules) are covered.
 
 mod common;
 
 use common::{random_limit, Rng, EPOCH_2026};
 use std::collections::HashMap;
-use tollgate_core::{check_all, Algorithm, Check, Micros, Rule, State, Verdict};
+use tollgate_core::{decide, Algorithm, Check, ClientKey, Micros, Mode, Rule, State, Verdict};
 use tollgate_redis::{RedisStore, StoreClock};
 use tollgate_testkit::RedisServer;
 
@@ -29,34 +31,29 @@ fn step(rng: &mut Rng, now: Micros, period: Micros, interval: Micros) -> Micros 
 }
 
 struct Model {
-    states: HashMap<(u128, String), State>,
+    states: HashMap<(ClientKey, String), State>,
 }
 
 impl Model {
-    fn check(&mut self, client: u128, checks: &[Check<'_>], now: Micros) -> Verdict {
-        for c in checks {
-            self.states
-                .entry((client, c.rule.name().to_string()))
-                .or_insert_with(|| c.rule.limit().fresh());
-        }
-        // check_all needs every state mutably at once: take them out and put them back.
+    fn check(&mut self, checks: &[Check<'_>], now: Micros) -> Verdict {
+        // decide needs every state mutably at once: take them out and put them back.
         let mut taken: Vec<State> = checks
             .iter()
             .map(|c| {
                 self.states
-                    .remove(&(client, c.rule.name().to_string()))
+                    .remove(&(c.client, c.rule.name().to_string()))
                     .unwrap_or_else(|| c.rule.limit().fresh())
             })
             .collect();
-        let verdict = check_all(
+        let verdict = decide(
             checks
                 .iter()
                 .zip(taken.iter_mut())
-                .map(|(c, s)| (c.rule.limit(), s, c.cost)),
+                .map(|(c, s)| (c.rule.limit(), s, c.cost, c.mode)),
             now,
         );
         for (c, s) in checks.iter().zip(taken) {
-            self.states.insert((client, c.rule.name().to_string()), s);
+            self.states.insert((c.client, c.rule.name().to_string()), s);
         }
         verdict
     }
@@ -86,7 +83,7 @@ async fn run_trace(
     let clients: Vec<u128> = (0..3).map(|i| u128::from(seed) << 8 | i).collect();
     for i in 0..requests {
         let first = &rules[rng.range(0, rules.len() as u64 - 1) as usize];
-        let q = first.limit().quota;
+        let q = first.limit().quota();
         now = step(
             &mut rng,
             now,
@@ -105,7 +102,7 @@ async fn run_trace(
         let checks: Vec<Check<'_>> = chosen
             .iter()
             .map(|r| {
-                let q = r.limit().quota;
+                let q = r.limit().quota();
                 let cap = q.limit().max(q.burst());
                 let cost = match rng.range(0, 9) {
                     0 => 0,
@@ -113,16 +110,26 @@ async fn run_trace(
                     2 => rng.range(1, cap),
                     _ => rng.range(1, (cap / 4).max(1)),
                 };
-                Check { rule: r, cost }
+                let client = common::client(*rng.pick(&clients));
+                let mode = if rng.chance(25) {
+                    Mode::Shadow
+                } else {
+                    Mode::Enforce
+                };
+                Check {
+                    client,
+                    rule: r,
+                    cost,
+                    mode,
+                }
             })
             .collect();
-        let client = *rng.pick(&clients);
-        let expected = model.check(client, &checks, now);
-        let got = match store.check(&common::client(client), &checks, now).await {
+        let expected = model.check(&checks, now);
+        let got = match store.check(&checks, now).await {
             Ok(v) => v,
             Err(e) => panic!("store error at request {i}: {e}"),
         };
-        match (expected.allowed, expected.retry_after()) {
+        match (expected.allowed, expected.retry_after(&checks)) {
             (true, _) => outcomes.allowed += 1,
             (false, Some(_)) => outcomes.retry += 1,
             (false, None) => outcomes.never += 1,
@@ -205,6 +212,30 @@ async fn mixed_policies_are_decided_all_or_nothing_like_core() {
             .map(|&a| Rule::new(format!("{a}-{seed}"), random_limit(&mut rng, a)))
             .collect();
         run_trace(&store, &rules, seed, 400, 3, &mut outcomes).await;
+    }
+    assert_covers_every_outcome(&outcomes);
+}
+
+/// Every plan shape the generator makes: one to eight rules (every rule in every plan), the
+/// algorithms in turn, random modes and clients.
+#[tokio::test]
+async fn plans_of_one_to_eight_rules_match_core() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Local)
+        .await
+        .with_ttl_floor(std::time::Duration::from_secs(3600));
+    let mut outcomes = Outcomes::default();
+    for n in 1..=tollgate_redis::MAX_INLINE_RULES {
+        for seed in 0..Algorithm::ALL.len() as u64 {
+            let mut rng = Rng::new(300 + 10 * n as u64 + seed);
+            let rules: Vec<Rule> = (0..n)
+                .map(|i| {
+                    let a = Algorithm::ALL[(i + seed as usize) % Algorithm::ALL.len()];
+                    Rule::new(format!("{a}-n{n}-{seed}-{i}"), random_limit(&mut rng, a))
+                })
+                .collect();
+            run_trace(&store, &rules, 300 + seed, 60, n, &mut outcomes).await;
+        }
     }
     assert_covers_every_outcome(&outcomes);
 }

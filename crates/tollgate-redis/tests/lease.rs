@@ -6,7 +6,7 @@ mod common;
 use common::{client, connect, random_limit, Rng, EPOCH_2026};
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Rule};
-use tollgate_redis::{leasable, LeaseRequest, StoreClock};
+use tollgate_redis::{LeaseRequest, StoreClock};
 use tollgate_testkit::RedisServer;
 
 const LEASABLE: [Algorithm; 4] = [
@@ -19,7 +19,7 @@ const LEASABLE: [Algorithm; 4] = [
 #[test]
 fn only_count_based_algorithms_are_leasable() {
     for a in Algorithm::ALL {
-        assert_eq!(leasable(a), LEASABLE.contains(&a), "{a}");
+        assert_eq!(a.is_leasable(), LEASABLE.contains(&a), "{a}");
     }
 }
 
@@ -33,16 +33,21 @@ async fn a_give_back_leaves_the_state_of_only_the_used_units() {
     for round in 0..200u128 {
         let alg = *rng.pick(&LEASABLE);
         let rule = Rule::new("p", random_limit(&mut rng, alg));
-        let q = rule.limit().quota;
+        let q = *rule.limit().quota();
         let leased = client(2 * round);
         let exact = client(2 * round + 1);
         let mut now = EPOCH_2026 + rng.range(0, q.period_micros());
         // Some history on both, identical.
         for _ in 0..rng.range(0, 5) {
             let cost = rng.range(0, 3);
-            let c = [Check { rule: &rule, cost }];
-            let a = store.check(&leased, &c, now).await.expect("check");
-            let b = store.check(&exact, &c, now).await.expect("check");
+            let a = store
+                .check(&[Check::new(leased, &rule, cost)], now)
+                .await
+                .expect("check");
+            let b = store
+                .check(&[Check::new(exact, &rule, cost)], now)
+                .await
+                .expect("check");
             assert_eq!(a, b);
             now += rng.range(0, q.emission_interval_micros() * 2);
         }
@@ -64,11 +69,8 @@ async fn a_give_back_leaves_the_state_of_only_the_used_units() {
         assert!(lease.granted <= want);
         let used = rng.range(0, lease.granted);
         if used > 0 {
-            let c = [Check {
-                rule: &rule,
-                cost: used,
-            }];
-            let v = store.check(&exact, &c, now).await.expect("check");
+            let c = [Check::new(exact, &rule, used)];
+            let v = store.check(&c, now).await.expect("check");
             assert!(
                 v.allowed,
                 "round {round} {alg}: the exact twin could not take {used}"
@@ -93,9 +95,14 @@ async fn a_give_back_leaves_the_state_of_only_the_used_units() {
         // From here on both clients get the same answers.
         for _ in 0..5 {
             let cost = rng.range(0, q.burst().min(q.limit()));
-            let c = [Check { rule: &rule, cost }];
-            let a = store.check(&leased, &c, now).await.expect("check");
-            let b = store.check(&exact, &c, now).await.expect("check");
+            let a = store
+                .check(&[Check::new(leased, &rule, cost)], now)
+                .await
+                .expect("check");
+            let b = store
+                .check(&[Check::new(exact, &rule, cost)], now)
+                .await
+                .expect("check");
             assert_eq!(
                 a, b,
                 "round {round} {alg} {q:?}: leased {lease:?}, used {used}"

@@ -24,11 +24,8 @@ async fn race(stores: &[RedisStore], rule: Arc<Rule>, who: u128) -> usize {
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            let checks = [Check {
-                rule: &rule,
-                cost: 1,
-            }];
-            store.check(&client(who), &checks, EPOCH_2026).await
+            let checks = [Check::new(client(who), &rule, 1)];
+            store.check(&checks, EPOCH_2026).await
         }));
     }
     let mut allowed = 0;

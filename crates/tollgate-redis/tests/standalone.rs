@@ -7,8 +7,8 @@ use common::{client, rule, EPOCH_2026};
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Clock, Limit, State, SystemClock};
 use tollgate_redis::{
-    script_sha, set_script_sha, set_script_text, single_script_sha, single_script_text,
-    RedisConfig, RedisStore, StoreClock,
+    generic_script_sha, plan_script_sha, plan_script_text, RedisConfig, RedisStore, RuleShape,
+    StoreClock,
 };
 use tollgate_testkit::RedisServer;
 
@@ -23,7 +23,7 @@ async fn keys_are_prefix_client_policy_and_expire_when_their_state_is_fresh_agai
         let r = rule(&format!("p-{algorithm}"), algorithm, 10, HOUR);
         let now = SystemClock.now();
         let verdict = store
-            .check(&who, &[Check { rule: &r, cost: 3 }], now)
+            .check(&[Check::new(who, &r, 3)], now)
             .await
             .expect("check");
         assert!(verdict.allowed);
@@ -31,7 +31,7 @@ async fn keys_are_prefix_client_policy_and_expire_when_their_state_is_fresh_agai
         assert_eq!(store.key(&who, r.name()), key);
         let mut state: State = r.limit().fresh();
         r.limit().check(&mut state, now, 3, true);
-        let idle_ms = (state.idle_at(&r.limit().quota) - now).div_ceil(1000);
+        let idle_ms = (state.idle_at(r.limit().quota()) - now).div_ceil(1000);
         let pttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("pttl");
         let pttl = u64::try_from(pttl).expect("the key exists and has a TTL");
         assert!(pttl <= idle_ms, "{algorithm}: pttl {pttl} > idle {idle_ms}");
@@ -54,22 +54,13 @@ async fn a_denied_policy_charges_none_of_the_others() {
         let narrow = rule("narrow", Algorithm::Gcra, 2, HOUR);
         let who = client(2 + clock as u128);
         let now = EPOCH_2026;
-        let both = [
-            Check {
-                rule: &wide,
-                cost: 1,
-            },
-            Check {
-                rule: &narrow,
-                cost: 1,
-            },
-        ];
+        let both = [Check::new(who, &wide, 1), Check::new(who, &narrow, 1)];
         for _ in 0..2 {
-            let v = store.check(&who, &both, now).await.expect("check");
+            let v = store.check(&both, now).await.expect("check");
             assert!(v.allowed, "{clock:?}");
         }
         let before = server.cli(&["get", &store.key(&who, "wide")]);
-        let v = store.check(&who, &both, now).await.expect("check");
+        let v = store.check(&both, now).await.expect("check");
         assert!(!v.allowed, "{clock:?}");
         assert!(v.decisions[0].allowed, "wide alone would allow");
         assert_eq!(
@@ -77,10 +68,11 @@ async fn a_denied_policy_charges_none_of_the_others() {
             "and reports its uncharged state"
         );
         assert!(!v.decisions[1].allowed);
-        assert!(v.retry_after().is_some_and(|r| r > 0), "{v:?}");
+        assert!(v.retry_after(&both).is_some_and(|r| r > 0), "{v:?}");
         assert_eq!(server.cli(&["get", &store.key(&who, "wide")]), before);
-        // Decided by the script of this policy set, not the generic one.
-        let set = set_script_sha(&[*wide.limit(), *narrow.limit()]).expect("sha");
+        // Decided by the script of this plan's shape, not the generic one.
+        let set =
+            plan_script_sha(&[enforced(*wide.limit()), enforced(*narrow.limit())]).expect("sha");
         assert_eq!(server.cli(&["script", "exists", &set]).trim(), "1");
     }
 }
@@ -100,9 +92,10 @@ async fn a_policy_set_script_refuses_a_bad_cost_before_any_write() {
         )
         .expect("limit"),
     ];
-    let text = set_script_text(&limits).expect("script");
+    let shape = limits.map(enforced);
+    let text = plan_script_text(&shape).expect("script");
     let sha = server.cli(&["script", "load", &text]);
-    assert_eq!(sha.trim(), set_script_sha(&limits).expect("sha"));
+    assert_eq!(sha.trim(), plan_script_sha(&shape).expect("sha"));
     // Costs 1 and "x": the second is refused, and the first policy is not charged.
     for bad in [
         &["1", "x"][..],
@@ -125,7 +118,6 @@ async fn a_policy_set_script_refuses_a_bad_cost_before_any_write() {
     let out = server.cli(&["evalsha", sha.trim(), "2", "k:{a}:1", "k:{a}:2"]);
     assert!(!out.contains("ERR"), "{out:?}");
     assert_eq!(server.cli(&["exists", "k:{a}:1", "k:{a}:2"]).trim(), "2");
-    assert!(set_script_text(&limits[..1]).is_err());
 }
 
 #[tokio::test]
@@ -135,7 +127,7 @@ async fn an_invalid_argument_fails_before_any_write() {
     // Policy 1 is valid, policy 2 has limit 0: the script must refuse without charging 1.
     let out = server.cli(&[
         "evalsha",
-        script_sha(),
+        generic_script_sha(),
         "2",
         "k1",
         "k2",
@@ -145,17 +137,19 @@ async fn an_invalid_argument_fails_before_any_write() {
         "1000000",
         "10",
         "1",
+        "0",
         "gcra",
         "0",
         "1000000",
         "10",
         "1",
+        "0",
     ]);
     assert!(out.contains("tollgate") && out.contains("limit"), "{out}");
     assert_eq!(server.cli(&["exists", "k1", "k2"]).trim(), "0");
     let out = server.cli(&[
         "evalsha",
-        script_sha(),
+        generic_script_sha(),
         "1",
         "k1",
         "1000",
@@ -164,15 +158,25 @@ async fn an_invalid_argument_fails_before_any_write() {
         "1",
         "1",
         "1",
+        "0",
     ]);
     assert!(out.contains("not an algorithm"), "{out}");
-    let out = server.cli(&["evalsha", script_sha(), "1", "k1", "1000", "gcra", "1", "1"]);
-    assert!(out.contains("expected 1 + 5 arguments"), "{out}");
+    let out = server.cli(&[
+        "evalsha",
+        generic_script_sha(),
+        "1",
+        "k1",
+        "1000",
+        "gcra",
+        "1",
+        "1",
+    ]);
+    assert!(out.contains("expected 1 + 6 arguments"), "{out}");
     // The single-policy script (its quota built in) validates what a call carries: the cost,
     // now and the PX floor, and the shape of the call.
     let r = rule("v", Algorithm::Gcra, 10, HOUR);
-    let text = single_script_text(r.limit()).expect("script");
-    let gcra = single_script_sha(r.limit()).expect("script");
+    let text = plan_script_text(&[enforced(*r.limit())]).expect("script");
+    let gcra = plan_script_sha(&[enforced(*r.limit())]).expect("script");
     assert_eq!(server.cli(&["script", "load", &text]).trim(), gcra);
     for (args, message) in [
         (&["1", "k1", "-5"][..], "(cost)"),
@@ -183,9 +187,9 @@ async fn an_invalid_argument_fails_before_any_write() {
         (&["1", "k1", "1", "1000", "-3"][..], "(PX floor)"),
         (
             &["1", "k1", "1", "1000", "1", "extra"][..],
-            "0 to 3 arguments",
+            "expected 1 keys and 0, 1, 2 or 3",
         ),
-        (&["2", "k1", "k2", "1"][..], "0 to 3 arguments"),
+        (&["2", "k1", "k2", "1"][..], "expected 1 keys"),
     ] {
         let mut cmd = vec!["evalsha", gcra.as_str()];
         cmd.extend_from_slice(args);
@@ -195,13 +199,6 @@ async fn an_invalid_argument_fails_before_any_write() {
             "{args:?}: {out}"
         );
     }
-    // The single-policy script is built from a checked limit only.
-    let bad = Limit {
-        algorithm: Algorithm::SlidingWindowLog,
-        quota: tollgate_core::Quota::per_hour(1_000_000).expect("quota"),
-    };
-    let err = single_script_text(&bad).expect_err("an invalid limit");
-    assert_eq!(err.kind(), "invalid", "{err}");
     assert_eq!(server.cli(&["dbsize"]).trim(), "0");
     drop(store);
 }
@@ -231,7 +228,7 @@ async fn quotas_too_large_for_an_integer_reply_are_answered_packed_and_decide_li
         for cost in [3, 2, 0, limit, 1] {
             let expected = r.limit().check(&mut state, now, cost, true);
             let v = store
-                .check(&who, &[Check { rule: &r, cost }], now)
+                .check(&[Check::new(who, &r, cost)], now)
                 .await
                 .expect("check");
             assert_eq!(v.decisions[0], expected, "{algorithm} cost {cost}");
@@ -247,13 +244,13 @@ async fn zero_cost_queries_and_impossible_costs_write_nothing() {
     let r = rule("q", Algorithm::Gcra, 5, HOUR);
     let who = client(3);
     let v = store
-        .check(&who, &[Check { rule: &r, cost: 0 }], 0)
+        .check(&[Check::new(who, &r, 0)], 0)
         .await
         .expect("check");
     assert!(v.allowed);
     assert_eq!(v.decisions[0].remaining, 5);
     let v = store
-        .check(&who, &[Check { rule: &r, cost: 6 }], 0)
+        .check(&[Check::new(who, &r, 6)], 0)
         .await
         .expect("check");
     assert!(!v.allowed);
@@ -271,7 +268,7 @@ async fn the_store_clock_is_redis_time() {
     let mut allowed = 0;
     for i in 0..6u64 {
         let v = store
-            .check(&who, &[Check { rule: &r, cost: 1 }], i * 1_000_000_000_000)
+            .check(&[Check::new(who, &r, 1)], i * 1_000_000_000_000)
             .await
             .expect("check");
         allowed += u64::from(v.allowed);
@@ -288,14 +285,14 @@ async fn scripts_are_reloaded_after_a_flush_without_failing_the_request() {
     let server = RedisServer::start();
     let store = common::connect(&server.url(), StoreClock::Store).await;
     let r = rule("f", Algorithm::TokenBucket, 5, HOUR);
-    let sha = single_script_sha(r.limit()).expect("script");
+    let sha = plan_script_sha(&[enforced(*r.limit())]).expect("script");
     let exists = |sha: &str| server.cli(&["script", "exists", sha]).trim().to_string();
-    // The multi-policy script is loaded on connect, a policy's own script on first use.
-    assert_eq!(exists(script_sha()), "1");
+    // The generic script is loaded on connect, a plan shape's own script on first use.
+    assert_eq!(exists(generic_script_sha()), "1");
     assert_eq!(exists(&sha), "0");
     let who = client(5);
-    let one = [Check { rule: &r, cost: 1 }];
-    let check = || store.check(&who, &one, 0);
+    let one = [Check::new(who, &r, 1)];
+    let check = || store.check(&one, 0);
     assert!(check().await.expect("check").allowed);
     assert_eq!(exists(&sha), "1");
     server.cli(&["script", "flush"]);
@@ -306,13 +303,9 @@ async fn scripts_are_reloaded_after_a_flush_without_failing_the_request() {
     let other = rule("g", Algorithm::Gcra, 5, HOUR);
     let v = store
         .check(
-            &client(5),
             &[
-                Check { rule: &r, cost: 1 },
-                Check {
-                    rule: &other,
-                    cost: 1,
-                },
+                Check::new(client(5), &r, 1),
+                Check::new(client(5), &other, 1),
             ],
             0,
         )
@@ -327,8 +320,8 @@ async fn a_dead_server_fails_calls_fast_and_a_restarted_one_is_used_again() {
     let store = common::connect(&server.url(), StoreClock::Store).await;
     let r = rule("r", Algorithm::Gcra, 100, HOUR);
     let who = client(6);
-    let checks = [Check { rule: &r, cost: 1 }];
-    let call = || store.check(&who, &checks, 0);
+    let checks = [Check::new(who, &r, 1)];
+    let call = || store.check(&checks, 0);
     assert!(call().await.expect("check").allowed);
     server.kill();
     for _ in 0..3 {
@@ -359,7 +352,7 @@ async fn a_dead_server_fails_calls_fast_and_a_restarted_one_is_used_again() {
             .cli(&[
                 "script",
                 "exists",
-                &single_script_sha(r.limit()).expect("script")
+                &plan_script_sha(&[enforced(*r.limit())]).expect("script")
             ])
             .trim(),
         "1"
@@ -375,7 +368,7 @@ async fn a_frozen_server_times_out_and_is_used_again_when_it_thaws() {
     server.pause();
     let res = tokio::time::timeout(
         Duration::from_secs(10),
-        store.check(&who, &[Check { rule: &r, cost: 1 }], 0),
+        store.check(&[Check::new(who, &r, 1)], 0),
     )
     .await;
     server.resume();
@@ -385,7 +378,7 @@ async fn a_frozen_server_times_out_and_is_used_again_when_it_thaws() {
     assert!(err.is_transient(), "{err}");
     let mut recovered = false;
     for _ in 0..100 {
-        if let Ok(v) = store.check(&who, &[Check { rule: &r, cost: 1 }], 0).await {
+        if let Ok(v) = store.check(&[Check::new(who, &r, 1)], 0).await {
             assert!(v.allowed);
             recovered = true;
             break;
@@ -424,7 +417,7 @@ async fn credentials_come_from_the_url() {
     .expect("an ACL user connects");
     let r = rule("a", Algorithm::Gcra, 1, HOUR);
     assert!(
-        user.check(&client(8), &[Check { rule: &r, cost: 1 }], 0)
+        user.check(&[Check::new(client(8), &r, 1)], 0)
             .await
             .expect("check")
             .allowed
@@ -447,14 +440,21 @@ async fn policies_checked_twice_in_one_request_are_refused() {
     let store = common::connect(&server.url(), StoreClock::Store).await;
     let r = rule("d", Algorithm::Gcra, 1, HOUR);
     let l: &Limit = r.limit();
-    assert_eq!(l.quota.limit(), 1);
+    assert_eq!(l.quota().limit(), 1);
     let err = store
         .check(
-            &client(9),
-            &[Check { rule: &r, cost: 1 }, Check { rule: &r, cost: 1 }],
+            &[Check::new(client(9), &r, 1), Check::new(client(9), &r, 1)],
             0,
         )
         .await
         .expect_err("duplicate");
     assert_eq!(err.kind(), "invalid");
+}
+
+/// An enforced rule of this limit, as a script shape.
+fn enforced(limit: Limit) -> RuleShape {
+    RuleShape {
+        limit,
+        mode: tollgate_core::Mode::Enforce,
+    }
 }

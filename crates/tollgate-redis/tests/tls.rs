@@ -162,12 +162,9 @@ async fn decisions_go_through_the_tls_port() {
     let who = client(1);
     let mut allowed = Vec::new();
     for _ in 0..3 {
-        let v = bounded(
-            "check",
-            store.check(&who, &[Check { rule: &r, cost: 1 }], 0),
-        )
-        .await
-        .expect("check over TLS");
+        let v = bounded("check", store.check(&[Check::new(who, &r, 1)], 0))
+            .await
+            .expect("check over TLS");
         allowed.push(v.allowed);
     }
     assert_eq!(allowed, [true, true, false], "limit 2 per hour");
@@ -206,12 +203,9 @@ async fn decisions_go_through_the_tls_port() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(last.is_none(), "no reconnect over TLS: {last:?}");
-    let v = bounded(
-        "check",
-        store.check(&who, &[Check { rule: &r, cost: 1 }], 0),
-    )
-    .await
-    .expect("check after the restart");
+    let v = bounded("check", store.check(&[Check::new(who, &r, 1)], 0))
+        .await
+        .expect("check after the restart");
     assert!(v.allowed, "the restarted server is empty");
 }
 
