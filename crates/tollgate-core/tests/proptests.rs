@@ -294,7 +294,7 @@ proptest! {
             let fresh = limit.fresh();
             let cap = capacity(&limit);
             for s in run(&limit, &case) {
-                let idle = s.after.idle_at(&limit.quota());
+                let idle = s.after.idle_at(limit.quota());
                 let at = idle.max(s.now) + offset;
                 for cost in [0, 1, s.cost, cap, cap + 1] {
                     prop_assert_eq!(
@@ -311,7 +311,7 @@ proptest! {
     fn reset_after_points_at_idle_at(case in case()) {
         for limit in limits(case.quota) {
             for s in run(&limit, &case) {
-                let idle = s.after.idle_at(&limit.quota());
+                let idle = s.after.idle_at(limit.quota());
                 prop_assert_eq!(idle.max(s.now), s.now + s.decision.reset_after,
                     "{} reset_after {} disagrees with idle_at {}", limit.algorithm(), s.decision.reset_after, idle);
             }

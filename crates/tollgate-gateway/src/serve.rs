@@ -195,11 +195,11 @@ fn log_start(config: &Config, listener: &TcpListener, admin: &TcpListener) {
         .policies
         .iter()
         .map(|p| {
-            let q = p.limit.quota;
+            let q = p.limit.quota();
             format!(
                 "{}: {} {}/{:?} burst {} cost {} on {} {:?}{}{}",
                 p.name,
-                p.limit.algorithm,
+                p.limit.algorithm(),
                 q.limit(),
                 q.period(),
                 q.burst(),

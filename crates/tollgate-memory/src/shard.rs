@@ -129,7 +129,7 @@ impl Shard {
         if state.algorithm() != limit.algorithm() {
             return 0;
         }
-        state.idle_at(&limit.quota())
+        state.idle_at(limit.quota())
     }
 
     /// When the key at `i` is limited now (a request of one unit would be denied): how long

@@ -1,20 +1,50 @@
 //! Store errors, by kind. Being limited is never an error (it is a `Verdict`); these are the
 //! failures the caller's failure policy handles.
 
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::{RedisError, ServerErrorKind};
 use std::fmt;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+/// The class of a store error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The server cannot be reached (refused, reset, dropped).
     Connection,
+    /// The server did not answer in time.
     Timeout,
+    /// The cluster is moving slots, failing over or down.
     Cluster,
+    /// The server is loading or runs another client's long script.
     Busy,
+    /// The server refused the script's call.
     Script,
+    /// A reply this store does not understand.
     Protocol,
+    /// A bad configuration (URL, client settings).
     Config,
+    /// The server refused our credentials (NOAUTH, WRONGPASS, NOPERM).
+    Auth,
+    /// A call this store refuses (a rule checked twice for one client, say).
     Invalid,
 }
+
+impl ErrorKind {
+    /// The name used in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Connection => "connection",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Cluster => "cluster",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Script => "script",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::Config => "config",
+            ErrorKind::Auth => "auth",
+            ErrorKind::Invalid => "invalid",
+        }
+    }
+}
+
+use ErrorKind as Kind;
 
 /// Why a store call failed. `kind()` names the class for metrics
 /// (`tollgate_store_errors_total{kind}`); `is_transient()` says whether retrying later may
@@ -29,17 +59,8 @@ pub struct RedisStoreError {
 impl RedisStoreError {
     /// One of `connection`, `timeout`, `cluster`, `busy`, `script`, `protocol`, `config`,
     /// `invalid`.
-    pub fn kind(&self) -> &'static str {
-        match self.kind {
-            Kind::Connection => "connection",
-            Kind::Timeout => "timeout",
-            Kind::Cluster => "cluster",
-            Kind::Busy => "busy",
-            Kind::Script => "script",
-            Kind::Protocol => "protocol",
-            Kind::Config => "config",
-            Kind::Invalid => "invalid",
-        }
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
     }
 
     /// True for failures that go away by themselves: the server is unreachable, slow,
@@ -85,8 +106,8 @@ impl From<RedisError> for RedisStoreError {
             Kind::Connection
         } else {
             match e.kind() {
-                ErrorKind::ClusterConnectionNotFound => Kind::Connection,
-                ErrorKind::Server(
+                redis::ErrorKind::ClusterConnectionNotFound => Kind::Connection,
+                redis::ErrorKind::Server(
                     ServerErrorKind::Moved
                     | ServerErrorKind::Ask
                     | ServerErrorKind::TryAgain
@@ -95,11 +116,12 @@ impl From<RedisError> for RedisStoreError {
                     | ServerErrorKind::ReadOnly
                     | ServerErrorKind::CrossSlot,
                 ) => Kind::Cluster,
-                ErrorKind::Server(ServerErrorKind::BusyLoading) => Kind::Busy,
-                ErrorKind::Parse | ErrorKind::UnexpectedReturnType => Kind::Protocol,
-                ErrorKind::AuthenticationFailed
-                | ErrorKind::InvalidClientConfig
-                | ErrorKind::Server(ServerErrorKind::NoPerm) => Kind::Config,
+                redis::ErrorKind::Server(ServerErrorKind::BusyLoading) => Kind::Busy,
+                redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => Kind::Protocol,
+                redis::ErrorKind::AuthenticationFailed
+                | redis::ErrorKind::Server(ServerErrorKind::NoPerm) => Kind::Auth,
+                _ if matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) => Kind::Auth,
+                redis::ErrorKind::InvalidClientConfig => Kind::Config,
                 // A script still running (BUSY) is another client's long script.
                 _ if e.code() == Some("BUSY") => Kind::Busy,
                 _ => Kind::Script,
@@ -115,7 +137,12 @@ impl From<RedisError> for RedisStoreError {
 
 impl fmt::Display for RedisStoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "redis store {} error: {}", self.kind(), self.message)
+        write!(
+            f,
+            "redis store {} error: {}",
+            self.kind.as_str(),
+            self.message
+        )
     }
 }
 

@@ -34,7 +34,7 @@ mod script;
 mod store;
 
 pub use config::{RedisConfig, StoreClock};
-pub use error::RedisStoreError;
+pub use error::{ErrorKind, RedisStoreError};
 pub use lease::{Lease, LeaseRequest};
 pub use script::{
     generic_script_sha, generic_script_text, plan_script_sha, plan_script_text, RuleShape,

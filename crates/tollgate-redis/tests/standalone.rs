@@ -329,7 +329,7 @@ async fn a_dead_server_fails_calls_fast_and_a_restarted_one_is_used_again() {
         let err = res
             .expect("a dead server must not hang a call")
             .expect_err("server is dead");
-        assert_eq!(err.kind(), "connection", "{err}");
+        assert_eq!(err.kind(), tollgate_redis::ErrorKind::Connection, "{err}");
         assert!(err.is_transient());
     }
     // Same port, empty script cache: the store reconnects and reloads by itself.
@@ -448,7 +448,7 @@ async fn policies_checked_twice_in_one_request_are_refused() {
         )
         .await
         .expect_err("duplicate");
-    assert_eq!(err.kind(), "invalid");
+    assert_eq!(err.kind(), tollgate_redis::ErrorKind::Invalid);
 }
 
 /// An enforced rule of this limit, as a script shape.

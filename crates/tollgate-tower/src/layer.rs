@@ -7,7 +7,7 @@ use crate::service::RateLimit;
 use http::{Extensions, HeaderMap, Method, Request};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use tollgate::{Action, ClientKey, IdentityHasher, LimitResult, Limiter, Policy};
+use tollgate::{ClientKey, IdentityHasher, LimitResult, Limiter, Plan};
 use tower_layer::Layer;
 
 /// The socket peer of a request, put into its extensions by the server (the gateway does;
@@ -31,17 +31,9 @@ pub(crate) struct Shared {
     pub(crate) peer: PeerFn,
 }
 
-/// Matched policies sharing one identity source list, with the key it resolved to.
-type Group<'a> = (Option<&'a [IdentitySource]>, ClientKey, Vec<Policy>);
-
-/// What one request must be checked against: one client key per distinct identity, each
-/// with the matched policies that use it.
-pub(crate) struct Plan {
-    groups: Vec<(ClientKey, Vec<Policy>)>,
-}
-
 impl Shared {
-    /// Matches policies and resolves identities; `None` when no policy matches.
+    /// Matches policies and resolves identities (each distinct identity source list once):
+    /// the request's plan, `None` when no policy matches.
     pub(crate) fn plan(
         &self,
         method: &Method,
@@ -61,51 +53,29 @@ impl Shared {
         } else {
             (method.clone(), normalize_path(target))
         };
-        let mut groups: Vec<Group<'_>> = Vec::new();
+        let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
+        let mut plan = Plan::new();
         for routed in self.policies.iter().filter(|p| p.matches(&method, &path)) {
             let sources = routed.identity_sources();
-            match groups.iter_mut().find(|g| g.0 == sources) {
-                Some(g) => g.2.push(routed.policy().clone()),
+            let key = match keys.iter().find(|k| k.0 == sources) {
+                Some(k) => k.1,
                 None => {
                     let key = self
                         .identity
                         .client_key(&self.hasher, sources, peer, headers);
-                    groups.push((sources, key, vec![routed.policy().clone()]));
+                    keys.push((sources, key));
+                    key
                 }
-            }
+            };
+            plan.push(key, routed.policy().clone());
         }
-        if groups.is_empty() {
-            return None;
-        }
-        // Two source lists may still resolve to the same client: decide those together.
-        let mut merged: Vec<(ClientKey, Vec<Policy>)> = Vec::new();
-        for (_, key, policies) in groups {
-            match merged.iter_mut().find(|m| m.0 == key) {
-                Some(m) => m.1.extend(policies),
-                None => merged.push((key, policies)),
-            }
-        }
-        Some(Plan { groups: merged })
+        (!plan.is_empty()).then_some(plan)
     }
 
-    /// Checks a plan. Each client key is one all-or-nothing store call; with several keys
-    /// (policies with different identities) they are checked in order and the first
-    /// rejection stops the rest.
-    pub(crate) async fn check(&self, plan: Plan) -> LimitResult {
-        let mut merged = LimitResult {
-            action: Action::Allow,
-            results: Vec::new(),
-        };
-        for (key, policies) in &plan.groups {
-            let refs: Vec<&Policy> = policies.iter().collect();
-            let r = self.limiter.check(key, &refs).await;
-            merged.results.extend(r.results);
-            if r.action != Action::Allow {
-                merged.action = r.action;
-                break;
-            }
-        }
-        merged
+    /// Decides a plan: every matched policy, under every identity, in one limiter call
+    /// (all-or-nothing).
+    pub(crate) async fn check(&self, plan: &Plan) -> LimitResult {
+        self.limiter.check(plan).await
     }
 }
 
@@ -210,7 +180,7 @@ impl RateLimitLayer {
             req.headers(),
             req.extensions(),
         )?;
-        Some(self.shared.check(plan).await)
+        Some(self.shared.check(&plan).await)
     }
 }
 

@@ -11,7 +11,8 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 use std::fmt::Write;
-use tollgate::{micros_to_secs_ceil, LimitResult, Micros};
+use tollgate::tollgate_core::micros_to_secs_ceil;
+use tollgate::{LimitResult, Micros};
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -31,7 +32,7 @@ pub fn add_headers(headers: &mut HeaderMap, result: &LimitResult) {
         if !policy.is_empty() {
             policy.push_str(", ");
         }
-        let q = r.policy.limit().quota;
+        let q = r.policy.limit().quota();
         let w = micros_to_secs_ceil(q.period_micros(), 1);
         let _ = write!(policy, "\"{}\";q={};w={}", r.policy.name(), q.limit(), w);
     }

@@ -123,7 +123,10 @@ async fn drive(
                 let user = first + (k * WORKERS + w) % count;
                 let client = ClientKey::from_u128(u128::from(user) + 1);
                 let t = Instant::now();
-                let action = limiter.check(&client, &[&policy]).await.action;
+                let action = limiter
+                    .check(&tollgate::Plan::for_client(client, [&policy]))
+                    .await
+                    .action;
                 lat.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
                 class.offered.fetch_add(1, Ordering::Relaxed);
                 if action == Action::Allow {

@@ -125,7 +125,7 @@ async fn drive(
                     let (l, p) = &gws[g];
                     let c = client(x, users);
                     offered.fetch_add(1, Ordering::Relaxed);
-                    if l.check(&c, &[p]).await.action == Action::Allow {
+                    if l.check(&tollgate::Plan::for_client(c, [p])).await.action == Action::Allow {
                         admitted.fetch_add(1, Ordering::Relaxed);
                     }
                     i += 1;

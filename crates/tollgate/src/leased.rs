@@ -10,21 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{duration_to_micros, Algorithm, ClientKey, Decision, Micros};
 
-/// Whether `sync = "lease"` can be used with `algorithm`: token_bucket, leaky_bucket, gcra
-/// and fixed_window, whose unused units can be given back exactly. The sliding algorithms
-/// cannot (a log would have to forget timestamps of units never used; the counter's weighted
-/// previous window cannot be decremented exactly).
-pub fn lease_supported(algorithm: Algorithm) -> bool {
-    matches!(
-        algorithm,
-        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra | Algorithm::FixedWindow
-    )
-}
-
 /// Checks a lease configuration: the algorithm must be one whose units can be given back
-/// exactly, the ttl positive, the maximum at least 1.
+/// exactly ([`Algorithm::is_leasable`]), the ttl positive, the maximum at least 1.
 pub(crate) fn validate(algorithm: Algorithm, ttl: Duration, max: u64) -> Result<(), String> {
-    if !lease_supported(algorithm) {
+    if !algorithm.is_leasable() {
         return Err(format!(
             "sync = \"lease\" supports token_bucket, leaky_bucket, gcra and fixed_window, not {algorithm} (its state cannot give unused units back exactly)"
         ));
@@ -125,14 +114,13 @@ impl Limiter {
     /// units taken (to put back if the request is rejected after all).
     pub(crate) async fn decide_leased(
         &self,
-        client: &ClientKey,
-        group: &[&Policy],
+        group: &[(&ClientKey, &Policy)],
         now: Micros,
         results: &mut Vec<PolicyResult>,
-        taken: &mut Vec<(Policy, u64)>,
+        taken: &mut Vec<(ClientKey, Policy, u64)>,
     ) -> Action {
         let mut action = Action::Allow;
-        for p in group {
+        for &(client, p) in group {
             let (SyncMode::Lease { ttl, max }, Some(leases)) = (p.sync(), &self.inner.leases)
             else {
                 // `leases()` selected only lease policies on a store with leases.
@@ -142,7 +130,7 @@ impl Limiter {
                 .decide_one_leased(client, p, now, ttl, max, leases)
                 .await;
             if result.outcome == Outcome::Allowed {
-                taken.push(((*p).clone(), p.cost()));
+                taken.push((*client, p.clone(), p.cost()));
             }
             results.push(result);
             action = worse(action, a);
@@ -163,7 +151,7 @@ impl Limiter {
         let i = &self.inner;
         let id = p.rule().id();
         let cost = p.cost();
-        let limit = p.limit().quota.limit();
+        let limit = p.limit().quota().limit();
         let decided = |allowed: bool, remaining: u64, retry: Option<Micros>| {
             let d = Decision {
                 allowed,
@@ -222,7 +210,7 @@ impl Limiter {
                 lease::count(&p.inner.stats, grant.granted, give_back);
                 if grant.granted >= cost {
                     let mut expires = now.saturating_add(duration_to_micros(ttl));
-                    if p.limit().algorithm == Algorithm::FixedWindow {
+                    if p.limit().algorithm() == Algorithm::FixedWindow {
                         expires = expires.min(now.saturating_add(grant.window_end_after));
                     }
                     let left = leases.granted(
@@ -252,7 +240,7 @@ impl Limiter {
                 // can only under-admit.
                 // apply_failure counts the outcome.
                 let mut out = Vec::with_capacity(1);
-                let action = self.apply_failure(client, &[p], now, skip_for, &mut out);
+                let action = self.apply_failure(&[(client, p)], now, skip_for, &mut out);
                 match out.pop() {
                     Some(r) => (r, action),
                     None => decided(true, 0, None),
@@ -263,11 +251,11 @@ impl Limiter {
 
     /// Settles the lease units a request took: counted as used when the request was
     /// allowed, put back into the lease when another policy rejected it (all-or-nothing).
-    pub(crate) fn settle(&self, client: &ClientKey, taken: &[(Policy, u64)], allowed: bool) {
+    pub(crate) fn settle(&self, taken: &[(ClientKey, Policy, u64)], allowed: bool) {
         let Some(leases) = &self.inner.leases else {
             return;
         };
-        for (p, cost) in taken {
+        for (client, p, cost) in taken {
             if allowed {
                 p.inner.stats.lease(LeaseKind::Used, *cost);
             } else {

@@ -4,8 +4,12 @@
 //! 1. the **deny cache** answers for clients already denied until their retry time (exact:
 //!    denials consume nothing), so abusive traffic never reaches the store;
 //! 2. the **circuit breaker** skips a store that keeps failing, so no request waits on it;
-//! 3. the **store call**, all matched policies in one atomic round trip, under a **timeout**;
-//! 4. when the store fails, each policy's **failure policy**: allow (`open`), reject with 503
+//! 3. leased policies are answered from **local leases** (a store call only when a lease runs
+//!    out);
+//! 4. the **store call**: the rest of the request's [`Plan`] (every policy that matched, under
+//!    every identity, enforced and shadow) in ONE atomic call (one per slot on a Redis
+//!    Cluster), under a **timeout**;
+//! 5. when the store fails, each policy's **failure policy**: allow (`open`), reject with 503
 //!    (`closed`), or decide with an in-process **local fallback** at `limit / local_divisor`.
 //!
 //! Every step is counted in [`Metrics`], rendered for Prometheus by
@@ -20,19 +24,24 @@ mod deny_cache;
 mod identity;
 mod lease;
 mod leased;
-mod metrics;
+pub mod metrics;
 mod outcome;
+mod plan;
 mod policy;
 mod store;
 
 pub use breaker::BreakerConfig;
 pub use identity::IdentityHasher;
-pub use leased::lease_supported;
-pub use metrics::{LeaseKind, Metrics, PolicyStats, LATENCY_BUCKETS_US};
+pub use metrics::Metrics;
 pub use outcome::{Action, LimitResult, Outcome, PolicyResult};
+pub use plan::Plan;
 pub use policy::{FailurePolicy, Policy, PolicySpec, SyncMode};
 pub use store::Backend;
-pub use tollgate_core::*;
+pub use tollgate_core;
+pub use tollgate_core::{
+    Algorithm, ClientKey, Clock, Decision, Limit, LimitError, ManualClock, Micros, Quota,
+    QuotaError, SystemClock,
+};
 pub use tollgate_memory::MemoryConfig;
 #[cfg(feature = "redis")]
 pub use tollgate_redis::{RedisConfig, StoreClock};
@@ -40,9 +49,11 @@ pub use tollgate_redis::{RedisConfig, StoreClock};
 use breaker::{Breakers, Permit};
 use deny_cache::DenyCache;
 use lease::Leases;
+use metrics::StoreErrorKind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store::{Store, StoreFailure};
+use tollgate_core::{duration_to_micros, Check, Mode, Verdict};
 use tollgate_memory::MemoryStore;
 
 /// Errors building a limiter or a policy.
@@ -178,12 +189,9 @@ impl Limiter {
             return Err(invalid("the name must not be empty".into()));
         }
         if let SyncMode::Lease { ttl, max } = spec.sync {
-            leased::validate(spec.limit.algorithm, ttl, max).map_err(&invalid)?;
+            leased::validate(spec.limit.algorithm(), ttl, max).map_err(&invalid)?;
         }
-        spec.limit
-            .algorithm
-            .validate(&spec.limit.quota)
-            .map_err(&invalid)?;
+
         let stats = self.inner.metrics.policy(&spec.name);
         let name = spec.name.clone();
         let spec_limit = spec.limit;
@@ -235,7 +243,7 @@ impl Limiter {
         match self.inner.store.connect(within, &limits).await {
             Ok(()) => true,
             Err(StoreFailure { kind, message }) => {
-                tracing::warn!(target: "tollgate::store", kind, %message, "store not reachable at startup");
+                tracing::warn!(target: "tollgate::store", kind = kind.as_str(), %message, "store not reachable at startup");
                 false
             }
         }
@@ -256,66 +264,53 @@ impl Limiter {
         self.return_leases(true).await;
     }
 
-    /// Decides one request of `client` against `policies`: all enforcing policies together,
-    /// all-or-nothing, in one store round trip; shadow policies beside them, never rejecting.
-    /// Never fails: store failures become each policy's failure outcome.
-    pub async fn check(&self, client: &ClientKey, policies: &[&Policy]) -> LimitResult {
+    /// Decides one request's plan: every enforced policy under every identity together,
+    /// all-or-nothing, in one store call; shadow policies in the same call, never rejecting;
+    /// leased policies from local leases first. Never fails: store failures become each
+    /// policy's failure outcome.
+    pub async fn check(&self, plan: &Plan) -> LimitResult {
         let now = self.inner.clock.now();
-        if let Some(result) = self.deny_cached(client, policies, now) {
+        if let Some(result) = self.deny_cached(plan, now) {
             return result;
         }
-        let (shadow, enforced): (Vec<&Policy>, Vec<&Policy>) =
-            policies.iter().copied().partition(|p| p.is_shadow());
-        let (leased, exact): (Vec<&Policy>, Vec<&Policy>) =
-            enforced.into_iter().partition(|p| self.leases(p));
-        let mut results = Vec::with_capacity(policies.len());
+        let mut results = Vec::with_capacity(plan.len());
         let mut taken = Vec::new();
+        let (leased, exact): (Vec<_>, Vec<_>) = plan
+            .iter()
+            .partition(|(_, p)| !p.is_shadow() && self.leases(p));
         if !leased.is_empty() {
             let action = self
-                .decide_leased(client, &leased, now, &mut results, &mut taken)
+                .decide_leased(&leased, now, &mut results, &mut taken)
                 .await;
             if action != Action::Allow {
-                self.settle(client, &taken, false);
+                self.settle(&taken, false);
                 return LimitResult { action, results };
             }
         }
-        let action = if shadow.is_empty() {
-            self.decide(client, &exact, now, &mut results).await
-        } else {
-            let mut shadow_results = Vec::with_capacity(shadow.len());
-            let (action, _) = tokio::join!(
-                self.decide(client, &exact, now, &mut results),
-                self.decide(client, &shadow, now, &mut shadow_results),
-            );
-            results.extend(shadow_results);
-            action
-        };
+        let action = self.decide(&exact, now, &mut results).await;
         // All-or-nothing: lease units taken by a rejected request go back to the lease.
-        self.settle(client, &taken, action == Action::Allow);
+        self.settle(&taken, action == Action::Allow);
         LimitResult { action, results }
     }
 
-    fn deny_cached(
-        &self,
-        client: &ClientKey,
-        policies: &[&Policy],
-        now: Micros,
-    ) -> Option<LimitResult> {
+    /// The deny cache's answer: a 429 when an enforced policy of the plan denied its client
+    /// until later than now (exact: denials consume nothing).
+    fn deny_cached(&self, plan: &Plan, now: Micros) -> Option<LimitResult> {
         let cache = self.inner.deny_cache.as_ref()?;
         let mut results = Vec::new();
         let mut wait = 0;
-        for p in policies.iter().filter(|p| !p.is_shadow()) {
+        for (client, p) in plan.iter().filter(|(_, p)| !p.is_shadow()) {
             if let Some(until) = cache.denied_until(client, p.rule().id(), now) {
                 let retry = until - now;
                 wait = wait.max(retry);
                 p.inner.stats.deny_cache_hit();
                 p.inner.stats.record(Outcome::Limited);
                 results.push(PolicyResult {
-                    policy: (*p).clone(),
+                    policy: p.clone(),
                     outcome: Outcome::Limited,
                     decision: Some(Decision {
                         allowed: false,
-                        limit: p.limit().quota.limit(),
+                        limit: p.limit().quota().limit(),
                         remaining: 0,
                         reset_after: retry,
                         retry_after: Some(retry),
@@ -331,32 +326,39 @@ impl Limiter {
         })
     }
 
-    /// Decides one group (the enforcing or the shadow policies) and appends its results.
+    /// Decides the plan's store-bound items (enforced and shadow) in one store call and
+    /// appends their results.
     async fn decide(
         &self,
-        client: &ClientKey,
-        group: &[&Policy],
+        items: &[(&ClientKey, &Policy)],
         now: Micros,
         results: &mut Vec<PolicyResult>,
     ) -> Action {
-        if group.is_empty() {
+        let Some((first, _)) = items.first() else {
             return Action::Allow;
-        }
-        let checks: Vec<Check<'_>> = group
+        };
+        let checks: Vec<Check<'_>> = items
             .iter()
-            .map(|p| Check {
+            .map(|(client, p)| Check {
+                client: **client,
                 rule: p.rule(),
                 cost: p.cost(),
+                mode: if p.is_shadow() {
+                    Mode::Shadow
+                } else {
+                    Mode::Enforce
+                },
             })
             .collect();
-        match self.call_store(client, &checks, now).await {
-            Ok(verdict) => self.apply_verdict(client, group, verdict, now, results),
-            Err(skip_for) => self.apply_failure(client, group, now, skip_for, results),
+        match self.call_store(first, &checks, now).await {
+            Ok(verdict) => self.apply_verdict(items, &checks, verdict, now, results),
+            Err(skip_for) => self.apply_failure(items, now, skip_for, results),
         }
     }
 
     /// One store call behind the breaker and the timeout. On failure, returns how long until
     /// the store may be tried again.
+    /// The breaker consulted is the first client's (per slot range on a Cluster).
     async fn call_store(
         &self,
         client: &ClientKey,
@@ -365,13 +367,9 @@ impl Limiter {
     ) -> Result<Verdict, Micros> {
         let i = &self.inner;
         if !i.store.is_remote() {
-            return i
-                .store
-                .check(client, checks, now, i.timeout)
-                .await
-                .map_err(|_| 0);
+            return i.store.check(checks, now, i.timeout).await.map_err(|_| 0);
         }
-        self.guarded(client, now, i.store.check(client, checks, now, i.timeout))
+        self.guarded(client, now, i.store.check(checks, now, i.timeout))
             .await
     }
 
@@ -387,7 +385,7 @@ impl Limiter {
         let breaker = i.breakers.for_client(client);
         let permit = breaker.acquire(now);
         if let Permit::Skip(wait) = permit {
-            i.metrics.store_error("breaker_open");
+            i.metrics.store_error(StoreErrorKind::BreakerOpen);
             return Err(wait);
         }
         let started = Instant::now();
@@ -400,7 +398,7 @@ impl Limiter {
             }
             Err(StoreFailure { kind, message }) => {
                 i.metrics.store_error(kind);
-                tracing::debug!(target: "tollgate::store", kind, %message, "store call failed");
+                tracing::debug!(target: "tollgate::store", kind = kind.as_str(), %message, "store call failed");
                 breaker.on_failure(permit, i.clock.now());
                 Err(duration_to_micros(i.timeout).max(1))
             }
@@ -409,21 +407,20 @@ impl Limiter {
 
     fn apply_verdict(
         &self,
-        client: &ClientKey,
-        group: &[&Policy],
+        items: &[(&ClientKey, &Policy)],
+        checks: &[Check<'_>],
         verdict: Verdict,
         now: Micros,
         results: &mut Vec<PolicyResult>,
     ) -> Action {
-        // A group is all shadow or all enforcing: a shadow group never rejects.
-        let action = if verdict.allowed || group.iter().all(|p| p.is_shadow()) {
+        let action = if verdict.allowed {
             Action::Allow
         } else {
             Action::Limit {
-                retry_after: verdict.retry_after(),
+                retry_after: verdict.retry_after(checks),
             }
         };
-        for (p, d) in group.iter().zip(verdict.decisions) {
+        for ((client, p), d) in items.iter().zip(verdict.decisions) {
             let outcome = match (d.allowed, p.is_shadow()) {
                 (true, _) => Outcome::Allowed,
                 (false, true) => Outcome::ShadowLimited,
@@ -446,36 +443,26 @@ impl Limiter {
 
     fn apply_failure(
         &self,
-        client: &ClientKey,
-        group: &[&Policy],
+        items: &[(&ClientKey, &Policy)],
         now: Micros,
         skip_for: Micros,
         results: &mut Vec<PolicyResult>,
     ) -> Action {
-        let local: Vec<&Policy> = group
+        let local: Vec<Check<'_>> = items
             .iter()
-            .copied()
-            .filter(|p| !p.is_shadow() && p.on_failure() == FailurePolicy::Local)
+            .filter(|(_, p)| !p.is_shadow() && p.on_failure() == FailurePolicy::Local)
+            .map(|(client, p)| Check::new(**client, p.fallback_rule(), p.cost()))
             .collect();
-        let fallback = (!local.is_empty()).then(|| {
-            let checks: Vec<Check<'_>> = local
-                .iter()
-                .map(|p| Check {
-                    rule: p.fallback_rule(),
-                    cost: p.cost(),
-                })
-                .collect();
-            self.inner.fallback.check(client, &checks, now)
-        });
         // All-or-nothing among the local policies: when one rejects, none was charged, and
         // the ones that would have allowed report it as fallback_allowed decisions.
+        let fallback = (!local.is_empty()).then(|| self.inner.fallback.check(&local, now));
         let limited = fallback
             .as_ref()
             .filter(|v| !v.allowed)
-            .map(|v| v.retry_after());
+            .map(|v| v.retry_after(&local));
         let mut closed = false;
         let mut local_decisions = fallback.map(|v| v.decisions.into_iter());
-        for p in group {
+        for (_, p) in items {
             let (outcome, decision) = match (p.is_shadow(), p.on_failure()) {
                 (true, _) | (false, FailurePolicy::Open) => (Outcome::FailedOpen, None),
                 (false, FailurePolicy::Closed) => {

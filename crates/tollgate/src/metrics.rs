@@ -44,6 +44,11 @@ impl PolicyStats {
         }
     }
 
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub(crate) fn record(&self, outcome: Outcome) {
         self.decisions[outcome.index()].fetch_add(1, Ordering::Relaxed);
     }
@@ -73,17 +78,54 @@ impl PolicyStats {
     }
 }
 
-/// Store error kinds counted separately; anything else is `other`.
-const ERROR_KINDS: [&str; 8] = [
-    "timeout",
-    "connection",
-    "script",
-    "protocol",
-    "cluster",
-    "auth",
-    "breaker_open",
-    "other",
-];
+/// Why a store call did not answer: the `kind` label of `tollgate_store_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreErrorKind {
+    /// No answer within `store.timeout`.
+    Timeout,
+    /// The store cannot be reached.
+    Connection,
+    /// The store refused the script's call.
+    Script,
+    /// A reply the client does not understand.
+    Protocol,
+    /// A Redis Cluster moving slots, failing over or down.
+    Cluster,
+    /// The store refused the credentials.
+    Auth,
+    /// The circuit breaker is open: the store was not called.
+    BreakerOpen,
+    /// Anything else (busy, configuration, a refused call).
+    Other,
+}
+
+impl StoreErrorKind {
+    /// Every kind, in metric order.
+    pub const ALL: [StoreErrorKind; 8] = [
+        StoreErrorKind::Timeout,
+        StoreErrorKind::Connection,
+        StoreErrorKind::Script,
+        StoreErrorKind::Protocol,
+        StoreErrorKind::Cluster,
+        StoreErrorKind::Auth,
+        StoreErrorKind::BreakerOpen,
+        StoreErrorKind::Other,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::Connection => "connection",
+            StoreErrorKind::Script => "script",
+            StoreErrorKind::Protocol => "protocol",
+            StoreErrorKind::Cluster => "cluster",
+            StoreErrorKind::Auth => "auth",
+            StoreErrorKind::BreakerOpen => "breaker_open",
+            StoreErrorKind::Other => "other",
+        }
+    }
+}
 
 /// The limiter's counters.
 #[derive(Debug, Default)]
@@ -92,7 +134,7 @@ pub struct Metrics {
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
-    errors: [AtomicU64; ERROR_KINDS.len()],
+    errors: [AtomicU64; StoreErrorKind::ALL.len()],
     store_calls: AtomicU64,
 }
 
@@ -121,20 +163,13 @@ impl Metrics {
     }
 
     /// Counts one store error of `kind`.
-    pub fn store_error(&self, kind: &str) {
-        let i = ERROR_KINDS
-            .iter()
-            .position(|&k| k == kind)
-            .unwrap_or(ERROR_KINDS.len() - 1);
-        self.errors[i].fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn store_error(&self, kind: StoreErrorKind) {
+        self.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Store errors of `kind` so far.
-    pub fn store_errors(&self, kind: &str) -> u64 {
-        ERROR_KINDS
-            .iter()
-            .position(|&k| k == kind)
-            .map_or(0, |i| self.errors[i].load(Ordering::Relaxed))
+    pub fn store_errors(&self, kind: StoreErrorKind) -> u64 {
+        self.errors[kind as usize].load(Ordering::Relaxed)
     }
 
     /// Store calls made so far (each a round trip for a remote store).
@@ -202,11 +237,12 @@ impl Metrics {
             "counter",
             "Store errors by kind.",
         );
-        for (i, k) in ERROR_KINDS.iter().enumerate() {
+        for k in StoreErrorKind::ALL {
             let _ = writeln!(
                 out,
-                "tollgate_store_errors_total{{kind=\"{k}\"}} {}",
-                self.errors[i].load(Ordering::Relaxed)
+                "tollgate_store_errors_total{{kind=\"{}\"}} {}",
+                k.as_str(),
+                self.store_errors(k)
             );
         }
         family(
@@ -321,11 +357,16 @@ mod tests {
     }
 
     #[test]
-    fn unknown_error_kinds_count_as_other() {
+    fn every_error_kind_is_its_own_label() {
         let m = Metrics::default();
-        m.store_error("weird");
-        m.store_error("timeout");
-        assert_eq!(m.store_errors("other"), 1);
-        assert_eq!(m.store_errors("timeout"), 1);
+        m.store_error(StoreErrorKind::Other);
+        m.store_error(StoreErrorKind::Timeout);
+        m.store_error(StoreErrorKind::Timeout);
+        assert_eq!(m.store_errors(StoreErrorKind::Other), 1);
+        assert_eq!(m.store_errors(StoreErrorKind::Timeout), 2);
+        let mut s = String::new();
+        m.render(&mut s, false, 0);
+        assert!(s.contains("tollgate_store_errors_total{kind=\"timeout\"} 2\n"));
+        assert!(s.contains("tollgate_store_errors_total{kind=\"auth\"} 0\n"));
     }
 }

@@ -170,9 +170,9 @@ fn fallback_limit(limit: &Limit, divisor: u64) -> Result<Limit, String> {
     if divisor == 0 {
         return Err("local_divisor must be at least 1".to_string());
     }
-    let q = limit.quota;
+    let q = limit.quota();
     let quota = Quota::new((q.limit() / divisor).max(1), q.period())
         .and_then(|nq| nq.with_burst((q.burst() / divisor).max(1)))
         .map_err(|e| format!("local fallback quota: {e}"))?;
-    Limit::new(limit.algorithm, quota)
+    Limit::new(limit.algorithm(), quota).map_err(|e| format!("local fallback quota: {e}"))
 }

@@ -1,6 +1,7 @@
 //! The store behind a limiter, chosen at run time: an enum of concrete stores, so the hot path
 //! is a match and a direct call, not a boxed future behind a trait object.
 
+use crate::metrics::StoreErrorKind;
 use std::time::Duration;
 use tollgate_core::{Check, ClientKey, Micros, Verdict};
 #[cfg(feature = "memory")]
@@ -60,7 +61,7 @@ pub(crate) struct LeaseGrant {
 /// Why a store call failed, as counted in `tollgate_store_errors_total{kind}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StoreFailure {
-    pub(crate) kind: &'static str,
+    pub(crate) kind: StoreErrorKind,
     pub(crate) message: String,
 }
 
@@ -100,9 +101,9 @@ impl Store {
         }
     }
 
+    /// Decides a plan in one store call (one per slot on a Redis Cluster).
     pub(crate) async fn check(
         &self,
-        client: &ClientKey,
         checks: &[Check<'_>],
         now: Micros,
         timeout: Duration,
@@ -111,10 +112,10 @@ impl Store {
             #[cfg(feature = "memory")]
             Store::Memory(m) => {
                 let _ = timeout;
-                Ok(m.check(client, checks, now))
+                Ok(m.check(checks, now))
             }
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.check(client, checks, now, timeout).await,
+            Store::Redis(r) => r.check(checks, now, timeout).await,
         }
     }
 
@@ -142,7 +143,7 @@ impl Store {
             Store::Memory(_) => {
                 let _ = (client, rule, request, now, timeout);
                 Err(StoreFailure {
-                    kind: "other",
+                    kind: StoreErrorKind::Other,
                     message: "the memory store does not lease".into(),
                 })
             }
@@ -163,8 +164,8 @@ impl Store {
         }
     }
 
-    /// Connects a remote store if it is not connected yet, and loads the scripts of `limits`
-    /// (the policies known now).
+    /// Connects a remote store if it is not connected yet, and loads the scripts of the plans
+    /// of one policy each (the policies known now).
     pub(crate) async fn connect(
         &self,
         within: Duration,
@@ -178,7 +179,16 @@ impl Store {
             }
             #[cfg(feature = "redis")]
             Store::Redis(r) => {
-                self::within(within, async { r.get().await?.prepare(limits).await }).await
+                let shapes: Vec<Vec<tollgate_redis::RuleShape>> = limits
+                    .iter()
+                    .map(|&limit| {
+                        vec![tollgate_redis::RuleShape {
+                            limit,
+                            mode: tollgate_core::Mode::Enforce,
+                        }]
+                    })
+                    .collect();
+                self::within(within, async { r.get().await?.prepare(&shapes).await }).await
             }
         }
     }
@@ -209,14 +219,13 @@ impl LazyRedis {
 
     async fn check(
         &self,
-        client: &ClientKey,
         checks: &[Check<'_>],
         now: Micros,
         timeout: Duration,
     ) -> Result<Verdict, StoreFailure> {
         within(timeout, async {
             let store = self.get().await?;
-            store.check(client, checks, now).await
+            store.check(checks, now).await
         })
         .await
     }
@@ -267,7 +276,7 @@ async fn within<T>(
     match tokio::time::timeout(timeout, call).await {
         Ok(result) => result.map_err(|e| failure(&e)),
         Err(_) => Err(StoreFailure {
-            kind: "timeout",
+            kind: StoreErrorKind::Timeout,
             message: format!("no answer within {timeout:?}"),
         }),
     }
@@ -275,8 +284,18 @@ async fn within<T>(
 
 #[cfg(feature = "redis")]
 fn failure(e: &RedisStoreError) -> StoreFailure {
+    use tollgate_redis::ErrorKind as K;
+    let kind = match e.kind() {
+        K::Connection => StoreErrorKind::Connection,
+        K::Timeout => StoreErrorKind::Timeout,
+        K::Cluster => StoreErrorKind::Cluster,
+        K::Script => StoreErrorKind::Script,
+        K::Protocol => StoreErrorKind::Protocol,
+        K::Auth => StoreErrorKind::Auth,
+        K::Busy | K::Config | K::Invalid => StoreErrorKind::Other,
+    };
     StoreFailure {
-        kind: e.kind(),
+        kind,
         message: e.to_string(),
     }
 }

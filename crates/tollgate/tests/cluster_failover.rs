@@ -55,7 +55,8 @@ async fn a_lost_master_affects_only_the_clients_of_its_shard() {
         .find(|c| cluster.master_of_key(&key_of(c)) != Some(lost_master))
         .expect("a client on another master");
     for c in [&lost, &safe] {
-        assert_eq!(l.check(c, &[&p]).await.results[0].outcome, Outcome::Allowed);
+        let plan = tollgate::Plan::for_client(*c, [&p]);
+        assert_eq!(l.check(&plan).await.results[0].outcome, Outcome::Allowed);
     }
 
     let dead = cluster.kill_master_of_key(&key_of(&lost));
@@ -64,7 +65,7 @@ async fn a_lost_master_affects_only_the_clients_of_its_shard() {
     let mut resumed = false;
     // Bounded: 60 s of real time or 600 rounds, whichever first.
     for _ in 0..600 {
-        let r = l.check(&safe, &[&p]).await;
+        let r = l.check(&tollgate::Plan::for_client(safe, [&p])).await;
         assert_eq!(
             r.results[0].outcome,
             Outcome::Allowed,
@@ -72,7 +73,7 @@ async fn a_lost_master_affects_only_the_clients_of_its_shard() {
             started.elapsed(),
             error_counts(&l)
         );
-        let r = l.check(&lost, &[&p]).await;
+        let r = l.check(&tollgate::Plan::for_client(lost, [&p])).await;
         match r.results[0].outcome {
             Outcome::FailedClosed => {
                 assert!(matches!(r.action, Action::Unavailable { .. }));

@@ -5,9 +5,11 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate::metrics::LeaseKind;
+use tollgate::tollgate_core::{Check, Rule};
 use tollgate::{
-    Action, Algorithm, Backend, Check, ClientKey, LeaseKind, Limit, Limiter, LimiterConfig,
-    ManualClock, Policy, PolicySpec, Quota, RedisConfig, Rule, StoreClock, SyncMode,
+    Action, Algorithm, Backend, ClientKey, Limit, Limiter, LimiterConfig, ManualClock, Policy,
+    PolicySpec, Quota, RedisConfig, StoreClock, SyncMode,
 };
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
@@ -47,14 +49,7 @@ async fn shared_remaining(url: &str, lim: Limit, now: u64) -> u64 {
     let store = RedisStore::connect(redis(url)).await.expect("connect");
     let rule = Rule::new("hot", lim);
     let v = store
-        .check(
-            &hot(),
-            &[Check {
-                rule: &rule,
-                cost: 0,
-            }],
-            now,
-        )
+        .check(&[Check::new(hot(), &rule, 0)], now)
         .await
         .expect("query");
     v.decisions[0].remaining
@@ -92,7 +87,11 @@ async fn twenty_limiters_never_exceed_the_shared_limit_and_return_what_they_did_
                     x ^= x >> 7;
                     x ^= x << 17;
                     let (l, p) = &gateways[(x % 20) as usize];
-                    if l.check(&hot(), &[p]).await.action == Action::Allow {
+                    if l.check(&tollgate::Plan::for_client(hot(), [p]))
+                        .await
+                        .action
+                        == Action::Allow
+                    {
                         admitted += 1;
                     }
                     if x % 7 == 0 {
@@ -151,7 +150,12 @@ async fn a_killed_limiter_loses_at_most_its_lease() {
     let l = limiter(&url, &clock);
     let p = lease_policy(&l, lim, 50);
     for _ in 0..30 {
-        assert_eq!(l.check(&hot(), &[&p]).await.action, Action::Allow);
+        assert_eq!(
+            l.check(&tollgate::Plan::for_client(hot(), [&p]))
+                .await
+                .action,
+            Action::Allow
+        );
     }
     let stats = l.metrics().policies()[0].clone();
     let granted = stats.lease_units(LeaseKind::Granted);
@@ -173,7 +177,7 @@ async fn expired_leases_go_back_without_further_requests() {
     let l = limiter(&url, &clock);
     let p = lease_policy(&l, lim, 50);
     for _ in 0..10 {
-        l.check(&hot(), &[&p]).await;
+        l.check(&tollgate::Plan::for_client(hot(), [&p])).await;
     }
     let stats = l.metrics().policies()[0].clone();
     assert!(
@@ -204,7 +208,11 @@ async fn a_hot_key_costs_few_store_calls() {
     let p = lease_policy(&l, lim, 100);
     let mut admitted = 0;
     for i in 0..2_000u64 {
-        if l.check(&hot(), &[&p]).await.action == Action::Allow {
+        if l.check(&tollgate::Plan::for_client(hot(), [&p]))
+            .await
+            .action
+            == Action::Allow
+        {
             admitted += 1;
         }
         if i % 10 == 9 {
@@ -243,7 +251,11 @@ async fn a_fixed_window_lease_never_outlives_its_window() {
     let p = lease_policy(&l, lim, 10);
     let mut first = 0;
     for _ in 0..20 {
-        if l.check(&hot(), &[&p]).await.action == Action::Allow {
+        if l.check(&tollgate::Plan::for_client(hot(), [&p]))
+            .await
+            .action
+            == Action::Allow
+        {
             first += 1;
         }
     }
@@ -251,7 +263,11 @@ async fn a_fixed_window_lease_never_outlives_its_window() {
     clock.advance(Duration::from_millis(1_030));
     let mut second = 0;
     for _ in 0..20 {
-        if l.check(&hot(), &[&p]).await.action == Action::Allow {
+        if l.check(&tollgate::Plan::for_client(hot(), [&p]))
+            .await
+            .action
+            == Action::Allow
+        {
             second += 1;
         }
     }

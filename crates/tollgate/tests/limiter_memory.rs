@@ -34,12 +34,12 @@ async fn admits_the_limit_then_rejects_with_the_exact_retry_time() {
         .policy(spec("api", Algorithm::Gcra, 5, Duration::from_secs(60)))
         .expect("policy");
     for left in (0..5).rev() {
-        let r = l.check(&client(1), &[&p]).await;
+        let r = l.check(&tollgate::Plan::for_client(client(1), [&p])).await;
         assert_eq!(r.action, Action::Allow);
         let d = r.results[0].decision.expect("decision");
         assert_eq!(d.remaining, left);
     }
-    let r = l.check(&client(1), &[&p]).await;
+    let r = l.check(&tollgate::Plan::for_client(client(1), [&p])).await;
     assert_eq!(
         r.action,
         Action::Limit {
@@ -49,7 +49,12 @@ async fn admits_the_limit_then_rejects_with_the_exact_retry_time() {
     assert_eq!(r.results[0].outcome, Outcome::Limited);
     assert_eq!(r.violated().collect::<Vec<_>>(), vec!["api"]);
     clock.advance(Duration::from_secs(12));
-    assert_eq!(l.check(&client(1), &[&p]).await.action, Action::Allow);
+    assert_eq!(
+        l.check(&tollgate::Plan::for_client(client(1), [&p]))
+            .await
+            .action,
+        Action::Allow
+    );
     assert_eq!(p.name(), "api");
     let stats = &l.metrics().policies()[0];
     assert_eq!(stats.decisions(Outcome::Allowed), 6);
@@ -68,12 +73,24 @@ async fn clients_are_independent() {
             Duration::from_secs(60),
         ))
         .expect("policy");
-    assert_eq!(l.check(&client(1), &[&p]).await.action, Action::Allow);
+    assert_eq!(
+        l.check(&tollgate::Plan::for_client(client(1), [&p]))
+            .await
+            .action,
+        Action::Allow
+    );
     assert!(matches!(
-        l.check(&client(1), &[&p]).await.action,
+        l.check(&tollgate::Plan::for_client(client(1), [&p]))
+            .await
+            .action,
         Action::Limit { .. }
     ));
-    assert_eq!(l.check(&client(2), &[&p]).await.action, Action::Allow);
+    assert_eq!(
+        l.check(&tollgate::Plan::for_client(client(2), [&p]))
+            .await
+            .action,
+        Action::Allow
+    );
 }
 
 #[tokio::test]
@@ -93,7 +110,9 @@ async fn shadow_policies_count_but_never_reject() {
         .expect("policy");
     for _ in 0..5 {
         assert_eq!(
-            l.check(&client(1), &[&api, &dry]).await.action,
+            l.check(&tollgate::Plan::for_client(client(1), [&api, &dry]))
+                .await
+                .action,
             Action::Allow
         );
     }
@@ -106,7 +125,9 @@ async fn shadow_policies_count_but_never_reject() {
         Some(3)
     );
     // The enforcing policy was charged for every request the shadow one would have rejected.
-    let r = l.check(&client(1), &[&api]).await;
+    let r = l
+        .check(&tollgate::Plan::for_client(client(1), [&api]))
+        .await;
     assert_eq!(r.results[0].decision.map(|d| d.remaining), Some(94));
 }
 
@@ -132,11 +153,15 @@ async fn several_policies_are_all_or_nothing() {
         .expect("policy");
     for _ in 0..2 {
         assert_eq!(
-            l.check(&client(1), &[&small, &big]).await.action,
+            l.check(&tollgate::Plan::for_client(client(1), [&small, &big]))
+                .await
+                .action,
             Action::Allow
         );
     }
-    let r = l.check(&client(1), &[&small, &big]).await;
+    let r = l
+        .check(&tollgate::Plan::for_client(client(1), [&small, &big]))
+        .await;
     assert!(matches!(
         r.action,
         Action::Limit {
@@ -160,7 +185,7 @@ async fn a_cost_beyond_capacity_is_rejected_without_retry_time() {
     let mut s = spec("api", Algorithm::TokenBucket, 5, Duration::from_secs(1));
     s.cost = 6;
     let p = l.policy(s).expect("policy");
-    let r = l.check(&client(1), &[&p]).await;
+    let r = l.check(&tollgate::Plan::for_client(client(1), [&p])).await;
     assert_eq!(r.action, Action::Limit { retry_after: None });
 }
 
@@ -171,8 +196,8 @@ async fn metrics_render_every_family() {
     let p = l
         .policy(spec("api", Algorithm::Gcra, 1, Duration::from_secs(60)))
         .expect("policy");
-    l.check(&client(1), &[&p]).await;
-    l.check(&client(1), &[&p]).await;
+    l.check(&tollgate::Plan::for_client(client(1), [&p])).await;
+    l.check(&tollgate::Plan::for_client(client(1), [&p])).await;
     let mut out = String::new();
     l.render_metrics(&mut out);
     for needle in [
@@ -194,13 +219,8 @@ async fn metrics_render_every_family() {
 async fn invalid_policies_are_rejected_with_a_reason() {
     let l = Limiter::new(LimiterConfig::default());
     let quota = Quota::per_second(200_000).expect("quota");
-    let log = Limit {
-        algorithm: Algorithm::SlidingWindowLog,
-        quota,
-    };
-    let err = l
-        .policy(PolicySpec::new("log", log))
-        .expect_err("too large a log");
+    // A limit the algorithm cannot run does not exist: no policy can be built with it.
+    let err = Limit::new(Algorithm::SlidingWindowLog, quota).expect_err("too large a log");
     assert!(err.to_string().contains("sliding_window_log"), "{err}");
     let mut s = spec("x", Algorithm::Gcra, 5, Duration::from_secs(1));
     s.local_divisor = 0;

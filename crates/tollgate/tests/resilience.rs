@@ -54,7 +54,9 @@ fn client(i: u8) -> ClientKey {
 /// Checks once and asserts the call did not hang.
 async fn timed_check(l: &Limiter, c: &ClientKey, p: &[&Policy]) -> tollgate::LimitResult {
     let started = Instant::now();
-    let r = l.check(c, p).await;
+    let r = l
+        .check(&tollgate::Plan::for_client(*c, p.iter().copied()))
+        .await;
     let took = started.elapsed();
     assert!(took < TIMEOUT + MARGIN, "a check took {took:?}");
     r
@@ -252,7 +254,11 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
 async fn abuse(l: &Limiter, p: &Policy, clock: &ManualClock, n: usize) -> Vec<Action> {
     let mut actions = Vec::with_capacity(n + 2);
     for _ in 0..n {
-        actions.push(l.check(&client(7), &[p]).await.action);
+        actions.push(
+            l.check(&tollgate::Plan::for_client(client(7), [p]))
+                .await
+                .action,
+        );
     }
     // At the retry time the client passes again, with or without the cache.
     if let Some(Action::Limit {
@@ -261,7 +267,11 @@ async fn abuse(l: &Limiter, p: &Policy, clock: &ManualClock, n: usize) -> Vec<Ac
     {
         clock.advance(Duration::from_micros(r));
     }
-    actions.push(l.check(&client(7), &[p]).await.action);
+    actions.push(
+        l.check(&tollgate::Plan::for_client(client(7), [p]))
+            .await
+            .action,
+    );
     actions
 }
 
@@ -309,7 +319,11 @@ async fn connecting_at_startup_keeps_the_first_requests_off_the_breaker() {
     let l = limiter(&server.url(), &clock);
     let p = policy(&l, "api", 10, FailurePolicy::Open, 1);
     let limit = Limit::new(Algorithm::TokenBucket, Quota::per_hour(10).expect("quota"));
-    let sha = tollgate_redis::single_script_sha(&limit.expect("limit")).expect("script");
+    let sha = tollgate_redis::plan_script_sha(&[tollgate_redis::RuleShape {
+        limit: limit.expect("limit"),
+        mode: tollgate::tollgate_core::Mode::Enforce,
+    }])
+    .expect("script");
     assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "0");
     assert!(l.connect(Duration::from_secs(5)).await);
     // The policy's own script is loaded too: its first request is one EVALSHA.
@@ -320,7 +334,11 @@ async fn connecting_at_startup_keeps_the_first_requests_off_the_breaker() {
         Outcome::Allowed
     );
     assert_eq!(l.metrics().store_calls(), calls_before + 1);
-    assert_eq!(l.metrics().store_errors("timeout"), 0);
+    assert_eq!(
+        l.metrics()
+            .store_errors(tollgate::metrics::StoreErrorKind::Timeout),
+        0
+    );
 
     let mut dead = RedisServer::start();
     let url = dead.url();
@@ -332,4 +350,61 @@ async fn connecting_at_startup_keeps_the_first_requests_off_the_breaker() {
     // Not connected: requests follow their policy, and a failed startup connect did not
     // count against the breaker.
     assert!(metrics(&l).contains("tollgate_breaker_open 0\n"));
+}
+
+/// A request matched by an enforced policy per API key, an enforced policy per IP and a
+/// shadow policy is ONE script call (Redis INFO commandstats), whatever the decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_with_two_identities_and_a_shadow_policy_is_one_script_call() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    // No deny cache: every request reaches the store.
+    let l = limiter_with(&server.url(), &clock, "plan", 0);
+    let per_key = policy(&l, "per-key", 10, FailurePolicy::Open, 1);
+    let per_ip = policy(&l, "per-ip", 3, FailurePolicy::Open, 1);
+    let mut spec = PolicySpec::new(
+        "dry",
+        Limit::new(Algorithm::Gcra, Quota::per_hour(2).expect("quota")).expect("limit"),
+    );
+    spec.shadow = true;
+    let dry = l.policy(spec).expect("policy");
+    let mut plan = tollgate::Plan::new();
+    plan.push(client(1), per_key.clone());
+    plan.push(client(2), per_ip.clone());
+    plan.push(client(1), dry.clone());
+    // Warm the script cache so that SCRIPT LOAD is not counted.
+    assert!(l.connect(Duration::from_secs(5)).await);
+    let _ = l.check(&plan).await;
+    let before = evalsha_calls(&server);
+    let mut actions = Vec::new();
+    for _ in 0..5 {
+        actions.push(l.check(&plan).await.action);
+    }
+    assert_eq!(
+        evalsha_calls(&server) - before,
+        5,
+        "one script call per request"
+    );
+    // Allowed twice more (3 per IP), then denied; the shadow policy never denies.
+    assert_eq!(
+        actions.iter().filter(|a| **a == Action::Allow).count(),
+        2,
+        "{actions:?}"
+    );
+    let shadow: u64 = l
+        .metrics()
+        .policies()
+        .iter()
+        .filter(|p| p.name() == dry.name())
+        .map(|p| p.decisions(Outcome::ShadowLimited))
+        .sum();
+    assert!(
+        shadow >= 1,
+        "the shadow policy counted its would-be denials"
+    );
+    // The per-key policy was charged for the 3 allowed requests only.
+    let r = l
+        .check(&tollgate::Plan::for_client(client(1), [&per_key]))
+        .await;
+    assert_eq!(r.results[0].decision.map(|d| d.remaining), Some(6));
 }

@@ -227,15 +227,12 @@ pub(super) fn policy(
             r.at(
                 raw.limit.as_ref().map_or(span.clone(), |s| s.span()),
                 k("limit"),
-                m,
+                m.to_string(),
             );
             return None;
         }
     };
-    let capacity = match algorithm {
-        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => quota.burst(),
-        _ => quota.limit(),
-    };
+    let capacity = algorithm.max_cost(&quota);
     if cost > capacity {
         r.at(
             raw.cost.as_ref().map_or(span.clone(), |s| s.span()),
@@ -243,7 +240,7 @@ pub(super) fn policy(
             format!("{cost} can never be admitted; cost must be at most {capacity} (the burst of bucket algorithms, the limit of window algorithms)"),
         );
     }
-    if lease && !tollgate::lease_supported(algorithm) {
+    if lease && !algorithm.is_leasable() {
         r.at(
             raw.sync.as_ref().map_or(span.clone(), |s| s.span()),
             k("sync"),

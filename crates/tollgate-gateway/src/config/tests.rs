@@ -49,7 +49,7 @@ fn the_builtin_defaults_are_valid() {
     assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
     assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9090");
     assert_eq!(c.policies.len(), 1);
-    assert_eq!(c.policies[0].limit.quota.limit(), 100);
+    assert_eq!(c.policies[0].limit.quota().limit(), 100);
     assert_eq!(
         c.store.backend,
         StoreBackend::Memory {
@@ -72,7 +72,7 @@ fn a_full_config_validates_into_typed_values() {
     assert_eq!(c.store.breaker.failures, 3);
     let p = &c.policies[0];
     assert_eq!(p.methods, vec![Method::GET, Method::POST]);
-    assert_eq!(p.limit.quota.burst(), 10);
+    assert_eq!(p.limit.quota().burst(), 10);
     assert!(p.shadow);
     assert_eq!(p.on_failure, FailurePolicy::Local);
 }
