@@ -1,18 +1,21 @@
 //! The Redis and Redis Cluster store for tollgate.
 //!
-//! One request matched by several policies is decided by ONE script call: the script
-//! validates its arguments, reads every policy's key, decides each with the same integer
-//! arithmetic as tollgate-core, and charges all of them or none. Why a script: the decision
+//! One request's plan (several rules, possibly of several clients) is decided by ONE script
+//! call (one per slot on a Cluster, see [`RedisStore::check`]): the script validates its
+//! arguments, reads every rule's key, decides each with the same integer arithmetic as
+//! tollgate-core, and charges all of them or none. Why a script: the decision
 //! branches on what it read, which MULTI/EXEC cannot do, and WATCH retry loops collapse under
 //! the contention a rate limiter exists for (many gateways, one hot client).
 //!
 //! Keys are `<prefix>:{<client>}:<policy>`: the hash tag keeps one client's keys in one
-//! Cluster slot, so the multi-key script is valid on a cluster. Every write sets PX so a key
+//! Cluster slot, so a one-client script is valid on a cluster; a plan of several clients in
+//! several slots is one call per slot with an exact give-back (docs/operations.md). Every write sets PX so a key
 //! disappears when its state equals a fresh one; expiry never changes a decision.
 //!
-//! The scripts live in `scripts/*.lua` (one file per algorithm, the `check_one.lua` driver
-//! for one policy and the `check.lua` driver for several), documented with their KEYS and
-//! ARGV. They are loaded once and called with EVALSHA; a
+//! The scripts are generated per plan shape from `scripts/<algorithm>.lua` (one decision body
+//! per algorithm) by `src/script.rs`, which documents the call and the one reply format;
+//! `scripts/check.lua` is the generic fallback and `scripts/lease.lua` the lease driver. They
+//! are loaded once and called with EVALSHA; a
 //! NOSCRIPT reply (a restarted server, a FLUSH, a promoted replica) is answered by sending
 //! the script itself, which reloads it, without failing the request.
 //!

@@ -27,13 +27,15 @@ mod leased;
 pub mod metrics;
 mod outcome;
 mod plan;
+mod result;
 mod policy;
 mod store;
 
 pub use breaker::BreakerConfig;
 pub use identity::IdentityHasher;
 pub use metrics::Metrics;
-pub use outcome::{Action, LimitResult, Outcome, PolicyResult};
+pub use outcome::Outcome;
+pub use result::{Action, LimitResult, PolicyResult};
 pub use plan::Plan;
 pub use policy::{FailurePolicy, Policy, PolicySpec, SyncMode};
 pub use store::Backend;
