@@ -30,6 +30,33 @@ impl ClientKey {
     }
 }
 
+impl ClientKey {
+    /// The Redis Cluster slot of this client's keys: their hash tag is the 32 hex digits, and
+    /// a slot is CRC16/XMODEM of the tag modulo 16384 (the Cluster specification). Stores
+    /// group a plan's keys by it; breakers are kept per range of slots.
+    pub fn cluster_slot(&self) -> u16 {
+        let mut tag = String::with_capacity(32);
+        self.write_hex(&mut tag);
+        crc16_xmodem(tag.as_bytes()) % 16384
+    }
+}
+
+/// CRC16/XMODEM, the checksum Redis Cluster maps keys to slots with.
+fn crc16_xmodem(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 impl fmt::Display for ClientKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut s = String::with_capacity(32);
@@ -152,5 +179,17 @@ mod tests {
         assert!(s.starts_with("ab"));
         assert!(s.ends_with("01"));
         assert_eq!(ClientKey::from_u128(k.as_u128()), k);
+    }
+
+    #[test]
+    fn cluster_slots_are_crc16_of_the_hash_tag() {
+        // The Redis Cluster specification gives CRC16("123456789") = 0x31C3.
+        assert_eq!(crc16_xmodem(b"123456789"), 0x31c3);
+        let k = ClientKey::from_u128(7);
+        assert_eq!(
+            k.cluster_slot(),
+            crc16_xmodem(k.to_string().as_bytes()) % 16384
+        );
+        assert!(k.cluster_slot() < 16384);
     }
 }

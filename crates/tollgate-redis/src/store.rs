@@ -122,7 +122,10 @@ impl RedisStore {
         }
         if let Connection::Cluster(_) = self.conn {
             let first = checks[0].client;
-            if checks.iter().any(|c| slot(&c.client) != slot(&first)) {
+            if checks
+                .iter()
+                .any(|c| c.client.cluster_slot() != first.cluster_slot())
+            {
                 return self.check_across_slots(checks, now).await;
             }
         }
@@ -172,7 +175,7 @@ impl RedisStore {
     ) -> Result<Verdict, RedisStoreError> {
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
-            let s = slot(&c.client);
+            let s = c.client.cluster_slot();
             match groups.iter_mut().find(|g| g.0 == s) {
                 Some(g) => g.1.push(i),
                 None => groups.push((s, vec![i])),
@@ -493,42 +496,4 @@ fn verdict(checks: &[Check<'_>], decisions: Vec<tollgate_core::Decision>) -> Ver
         .zip(&decisions)
         .all(|(c, d)| d.allowed || !c.enforces());
     Verdict { allowed, decisions }
-}
-
-/// The Redis Cluster slot of a client's keys: CRC16 (XMODEM) of the hash tag, the client's
-/// 32 hex digits, modulo 16384.
-pub(crate) fn slot(client: &ClientKey) -> u16 {
-    let mut tag = String::with_capacity(32);
-    client.write_hex(&mut tag);
-    crc16(tag.as_bytes()) % 16384
-}
-
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_are_redis_cluster_slots() {
-        // The reference value of the Redis Cluster specification.
-        assert_eq!(crc16(b"123456789"), 0x31c3);
-        let c = ClientKey::from_u128(7);
-        let mut hex = String::new();
-        c.write_hex(&mut hex);
-        assert_eq!(slot(&c), crc16(hex.as_bytes()) % 16384);
-    }
 }

@@ -6,7 +6,7 @@ mod common;
 use common::{client, connect, random_limit, Rng, EPOCH_2026};
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Rule};
-use tollgate_redis::{LeaseRequest, StoreClock};
+use tollgate_redis::{LeaseRequest, RedisStore, StoreClock};
 use tollgate_testkit::RedisServer;
 
 const LEASABLE: [Algorithm; 4] = [
@@ -40,14 +40,7 @@ async fn a_give_back_leaves_the_state_of_only_the_used_units() {
         // Some history on both, identical.
         for _ in 0..rng.range(0, 5) {
             let cost = rng.range(0, 3);
-            let a = store
-                .check(&[Check::new(leased, &rule, cost)], now)
-                .await
-                .expect("check");
-            let b = store
-                .check(&[Check::new(exact, &rule, cost)], now)
-                .await
-                .expect("check");
+            let (a, b) = twins(&store, &rule, (leased, exact), cost, now).await;
             assert_eq!(a, b);
             now += rng.range(0, q.emission_interval_micros() * 2);
         }
@@ -95,14 +88,7 @@ async fn a_give_back_leaves_the_state_of_only_the_used_units() {
         // From here on both clients get the same answers.
         for _ in 0..5 {
             let cost = rng.range(0, q.burst().min(q.limit()));
-            let a = store
-                .check(&[Check::new(leased, &rule, cost)], now)
-                .await
-                .expect("check");
-            let b = store
-                .check(&[Check::new(exact, &rule, cost)], now)
-                .await
-                .expect("check");
+            let (a, b) = twins(&store, &rule, (leased, exact), cost, now).await;
             assert_eq!(
                 a, b,
                 "round {round} {alg} {q:?}: leased {lease:?}, used {used}"
@@ -161,4 +147,17 @@ async fn nothing_is_taken_below_need_and_retry_says_when_it_would_be() {
         )
         .await;
     assert!(algorithm_error.is_err());
+}
+
+/// The same check for two clients: their verdicts.
+async fn twins(
+    store: &RedisStore,
+    rule: &Rule,
+    (a, b): (tollgate_core::ClientKey, tollgate_core::ClientKey),
+    cost: u64,
+    now: u64,
+) -> (tollgate_core::Verdict, tollgate_core::Verdict) {
+    let x = store.check(&[Check::new(a, rule, cost)], now).await;
+    let y = store.check(&[Check::new(b, rule, cost)], now).await;
+    (x.expect("check"), y.expect("check"))
 }

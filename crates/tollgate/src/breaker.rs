@@ -146,10 +146,7 @@ impl Breakers {
         if self.list.len() == 1 {
             return &self.list[0];
         }
-        let mut tag = String::with_capacity(32);
-        client.write_hex(&mut tag);
-        let slot = crc16_xmodem(tag.as_bytes()) % 16384;
-        &self.list[usize::from(slot / SLOTS_PER_BREAKER)]
+        &self.list[usize::from(client.cluster_slot() / SLOTS_PER_BREAKER)]
     }
 
     /// Whether any breaker is open.
@@ -158,31 +155,8 @@ impl Breakers {
     }
 }
 
-/// CRC16/XMODEM, the checksum Redis Cluster maps keys to slots with (slot = crc16(tag) mod
-/// 16384, where the tag is the part of the key between `{` and `}`).
-pub(crate) fn crc16_xmodem(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn crc16_matches_the_redis_cluster_reference_value() {
-        // The Redis Cluster specification gives CRC16("123456789") = 0x31C3.
-        assert_eq!(super::crc16_xmodem(b"123456789"), 0x31c3);
-    }
-
     #[test]
     fn cluster_breakers_are_per_slot_range() {
         let b = super::Breakers::new(super::BreakerConfig::default(), true);
@@ -194,9 +168,7 @@ mod tests {
         assert!(b.any_open());
         assert!(b.for_client(&k1).is_open());
         // Different slot ranges (checked, not assumed): the other client is unaffected.
-        let slot = |k: &tollgate_core::ClientKey| {
-            super::crc16_xmodem(k.to_string().as_bytes()) % 16384 / 256
-        };
+        let slot = |k: &tollgate_core::ClientKey| k.cluster_slot() / 256;
         assert_ne!(slot(&k1), slot(&k2));
         assert!(!b.for_client(&k2).is_open());
     }

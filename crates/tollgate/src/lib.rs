@@ -27,17 +27,17 @@ mod leased;
 pub mod metrics;
 mod outcome;
 mod plan;
-mod result;
 mod policy;
+mod result;
 mod store;
 
 pub use breaker::BreakerConfig;
 pub use identity::IdentityHasher;
 pub use metrics::Metrics;
 pub use outcome::Outcome;
-pub use result::{Action, LimitResult, PolicyResult};
 pub use plan::Plan;
 pub use policy::{FailurePolicy, Policy, PolicySpec, SyncMode};
+pub use result::{Action, LimitResult, PolicyResult};
 pub use store::Backend;
 pub use tollgate_core;
 pub use tollgate_core::{
