@@ -5,7 +5,9 @@
 
 pub mod admin;
 pub mod check_config;
+pub mod client_body;
 pub mod config;
+mod conn_limit;
 pub mod http_util;
 pub mod metrics;
 pub mod proxy;

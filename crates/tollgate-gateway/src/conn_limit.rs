@@ -1,0 +1,101 @@
+//! How many connections the gateway holds open, in all and per client address. An idle
+//! connection costs little, but sixteen thousand of them from one client cost hundreds of
+//! megabytes; a connection over either bound is closed as soon as it is accepted. Trusted
+//! proxies are exempt from the per-address bound: one proxy carries many clients.
+
+use ipnet::IpNet;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+/// The bounds and the current counts.
+pub(crate) struct ConnLimits {
+    max: usize,
+    max_per_ip: usize,
+    trusted: Vec<IpNet>,
+    open: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection; dropping it frees its place.
+pub(crate) struct ConnSlot {
+    limits: Arc<ConnLimits>,
+    ip: Option<IpAddr>,
+}
+
+impl ConnLimits {
+    pub(crate) fn new(max: usize, max_per_ip: usize, trusted: Vec<IpNet>) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            max_per_ip,
+            trusted,
+            open: Mutex::new(Counts::default()),
+        })
+    }
+
+    /// A slot for a connection from `ip`, or `None` when it would pass a bound.
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
+        let ip = tollgate_tower::forwarded::canonical(ip);
+        let exempt = tollgate_tower::forwarded::is_trusted(ip, &self.trusted);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.total >= self.max {
+            return None;
+        }
+        if !exempt {
+            let n = open.per_ip.entry(ip).or_insert(0);
+            if *n >= self.max_per_ip {
+                return None;
+            }
+            *n += 1;
+        }
+        open.total += 1;
+        Some(ConnSlot {
+            limits: self.clone(),
+            ip: (!exempt).then_some(ip),
+        })
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut open = self.limits.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.total = open.total.saturating_sub(1);
+        if let Some(ip) = self.ip {
+            if let Some(n) = open.per_ip.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.per_ip.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_bounded_per_address_and_in_all_and_freed_on_drop() {
+        let trusted = vec!["10.0.0.0/8".parse().expect("net")];
+        let limits = ConnLimits::new(4, 2, trusted);
+        let a: IpAddr = "192.0.2.1".parse().expect("ip");
+        let proxy: IpAddr = "10.0.0.1".parse().expect("ip");
+        let a1 = limits.admit(a).expect("first");
+        let _a2 = limits.admit(a).expect("second");
+        assert!(limits.admit(a).is_none(), "third from one address");
+        let _p1 = limits.admit(proxy).expect("proxy exempt");
+        let _p2 = limits.admit(proxy).expect("proxy exempt");
+        assert!(
+            limits.admit(proxy).is_none(),
+            "total bound holds for proxies too"
+        );
+        drop(a1);
+        assert!(limits.admit(a).is_some(), "a dropped slot is free again");
+    }
+}
