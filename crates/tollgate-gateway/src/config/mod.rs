@@ -242,4 +242,6 @@ period = "1m"
 "#;
 
 #[cfg(test)]
+mod server_tests;
+#[cfg(test)]
 mod tests;
