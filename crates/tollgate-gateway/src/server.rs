@@ -130,6 +130,12 @@ fn refusal(req: &Request<Incoming>) -> Option<Response<BoxBody>> {
             StatusCode::METHOD_NOT_ALLOWED,
             "CONNECT and OPTIONS * are not served\n",
         )
+    } else if !req.uri().path().starts_with('/') {
+        // Asterisk and authority forms belong to OPTIONS and CONNECT only.
+        (
+            StatusCode::BAD_REQUEST,
+            "the request target must be a path or an absolute URI\n",
+        )
     } else if req.version() == Version::HTTP_11
         && req.headers().get_all(http::header::HOST).iter().count() != 1
     {
