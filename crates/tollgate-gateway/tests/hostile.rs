@@ -355,6 +355,9 @@ async fn malformed_chunks_connect_and_options_star_are_client_errors_not_upstrea
     let chunked = b"POST /up HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nxx\r\n0\r\n\r\n";
     let answer = exchange(gw.port, chunked, WAIT).await;
     assert!(status_line(&answer).starts_with("HTTP/1.1 400"), "{answer}");
+    // The asterisk form on another method names no path to forward.
+    let star = exchange(gw.port, b"PRI * HTTP/1.1\r\nhost: x\r\n\r\n", WAIT).await;
+    assert!(status_line(&star).starts_with("HTTP/1.1 400"), "{star}");
     for req in [
         &b"OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n"[..],
         b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n",
