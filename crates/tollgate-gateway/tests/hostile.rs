@@ -99,6 +99,14 @@ async fn without_forward_auth_written_a_trusted_request_is_matched_on_its_own_pa
     )
     .await;
     assert!(status_line(&named).starts_with("HTTP/1.1 429"), "{named}");
+    // An invalid method is refused, with or without a URI header: no fallback.
+    for headers in [
+        "x-forwarded-method: G(T\r\n",
+        "x-forwarded-method: G(T\r\nx-forwarded-uri: /public\r\n",
+    ] {
+        let bad = exchange(gw.port, &request("/auth", headers), WAIT).await;
+        assert!(status_line(&bad).starts_with("HTTP/1.1 400"), "{bad}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

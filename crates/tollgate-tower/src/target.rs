@@ -117,6 +117,16 @@ fn original_request<'h>(
     fa: &ForwardAuth,
     headers: &'h HeaderMap,
 ) -> Result<Option<(Method, &'h str)>, BadRequest> {
+    // A method header is checked even when the URI header is absent: invalid is invalid.
+    let method = match single(headers, &fa.method_header)? {
+        None => Method::GET,
+        Some(m) => Method::from_bytes(m.as_bytes()).map_err(|_| {
+            BadRequest(format!(
+                "the {} header is not an HTTP method",
+                fa.method_header
+            ))
+        })?,
+    };
     let Some(value) = single(headers, &fa.uri_header)? else {
         if fa.require_uri {
             return Err(BadRequest(format!(
@@ -137,15 +147,6 @@ fn original_request<'h>(
     if !(text.starts_with('/') || uri.scheme().is_some()) {
         return Err(invalid());
     }
-    let method = match single(headers, &fa.method_header)? {
-        None => Method::GET,
-        Some(m) => Method::from_bytes(m.as_bytes()).map_err(|_| {
-            BadRequest(format!(
-                "the {} header is not an HTTP method",
-                fa.method_header
-            ))
-        })?,
-    };
     // An absolute URI is fine too: normalisation reads its path.
     Ok(Some((method, text)))
 }
