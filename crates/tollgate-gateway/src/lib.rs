@@ -11,5 +11,6 @@ mod conn_limit;
 pub mod http_util;
 pub mod metrics;
 pub mod proxy;
+mod refusal;
 pub mod serve;
 pub mod server;
