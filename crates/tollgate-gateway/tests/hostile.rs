@@ -494,10 +494,15 @@ async fn a_second_sigterm_during_the_grace_period_exits_at_once() {
         .await
         .expect("bind");
     let silent_addr = silent.local_addr().expect("addr");
+    let (reached_tx, reached) = tokio::sync::oneshot::channel::<()>();
     let hold = tokio::spawn(async move {
         let mut conns = Vec::new();
+        let mut reached_tx = Some(reached_tx);
         while let Ok((s, _)) = silent.accept().await {
             conns.push(s);
+            if let Some(tx) = reached_tx.take() {
+                let _ = tx.send(());
+            }
         }
     });
     let mut gw = Gateway::start(
@@ -506,7 +511,11 @@ async fn a_second_sigterm_during_the_grace_period_exits_at_once() {
     );
     let port = gw.port;
     let in_flight = tokio::spawn(async move { exchange(port, &request("/", ""), WAIT * 12).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The request is in flight once the gateway has connected upstream.
+    tokio::time::timeout(WAIT, reached)
+        .await
+        .expect("the request reached the upstream")
+        .expect("upstream task alive");
     gw.terminate();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
