@@ -8,7 +8,8 @@
 //! settle, because servers disagree about it, is *ambiguous*: an encoded `/` or `\`, a raw
 //! `\`, control characters (NUL above all, raw or encoded), `;` path parameters (Tomcat and
 //! Spring cut them, others keep them), double encoding (`%252F`, which a second decode turns
-//! into `/`), a stray `%`, and a segment ending in `.` or an encoded space (Windows file
+//! into `/`), overlong UTF-8 (`%C0%AF`), a stray `%`, and a segment ending in `.` or an
+//! encoded space (Windows file
 //! systems, IIS and several frameworks strip those, so `/api.` and `/api%20` may serve
 //! `/api`). [`normalize_strict`] refuses those; [`normalize_path`] passes them through
 //! unchanged so a deployment that needs them (`ambiguous_paths = "allow"`) still matches.
@@ -138,17 +139,23 @@ fn ambiguity(decoded: &str) -> Option<AmbiguousPath> {
                 {
                     "a double-encoded character"
                 }
+                // `%C0%AF` and `%E0%80%AF` are overlong spellings of `/` that old decoders
+                // accepted; no valid UTF-8 starts this way.
+                (Some(b'C'), Some(b'0' | b'1')) => "an overlong UTF-8 encoding",
+                (Some(b'E'), Some(b'0'))
+                    if b.get(i + 3) == Some(&b'%') && matches!(b.get(i + 4), Some(b'8' | b'9')) =>
+                {
+                    "an overlong UTF-8 encoding"
+                }
                 _ => continue,
             },
             _ => continue,
         };
         return Some(AmbiguousPath(why));
     }
-    let strippable = decoded.split('/').any(|seg| {
-        (seg.ends_with('.') && seg != "." && seg != "..")
-            || seg.ends_with("%20")
-            || seg.ends_with("%09")
-    });
+    let strippable = decoded
+        .split('/')
+        .any(|seg| (seg.ends_with('.') && seg != "." && seg != "..") || seg.ends_with("%20"));
     strippable.then_some(AmbiguousPath(
         "a segment ending in '.' or a space, which some servers strip",
     ))
@@ -212,11 +219,14 @@ mod tests {
             "/api%20/x",
             "/%",
             "/a%zz",
+            "/a%c0%afb",
+            "/a%E0%80%AFb",
         ] {
             assert!(normalize_strict(path).is_err(), "{path}");
         }
         for (path, want) in [
             ("/api%20docs/x", "/api%20docs/x"),
+            ("/caf%c3%a9", "/caf%C3%A9"),
             ("/%7Euser/./a", "/~user/a"),
             ("/api/../api/x", "/api/x"),
             ("/files/100%25", "/files/100%25"),

@@ -150,3 +150,60 @@ fn original_request<'h>(
     // An absolute URI is fine too: normalisation reads its path.
     Ok(Some((method, text)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(list: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in list {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    fn nginx(require_uri: bool) -> ForwardAuth {
+        ForwardAuth {
+            uri_header: HeaderName::from_static("x-original-uri"),
+            require_uri,
+            ..ForwardAuth::default()
+        }
+    }
+
+    #[test]
+    fn only_the_configured_uri_header_is_read() {
+        let h = headers(&[("x-original-uri", "/api/n"), ("x-forwarded-uri", "/public")]);
+        let got = original_request(&nginx(true), &h).expect("valid");
+        assert_eq!(got, Some((Method::GET, "/api/n")));
+        let h = headers(&[("x-forwarded-uri", "/public")]);
+        assert!(
+            original_request(&nginx(true), &h).is_err(),
+            "required and absent"
+        );
+        assert_eq!(original_request(&nginx(false), &h), Ok(None));
+    }
+
+    #[test]
+    fn invalid_or_doubled_headers_are_refused_not_skipped() {
+        for list in [
+            &[("x-original-uri", "api/n")][..],
+            &[("x-original-uri", "/a"), ("x-original-uri", "/b")],
+            &[("x-original-uri", "/a"), ("x-forwarded-method", "G(T")],
+            &[("x-forwarded-method", "G(T")],
+        ] {
+            assert!(
+                original_request(&nginx(false), &headers(list)).is_err(),
+                "{list:?}"
+            );
+        }
+        let h = headers(&[
+            ("x-original-uri", "http://h/api?x"),
+            ("x-forwarded-method", "POST"),
+        ]);
+        assert_eq!(
+            original_request(&nginx(true), &h),
+            Ok(Some((Method::POST, "http://h/api?x")))
+        );
+    }
+}
