@@ -172,6 +172,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.server.max_connections,
         config.server.max_connections_per_ip,
         config.identity.trusted_proxies.clone(),
+        config.identity.ipv6_prefix,
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let (force_tx, force_rx) = tokio::sync::oneshot::channel::<()>();
