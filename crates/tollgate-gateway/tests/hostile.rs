@@ -43,6 +43,10 @@ async fn a_client_copy_of_another_uri_header_does_not_escape_an_nginx_style_conf
         let again = exchange(gw.port, &request("/auth", escape), WAIT).await;
         assert!(status_line(&again).starts_with("HTTP/1.1 429"), "{again}");
     }
+    // A URL in the query is not the path.
+    let query = "x-original-uri: /api/n?next=http://h/public\r\n";
+    let again = exchange(gw.port, &request("/auth", query), WAIT).await;
+    assert!(status_line(&again).starts_with("HTTP/1.1 429"), "{again}");
     // Configured, the URI header is required; invalid or doubled ones are refused.
     let bad: [&[u8]; 6] = [
         b"",

@@ -49,10 +49,13 @@ pub fn normalize_strict(target: &str) -> Result<String, AmbiguousPath> {
 
 /// The path part of a request target: no scheme and authority, no query, no fragment.
 fn path_of(target: &str) -> &str {
-    let path = match target.find("://") {
+    // Only a target that does not start with `/` can be absolute: `/x?u=http://h/api` is the
+    // path `/x`, whatever its query says.
+    let absolute = !target.starts_with('/');
+    let path = match target.find("://").filter(|_| absolute) {
         Some(i) => {
             let after = &target[i + 3..];
-            after.find('/').map_or("/", |j| &after[j..])
+            after.find(['/', '?', '#']).map_or("/", |j| &after[j..])
         }
         None => target,
     };
@@ -200,6 +203,8 @@ mod tests {
         assert_eq!(normalize_path("/%"), "/%25");
         assert_eq!(normalize_path("/é%4"), "/é%254");
         assert_eq!(normalize_path("/api/x/.."), "/api/");
+        assert_eq!(normalize_path("/api/n?next=http://h/public"), "/api/n");
+        assert_eq!(normalize_path("http://h?q=/x"), "/");
     }
 
     #[test]

@@ -87,6 +87,13 @@ proptest! {
     }
 
     #[test]
+    fn a_query_never_changes_the_path(p in path(), q in "[ -~]{0,30}") {
+        let base = normalize_path(&p);
+        prop_assert_eq!(normalize_path(&format!("{base}?{q}")), base.clone());
+        prop_assert_eq!(normalize_path(&format!("{base}#{q}")), base);
+    }
+
+    #[test]
     fn encoding_an_unreserved_character_changes_nothing(
         segs in proptest::collection::vec("[a-zA-Z0-9~_-]{1,6}", 1..5),
         which in any::<proptest::sample::Index>(),
