@@ -130,8 +130,8 @@ where
     move |watcher: Watcher| {
         Box::pin(async move {
             if starts_with_h2_preface(&stream).await {
-                refuse_h2(stream).await;
                 conn_metrics.response(505);
+                refuse_h2(stream).await;
                 return;
             }
             let conn = builder().serve_connection(TokioIo::new(stream), hyper_svc);
