@@ -3,7 +3,7 @@
 //! 64 KiB size, a header read timeout), and graceful shutdown: on a signal the listeners
 //! close, in-flight requests finish for up to [`GRACE`], then the rest is dropped; a second
 //! signal ends the wait at once.
-//! Requests HTTP/1.1 forbids are refused before any policy sees them (see [`crate::refusal`]).
+//! Requests HTTP/1.1 forbids are refused before any policy sees them (see `refusal.rs`).
 
 use crate::admin::Admin;
 use crate::conn_limit::ConnLimits;
