@@ -471,7 +471,7 @@ async fn http2_prior_knowledge_gets_a_clean_505() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ratelimit_policy_lists_a_bounded_number_of_policies() {
     let mut body = String::new();
-    for i in 0..300 {
+    for i in 0..1_000 {
         body.push_str(&format!(
             "[[policy]]\nname = \"p{i}\"\nalgorithm = \"fixed_window\"\nlimit = {}\nperiod = \"1h\"\n",
             1000 + i
