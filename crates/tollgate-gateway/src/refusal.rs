@@ -89,26 +89,37 @@ pub(crate) fn parse_error_status(e: &hyper::Error) -> Option<u16> {
     Some(400)
 }
 
-/// Whether the client opened with HTTP/2's prior-knowledge preface (`PRI * HTTP/2.0`).
-/// Most connections decide on their first byte; a client trickling a prefix of the preface
-/// is waited for up to the header read timeout.
-pub(crate) async fn starts_with_h2_preface(stream: &TcpStream) -> bool {
+/// How a client opened its connection.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Opening {
+    /// Anything but the HTTP/2 preface: hyper reads it.
+    Http1,
+    /// HTTP/2's prior-knowledge preface (`PRI * HTTP/2.0`).
+    Http2,
+    /// Nothing within the header read timeout: the connection is closed.
+    Silent,
+}
+
+/// How the client opened. Most connections decide on their first byte; a client trickling a
+/// prefix of the preface is waited for up to the header read timeout, like a slow head.
+pub(crate) async fn opening(stream: &TcpStream) -> Opening {
     const PREFACE: &[u8] = b"PRI * HTTP/2.0";
     let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
     let mut buf = [0u8; PREFACE.len()];
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
             Ok(Ok(n)) => n,
-            _ => return false,
+            Ok(Err(_)) => return Opening::Http1,
+            Err(_) => return Opening::Silent,
         };
         if n == 0 || buf[..n] != PREFACE[..n] {
-            return false;
+            return Opening::Http1;
         }
         if n == PREFACE.len() {
-            return true;
+            return Opening::Http2;
         }
         if tokio::time::Instant::now() >= deadline {
-            return false;
+            return Opening::Silent;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -9,7 +9,7 @@ use crate::admin::Admin;
 use crate::conn_limit::ConnLimits;
 use crate::http_util::BoxBody;
 use crate::metrics::HttpMetrics;
-use crate::refusal::{parse_error_status, refusal, refuse_h2, starts_with_h2_preface};
+use crate::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
@@ -94,7 +94,8 @@ where
     Ok(())
 }
 
-/// Serves one client connection: an HTTP/2 preface gets a 505; otherwise hyper serves it,
+/// Serves one client connection: an HTTP/2 preface gets a 505, silence a close; otherwise
+/// hyper serves it,
 /// each request through [`refusal`] and then `service`. The returned closure starts it under
 /// the graceful-shutdown watcher.
 fn connection<S>(
@@ -129,10 +130,14 @@ where
     });
     move |watcher: Watcher| {
         Box::pin(async move {
-            if starts_with_h2_preface(&stream).await {
-                conn_metrics.response(505);
-                refuse_h2(stream).await;
-                return;
+            match opening(&stream).await {
+                Opening::Http1 => {}
+                Opening::Http2 => {
+                    conn_metrics.response(505);
+                    refuse_h2(stream).await;
+                    return;
+                }
+                Opening::Silent => return,
             }
             let conn = builder().serve_connection(TokioIo::new(stream), hyper_svc);
             if let Err(e) = watcher.watch(conn).await {
