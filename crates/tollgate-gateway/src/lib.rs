@@ -5,9 +5,12 @@
 
 pub mod admin;
 pub mod check_config;
+pub mod client_body;
 pub mod config;
+mod conn_limit;
 pub mod http_util;
 pub mod metrics;
 pub mod proxy;
+mod refusal;
 pub mod serve;
 pub mod server;

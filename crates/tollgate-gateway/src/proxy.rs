@@ -1,9 +1,14 @@
 //! The reverse proxy: the request goes upstream as it came, streamed both ways, minus the
-//! hop-by-hop headers (RFC 9110 section 7.6.1) and plus `X-Forwarded-For` / `Forwarded`.
+//! hop-by-hop headers (RFC 9110 section 7.6.1), with the forwarding headers
+//! (`X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host`, `Forwarded`, `X-Real-IP`)
+//! written by us: a client's own copies are dropped unless it is a trusted proxy, whose
+//! copies are extended. The upstream believes these headers, so a client must not write them.
 //! Upstream connections are pooled. An upstream that cannot be reached is a 502, one that
-//! does not answer within `upstream_timeout` a 504: the client is never left hanging and
-//! never sees a 500.
+//! does not answer within `upstream_timeout` a 504; a client whose body is malformed is a
+//! 400 and one whose body takes longer than `body_timeout` a 408, neither counted as an
+//! upstream error. The client is never left hanging and never sees a 500.
 
+use crate::client_body::{BodyFault, ClientBody};
 use crate::config::Upstream;
 use crate::http_util::{status_response, BoxBody};
 use crate::metrics::HttpMetrics;
@@ -15,6 +20,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use ipnet::IpNet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,15 +40,28 @@ const HOP_BY_HOP: [&str; 8] = [
 /// A pooled HTTP/1 client for one upstream.
 #[derive(Clone)]
 pub struct Proxy {
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, ClientBody>,
     upstream: Arc<Upstream>,
     timeout: Duration,
+    body_timeout: Duration,
+    trusted: Arc<[IpNet]>,
     metrics: Arc<HttpMetrics>,
 }
 
+/// The proxy's settings beside the upstream itself.
+pub struct ProxyLimits {
+    /// How long to wait for the upstream's response headers.
+    pub timeout: Duration,
+    /// The most time a request body may take to arrive.
+    pub body_timeout: Duration,
+    /// Peers whose forwarding headers are extended rather than replaced.
+    pub trusted: Vec<IpNet>,
+}
+
 impl Proxy {
-    /// A proxy to `upstream` that waits `timeout` for response headers.
-    pub fn new(upstream: Upstream, timeout: Duration, metrics: Arc<HttpMetrics>) -> Self {
+    /// A proxy to `upstream`.
+    pub fn new(upstream: Upstream, limits: ProxyLimits, metrics: Arc<HttpMetrics>) -> Self {
+        let timeout = limits.timeout;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
@@ -54,6 +73,8 @@ impl Proxy {
             client,
             upstream: Arc::new(upstream),
             timeout,
+            body_timeout: limits.body_timeout,
+            trusted: limits.trusted.into(),
             metrics,
         }
     }
@@ -71,11 +92,29 @@ impl Proxy {
         };
         let host = parts.headers.get(HOST).cloned();
         strip_hop_by_hop(&mut parts.headers);
-        add_forwarding(&mut parts.headers, peer.ip(), host.as_ref());
+        let ip = tollgate_tower::forwarded::canonical(peer.ip());
+        if !tollgate_tower::forwarded::is_trusted(ip, &self.trusted) {
+            drop_forwarding(&mut parts.headers, ip);
+        }
+        add_forwarding(&mut parts.headers, ip, host.as_ref());
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
+        let (body, fault) = ClientBody::new(body, self.body_timeout);
         let req = Request::from_parts(parts, body);
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let answer = tokio::time::timeout(self.timeout, self.client.request(req)).await;
+        match fault.get() {
+            Some(BodyFault::Broken) => {
+                return status_response(StatusCode::BAD_REQUEST, "malformed request body\n")
+            }
+            Some(BodyFault::Timeout) => {
+                return status_response(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request body did not arrive in time\n",
+                )
+            }
+            None => {}
+        }
+        match answer {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -119,8 +158,25 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(http::header::UPGRADE);
 }
 
+/// Replaces what an untrusted client wrote in the forwarding headers: the headers that name
+/// the client are dropped, and `X-Real-IP` is the peer.
+fn drop_forwarding(headers: &mut HeaderMap, peer: IpAddr) {
+    for name in [
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "forwarded",
+        "x-real-ip",
+    ] {
+        headers.remove(name);
+    }
+    if let Ok(v) = HeaderValue::from_str(&peer.to_string()) {
+        headers.insert("x-real-ip", v);
+    }
+}
+
 /// Appends the peer to `X-Forwarded-For` and `Forwarded`, and sets `X-Forwarded-Proto` and
-/// `X-Forwarded-Host` when absent.
+/// `X-Forwarded-Host` when absent (a trusted proxy's values are kept).
 fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, host: Option<&HeaderValue>) {
     let xff_name = HeaderName::from_static("x-forwarded-for");
     let prior: Vec<String> = headers
@@ -183,6 +239,31 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-end-to-end"));
+    }
+
+    #[test]
+    fn an_untrusted_client_cannot_write_forwarding_headers() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil.example"),
+            ("forwarded", "for=6.6.6.6"),
+            ("x-real-ip", "6.6.6.6"),
+        ] {
+            h.insert(k, HeaderValue::from_static(v));
+        }
+        let peer: IpAddr = "192.0.2.7".parse().expect("ip");
+        drop_forwarding(&mut h, peer);
+        add_forwarding(&mut h, peer, Some(&HeaderValue::from_static("api.example")));
+        assert_eq!(h["x-forwarded-for"], "192.0.2.7");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "api.example");
+        assert_eq!(
+            h["forwarded"],
+            "for=192.0.2.7;proto=http;host=\"api.example\""
+        );
+        assert_eq!(h["x-real-ip"], "192.0.2.7");
     }
 
     #[test]

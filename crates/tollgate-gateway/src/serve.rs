@@ -8,10 +8,11 @@
 
 use crate::admin::Admin;
 use crate::config::{Config, StoreBackend};
+use crate::conn_limit::ConnLimits;
 use crate::http_util::{status_response, BoxBody};
 use crate::metrics::HttpMetrics;
-use crate::proxy::Proxy;
-use crate::server::{serve_admin, serve_gateway, shutdown_signal, GRACE};
+use crate::proxy::{Proxy, ProxyLimits};
+use crate::server::{serve_admin, serve_gateway, ShutdownSignals, GRACE};
 use anyhow::Context as _;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -99,7 +100,12 @@ pub fn limiter(config: &Config) -> Limiter {
 pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLayer> {
     let mut layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(&config.secret.0))
         .identity(config.identity.clone())
-        .forward_auth(config.decision_mode());
+        .forward_auth(
+            config
+                .decision_mode()
+                .then(|| config.server.forward_auth.clone()),
+        )
+        .allow_ambiguous_paths(config.server.allow_ambiguous_paths);
     for p in &config.policies {
         let policy = limiter
             .policy(PolicySpec {
@@ -114,7 +120,8 @@ pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLaye
             .with_context(|| format!("{}: policy {:?}", config.origin, p.name))?;
         let mut routed = RoutedPolicy::new(policy)
             .path_prefix(p.path_prefix.clone())
-            .methods(p.methods.clone());
+            .methods(p.methods.clone())
+            .case_insensitive(p.case_insensitive);
         if let Some(sources) = &p.identity {
             routed = routed.identity(sources.clone());
         }
@@ -138,7 +145,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let target = match &config.server.upstream {
         Some(u) => Target::Proxy(Proxy::new(
             u.clone(),
-            config.server.upstream_timeout,
+            ProxyLimits {
+                timeout: config.server.upstream_timeout,
+                body_timeout: config.server.body_timeout,
+                trusted: config.identity.trusted_proxies.clone(),
+            },
             http_metrics.clone(),
         )),
         None => Target::Decision,
@@ -156,20 +167,39 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             )
         })?;
     log_start(&config, &listener, &admin_listener);
+    let mut signals = ShutdownSignals::new();
+    let limits = ConnLimits::new(
+        config.server.max_connections,
+        config.server.max_connections_per_ip,
+        config.identity.trusted_proxies.clone(),
+        config.identity.ipv6_prefix,
+    );
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (force_tx, force_rx) = tokio::sync::oneshot::channel::<()>();
     let admin = Admin {
         limiter: limiter.clone(),
         http: http_metrics.clone(),
     };
     let admin_task = tokio::spawn(serve_admin(admin_listener, admin, stop_rx.clone()));
-    let gateway = serve_gateway(listener, service, http_metrics, stop_rx);
+    let force = async {
+        let _ = force_rx.await;
+    };
+    let gateway = serve_gateway(listener, service, http_metrics, limits, stop_rx, force);
     tokio::pin!(gateway);
     tokio::select! {
         r = &mut gateway => r?,
-        _ = shutdown_signal() => {
-            tracing::info!(grace = ?GRACE, "shutting down: no new connections, finishing in-flight requests");
+        _ = signals.next() => {
+            tracing::info!(grace = ?GRACE, "shutting down: no new connections, finishing in-flight requests (a second signal exits at once)");
             let _ = stop_tx.send(true);
-            gateway.await?;
+            tokio::select! {
+                r = &mut gateway => r?,
+                _ = signals.next() => {
+                    let _ = force_tx.send(());
+                    gateway.await?;
+                    tracing::warn!("stopped by a second signal");
+                    return Ok(());
+                }
+            }
         }
     }
     let _ = admin_task.await;

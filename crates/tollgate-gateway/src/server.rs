@@ -1,21 +1,28 @@
-//! The HTTP/1 servers: accept loops for the gateway and the admin endpoints, bounded request
-//! heads (header count and size, a header read timeout), and graceful shutdown: on a signal
-//! the listeners close, in-flight requests finish for up to [`GRACE`], then the rest is
-//! dropped.
+//! The HTTP/1 servers: accept loops for the gateway and the admin endpoints, bounded
+//! connections (in all and per client address), bounded request heads (header count, an exact
+//! 64 KiB size, a header read timeout), and graceful shutdown: on a signal the listeners
+//! close, in-flight requests finish for up to [`GRACE`], then the rest is dropped; a second
+//! signal ends the wait at once.
+//! Requests HTTP/1.1 forbids are refused before any policy sees them (see `refusal.rs`).
 
 use crate::admin::Admin;
+use crate::conn_limit::ConnLimits;
 use crate::http_util::BoxBody;
 use crate::metrics::HttpMetrics;
+use crate::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tollgate_tower::PeerAddr;
 use tower_service::Service;
@@ -26,13 +33,18 @@ pub const GRACE: Duration = Duration::from_secs(30);
 pub const MAX_HEADERS: usize = 100;
 /// Most bytes of a request head (request line and headers).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// How long a client may take to send a request head.
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves the gateway on `listener` until `stop` changes, then drains for up to [`GRACE`].
+/// Serves the gateway on `listener` until `stop` changes, then drains for up to [`GRACE`]
+/// (less if `force` fires).
 pub(crate) async fn serve_gateway<S>(
     listener: TcpListener,
     service: S,
     metrics: Arc<HttpMetrics>,
+    limits: Arc<ConnLimits>,
     mut stop: watch::Receiver<bool>,
+    force: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()>
 where
     S: Service<
@@ -57,25 +69,17 @@ where
                         continue;
                     }
                 };
+                // Over a bound: closed at once (dropping the stream), before any read.
+                let Some(slot) = limits.admit(peer.ip()) else {
+                    tracing::debug!(%peer, "connection limit reached; closing");
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
-                let svc = service.clone();
-                let metrics = metrics.clone();
-                let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-                    req.extensions_mut().insert(PeerAddr(peer));
-                    let mut svc = svc.clone();
-                    let metrics = metrics.clone();
-                    async move {
-                        let resp = svc.call(req).await?;
-                        metrics.response(resp.status().as_u16());
-                        Ok::<_, Infallible>(resp.map(unify))
-                    }
-                });
-                let conn = builder().serve_connection(TokioIo::new(stream), hyper_svc);
-                let conn = graceful.watch(conn);
+                let conn = connection(stream, peer, service.clone(), metrics.clone());
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, %peer, "connection ended with an error");
-                    }
+                    let _slot = slot;
+                    conn(watcher).await;
                 });
             }
             _ = stop.changed() => break,
@@ -85,8 +89,65 @@ where
     tokio::select! {
         _ = graceful.shutdown() => {}
         _ = tokio::time::sleep(GRACE) => tracing::warn!("grace period over; dropping remaining connections"),
+        _ = force => tracing::warn!("second signal; dropping remaining connections"),
     }
     Ok(())
+}
+
+/// Serves one client connection: an HTTP/2 preface gets a 505, silence a close; otherwise
+/// hyper serves it,
+/// each request through [`refusal`] and then `service`. The returned closure starts it under
+/// the graceful-shutdown watcher.
+fn connection<S>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    service: S,
+    metrics: Arc<HttpMetrics>,
+) -> impl FnOnce(Watcher) -> Pin<Box<dyn Future<Output = ()> + Send>>
+where
+    S: Service<
+            Request<Incoming>,
+            Response = Response<tollgate_tower::RateLimitBody<BoxBody>>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let conn_metrics = metrics.clone();
+    let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(PeerAddr(peer));
+        let mut svc = service.clone();
+        let metrics = metrics.clone();
+        async move {
+            let resp = match refusal(&req) {
+                Some(resp) => resp,
+                None => svc.call(req).await?.map(unify),
+            };
+            metrics.response(resp.status().as_u16());
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    move |watcher: Watcher| {
+        Box::pin(async move {
+            match opening(&stream).await {
+                Opening::Http1 => {}
+                Opening::Http2 => {
+                    conn_metrics.response(505);
+                    refuse_h2(stream).await;
+                    return;
+                }
+                Opening::Silent => return,
+            }
+            let conn = builder().serve_connection(TokioIo::new(stream), hyper_svc);
+            if let Err(e) = watcher.watch(conn).await {
+                if let Some(code) = parse_error_status(&e) {
+                    conn_metrics.response(code);
+                }
+                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            }
+        })
+    }
 }
 
 /// One body type for the connection: the layer's own bodies are boxed like upstream ones.
@@ -100,7 +161,7 @@ fn unify(body: tollgate_tower::RateLimitBody<BoxBody>) -> BoxBody {
 fn builder() -> http1::Builder {
     let mut b = http1::Builder::new();
     b.timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10))
+        .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_headers(MAX_HEADERS)
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
@@ -138,24 +199,51 @@ pub(crate) async fn serve_admin(
     let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM and SIGINT, listened to for the whole run: the first asks for a graceful
+/// shutdown, a second one (during the grace period) for an immediate exit. One listener kept
+/// from the start means a second signal arriving early is not lost.
+pub(crate) struct ShutdownSignals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    /// Starts listening.
+    pub(crate) fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Self {
+                term: signal(SignalKind::terminate()).ok(),
+                int: signal(SignalKind::interrupt()).ok(),
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Resolves on the next SIGTERM or SIGINT.
+    pub(crate) async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                _ = recv(&mut self.term) => {}
+                _ = recv(&mut self.int) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -276,7 +276,7 @@ async fn open_loop_never_schedules_more_than_rate_times_duration() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_target_counts_connect_errors() {
+async fn an_unreachable_target_counts_connect_errors_and_fails() {
     // Bind and release a port so that nothing listens on it.
     let closed = TcpListener::bind("127.0.0.1:0")
         .await
@@ -284,12 +284,30 @@ async fn an_unreachable_target_counts_connect_errors() {
         .local_addr()
         .expect("addr");
     let target = format!("http://{closed}/");
-    let report = bench_json(
-        "--max-requests 3 --duration 10s",
-        &["--target", &target],
-        "closed.json",
+    let json = scratch("closed.json");
+    let output = bench(
+        [
+            "--max-requests",
+            "3",
+            "--duration",
+            "10s",
+            "--quiet",
+            "--target",
+            &target,
+            "--json",
+            &json.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
     )
     .await;
+    // Nothing answered: the run fails (it measured nothing), and still writes its report.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("no request got an answer"), "{stderr}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report written"))
+            .expect("json report");
 
     assert_eq!(u(&report["requests"]["sent"]), 3);
     assert_eq!(u(&report["errors"]["connect"]), 3, "{report}");

@@ -2,9 +2,10 @@
 //! shared by every service it wraps.
 
 use crate::identity::{IdentityConfig, IdentitySource};
-use crate::route::{normalize_path, RoutedPolicy};
+use crate::route::RoutedPolicy;
 use crate::service::RateLimit;
-use http::{Extensions, HeaderMap, Method, Request};
+use crate::target::{BadRequest, ForwardAuth};
+use http::{Extensions, HeaderMap, HeaderName, Method, Request};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tollgate::{ClientKey, IdentityHasher, LimitResult, Limiter, Plan};
@@ -27,35 +28,27 @@ pub(crate) struct Shared {
     pub(crate) hasher: IdentityHasher,
     pub(crate) identity: IdentityConfig,
     pub(crate) policies: Vec<RoutedPolicy>,
-    pub(crate) forward_auth: bool,
+    pub(crate) forward_auth: Option<ForwardAuth>,
+    pub(crate) allow_ambiguous_paths: bool,
+    /// Every header an identity source reads (a request with two of one is refused).
+    pub(crate) identity_headers: Vec<HeaderName>,
     pub(crate) peer: PeerFn,
 }
 
 impl Shared {
-    /// Matches policies and resolves identities (each distinct identity source list once):
-    /// the request's plan, `None` when no policy matches.
+    /// Matches policies on `method` and the normalised `path` (see `Shared::resolve`) and
+    /// resolves identities (each distinct identity source list once): the request's plan,
+    /// `None` when no policy matches.
     pub(crate) fn plan(
         &self,
         method: &Method,
-        target: &str,
+        path: &str,
         headers: &HeaderMap,
-        ext: &Extensions,
+        peer: Option<IpAddr>,
     ) -> Option<Plan> {
-        let peer = (self.peer)(ext);
-        let trusted_peer = peer.is_some_and(|ip| {
-            crate::forwarded::is_trusted(
-                crate::forwarded::canonical(ip),
-                &self.identity.trusted_proxies,
-            )
-        });
-        let (method, path) = if self.forward_auth && trusted_peer {
-            original_request(headers).unwrap_or_else(|| (method.clone(), normalize_path(target)))
-        } else {
-            (method.clone(), normalize_path(target))
-        };
         let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
         let mut plan = Plan::new();
-        for routed in self.policies.iter().filter(|p| p.matches(&method, &path)) {
+        for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
             let sources = routed.identity_sources();
             let key = match keys.iter().find(|k| k.0 == sources) {
                 Some(k) => k.1,
@@ -79,20 +72,6 @@ impl Shared {
     }
 }
 
-/// Method and normalised path of the original request named by a forward-auth proxy.
-fn original_request(headers: &HeaderMap) -> Option<(Method, String)> {
-    let uri = headers
-        .get("x-forwarded-uri")
-        .or_else(|| headers.get("x-original-uri"))?
-        .to_str()
-        .ok()?;
-    let method = match headers.get("x-forwarded-method") {
-        Some(m) => Method::from_bytes(m.as_bytes()).ok()?,
-        None => Method::GET,
-    };
-    Some((method, normalize_path(uri)))
-}
-
 /// A tower [`Layer`] that rate-limits requests with a [`Limiter`]. Services it produces are
 /// always ready: a limited request is answered with 429 in `call`, never queued.
 #[derive(Clone)]
@@ -106,6 +85,7 @@ impl std::fmt::Debug for RateLimitLayer {
             .field("identity", &self.shared.identity)
             .field("policies", &self.shared.policies)
             .field("forward_auth", &self.shared.forward_auth)
+            .field("allow_ambiguous_paths", &self.shared.allow_ambiguous_paths)
             .finish_non_exhaustive()
     }
 }
@@ -120,13 +100,19 @@ impl RateLimitLayer {
                 hasher,
                 identity: IdentityConfig::default(),
                 policies: Vec::new(),
-                forward_auth: false,
+                forward_auth: None,
+                allow_ambiguous_paths: false,
+                identity_headers: Vec::new(),
                 peer: peer_from_extension,
             }),
         }
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Shared)) -> Self {
+        let f = |s: &mut Shared| {
+            f(s);
+            s.identity_headers = identity_headers(s);
+        };
         match Arc::get_mut(&mut self.shared) {
             Some(s) => f(s),
             None => {
@@ -136,7 +122,9 @@ impl RateLimitLayer {
                     hasher: s.hasher.clone(),
                     identity: s.identity.clone(),
                     policies: s.policies.clone(),
-                    forward_auth: s.forward_auth,
+                    forward_auth: s.forward_auth.clone(),
+                    allow_ambiguous_paths: s.allow_ambiguous_paths,
+                    identity_headers: s.identity_headers.clone(),
                     peer: s.peer,
                 };
                 f(&mut copy);
@@ -157,9 +145,15 @@ impl RateLimitLayer {
     }
 
     /// Forward-auth mode: when the peer is a trusted proxy, match policies on the request
-    /// named by `X-Forwarded-Method` and `X-Forwarded-Uri` (or `X-Original-URI`).
-    pub fn forward_auth(self, enabled: bool) -> Self {
-        self.edit(|s| s.forward_auth = enabled)
+    /// its [`ForwardAuth`] headers name (and on nothing else: no other header is read).
+    pub fn forward_auth(self, headers: Option<ForwardAuth>) -> Self {
+        self.edit(|s| s.forward_auth = headers)
+    }
+
+    /// Match ambiguous paths (encoded `/`, `;` parameters, ...; see [`crate::path`]) in
+    /// their normalised form instead of refusing them with 400.
+    pub fn allow_ambiguous_paths(self, allow: bool) -> Self {
+        self.edit(|s| s.allow_ambiguous_paths = allow)
     }
 
     /// Reads the peer address with `f` instead of from the [`PeerAddr`] extension.
@@ -172,20 +166,41 @@ impl RateLimitLayer {
         &self.shared.limiter
     }
 
-    /// Decides `req` without forwarding it: `None` when no policy matches.
-    pub async fn check_request<B>(&self, req: &Request<B>) -> Option<LimitResult> {
-        let plan = self.shared.plan(
-            req.method(),
-            &target_of(req.uri()),
-            req.headers(),
-            req.extensions(),
-        )?;
-        Some(self.shared.check(&plan).await)
+    /// Decides `req` without forwarding it: `Ok(None)` when no policy matches, an error
+    /// when the request is one to refuse with 400.
+    pub async fn check_request<B>(
+        &self,
+        req: &Request<B>,
+    ) -> Result<Option<LimitResult>, BadRequest> {
+        let peer = (self.shared.peer)(req.extensions());
+        let target = self
+            .shared
+            .resolve(req.method(), req.uri(), req.headers(), peer)?;
+        let Some(plan) = self
+            .shared
+            .plan(&target.method, &target.path, req.headers(), peer)
+        else {
+            return Ok(None);
+        };
+        Ok(Some(self.shared.check(&plan).await))
     }
 }
 
-pub(crate) fn target_of(uri: &http::Uri) -> String {
-    uri.path().to_string()
+/// The headers the identity sources of `s` read.
+fn identity_headers(s: &Shared) -> Vec<HeaderName> {
+    let policy_sources = s.policies.iter().filter_map(|p| p.identity_sources());
+    let mut names: Vec<HeaderName> = Vec::new();
+    for source in std::iter::once(s.identity.sources.as_slice())
+        .chain(policy_sources)
+        .flatten()
+    {
+        if let IdentitySource::Header(h) = source {
+            if !names.contains(h) {
+                names.push(h.clone());
+            }
+        }
+    }
+    names
 }
 
 impl<S> Layer<S> for RateLimitLayer {

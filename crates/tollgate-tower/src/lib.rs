@@ -27,12 +27,16 @@
 pub mod forwarded;
 pub mod identity;
 mod layer;
+pub mod path;
 pub mod response;
 mod route;
 mod service;
+mod target;
 
 pub use forwarded::ForwardHeader;
 pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
 pub use layer::{PeerAddr, PeerFn, RateLimitLayer};
-pub use route::{normalize_path, RoutedPolicy};
+pub use path::{normalize_path, normalize_strict, AmbiguousPath};
+pub use route::RoutedPolicy;
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
+pub use target::{BadRequest, ForwardAuth};

@@ -21,14 +21,30 @@ pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The problem type of a 429.
 pub const QUOTA_EXCEEDED: &str = "https://tollgate.dev/problems#quota-exceeded";
+/// The problem type of a 400 for a request the layer refuses to read.
+pub const BAD_REQUEST: &str = "https://tollgate.dev/problems#bad-request";
 /// The problem type of a 503 from a store failing closed.
 pub const STORE_UNAVAILABLE: &str = "https://tollgate.dev/problems#store-unavailable";
 
+/// Most policies `RateLimit-Policy` lists: the most constrained one first, then others in
+/// configuration order. A request matched by thousands of policies must not get a header of
+/// hundreds of kilobytes (which many clients and proxies refuse).
+pub const MAX_ADVERTISED_POLICIES: usize = 16;
+
 /// Adds `RateLimit-Policy` and `RateLimit` for `result` to `headers`. Nothing is added when
-/// every matched policy is a shadow one.
+/// every matched policy is a shadow one. At most [`MAX_ADVERTISED_POLICIES`] are listed.
 pub fn add_headers(headers: &mut HeaderMap, result: &LimitResult) {
     let mut policy = String::new();
-    for r in result.results.iter().filter(|r| !r.policy.is_shadow()) {
+    let first = result.most_constrained();
+    let others = result
+        .results
+        .iter()
+        .filter(|r| !r.policy.is_shadow() && !first.is_some_and(|f| std::ptr::eq(*r, f)));
+    for r in first
+        .into_iter()
+        .chain(others)
+        .take(MAX_ADVERTISED_POLICIES)
+    {
         if !policy.is_empty() {
             policy.push_str(", ");
         }
@@ -96,6 +112,15 @@ pub fn unavailable(result: &LimitResult, retry_after: Micros) -> Response<Full<B
         .insert(RETRY_AFTER, HeaderValue::from(secs));
     add_headers(resp.headers_mut(), result);
     resp
+}
+
+/// The 400 for a request that could be read two ways (see [`crate::BadRequest`]).
+pub fn bad_request(why: &crate::BadRequest) -> Response<Full<Bytes>> {
+    let body = format!(
+        "{{\"type\":\"{BAD_REQUEST}\",\"title\":\"Bad Request\",\"status\":400,\"detail\":{}}}",
+        json_string(&why.0)
+    );
+    problem(StatusCode::BAD_REQUEST, body)
 }
 
 fn problem(status: StatusCode, body: String) -> Response<Full<Bytes>> {

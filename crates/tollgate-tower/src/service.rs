@@ -1,8 +1,8 @@
 //! The service: decide first, then either answer (429 / 503) or call the inner service and
 //! add the `RateLimit` headers to its response.
 
-use crate::layer::{target_of, Shared};
-use crate::response::{add_headers, too_many_requests, unavailable};
+use crate::layer::Shared;
+use crate::response::{add_headers, bad_request, too_many_requests, unavailable};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
@@ -76,12 +76,17 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let plan = self.shared.plan(
-            req.method(),
-            &target_of(req.uri()),
-            req.headers(),
-            req.extensions(),
-        );
+        let peer = (self.shared.peer)(req.extensions());
+        let target = match self
+            .shared
+            .resolve(req.method(), req.uri(), req.headers(), peer)
+        {
+            Ok(t) => t,
+            Err(e) => return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) }),
+        };
+        let plan = self
+            .shared
+            .plan(&target.method, &target.path, req.headers(), peer);
         let shared = self.shared.clone();
         Box::pin(async move {
             let Some(plan) = plan else {

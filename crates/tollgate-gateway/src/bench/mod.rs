@@ -80,6 +80,25 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(output) = svg_file {
         output.write(chart::render(&report)?)?;
     }
+    no_answer_is_failure(&finished.recorder)
+}
+
+/// A run in which no request got an HTTP answer (a refused or unreachable target) measured
+/// nothing: it fails instead of reporting its errors as throughput.
+fn no_answer_is_failure(recorder: &report::Recorder) -> anyhow::Result<()> {
+    let answered: u64 = recorder.statuses().values().sum();
+    let errors: u64 = recorder.errors().values().sum();
+    if answered == 0 && errors > 0 {
+        let kinds: Vec<String> = recorder
+            .errors()
+            .iter()
+            .map(|(kind, n)| format!("{n} {kind}"))
+            .collect();
+        anyhow::bail!(
+            "no request got an answer from the target ({}); is it running and reachable?",
+            kinds.join(", ")
+        );
+    }
     Ok(())
 }
 

@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 use tollgate::{BreakerConfig, FailurePolicy, Limit, SyncMode};
-use tollgate_tower::{IdentityConfig, IdentitySource};
+use tollgate_tower::{ForwardAuth, IdentityConfig, IdentitySource};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -49,6 +49,16 @@ pub struct ServerConfig {
     pub upstream: Option<Upstream>,
     /// How long to wait for the upstream's response headers.
     pub upstream_timeout: Duration,
+    /// Forward-auth headers (decision mode); `require_uri` when written in the file.
+    pub forward_auth: ForwardAuth,
+    /// `ambiguous_paths = "allow"`: match them normalised instead of answering 400.
+    pub allow_ambiguous_paths: bool,
+    /// Most open client connections.
+    pub max_connections: usize,
+    /// Most open connections from one address (trusted proxies exempt).
+    pub max_connections_per_ip: usize,
+    /// The most time a request body may take to arrive in full.
+    pub body_timeout: Duration,
 }
 
 /// An `http://host:port[/base]` upstream.
@@ -158,6 +168,8 @@ pub struct PolicyConfig {
     pub path_prefix: String,
     /// Methods (empty = all).
     pub methods: Vec<Method>,
+    /// Match the path prefix ignoring ASCII case.
+    pub case_insensitive: bool,
     /// Algorithm and quota.
     pub limit: Limit,
     /// Units per request.
@@ -229,5 +241,7 @@ limit = 100
 period = "1m"
 "#;
 
+#[cfg(test)]
+mod server_tests;
 #[cfg(test)]
 mod tests;

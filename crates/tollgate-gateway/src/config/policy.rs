@@ -49,8 +49,8 @@ pub(super) fn policy(
             n.get_ref().clone()
         }
     };
-    let (path_prefix, methods) = match &raw.matches {
-        None => ("/".to_string(), Vec::new()),
+    let (path_prefix, methods, case_insensitive) = match &raw.matches {
+        None => ("/".to_string(), Vec::new(), false),
         Some(m) => {
             let m = m.get_ref();
             let prefix = field(
@@ -87,7 +87,8 @@ pub(super) fn policy(
                     ),
                 }
             }
-            (prefix, methods)
+            let case_insensitive = m.case_insensitive.as_ref().is_some_and(|c| *c.get_ref());
+            (prefix, methods, case_insensitive)
         }
     };
     let algorithm = match &raw.algorithm {
@@ -254,6 +255,7 @@ pub(super) fn policy(
         name,
         path_prefix,
         methods,
+        case_insensitive,
         limit,
         cost,
         identity,

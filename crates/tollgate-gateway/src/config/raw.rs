@@ -24,6 +24,18 @@ pub(crate) struct RawServer {
     pub admin_listen: S<String>,
     pub upstream: S<String>,
     pub upstream_timeout: S<String>,
+    pub forward_auth: S<RawForwardAuth>,
+    pub ambiguous_paths: S<String>,
+    pub max_connections: S<i64>,
+    pub max_connections_per_ip: S<i64>,
+    pub body_timeout: S<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawForwardAuth {
+    pub method_header: S<String>,
+    pub uri_header: S<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -83,4 +95,5 @@ pub(crate) struct RawPolicy {
 pub(crate) struct RawMatch {
     pub path_prefix: S<String>,
     pub methods: S<Vec<Spanned<String>>>,
+    pub case_insensitive: S<bool>,
 }

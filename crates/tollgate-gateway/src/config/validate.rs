@@ -3,12 +3,12 @@
 
 use super::error::Reporter;
 use super::policy::policy;
-use super::raw::{RawConfig, RawIdentity, RawServer, RawStore, S};
+use super::raw::{RawConfig, RawForwardAuth, RawIdentity, RawServer, RawStore, S};
 use super::*;
 use crate::config::duration::{parse_duration, DURATION_HELP};
 use ipnet::IpNet;
 use std::collections::HashSet;
-use tollgate_tower::ForwardHeader;
+use tollgate_tower::{ForwardAuth, ForwardHeader};
 use toml::Spanned;
 
 pub(crate) fn validate(
@@ -149,11 +149,86 @@ fn server(r: &mut Reporter<'_>, raw: RawServer) -> ServerConfig {
         Duration::from_secs(30),
         |s| duration(s),
     );
+    let forward_auth = match &raw.forward_auth {
+        None => ForwardAuth::default(),
+        Some(fa) => {
+            if upstream.is_some() {
+                r.at(
+                    fa.span(),
+                    "server.forward_auth",
+                    "is for decision mode; remove it or server.upstream",
+                );
+            }
+            forward_auth(r, fa.get_ref())
+        }
+    };
+    let allow_ambiguous_paths = field(
+        r,
+        "server.ambiguous_paths",
+        &raw.ambiguous_paths,
+        false,
+        |s| one_of(s, &[("reject", false), ("allow", true)]),
+    );
+    let count =
+        |v: &i64, what: &str| positive(v, what).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let max_connections = field(
+        r,
+        "server.max_connections",
+        &raw.max_connections,
+        10_000,
+        |v| count(v, "max_connections"),
+    );
+    let max_connections_per_ip = field(
+        r,
+        "server.max_connections_per_ip",
+        &raw.max_connections_per_ip,
+        256,
+        |v| count(v, "max_connections_per_ip"),
+    );
+    let body_timeout = field(
+        r,
+        "server.body_timeout",
+        &raw.body_timeout,
+        Duration::from_secs(30),
+        |s| duration(s),
+    );
     ServerConfig {
         listen,
         admin_listen,
         upstream,
         upstream_timeout,
+        forward_auth,
+        allow_ambiguous_paths,
+        max_connections,
+        max_connections_per_ip,
+        body_timeout,
+    }
+}
+
+/// `[server] forward_auth`: written means required (a trusted request without the URI
+/// header is refused); each name defaults to the Caddy/Traefik one.
+fn forward_auth(r: &mut Reporter<'_>, raw: &RawForwardAuth) -> ForwardAuth {
+    let default = ForwardAuth::default();
+    let header = |s: &String| {
+        http::HeaderName::from_bytes(s.as_bytes())
+            .map_err(|_| format!("{s:?} is not a header name; expected e.g. \"x-original-uri\""))
+    };
+    ForwardAuth {
+        method_header: field(
+            r,
+            "server.forward_auth.method_header",
+            &raw.method_header,
+            default.method_header,
+            header,
+        ),
+        uri_header: field(
+            r,
+            "server.forward_auth.uri_header",
+            &raw.uri_header,
+            default.uri_header,
+            header,
+        ),
+        require_uri: true,
     }
 }
 

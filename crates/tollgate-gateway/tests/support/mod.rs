@@ -248,6 +248,9 @@ async fn echo(req: Request<Incoming>, counter: &AtomicUsize) -> Response<Full<By
     set("x-echo-hop", join("x-hop"));
     set("x-echo-custom", join("x-custom"));
     set("x-echo-host", join("host"));
+    set("x-echo-xfp", join("x-forwarded-proto"));
+    set("x-echo-xfh", join("x-forwarded-host"));
+    set("x-echo-real-ip", join("x-real-ip"));
     resp
 }
 
@@ -339,4 +342,38 @@ pub async fn raw(port: u16, bytes: &[u8]) -> String {
         .next()
         .unwrap_or("")
         .to_string()
+}
+
+/// Writes `bytes` while reading the answer (so a server that answers and closes before
+/// reading everything cannot reset the answer away), for up to `wait`; returns all it read.
+pub async fn exchange(port: u16, bytes: &[u8], wait: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return String::new();
+    };
+    let (mut rd, mut wr) = s.into_split();
+    let bytes = bytes.to_vec();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&bytes).await;
+        wr
+    });
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(wait, rd.read_to_end(&mut got)).await;
+    writer.abort();
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The first line of `text`.
+pub fn status_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
+}
+
+/// The value of `tollgate_http_responses_total{code="CODE"}` in a metrics text (0 if absent).
+pub fn responses(metrics: &str, code: u16) -> u64 {
+    let key = format!("tollgate_http_responses_total{{code=\"{code}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }

@@ -1,0 +1,126 @@
+//! How many connections the gateway holds open, in all and per client address. An idle
+//! connection costs little, but sixteen thousand of them from one client cost hundreds of
+//! megabytes; a connection over either bound is closed as soon as it is accepted. Trusted
+//! proxies are exempt from the per-address bound: one proxy carries many clients. IPv6 peers
+//! are counted by prefix (`identity.ipv6_prefix`, /64 by default), as identities are: one host
+//! owns a whole /64 and could otherwise open 256 connections from each of its addresses.
+
+use ipnet::{IpNet, Ipv6Net};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+/// The bounds and the current counts.
+pub(crate) struct ConnLimits {
+    max: usize,
+    max_per_ip: usize,
+    trusted: Vec<IpNet>,
+    ipv6_prefix: u8,
+    open: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection; dropping it frees its place.
+pub(crate) struct ConnSlot {
+    limits: Arc<ConnLimits>,
+    ip: Option<IpAddr>,
+}
+
+impl ConnLimits {
+    pub(crate) fn new(
+        max: usize,
+        max_per_ip: usize,
+        trusted: Vec<IpNet>,
+        ipv6_prefix: u8,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            max_per_ip,
+            trusted,
+            ipv6_prefix,
+            open: Mutex::new(Counts::default()),
+        })
+    }
+
+    /// A slot for a connection from `ip`, or `None` when it would pass a bound.
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
+        let ip = tollgate_tower::forwarded::canonical(ip);
+        let exempt = tollgate_tower::forwarded::is_trusted(ip, &self.trusted);
+        let ip = match ip {
+            IpAddr::V6(v6) => Ipv6Net::new(v6, self.ipv6_prefix.min(128))
+                .map_or(ip, |net| IpAddr::V6(net.network())),
+            v4 => v4,
+        };
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.total >= self.max {
+            return None;
+        }
+        if !exempt {
+            let n = open.per_ip.entry(ip).or_insert(0);
+            if *n >= self.max_per_ip {
+                return None;
+            }
+            *n += 1;
+        }
+        open.total += 1;
+        Some(ConnSlot {
+            limits: self.clone(),
+            ip: (!exempt).then_some(ip),
+        })
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut open = self.limits.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.total = open.total.saturating_sub(1);
+        if let Some(ip) = self.ip {
+            if let Some(n) = open.per_ip.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.per_ip.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_bounded_per_address_and_in_all_and_freed_on_drop() {
+        let trusted = vec!["10.0.0.0/8".parse().expect("net")];
+        let limits = ConnLimits::new(4, 2, trusted, 64);
+        let a: IpAddr = "192.0.2.1".parse().expect("ip");
+        let proxy: IpAddr = "10.0.0.1".parse().expect("ip");
+        let a1 = limits.admit(a).expect("first");
+        let _a2 = limits.admit(a).expect("second");
+        assert!(limits.admit(a).is_none(), "third from one address");
+        let _p1 = limits.admit(proxy).expect("proxy exempt");
+        let _p2 = limits.admit(proxy).expect("proxy exempt");
+        assert!(
+            limits.admit(proxy).is_none(),
+            "total bound holds for proxies too"
+        );
+        drop(a1);
+        assert!(limits.admit(a).is_some(), "a dropped slot is free again");
+    }
+
+    #[test]
+    fn ipv6_peers_are_counted_by_prefix() {
+        let limits = ConnLimits::new(100, 1, Vec::new(), 64);
+        let one: IpAddr = "2001:db8::1".parse().expect("ip");
+        let same_64: IpAddr = "2001:db8::ffff:2".parse().expect("ip");
+        let other_64: IpAddr = "2001:db8:0:1::1".parse().expect("ip");
+        let _a = limits.admit(one).expect("first");
+        assert!(limits.admit(same_64).is_none(), "same /64, same client");
+        assert!(limits.admit(other_64).is_some(), "another /64");
+    }
+}

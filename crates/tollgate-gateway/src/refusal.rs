@@ -1,0 +1,187 @@
+//! What a client may not send, answered before any policy or upstream sees it: a request
+//! HTTP/1.1 forbids or that a proxy would pass on wrongly (a missing or doubled `Host`, a
+//! target that is not a path, `CONNECT` and `OPTIONS *`, a head over the exact 64 KiB), and an
+//! HTTP/2 preface on this HTTP/1 port (a plain 505 rather than a bare close). The answers
+//! hyper writes itself for heads it cannot parse (400, 414, 431) are counted like ours.
+
+use crate::http_util::{status_response, BoxBody};
+use crate::server::{HEADER_READ_TIMEOUT, MAX_HEAD_BYTES};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The answer to a request refused before the rate limiter, if it is one.
+pub(crate) fn refusal<B>(req: &Request<B>) -> Option<Response<BoxBody>> {
+    let (status, text) = if req.method() == Method::CONNECT
+        || (req.method() == Method::OPTIONS && req.uri() == "*")
+    {
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "CONNECT and OPTIONS * are not served\n",
+        )
+    } else if !req.uri().path().starts_with('/') {
+        // Asterisk and authority forms belong to OPTIONS and CONNECT only.
+        (
+            StatusCode::BAD_REQUEST,
+            "the request target must be a path or an absolute URI\n",
+        )
+    } else if req.version() == Version::HTTP_11
+        && req.headers().get_all(http::header::HOST).iter().count() != 1
+    {
+        (
+            StatusCode::BAD_REQUEST,
+            "an HTTP/1.1 request needs exactly one Host header\n",
+        )
+    } else if head_len(req) > MAX_HEAD_BYTES {
+        (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "the request head is larger than 64 KiB\n",
+        )
+    } else {
+        return None;
+    };
+    let mut resp = status_response(status, text);
+    let h = resp.headers_mut();
+    h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        h.insert(
+            http::header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
+    }
+    Some(resp)
+}
+
+/// The size of a request head as written with one space after each colon. hyper bounds its
+/// read buffer by [`MAX_HEAD_BYTES`], but a head that arrives in one large read can pass
+/// that bound; this makes the limit exact.
+fn head_len<B>(req: &Request<B>) -> usize {
+    let uri = req.uri();
+    let target = uri.path_and_query().map_or(1, |p| p.as_str().len())
+        + uri.scheme_str().map_or(0, |s| s.len() + 3)
+        + uri.authority().map_or(0, |a| a.as_str().len());
+    let line = req.method().as_str().len() + 1 + target + 1 + "HTTP/1.1\r\n".len();
+    let fields: usize = req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + 2 + v.len() + 2)
+        .sum();
+    line + fields + 2
+}
+
+/// The status hyper wrote for a head it could not parse (`None` when it wrote nothing).
+pub(crate) fn parse_error_status(e: &hyper::Error) -> Option<u16> {
+    if !e.is_parse() || e.is_parse_status() || e.is_parse_version_h2() {
+        return None;
+    }
+    if e.is_parse_too_large() {
+        // hyper tells the two apart only in its message.
+        return Some(if e.to_string().contains("URI") {
+            414
+        } else {
+            431
+        });
+    }
+    if e.to_string().contains("internal error") {
+        return None;
+    }
+    Some(400)
+}
+
+/// How a client opened its connection.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Opening {
+    /// Anything but the HTTP/2 preface: hyper reads it.
+    Http1,
+    /// HTTP/2's prior-knowledge preface (`PRI * HTTP/2.0`).
+    Http2,
+    /// Nothing within the header read timeout: the connection is closed.
+    Silent,
+}
+
+/// How the client opened. Most connections decide on their first byte; a client trickling a
+/// prefix of the preface is waited for up to the header read timeout, like a slow head.
+pub(crate) async fn opening(stream: &TcpStream) -> Opening {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0";
+    let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
+    let mut buf = [0u8; PREFACE.len()];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) => return Opening::Http1,
+            Err(_) => return Opening::Silent,
+        };
+        if n == 0 || buf[..n] != PREFACE[..n] {
+            return Opening::Http1;
+        }
+        if n == PREFACE.len() {
+            return Opening::Http2;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Opening::Silent;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Answers an HTTP/2 prior-knowledge client with a plain 505 and closes.
+pub(crate) async fn refuse_h2(mut stream: TcpStream) {
+    const BODY: &str = "HTTP/2 is not served on this port; use HTTP/1.1\n";
+    let head = format!(
+        "HTTP/1.1 505 HTTP Version Not Supported\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.shutdown().await?;
+        // Read what the client already sent so the close is not a reset that discards the
+        // answer before the client reads it.
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: &str, target: &str, headers: &[(&str, &str)]) -> Request<()> {
+        let mut b = Request::builder().method(method).uri(target);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).expect("request")
+    }
+
+    #[test]
+    fn head_len_counts_the_head_as_written() {
+        let r = req("GET", "/a?b=1", &[("host", "x"), ("x-k", "vv")]);
+        let written = "GET /a?b=1 HTTP/1.1\r\nhost: x\r\nx-k: vv\r\n\r\n";
+        assert_eq!(head_len(&r), written.len());
+    }
+
+    #[test]
+    fn forbidden_requests_are_refused_and_ordinary_ones_pass() {
+        let status = |r: &Request<()>| refusal(r).map(|resp| resp.status().as_u16());
+        assert_eq!(status(&req("GET", "/", &[("host", "x")])), None);
+        assert_eq!(status(&req("GET", "/", &[])), Some(400));
+        assert_eq!(
+            status(&req("GET", "/", &[("host", "a"), ("host", "b")])),
+            Some(400)
+        );
+        assert_eq!(status(&req("OPTIONS", "*", &[("host", "x")])), Some(405));
+        assert_eq!(
+            status(&req("CONNECT", "h:443", &[("host", "h:443")])),
+            Some(405)
+        );
+        assert_eq!(status(&req("PRI", "*", &[("host", "x")])), Some(400));
+        let big = "a".repeat(MAX_HEAD_BYTES);
+        assert_eq!(
+            status(&req("GET", "/", &[("host", "x"), ("x-big", &big)])),
+            Some(431)
+        );
+    }
+}

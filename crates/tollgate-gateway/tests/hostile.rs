@@ -1,0 +1,540 @@
+//! Hostile clients against the real binary over raw sockets (DESIGN.md, "Hostile clients and
+//! careless configs"): each test is one way around a limit or one way to hold resources, and
+//! shows it closed.
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// A policy on `/api`, one request per hour per client address.
+fn api_once(match_extra: &str) -> String {
+    format!(
+        "[identity]\nsources = [\"ip\"]\ntrusted_proxies = [\"127.0.0.1\"]\n\
+         [[policy]]\nname = \"api\"\nmatch = {{ path_prefix = \"/api\"{match_extra} }}\n\
+         algorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\n"
+    )
+}
+
+async fn metrics(gw: &Gateway) -> String {
+    get(&client(), &gw.admin_url("/metrics"), &[]).await.text()
+}
+
+fn request(path: &str, headers: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nhost: x\r\n{headers}connection: close\r\n\r\n").into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_copy_of_another_uri_header_does_not_escape_an_nginx_style_config() {
+    let gw = Gateway::start(
+        "forward_auth = { method_header = \"x-forwarded-method\", uri_header = \"x-original-uri\" }",
+        &api_once(""),
+    );
+    // nginx sets X-Original-URI and passes on the X-Forwarded-Uri the client made up.
+    let escape = "x-original-uri: /api/n\r\nx-forwarded-uri: /public\r\n";
+    let first = exchange(gw.port, &request("/auth", escape), WAIT).await;
+    assert!(status_line(&first).starts_with("HTTP/1.1 200"), "{first}");
+    assert!(first.contains("ratelimit-policy: \"api\""), "{first}");
+    for _ in 0..3 {
+        let again = exchange(gw.port, &request("/auth", escape), WAIT).await;
+        assert!(status_line(&again).starts_with("HTTP/1.1 429"), "{again}");
+    }
+    // A URL in the query is not the path.
+    let query = "x-original-uri: /api/n?next=http://h/public\r\n";
+    let again = exchange(gw.port, &request("/auth", query), WAIT).await;
+    assert!(status_line(&again).starts_with("HTTP/1.1 429"), "{again}");
+    // Configured, the URI header is required; invalid or doubled ones are refused.
+    let bad: [&[u8]; 6] = [
+        b"",
+        b"x-original-uri: public\r\n",
+        b"x-original-uri: /api/\xff\r\n",
+        b"x-original-uri: /a\r\nx-original-uri: /b\r\n",
+        b"x-original-uri: /p\r\nx-forwarded-method: G(T\r\n",
+        b"x-original-uri: /api%2Fn\r\n",
+    ];
+    for headers in bad {
+        let mut req = b"GET /auth HTTP/1.1\r\nhost: x\r\nconnection: close\r\n".to_vec();
+        req.extend_from_slice(headers);
+        req.extend_from_slice(b"\r\n");
+        let answer = exchange(gw.port, &req, WAIT).await;
+        assert!(
+            status_line(&answer).starts_with("HTTP/1.1 400"),
+            "{:?}: {answer}",
+            String::from_utf8_lossy(headers)
+        );
+    }
+    // Another method named by the proxy is read (no fallback to the sub-request's).
+    let other = exchange(
+        gw.port,
+        &request(
+            "/auth",
+            "x-original-uri: /public\r\nx-forwarded-method: POST\r\n",
+        ),
+        WAIT,
+    )
+    .await;
+    assert!(status_line(&other).starts_with("HTTP/1.1 200"), "{other}");
+    assert!(!other.contains("ratelimit"), "{other}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_forward_auth_written_a_trusted_request_is_matched_on_its_own_path() {
+    let gw = Gateway::start("", &api_once(""));
+    let own = exchange(gw.port, &request("/api/x", ""), WAIT).await;
+    assert!(status_line(&own).starts_with("HTTP/1.1 200"), "{own}");
+    assert!(own.contains("ratelimit-policy: \"api\""), "{own}");
+    // The defaults are X-Forwarded-Uri / X-Forwarded-Method; X-Original-URI is not read.
+    let other = exchange(
+        gw.port,
+        &request("/auth", "x-original-uri: /api/x\r\n"),
+        WAIT,
+    )
+    .await;
+    assert!(status_line(&other).starts_with("HTTP/1.1 200"), "{other}");
+    assert!(!other.contains("ratelimit"), "{other}");
+    let named = exchange(
+        gw.port,
+        &request("/auth", "x-forwarded-uri: /api/y\r\n"),
+        WAIT,
+    )
+    .await;
+    assert!(status_line(&named).starts_with("HTTP/1.1 429"), "{named}");
+    // An invalid method is refused, with or without a URI header: no fallback.
+    for headers in [
+        "x-forwarded-method: G(T\r\n",
+        "x-forwarded-method: G(T\r\nx-forwarded-uri: /public\r\n",
+    ] {
+        let bad = exchange(gw.port, &request("/auth", headers), WAIT).await;
+        assert!(status_line(&bad).starts_with("HTTP/1.1 400"), "{bad}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_paths_are_400_and_never_reach_the_upstream() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &format!("upstream = \"{}\"", up.url()),
+        &api_once(", case_insensitive = true"),
+    );
+    for path in [
+        "/api%2Fx",
+        "/api%2fx",
+        "/api%5Cx",
+        "/api;x=1",
+        "/api%00",
+        "/api%20",
+        "/api.",
+        "/api%2E",
+        "/api%252Fx",
+        "/api/..%2F..%2Fsecret",
+    ] {
+        let answer = exchange(gw.port, &request(path, ""), WAIT).await;
+        assert!(
+            status_line(&answer).starts_with("HTTP/1.1 400"),
+            "{path}: {answer}"
+        );
+    }
+    // A raw backslash is refused too (by hyper's parser or by the normaliser).
+    let answer = exchange(gw.port, &request("/api\\x", ""), WAIT).await;
+    assert!(status_line(&answer).starts_with("HTTP/1.1 400"), "{answer}");
+    assert_eq!(up.hits(), 0, "no ambiguous path reached the upstream");
+    // /API is /api for this policy (case_insensitive), so the next /api request is limited.
+    let upper = exchange(gw.port, &request("/API", ""), WAIT).await;
+    assert!(status_line(&upper).starts_with("HTTP/1.1 200"), "{upper}");
+    assert!(upper.contains("ratelimit-policy: \"api\""), "{upper}");
+    for path in ["/api/x", "/%61pi", "//api/./", "/api/x/..", "/Api/%7Ex"] {
+        let limited = exchange(gw.port, &request(path, ""), WAIT).await;
+        assert!(
+            status_line(&limited).starts_with("HTTP/1.1 429"),
+            "{path}: {limited}"
+        );
+    }
+    // A space inside a segment is an ordinary, different path.
+    let other = exchange(gw.port, &request("/api%20docs", ""), WAIT).await;
+    assert!(status_line(&other).starts_with("HTTP/1.1 200"), "{other}");
+    assert_eq!(up.hits(), 2);
+    let m = metrics(&gw).await;
+    // The raw backslash may be hyper's own 400, counted when its connection ends.
+    assert!(responses(&m, 400) >= 10, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_paths_allow_matches_them_normalised() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &format!("upstream = \"{}\"\nambiguous_paths = \"allow\"", up.url()),
+        &api_once(""),
+    );
+    // Passed on as written, matched in their normalised form.
+    let answer = exchange(gw.port, &request("/api//x;v=1", ""), WAIT).await;
+    assert!(status_line(&answer).starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("x-echo-uri: /api//x;v=1\r\n"), "{answer}");
+    assert!(answer.contains("ratelimit-policy: \"api\""), "{answer}");
+    let answer = exchange(gw.port, &request("/./api/a%2Fb", ""), WAIT).await;
+    assert!(status_line(&answer).starts_with("HTTP/1.1 429"), "{answer}");
+    // Outside the prefix by segment, so not this policy's.
+    let answer = exchange(gw.port, &request("/api%2Fx", ""), WAIT).await;
+    assert!(status_line(&answer).starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(up.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_header_sent_twice_is_400() {
+    let gw = Gateway::start(
+        "",
+        "[identity]\nsources = [\"header:x-api-key\", \"ip\"]\n\
+         [[policy]]\nname = \"k\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\n\
+         [[policy]]\nname = \"u\"\nidentity = [\"header:x-user\"]\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1h\"\n",
+    );
+    for twice in [
+        "x-api-key: random\r\nx-api-key: real\r\n",
+        "x-user: a\r\nx-user: b\r\nx-api-key: k\r\n",
+    ] {
+        let answer = exchange(gw.port, &request("/", twice), WAIT).await;
+        assert!(status_line(&answer).starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(answer.contains("present more than once"), "{answer}");
+    }
+    let once = exchange(gw.port, &request("/", "x-api-key: real\r\n"), WAIT).await;
+    assert!(status_line(&once).starts_with("HTTP/1.1 200"), "{once}");
+    let again = exchange(gw.port, &request("/", "x-api-key: real\r\n"), WAIT).await;
+    assert!(status_line(&again).starts_with("HTTP/1.1 429"), "{again}");
+}
+
+/// Whether the gateway closed `s` (EOF or reset) within `WAIT`.
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(WAIT, s.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+/// Whether `s` answers a request with 200.
+async fn serves(s: &mut TcpStream) -> bool {
+    if s.write_all(&request("/", "")).await.is_err() {
+        return false;
+    }
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut got)).await;
+    got.starts_with(b"HTTP/1.1 200")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_per_address_bound_are_closed_at_once() {
+    let gw = Gateway::start(
+        "max_connections = 100\nmax_connections_per_ip = 3",
+        "[[policy]]\nname = \"p\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\n",
+    );
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(
+            TcpStream::connect(("127.0.0.1", gw.port))
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut excess = TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    assert!(closed(&mut excess).await, "the fourth connection is closed");
+    let mut first = held.remove(0);
+    assert!(serves(&mut first).await, "admitted connections are served");
+    drop(first);
+    // The place is freed once the gateway sees the close (bounded retries).
+    let deadline = Instant::now() + WAIT;
+    let mut admitted = false;
+    while Instant::now() < deadline && !admitted {
+        let mut s = TcpStream::connect(("127.0.0.1", gw.port))
+            .await
+            .expect("connect");
+        admitted = serves(&mut s).await;
+        if !admitted {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(admitted, "a freed place admits a new connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_proxies_pass_the_per_address_bound_but_not_the_total() {
+    let gw = Gateway::start(
+        "max_connections = 4\nmax_connections_per_ip = 1",
+        "[identity]\ntrusted_proxies = [\"127.0.0.1\"]\n\
+         [[policy]]\nname = \"p\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\n",
+    );
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(
+            TcpStream::connect(("127.0.0.1", gw.port))
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut excess = TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    assert!(closed(&mut excess).await, "the fifth connection is closed");
+    for s in &mut held {
+        assert!(
+            serves(s).await,
+            "all four from one trusted address are served"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_is_cut_at_body_timeout_and_is_not_an_upstream_error() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &format!("upstream = \"{}\"\nbody_timeout = \"1s\"", up.url()),
+        "",
+    );
+    let s = TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    let (mut rd, mut wr) = s.into_split();
+    // 100 bytes at 10 bytes a second: never silent for long, 10 s in all.
+    let trickle = tokio::spawn(async move {
+        let head = b"POST /up HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n";
+        if wr.write_all(head).await.is_err() {
+            return;
+        }
+        for _ in 0..100 {
+            if wr.write_all(b"x").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(8), async {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = rd.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+            if got.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(status_line(&text).starts_with("HTTP/1.1 408"), "{text}");
+    assert!(!trickle.is_finished(), "cut before the trickle ended");
+    trickle.abort();
+    let m = metrics(&gw).await;
+    assert!(
+        m.contains("tollgate_http_upstream_errors_total{kind=\"response\"} 0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tollgate_http_upstream_errors_total{kind=\"timeout\"} 0"),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_client_cannot_write_the_forwarding_headers_the_upstream_reads() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), "");
+    let spoof = "x-forwarded-for: 6.6.6.6\r\nx-forwarded-proto: https\r\nx-forwarded-host: evil.example\r\nforwarded: for=6.6.6.6\r\nx-real-ip: 6.6.6.6\r\n";
+    let answer = exchange(gw.port, &request("/", spoof), WAIT).await;
+    assert!(status_line(&answer).starts_with("HTTP/1.1 200"), "{answer}");
+    for want in [
+        "x-echo-xff: 127.0.0.1\r\n",
+        "x-echo-xfp: http\r\n",
+        "x-echo-xfh: x\r\n",
+        "x-echo-forwarded: for=127.0.0.1;proto=http;host=\"x\"\r\n",
+        "x-echo-real-ip: 127.0.0.1\r\n",
+    ] {
+        assert!(answer.contains(want), "{want:?} in {answer}");
+    }
+    assert!(
+        !answer.contains("6.6.6.6") && !answer.contains("evil"),
+        "{answer}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_chunks_connect_and_options_star_are_client_errors_not_upstream_ones() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), "");
+    let chunked = b"POST /up HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nxx\r\n0\r\n\r\n";
+    let answer = exchange(gw.port, chunked, WAIT).await;
+    assert!(status_line(&answer).starts_with("HTTP/1.1 400"), "{answer}");
+    // The asterisk form on another method names no path to forward.
+    let star = exchange(gw.port, b"PRI * HTTP/1.1\r\nhost: x\r\n\r\n", WAIT).await;
+    assert!(status_line(&star).starts_with("HTTP/1.1 400"), "{star}");
+    for req in [
+        &b"OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n"[..],
+        b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n",
+    ] {
+        let answer = exchange(gw.port, req, WAIT).await;
+        assert!(status_line(&answer).starts_with("HTTP/1.1 405"), "{answer}");
+    }
+    let m = metrics(&gw).await;
+    for kind in ["connect", "response", "timeout"] {
+        let line = format!("tollgate_http_upstream_errors_total{{kind=\"{kind}\"}} 0");
+        assert!(m.contains(&line), "{line} in {m}");
+    }
+    assert_eq!(responses(&m, 502), 0, "{m}");
+    assert_eq!(responses(&m, 405), 2, "{m}");
+    assert!(responses(&m, 400) >= 1, "{m}");
+}
+
+/// A request whose head is exactly `len` bytes (one padding header), connection: close.
+fn head_of(len: usize) -> Vec<u8> {
+    let start = b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-pad: ".to_vec();
+    let fixed = start.len() + 4;
+    let mut head = start;
+    head.extend(std::iter::repeat_n(b'a', len - fixed));
+    head.extend_from_slice(b"\r\n\r\n");
+    assert_eq!(head.len(), len);
+    head
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_head_limit_is_exact_and_refusals_are_counted() {
+    let gw = Gateway::start("", "");
+    let at_limit = exchange(gw.port, &head_of(64 * 1024), WAIT).await;
+    assert!(
+        status_line(&at_limit).starts_with("HTTP/1.1 200"),
+        "{at_limit}"
+    );
+    let over = exchange(gw.port, &head_of(64 * 1024 + 1), WAIT).await;
+    assert!(status_line(&over).starts_with("HTTP/1.1 431"), "{over}");
+    let big = exchange(gw.port, &head_of(100 * 1000), WAIT).await;
+    assert!(status_line(&big).starts_with("HTTP/1.1 431"), "{big}");
+    // Host: missing or doubled on HTTP/1.1 is 400; HTTP/1.0 needs none.
+    for req in [
+        &b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\nconnection: close\r\n\r\n",
+    ] {
+        let answer = exchange(gw.port, req, WAIT).await;
+        assert!(status_line(&answer).starts_with("HTTP/1.1 400"), "{answer}");
+    }
+    let old = exchange(gw.port, b"GET / HTTP/1.0\r\n\r\n", WAIT).await;
+    assert!(status_line(&old).contains(" 200 "), "{old}");
+    // hyper's own answers to heads it cannot parse are counted too.
+    let garbage = exchange(gw.port, b"GARBAGE\r\n\r\n", WAIT).await;
+    assert!(
+        status_line(&garbage).starts_with("HTTP/1.1 400"),
+        "{garbage}"
+    );
+    let mut long_uri = b"GET /".to_vec();
+    long_uri.extend(std::iter::repeat_n(b'u', 70_000));
+    long_uri.extend_from_slice(b" HTTP/1.1\r\nhost: x\r\n\r\n");
+    let uri = exchange(gw.port, &long_uri, WAIT).await;
+    let uri_status: u16 = status_line(&uri)
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    assert!(uri_status == 414 || uri_status == 431, "{uri}");
+    // The counters are updated after the answer is written: poll briefly.
+    let deadline = Instant::now() + WAIT;
+    let mut m = metrics(&gw).await;
+    while Instant::now() < deadline
+        && (responses(&m, 400) < 3 || responses(&m, 431) + responses(&m, 414) < 3)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        m = metrics(&gw).await;
+    }
+    assert_eq!(responses(&m, 400), 3, "{m}");
+    assert_eq!(responses(&m, 431) + responses(&m, 414), 3, "{m}");
+    assert!(responses(&m, uri_status) >= 1, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_prior_knowledge_gets_a_clean_505() {
+    let gw = Gateway::start("", "");
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    let answer = exchange(gw.port, preface, WAIT).await;
+    assert!(status_line(&answer).starts_with("HTTP/1.1 505"), "{answer}");
+    let m = metrics(&gw).await;
+    assert_eq!(responses(&m, 505), 1, "{m}");
+    // An ordinary request that starts like the preface is unaffected.
+    let put = exchange(
+        gw.port,
+        b"PUT / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        WAIT,
+    )
+    .await;
+    assert!(status_line(&put).starts_with("HTTP/1.1 200"), "{put}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ratelimit_policy_lists_a_bounded_number_of_policies() {
+    let mut body = String::new();
+    for i in 0..1_000 {
+        body.push_str(&format!(
+            "[[policy]]\nname = \"p{i}\"\nalgorithm = \"fixed_window\"\nlimit = {}\nperiod = \"1h\"\n",
+            1000 + i
+        ));
+    }
+    let gw = Gateway::start("", &body);
+    let answer = exchange(gw.port, &request("/", ""), WAIT).await;
+    assert!(status_line(&answer).starts_with("HTTP/1.1 200"), "{answer}");
+    let header = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("ratelimit-policy: "))
+        .expect("RateLimit-Policy");
+    assert_eq!(header.matches(";q=").count(), 16, "{header}");
+    assert!(
+        header.starts_with("\"p0\";q=1000;"),
+        "most constrained first: {header}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_during_the_grace_period_exits_at_once() {
+    // An upstream that accepts and never answers: the in-flight request would hold the
+    // graceful shutdown for its whole 30 s.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    let (reached_tx, reached) = tokio::sync::oneshot::channel::<()>();
+    let hold = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        let mut reached_tx = Some(reached_tx);
+        while let Ok((s, _)) = silent.accept().await {
+            conns.push(s);
+            if let Some(tx) = reached_tx.take() {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let mut gw = Gateway::start(
+        &format!("upstream = \"http://{silent_addr}\"\nupstream_timeout = \"60s\""),
+        "",
+    );
+    let port = gw.port;
+    let in_flight = tokio::spawn(async move { exchange(port, &request("/", ""), WAIT * 12).await });
+    // The request is in flight once the gateway has connected upstream.
+    tokio::time::timeout(WAIT, reached)
+        .await
+        .expect("the request reached the upstream")
+        .expect("upstream task alive");
+    gw.terminate();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        gw.child.try_wait().ok().flatten().is_none(),
+        "the first signal waits"
+    );
+    gw.terminate();
+    let status = gw.wait_exit(Duration::from_secs(10));
+    assert!(
+        status.is_some(),
+        "exited after the second signal: {}",
+        gw.log_text()
+    );
+    assert!(gw.log_text().contains("second signal"), "{}", gw.log_text());
+    in_flight.abort();
+    hold.abort();
+}
