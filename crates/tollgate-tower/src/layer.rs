@@ -1,76 +1,15 @@
 //! The layer is the configuration: the limiter, the identity rules and the routed policies,
 //! shared by every service it wraps.
 
-use crate::identity::{IdentityConfig, IdentitySource};
+use crate::identity::IdentityConfig;
 use crate::route::RoutedPolicy;
 use crate::service::RateLimit;
+use crate::shared::{identity_headers, peer_from_extension, PeerFn, Shared};
 use crate::target::{BadRequest, ForwardAuth};
-use http::{Extensions, HeaderMap, HeaderName, Method, Request};
-use std::net::{IpAddr, SocketAddr};
+use http::Request;
 use std::sync::Arc;
-use tollgate::{ClientKey, IdentityHasher, LimitResult, Limiter, Plan};
+use tollgate::{IdentityHasher, LimitResult, Limiter};
 use tower_layer::Layer;
-
-/// The socket peer of a request, put into its extensions by the server (the gateway does;
-/// an axum app can use [`RateLimitLayer::peer_addr_with`] to read `ConnectInfo` instead).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerAddr(pub SocketAddr);
-
-/// Reads the peer address from a request's extensions.
-pub type PeerFn = fn(&Extensions) -> Option<IpAddr>;
-
-fn peer_from_extension(ext: &Extensions) -> Option<IpAddr> {
-    ext.get::<PeerAddr>().map(|p| p.0.ip())
-}
-
-pub(crate) struct Shared {
-    pub(crate) limiter: Limiter,
-    pub(crate) hasher: IdentityHasher,
-    pub(crate) identity: IdentityConfig,
-    pub(crate) policies: Vec<RoutedPolicy>,
-    pub(crate) forward_auth: Option<ForwardAuth>,
-    pub(crate) allow_ambiguous_paths: bool,
-    /// Every header an identity source reads (a request with two of one is refused).
-    pub(crate) identity_headers: Vec<HeaderName>,
-    pub(crate) peer: PeerFn,
-}
-
-impl Shared {
-    /// Matches policies on `method` and the normalised `path` (see `Shared::resolve`) and
-    /// resolves identities (each distinct identity source list once): the request's plan,
-    /// `None` when no policy matches.
-    pub(crate) fn plan(
-        &self,
-        method: &Method,
-        path: &str,
-        headers: &HeaderMap,
-        peer: Option<IpAddr>,
-    ) -> Option<Plan> {
-        let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
-        let mut plan = Plan::new();
-        for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
-            let sources = routed.identity_sources();
-            let key = match keys.iter().find(|k| k.0 == sources) {
-                Some(k) => k.1,
-                None => {
-                    let key = self
-                        .identity
-                        .client_key(&self.hasher, sources, peer, headers);
-                    keys.push((sources, key));
-                    key
-                }
-            };
-            plan.push(key, routed.policy().clone());
-        }
-        (!plan.is_empty()).then_some(plan)
-    }
-
-    /// Decides a plan: every matched policy, under every identity, in one limiter call
-    /// (all-or-nothing).
-    pub(crate) async fn check(&self, plan: &Plan) -> LimitResult {
-        self.limiter.check(plan).await
-    }
-}
 
 /// A tower [`Layer`] that rate-limits requests with a [`Limiter`]. Services it produces are
 /// always ready: a limited request is answered with 429 in `call`, never queued.
@@ -184,23 +123,6 @@ impl RateLimitLayer {
         };
         Ok(Some(self.shared.check(&plan).await))
     }
-}
-
-/// The headers the identity sources of `s` read.
-fn identity_headers(s: &Shared) -> Vec<HeaderName> {
-    let policy_sources = s.policies.iter().filter_map(|p| p.identity_sources());
-    let mut names: Vec<HeaderName> = Vec::new();
-    for source in std::iter::once(s.identity.sources.as_slice())
-        .chain(policy_sources)
-        .flatten()
-    {
-        if let IdentitySource::Header(h) = source {
-            if !names.contains(h) {
-                names.push(h.clone());
-            }
-        }
-    }
-    names
 }
 
 impl<S> Layer<S> for RateLimitLayer {

@@ -31,12 +31,14 @@ pub mod path;
 pub mod response;
 mod route;
 mod service;
+mod shared;
 mod target;
 
 pub use forwarded::ForwardHeader;
 pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
-pub use layer::{PeerAddr, PeerFn, RateLimitLayer};
+pub use layer::RateLimitLayer;
 pub use path::{normalize_path, normalize_strict, AmbiguousPath};
 pub use route::RoutedPolicy;
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
+pub use shared::{PeerAddr, PeerFn};
 pub use target::{BadRequest, ForwardAuth};

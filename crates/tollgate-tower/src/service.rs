@@ -1,8 +1,8 @@
 //! The service: decide first, then either answer (429 / 503) or call the inner service and
 //! add the `RateLimit` headers to its response.
 
-use crate::layer::Shared;
 use crate::response::{add_headers, bad_request, too_many_requests, unavailable};
+use crate::shared::Shared;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};

@@ -8,11 +8,8 @@
 //! a proxy overwrites the header it sets, but passes on any other a client made up, so
 //! falling back to another header name is how a client picks its own path.
 
-use crate::layer::Shared;
-use crate::path::{normalize_path, normalize_strict};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use std::fmt;
-use std::net::IpAddr;
 
 /// Which headers a forward-auth proxy names the original request with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,49 +52,8 @@ pub(crate) struct Target {
     pub(crate) path: String,
 }
 
-impl Shared {
-    /// The request's target, or why it is refused.
-    pub(crate) fn resolve(
-        &self,
-        method: &Method,
-        uri: &Uri,
-        headers: &HeaderMap,
-        peer: Option<IpAddr>,
-    ) -> Result<Target, BadRequest> {
-        for name in &self.identity_headers {
-            single(headers, name)?;
-        }
-        let trusted = peer.is_some_and(|ip| {
-            crate::forwarded::is_trusted(
-                crate::forwarded::canonical(ip),
-                &self.identity.trusted_proxies,
-            )
-        });
-        if let (Some(fa), true) = (&self.forward_auth, trusted) {
-            if let Some((method, path)) = original_request(fa, headers)? {
-                return Ok(Target {
-                    method,
-                    path: self.normalize(path)?,
-                });
-            }
-        }
-        Ok(Target {
-            method: method.clone(),
-            path: self.normalize(uri.path())?,
-        })
-    }
-
-    fn normalize(&self, path: &str) -> Result<String, BadRequest> {
-        if self.allow_ambiguous_paths {
-            Ok(normalize_path(path))
-        } else {
-            normalize_strict(path).map_err(|e| BadRequest(e.to_string()))
-        }
-    }
-}
-
 /// The one value of `name`, `None` when absent; twice is an error.
-fn single<'h>(
+pub(crate) fn single<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,
 ) -> Result<Option<&'h HeaderValue>, BadRequest> {
@@ -113,7 +69,7 @@ fn single<'h>(
 
 /// Method and path of the original request, `None` when the URI header is absent and not
 /// required.
-fn original_request<'h>(
+pub(crate) fn original_request<'h>(
     fa: &ForwardAuth,
     headers: &'h HeaderMap,
 ) -> Result<Option<(Method, &'h str)>, BadRequest> {

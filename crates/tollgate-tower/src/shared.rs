@@ -1,0 +1,128 @@
+//! What every service of one layer shares: the limiter, the identity rules, the routed
+//! policies; and the two steps of a request before the limiter: its target (`resolve`) and its
+//! plan (`plan`).
+
+use crate::identity::{IdentityConfig, IdentitySource};
+use crate::path::{normalize_path, normalize_strict};
+use crate::route::RoutedPolicy;
+use crate::target::{original_request, single, BadRequest, ForwardAuth, Target};
+use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
+use std::net::{IpAddr, SocketAddr};
+use tollgate::{ClientKey, IdentityHasher, LimitResult, Limiter, Plan};
+
+/// The socket peer of a request, put into its extensions by the server (the gateway does;
+/// an axum app can use [`crate::RateLimitLayer::peer_addr_with`] to read `ConnectInfo` instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// Reads the peer address from a request's extensions.
+pub type PeerFn = fn(&Extensions) -> Option<IpAddr>;
+
+pub(crate) fn peer_from_extension(ext: &Extensions) -> Option<IpAddr> {
+    ext.get::<PeerAddr>().map(|p| p.0.ip())
+}
+
+pub(crate) struct Shared {
+    pub(crate) limiter: Limiter,
+    pub(crate) hasher: IdentityHasher,
+    pub(crate) identity: IdentityConfig,
+    pub(crate) policies: Vec<RoutedPolicy>,
+    pub(crate) forward_auth: Option<ForwardAuth>,
+    pub(crate) allow_ambiguous_paths: bool,
+    /// Every header an identity source reads (a request with two of one is refused).
+    pub(crate) identity_headers: Vec<HeaderName>,
+    pub(crate) peer: PeerFn,
+}
+
+impl Shared {
+    /// Matches policies on `method` and the normalised `path` (see `Shared::resolve`) and
+    /// resolves identities (each distinct identity source list once): the request's plan,
+    /// `None` when no policy matches.
+    pub(crate) fn plan(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Option<Plan> {
+        let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
+        let mut plan = Plan::new();
+        for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
+            let sources = routed.identity_sources();
+            let key = match keys.iter().find(|k| k.0 == sources) {
+                Some(k) => k.1,
+                None => {
+                    let key = self
+                        .identity
+                        .client_key(&self.hasher, sources, peer, headers);
+                    keys.push((sources, key));
+                    key
+                }
+            };
+            plan.push(key, routed.policy().clone());
+        }
+        (!plan.is_empty()).then_some(plan)
+    }
+
+    /// Decides a plan: every matched policy, under every identity, in one limiter call
+    /// (all-or-nothing).
+    pub(crate) async fn check(&self, plan: &Plan) -> LimitResult {
+        self.limiter.check(plan).await
+    }
+
+    /// The request's target, or why it is refused.
+    pub(crate) fn resolve(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Result<Target, BadRequest> {
+        for name in &self.identity_headers {
+            single(headers, name)?;
+        }
+        let trusted = peer.is_some_and(|ip| {
+            crate::forwarded::is_trusted(
+                crate::forwarded::canonical(ip),
+                &self.identity.trusted_proxies,
+            )
+        });
+        if let (Some(fa), true) = (&self.forward_auth, trusted) {
+            if let Some((method, path)) = original_request(fa, headers)? {
+                return Ok(Target {
+                    method,
+                    path: self.normalize(path)?,
+                });
+            }
+        }
+        Ok(Target {
+            method: method.clone(),
+            path: self.normalize(uri.path())?,
+        })
+    }
+
+    fn normalize(&self, path: &str) -> Result<String, BadRequest> {
+        if self.allow_ambiguous_paths {
+            Ok(normalize_path(path))
+        } else {
+            normalize_strict(path).map_err(|e| BadRequest(e.to_string()))
+        }
+    }
+}
+
+/// The headers the identity sources of `s` read.
+pub(crate) fn identity_headers(s: &Shared) -> Vec<HeaderName> {
+    let policy_sources = s.policies.iter().filter_map(|p| p.identity_sources());
+    let mut names: Vec<HeaderName> = Vec::new();
+    for source in std::iter::once(s.identity.sources.as_slice())
+        .chain(policy_sources)
+        .flatten()
+    {
+        if let IdentitySource::Header(h) = source {
+            if !names.contains(h) {
+                names.push(h.clone());
+            }
+        }
+    }
+    names
+}
