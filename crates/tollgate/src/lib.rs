@@ -24,6 +24,7 @@ mod metrics;
 mod outcome;
 mod policy;
 mod store;
+mod top_limited;
 
 pub use breaker::BreakerConfig;
 pub use identity::IdentityHasher;
@@ -36,6 +37,7 @@ pub use tollgate_core::*;
 pub use tollgate_memory::MemoryConfig;
 #[cfg(feature = "redis")]
 pub use tollgate_redis::{RedisConfig, StoreClock};
+pub use top_limited::LimitedClient;
 
 use breaker::{Breakers, Permit};
 use deny_cache::DenyCache;
@@ -310,6 +312,7 @@ impl Limiter {
                 wait = wait.max(retry);
                 p.inner.stats.deny_cache_hit();
                 p.inner.stats.record(Outcome::Limited);
+                p.inner.stats.record_limited(client, Outcome::Limited, now);
                 results.push(PolicyResult {
                     policy: (*p).clone(),
                     outcome: Outcome::Limited,
@@ -435,6 +438,7 @@ impl Limiter {
                 cache.deny(client, p.rule().id(), now.saturating_add(r), now);
             }
             p.inner.stats.record(outcome);
+            p.inner.stats.record_limited(client, outcome, now);
             results.push(PolicyResult {
                 policy: (*p).clone(),
                 outcome,
