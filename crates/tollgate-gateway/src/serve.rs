@@ -12,6 +12,7 @@ use crate::http_util::{status_response, BoxBody};
 use crate::metrics::HttpMetrics;
 use crate::proxy::Proxy;
 use crate::server::{serve_admin, serve_gateway, shutdown_signal, GRACE};
+use crate::status::{run_sampler, History};
 use anyhow::Context as _;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -157,9 +158,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         })?;
     log_start(&config, &listener, &admin_listener);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let history = Arc::new(History::default());
+    let sampler = tokio::spawn(run_sampler(
+        history.clone(),
+        limiter.clone(),
+        stop_rx.clone(),
+    ));
     let admin = Admin {
         limiter: limiter.clone(),
         http: http_metrics.clone(),
+        history,
     };
     let admin_task = tokio::spawn(serve_admin(admin_listener, admin, stop_rx.clone()));
     let gateway = serve_gateway(listener, service, http_metrics, stop_rx);
@@ -173,6 +181,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     let _ = admin_task.await;
+    let _ = sampler.await;
     limiter.shutdown().await;
     tracing::info!("stopped");
     Ok(())
