@@ -3,7 +3,8 @@
 "use strict";
 
 const REFRESH_MS = 1000;
-const WINDOW_S = 300;
+// The charts show at most the server's five minutes of readings, and less while it is younger.
+const MAX_SPAN_S = 300;
 const LABELS = {
   allowed: "Allowed", limited: "Limited", shadow_limited: "Shadow limited",
   failed_open: "Failed open", failed_closed: "Failed closed",
@@ -76,14 +77,24 @@ function ticks(max, count) {
   return out;
 }
 
-// A line chart of per-second series over the last WINDOW_S seconds.
+// The time the charts span: the readings' age rounded up to a whole minute, 1 to 5 minutes.
+function spanOf(now, t) {
+  const age = t.length ? (now - t[0]) / 1000 : 0;
+  return Math.min(MAX_SPAN_S, Math.max(60, Math.ceil(age / 60 - 1e-9) * 60));
+}
+function spanText(span) {
+  return span === 60 ? "minute" : span / 60 + " minutes";
+}
+
+// A line chart of per-second series over the last minutes.
 function lineChart(container, opts) {
   const width = Math.max(320, Math.round(container.clientWidth || 900));
   const height = opts.height;
   const m = { l: 64, r: 16, t: 12, b: 28 };
   const pw = width - m.l - m.r, ph = height - m.t - m.b;
-  const start = opts.now - WINDOW_S * 1000;
-  const x = (t) => m.l + ((t - start) / (WINDOW_S * 1000)) * pw;
+  const span = spanOf(opts.now, opts.t);
+  const start = opts.now - span * 1000;
+  const x = (t) => m.l + ((t - start) / (span * 1000)) * pw;
   const visible = opts.series.filter((s) => s.always || s.values.some((v) => v > 0));
   const max = Math.max(0, ...visible.flatMap((s) => s.values.filter((v) => v != null)));
   const yt = ticks(max, 4);
@@ -104,11 +115,12 @@ function lineChart(container, opts) {
     label.textContent = t.label;
     root.appendChild(label);
   }
-  for (let k = WINDOW_S / 60; k >= 0; k--) {
-    const tx = x(opts.now - k * 60000);
+  const step = span > 120 ? 60 : 30;
+  for (let ago = span; ago >= 0; ago -= step) {
+    const tx = x(opts.now - ago * 1000);
     root.appendChild(svg("line", { class: "axis", x1: tx, x2: tx, y1: m.t + ph, y2: m.t + ph + 5 }));
-    const label = svg("text", { x: tx, y: height - 6, "text-anchor": k === 0 ? "end" : "middle" });
-    label.textContent = k === 0 ? "now" : "−" + k + " min";
+    const label = svg("text", { x: tx, y: height - 6, "text-anchor": ago === 0 ? "end" : "middle" });
+    label.textContent = ago === 0 ? "now" : "−" + (step === 60 ? ago / 60 + " min" : ago + " s");
     root.appendChild(label);
   }
   root.appendChild(svg("line", { class: "axis", x1: m.l, x2: m.l + pw, y1: m.t + ph, y2: m.t + ph }));
@@ -260,17 +272,20 @@ function renderTop(s) {
 
 function renderCharts(s) {
   const sr = s.series;
+  const last = "the last " + spanText(spanOf(s.now_ms, sr.t_ms));
+  text("decisions-caption", "Decisions per second over " + last + ", all policies, by outcome");
+  text("latency-caption", "Store call latency (p50 and p99 of each second) over " + last);
   lineChart($("decisions-chart"), {
     height: 240, now: s.now_ms, t: sr.t_ms, unit: "decisions/s", band: sr.breaker_open,
     legend: $("decisions-legend"),
-    label: "Decisions per second, last 5 minutes: " + s.outcomes.map((o, i) =>
+    label: "Decisions per second over " + last + ": " + s.outcomes.map((o, i) =>
       (LABELS[o] || o) + " " + fmtRate(sr.decisions[i][sr.decisions[i].length - 1] ?? 0)).join(", ") + " now",
     series: s.outcomes.map((o, i) => ({ key: o, label: LABELS[o] || o, values: sr.decisions[i], always: o === "allowed" || o === "limited" })),
   });
   lineChart($("latency-chart"), {
     height: 170, now: s.now_ms, t: sr.t_ms, unit: "ms", legend: $("latency-legend"),
     empty: "No store call in this window (an in-process store is not timed)",
-    label: "Store latency, last 5 minutes: p50 " + fmtMs(s.store.p50_ms) + " ms, p99 " + fmtMs(s.store.p99_ms) + " ms",
+    label: "Store latency over " + last + ": p50 " + fmtMs(s.store.p50_ms) + " ms, p99 " + fmtMs(s.store.p99_ms) + " ms",
     series: [
       { key: "p50", label: "p50", values: sr.p50_ms, always: true },
       { key: "p99", label: "p99", values: sr.p99_ms, always: true },
