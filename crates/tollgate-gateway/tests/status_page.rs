@@ -283,6 +283,46 @@ async fn the_status_page_in_a_browser_shows_the_counts_the_top_client_and_an_ope
     assert!(!dom.contains(ABUSER_KEY), "the raw API key is on the page");
     assert_eq!(attr_of(&dom, "id=\"breaker\"", "data-state"), "closed");
 
+    // Under load, what the page shows lies between /metrics before and after it was read.
+    let before = decisions(
+        &get(&c, &g.admin_url("/metrics"), &[]).await.text(),
+        "allowed",
+    );
+    let background = tokio::spawn({
+        let url = g.url("/");
+        async move {
+            let c = client();
+            // Bounded: 40 clients x 10 requests (half their quota), about 25 ms apart.
+            for round in 0..10 {
+                for i in 0..40 {
+                    let key = format!("sk_live_busy_{i}");
+                    let a = get(&c, &url, &[("x-api-key", key.as_bytes())]).await;
+                    assert_eq!(a.status, StatusCode::OK, "round {round}");
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dom_under_load = tokio::task::spawn_blocking({
+        let (browser, page) = (browser.clone(), page.clone());
+        move || rendered_dom(&browser, &page)
+    })
+    .await
+    .expect("browser task");
+    let after = decisions(
+        &get(&c, &g.admin_url("/metrics"), &[]).await.text(),
+        "allowed",
+    );
+    let shown_under_load: u64 = attr_of(&dom_under_load, "id=\"total-api-allowed\"", "data-total")
+        .parse()
+        .expect("a count");
+    assert!(
+        (before..=after).contains(&shown_under_load),
+        "shown {shown_under_load}, /metrics {before} before and {after} after"
+    );
+    background.await.expect("background load");
+
     let shot = scratch("status-page.png");
     tokio::task::spawn_blocking({
         let (browser, page, shot) = (browser.clone(), page.clone(), shot.clone());

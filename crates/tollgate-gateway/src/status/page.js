@@ -284,7 +284,7 @@ function renderCharts(s) {
   });
   lineChart($("latency-chart"), {
     height: 170, now: s.now_ms, t: sr.t_ms, unit: "ms", legend: $("latency-legend"),
-    empty: "No store call in this window (an in-process store is not timed)",
+    empty: "No timed store call in this window",
     label: "Store latency over " + last + ": p50 " + fmtMs(s.store.p50_ms) + " ms, p99 " + fmtMs(s.store.p99_ms) + " ms",
     series: [
       { key: "p50", label: "p50", values: sr.p50_ms, always: true },
