@@ -193,7 +193,8 @@ function renderCards(s) {
   const b = $("breaker");
   b.dataset.state = state;
   $("breaker-card").dataset.state = state;
-  text("breaker", s.breaker_open ? "Open: store skipped" : "Closed");
+  text("breaker", s.breaker_open ? "Open" : "Closed");
+  text("breaker-note", s.breaker_open ? "store skipped" : "store called");
 }
 
 function renderDecisions(s) {
