@@ -6,10 +6,10 @@
 //! `n / CAPACITY` times in a shard's minute (`n` its limited requests) is always present, and a
 //! reported count is never below the true one and at most `error` above it.
 //!
-//! Only limited decisions are recorded (a rejected request is already the expensive path's
-//! cheap twin); allowed traffic pays nothing. Clients are spread over shards by their key (a
-//! keyed hash, uniform), each shard behind its own mutex held for a scan of 32 counters, and a
-//! client always lands in the same shard, so shards never overlap when merged. Minutes are a
+//! Only limited decisions are recorded: allowed traffic pays nothing. Clients are spread over
+//! shards by their key (a keyed hash, uniform), each shard behind its own mutex held for a
+//! scan of at most 32 counters, and a client always lands in the same shard, so shards never
+//! overlap when merged. Minutes are a
 //! ring indexed by `now`: a slot whose minute is over is reused, so nothing needs a timer.
 
 use std::sync::{Arc, Mutex};
