@@ -1,11 +1,25 @@
-//! The admin server: `/metrics` (Prometheus text), `/healthz` (the process is up) and
-//! `/readyz` (the store answers and the breaker is closed). Keep it on a private address.
+//! The admin server: `/metrics` (Prometheus text), `/healthz` (the process is up),
+//! `/readyz` (the store answers and the breaker is closed) and the status page: `/` with its
+//! `status.css` and `status.js`, drawing `/status.json`. Keep it on a private address.
+//!
+//! The page's files are compiled into the binary and served with a content security policy
+//! that allows nothing but this server: no CDN, no external font, no inline script.
 
 use crate::http_util::{status_response, text_response, BoxBody};
 use crate::metrics::HttpMetrics;
+use crate::status::History;
+use http::header::{HeaderName, HeaderValue, CACHE_CONTROL};
 use http::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
 use tollgate::Limiter;
+
+const PAGE_HTML: &str = include_str!("status/page.html");
+const PAGE_CSS: &str = include_str!("status/page.css");
+const PAGE_JS: &str = include_str!("status/page.js");
+
+/// Only this server: the page's own stylesheet, script and JSON; SVG built by the script.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+                   img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// What the admin endpoints read.
 #[derive(Clone)]
@@ -14,6 +28,8 @@ pub struct Admin {
     pub limiter: Limiter,
     /// The gateway's HTTP metrics.
     pub http: Arc<HttpMetrics>,
+    /// Once-a-second readings of the limiter's counters, for the status page's rates.
+    pub history: Arc<History>,
 }
 
 impl Admin {
@@ -33,6 +49,19 @@ impl Admin {
                     out,
                 )
             }
+            "/" => page("text/html; charset=utf-8", PAGE_HTML),
+            "/status.css" => page("text/css; charset=utf-8", PAGE_CSS),
+            "/status.js" => page("text/javascript; charset=utf-8", PAGE_JS),
+            "/status.json" => {
+                let status = self.history.status(&self.limiter, &self.http);
+                match serde_json::to_string(&status) {
+                    Ok(json) => no_store(text_response(StatusCode::OK, "application/json", json)),
+                    Err(_) => status_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the status could not be encoded\n",
+                    ),
+                }
+            }
             "/healthz" => status_response(StatusCode::OK, "ok\n"),
             "/readyz" => {
                 if self.limiter.ready().await {
@@ -43,8 +72,39 @@ impl Admin {
             }
             _ => status_response(
                 StatusCode::NOT_FOUND,
-                "not found; try /metrics, /healthz or /readyz\n",
+                "not found; try /, /status.json, /metrics, /healthz or /readyz\n",
             ),
         }
     }
+}
+
+/// One of the page's files, with the headers that keep it to itself.
+fn page(content_type: &'static str, body: &'static str) -> Response<BoxBody> {
+    let mut resp = no_store(text_response(
+        StatusCode::OK,
+        content_type,
+        body.to_string(),
+    ));
+    let h = resp.headers_mut();
+    h.insert(
+        HeaderName::from_static("content-security-policy"),
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        HeaderName::from_static("x-content-type-options"),
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        HeaderName::from_static("referrer-policy"),
+        HeaderValue::from_static("no-referrer"),
+    );
+    resp
+}
+
+/// Marks a response as not to be cached (the page and its data change with every release
+/// and every second).
+fn no_store(mut resp: Response<BoxBody>) -> Response<BoxBody> {
+    resp.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
 }

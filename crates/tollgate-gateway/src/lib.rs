@@ -1,5 +1,5 @@
 //! The `tollgate` binary's library half: configuration, the gateway server (reverse proxy or
-//! decision mode, built on `tollgate-tower`), the admin server and the `check-config`
+//! decision mode, built on `tollgate-tower`), the admin server (with the status page) and the `check-config`
 //! command. The binary (`main.rs`) only parses arguments and dispatches.
 #![deny(missing_docs)]
 
@@ -14,3 +14,4 @@ pub mod proxy;
 mod refusal;
 pub mod serve;
 pub mod server;
+pub mod status;

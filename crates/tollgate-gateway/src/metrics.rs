@@ -29,6 +29,13 @@ impl HttpMetrics {
         }
     }
 
+    /// Responses sent with `status` so far.
+    pub fn count(&self, status: u16) -> u64 {
+        self.by_status
+            .get(usize::from(status))
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
     /// Counts one upstream failure (`connect`, `response` or `timeout`).
     pub fn upstream_error(&self, kind: &str) {
         if let Some(i) = UPSTREAM_KINDS.iter().position(|k| *k == kind) {

@@ -13,6 +13,7 @@ use crate::http_util::{status_response, BoxBody};
 use crate::metrics::HttpMetrics;
 use crate::proxy::{Proxy, ProxyLimits};
 use crate::server::{serve_admin, serve_gateway, ShutdownSignals, GRACE};
+use crate::status::{run_sampler, History};
 use anyhow::Context as _;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -176,9 +177,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let (force_tx, force_rx) = tokio::sync::oneshot::channel::<()>();
+    let history = Arc::new(History::default());
+    let sampler = tokio::spawn(run_sampler(
+        history.clone(),
+        limiter.clone(),
+        stop_rx.clone(),
+    ));
     let admin = Admin {
         limiter: limiter.clone(),
         http: http_metrics.clone(),
+        history,
     };
     let admin_task = tokio::spawn(serve_admin(admin_listener, admin, stop_rx.clone()));
     let force = async {
@@ -203,6 +211,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     let _ = admin_task.await;
+    let _ = sampler.await;
     limiter.shutdown().await;
     tracing::info!("stopped");
     Ok(())

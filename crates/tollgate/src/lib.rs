@@ -30,6 +30,7 @@ mod plan;
 mod policy;
 mod result;
 mod store;
+mod top_limited;
 
 pub use breaker::BreakerConfig;
 pub use identity::IdentityHasher;
@@ -307,6 +308,7 @@ impl Limiter {
                 wait = wait.max(retry);
                 p.inner.stats.deny_cache_hit();
                 p.inner.stats.record(Outcome::Limited);
+                p.inner.stats.record_limited(client, Outcome::Limited, now);
                 results.push(PolicyResult {
                     policy: p.clone(),
                     outcome: Outcome::Limited,
@@ -434,6 +436,7 @@ impl Limiter {
                 cache.deny(client, p.rule().id(), now.saturating_add(r), now);
             }
             p.inner.stats.record(outcome);
+            p.inner.stats.record_limited(client, outcome, now);
             results.push(PolicyResult {
                 policy: (*p).clone(),
                 outcome,

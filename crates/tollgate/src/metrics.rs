@@ -2,10 +2,13 @@
 //! atomics, no registry crate: the hot path pays one relaxed increment per counter it touches.
 
 use crate::outcome::Outcome;
+pub use crate::top_limited::LimitedClient;
+use crate::top_limited::TopLimited;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tollgate_core::{ClientKey, Micros};
 
 /// Upper bounds of the store latency histogram, in microseconds. Steps of 10 us up to 100 us
 /// then widening, so p50/p99/p999 of a loopback Redis (tens of microseconds) are resolved.
@@ -32,25 +35,37 @@ pub struct PolicyStats {
     decisions: [AtomicU64; 7],
     deny_cache_hits: AtomicU64,
     lease: [AtomicU64; 3],
+    /// The limiter's summary of limited clients, shared by all its policies.
+    top_limited: Arc<TopLimited>,
 }
 
 impl PolicyStats {
-    pub(crate) fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str, top_limited: Arc<TopLimited>) -> Self {
         Self {
             name: name.into(),
             decisions: Default::default(),
             deny_cache_hits: AtomicU64::new(0),
             lease: Default::default(),
+            top_limited,
         }
-    }
-
-    /// The policy's name.
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     pub(crate) fn record(&self, outcome: Outcome) {
         self.decisions[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The policy's name (the `policy` label).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counts `client` among the most limited clients of the last minutes when `outcome` is
+    /// [`Outcome::Limited`] (any other outcome costs one comparison). The only per-request
+    /// work the status page adds, and only on the rejecting path.
+    pub(crate) fn record_limited(&self, client: &ClientKey, outcome: Outcome, now: Micros) {
+        if outcome == Outcome::Limited {
+            self.top_limited.record(client, &self.name, now);
+        }
     }
 
     pub(crate) fn deny_cache_hit(&self) {
@@ -136,6 +151,8 @@ pub struct Metrics {
     latency_sum_us: AtomicU64,
     errors: [AtomicU64; StoreErrorKind::ALL.len()],
     store_calls: AtomicU64,
+    /// The most limited clients, recorded through each policy's stats.
+    top_limited: Arc<TopLimited>,
 }
 
 impl Metrics {
@@ -146,9 +163,35 @@ impl Metrics {
         if let Some(s) = list.iter().find(|s| &*s.name == name) {
             return s.clone();
         }
-        let s = Arc::new(PolicyStats::new(name));
+        let s = Arc::new(PolicyStats::new(name, self.top_limited.clone()));
         list.push(s.clone());
         s
+    }
+
+    /// The `k` most limited (client, policy) pairs of the last five minutes at `now` (the
+    /// current minute and the four before it), most limited first, and how many limited
+    /// requests that window saw in all. Bounded memory (a space-saving summary): a count is
+    /// never below the true one and at most its `error` above. Clients appear as their keyed
+    /// hash only.
+    pub fn top_limited(&self, k: usize, now: Micros) -> (Vec<LimitedClient>, u64) {
+        self.top_limited.top(k, now)
+    }
+
+    /// Store errors of every kind so far, as (kind, count).
+    pub fn store_errors_by_kind(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        StoreErrorKind::ALL
+            .into_iter()
+            .map(|k| (k.as_str(), self.store_errors(k)))
+    }
+
+    /// The store latency histogram: per-bucket (not cumulative) counts, one for each of
+    /// [`LATENCY_BUCKETS_US`], and the count of all calls (those above the last bound too).
+    pub fn store_latency(&self) -> ([u64; LATENCY_BUCKETS_US.len()], u64) {
+        let mut buckets = [0; LATENCY_BUCKETS_US.len()];
+        for (b, c) in buckets.iter_mut().zip(&self.latency_buckets) {
+            *b = c.load(Ordering::Relaxed);
+        }
+        (buckets, self.latency_count.load(Ordering::Relaxed))
     }
 
     /// Records one store call's latency.

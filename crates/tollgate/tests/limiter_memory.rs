@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate::{
-    Action, Algorithm, ClientKey, Limit, Limiter, LimiterConfig, ManualClock, Outcome, PolicySpec,
-    Quota,
+    Action, Algorithm, ClientKey, Clock, Limit, Limiter, LimiterConfig, ManualClock, Outcome,
+    PolicySpec, Quota,
 };
 
 const T0: u64 = 1_800_000_000_000_000;
@@ -227,4 +227,48 @@ async fn invalid_policies_are_rejected_with_a_reason() {
     assert!(l.policy(s).is_err());
     let s = spec("", Algorithm::Gcra, 5, Duration::from_secs(1));
     assert!(l.policy(s).is_err());
+}
+
+#[tokio::test]
+async fn limited_decisions_and_only_they_count_a_client_among_the_most_limited() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let api = l
+        .policy(spec(
+            "api",
+            Algorithm::TokenBucket,
+            3,
+            Duration::from_secs(60),
+        ))
+        .expect("policy");
+    let shadow = l
+        .policy(PolicySpec {
+            shadow: true,
+            ..spec(
+                "dry-run",
+                Algorithm::TokenBucket,
+                1,
+                Duration::from_secs(60),
+            )
+        })
+        .expect("policy");
+    for _ in 0..10 {
+        l.check(&tollgate::Plan::for_client(client(1), [&api, &shadow]))
+            .await;
+    }
+    for _ in 0..3 {
+        l.check(&tollgate::Plan::for_client(client(2), [&api]))
+            .await;
+    }
+    let (top, limited) = l.metrics().top_limited(10, clock.now());
+    assert_eq!(
+        limited, 7,
+        "client 1's 7 rejections; shadow denials are not limits"
+    );
+    assert_eq!(top.len(), 1, "{top:?}");
+    assert_eq!((top[0].client, &*top[0].policy), (client(1), "api"));
+    assert_eq!((top[0].count, top[0].error), (7, 0));
+    // Five minutes later the list has moved on.
+    clock.advance(Duration::from_secs(300));
+    assert!(l.metrics().top_limited(10, clock.now()).0.is_empty());
 }

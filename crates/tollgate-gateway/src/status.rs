@@ -1,0 +1,164 @@
+//! The data behind the status page (`GET /status.json` on the admin port).
+//!
+//! Rates need two readings of the same counters, so a task reads the limiter's counters once a
+//! second into a ring of [`RING`] snapshots (five minutes); the JSON endpoint turns the ring
+//! into per-second rates and latency quantiles, and adds the counters as they are at the time
+//! of the request. Nothing here runs per request of the gateway: the counters are the ones
+//! `/metrics` shows, and the most limited clients come from the limiter's bounded summary
+//! (keyed hashes only, never identities).
+
+mod document;
+mod quantile;
+
+pub use document::Status;
+
+use crate::metrics::HttpMetrics;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+use tollgate::metrics::{LeaseKind, LATENCY_BUCKETS_US};
+use tollgate::{Clock, Limiter, Metrics, Outcome, SystemClock};
+
+/// Snapshots kept: one a second for five minutes.
+pub const RING: usize = 301;
+/// How often the sampler reads the counters.
+pub const INTERVAL: Duration = Duration::from_secs(1);
+/// Rows of the most limited clients.
+const TOP_K: usize = 10;
+
+const LEASE_KINDS: [LeaseKind; 3] = [LeaseKind::Granted, LeaseKind::Used, LeaseKind::Returned];
+
+/// One reading of one policy's counters.
+#[derive(Debug, Clone)]
+struct PolicyCounts {
+    name: String,
+    decisions: [u64; 7],
+    deny_cache_hits: u64,
+    lease: [u64; 3],
+}
+
+/// One reading of every counter the page shows.
+#[derive(Debug, Clone)]
+struct Snapshot {
+    at_ms: u64,
+    policies: Vec<PolicyCounts>,
+    latency: [u64; LATENCY_BUCKETS_US.len()],
+    latency_count: u64,
+    store_calls: u64,
+    errors: Vec<(&'static str, u64)>,
+    breaker_open: bool,
+    memory_keys: u64,
+}
+
+impl Snapshot {
+    fn take(limiter: &Limiter, at_ms: u64) -> Self {
+        let m: &Metrics = limiter.metrics();
+        let policies = m
+            .policies()
+            .iter()
+            .map(|p| PolicyCounts {
+                name: p.name().to_string(),
+                decisions: Outcome::ALL.map(|o| p.decisions(o)),
+                deny_cache_hits: p.deny_cache_hits(),
+                lease: LEASE_KINDS.map(|k| p.lease_units(k)),
+            })
+            .collect();
+        let (latency, latency_count) = m.store_latency();
+        let (breaker_open, memory_keys) = gauges(limiter);
+        Self {
+            at_ms,
+            policies,
+            latency,
+            latency_count,
+            store_calls: m.store_calls(),
+            errors: m.store_errors_by_kind().collect(),
+            breaker_open,
+            memory_keys,
+        }
+    }
+
+    fn policy(&self, name: &str) -> Option<&PolicyCounts> {
+        self.policies.iter().find(|p| p.name == name)
+    }
+}
+
+/// The two gauges the limiter exposes only in its metrics text, `tollgate_breaker_open` and
+/// `tollgate_memory_keys`, read from there (once a second and per page refresh: cheap).
+fn gauges(limiter: &Limiter) -> (bool, u64) {
+    let mut text = String::with_capacity(8 * 1024);
+    limiter.render_metrics(&mut text);
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (
+        value("tollgate_breaker_open") == 1,
+        value("tollgate_memory_keys"),
+    )
+}
+
+/// Milliseconds since the Unix epoch.
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The ring of snapshots, shared by the sampler and the admin server.
+#[derive(Debug)]
+pub struct History {
+    started_ms: u64,
+    ring: Mutex<VecDeque<Snapshot>>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self {
+            started_ms: unix_ms(SystemTime::now()),
+            ring: Mutex::new(VecDeque::with_capacity(RING)),
+        }
+    }
+}
+
+impl History {
+    /// Reads the counters of `limiter` now into the ring (dropping the oldest when full).
+    pub fn sample(&self, limiter: &Limiter) {
+        let snap = Snapshot::take(limiter, unix_ms(SystemTime::now()));
+        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        if ring.len() == RING {
+            ring.pop_front();
+        }
+        ring.push_back(snap);
+    }
+
+    /// The status document: counters as of now, rates and quantiles from the ring.
+    pub fn status(&self, limiter: &Limiter, http: &HttpMetrics) -> Status {
+        let now_ms = unix_ms(SystemTime::now());
+        let live = Snapshot::take(limiter, now_ms);
+        let ring: Vec<Snapshot> = self
+            .ring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        // The limiter's clock is the system clock: its minutes are the ones the top list
+        // was recorded in.
+        let (top, limited) = limiter.metrics().top_limited(TOP_K, SystemClock.now());
+        document::build(&live, &ring, self.started_ms, (top, limited), http)
+    }
+}
+
+/// Reads the counters into `history` every [`INTERVAL`] until `stop` changes.
+pub async fn run_sampler(history: Arc<History>, limiter: Limiter, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => history.sample(&limiter),
+            _ = stop.changed() => break,
+        }
+    }
+}
