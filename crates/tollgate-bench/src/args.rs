@@ -8,8 +8,8 @@ use clap::Args;
 use http::header::HeaderName;
 use http::Uri;
 
-use super::accuracy::Algorithm;
-use tollgate_gateway::config::parse_duration;
+use crate::accuracy::Algorithm;
+use tollgate_core::duration::parse_duration;
 
 /// The longest run allowed.
 const MAX_DURATION: Duration = Duration::from_secs(3_600);

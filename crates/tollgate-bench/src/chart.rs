@@ -5,8 +5,8 @@ use anyhow::anyhow;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::output::Report;
-use super::report::SecondSummary;
+use crate::output::Report;
+use crate::report::SecondSummary;
 
 const WIDTH: u32 = 1000;
 const HEIGHT: u32 = 720;
