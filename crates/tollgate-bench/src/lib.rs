@@ -12,11 +12,12 @@
 
 mod accuracy;
 mod args;
-mod chart;
+pub mod chart;
 mod histogram;
 mod load;
 mod output;
 mod report;
+mod timeline;
 
 use std::fs::File;
 use std::io::{IsTerminal, Write};
@@ -82,7 +83,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
         output.write(json + "\n")?;
     }
     if let Some(output) = svg_file {
-        output.write(chart::render(&report)?)?;
+        output.write(timeline::render(&report)?)?;
     }
     Ok(())
 }
