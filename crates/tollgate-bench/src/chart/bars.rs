@@ -2,14 +2,10 @@
 //! with round ticks and its unit. `scripts/bench` draws docs/bench/gateway.svg with it
 //! (through the `bar_chart` example).
 
-use std::ops::Range;
-
 use anyhow::anyhow;
-use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, Ranged, ValueFormatter};
-use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use super::{Axis, Unit};
+use super::{Axis, TickedCoord, Unit};
 
 const BAR: RGBColor = RGBColor(0x3d, 0x6f, 0xa8);
 /// Pixels per bar (the bar and the gap below it).
@@ -47,6 +43,7 @@ pub fn render(
     // Room right of the longest bar for its value.
     let x = Axis::new(0.0, (peak * 1.2).max(1.0), 6, unit);
     let names_width = bars.iter().map(|b| b.name.len()).max().unwrap_or(0) as u32 * 9 + 20;
+    let names = bars.iter().map(|b| b.name.clone()).collect();
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
@@ -58,7 +55,7 @@ pub fn render(
             .margin_right(28)
             .x_label_area_size(super::X_LABEL_AREA)
             .y_label_area_size(names_width)
-            .build_cartesian_2d(x.coord(), Categories::new(bars))
+            .build_cartesian_2d(x.coord(), TickedCoord::categories(names))
             .map_err(|e| anyhow!("chart: {e}"))?;
         chart
             .configure_mesh()
@@ -91,54 +88,6 @@ pub fn render(
         root.present().map_err(fail)?;
     }
     Ok(svg)
-}
-
-/// The bars' axis: one slot per bar, top to bottom, labelled with its name.
-struct Categories {
-    inner: RangedCoordf64,
-    names: Vec<String>,
-}
-
-impl Categories {
-    fn new(bars: &[Bar]) -> Categories {
-        Categories {
-            inner: (0.0..bars.len() as f64).into(),
-            names: bars.iter().map(|b| b.name.clone()).collect(),
-        }
-    }
-}
-
-impl Ranged for Categories {
-    type FormatOption = NoDefaultFormatting;
-    type ValueType = f64;
-
-    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
-        self.inner.map(value, limit)
-    }
-
-    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
-        if hint.weight().allow_light_points() {
-            return Vec::new();
-        }
-        (0..self.names.len()).map(|i| i as f64 + 0.5).collect()
-    }
-
-    fn range(&self) -> Range<f64> {
-        self.inner.range()
-    }
-}
-
-impl ValueFormatter<f64> for Categories {
-    fn format_ext(&self, value: &f64) -> String {
-        // Slot i (from the top) is centred on n - i - 0.5.
-        let from_top = self.names.len() as f64 - value - 0.5;
-        let index = from_top.round();
-        if index >= 0.0 && (index as usize) < self.names.len() {
-            self.names[index as usize].clone()
-        } else {
-            String::new()
-        }
-    }
 }
 
 #[cfg(test)]

@@ -55,8 +55,8 @@ impl Axis {
     pub fn coord(&self) -> TickedCoord {
         TickedCoord {
             inner: self.range.clone().into(),
-            ticks: self.ticks,
-            values: self.ticks.values(),
+            points: self.ticks.values(),
+            labels: Labels::Ticks(self.ticks),
         }
     }
 
@@ -96,12 +96,31 @@ pub fn dashed_sample(
     move |(x, y)| DashedPathElement::new([(x, y), (x + 24, y)], size, spacing, style)
 }
 
-/// A plotters coordinate with round ticks: mapped as a plain `f64` range, its key points and
-/// labels come from [`Ticks`].
+/// A plotters coordinate mapped as a plain `f64` range whose key points and labels are ours:
+/// round ticks ([`Axis::coord`]) or one named slot per bar ([`TickedCoord::categories`]).
 pub struct TickedCoord {
     inner: RangedCoordf64,
-    ticks: Ticks,
-    values: Vec<f64>,
+    points: Vec<f64>,
+    labels: Labels,
+}
+
+/// How a [`TickedCoord`] labels its key points.
+enum Labels {
+    Ticks(Ticks),
+    /// Slot i from the top is centred on `len - i - 0.5`.
+    Names(Vec<String>),
+}
+
+impl TickedCoord {
+    /// `names.len()` slots, the first at the top, each labelled with its name.
+    pub fn categories(names: Vec<String>) -> TickedCoord {
+        let len = names.len();
+        TickedCoord {
+            inner: (0.0..len as f64).into(),
+            points: (0..len).map(|i| i as f64 + 0.5).collect(),
+            labels: Labels::Names(names),
+        }
+    }
 }
 
 impl Ranged for TickedCoord {
@@ -113,11 +132,11 @@ impl Ranged for TickedCoord {
     }
 
     fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
-        // Grid lines at the ticks only: no lighter lines in between.
+        // Grid lines at the key points only: no lighter lines in between.
         if hint.weight().allow_light_points() {
             Vec::new()
         } else {
-            self.values.clone()
+            self.points.clone()
         }
     }
 
@@ -128,6 +147,16 @@ impl Ranged for TickedCoord {
 
 impl ValueFormatter<f64> for TickedCoord {
     fn format_ext(&self, value: &f64) -> String {
-        self.ticks.label(*value)
+        match &self.labels {
+            Labels::Ticks(ticks) => ticks.label(*value),
+            Labels::Names(names) => {
+                let from_top = (names.len() as f64 - value - 0.5).round();
+                if from_top >= 0.0 && (from_top as usize) < names.len() {
+                    names[from_top as usize].clone()
+                } else {
+                    String::new()
+                }
+            }
+        }
     }
 }
