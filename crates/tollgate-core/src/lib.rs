@@ -35,6 +35,7 @@
 
 pub mod algorithms;
 mod decision;
+pub mod duration;
 mod key;
 mod quota;
 mod time;

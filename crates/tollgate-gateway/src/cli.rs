@@ -5,7 +5,7 @@
 //! (clap's convention, which `check-config` shares for invalid files); runtime errors print
 //! `error: ...` and exit with 1.
 
-use crate::{bench, simulate};
+use crate::simulate;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,7 +36,7 @@ enum Command {
     /// Replay a scenario through every algorithm and show what each admits.
     Simulate(simulate::SimulateArgs),
     /// Load a running gateway and check that it admits what its limit allows.
-    Bench(Box<bench::BenchArgs>),
+    Bench(Box<tollgate_bench::BenchArgs>),
 }
 
 impl Command {
@@ -45,7 +45,7 @@ impl Command {
             Command::Serve { config } => Ok(code(tollgate_gateway::serve::main(config.as_deref()))),
             Command::CheckConfig { file } => Ok(code(tollgate_gateway::check_config::main(&file))),
             Command::Simulate(args) => simulate::run(&args).map(|()| ExitCode::SUCCESS),
-            Command::Bench(args) => bench::run(*args).map(|()| ExitCode::SUCCESS),
+            Command::Bench(args) => tollgate_bench::run(*args).map(|()| ExitCode::SUCCESS),
         }
     }
 }

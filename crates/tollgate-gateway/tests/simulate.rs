@@ -128,6 +128,22 @@ fn svg_flag_writes_a_chart_with_a_panel_per_algorithm() {
     ] {
         assert!(svg.contains(text), "the chart has no {text:?}");
     }
+    // The time axis reads in round tenths of a second, never a float as computed.
+    let texts: Vec<&str> = svg
+        .split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let body = &t[t.find('>')? + 1..];
+            Some(body[..body.find("</text>")?].trim())
+        })
+        .collect();
+    for tick in ["59.8", "59.9", "60.0", "60.1", "60.2"] {
+        assert!(texts.contains(&tick), "no tick {tick:?} in {texts:?}");
+    }
+    assert!(
+        texts.iter().all(|t| t.len() < 12 || t.contains(' ')),
+        "a label with float noise: {texts:?}"
+    );
 }
 
 #[test]

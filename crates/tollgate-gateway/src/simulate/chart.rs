@@ -5,6 +5,7 @@ use super::{Outcome, Scenario};
 use anyhow::Context;
 use plotters::prelude::*;
 use std::path::Path;
+use tollgate_bench::chart::{self, Axis, Unit};
 
 const ADMITTED: RGBColor = RGBColor(0x1b, 0x9e, 0x4b);
 const REJECTED: RGBColor = RGBColor(0xd6, 0x27, 0x28);
@@ -17,16 +18,18 @@ pub fn draw(path: &Path, scenario: &Scenario, outcomes: &[Outcome]) -> anyhow::R
 }
 
 fn draw_inner(path: &Path, s: &Scenario, outcomes: &[Outcome]) -> anyhow::Result<()> {
-    let root = SVGBackend::new(path, (1200, 960)).into_drawing_area();
+    let root = SVGBackend::new(path, (1200, 1020)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
         "tollgate simulate --scenario {}: {}",
         s.name.name(),
         s.summary
     );
-    let root = root.titled(&title, ("sans-serif", 20))?;
+    let root = root.titled(&title, chart::title_font())?;
     let (x0, x1) = time_range(s);
+    let x = Axis::new(x0, x1, 8, Unit::Seconds);
     let y_max = outcomes.iter().map(|o| o.sent).max().unwrap_or(1).max(1) as f64 * 1.05;
+    let y = Axis::new(0.0, y_max, 6, Unit::Count);
     let period = s.quota.period().as_secs_f64();
     for (panel, o) in root.split_evenly((3, 2)).iter().zip(outcomes) {
         let caption = format!(
@@ -37,52 +40,43 @@ fn draw_inner(path: &Path, s: &Scenario, outcomes: &[Outcome]) -> anyhow::Result
             o.sent
         );
         let mut chart = ChartBuilder::on(panel)
-            .caption(caption, ("sans-serif", 16))
+            .caption(caption, chart::caption_font())
             .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(55)
-            .build_cartesian_2d(x0..x1, 0f64..y_max)?;
+            .margin_right(28)
+            .x_label_area_size(chart::X_LABEL_AREA)
+            .y_label_area_size(chart::Y_LABEL_AREA)
+            .build_cartesian_2d(x.coord(), y.coord())?;
         chart
             .configure_mesh()
-            .x_desc("time (s)")
-            .y_desc("requests (cumulative)")
-            .y_label_formatter(&|v| format!("{v:.0}"))
-            .x_label_formatter(&|v| format!("{v}"))
-            .light_line_style(WHITE.mix(0.0))
-            .bold_line_style(BLACK.mix(0.08))
+            .x_desc(x.title("time"))
+            .y_desc(y.title("requests (cumulative)"))
+            .label_style(chart::label_font())
+            .axis_desc_style(chart::label_font())
+            .bold_line_style(BLACK.mix(0.12))
             .draw()?;
-        let boundaries = window_boundaries(x0, x1, period);
-        let mut first = true;
-        for b in boundaries {
-            let series = chart.draw_series(DashedLineSeries::new(
-                [(b, 0.0), (b, y_max)],
-                6,
-                4,
-                BOUNDARY.stroke_width(1),
-            ))?;
-            if first {
+        let boundary = BOUNDARY.stroke_width(2);
+        for (i, b) in window_boundaries(x0, x1, period).into_iter().enumerate() {
+            let line = DashedLineSeries::new([(b, 0.0), (b, y_max)], 6, 4, boundary);
+            let series = chart.draw_series(line)?;
+            if i == 0 {
                 series
                     .label("window boundary")
-                    .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BOUNDARY));
-                first = false;
+                    .legend(chart::dashed_sample(boundary, 6, 4));
             }
         }
         for (label, color, admitted) in
             [("admitted", ADMITTED, true), ("rejected", REJECTED, false)]
         {
+            let style = color.stroke_width(2);
             chart
-                .draw_series(LineSeries::new(
-                    cumulative(o, admitted, x0, x1),
-                    color.stroke_width(2),
-                ))?
+                .draw_series(LineSeries::new(cumulative(o, admitted, x0, x1), style))?
                 .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2))
-                });
+                .legend(chart::solid_sample(style));
         }
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperLeft)
+            .label_font(chart::label_font())
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()?;

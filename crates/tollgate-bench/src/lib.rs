@@ -1,4 +1,4 @@
-//! `tollgate bench`: a load generator that checks a rate limiter's accounting.
+//! The load generator behind `tollgate bench`: it checks a rate limiter's accounting.
 //!
 //! Why a dedicated tool rather than a generic HTTP load generator: a generic one reports how
 //! fast the gateway answers, but not whether it admitted what the limit allows. This one
@@ -6,14 +6,18 @@
 //! was admitted with what the limit allows over the elapsed time (see `accuracy`).
 //!
 //! Every run is bounded by `--duration` (at most one hour) and `--max-requests`.
+//!
+//! The `tollgate` binary parses [`BenchArgs`] (a clap `Args` struct) and calls [`run`].
+#![deny(missing_docs)]
 
 mod accuracy;
 mod args;
-mod chart;
+pub mod chart;
 mod histogram;
 mod load;
 mod output;
 mod report;
+mod timeline;
 
 use std::fs::File;
 use std::io::{IsTerminal, Write};
@@ -26,6 +30,7 @@ use anyhow::Context;
 use http::header::HeaderValue;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+pub use accuracy::Algorithm;
 use accuracy::Limit;
 pub use args::BenchArgs;
 use load::{Live, Plan};
@@ -78,7 +83,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
         output.write(json + "\n")?;
     }
     if let Some(output) = svg_file {
-        output.write(chart::render(&report)?)?;
+        output.write(timeline::render(&report)?)?;
     }
     no_answer_is_failure(&finished.recorder)
 }

@@ -22,7 +22,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::MissedTickBehavior;
 
-use super::report::{ErrorKind, Outcome, Recorder, Sample};
+use crate::report::{ErrorKind, Outcome, Recorder, Sample};
 
 /// The most of a response body that is read (and thrown away) to reuse the connection.
 const MAX_BODY: usize = 1 << 20;

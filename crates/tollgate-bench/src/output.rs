@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::accuracy::{self, AccuracyReport, Algorithm, Limit};
-use super::load::{Finished, Plan};
-use super::report::{LatencySummary, SecondSummary};
-use super::BenchArgs;
+use crate::accuracy::{self, AccuracyReport, Algorithm, Limit};
+use crate::load::{Finished, Plan};
+use crate::report::{LatencySummary, SecondSummary};
+use crate::BenchArgs;
 
 /// How the bench was run.
 #[derive(Debug, Clone, Serialize)]

@@ -1,15 +1,16 @@
-//! `tollgate bench` end to end: the real binary against tiny limiters with a known, exact
-//! behaviour, started on 127.0.0.1 inside the test. The accuracy report must see exactly what
-//! the limiter did: no over-admission from an exact one, the leak from a leaky one.
+//! The load generator end to end, as `tollgate bench` runs it (arguments parsed by clap, then
+//! [`tollgate_bench::run_async`]), against tiny limiters with a known, exact behaviour started
+//! on 127.0.0.1 inside the test. The accuracy report must see exactly what the limiter did: no
+//! over-admission from an exact one, the leak from a leaky one.
 
-mod support;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::process::Output;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use support::scratch;
+
+use clap::Parser;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -85,17 +86,29 @@ fn limiter(admit: u64, policy_header: Option<&str>) -> Arc<CountingLimiter> {
     })
 }
 
-/// Runs `tollgate bench ARGS` off the async runtime, so the test server keeps serving.
-async fn bench(args: Vec<String>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .arg("bench")
-            .args(args)
-            .output()
-            .expect("run tollgate")
-    })
-    .await
-    .expect("join")
+/// `tollgate bench`'s command line: the library's arguments under a parser of their own.
+#[derive(Parser)]
+#[command(name = "bench")]
+struct Cli {
+    #[command(flatten)]
+    args: tollgate_bench::BenchArgs,
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// A scratch file path unique to this process and call.
+fn scratch(name: &str) -> PathBuf {
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("tollgate-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.join(format!("{n}-{name}"))
+}
+
+/// Parses `ARGS` as `tollgate bench ARGS` does and runs the load generator on this runtime
+/// (its requests go to the test server, which keeps serving on the other worker).
+async fn bench(args: Vec<String>) -> anyhow::Result<()> {
+    let cli = Cli::try_parse_from(std::iter::once("bench".to_owned()).chain(args))?;
+    tollgate_bench::run_async(cli.args).await
 }
 
 /// Runs the bench quietly with `args` (split on spaces) plus `extra`, and returns its JSON report,
@@ -109,8 +122,11 @@ async fn bench_json(args: &str, extra: &[&str], json_name: &str) -> Value {
         json.display().to_string(),
         "--quiet".to_owned(),
     ]);
-    let output = bench(args).await;
-    support::bench_report(&output, &json)
+    if let Err(e) = bench(args).await {
+        panic!("bench failed: {e:#}");
+    }
+    let text = std::fs::read_to_string(&json).expect("json written");
+    serde_json::from_str(&text).expect("valid json")
 }
 
 fn u(value: &Value) -> u64 {
@@ -302,9 +318,11 @@ async fn an_unreachable_target_counts_connect_errors_and_fails() {
     )
     .await;
     // Nothing answered: the run fails (it measured nothing), and still writes its report.
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
-    assert!(stderr.contains("no request got an answer"), "{stderr}");
+    let err = output.expect_err("a run in which nothing answered fails");
+    assert!(
+        err.to_string().contains("no request got an answer"),
+        "{err}"
+    );
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("report written"))
             .expect("json report");
@@ -316,10 +334,12 @@ async fn an_unreachable_target_counts_connect_errors_and_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_targets_are_refused_as_a_usage_error() {
-    let output = bench(vec!["--target".into(), "https://127.0.0.1:1/".into()]).await;
-    assert_eq!(output.status.code(), Some(2), "a usage error");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("https is not supported"), "{stderr}");
+    let Err(e) = Cli::try_parse_from(["bench", "--target", "https://127.0.0.1:1/"]) else {
+        panic!("an https target was accepted");
+    };
+    // clap's usage errors exit with 2 in the binary.
+    assert_eq!(e.exit_code(), 2, "a usage error");
+    assert!(e.to_string().contains("https is not supported"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,7 +347,7 @@ async fn an_unwritable_report_fails_before_any_request_is_sent() {
     let server = limiter(5, None);
     let addr = serve(Arc::clone(&server)).await;
     let missing = scratch("no-such-dir").join("report.json");
-    let output = bench(vec![
+    let result = bench(vec![
         "--target".into(),
         format!("http://{addr}/"),
         "--json".into(),
@@ -337,7 +357,9 @@ async fn an_unwritable_report_fails_before_any_request_is_sent() {
     ])
     .await;
 
-    assert_eq!(output.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot create"));
+    let Err(e) = result else {
+        panic!("the run succeeded without its report file");
+    };
+    assert!(format!("{e:#}").contains("cannot create"), "{e:#}");
     assert_eq!(server.requests.load(Ordering::Relaxed), 0);
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::accuracy::{ClientObservation, Span};
-use super::histogram::Histogram;
+use crate::accuracy::{ClientObservation, Span};
+use crate::histogram::Histogram;
 
 /// Why a request got no HTTP response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -5,8 +5,9 @@ use anyhow::anyhow;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::output::Report;
-use super::report::SecondSummary;
+use crate::chart::{self, Axis, Unit};
+use crate::output::Report;
+use crate::report::SecondSummary;
 
 const WIDTH: u32 = 1000;
 const HEIGHT: u32 = 720;
@@ -15,13 +16,13 @@ const HEIGHT: u32 = 720;
 type Series = (&'static str, RGBColor, fn(&SecondSummary) -> f64);
 
 const THROUGHPUT: [Series; 3] = [
-    ("admitted (2xx)/s", RGBColor(0x2e, 0x7d, 0x32), |s| {
+    ("admitted (2xx)", RGBColor(0x2e, 0x7d, 0x32), |s| {
         s.admitted as f64
     }),
-    ("limited (429)/s", RGBColor(0xc6, 0x28, 0x28), |s| {
+    ("limited (429)", RGBColor(0xc6, 0x28, 0x28), |s| {
         s.limited as f64
     }),
-    ("other + errors/s", RGBColor(0x75, 0x75, 0x75), |s| {
+    ("other + errors", RGBColor(0x75, 0x75, 0x75), |s| {
         (s.other + s.errors) as f64
     }),
 ];
@@ -48,7 +49,8 @@ pub fn render(report: &Report) -> anyhow::Result<String> {
         let seconds = &report.timeline;
         let top_panel = Panel {
             caption: "throughput per second",
-            unit: "requests/s",
+            quantity: "throughput",
+            unit: Unit::RequestsPerSecond,
             series: &THROUGHPUT,
             reference: allowed_rate(report).map(|rate| ("limit x clients", rate)),
         };
@@ -61,7 +63,8 @@ pub fn render(report: &Report) -> anyhow::Result<String> {
             .collect();
         let bottom_panel = Panel {
             caption: "latency percentiles per second",
-            unit: "ms",
+            quantity: "latency",
+            unit: Unit::Milliseconds,
             series: &LATENCY_MS,
             reference: None,
         };
@@ -87,7 +90,8 @@ fn allowed_rate(report: &Report) -> Option<f64> {
 /// One chart of lines over the seconds of the run.
 struct Panel<'a> {
     caption: &'a str,
-    unit: &'a str,
+    quantity: &'a str,
+    unit: Unit,
     series: &'a [Series],
     /// A horizontal line to compare against, with its legend.
     reference: Option<(&'a str, f64)>,
@@ -105,40 +109,47 @@ impl Panel<'_> {
             .chain(self.reference.map(|(_, level)| level))
             .fold(0.0, f64::max);
         let span = seconds.last().map_or(1.0, |s| s.second as f64 + 1.0);
+        let x = Axis::new(0.0, span, 11, Unit::Seconds);
+        let y = Axis::new(0.0, (peak * 1.1).max(0.1), 7, self.unit);
         let mut chart = ChartBuilder::on(area)
-            .caption(self.caption, ("sans-serif", 18))
+            .caption(self.caption, chart::caption_font())
             .margin(12)
-            .x_label_area_size(32)
-            .y_label_area_size(64)
-            .build_cartesian_2d(0f64..span, 0f64..(peak * 1.1).max(0.1))
+            .margin_right(28)
+            .x_label_area_size(chart::X_LABEL_AREA)
+            .y_label_area_size(chart::Y_LABEL_AREA)
+            .build_cartesian_2d(x.coord(), y.coord())
             .map_err(|e| anyhow!("chart: {e}"))?;
         chart
             .configure_mesh()
-            .x_desc("seconds")
-            .y_desc(self.unit)
+            .x_desc(x.title("time since the start"))
+            .y_desc(y.title(self.quantity))
+            .label_style(chart::label_font())
+            .axis_desc_style(chart::label_font())
+            .bold_line_style(BLACK.mix(0.12))
             .draw()
             .map_err(|e| anyhow!("chart: {e}"))?;
         if let Some((label, level)) = self.reference {
-            let line = LineSeries::new([(0.0, level), (span, level)], BLACK.stroke_width(1));
+            let style = BLACK.stroke_width(1);
+            let line = DashedLineSeries::new([(0.0, level), (span, level)], 8, 5, style);
             chart
                 .draw_series(line)
                 .map_err(|e| anyhow!("chart: {e}"))?
                 .label(label)
-                .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK));
+                .legend(chart::dashed_sample(style, 8, 5));
         }
         for &(label, color, value) in self.series {
             let points = seconds.iter().map(|s| (s.second as f64 + 0.5, value(s)));
+            let style = color.stroke_width(2);
             chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                .draw_series(LineSeries::new(points, style))
                 .map_err(|e| anyhow!("chart: {e}"))?
                 .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
-                });
+                .legend(chart::solid_sample(style));
         }
         chart
             .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
+            .label_font(chart::label_font())
+            .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
             .map_err(|e| anyhow!("chart: {e}"))?;
