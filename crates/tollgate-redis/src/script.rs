@@ -229,10 +229,16 @@ fn generate(shape: &Shape) -> Script {
     let n = shape.rules.len();
     let mut lua = String::with_capacity(4096 * n);
     let _ = writeln!(lua, "-- tollgate plan script: {n} rule(s)");
+    // One rule: `nargs < 1` means no argument at all, which is allowed (one comparison less).
+    let some_costs = if n == 1 {
+        String::new()
+    } else {
+        format!(" or (nargs ~= 0 and nargs < {n})")
+    };
     let _ = writeln!(
         lua,
         "local keys, nargs = KEYS, #ARGV\n\
-         if #keys ~= {n} or (nargs ~= 0 and nargs < {n}) or nargs > {n2} then\n  \
+         if #keys ~= {n}{some_costs} or nargs > {n2} then\n  \
          return redis.error_reply('ERR tollgate: expected {n} keys and 0, {n}, {n1} or {n2} ' ..\n    \
          'arguments (costs, now, PX floor), got ' .. #keys .. ' keys and ' .. nargs .. ' arguments')\n\
          end\n\
@@ -266,7 +272,8 @@ fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) -> u64 {
     );
     cost(lua, 1);
     lua.push_str(
-        "local raw = redis.call('GET', keys[1])\n\
+        "local key = keys[1]\n\
+         local raw = redis.call('GET', key)\n\
          local ok, remaining, reset, retry, value, idle_at\n\
          do\n",
     );
@@ -278,7 +285,7 @@ fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) -> u64 {
          end\n\
          if cost > 0 then\n",
     );
-    write(lua, "keys[1]", "value", "idle_at");
+    write(lua, "key", "value", "idle_at");
     lua.push_str("end\n");
     if base > 0 {
         // The Rust side proved every value fits below 2^53; the script checks it anyway.
@@ -622,7 +629,7 @@ mod tests {
                 !text.contains("local function") && !text.contains("= function"),
                 "{a} defines a function"
             );
-            assert!(text.contains("redis.call('GET', keys[1])") && !text.contains("MGET"));
+            assert!(text.contains("redis.call('GET', key)") && !text.contains("MGET"));
             assert!(text.contains("return reset * 101 + remaining"), "{a}");
             // A shadow rule alone runs the enforced rule's script.
             let enforced = RuleShape {
