@@ -229,36 +229,47 @@ fn generate(shape: &Shape) -> Script {
     let n = shape.rules.len();
     let mut lua = String::with_capacity(4096 * n);
     let _ = writeln!(lua, "-- tollgate plan script: {n} rule(s)");
-    // One rule: `nargs < 1` means no argument at all, which is allowed (one comparison less).
-    let some_costs = if n == 1 {
-        String::new()
-    } else {
-        format!(" or (nargs ~= 0 and nargs < {n})")
+    // One rule: the quota first and the cost before the clock, the layout measured with
+    // callgrind (a reordering of the same statements cost a fixed window ~3% more); and
+    // `nargs < 1` means no argument at all, which is allowed (one comparison less).
+    let (one, key, some_costs, cost_local) = match &shape.rules[..] {
+        [one] => {
+            let (l, p, b, t) = constants(&one.limit);
+            let _ = writeln!(lua, "local limit, p, burst, t = {l}, {p}, {b}, {t}");
+            (Some(one), "local key = keys[1]\n", String::new(), "cost, ")
+        }
+        _ => (None, "", format!(" or (nargs ~= 0 and nargs < {n})"), ""),
     };
+    let one_cost = if one.is_some() { "1, " } else { "" };
     let _ = writeln!(
         lua,
         "local keys, nargs = KEYS, #ARGV\n\
-         if #keys ~= {n}{some_costs} or nargs > {n2} then\n  \
+         {key}if #keys ~= {n}{some_costs} or nargs > {n2} then\n  \
          return redis.error_reply('ERR tollgate: expected {n} keys and 0, {n}, {n1} or {n2} ' ..\n    \
          'arguments (costs, now, PX floor), got ' .. #keys .. ' keys and ' .. nargs .. ' arguments')\n\
          end\n\
-         local now, ttl_floor = nil, 0",
+         local {cost_local}now, ttl_floor = {one_cost}nil, 0",
         n1 = n + 1,
         n2 = n + 2
     );
+    if one.is_some() {
+        cost(&mut lua, 1);
+    }
     clock(&mut lua, n + 1);
-    let base = if let [one] = &shape.rules[..] {
-        one_rule(&mut lua, one, shape.integer_reply)
-    } else {
-        several_rules(&mut lua, &shape.rules);
-        0
+    let base = match one {
+        Some(one) => one_rule(&mut lua, one, shape.integer_reply),
+        None => {
+            several_rules(&mut lua, &shape.rules);
+            0
+        }
     };
     let mut script = finish(&[&lua]);
     script.reply_base = base;
     script
 }
 
-/// A one-rule plan: the body at the top level, no suffixed locals, GET not MGET.
+/// A one-rule plan (after the quota, the cost and the clock): the body at the top level, no
+/// suffixed locals, GET not MGET.
 fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) -> u64 {
     let (l, p, b, t) = constants(&rule.limit);
     let (base, bound) = if integer_reply {
@@ -266,14 +277,8 @@ fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) -> u64 {
     } else {
         (0, 0)
     };
-    let _ = writeln!(
-        lua,
-        "local limit, p, burst, t = {l}, {p}, {b}, {t}\nlocal cost = 1"
-    );
-    cost(lua, 1);
     lua.push_str(
-        "local key = keys[1]\n\
-         local raw = redis.call('GET', key)\n\
+        "local raw = redis.call('GET', key)\n\
          local ok, remaining, reset, retry, value, idle_at\n\
          do\n",
     );
