@@ -13,6 +13,7 @@ enum Kind {
     Script,
     Protocol,
     Config,
+    Auth,
     Invalid,
 }
 
@@ -28,7 +29,7 @@ pub struct RedisStoreError {
 
 impl RedisStoreError {
     /// One of `connection`, `timeout`, `cluster`, `busy`, `script`, `protocol`, `config`,
-    /// `invalid`.
+    /// `auth` (the server refused the credentials, or wants some), `invalid`.
     pub fn kind(&self) -> &'static str {
         match self.kind {
             Kind::Connection => "connection",
@@ -38,6 +39,7 @@ impl RedisStoreError {
             Kind::Script => "script",
             Kind::Protocol => "protocol",
             Kind::Config => "config",
+            Kind::Auth => "auth",
             Kind::Invalid => "invalid",
         }
     }
@@ -97,9 +99,12 @@ impl From<RedisError> for RedisStoreError {
                 ) => Kind::Cluster,
                 ErrorKind::Server(ServerErrorKind::BusyLoading) => Kind::Busy,
                 ErrorKind::Parse | ErrorKind::UnexpectedReturnType => Kind::Protocol,
-                ErrorKind::AuthenticationFailed
-                | ErrorKind::InvalidClientConfig
-                | ErrorKind::Server(ServerErrorKind::NoPerm) => Kind::Config,
+                // A refused AUTH (wrong password, unknown user) or a server that wants one.
+                ErrorKind::AuthenticationFailed => Kind::Auth,
+                _ if wants_auth(&e) => Kind::Auth,
+                ErrorKind::InvalidClientConfig | ErrorKind::Server(ServerErrorKind::NoPerm) => {
+                    Kind::Config
+                }
                 // A script still running (BUSY) is another client's long script.
                 _ if e.code() == Some("BUSY") => Kind::Busy,
                 _ => Kind::Script,
@@ -111,6 +116,14 @@ impl From<RedisError> for RedisStoreError {
             source: Some(e),
         }
     }
+}
+
+/// NOAUTH / WRONGPASS replies, and the protocol error Redis 7 answers an unauthenticated
+/// client sending a large argument (a script) before closing its connection.
+fn wants_auth(e: &RedisError) -> bool {
+    matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+        || e.detail()
+            .is_some_and(|d| d.contains("unauthenticated") || d.starts_with("NOAUTH"))
 }
 
 impl fmt::Display for RedisStoreError {

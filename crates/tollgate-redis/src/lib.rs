@@ -31,9 +31,10 @@ mod config;
 mod error;
 mod lease;
 mod script;
+mod sentinel;
 mod store;
 
-pub use config::{RedisConfig, StoreClock};
+pub use config::{check_url, redact_url, RedisConfig, StoreClock};
 pub use error::RedisStoreError;
 pub use lease::{leasable, Lease, LeaseRequest};
 pub use script::{
