@@ -59,6 +59,12 @@ pub(crate) fn validate(
             "must differ from server.listen",
         );
     }
+    let mut warnings = Vec::new();
+    if policies.is_empty() {
+        warnings.push(format!(
+            "warning: {file}: no [[policy]]: every request passes unlimited; add a [[policy]] with name, algorithm, limit and period"
+        ));
+    }
     if r.errors.is_empty() {
         Ok(Config {
             origin: file.to_string(),
@@ -67,6 +73,7 @@ pub(crate) fn validate(
             identity,
             secret,
             policies,
+            warnings,
         })
     } else {
         Err(ConfigErrors(r.errors))
@@ -195,14 +202,14 @@ pub(super) fn failure_policy(s: &str) -> Result<FailurePolicy, String> {
     )
 }
 
+/// A URL the Redis client can connect with; the error quotes it without its secrets.
 fn redis_url(s: &str) -> Result<String, String> {
-    if s.starts_with("redis://") || s.starts_with("rediss://") {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "{:?} is not a Redis URL; expected redis://HOST:PORT or rediss://HOST:PORT",
+    match tollgate_redis::check_url(s) {
+        Ok(()) => Ok(s.to_string()),
+        Err(why) => Err(format!(
+            "{:?} is not a usable Redis URL: {why}; expected redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://...",
             redact_url(s)
-        ))
+        )),
     }
 }
 
@@ -212,6 +219,7 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
         Memory,
         Redis,
         Cluster,
+        Sentinel,
     }
     let kind = field(r, "store.backend", &raw.backend, Kind::Memory, |s| {
         one_of(
@@ -220,6 +228,7 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
                 ("memory", Kind::Memory),
                 ("redis", Kind::Redis),
                 ("redis-cluster", Kind::Cluster),
+                ("redis-sentinel", Kind::Sentinel),
             ],
         )
     });
@@ -243,7 +252,7 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
                 r.at(
                     list.span(),
                     "store.urls",
-                    "is for backend \"redis-cluster\"; backend \"redis\" takes url = \"redis://...\"",
+                    "is for backends \"redis-cluster\" and \"redis-sentinel\"; backend \"redis\" takes url = \"redis://...\"",
                 );
             }
             StoreBackend::Redis {
@@ -263,7 +272,17 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
             }
             StoreBackend::RedisCluster { urls }
         }
+        Kind::Sentinel => sentinel(r, &raw, urls),
     };
+    if !matches!(kind, Kind::Sentinel) {
+        if let Some(m) = &raw.master_name {
+            r.at(
+                m.span(),
+                "store.master_name",
+                "only applies with backend = \"redis-sentinel\"",
+            );
+        }
+    }
     let timeout = field(
         r,
         "store.timeout",
@@ -329,6 +348,45 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
     }
 }
 
+fn sentinel(r: &mut Reporter<'_>, raw: &RawStore, urls: Vec<String>) -> StoreBackend {
+    let backend_span = raw.backend.as_ref().map_or(0..0, |b| b.span());
+    if let Some(u) = &raw.url {
+        r.at(
+            u.span(),
+            "store.url",
+            "backend \"redis-sentinel\" takes urls = [\"redis://SENTINEL:26379\", ...] (the sentinels)",
+        );
+    } else if urls.is_empty() && raw.urls.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
+        r.at(
+            backend_span.clone(),
+            "store.urls",
+            "backend \"redis-sentinel\" needs urls = [\"redis://HOST:26379\", ...] with at least one sentinel",
+        );
+    }
+    let master_name = match &raw.master_name {
+        Some(m) if !m.get_ref().is_empty() && !m.get_ref().chars().any(char::is_whitespace) => {
+            m.get_ref().clone()
+        }
+        Some(m) => {
+            r.at(
+                m.span(),
+                "store.master_name",
+                "is empty or has spaces; expected the name the sentinels monitor (sentinel monitor NAME ...)",
+            );
+            String::new()
+        }
+        None => {
+            r.at(
+                backend_span,
+                "store.master_name",
+                "is missing; backend \"redis-sentinel\" needs the name the sentinels monitor the master under",
+            );
+            String::new()
+        }
+    };
+    StoreBackend::RedisSentinel { urls, master_name }
+}
+
 pub(super) fn sources(
     r: &mut Reporter<'_>,
     key: &str,
@@ -364,6 +422,7 @@ fn identity(
         }
     }
     if let Some(list) = &raw.trusted_proxies {
+        let before = id.trusted_proxies.len();
         for p in list.get_ref() {
             let s = p.get_ref();
             let net = s
@@ -378,6 +437,16 @@ fn identity(
                         "{s:?} is not allowed; expected an IP address or CIDR like \"10.0.0.0/8\""
                     ),
                 ),
+            }
+        }
+        let allow_any = raw.allow_any_proxy.as_ref().is_some_and(|a| *a.get_ref());
+        if !allow_any {
+            if let Some(all) = catch_all(&id.trusted_proxies[before..]) {
+                r.at(
+                    list.span(),
+                    "identity.trusted_proxies",
+                    format!("covers every {all} address, so any client could pick its own identity with a forwarding header; list your proxies' addresses, or set allow_any_proxy = true if every peer really is a proxy"),
+                );
             }
         }
     }
@@ -419,6 +488,17 @@ fn identity(
         },
     );
     (id, secret)
+}
+
+/// "IPv4" or "IPv6" when `nets` together trust every address of that family.
+fn catch_all(nets: &[IpNet]) -> Option<&'static str> {
+    IpNet::aggregate(&nets.to_vec())
+        .iter()
+        .find(|n| n.prefix_len() == 0)
+        .map(|n| match n {
+            IpNet::V4(_) => "IPv4",
+            IpNet::V6(_) => "IPv6",
+        })
 }
 
 /// Expands `${NAME}` from the environment; an unset variable is an error.
