@@ -265,4 +265,58 @@ mod tests {
             assert!(!e.contains("secret"), "{e}");
         }
     }
+
+    fn cases() -> proptest::test_runner::Config {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(512);
+        proptest::test_runner::Config {
+            cases,
+            ..proptest::test_runner::Config::default()
+        }
+    }
+
+    /// Characters a password may hold written as is: RFC 3986 unreserved and sub-delims, plus
+    /// the URL delimiters that misplaced passwords contain (`/`, `?`, `:`, `#`).
+    const PW: &str = "[A-Za-z0-9._~!$&'()*+,;=:/?#%-]{4,24}";
+
+    proptest::proptest! {
+        #![proptest_config(cases())]
+
+        #[test]
+        fn no_password_in_the_user_info_survives(
+            user in "[a-z]{0,6}",
+            pw in PW,
+            host in "[a-z]{1,8}(\\.[a-z]{1,5})?",
+            tail in "(:[0-9]{1,5})?(/[0-9]{1,2})?(\\?[a-z]{1,6}=[a-z0-9]{1,6})?",
+        ) {
+            let url = format!("redis://{user}:{pw}@{host}{tail}");
+            proptest::prop_assume!(!format!("{user}{host}{tail}").contains(&pw));
+            proptest::prop_assume!(!pw.to_ascii_lowercase().contains("password="));
+            let shown = redact_url(&url);
+            proptest::prop_assert!(!shown.contains(&pw), "{url} -> {shown}");
+            proptest::prop_assert!(shown.contains(&host), "{url} -> {shown}");
+        }
+
+        #[test]
+        fn no_password_query_parameter_survives(
+            host in "[a-z]{1,8}",
+            pw in "[A-Za-z0-9._~!$'()*+,;=:/?%@-]{4,24}",
+            name in "(password|PASSWORD|Password)",
+            before in "([a-z]{1,6}=[a-z0-9]{1,6}&)?",
+            after in "(&[a-z]{1,6}=[a-z0-9]{1,6})?(#insecure)?",
+        ) {
+            let url = format!("rediss://{host}:6379/0?{before}{name}={pw}{after}");
+            proptest::prop_assume!(!format!("{host}{before}{after}").contains(&pw));
+            let shown = redact_url(&url);
+            proptest::prop_assert!(!shown.contains(&pw), "{url} -> {shown}");
+        }
+
+        #[test]
+        fn arbitrary_input_never_panics(url in "(?s).{0,120}") {
+            let _ = redact_url(&url);
+            let _ = check_url(&url);
+        }
+    }
 }

@@ -231,4 +231,6 @@ period = "1m"
 "#;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;

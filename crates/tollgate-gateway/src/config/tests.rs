@@ -225,3 +225,23 @@ fn long_messages_keep_their_start_and_their_help() {
     assert!(cut.len() < 300, "{cut}");
     assert_eq!(error::cut("short", 200, 300), "short");
 }
+
+#[test]
+fn store_urls_expand_environment_variables() {
+    let text = "[store]\nbackend = \"redis\"\nurl = \"redis://:${SECRET}@127.0.0.1:6379\"\n";
+    let c = validate::validate("t.toml", text, |n| {
+        (n == "SECRET").then(|| "s3".to_string())
+    })
+    .expect("valid");
+    assert_eq!(
+        c.store.backend,
+        StoreBackend::Redis {
+            url: "redis://:s3@127.0.0.1:6379".to_string()
+        }
+    );
+    let e = errors("[store]\nbackend = \"redis-cluster\"\nurls = [\"redis://:${NOPE}@h:1\"]\n");
+    assert!(
+        e[0].contains("t.toml:3:9: store.urls") && e[0].contains("NOPE"),
+        "{e:?}"
+    );
+}

@@ -31,6 +31,7 @@ pub(crate) fn validate(
     let store = store(
         &mut r,
         raw.store.map(Spanned::into_inner).unwrap_or_default(),
+        &env,
     );
     let (identity, secret) = identity(
         &mut r,
@@ -213,7 +214,11 @@ fn redis_url(s: &str) -> Result<String, String> {
     }
 }
 
-fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
+fn store(
+    r: &mut Reporter<'_>,
+    raw: RawStore,
+    env: &impl Fn(&str) -> Option<String>,
+) -> StoreConfig {
     #[derive(Clone, Copy)]
     enum Kind {
         Memory,
@@ -235,11 +240,14 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
     let max_keys = field(r, "store.max_keys", &raw.max_keys, 1_000_000, |v| {
         positive(v, "max_keys").map(|n| usize::try_from(n).unwrap_or(usize::MAX))
     });
-    let url = field(r, "store.url", &raw.url, None, |s| redis_url(s).map(Some));
+    // `${REDIS_PASSWORD}` keeps the password out of the file.
+    let url = field(r, "store.url", &raw.url, None, |s| {
+        redis_url(&expand_env(s, env)?).map(Some)
+    });
     let mut urls = Vec::new();
     if let Some(list) = &raw.urls {
         for u in list.get_ref() {
-            match redis_url(u.get_ref()) {
+            match expand_env(u.get_ref(), env).and_then(|s| redis_url(&s)) {
                 Ok(u) => urls.push(u),
                 Err(m) => r.at(u.span(), "store.urls", m),
             }
@@ -266,7 +274,7 @@ fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
                     "store.url",
                     "backend \"redis-cluster\" takes urls = [\"redis://...\", ...]",
                 );
-            } else if urls.is_empty() {
+            } else if raw.urls.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
                 let span = raw.backend.as_ref().map_or(0..0, |b| b.span());
                 r.at(span, "store.urls", "backend \"redis-cluster\" needs urls = [\"redis://HOST:PORT\", ...] with at least one node");
             }
@@ -356,7 +364,7 @@ fn sentinel(r: &mut Reporter<'_>, raw: &RawStore, urls: Vec<String>) -> StoreBac
             "store.url",
             "backend \"redis-sentinel\" takes urls = [\"redis://SENTINEL:26379\", ...] (the sentinels)",
         );
-    } else if urls.is_empty() && raw.urls.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
+    } else if raw.urls.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
         r.at(
             backend_span.clone(),
             "store.urls",
