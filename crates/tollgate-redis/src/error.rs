@@ -87,7 +87,12 @@ impl From<RedisError> for RedisStoreError {
             Kind::Connection
         } else {
             match e.kind() {
-                ErrorKind::ClusterConnectionNotFound => Kind::Connection,
+                // No master to talk to yet: the sentinels report it down (a failover is
+                // under way) or do not know it.
+                ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::MasterNameNotFoundBySentinel
+                | ErrorKind::NoValidReplicasFoundBySentinel => Kind::Connection,
+                ErrorKind::EmptySentinelList => Kind::Config,
                 ErrorKind::Server(
                     ServerErrorKind::Moved
                     | ServerErrorKind::Ask

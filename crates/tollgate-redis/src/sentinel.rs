@@ -19,10 +19,12 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, TlsMode, Value};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The longest one lookup of the master may take (all sentinels, then the connection).
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+/// After a failed lookup, calls fail at once for this long instead of queueing more lookups.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// A connection to the master the sentinels name. Clones share it.
 #[derive(Clone)]
@@ -35,6 +37,8 @@ struct Inner {
     master_name: String,
     node: SentinelNodeConnectionInfo,
     current: Mutex<Option<Master>>,
+    /// When the last lookup failed.
+    failed_at: Mutex<Option<Instant>>,
 }
 
 /// The master in use and which lookup found it.
@@ -70,6 +74,7 @@ impl SentinelConnection {
                 master_name: master_name.to_string(),
                 node,
                 current: Mutex::new(None),
+                failed_at: Mutex::new(None),
             }),
         };
         conn.master().await?;
@@ -137,6 +142,18 @@ async fn lookup(inner: Arc<Inner>) -> Result<Master, RedisError> {
     {
         return Ok(m);
     }
+    let recently_failed = inner
+        .failed_at
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .is_some_and(|t| t.elapsed() < RETRY_AFTER);
+    if recently_failed {
+        return Err(RedisError::from((
+            ErrorKind::Io,
+            "no master from the sentinels",
+            format!("the last lookup failed less than {RETRY_AFTER:?} ago"),
+        )));
+    }
     let find = async {
         let client = sentinel
             .async_master_for(&inner.master_name, Some(&inner.node))
@@ -149,16 +166,19 @@ async fn lookup(inner: Arc<Inner>) -> Result<Master, RedisError> {
             .set_number_of_retries(0);
         ConnectionManager::new_with_config(client, config).await
     };
-    let conn = match tokio::time::timeout(LOOKUP_TIMEOUT, find).await {
-        Ok(conn) => conn?,
-        Err(_) => {
-            return Err(RedisError::from((
-                ErrorKind::Io,
-                "no master from the sentinels",
-                format!("the lookup took longer than {LOOKUP_TIMEOUT:?}"),
-            )))
-        }
+    let found = match tokio::time::timeout(LOOKUP_TIMEOUT, find).await {
+        Ok(found) => found,
+        Err(_) => Err(RedisError::from((
+            ErrorKind::Io,
+            "no master from the sentinels",
+            format!("the lookup took longer than {LOOKUP_TIMEOUT:?}"),
+        ))),
     };
+    *inner
+        .failed_at
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = found.is_err().then(Instant::now);
+    let conn = found?;
     let mut current = inner.current.lock().unwrap_or_else(PoisonError::into_inner);
     let lookup = NEXT_LOOKUP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let master = Master { conn, lookup };

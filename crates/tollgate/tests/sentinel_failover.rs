@@ -13,6 +13,16 @@ use tollgate_testkit::RedisSentinels;
 
 const OPEN_FOR: Duration = Duration::from_millis(500);
 
+fn store_errors(l: &Limiter, kind: &str) -> u64 {
+    let mut s = String::new();
+    l.render_metrics(&mut s);
+    let prefix = format!("tollgate_store_errors_total{{kind=\"{kind}\"}} ");
+    s.lines()
+        .find_map(|x| x.strip_prefix(&prefix))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in\n{s}"))
+}
+
 fn limiter(set: &RedisSentinels) -> Limiter {
     let redis = RedisConfig::sentinel(set.sentinel_urls(), set.master_name()).with_key_prefix("s");
     let mut cfg = LimiterConfig::new(Backend::Redis(redis));
@@ -103,6 +113,10 @@ async fn decisions_resume_on_the_promoted_replica_within_two_breaker_periods() {
         2 * OPEN_FOR
     );
     assert_eq!(set.master_port(), Some(promoted_port));
+    // The outage is counted as what it is: no master reachable, not a script or unknown error.
+    assert!(store_errors(&l, "connection") + store_errors(&l, "timeout") > 0);
+    assert_eq!(store_errors(&l, "script"), 0);
+    assert_eq!(store_errors(&l, "other"), 0);
     // The promoted replica kept the state: 4 of 5 are used, one more is allowed, then none.
     let r = l.check(&client, &[&p]).await;
     assert_eq!(r.results[0].outcome, Outcome::Allowed);
