@@ -8,6 +8,7 @@ mod duration;
 mod error;
 mod policy;
 mod raw;
+mod store;
 mod validate;
 
 pub use duration::parse_duration;
