@@ -7,6 +7,9 @@ use std::path::Path;
 pub fn main(path: &Path) -> i32 {
     match Config::load(path) {
         Ok(c) => {
+            for w in &c.warnings {
+                eprintln!("{w}");
+            }
             println!(
                 "{}: ok ({} store, {} polic{}, {} mode)",
                 path.display(),

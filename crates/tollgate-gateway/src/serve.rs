@@ -78,18 +78,21 @@ pub fn limiter(config: &Config) -> Limiter {
             max_keys: *max_keys,
             ..MemoryConfig::default()
         }),
-        StoreBackend::Redis { url } => Backend::Redis(RedisConfig {
-            urls: vec![url.clone()],
-            cluster: false,
-            key_prefix: s.key_prefix.clone(),
-            clock,
-        }),
-        StoreBackend::RedisCluster { urls } => Backend::Redis(RedisConfig {
-            urls: urls.clone(),
-            cluster: true,
-            key_prefix: s.key_prefix.clone(),
-            clock,
-        }),
+        StoreBackend::Redis { url } => Backend::Redis(
+            RedisConfig::standalone(url.clone())
+                .with_key_prefix(s.key_prefix.clone())
+                .with_clock(clock),
+        ),
+        StoreBackend::RedisCluster { urls } => Backend::Redis(
+            RedisConfig::cluster(urls.clone())
+                .with_key_prefix(s.key_prefix.clone())
+                .with_clock(clock),
+        ),
+        StoreBackend::RedisSentinel { urls, master_name } => Backend::Redis(
+            RedisConfig::sentinel(urls.clone(), master_name.clone())
+                .with_key_prefix(s.key_prefix.clone())
+                .with_clock(clock),
+        ),
     };
     let mut lc = LimiterConfig::new(backend);
     lc.timeout = s.timeout;
@@ -285,6 +288,9 @@ pub fn main(config_path: Option<&std::path::Path>) -> i32 {
             return 2;
         }
     };
+    for w in &config.warnings {
+        eprintln!("{w}");
+    }
     init_tracing();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -58,7 +58,7 @@ pub struct RedisStoreError {
 
 impl RedisStoreError {
     /// One of `connection`, `timeout`, `cluster`, `busy`, `script`, `protocol`, `config`,
-    /// `invalid`.
+    /// `auth` (the server refused the credentials, or wants some), `invalid`.
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
@@ -106,7 +106,12 @@ impl From<RedisError> for RedisStoreError {
             Kind::Connection
         } else {
             match e.kind() {
-                redis::ErrorKind::ClusterConnectionNotFound => Kind::Connection,
+                // No master to talk to yet: the sentinels report it down (a failover is
+                // under way) or do not know it.
+                redis::ErrorKind::ClusterConnectionNotFound
+                | redis::ErrorKind::MasterNameNotFoundBySentinel
+                | redis::ErrorKind::NoValidReplicasFoundBySentinel => Kind::Connection,
+                redis::ErrorKind::EmptySentinelList => Kind::Config,
                 redis::ErrorKind::Server(
                     ServerErrorKind::Moved
                     | ServerErrorKind::Ask
@@ -118,10 +123,11 @@ impl From<RedisError> for RedisStoreError {
                 ) => Kind::Cluster,
                 redis::ErrorKind::Server(ServerErrorKind::BusyLoading) => Kind::Busy,
                 redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => Kind::Protocol,
-                redis::ErrorKind::AuthenticationFailed
-                | redis::ErrorKind::Server(ServerErrorKind::NoPerm) => Kind::Auth,
-                _ if matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) => Kind::Auth,
-                redis::ErrorKind::InvalidClientConfig => Kind::Config,
+                // A refused AUTH (wrong password, unknown user) or a server that wants one.
+                redis::ErrorKind::AuthenticationFailed => Kind::Auth,
+                _ if wants_auth(&e) => Kind::Auth,
+                redis::ErrorKind::InvalidClientConfig
+                | redis::ErrorKind::Server(ServerErrorKind::NoPerm) => Kind::Config,
                 // A script still running (BUSY) is another client's long script.
                 _ if e.code() == Some("BUSY") => Kind::Busy,
                 _ => Kind::Script,
@@ -133,6 +139,14 @@ impl From<RedisError> for RedisStoreError {
             source: Some(e),
         }
     }
+}
+
+/// NOAUTH / WRONGPASS replies, and the protocol error Redis 7 answers an unauthenticated
+/// client sending a large argument (a script) before closing its connection.
+fn wants_auth(e: &RedisError) -> bool {
+    matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+        || e.detail()
+            .is_some_and(|d| d.contains("unauthenticated") || d.starts_with("NOAUTH"))
 }
 
 impl fmt::Display for RedisStoreError {

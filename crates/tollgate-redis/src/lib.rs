@@ -1,4 +1,4 @@
-//! The Redis and Redis Cluster store for tollgate.
+//! The Redis, Redis Cluster and Redis Sentinel store for tollgate.
 //!
 //! One request's plan (several rules, possibly of several clients) is decided by ONE script
 //! call (one per slot on a Cluster, see [`RedisStore::check`]): the script validates its
@@ -21,7 +21,9 @@
 //!
 //! Client library: redis-rs, with a `ConnectionManager` per standalone server (one
 //! multiplexed connection that pipelines every concurrent call and reconnects by itself) and
-//! `cluster-async` for Redis Cluster (slot map, MOVED/ASK, refresh after a failover). fred was
+//! `cluster-async` for Redis Cluster (slot map, MOVED/ASK, refresh after a failover); with Redis
+//! Sentinel, one `ConnectionManager` to the master the sentinels name, looked up again after a
+//! failover (see `sentinel.rs`). fred was
 //! measured beside it on the same workload (EVALSHA of the GCRA script, 64 concurrent
 //! callers, one client object each, one tokio worker): 43k-64k decisions/s for redis-rs
 //! against 43k-56k for fred over three rounds on the shared 2-core machine, so the simpler
@@ -34,9 +36,10 @@ mod config;
 mod error;
 mod lease;
 mod script;
+mod sentinel;
 mod store;
 
-pub use config::{RedisConfig, StoreClock};
+pub use config::{check_url, redact_url, RedisConfig, StoreClock};
 pub use error::{ErrorKind, RedisStoreError};
 pub use lease::{Lease, LeaseRequest};
 pub use script::{

@@ -45,6 +45,7 @@ type Ready = Arc<RwLock<HashMap<Shape, Arc<Script>, LimitHash>>>;
 enum Connection {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(crate::sentinel::SentinelConnection),
 }
 
 impl fmt::Debug for RedisStore {
@@ -52,6 +53,7 @@ impl fmt::Debug for RedisStore {
         let kind = match self.conn {
             Connection::Standalone(_) => "standalone",
             Connection::Cluster(_) => "cluster",
+            Connection::Sentinel(_) => "sentinel",
         };
         f.debug_struct("RedisStore")
             .field("kind", &kind)
@@ -68,7 +70,11 @@ impl RedisStore {
         if config.urls.is_empty() {
             return Err(RedisStoreError::config("no Redis URL given"));
         }
-        let conn = if config.cluster {
+        let conn = if let Some(master) = &config.sentinel_master {
+            Connection::Sentinel(
+                crate::sentinel::SentinelConnection::connect(&config.urls, master).await?,
+            )
+        } else if config.cluster {
             Connection::Cluster(connect_cluster(&config.urls).await?)
         } else {
             if config.urls.len() != 1 {
@@ -458,6 +464,7 @@ impl RedisStore {
         match &self.conn {
             Connection::Standalone(c) => cmd.query_async(&mut c.clone()).await,
             Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Sentinel(c) => c.query(cmd).await,
         }
     }
 }

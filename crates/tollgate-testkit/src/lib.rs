@@ -1,4 +1,5 @@
-//! Real Redis processes for tests: a standalone `redis-server` or a Redis Cluster, each on free
+//! Real Redis processes for tests: a standalone `redis-server`, a Redis Cluster or a master with
+//! a replica and three sentinels, each on free
 //! loopback ports, started by the test that needs it and torn down when it is dropped.
 //!
 //! Why real processes and not a mock: the Redis store's guarantees (atomic scripts, NOSCRIPT
@@ -12,9 +13,11 @@
 
 mod cluster;
 mod process;
+mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
+pub use sentinel::{RedisSentinels, DOWN_AFTER as SENTINEL_DOWN_AFTER};
 pub use server::RedisServer;
 
 /// Runs `redis-cli` against `127.0.0.1:port` with `args` and returns its standard output.

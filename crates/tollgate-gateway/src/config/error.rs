@@ -62,15 +62,16 @@ impl<'a> Reporter<'a> {
         }
     }
 
-    /// Records an error at byte `span` for `key`.
+    /// Records an error at byte `span` for `key`. A value quoted in the message is cut (see
+    /// [`cut`]), so a 50 MB value is not echoed back whole.
     pub fn at(&mut self, span: Range<usize>, key: impl Into<String>, message: impl Into<String>) {
         let (line, col) = line_col(self.text, span.start);
         self.errors.push(ConfigError {
             file: self.file.to_string(),
             line,
             col,
-            key: key.into(),
-            message: message.into(),
+            key: cut(&key.into(), MAX_QUOTED, 0),
+            message: cut(&message.into(), MAX_QUOTED, MAX_HELP),
         });
     }
 
@@ -81,6 +82,31 @@ impl<'a> Reporter<'a> {
         let message = err.message().trim().replace('\n', " ");
         self.at(span, key, message);
     }
+}
+
+/// The most characters of a value an error repeats.
+pub(crate) const MAX_QUOTED: usize = 200;
+/// The most characters kept after the cut: the end of a message says what is allowed.
+const MAX_HELP: usize = 300;
+
+/// `message` unchanged when it is short; otherwise its first `head` characters (where a
+/// quoted value starts), a note of how much was left out, and what follows the quoted value
+/// when that is at most `tail` characters (the help: what is allowed).
+pub(crate) fn cut(message: &str, head: usize, tail: usize) -> String {
+    let chars: Vec<char> = message.chars().collect();
+    let n = chars.len();
+    if n <= head + tail + 40 {
+        return message.to_string();
+    }
+    // The end of the last quoted value: a `"` followed by `;`, `:`, `,` or a space.
+    let from = n.saturating_sub(tail);
+    let rest = (from.max(head)..n.saturating_sub(1))
+        .rev()
+        .find(|&i| chars[i] == '"' && matches!(chars[i + 1], ';' | ':' | ',' | ' '))
+        .map_or(n, |i| i);
+    let first: String = chars[..head].iter().collect();
+    let last: String = chars[rest..].iter().collect();
+    format!("{first}... ({} characters cut){last}", rest - head)
 }
 
 /// 1-based line and column of byte `offset`.
@@ -103,7 +129,10 @@ pub(crate) fn key_at(text: &str, span: Range<usize>) -> String {
         .get(..start)
         .and_then(|t| t.rfind('\n'))
         .map_or(0, |i| i + 1);
-    let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    let line_end = text
+        .get(start..)
+        .and_then(|t| t.find('\n'))
+        .map_or(text.len(), |i| start + i);
     let line = text.get(line_start..line_end).unwrap_or("").trim();
     let mut table = String::new();
     let mut policy_index: i64 = -1;

@@ -8,6 +8,7 @@ mod duration;
 mod error;
 mod policy;
 mod raw;
+mod store;
 mod validate;
 
 pub use duration::parse_duration;
@@ -36,6 +37,8 @@ pub struct Config {
     pub secret: Secret,
     /// `[[policy]]`, in file order.
     pub policies: Vec<PolicyConfig>,
+    /// Things that are allowed but probably not meant (`warning: FILE: ...` lines).
+    pub warnings: Vec<String>,
 }
 
 /// `[server]`.
@@ -107,6 +110,13 @@ pub enum StoreBackend {
         /// Seed nodes.
         urls: Vec<String>,
     },
+    /// The master that Redis Sentinel names, followed across failovers.
+    RedisSentinel {
+        /// The sentinels.
+        urls: Vec<String>,
+        /// The name the sentinels monitor the master under.
+        master_name: String,
+    },
 }
 
 impl StoreBackend {
@@ -116,6 +126,7 @@ impl StoreBackend {
             StoreBackend::Memory { .. } => "memory",
             StoreBackend::Redis { .. } => "redis",
             StoreBackend::RedisCluster { .. } => "redis-cluster",
+            StoreBackend::RedisSentinel { .. } => "redis-sentinel",
         }
     }
 }
@@ -129,25 +140,16 @@ impl fmt::Debug for StoreBackend {
                 let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
                 write!(f, "redis-cluster({})", urls.join(","))
             }
+            StoreBackend::RedisSentinel { urls, master_name } => {
+                let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+                write!(f, "redis-sentinel({master_name}@{})", urls.join(","))
+            }
         }
     }
 }
 
-/// A URL with its password (if any) replaced by `<redacted>`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:<redacted>@{host}{path}")
-        }
-        None => url.to_string(),
-    }
-}
+/// A URL with its secrets (the user info's password, `?password=`) replaced by `***`.
+pub use tollgate_redis::redact_url;
 
 /// The identity secret; never printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -241,6 +243,8 @@ limit = 100
 period = "1m"
 "#;
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod server_tests;
 #[cfg(test)]

@@ -141,10 +141,8 @@ pub(super) fn policy(
     let burst = field(r, &k("burst"), &raw.burst, None, |v| {
         positive(v, "burst").map(Some)
     });
-    let cost = field(r, &k("cost"), &raw.cost, 1, |v| {
-        u64::try_from(*v)
-            .map_err(|_| format!("{v} is not allowed; cost must be 0 or a positive integer"))
-    });
+    // A cost of 0 would let every request through and count nothing.
+    let cost = field(r, &k("cost"), &raw.cost, 1, |v| positive(v, "cost"));
     let identity = raw.identity.as_ref().map(|l| sources(r, &k("identity"), l));
     let on_failure = field(
         r,

@@ -44,6 +44,7 @@ pub(crate) struct RawStore {
     pub backend: S<String>,
     pub url: S<String>,
     pub urls: S<Vec<Spanned<String>>>,
+    pub master_name: S<String>,
     pub timeout: S<String>,
     pub key_prefix: S<String>,
     pub clock: S<String>,
@@ -65,6 +66,7 @@ pub(crate) struct RawBreaker {
 pub(crate) struct RawIdentity {
     pub sources: S<Vec<Spanned<String>>>,
     pub trusted_proxies: S<Vec<Spanned<String>>>,
+    pub allow_any_proxy: S<bool>,
     pub client_ip_header: S<String>,
     pub ipv6_prefix: S<i64>,
     pub secret: S<String>,

@@ -177,3 +177,71 @@ fn lease_is_refused_for_the_sliding_algorithms_with_the_key_and_line() {
     let ok = "[[policy]]\nname = \"a\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nsync = \"lease\"\nlease_ttl = \"100ms\"\nlease_max = 50\n";
     assert!(errors(ok).is_empty(), "{:?}", errors(ok));
 }
+
+#[test]
+fn the_sentinel_backend_takes_sentinel_urls_and_a_master_name() {
+    let text = "[store]\nbackend = \"redis-sentinel\"\nurls = [\"redis://127.0.0.1:26379\", \"redis://:pw@s2:26380\"]\nmaster_name = \"mymaster\"\n";
+    let c = validate::validate("t.toml", text, |_| None).expect("valid");
+    assert_eq!(
+        c.store.backend,
+        StoreBackend::RedisSentinel {
+            urls: vec![
+                "redis://127.0.0.1:26379".to_string(),
+                "redis://:pw@s2:26380".to_string()
+            ],
+            master_name: "mymaster".to_string(),
+        }
+    );
+    assert!(!format!("{:?}", c.store.backend).contains("pw@"));
+    let e = errors("[store]\nbackend = \"redis-sentinel\"\nurls = [\"redis://s:1\"]\n");
+    assert!(
+        e[0].contains("t.toml:2:11: store.master_name: is missing"),
+        "{e:?}"
+    );
+    let e = errors("[store]\nbackend = \"redis-sentinel\"\nmaster_name = \"m\"\n");
+    assert!(
+        e[0].contains("store.urls") && e[0].contains("sentinel"),
+        "{e:?}"
+    );
+    let e = errors("[store]\nbackend = \"redis\"\nmaster_name = \"m\"\n");
+    assert!(
+        e[0].contains("t.toml:3:15: store.master_name: only applies"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn long_messages_keep_their_start_and_their_help() {
+    let v = format!(
+        "\"{}\" is not allowed; expected a number",
+        "y".repeat(10_000)
+    );
+    let cut = error::cut(&v, 200, 300);
+    assert!(cut.starts_with(&format!("\"{}", "y".repeat(199))), "{cut}");
+    assert!(
+        cut.ends_with("\" is not allowed; expected a number"),
+        "{cut}"
+    );
+    assert!(cut.len() < 300, "{cut}");
+    assert_eq!(error::cut("short", 200, 300), "short");
+}
+
+#[test]
+fn store_urls_expand_environment_variables() {
+    let text = "[store]\nbackend = \"redis\"\nurl = \"redis://:${SECRET}@127.0.0.1:6379\"\n";
+    let c = validate::validate("t.toml", text, |n| {
+        (n == "SECRET").then(|| "s3".to_string())
+    })
+    .expect("valid");
+    assert_eq!(
+        c.store.backend,
+        StoreBackend::Redis {
+            url: "redis://:s3@127.0.0.1:6379".to_string()
+        }
+    );
+    let e = errors("[store]\nbackend = \"redis-cluster\"\nurls = [\"redis://:${NOPE}@h:1\"]\n");
+    assert!(
+        e[0].contains("t.toml:3:9: store.urls") && e[0].contains("NOPE"),
+        "{e:?}"
+    );
+}

@@ -3,7 +3,8 @@
 
 use super::error::Reporter;
 use super::policy::policy;
-use super::raw::{RawConfig, RawForwardAuth, RawIdentity, RawServer, RawStore, S};
+use super::raw::{RawConfig, RawForwardAuth, RawIdentity, RawServer, S};
+use super::store::store;
 use super::*;
 use crate::config::duration::{parse_duration, DURATION_HELP};
 use ipnet::IpNet;
@@ -31,6 +32,7 @@ pub(crate) fn validate(
     let store = store(
         &mut r,
         raw.store.map(Spanned::into_inner).unwrap_or_default(),
+        &env,
     );
     let (identity, secret) = identity(
         &mut r,
@@ -59,6 +61,12 @@ pub(crate) fn validate(
             "must differ from server.listen",
         );
     }
+    let mut warnings = Vec::new();
+    if policies.is_empty() {
+        warnings.push(format!(
+            "warning: {file}: no [[policy]]: every request passes unlimited; add a [[policy]] with name, algorithm, limit and period"
+        ));
+    }
     if r.errors.is_empty() {
         Ok(Config {
             origin: file.to_string(),
@@ -67,6 +75,7 @@ pub(crate) fn validate(
             identity,
             secret,
             policies,
+            warnings,
         })
     } else {
         Err(ConfigErrors(r.errors))
@@ -270,140 +279,6 @@ pub(super) fn failure_policy(s: &str) -> Result<FailurePolicy, String> {
     )
 }
 
-fn redis_url(s: &str) -> Result<String, String> {
-    if s.starts_with("redis://") || s.starts_with("rediss://") {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "{:?} is not a Redis URL; expected redis://HOST:PORT or rediss://HOST:PORT",
-            redact_url(s)
-        ))
-    }
-}
-
-fn store(r: &mut Reporter<'_>, raw: RawStore) -> StoreConfig {
-    #[derive(Clone, Copy)]
-    enum Kind {
-        Memory,
-        Redis,
-        Cluster,
-    }
-    let kind = field(r, "store.backend", &raw.backend, Kind::Memory, |s| {
-        one_of(
-            s,
-            &[
-                ("memory", Kind::Memory),
-                ("redis", Kind::Redis),
-                ("redis-cluster", Kind::Cluster),
-            ],
-        )
-    });
-    let max_keys = field(r, "store.max_keys", &raw.max_keys, 1_000_000, |v| {
-        positive(v, "max_keys").map(|n| usize::try_from(n).unwrap_or(usize::MAX))
-    });
-    let url = field(r, "store.url", &raw.url, None, |s| redis_url(s).map(Some));
-    let mut urls = Vec::new();
-    if let Some(list) = &raw.urls {
-        for u in list.get_ref() {
-            match redis_url(u.get_ref()) {
-                Ok(u) => urls.push(u),
-                Err(m) => r.at(u.span(), "store.urls", m),
-            }
-        }
-    }
-    let backend = match kind {
-        Kind::Memory => StoreBackend::Memory { max_keys },
-        Kind::Redis => {
-            if let Some(list) = &raw.urls {
-                r.at(
-                    list.span(),
-                    "store.urls",
-                    "is for backend \"redis-cluster\"; backend \"redis\" takes url = \"redis://...\"",
-                );
-            }
-            StoreBackend::Redis {
-                url: url.unwrap_or_else(|| "redis://127.0.0.1:6379".to_string()),
-            }
-        }
-        Kind::Cluster => {
-            if let Some(u) = &raw.url {
-                r.at(
-                    u.span(),
-                    "store.url",
-                    "backend \"redis-cluster\" takes urls = [\"redis://...\", ...]",
-                );
-            } else if urls.is_empty() {
-                let span = raw.backend.as_ref().map_or(0..0, |b| b.span());
-                r.at(span, "store.urls", "backend \"redis-cluster\" needs urls = [\"redis://HOST:PORT\", ...] with at least one node");
-            }
-            StoreBackend::RedisCluster { urls }
-        }
-    };
-    let timeout = field(
-        r,
-        "store.timeout",
-        &raw.timeout,
-        Duration::from_millis(20),
-        |s| duration(s),
-    );
-    let key_prefix = field(
-        r,
-        "store.key_prefix",
-        &raw.key_prefix,
-        "tollgate".to_string(),
-        |s| {
-            if s.is_empty() || s.contains(['{', '}']) || s.chars().any(char::is_whitespace) {
-                Err(format!(
-                    "{s:?} is not allowed; expected a non-empty prefix without braces or spaces"
-                ))
-            } else {
-                Ok(s.clone())
-            }
-        },
-    );
-    let clock_local = field(r, "store.clock", &raw.clock, false, |s| {
-        one_of(s, &[("store", false), ("local", true)])
-    });
-    let on_failure = field(
-        r,
-        "store.on_failure",
-        &raw.on_failure,
-        FailurePolicy::Open,
-        |s| failure_policy(s),
-    );
-    let local_divisor = field(r, "store.local_divisor", &raw.local_divisor, 20, |v| {
-        positive(v, "local_divisor")
-    });
-    let mut breaker = BreakerConfig {
-        failures: 5,
-        open_for: Duration::from_secs(1),
-    };
-    if let Some(b) = &raw.breaker {
-        let b = b.get_ref();
-        breaker.failures = field(r, "store.breaker.failures", &b.failures, 5, |v| {
-            positive(v, "failures").and_then(|n| {
-                u32::try_from(n).map_err(|_| "failures must be at most 4294967295".to_string())
-            })
-        });
-        breaker.open_for = field(
-            r,
-            "store.breaker.open_for",
-            &b.open_for,
-            breaker.open_for,
-            |s| duration(s),
-        );
-    }
-    StoreConfig {
-        backend,
-        timeout,
-        key_prefix,
-        clock_local,
-        on_failure,
-        local_divisor,
-        breaker,
-    }
-}
-
 pub(super) fn sources(
     r: &mut Reporter<'_>,
     key: &str,
@@ -439,6 +314,7 @@ fn identity(
         }
     }
     if let Some(list) = &raw.trusted_proxies {
+        let before = id.trusted_proxies.len();
         for p in list.get_ref() {
             let s = p.get_ref();
             let net = s
@@ -453,6 +329,16 @@ fn identity(
                         "{s:?} is not allowed; expected an IP address or CIDR like \"10.0.0.0/8\""
                     ),
                 ),
+            }
+        }
+        let allow_any = raw.allow_any_proxy.as_ref().is_some_and(|a| *a.get_ref());
+        if !allow_any {
+            if let Some(all) = catch_all(&id.trusted_proxies[before..]) {
+                r.at(
+                    list.span(),
+                    "identity.trusted_proxies",
+                    format!("covers every {all} address, so any client could pick its own identity with a forwarding header; list your proxies' addresses, or set allow_any_proxy = true if every peer really is a proxy"),
+                );
             }
         }
     }
@@ -496,8 +382,19 @@ fn identity(
     (id, secret)
 }
 
+/// "IPv4" or "IPv6" when `nets` together trust every address of that family.
+fn catch_all(nets: &[IpNet]) -> Option<&'static str> {
+    IpNet::aggregate(&nets.to_vec())
+        .iter()
+        .find(|n| n.prefix_len() == 0)
+        .map(|n| match n {
+            IpNet::V4(_) => "IPv4",
+            IpNet::V6(_) => "IPv6",
+        })
+}
+
 /// Expands `${NAME}` from the environment; an unset variable is an error.
-fn expand_env(s: &str, env: &impl Fn(&str) -> Option<String>) -> Result<String, String> {
+pub(super) fn expand_env(s: &str, env: &impl Fn(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = s;
     while let Some(i) = rest.find("${") {

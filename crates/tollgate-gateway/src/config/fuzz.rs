@@ -1,0 +1,222 @@
+//! Property-based fuzzing of the config parser and validator: arbitrary text and mutated valid
+//! files never panic, and every error carries the file, a line inside the text, a column, a
+//! key and a bounded message. 256 cases per property in the normal suite; more with
+//! `PROPTEST_CASES=100000 cargo nextest run -p tollgate-gateway config::fuzz`.
+
+use super::error::ConfigError;
+use super::validate::validate;
+use proptest::prelude::*;
+
+fn cases() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
+
+const FILE: &str = "fuzz.toml";
+
+/// Validates `text` and checks the shape of the outcome.
+fn check(text: &str) -> Result<(), TestCaseError> {
+    let lines = text.split('\n').count();
+    let env = |name: &str| (name == "SET").then(|| "v".to_string());
+    match validate(FILE, text, env) {
+        Ok(c) => {
+            prop_assert_eq!(c.origin.as_str(), FILE);
+            for p in &c.policies {
+                prop_assert!(p.cost >= 1);
+                prop_assert!(p.path_prefix.starts_with('/'));
+            }
+        }
+        Err(errors) => {
+            prop_assert!(!errors.0.is_empty());
+            for e in &errors.0 {
+                check_error(e, lines)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_error(e: &ConfigError, lines: usize) -> Result<(), TestCaseError> {
+    prop_assert_eq!(e.file.as_str(), FILE);
+    prop_assert!(
+        e.line >= 1 && e.line <= lines,
+        "line {} of {lines}: {e}",
+        e.line
+    );
+    prop_assert!(e.col >= 1, "{e}");
+    prop_assert!(!e.key.is_empty(), "{e}");
+    prop_assert!(!e.message.is_empty(), "{e}");
+    let shown = e.to_string();
+    let prefix = format!("error: {FILE}:{}:{}: ", e.line, e.col);
+    prop_assert!(shown.starts_with(&prefix), "{shown}");
+    prop_assert!(shown.chars().count() < 1_200, "{} characters", shown.len());
+    Ok(())
+}
+
+/// Pieces that TOML and our keys are made of, to build near-valid files.
+const TOKENS: &[&str] = &[
+    "[server]",
+    "[store]",
+    "[identity]",
+    "[[policy]]",
+    "[policy]",
+    "[[server]]",
+    "\n",
+    "\n",
+    " ",
+    "=",
+    " = ",
+    "\"",
+    "'",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    "#",
+    "\"\"\"",
+    "listen",
+    "admin_listen",
+    "upstream",
+    "backend",
+    "url",
+    "urls",
+    "master_name",
+    "timeout",
+    "breaker",
+    "failures",
+    "open_for",
+    "sources",
+    "trusted_proxies",
+    "allow_any_proxy",
+    "secret",
+    "name",
+    "match",
+    "path_prefix",
+    "methods",
+    "algorithm",
+    "limit",
+    "period",
+    "burst",
+    "cost",
+    "identity",
+    "sync",
+    "lease_ttl",
+    "lease_max",
+    "on_failure",
+    "\"redis-sentinel\"",
+    "\"redis://h:1\"",
+    "\"redis://%%%\"",
+    "\"0.0.0.0/0\"",
+    "\"::/0\"",
+    "\"gcra\"",
+    "\"1m\"",
+    "\"0s\"",
+    "\"99999999h\"",
+    "0",
+    "-1",
+    "1",
+    "9223372036854775807",
+    "1e9",
+    "true",
+    "\"${SET}\"",
+    "\"${UNSET}\"",
+    "\"${",
+    "é",
+    "\u{0}",
+    "\u{feff}",
+    "😀",
+    "\\",
+    "\r\n",
+    "\t",
+];
+
+fn token_text() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(TOKENS), 0..80).prop_map(|t| t.concat())
+}
+
+const VALID: &[&str] = &[
+    include_str!("../../../../docs/tollgate.example.toml"),
+    "[store]\nbackend = \"redis-sentinel\"\nurls = [\"redis://a:1\", \"redis://:p@b:2\"]\nmaster_name = \"m\"\n[identity]\ntrusted_proxies = [\"10.0.0.0/8\"]\nsecret = \"${SET}\"\n[[policy]]\nname = \"a\"\nalgorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1s\"\ncost = 2\n",
+];
+
+/// One edit of a valid file: at a position (a fraction of its length), delete some
+/// characters, insert a token, or both.
+#[derive(Debug, Clone)]
+struct Edit {
+    at: f64,
+    delete: usize,
+    insert: Option<&'static str>,
+}
+
+fn edits() -> impl Strategy<Value = Vec<Edit>> {
+    prop::collection::vec(
+        (
+            0.0..1.0f64,
+            0..6usize,
+            prop::option::of(prop::sample::select(TOKENS)),
+        )
+            .prop_map(|(at, delete, insert)| Edit { at, delete, insert }),
+        1..6,
+    )
+}
+
+fn apply(base: &str, edits: &[Edit]) -> String {
+    let mut chars: Vec<char> = base.chars().collect();
+    for e in edits {
+        // Truncation is the point: a fraction of the length picks the position.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let at = ((chars.len() as f64) * e.at) as usize;
+        let at = at.min(chars.len());
+        let end = (at + e.delete).min(chars.len());
+        chars.drain(at..end);
+        if let Some(t) = e.insert {
+            for (i, c) in t.chars().enumerate() {
+                chars.insert(at + i, c);
+            }
+        }
+    }
+    chars.into_iter().collect()
+}
+
+proptest! {
+    #![proptest_config(cases())]
+
+    #[test]
+    fn arbitrary_text_never_panics_and_errors_carry_file_and_line(text in "(?s).{0,300}") {
+        check(&text)?;
+    }
+
+    #[test]
+    fn token_soup_never_panics_and_errors_carry_file_and_line(text in token_text()) {
+        check(&text)?;
+    }
+
+    #[test]
+    fn mutated_valid_configs_never_panic_and_errors_carry_file_and_line(
+        base in prop::sample::select(VALID),
+        edits in edits(),
+    ) {
+        check(&apply(base, &edits))?;
+    }
+
+    #[test]
+    fn huge_values_are_cut_in_errors(len in 300..20_000usize, key in prop::sample::select(&["listen", "upstream", "upstream_timeout"][..])) {
+        let text = format!("[server]\n{key} = \"{}\"\n", "z".repeat(len));
+        check(&text)?;
+    }
+}
+
+#[test]
+fn the_valid_bases_are_valid() {
+    for text in VALID {
+        let env = |name: &str| matches!(name, "SET" | "TOLLGATE_SECRET").then(|| "v".to_string());
+        assert!(validate(FILE, text, env).is_ok(), "{text}");
+    }
+}

@@ -1,0 +1,202 @@
+//! Redis Sentinel: the master is wherever the sentinels say it is, and that changes.
+//!
+//! The store asks the sentinels (`SENTINEL MASTERS`, then `ROLE` on the answer, both done by
+//! redis-rs) for the master's address and keeps one multiplexed connection to it, like the
+//! standalone store. A connection that breaks, or a server that answers READONLY (the old
+//! master back as a replica), makes the store forget that master: the call fails (the
+//! caller's failure policy and breaker handle it) and the next call asks the sentinels again.
+//! While they have not promoted a replica yet they report the master down, so calls keep
+//! failing fast until the failover is done; then the first call reconnects to the new master,
+//! whose empty script cache the store refills through NOSCRIPT like after a restart.
+//!
+//! The lookup runs in a task of its own: a caller that gives up (its timeout is usually far
+//! shorter than a lookup across three sentinels) does not cancel it, so the next caller finds
+//! the master already connected. One lookup runs at a time.
+
+use crate::config::{redact, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use crate::error::RedisStoreError;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, TlsMode, Value};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The longest one lookup of the master may take (all sentinels, then the connection).
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+/// After a failed lookup, calls fail at once for this long instead of queueing more lookups.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// A connection to the master the sentinels name. Clones share it.
+#[derive(Clone)]
+pub(crate) struct SentinelConnection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sentinel: tokio::sync::Mutex<Sentinel>,
+    master_name: String,
+    node: SentinelNodeConnectionInfo,
+    current: Mutex<Option<Master>>,
+    /// When the last lookup failed.
+    failed_at: Mutex<Option<Instant>>,
+}
+
+/// The master in use and which lookup found it.
+#[derive(Clone)]
+struct Master {
+    conn: ConnectionManager,
+    lookup: u64,
+}
+
+impl SentinelConnection {
+    /// Asks the sentinels at `urls` for the master named `master_name` and connects to it.
+    /// The user info of the first URL also authenticates to the master.
+    pub(crate) async fn connect(
+        urls: &[String],
+        master_name: &str,
+    ) -> Result<Self, RedisStoreError> {
+        let redacted = || urls.iter().map(|u| redact(u)).collect::<Vec<_>>();
+        let sentinel = Sentinel::build(urls.to_vec()).map_err(|e| {
+            RedisStoreError::config(format!("invalid sentinel URLs {:?}: {e}", redacted()))
+        })?;
+        let first = urls.first().map(String::as_str).unwrap_or_default();
+        let info = first.into_connection_info().map_err(|e| {
+            RedisStoreError::config(format!("invalid sentinel URL {}: {e}", redact(first)))
+        })?;
+        let mut node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(info.redis_settings().clone());
+        if first.starts_with("rediss://") {
+            node = node.set_tls_mode(TlsMode::Secure);
+        }
+        let conn = Self {
+            inner: Arc::new(Inner {
+                sentinel: tokio::sync::Mutex::new(sentinel),
+                master_name: master_name.to_string(),
+                node,
+                current: Mutex::new(None),
+                failed_at: Mutex::new(None),
+            }),
+        };
+        conn.master().await?;
+        Ok(conn)
+    }
+
+    /// Runs `cmd` on the master; forgets the master when the answer says it is gone.
+    pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let master = self.master().await?;
+        let reply = cmd.query_async(&mut master.conn.clone()).await;
+        if let Err(e) = &reply {
+            if master_gone(e) {
+                self.forget(master.lookup);
+            }
+        }
+        reply
+    }
+
+    /// The current master, looked up through the sentinels when there is none.
+    async fn master(&self) -> Result<Master, RedisError> {
+        if let Some(m) = self.current() {
+            return Ok(m);
+        }
+        let inner = Arc::clone(&self.inner);
+        match tokio::spawn(lookup(inner)).await {
+            Ok(result) => result,
+            Err(e) => Err(RedisError::from((
+                ErrorKind::Io,
+                "the sentinel lookup task failed",
+                e.to_string(),
+            ))),
+        }
+    }
+
+    fn current(&self) -> Option<Master> {
+        self.inner
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Drops the master found by lookup `lookup` (not a newer one another call found since).
+    fn forget(&self, lookup: u64) {
+        let mut current = self
+            .inner
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if current.as_ref().is_some_and(|m| m.lookup == lookup) {
+            *current = None;
+        }
+    }
+}
+
+/// One lookup at a time: a caller that waited for the lock finds the master its predecessor
+/// connected.
+async fn lookup(inner: Arc<Inner>) -> Result<Master, RedisError> {
+    let mut sentinel = inner.sentinel.lock().await;
+    if let Some(m) = inner
+        .current
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+    {
+        return Ok(m);
+    }
+    let recently_failed = inner
+        .failed_at
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .is_some_and(|t| t.elapsed() < RETRY_AFTER);
+    if recently_failed {
+        return Err(RedisError::from((
+            ErrorKind::Io,
+            "no master from the sentinels",
+            format!("the last lookup failed less than {RETRY_AFTER:?} ago"),
+        )));
+    }
+    let find = async {
+        let client = sentinel
+            .async_master_for(&inner.master_name, Some(&inner.node))
+            .await?;
+        // As for a standalone server: no retries inside the client, a dead master fails calls
+        // at once (and this store then asks the sentinels again).
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_number_of_retries(0);
+        ConnectionManager::new_with_config(client, config).await
+    };
+    let found = match tokio::time::timeout(LOOKUP_TIMEOUT, find).await {
+        Ok(found) => found,
+        Err(_) => Err(RedisError::from((
+            ErrorKind::Io,
+            "no master from the sentinels",
+            format!("the lookup took longer than {LOOKUP_TIMEOUT:?}"),
+        ))),
+    };
+    *inner
+        .failed_at
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = found.is_err().then(Instant::now);
+    let conn = found?;
+    let mut current = inner.current.lock().unwrap_or_else(PoisonError::into_inner);
+    let lookup = NEXT_LOOKUP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let master = Master { conn, lookup };
+    *current = Some(master.clone());
+    Ok(master)
+}
+
+static NEXT_LOOKUP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Whether `e` means this server is no longer the master to talk to: it is unreachable, or
+/// it became a replica.
+fn master_gone(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
+}

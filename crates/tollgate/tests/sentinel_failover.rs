@@ -1,0 +1,125 @@
+//! Redis Sentinel (a master, a replica, three sentinels; real processes) loses its master:
+//! requests follow their failure policy while the sentinels fail over, and once they have
+//! promoted the replica the limiter finds it through them and decides there again, with the
+//! state the replica kept.
+#![cfg(feature = "redis")]
+
+use std::time::{Duration, Instant};
+use tollgate::{
+    Algorithm, Backend, BreakerConfig, ClientKey, FailurePolicy, Limit, Limiter, LimiterConfig,
+    Outcome, PolicySpec, Quota, RedisConfig,
+};
+use tollgate_testkit::RedisSentinels;
+
+const OPEN_FOR: Duration = Duration::from_millis(500);
+
+fn store_errors(l: &Limiter, kind: &str) -> u64 {
+    let mut s = String::new();
+    l.render_metrics(&mut s);
+    let prefix = format!("tollgate_store_errors_total{{kind=\"{kind}\"}} ");
+    s.lines()
+        .find_map(|x| x.strip_prefix(&prefix))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in\n{s}"))
+}
+
+fn limiter(set: &RedisSentinels) -> Limiter {
+    let redis = RedisConfig::sentinel(set.sentinel_urls(), set.master_name()).with_key_prefix("s");
+    let mut cfg = LimiterConfig::new(Backend::Redis(redis));
+    cfg.timeout = Duration::from_millis(200);
+    cfg.breaker = BreakerConfig {
+        failures: 3,
+        open_for: OPEN_FOR,
+    };
+    Limiter::new(cfg)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_resume_on_the_promoted_replica_within_two_breaker_periods() {
+    let mut set = tokio::task::spawn_blocking(RedisSentinels::start)
+        .await
+        .expect("sentinels");
+    let l = limiter(&set);
+    let quota = Quota::per_hour(5).expect("quota");
+    let mut spec = PolicySpec::new("api", Limit::new(Algorithm::Gcra, quota).expect("limit"));
+    spec.on_failure = FailurePolicy::Closed;
+    let p = l.policy(spec).expect("policy");
+    let client = ClientKey([7; 16]);
+
+    for i in 0..3 {
+        let r = l.check(&tollgate::Plan::for_client(client, [&p])).await;
+        assert_eq!(r.results[0].outcome, Outcome::Allowed, "request {i}");
+    }
+    // The replica has the client's state before its master dies (replication is async).
+    let replicated = (0..250).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        set.replica().cli(&["DBSIZE"]).trim() == "1"
+    });
+    assert!(replicated, "the replica never received the client's key");
+
+    set.master().kill();
+    let killed = Instant::now();
+    let promoted_port = set.replica().port();
+    let set = std::sync::Arc::new(set);
+    let watcher = {
+        let set = std::sync::Arc::clone(&set);
+        tokio::task::spawn_blocking(move || {
+            set.wait_for_failover(Duration::from_secs(40))
+                .then(Instant::now)
+        })
+    };
+    let mut watcher = Some(watcher);
+    let mut promoted_at: Option<Instant> = None;
+    let mut failed_closed = 0;
+    let mut resumed_at = None;
+    // Bounded: 60 s of real time or 1,200 rounds of 50 ms, whichever first.
+    for _ in 0..1200 {
+        if watcher.as_ref().is_some_and(|w| w.is_finished()) {
+            if let Some(w) = watcher.take() {
+                promoted_at = w.await.expect("watcher");
+                assert!(
+                    promoted_at.is_some(),
+                    "the sentinels did not fail over in 40 s"
+                );
+            }
+        }
+        let r = l.check(&tollgate::Plan::for_client(client, [&p])).await;
+        match r.results[0].outcome {
+            Outcome::FailedClosed => failed_closed += 1,
+            Outcome::Allowed if failed_closed > 0 => {
+                resumed_at = Some(Instant::now());
+                break;
+            }
+            other => panic!(
+                "unexpected {other:?} after {:?} ({failed_closed} failed closed so far)",
+                killed.elapsed()
+            ),
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(failed_closed > 0, "the lost master was never noticed");
+    let resumed_at = resumed_at.expect("decisions did not resume within 60 s of the kill");
+    if let Some(w) = watcher.take() {
+        promoted_at = w.await.expect("watcher");
+    }
+    let promoted_at = promoted_at.expect("the sentinels did not fail over");
+    let lag = resumed_at.saturating_duration_since(promoted_at);
+    assert!(
+        lag <= 2 * OPEN_FOR,
+        "decisions resumed {lag:?} after the promotion; expected at most {:?}",
+        2 * OPEN_FOR
+    );
+    assert_eq!(set.master_port(), Some(promoted_port));
+    // The outage is counted as what it is: no master reachable, not a script or unknown error.
+    assert!(store_errors(&l, "connection") + store_errors(&l, "timeout") > 0);
+    assert_eq!(store_errors(&l, "script"), 0);
+    assert_eq!(store_errors(&l, "other"), 0);
+    // The promoted replica kept the state: 4 of 5 are used, one more is allowed, then none.
+    let r = l.check(&tollgate::Plan::for_client(client, [&p])).await;
+    assert_eq!(r.results[0].outcome, Outcome::Allowed);
+    let r = l.check(&tollgate::Plan::for_client(client, [&p])).await;
+    assert_eq!(r.results[0].outcome, Outcome::Limited);
+}
