@@ -6,6 +6,7 @@
 
 mod duration;
 mod error;
+mod fields;
 mod policy;
 mod raw;
 mod store;

@@ -2,8 +2,8 @@
 //! algorithm's own bounds, each error reported at the key that caused it), and its overrides.
 
 use super::error::Reporter;
+use super::fields::{duration, failure_policy, field, one_of, positive, sources};
 use super::raw::RawPolicy;
-use super::validate::{duration, failure_policy, field, one_of, positive, sources};
 use super::{PolicyConfig, StoreConfig};
 use crate::config::duration::DURATION_HELP;
 use http::Method;

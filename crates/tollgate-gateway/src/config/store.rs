@@ -4,8 +4,8 @@
 //! passwords can stay out of the file.
 
 use super::error::Reporter;
+use super::fields::{duration, expand_env, failure_policy, field, one_of, positive};
 use super::raw::RawStore;
-use super::validate::{duration, expand_env, failure_policy, field, one_of, positive};
 use super::{redact_url, StoreBackend, StoreConfig};
 use std::time::Duration;
 use tollgate::{BreakerConfig, FailurePolicy};
