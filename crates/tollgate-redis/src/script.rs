@@ -311,20 +311,13 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
     lua.push_str("local denied = 0\nlocal raws = redis.call('MGET', unpack(keys))\n");
     for (i, rule) in rules.iter().enumerate() {
         let i = i + 1;
-        let (l, p, b, t) = constants(&rule.limit);
         let _ = writeln!(
             lua,
             "local ok_{i}, remaining_{i}, reset_{i}, retry_{i}, value_{i}, idle_{i}, cost_{i}\n\
              do\n  local cost = 1"
         );
         cost(lua, i);
-        let _ = writeln!(
-            lua,
-            "  local raw, limit, p, burst, t = raws[{i}], {l}, {p}, {b}, {t}\n  \
-             local ok, remaining, reset, retry, value, idle_at\n  do"
-        );
-        lua.push_str(body(rule.limit.algorithm()));
-        lua.push_str("  end\n");
+        decide(lua, rule, i, None, "  ");
         if rule.mode == Mode::Enforce {
             lua.push_str("  if not ok then\n    denied = denied + 1\n  end\n");
         }
@@ -359,17 +352,11 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
     lua.push_str("else\n");
     for (i, rule) in rules.iter().enumerate() {
         let i = i + 1;
-        let (l, p, b, t) = constants(&rule.limit);
+        let _ = writeln!(lua, "  if ok_{i} and cost_{i} > 0 then");
+        decide(lua, rule, i, Some(0), "    ");
         let _ = writeln!(
             lua,
-            "  if ok_{i} and cost_{i} > 0 then\n    \
-             local raw, cost, limit, p, burst, t = raws[{i}], 0, {l}, {p}, {b}, {t}\n    \
-             local ok, remaining, reset, retry, value, idle_at\n    do"
-        );
-        lua.push_str(body(rule.limit.algorithm()));
-        let _ = writeln!(
-            lua,
-            "    end\n    remaining_{i}, reset_{i} = remaining, reset\n  end"
+            "    remaining_{i}, reset_{i} = remaining, reset\n  end"
         );
     }
     lua.push_str("end\n");
@@ -382,6 +369,24 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
         "BI7I7I7".repeat(rules.len()),
         values.join(", ")
     );
+}
+
+/// Rule `i`'s decision body in a block of its own, on its raw value from MGET and its quota
+/// as constants; with `cost` given, at that cost (0: the uncharged state) instead of the
+/// `cost` local in scope.
+fn decide(lua: &mut String, rule: &RuleShape, i: usize, cost: Option<u64>, indent: &str) {
+    let (l, p, b, t) = constants(&rule.limit);
+    let (cost_name, cost_value) = match cost {
+        Some(c) => ("cost, ", format!("{c}, ")),
+        None => ("", String::new()),
+    };
+    let _ = writeln!(
+        lua,
+        "{indent}local raw, {cost_name}limit, p, burst, t = raws[{i}], {cost_value}{l}, {p}, {b}, {t}\n\
+         {indent}local ok, remaining, reset, retry, value, idle_at\n{indent}do"
+    );
+    lua.push_str(body(rule.limit.algorithm()));
+    let _ = writeln!(lua, "{indent}end");
 }
 
 /// `now` from ARGV[at] when the call has it and it is not empty, else Redis TIME (the

@@ -124,53 +124,19 @@ async fn a_policy_set_script_refuses_a_bad_cost_before_any_write() {
 async fn an_invalid_argument_fails_before_any_write() {
     let server = RedisServer::start();
     let store = common::connect(&server.url(), StoreClock::Local).await;
+    // The generic script: EVALSHA with the keys and arguments of one call, split on spaces.
+    let generic = |call: &str| {
+        let mut args = vec!["evalsha", generic_script_sha()];
+        args.extend(call.split(' '));
+        server.cli(&args)
+    };
     // Policy 1 is valid, policy 2 has limit 0: the script must refuse without charging 1.
-    let out = server.cli(&[
-        "evalsha",
-        generic_script_sha(),
-        "2",
-        "k1",
-        "k2",
-        "1000",
-        "gcra",
-        "10",
-        "1000000",
-        "10",
-        "1",
-        "0",
-        "gcra",
-        "0",
-        "1000000",
-        "10",
-        "1",
-        "0",
-    ]);
+    let out = generic("2 k1 k2 1000 gcra 10 1000000 10 1 0 gcra 0 1000000 10 1 0");
     assert!(out.contains("tollgate") && out.contains("limit"), "{out}");
     assert_eq!(server.cli(&["exists", "k1", "k2"]).trim(), "0");
-    let out = server.cli(&[
-        "evalsha",
-        generic_script_sha(),
-        "1",
-        "k1",
-        "1000",
-        "nope",
-        "1",
-        "1",
-        "1",
-        "1",
-        "0",
-    ]);
+    let out = generic("1 k1 1000 nope 1 1 1 1 0");
     assert!(out.contains("not an algorithm"), "{out}");
-    let out = server.cli(&[
-        "evalsha",
-        generic_script_sha(),
-        "1",
-        "k1",
-        "1000",
-        "gcra",
-        "1",
-        "1",
-    ]);
+    let out = generic("1 k1 1000 gcra 1 1");
     assert!(out.contains("expected 1 + 6 arguments"), "{out}");
     // The single-policy script (its quota built in) validates what a call carries: the cost,
     // now and the PX floor, and the shape of the call.
