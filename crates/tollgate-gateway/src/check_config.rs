@@ -7,8 +7,17 @@ use std::path::Path;
 pub fn main(path: &Path) -> i32 {
     match Config::load(path) {
         Ok(c) => {
+            let rls = match &c.rls {
+                Some(r) => format!(
+                    ", rls: {} domain(s), {} descriptor rule(s) from {}",
+                    r.config.domains().count(),
+                    r.config.rules().len(),
+                    r.config_path.display()
+                ),
+                None => String::new(),
+            };
             println!(
-                "{}: ok ({} store, {} polic{}, {} mode)",
+                "{}: ok ({} store, {} polic{}, {} mode{rls})",
                 path.display(),
                 c.store.backend.name(),
                 c.policies.len(),

@@ -27,28 +27,15 @@ pub const STORE_UNAVAILABLE: &str = "https://tollgate.dev/problems#store-unavail
 /// Adds `RateLimit-Policy` and `RateLimit` for `result` to `headers`. Nothing is added when
 /// every matched policy is a shadow one.
 pub fn add_headers(headers: &mut HeaderMap, result: &LimitResult) {
-    let mut policy = String::new();
-    for r in result.results.iter().filter(|r| !r.policy.is_shadow()) {
-        if !policy.is_empty() {
-            policy.push_str(", ");
-        }
-        let q = r.policy.limit().quota();
-        let w = micros_to_secs_ceil(q.period_micros(), 1);
-        let _ = write!(policy, "\"{}\";q={};w={}", r.policy.name(), q.limit(), w);
-    }
-    if policy.is_empty() {
+    let Some(policy) = tollgate::headers::ratelimit_policy(result) else {
         return;
-    }
+    };
     if let Ok(v) = HeaderValue::from_str(&policy) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
-    if let Some(r) = result.most_constrained() {
-        if let Some(d) = r.decision {
-            let t = micros_to_secs_ceil(d.reset_after, 0);
-            let value = format!("\"{}\";r={};t={}", r.policy.name(), d.remaining, t);
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert(RATELIMIT.clone(), v);
-            }
+    if let Some(value) = tollgate::headers::ratelimit(result) {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(RATELIMIT.clone(), v);
         }
     }
 }

@@ -8,6 +8,7 @@ mod duration;
 mod error;
 mod policy;
 mod raw;
+mod rls;
 mod validate;
 
 pub use duration::parse_duration;
@@ -36,6 +37,21 @@ pub struct Config {
     pub secret: Secret,
     /// `[[policy]]`, in file order.
     pub policies: Vec<PolicyConfig>,
+    /// `[rls]`, when present.
+    pub rls: Option<RlsSettings>,
+}
+
+/// `[rls]`: Envoy's rate limit service.
+#[derive(Debug, Clone)]
+pub struct RlsSettings {
+    /// The gRPC listener; `None`: the YAML is checked but nothing listens.
+    pub listen: Option<SocketAddr>,
+    /// `config`, resolved against the TOML file's directory.
+    pub config_path: std::path::PathBuf,
+    /// The descriptor rules read from `config_path`.
+    pub config: tollgate_rls::RlsConfig,
+    /// `response_headers = "draft"` (true) or `"off"`.
+    pub response_headers: bool,
 }
 
 /// `[server]`.

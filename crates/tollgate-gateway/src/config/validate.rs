@@ -52,6 +52,9 @@ pub(crate) fn validate(
             policies.push(p);
         }
     }
+    let rls = raw
+        .rls
+        .and_then(|rls| super::rls::rls(&mut r, rls.into_inner(), &server));
     if server.listen == server.admin_listen {
         r.at(
             0..0,
@@ -67,6 +70,7 @@ pub(crate) fn validate(
             identity,
             secret,
             policies,
+            rls,
         })
     } else {
         Err(ConfigErrors(r.errors))
@@ -119,7 +123,7 @@ pub(super) fn one_of<T: Copy>(s: &str, options: &[(&str, T)]) -> Result<T, Strin
         })
 }
 
-fn addr(s: &str) -> Result<SocketAddr, String> {
+pub(super) fn addr(s: &str) -> Result<SocketAddr, String> {
     s.parse()
         .map_err(|_| format!("{s:?} is not an address; expected IP:PORT like \"127.0.0.1:8080\""))
 }
