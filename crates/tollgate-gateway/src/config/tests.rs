@@ -160,7 +160,10 @@ fn bad_types_env_and_sections_are_errors() {
 fn the_documented_example_config_is_valid() {
     let text = include_str!("../../../../docs/tollgate.example.toml");
     // The real path: `[rls] config` is relative to the file.
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/tollgate.example.toml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/tollgate.example.toml"
+    );
     let c = validate::validate(path, text, |n| {
         (n == "TOLLGATE_SECRET").then(|| "s".to_string())
     })
