@@ -247,3 +247,38 @@ fn check_config_reports_yaml_errors_with_the_yaml_file_line_and_key() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 descriptor rule"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_rls_loads_the_grpc_service_and_checks_its_accounting() {
+    let redis = RedisServer::start();
+    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"", redis.url());
+    let (_gw, port) = start_gateway(&store, "");
+    // Wait until the gRPC listener answers.
+    let mut c = RateLimitServiceClient::new(channel(port).await);
+    assert!(c.should_rate_limit(tenant("warm-up")).await.is_ok());
+    let json = scratch("bench-rls.json");
+    let output = tollgate()
+        .args(["bench", "--rls", &format!("http://127.0.0.1:{port}")])
+        .args(["--domain", "edge", "--descriptor", "tenant={client}"])
+        .args([
+            "--clients",
+            "4",
+            "--connections",
+            "8",
+            "--max-requests",
+            "240",
+        ])
+        .args(["--duration", "30s", "--algorithm", "sliding_window_log"])
+        .args(["--json", &json.display().to_string(), "--quiet"])
+        .output()
+        .expect("run tollgate bench");
+    let report = bench_report(&output, &json);
+    let u = |v: &serde_json::Value| v.as_u64().unwrap_or(u64::MAX);
+    // 60 calls per client on a 50/hour limit: 50 OK and 10 OVER_LIMIT each.
+    assert_eq!(u(&report["status"]["200"]), 200, "{}", report["status"]);
+    assert_eq!(u(&report["status"]["429"]), 40, "{}", report["status"]);
+    let accuracy = &report["accuracy"];
+    assert_eq!(accuracy["source"], "header", "{accuracy}");
+    assert_eq!(u(&accuracy["limits"][0]["limit"]), 50, "{accuracy}");
+    assert_eq!(u(&accuracy["over_admission"]["total"]), 0, "{accuracy}");
+}
