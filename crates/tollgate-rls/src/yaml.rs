@@ -1,10 +1,14 @@
 //! A YAML document as a tree whose every node knows its line and column, so a configuration
 //! error can name the line it sits on. Built from `yaml-rust2`'s marked parser events; anchors
-//! and aliases are resolved (envoyproxy/ratelimit's YAML library accepts them too).
+//! and aliases are resolved (envoyproxy/ratelimit's YAML library accepts them too), up to
+//! [`MAX_NODES`] nodes in all, so a file of nested aliases cannot expand without bound.
 
 use std::collections::HashMap;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+/// The most nodes a document may hold once its aliases are expanded.
+pub(crate) const MAX_NODES: usize = 1_000_000;
 
 /// A 1-based line and column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -87,12 +91,14 @@ enum Frame {
     Map {
         pos: Pos,
         anchor: usize,
+        first: usize,
         entries: Vec<(String, Pos, Node)>,
         key: Option<(String, Pos)>,
     },
     Seq {
         pos: Pos,
         anchor: usize,
+        first: usize,
         items: Vec<Node>,
     },
 }
@@ -101,7 +107,10 @@ enum Frame {
 struct Builder {
     stack: Vec<Frame>,
     root: Option<Node>,
-    anchors: HashMap<usize, Node>,
+    /// Anchored nodes with how many nodes each holds.
+    anchors: HashMap<usize, (Node, usize)>,
+    /// Nodes so far, aliases counted at their expanded size.
+    nodes: usize,
     error: Option<SyntaxError>,
     done: bool,
 }
@@ -116,11 +125,25 @@ impl Builder {
         }
     }
 
-    fn finish(&mut self, node: Node, anchor: usize) {
+    /// A node of `size` nodes (itself included) is complete.
+    fn finish(&mut self, node: Node, anchor: usize, size: usize) {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors.insert(anchor, (node.clone(), size));
         }
         self.attach(node);
+    }
+
+    /// Counts `n` more nodes; false (and an error) past [`MAX_NODES`].
+    fn count(&mut self, n: usize, pos: Pos) -> bool {
+        self.nodes = self.nodes.saturating_add(n);
+        if self.nodes > MAX_NODES {
+            self.fail(
+                pos,
+                format!("more than {MAX_NODES} nodes once aliases are expanded"),
+            );
+            return false;
+        }
+        true
     }
 
     fn attach(&mut self, node: Node) {
@@ -156,6 +179,9 @@ impl MarkedEventReceiver for Builder {
         let pos = Pos::from(mark);
         match ev {
             Event::Scalar(text, style, anchor, _) => {
+                if !self.count(1, pos) {
+                    return;
+                }
                 let plain = style == TScalarStyle::Plain;
                 self.finish(
                     Node {
@@ -163,43 +189,77 @@ impl MarkedEventReceiver for Builder {
                         kind: Kind::Scalar { text, plain },
                     },
                     anchor,
+                    1,
                 );
             }
-            Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
-                pos,
-                anchor,
-                entries: Vec::new(),
-                key: None,
-            }),
-            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
-                pos,
-                anchor,
-                items: Vec::new(),
-            }),
+            Event::MappingStart(anchor, _) => {
+                if self.count(1, pos) {
+                    let first = self.nodes;
+                    self.stack.push(Frame::Map {
+                        pos,
+                        anchor,
+                        first,
+                        entries: Vec::new(),
+                        key: None,
+                    });
+                }
+            }
+            Event::SequenceStart(anchor, _) => {
+                if self.count(1, pos) {
+                    let first = self.nodes;
+                    self.stack.push(Frame::Seq {
+                        pos,
+                        anchor,
+                        first,
+                        items: Vec::new(),
+                    });
+                }
+            }
             Event::MappingEnd | Event::SequenceEnd => match self.stack.pop() {
                 Some(Frame::Map {
                     pos,
                     anchor,
+                    first,
                     entries,
                     ..
-                }) => self.finish(
-                    Node {
-                        pos,
-                        kind: Kind::Map(entries),
-                    },
+                }) => {
+                    let size = self.nodes - first + 1;
+                    self.finish(
+                        Node {
+                            pos,
+                            kind: Kind::Map(entries),
+                        },
+                        anchor,
+                        size,
+                    );
+                }
+                Some(Frame::Seq {
+                    pos,
                     anchor,
-                ),
-                Some(Frame::Seq { pos, anchor, items }) => self.finish(
-                    Node {
-                        pos,
-                        kind: Kind::Seq(items),
-                    },
-                    anchor,
-                ),
+                    first,
+                    items,
+                }) => {
+                    let size = self.nodes - first + 1;
+                    self.finish(
+                        Node {
+                            pos,
+                            kind: Kind::Seq(items),
+                        },
+                        anchor,
+                        size,
+                    );
+                }
                 None => self.fail(pos, "unbalanced end of a mapping or list"),
             },
-            Event::Alias(id) => match self.anchors.get(&id).cloned() {
-                Some(node) => self.attach(node),
+            Event::Alias(id) => match self.anchors.get(&id).map(|(_, size)| *size) {
+                Some(size) => {
+                    if self.count(size, pos) {
+                        if let Some((node, _)) = self.anchors.get(&id) {
+                            let node = node.clone();
+                            self.attach(node);
+                        }
+                    }
+                }
                 None => self.fail(pos, "an alias to an unknown anchor"),
             },
             Event::Nothing
@@ -248,6 +308,17 @@ mod tests {
             panic!("not a map")
         };
         assert!(matches!(&entries[1].2.kind, Kind::Scalar { text, .. } if text == "hello"));
+    }
+
+    #[test]
+    fn nested_aliases_cannot_expand_without_bound() {
+        let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..9 {
+            let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+            text.push_str(&format!("a{i}: &a{i} [{refs}]\n"));
+        }
+        let e = parse(&text).expect_err("bounded");
+        assert!(e.message.contains("aliases"), "{}", e.message);
     }
 
     #[test]
