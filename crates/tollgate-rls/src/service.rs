@@ -160,36 +160,8 @@ impl RlsService {
         let mut items: Vec<Item> = Vec::new();
         for (d, rule) in req.descriptors.iter().zip(&rules) {
             let cost = d.hits_addend.unwrap_or(request_hits);
-            let slot = match d.limit.as_ref() {
-                Some(o) if i.config.has_domain(&req.domain) => {
-                    let (policy, current, salt) = self.override_policy(&req.domain, *rule, o)?;
-                    let client = self.client(&req.domain, d, Some(&salt));
-                    Self::add(&mut items, client, policy, cost, current)
-                }
-                _ => match rule.filter(|r| !replaced.contains(r)) {
-                    None => Slot::NoLimit,
-                    Some(r) => match (&i.policies[r], &i.config.rules()[r].limit) {
-                        (
-                            Some(policy),
-                            RuleLimit::Limited {
-                                requests_per_unit,
-                                unit,
-                                ..
-                            },
-                        ) => {
-                            let current = RateLimit {
-                                name: i.config.rules()[r].name.clone(),
-                                requests_per_unit: *requests_per_unit,
-                                unit: unit.proto(),
-                            };
-                            let client = self.client(&req.domain, d, None);
-                            Self::add(&mut items, client, policy.clone(), cost, current)
-                        }
-                        _ => Slot::Unlimited,
-                    },
-                },
-            };
-            slots.push(slot);
+            let rule = rule.filter(|r| !replaced.contains(r));
+            slots.push(self.slot(&req.domain, d, rule, cost, &mut items)?);
         }
         let mut plan = Plan::new();
         let policies: Vec<Policy> = items
@@ -208,6 +180,48 @@ impl RlsService {
             i.limiter.check(&plan).await
         };
         self.respond(&slots, &items, &policies, &result)
+    }
+
+    /// What one request descriptor needs: a plan item (added to `items`), or an answer
+    /// without the store. `rule` is its rule after `replaces`; a limit override (in a known
+    /// domain) wins over it.
+    fn slot(
+        &self,
+        domain: &str,
+        d: &RateLimitDescriptor,
+        rule: Option<usize>,
+        cost: u64,
+        items: &mut Vec<Item>,
+    ) -> Result<Slot, Status> {
+        let i = &self.inner;
+        if let Some(o) = d.limit.as_ref().filter(|_| i.config.has_domain(domain)) {
+            let (policy, current, salt) = self.override_policy(domain, rule, o)?;
+            let client = self.client(domain, d, Some(&salt));
+            return Ok(Self::add(items, client, policy, cost, current));
+        }
+        let Some(r) = rule else {
+            return Ok(Slot::NoLimit);
+        };
+        let configured = &i.config.rules()[r];
+        match (&i.policies[r], configured.limit) {
+            (
+                Some(policy),
+                RuleLimit::Limited {
+                    requests_per_unit,
+                    unit,
+                    ..
+                },
+            ) => {
+                let current = RateLimit {
+                    name: configured.name.clone(),
+                    requests_per_unit,
+                    unit: unit.proto(),
+                };
+                let client = self.client(domain, d, None);
+                Ok(Self::add(items, client, policy.clone(), cost, current))
+            }
+            _ => Ok(Slot::Unlimited),
+        }
     }
 
     /// The rule of one request descriptor (before `replaces`).
