@@ -2,9 +2,11 @@
 //! Envoy calls a rate limit cluster).
 //!
 //! Bad input never takes the listener down: a connection that sends garbage or stops
-//! half-way through the HTTP/2 preface is that connection's problem only, a message larger
-//! than [`MAX_MESSAGE_BYTES`] is refused with `OUT_OF_RANGE`, and each call has a deadline.
+//! half-way through the HTTP/2 preface is that connection's problem only (and is closed after
+//! [`PREFACE_TIMEOUT`]), a message larger than [`MAX_MESSAGE_BYTES`] is refused with
+//! `OUT_OF_RANGE`, and each call has a deadline.
 
+use crate::incoming::{PrefaceDeadline, PREFACE_TIMEOUT};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -94,13 +96,20 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let health = HealthService::new(service.limiter().clone());
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |accepted| {
+            accepted.map(|stream| {
+                let _ = stream.set_nodelay(true);
+                PrefaceDeadline::new(stream, PREFACE_TIMEOUT)
+            })
+        },
+    );
     tonic::transport::Server::builder()
         .timeout(CALL_TIMEOUT)
         .max_concurrent_streams(MAX_STREAMS)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .tcp_nodelay(true)
         .add_service(rls)
         .add_service(HealthServer::new(health))
         .serve_with_incoming_shutdown(incoming, shutdown)

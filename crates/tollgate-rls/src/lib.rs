@@ -12,10 +12,12 @@
 
 pub mod config;
 mod grpc;
+mod incoming;
 pub mod proto;
 mod service;
 mod yaml;
 
 pub use config::{RlsConfig, RlsConfigError, RlsConfigErrors};
 pub use grpc::{serve, HealthService, CALL_TIMEOUT, MAX_MESSAGE_BYTES, SERVICE_NAME};
+pub use incoming::PREFACE_TIMEOUT;
 pub use service::{RlsOptions, RlsService, MAX_DESCRIPTORS, MAX_ENTRIES, UNLIMITED_REMAINING};

@@ -441,3 +441,37 @@ async fn invalid_requests_get_invalid_argument() {
     // And the service still answers.
     assert_eq!(overall(&rls.one("basic", &[("key1", "x")]).await), Code::Ok);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_a_whole_http2_preface_is_closed_and_others_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start();
+    let mut rls = start(&redis.url(), "preface", BASIC, RlsOptions::default()).await;
+    let mut silent = tokio::net::TcpStream::connect(rls.addr)
+        .await
+        .expect("connect");
+    let mut half = tokio::net::TcpStream::connect(rls.addr)
+        .await
+        .expect("connect");
+    half.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
+    // Served meanwhile.
+    assert_eq!(overall(&rls.one("basic", &[("key1", "p")]).await), Code::Ok);
+    let bound = tollgate_rls::PREFACE_TIMEOUT + Duration::from_secs(10);
+    for conn in [&mut silent, &mut half] {
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(bound, async {
+            loop {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue, // the server's SETTINGS / GOAWAY
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "the server closes a connection without a preface"
+        );
+    }
+    assert_eq!(overall(&rls.one("basic", &[("key1", "p")]).await), Code::Ok);
+}
