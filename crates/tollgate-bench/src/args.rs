@@ -20,9 +20,22 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Gateway URLs (http://), comma-separated; requests go to them round-robin.
-    #[arg(long, value_delimiter = ',', required = true, value_name = "URL[,URL...]",
+    #[arg(long, value_delimiter = ',', required_unless_present = "rls", value_name = "URL[,URL...]",
           value_parser = parse_target)]
     pub target: Vec<Uri>,
+    /// Envoy rate limit service endpoints (gRPC `ShouldRateLimit`, `http://HOST:PORT`) to
+    /// load instead of HTTP targets.
+    #[arg(long, value_delimiter = ',', conflicts_with = "target", value_name = "URL[,URL...]",
+          value_parser = super::rls::parse_rls_target)]
+    pub rls: Vec<Uri>,
+    /// `--rls`: the domain of every request.
+    #[arg(long, default_value = "bench", value_name = "DOMAIN")]
+    pub domain: String,
+    /// `--rls`: the descriptor of every request; `{client}` in a value is the virtual
+    /// client's key.
+    #[arg(long, default_value = "client={client}", value_name = "KEY=VALUE[,...]",
+          value_parser = super::rls::parse_descriptor)]
+    pub descriptor: super::rls::Descriptor,
     /// Virtual clients, each with its own identity (1 to 1000000).
     #[arg(long, default_value_t = 10, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]

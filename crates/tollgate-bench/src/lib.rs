@@ -17,6 +17,7 @@ mod histogram;
 mod load;
 mod output;
 mod report;
+mod rls;
 mod timeline;
 
 use std::fs::File;
@@ -139,8 +140,17 @@ fn plan_from(args: &BenchArgs) -> anyhow::Result<Plan> {
         .map(|i| HeaderValue::try_from(format!("{prefix}-{i}")))
         .collect::<Result<Vec<_>, _>>()
         .context("--key-prefix: not a valid header value")?;
+    let rls = (!args.rls.is_empty()).then(|| rls::RlsPlan {
+        domain: args.domain.clone(),
+        entries: args.descriptor.0.clone(),
+    });
     Ok(Plan {
-        targets: args.target.clone(),
+        targets: if rls.is_some() {
+            args.rls.clone()
+        } else {
+            args.target.clone()
+        },
+        rls,
         identity: args.identity.clone(),
         keys,
         rate: args.rate,

@@ -46,6 +46,8 @@ pub struct Plan {
     pub max_requests: u64,
     /// A request without a complete answer after this is an error.
     pub timeout: Duration,
+    /// Envoy RLS targets: `ShouldRateLimit` calls instead of HTTP requests.
+    pub rls: Option<super::rls::RlsPlan>,
 }
 
 /// Counters the progress bar reads while the bench runs.
@@ -77,6 +79,7 @@ pub struct Finished {
 struct Shared {
     plan: Plan,
     client: Client<HttpConnector, Empty<Bytes>>,
+    rls: Option<super::rls::RlsClients>,
     start: Instant,
     live: Arc<Live>,
     policy_header: OnceLock<String>,
@@ -101,9 +104,14 @@ pub async fn drive(plan: Plan, live: Arc<Live>, start_unix_ns: u128) -> anyhow::
         }
         recorder
     });
+    let rls = match plan.rls {
+        Some(_) => Some(super::rls::RlsClients::new(&plan.targets, plan.timeout)?),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         plan,
         client,
+        rls,
         start: Instant::now(),
         live,
         policy_header: OnceLock::new(),
@@ -226,6 +234,10 @@ async fn exchange(shared: &Shared, client: usize, target: usize) -> Outcome {
     let (Some(uri), Some(key)) = (plan.targets.get(target), plan.keys.get(client)) else {
         return Outcome::Error(ErrorKind::Http);
     };
+    if let (Some(rls), Some(clients)) = (&plan.rls, &shared.rls) {
+        let key = key.to_str().unwrap_or("");
+        return super::rls::exchange(clients, rls, target, key, &shared.policy_header).await;
+    }
     let request = match Request::get(uri.clone())
         .header(plan.identity.clone(), key.clone())
         .body(Empty::<Bytes>::new())

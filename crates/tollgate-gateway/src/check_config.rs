@@ -10,8 +10,17 @@ pub fn main(path: &Path) -> i32 {
             for w in &c.warnings {
                 eprintln!("{w}");
             }
+            let rls = match &c.rls {
+                Some(r) => format!(
+                    ", rls: {} domain(s), {} descriptor rule(s) from {}",
+                    r.config.domains().count(),
+                    r.config.rules().len(),
+                    r.config_path.display()
+                ),
+                None => String::new(),
+            };
             println!(
-                "{}: ok ({} store, {} polic{}, {} mode)",
+                "{}: ok ({} store, {} polic{}, {} mode{rls})",
                 path.display(),
                 c.store.backend.name(),
                 c.policies.len(),

@@ -29,13 +29,16 @@ use tollgate::{
     Backend, IdentityHasher, Limiter, LimiterConfig, MemoryConfig, PolicySpec, RedisConfig,
     StoreClock,
 };
+use tollgate_rls::{RlsOptions, RlsService};
 use tollgate_tower::{PeerAddr, RateLimitLayer, RoutedPolicy};
 use tower_service::Service;
 
 /// What the rate limiter wraps: the upstream, or the decision-mode 200.
 #[derive(Clone)]
 enum Target {
-    Proxy(Proxy),
+    /// Behind an `Arc`: the proxy's HTTP client is large and the target is cloned per
+    /// connection.
+    Proxy(Arc<Proxy>),
     Decision,
 }
 
@@ -134,6 +137,58 @@ pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLaye
     Ok(layer)
 }
 
+/// Builds the Envoy rate limit service of `[rls]` (its rules registered with `limiter`).
+pub fn rls_service(config: &Config, limiter: &Limiter) -> anyhow::Result<Option<RlsService>> {
+    let Some(rls) = &config.rls else {
+        return Ok(None);
+    };
+    let options = RlsOptions {
+        on_failure: config.store.on_failure,
+        local_divisor: config.store.local_divisor,
+        response_headers: rls.response_headers,
+    };
+    let service = RlsService::new(
+        limiter.clone(),
+        IdentityHasher::new(&config.secret.0),
+        rls.config.clone(),
+        options,
+    )
+    .with_context(|| format!("{}: [rls] config", rls.config_path.display()))?;
+    Ok(Some(service))
+}
+
+/// Binds `[rls] listen` and serves the rate limit service there until `stop` changes.
+async fn spawn_rls(
+    config: &Config,
+    service: Option<RlsService>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let (Some(service), Some(addr)) = (service, config.rls.as_ref().and_then(|r| r.listen)) else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (rls.listen)"))?;
+    let shown = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let domains: Vec<&str> = config.rls.iter().flat_map(|r| r.config.domains()).collect();
+    tracing::info!(
+        rls_listen = shown,
+        ?domains,
+        "envoy rate limit service listening"
+    );
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    Ok(Some(tokio::spawn(async move {
+        if let Err(e) = tollgate_rls::serve(listener, service, shutdown).await {
+            tracing::error!(error = %e, "rls listener failed");
+        }
+    })))
+}
+
 /// How long startup waits for a shared store to connect before serving anyway.
 const STARTUP_CONNECT: Duration = Duration::from_secs(2);
 
@@ -141,13 +196,14 @@ const STARTUP_CONNECT: Duration = Duration::from_secs(2);
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let limiter = limiter(&config);
     let layer = layer(&config, &limiter)?;
+    let rls = rls_service(&config, &limiter)?;
     // Connect to a shared store before taking traffic, so a cold start does not spend the
     // first requests' timeouts on a connection and a script load (and trip the breaker).
     // A store that is down does not stop the gateway: requests follow their failure policy.
     limiter.connect(STARTUP_CONNECT).await;
     let http_metrics = Arc::new(HttpMetrics::default());
     let target = match &config.server.upstream {
-        Some(u) => Target::Proxy(Proxy::new(
+        Some(u) => Target::Proxy(Arc::new(Proxy::new(
             u.clone(),
             ProxyLimits {
                 timeout: config.server.upstream_timeout,
@@ -155,7 +211,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 trusted: config.identity.trusted_proxies.clone(),
             },
             http_metrics.clone(),
-        )),
+        ))),
         None => Target::Decision,
     };
     let service = tower_layer::Layer::layer(&layer, target);
@@ -192,6 +248,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         history,
     };
     let admin_task = tokio::spawn(serve_admin(admin_listener, admin, stop_rx.clone()));
+    let rls_task = spawn_rls(&config, rls, stop_rx.clone()).await?;
     let force = async {
         let _ = force_rx.await;
     };
@@ -215,6 +272,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let _ = admin_task.await;
     let _ = sampler.await;
+    if let Some(t) = rls_task {
+        let _ = t.await;
+    }
     limiter.shutdown().await;
     tracing::info!("stopped");
     Ok(())

@@ -26,45 +26,20 @@ pub const BAD_REQUEST: &str = "https://tollgate.dev/problems#bad-request";
 /// The problem type of a 503 from a store failing closed.
 pub const STORE_UNAVAILABLE: &str = "https://tollgate.dev/problems#store-unavailable";
 
-/// Most policies `RateLimit-Policy` lists: the most constrained one first, then others in
-/// configuration order. A request matched by thousands of policies must not get a header of
-/// hundreds of kilobytes (which many clients and proxies refuse).
-pub const MAX_ADVERTISED_POLICIES: usize = 16;
+pub use tollgate::headers::MAX_ADVERTISED_POLICIES;
 
 /// Adds `RateLimit-Policy` and `RateLimit` for `result` to `headers`. Nothing is added when
 /// every matched policy is a shadow one. At most [`MAX_ADVERTISED_POLICIES`] are listed.
 pub fn add_headers(headers: &mut HeaderMap, result: &LimitResult) {
-    let mut policy = String::new();
-    let first = result.most_constrained();
-    let others = result
-        .results
-        .iter()
-        .filter(|r| !r.policy.is_shadow() && !first.is_some_and(|f| std::ptr::eq(*r, f)));
-    for r in first
-        .into_iter()
-        .chain(others)
-        .take(MAX_ADVERTISED_POLICIES)
-    {
-        if !policy.is_empty() {
-            policy.push_str(", ");
-        }
-        let q = r.policy.limit().quota();
-        let w = micros_to_secs_ceil(q.period_micros(), 1);
-        let _ = write!(policy, "\"{}\";q={};w={}", r.policy.name(), q.limit(), w);
-    }
-    if policy.is_empty() {
+    let Some(policy) = tollgate::headers::ratelimit_policy(result) else {
         return;
-    }
+    };
     if let Ok(v) = HeaderValue::from_str(&policy) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
-    if let Some(r) = result.most_constrained() {
-        if let Some(d) = r.decision {
-            let t = micros_to_secs_ceil(d.reset_after, 0);
-            let value = format!("\"{}\";r={};t={}", r.policy.name(), d.remaining, t);
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert(RATELIMIT.clone(), v);
-            }
+    if let Some(value) = tollgate::headers::ratelimit(result) {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(RATELIMIT.clone(), v);
         }
     }
 }

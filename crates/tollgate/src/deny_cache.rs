@@ -6,6 +6,9 @@
 //! abusive client's traffic off Redis. Bounded: a fixed number of shards, each holding at most
 //! `capacity / shards` entries; a full shard first drops expired entries, then the entry that
 //! expires soonest (forgetting a denial only costs a store call, never a wrong admission).
+//!
+//! A denial is remembered with its cost: it answers only requests costing as much or more
+//! (a cheaper one may fit, e.g. an RLS request with a smaller `hits_addend`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -40,7 +43,8 @@ impl Hasher for PrehashedHasher {
     }
 }
 
-type Map = HashMap<(u128, u64), Micros, BuildHasherDefault<PrehashedHasher>>;
+/// (client, policy) -> (denied until, the cost that was denied).
+type Map = HashMap<(u128, u64), (Micros, u64), BuildHasherDefault<PrehashedHasher>>;
 
 pub(crate) struct DenyCache {
     shards: Vec<Mutex<Map>>,
@@ -61,12 +65,14 @@ impl DenyCache {
         &self.shards[(h as usize) % SHARDS]
     }
 
-    /// When the client is still denied under the policy at `now`: the instant it may retry.
+    /// When the client is still denied under the policy at `now` for a request of `cost`:
+    /// the instant it may retry.
     pub(crate) fn denied_until(
         &self,
         client: &ClientKey,
         policy: u64,
         now: Micros,
+        cost: u64,
     ) -> Option<Micros> {
         if self.per_shard == 0 {
             return None;
@@ -77,7 +83,7 @@ impl DenyCache {
             .unwrap_or_else(|e| e.into_inner());
         let key = (client.as_u128(), policy);
         match map.get(&key) {
-            Some(&until) if until > now => Some(until),
+            Some(&(until, denied)) if until > now => (cost >= denied).then_some(until),
             Some(_) => {
                 map.remove(&key);
                 None
@@ -86,8 +92,16 @@ impl DenyCache {
         }
     }
 
-    /// Remembers that the client is denied under the policy until `until`.
-    pub(crate) fn deny(&self, client: &ClientKey, policy: u64, until: Micros, now: Micros) {
+    /// Remembers that a request of `cost` is denied to the client under the policy until
+    /// `until`.
+    pub(crate) fn deny(
+        &self,
+        client: &ClientKey,
+        policy: u64,
+        until: Micros,
+        now: Micros,
+        cost: u64,
+    ) {
         if self.per_shard == 0 || until <= now {
             return;
         }
@@ -97,14 +111,14 @@ impl DenyCache {
             .unwrap_or_else(|e| e.into_inner());
         let key = (client.as_u128(), policy);
         if map.len() >= self.per_shard && !map.contains_key(&key) {
-            map.retain(|_, u| *u > now);
+            map.retain(|_, (u, _)| *u > now);
             if map.len() >= self.per_shard {
-                if let Some(k) = map.iter().min_by_key(|(_, u)| **u).map(|(k, _)| *k) {
+                if let Some(k) = map.iter().min_by_key(|(_, (u, _))| *u).map(|(k, _)| *k) {
                     map.remove(&k);
                 }
             }
         }
-        map.insert(key, until);
+        map.insert(key, (until, cost));
     }
 
     #[cfg(test)]
@@ -127,18 +141,27 @@ mod tests {
     #[test]
     fn denies_until_the_retry_time_and_not_after() {
         let c = DenyCache::new(100);
-        c.deny(&key(1), 7, 1_000, 0);
-        assert_eq!(c.denied_until(&key(1), 7, 999), Some(1_000));
-        assert_eq!(c.denied_until(&key(1), 7, 1_000), None);
-        assert_eq!(c.denied_until(&key(1), 8, 10), None);
-        assert_eq!(c.denied_until(&key(2), 7, 10), None);
+        c.deny(&key(1), 7, 1_000, 0, 1);
+        assert_eq!(c.denied_until(&key(1), 7, 999, 1), Some(1_000));
+        assert_eq!(c.denied_until(&key(1), 7, 1_000, 1), None);
+        assert_eq!(c.denied_until(&key(1), 8, 10, 1), None);
+        assert_eq!(c.denied_until(&key(2), 7, 10, 1), None);
+    }
+
+    #[test]
+    fn a_denial_answers_only_requests_costing_as_much_or_more() {
+        let c = DenyCache::new(100);
+        c.deny(&key(1), 7, 1_000, 0, 5);
+        assert_eq!(c.denied_until(&key(1), 7, 10, 5), Some(1_000));
+        assert_eq!(c.denied_until(&key(1), 7, 10, 9), Some(1_000));
+        assert_eq!(c.denied_until(&key(1), 7, 10, 4), None);
     }
 
     #[test]
     fn stays_bounded_under_many_clients() {
         let c = DenyCache::new(64);
         for i in 0..10_000 {
-            c.deny(&key(i), 1, 1_000_000 + i as u64, 0);
+            c.deny(&key(i), 1, 1_000_000 + i as u64, 0, 1);
         }
         assert!(c.len() <= 64, "{}", c.len());
     }
@@ -146,7 +169,7 @@ mod tests {
     #[test]
     fn zero_capacity_disables_it() {
         let c = DenyCache::new(0);
-        c.deny(&key(1), 1, 100, 0);
-        assert_eq!(c.denied_until(&key(1), 1, 0), None);
+        c.deny(&key(1), 1, 100, 0, 1);
+        assert_eq!(c.denied_until(&key(1), 1, 0, 1), None);
     }
 }

@@ -161,6 +161,30 @@ impl Policy {
     pub fn fallback_rule(&self) -> &Rule {
         &self.inner.fallback
     }
+
+    /// The same policy (same rule, state and metrics) at another cost per request, for a
+    /// cost that only one request knows (an RLS descriptor's `hits_addend`; 0 checks without
+    /// charging). The copy is distinct: [`Policy::is`] tells it from the original, so a
+    /// caller can find its own plan items in a [`crate::LimitResult`].
+    pub fn with_cost(&self, cost: u64) -> Policy {
+        let i = &self.inner;
+        Policy {
+            inner: Arc::new(PolicyInner {
+                rule: i.rule.clone(),
+                fallback: i.fallback.clone(),
+                cost,
+                on_failure: i.on_failure,
+                shadow: i.shadow,
+                sync: i.sync,
+                stats: Arc::clone(&i.stats),
+            }),
+        }
+    }
+
+    /// Whether `other` is this very policy value (not merely one with the same rule).
+    pub fn is(&self, other: &Policy) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
 }
 
 /// The local fallback's limit: the same algorithm and period with limit and burst divided by

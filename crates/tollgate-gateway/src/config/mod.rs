@@ -9,6 +9,7 @@ mod error;
 mod fields;
 mod policy;
 mod raw;
+mod rls;
 mod store;
 mod validate;
 
@@ -40,6 +41,21 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// Things that are allowed but probably not meant (`warning: FILE: ...` lines).
     pub warnings: Vec<String>,
+    /// `[rls]`, when present.
+    pub rls: Option<RlsSettings>,
+}
+
+/// `[rls]`: Envoy's rate limit service.
+#[derive(Debug, Clone)]
+pub struct RlsSettings {
+    /// The gRPC listener; `None`: the YAML is checked but nothing listens.
+    pub listen: Option<SocketAddr>,
+    /// `config`, resolved against the TOML file's directory.
+    pub config_path: std::path::PathBuf,
+    /// The descriptor rules read from `config_path`.
+    pub config: tollgate_rls::RlsConfig,
+    /// `response_headers = "draft"` (true) or `"off"`.
+    pub response_headers: bool,
 }
 
 /// `[server]`.

@@ -15,6 +15,15 @@ pub(crate) struct RawConfig {
     pub identity: S<RawIdentity>,
     #[serde(default)]
     pub policy: Vec<Spanned<RawPolicy>>,
+    pub rls: S<RawRls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRls {
+    pub listen: S<String>,
+    pub config: S<String>,
+    pub response_headers: S<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

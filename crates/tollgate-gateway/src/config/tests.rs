@@ -159,11 +159,19 @@ fn bad_types_env_and_sections_are_errors() {
 #[test]
 fn the_documented_example_config_is_valid() {
     let text = include_str!("../../../../docs/tollgate.example.toml");
-    let c = validate::validate("docs/tollgate.example.toml", text, |n| {
+    // The real path: `[rls] config` is relative to the file.
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/tollgate.example.toml"
+    );
+    let c = validate::validate(path, text, |n| {
         (n == "TOLLGATE_SECRET").then(|| "s".to_string())
     })
     .expect("the example config validates");
     assert_eq!(c.policies.len(), 2);
+    let rls = c.rls.expect("[rls]");
+    assert!(rls.config.has_domain("edge"));
+    assert_eq!(rls.config.rules().len(), 5);
 }
 
 #[test]

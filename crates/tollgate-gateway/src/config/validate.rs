@@ -54,6 +54,9 @@ pub(crate) fn validate(
             policies.push(p);
         }
     }
+    let rls = raw
+        .rls
+        .and_then(|rls| super::rls::rls(&mut r, rls.into_inner(), &server));
     if server.listen == server.admin_listen {
         r.at(
             0..0,
@@ -76,13 +79,14 @@ pub(crate) fn validate(
             secret,
             policies,
             warnings,
+            rls,
         })
     } else {
         Err(ConfigErrors(r.errors))
     }
 }
 
-fn addr(s: &str) -> Result<SocketAddr, String> {
+pub(super) fn addr(s: &str) -> Result<SocketAddr, String> {
     s.parse()
         .map_err(|_| format!("{s:?} is not an address; expected IP:PORT like \"127.0.0.1:8080\""))
 }

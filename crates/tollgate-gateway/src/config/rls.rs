@@ -1,0 +1,71 @@
+//! `[rls]`: the Envoy rate limit service's listener and its YAML descriptor files. The YAML
+//! is loaded and checked here, so `check-config` and `serve` report its problems (file, line
+//! and key of the YAML) like the TOML's.
+
+use super::error::{ConfigError, Reporter};
+use super::fields::{field, one_of};
+use super::raw::RawRls;
+use super::validate::addr;
+use super::{RlsSettings, ServerConfig};
+use std::path::{Path, PathBuf};
+
+pub(super) fn rls(r: &mut Reporter<'_>, raw: RawRls, server: &ServerConfig) -> Option<RlsSettings> {
+    let listen = field(r, "rls.listen", &raw.listen, None, |s| addr(s).map(Some));
+    if let (Some(l), Some(s)) = (listen, &raw.listen) {
+        if l == server.listen || l == server.admin_listen {
+            r.at(
+                s.span(),
+                "rls.listen",
+                "must differ from server.listen and server.admin_listen",
+            );
+        }
+    }
+    let response_headers = field(
+        r,
+        "rls.response_headers",
+        &raw.response_headers,
+        true,
+        |s| one_of(s, &[("draft", true), ("off", false)]),
+    );
+    let Some(config) = &raw.config else {
+        r.at(
+            0..0,
+            "rls.config",
+            "missing; expected the path of envoyproxy/ratelimit YAML file or a directory of them",
+        );
+        return None;
+    };
+    let path = resolve(r.file, config.get_ref());
+    match tollgate_rls::config::load_dir_or_file(&path) {
+        Ok(config) => Some(RlsSettings {
+            listen,
+            config_path: path,
+            config,
+            response_headers,
+        }),
+        Err(errors) => {
+            for e in errors.0 {
+                r.errors.push(ConfigError {
+                    file: e.file,
+                    line: e.line,
+                    col: e.col,
+                    key: e.key,
+                    message: e.message,
+                });
+            }
+            None
+        }
+    }
+}
+
+/// A relative path is relative to the directory of the TOML file naming it.
+fn resolve(toml_file: &str, path: &str) -> PathBuf {
+    let p = Path::new(path);
+    if p.is_absolute() {
+        return p.to_path_buf();
+    }
+    match Path::new(toml_file).parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join(p),
+        _ => p.to_path_buf(),
+    }
+}

@@ -1,0 +1,284 @@
+//! `tollgate serve` with `[rls]`: real processes, a real redis-server, a tonic client.
+//! Several gateways answer one descriptor exactly; bad bytes on the gRPC port leave the
+//! process up and answering; the HTTP gateway and the RLS share one limiter; check-config
+//! reports YAML errors with the YAML's file, line and key.
+
+mod support;
+
+use http::StatusCode;
+use std::time::{Duration, Instant};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tollgate_rls::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use tollgate_rls::proto::grpc::health::v1::health_client::HealthClient;
+use tollgate_rls::proto::grpc::health::v1::HealthCheckRequest;
+use tollgate_testkit::RedisServer;
+use tonic::transport::Channel;
+
+const YAML: &str = "\
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: hour
+      requests_per_unit: 50
+      algorithm: sliding_window_log
+";
+
+/// A gateway whose `[rls]` serves `YAML`; returns it with its gRPC port.
+fn start_gateway(store: &str, policies: &str) -> (Gateway, u16) {
+    let yaml = scratch("rls.yaml");
+    std::fs::write(&yaml, YAML).expect("write yaml");
+    let rls_port = free_port();
+    let body = format!(
+        "{store}\n[identity]\nsources = [\"header:x-api-key\"]\nsecret = \"rls-secret\"\n\
+         [rls]\nlisten = \"127.0.0.1:{rls_port}\"\nconfig = \"{}\"\n{policies}",
+        yaml.display()
+    );
+    (Gateway::start("", &body), rls_port)
+}
+
+async fn channel(port: u16) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let endpoint = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+            .expect("uri")
+            .timeout(Duration::from_secs(10));
+        match endpoint.connect().await {
+            Ok(c) => return c,
+            Err(e) if Instant::now() > deadline => panic!("no gRPC listener on {port}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+fn tenant(value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "tenant".into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_gateways_on_one_redis_answer_one_descriptor_exactly() {
+    let redis = RedisServer::start();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\non_failure = \"closed\"",
+        redis.url()
+    );
+    let gateways: Vec<(Gateway, u16)> = (0..4).map(|_| start_gateway(&store, "")).collect();
+    let mut clients = Vec::new();
+    for (_, port) in &gateways {
+        clients.push(RateLimitServiceClient::new(channel(*port).await));
+    }
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let mut c = clients[i % clients.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            c.should_rate_limit(tenant("acme"))
+                .await
+                .map(|r| r.into_inner().overall_code)
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        match Code::try_from(t.await.expect("task").expect("answered")) {
+            Ok(Code::Ok) => ok += 1,
+            Ok(Code::OverLimit) => {}
+            other => panic!("unexpected code {other:?}"),
+        }
+    }
+    assert_eq!(ok, 50, "exactly the limit over four processes");
+    // Another value of the descriptor counts on its own; raw values never reach Redis.
+    let r = clients[1]
+        .should_rate_limit(tenant("globex"))
+        .await
+        .expect("answered");
+    assert_eq!(r.into_inner().statuses[0].limit_remaining, 49);
+    let keys = redis.cli(&["KEYS", "*"]);
+    assert!(!keys.contains("acme") && !keys.contains("globex"), "{keys}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_bytes_on_the_grpc_port_leave_the_process_up_and_answering() {
+    let redis = RedisServer::start();
+    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"", redis.url());
+    let (mut gw, port) = start_gateway(&store, "");
+    let mut client = RateLimitServiceClient::new(channel(port).await);
+    assert!(client.should_rate_limit(tenant("a")).await.is_ok());
+
+    // Garbage instead of HTTP/2.
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(b"\x00\xff garbage GET / HTTP/1.1\r\n\r\n\x16\x03\x01")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 256];
+    let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+    drop(s);
+    // A preface cut short, left open while others are served.
+    let mut half = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    half.write_all(b"PRI * HTTP/2.0\r\n\r\nS")
+        .await
+        .expect("write");
+    // A message far above the limit.
+    let mut big = tenant("b");
+    big.descriptors[0].entries[0].value = "x".repeat(2 * 1024 * 1024);
+    let err = client.should_rate_limit(big).await.expect_err("refused");
+    assert!(
+        matches!(
+            err.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{err:?}"
+    );
+
+    assert!(
+        gw.child.try_wait().expect("status").is_none(),
+        "still running"
+    );
+    let mut fresh = RateLimitServiceClient::new(channel(port).await);
+    let r = fresh.should_rate_limit(tenant("a")).await.expect("answers");
+    assert_eq!(r.into_inner().statuses[0].limit_remaining, 48);
+    let mut health = HealthClient::new(channel(port).await);
+    let h = health
+        .check(HealthCheckRequest::default())
+        .await
+        .expect("health");
+    assert_eq!(h.into_inner().status, 1, "SERVING");
+    drop(half);
+    assert!(gw.wait_exit(Duration::from_millis(100)).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_gateway_and_the_rls_share_one_process_and_one_limiter() {
+    let redis = RedisServer::start();
+    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"", redis.url());
+    let policy =
+        "[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\n";
+    let (gw, port) = start_gateway(&store, policy);
+    let c = client();
+    for expected in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        let a = get(&c, &gw.url("/"), &[("x-api-key", b"k")]).await;
+        assert_eq!(a.status, expected);
+    }
+    let mut rls = RateLimitServiceClient::new(channel(port).await);
+    let r = rls
+        .should_rate_limit(tenant("t"))
+        .await
+        .expect("answers")
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 49);
+    let metrics = get(&c, &gw.admin_url("/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(&metrics.body).to_string();
+    assert!(
+        text.contains("policy=\"api\",outcome=\"limited\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("policy=\"edge.tenant\",outcome=\"allowed\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn check_config_reports_yaml_errors_with_the_yaml_file_line_and_key() {
+    let yaml = scratch("bad.yaml");
+    std::fs::write(
+        &yaml,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+    )
+    .expect("write yaml");
+    let toml = scratch("with-rls.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[rls]\nlisten = \"127.0.0.1:18081\"\nconfig = \"{}\"\n",
+            yaml.display()
+        ),
+    )
+    .expect("write toml");
+    let out = tollgate()
+        .arg("check-config")
+        .arg(&toml)
+        .output()
+        .expect("run check-config");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let expected = format!(
+        "error: {}:5:7: descriptors[0].rate_limit.unit:",
+        yaml.display()
+    );
+    assert!(err.starts_with(&expected), "{err}");
+
+    std::fs::write(
+        &yaml,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .expect("write yaml");
+    let out = tollgate()
+        .arg("check-config")
+        .arg(&toml)
+        .output()
+        .expect("run check-config");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 descriptor rule"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_rls_loads_the_grpc_service_and_checks_its_accounting() {
+    let redis = RedisServer::start();
+    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"", redis.url());
+    let (_gw, port) = start_gateway(&store, "");
+    // Wait until the gRPC listener answers.
+    let mut c = RateLimitServiceClient::new(channel(port).await);
+    assert!(c.should_rate_limit(tenant("warm-up")).await.is_ok());
+    let json = scratch("bench-rls.json");
+    let output = tollgate()
+        .args(["bench", "--rls", &format!("http://127.0.0.1:{port}")])
+        .args(["--domain", "edge", "--descriptor", "tenant={client}"])
+        .args([
+            "--clients",
+            "4",
+            "--connections",
+            "8",
+            "--max-requests",
+            "240",
+        ])
+        .args(["--duration", "30s", "--algorithm", "sliding_window_log"])
+        .args(["--json", &json.display().to_string(), "--quiet"])
+        .output()
+        .expect("run tollgate bench");
+    let report = bench_report(&output, &json);
+    let u = |v: &serde_json::Value| v.as_u64().unwrap_or(u64::MAX);
+    // 60 calls per client on a 50/hour limit: 50 OK and 10 OVER_LIMIT each.
+    assert_eq!(u(&report["status"]["200"]), 200, "{}", report["status"]);
+    assert_eq!(u(&report["status"]["429"]), 40, "{}", report["status"]);
+    let accuracy = &report["accuracy"];
+    assert_eq!(accuracy["source"], "header", "{accuracy}");
+    assert_eq!(u(&accuracy["limits"][0]["limit"]), 50, "{accuracy}");
+    assert_eq!(u(&accuracy["over_admission"]["total"]), 0, "{accuracy}");
+}

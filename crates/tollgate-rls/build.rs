@@ -1,0 +1,16 @@
+//! Compiles the vendored .proto files with protox (a protobuf compiler in Rust, so the build
+//! needs no `protoc` on the machine) and generates prost messages and tonic services.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "proto/envoy/service/ratelimit/v3/rls.proto",
+        "proto/grpc/health/v1/health.proto",
+    ];
+    let descriptors = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

@@ -1,0 +1,339 @@
+//! YAML tree -> [`RlsConfig`]: every key checked, every problem recorded with its line.
+
+use super::{Descriptor, Level, RlsConfig, RlsConfigError, RlsConfigErrors, Rule};
+use crate::yaml::{self, Kind, Node, Pos};
+use std::path::Path;
+
+mod rate_limit;
+
+const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "shadow_mode",
+    "detailed_metric",
+];
+
+/// Loads one YAML file, or every `*.yaml` / `*.yml` file of a directory (in name order; one
+/// domain per file, a domain in two files is an error).
+pub fn load_dir_or_file(path: &Path) -> Result<RlsConfig, RlsConfigErrors> {
+    let shown = path.display().to_string();
+    let read_error = |e: std::io::Error, what: &str| {
+        RlsConfigErrors(vec![RlsConfigError {
+            file: shown.clone(),
+            line: 1,
+            col: 1,
+            key: "(file)".into(),
+            message: format!(
+                "cannot read the {what}: {e}; expected a YAML file or a directory of them"
+            ),
+        }])
+    };
+    let files = if path.is_dir() {
+        let mut files: Vec<_> = std::fs::read_dir(path)
+            .map_err(|e| read_error(e, "directory"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.is_file()
+                    && p.extension().is_some_and(|x| {
+                        x.eq_ignore_ascii_case("yaml") || x.eq_ignore_ascii_case("yml")
+                    })
+            })
+            .collect();
+        files.sort();
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut texts = Vec::with_capacity(files.len());
+    for f in &files {
+        let text = std::fs::read_to_string(f).map_err(|e| read_error(e, "file"))?;
+        texts.push((f.display().to_string(), text));
+    }
+    if texts.is_empty() {
+        return Err(RlsConfigErrors(vec![RlsConfigError {
+            file: shown,
+            line: 1,
+            col: 1,
+            key: "(file)".into(),
+            message: "the directory holds no .yaml or .yml file".into(),
+        }]));
+    }
+    load_str(texts.iter().map(|(f, t)| (f.as_str(), t.as_str())))
+}
+
+/// Loads configurations from (file name, text) pairs.
+pub fn load_str<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<RlsConfig, RlsConfigErrors> {
+    let mut config = RlsConfig::default();
+    let mut errors = Vec::new();
+    for (file, text) in files {
+        config.files.push(file.to_string());
+        let mut l = Loader {
+            file,
+            errors: &mut errors,
+            rules: &mut config.rules,
+        };
+        if let Some((domain, pos, level)) = l.file(text) {
+            match config.domains.entry(domain) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    let message = format!(
+                        "the domain {:?} is already configured by another file; one domain per file",
+                        e.key()
+                    );
+                    l.err(pos, "domain", message);
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(level);
+                }
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(RlsConfigErrors(errors))
+    }
+}
+
+pub(super) struct Loader<'a> {
+    file: &'a str,
+    errors: &'a mut Vec<RlsConfigError>,
+    rules: &'a mut Vec<Rule>,
+}
+
+impl Loader<'_> {
+    fn err(&mut self, pos: Pos, key: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(RlsConfigError {
+            file: self.file.to_string(),
+            line: pos.line,
+            col: pos.col,
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+
+    /// The entries of a mapping node, each unknown key reported; `None` (reported) when the
+    /// node is not a mapping.
+    fn map<'n>(
+        &mut self,
+        node: &'n Node,
+        path: &str,
+        allowed: &[&str],
+    ) -> Option<&'n [(String, Pos, Node)]> {
+        let Kind::Map(entries) = &node.kind else {
+            self.err(
+                node.pos,
+                display(path),
+                format!("expected a mapping, found {}", node.type_name()),
+            );
+            return None;
+        };
+        for (k, pos, _) in entries {
+            if !allowed.contains(&k.as_str()) {
+                let allowed: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
+                self.err(
+                    *pos,
+                    join(path, k),
+                    format!("unknown key {k:?}; allowed here: {}", allowed.join(", ")),
+                );
+            }
+        }
+        Some(entries)
+    }
+
+    fn file(&mut self, text: &str) -> Option<(String, Pos, Level)> {
+        let root = match yaml::parse(text) {
+            Ok(Some(root)) => root,
+            Ok(None) => {
+                self.err(
+                    Pos { line: 1, col: 1 },
+                    "(file)",
+                    "the file is empty; expected `domain` and `descriptors`",
+                );
+                return None;
+            }
+            Err(e) => {
+                self.err(e.pos, "(syntax)", format!("not valid YAML: {}", e.message));
+                return None;
+            }
+        };
+        let entries = self.map(&root, "", ROOT_KEYS)?;
+        let domain = match get(entries, "domain") {
+            Some((pos, n)) => match self.string(n, "domain") {
+                Some(d) if !d.is_empty() => Some((d, pos)),
+                Some(_) => {
+                    self.err(pos, "domain", "must not be empty");
+                    None
+                }
+                None => None,
+            },
+            None => {
+                self.err(root.pos, "domain", "missing; every file names its domain");
+                None
+            }
+        };
+        let mut level = Level::default();
+        if let Some((domain, _)) = &domain {
+            if let Some((_, list)) = get(entries, "descriptors") {
+                self.descriptors(list, "descriptors", domain, &mut level);
+            }
+        }
+        domain.map(|(d, pos)| (d, pos, level))
+    }
+
+    fn descriptors(&mut self, list: &Node, path: &str, parent: &str, level: &mut Level) {
+        if list.is_null() {
+            return;
+        }
+        let Kind::Seq(items) = &list.kind else {
+            self.err(
+                list.pos,
+                path,
+                format!("expected a list of descriptors, found {}", list.type_name()),
+            );
+            return;
+        };
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("{path}[{i}]");
+            self.descriptor(item, &path, parent, level);
+        }
+    }
+
+    fn descriptor(&mut self, node: &Node, path: &str, parent: &str, level: &mut Level) {
+        let Some(entries) = self.map(node, path, DESCRIPTOR_KEYS) else {
+            return;
+        };
+        let key = match get(entries, "key") {
+            Some((pos, n)) => match self.string(n, &join(path, "key")) {
+                Some(k) if !k.is_empty() => k,
+                Some(_) => {
+                    self.err(pos, join(path, "key"), "must not be empty");
+                    return;
+                }
+                None => return,
+            },
+            None => {
+                self.err(
+                    node.pos,
+                    join(path, "key"),
+                    "missing; every descriptor has a key",
+                );
+                return;
+            }
+        };
+        let value = match get(entries, "value") {
+            Some((_, n)) if !n.is_null() => self
+                .string(n, &join(path, "value"))
+                .filter(|v| !v.is_empty()),
+            _ => None,
+        };
+        let composite = match &value {
+            Some(v) => format!("{key}_{v}"),
+            None => key.clone(),
+        };
+        let name = format!("{parent}.{composite}");
+        let shadow = self.flag(entries, path, "shadow_mode");
+        // Accepted for compatibility: metric labels never carry request values here.
+        let _ = self.flag(entries, path, "detailed_metric");
+        let rule = get(entries, "rate_limit").and_then(|(_, n)| {
+            let limit = self.rate_limit(n, &join(path, "rate_limit"), &name, shadow)?;
+            self.rules.push(limit);
+            Some(self.rules.len() - 1)
+        });
+        let mut d = Descriptor {
+            rule,
+            children: Level::default(),
+        };
+        if let Some((_, list)) = get(entries, "descriptors") {
+            self.descriptors(list, &join(path, "descriptors"), &name, &mut d.children);
+        }
+        let slot = level.keys.entry(key.clone()).or_default();
+        let duplicate = match value {
+            None if slot.any.is_some() => true,
+            None => {
+                slot.any = Some(Box::new(d));
+                false
+            }
+            Some(v) if v.ends_with('*') => {
+                let prefix = v.trim_end_matches('*').to_string();
+                if slot.prefixes.iter().any(|(p, _)| *p == prefix) {
+                    true
+                } else {
+                    slot.prefixes.push((prefix, d));
+                    slot.prefixes.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
+                    false
+                }
+            }
+            Some(v) => match slot.exact.entry(v) {
+                std::collections::hash_map::Entry::Occupied(_) => true,
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(d);
+                    false
+                }
+            },
+        };
+        if duplicate {
+            self.err(
+                node.pos,
+                path,
+                format!("duplicate descriptor {name:?}: the same key and value twice at one level"),
+            );
+        }
+    }
+
+    fn string(&mut self, n: &Node, key: &str) -> Option<String> {
+        match &n.kind {
+            Kind::Scalar { text, .. } => Some(text.clone()),
+            _ => {
+                self.err(
+                    n.pos,
+                    key,
+                    format!("expected a string, found {}", n.type_name()),
+                );
+                None
+            }
+        }
+    }
+
+    fn flag(&mut self, entries: &[(String, Pos, Node)], path: &str, key: &str) -> bool {
+        let Some((_, n)) = get(entries, key) else {
+            return false;
+        };
+        match &n.kind {
+            Kind::Scalar { text, plain: true } if text.eq_ignore_ascii_case("true") => true,
+            Kind::Scalar { text, plain: true } if text.eq_ignore_ascii_case("false") => false,
+            _ if n.is_null() => false,
+            _ => {
+                self.err(n.pos, join(path, key), "expected true or false");
+                false
+            }
+        }
+    }
+}
+
+pub(super) fn get<'n>(entries: &'n [(String, Pos, Node)], key: &str) -> Option<(Pos, &'n Node)> {
+    entries
+        .iter()
+        .find(|(k, _, _)| k == key)
+        .map(|(_, p, n)| (*p, n))
+}
+
+pub(super) fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn display(path: &str) -> String {
+    if path.is_empty() {
+        "(file)".to_string()
+    } else {
+        path.to_string()
+    }
+}

@@ -1,0 +1,220 @@
+use super::*;
+
+fn load(text: &str) -> Result<RlsConfig, RlsConfigErrors> {
+    load_str([("rl.yaml", text)])
+}
+
+fn errors(text: &str) -> Vec<RlsConfigError> {
+    match load(text) {
+        Ok(_) => panic!("expected errors for:\n{text}"),
+        Err(e) => e.0,
+    }
+}
+
+fn find(c: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Option<String> {
+    c.find(domain, entries.iter().copied())
+        .map(|i| c.rules()[i].policy_name.clone())
+}
+
+const NESTED: &str = "\
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: database
+    rate_limit:
+      unit: second
+      requests_per_unit: 50
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /api/v2/*
+    rate_limit: {unit: minute, requests_per_unit: 7}
+  - key: remote_address
+    descriptors:
+      - key: path
+        rate_limit: {unit: hour, requests_per_unit: 10}
+";
+
+#[test]
+fn exact_value_wins_over_a_key_without_value() {
+    let c = load(NESTED).expect("ok");
+    assert_eq!(
+        find(&c, "mongo_cps", &[("database", "users")]).as_deref(),
+        Some("mongo_cps.database_users")
+    );
+    assert_eq!(
+        find(&c, "mongo_cps", &[("database", "orders")]).as_deref(),
+        Some("mongo_cps.database")
+    );
+}
+
+#[test]
+fn the_longest_wildcard_prefix_wins() {
+    let c = load(NESTED).expect("ok");
+    assert_eq!(
+        find(&c, "mongo_cps", &[("path", "/api/v2/x")]).as_deref(),
+        Some("mongo_cps.path_/api/v2/*")
+    );
+    assert_eq!(
+        find(&c, "mongo_cps", &[("path", "/api/v1")]).as_deref(),
+        Some("mongo_cps.path_/api/*")
+    );
+    assert_eq!(find(&c, "mongo_cps", &[("path", "/other")]), None);
+}
+
+#[test]
+fn a_rule_applies_only_at_the_depth_of_the_request() {
+    let c = load(NESTED).expect("ok");
+    // remote_address has no rate_limit of its own; its child does.
+    assert_eq!(
+        find(&c, "mongo_cps", &[("remote_address", "1.2.3.4")]),
+        None
+    );
+    assert_eq!(
+        find(
+            &c,
+            "mongo_cps",
+            &[("remote_address", "1.2.3.4"), ("path", "/x")]
+        )
+        .as_deref(),
+        Some("mongo_cps.remote_address.path")
+    );
+    // More entries than the configuration is deep: no rule.
+    assert_eq!(
+        find(&c, "mongo_cps", &[("database", "users"), ("x", "y")]),
+        None
+    );
+}
+
+#[test]
+fn unknown_domains_and_empty_descriptors_match_nothing() {
+    let c = load(NESTED).expect("ok");
+    assert_eq!(find(&c, "other", &[("database", "users")]), None);
+    assert_eq!(find(&c, "mongo_cps", &[]), None);
+}
+
+#[test]
+fn units_month_and_year_are_30_and_365_days_and_names_ignore_case() {
+    let c = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: MONTH, requests_per_unit: 3}\n").expect("ok");
+    let RuleLimit::Limited { limit, unit, .. } = c.rules()[0].limit else {
+        panic!("limited expected")
+    };
+    assert_eq!(unit, Unit::Month);
+    assert_eq!(limit.quota().period(), Duration::from_secs(30 * 86_400));
+    assert_eq!(Unit::Year.seconds(), 365 * 86_400);
+}
+
+#[test]
+fn tollgate_keys_set_the_algorithm_window_and_burst() {
+    let c = load(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      unit_multiplier: 30\n      algorithm: token_bucket\n      burst: 40\n",
+    )
+    .expect("ok");
+    let RuleLimit::Limited { limit, .. } = c.rules()[0].limit else {
+        panic!("limited expected")
+    };
+    assert_eq!(limit.algorithm(), tollgate::Algorithm::TokenBucket);
+    assert_eq!(limit.quota().period(), Duration::from_secs(30));
+    assert_eq!(limit.quota().burst(), 40);
+}
+
+#[test]
+fn the_default_algorithm_is_a_fixed_window_of_one_unit() {
+    let c = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 20}\n").expect("ok");
+    let RuleLimit::Limited { limit, .. } = c.rules()[0].limit else {
+        panic!("limited expected")
+    };
+    assert_eq!(limit.algorithm(), tollgate::Algorithm::FixedWindow);
+    assert_eq!(limit.quota().period(), Duration::from_secs(60));
+}
+
+#[test]
+fn an_unknown_key_is_an_error_naming_line_and_key() {
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      requests_per_hour: 5\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].file, "rl.yaml");
+    assert_eq!(e[0].line, 7);
+    assert_eq!(e[0].key, "descriptors[0].rate_limit.requests_per_hour");
+    assert!(e[0].message.contains("unknown key"), "{}", e[0].message);
+    assert!(e[0].to_string().starts_with("error: rl.yaml:7:"));
+}
+
+#[test]
+fn a_duplicate_descriptor_is_an_error() {
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].line, 5);
+    assert_eq!(e[0].key, "descriptors[1]");
+    assert!(
+        e[0].message.contains("duplicate descriptor"),
+        "{}",
+        e[0].message
+    );
+}
+
+#[test]
+fn unlimited_with_a_unit_is_an_error() {
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: second\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].line, 6);
+    assert_eq!(e[0].key, "descriptors[0].rate_limit.unit");
+    assert!(e[0].message.contains("unlimited"), "{}", e[0].message);
+}
+
+#[test]
+fn an_unknown_unit_is_an_error() {
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 3\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].line, 5);
+    assert_eq!(e[0].key, "descriptors[0].rate_limit.unit");
+    assert!(e[0].message.contains("fortnight"), "{}", e[0].message);
+}
+
+#[test]
+fn every_problem_of_a_file_is_reported() {
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    colour: red\n  - key: j\n    rate_limit: {unit: eon, requests_per_unit: 1}\n");
+    assert_eq!(e.len(), 2, "{e:?}");
+}
+
+#[test]
+fn a_domain_in_two_files_is_an_error() {
+    let e = load_str([("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")]).expect_err("an error");
+    assert_eq!(e.0.len(), 1);
+    assert_eq!(e.0[0].file, "b.yaml");
+}
+
+#[test]
+fn replaces_and_names_are_read() {
+    let c = load("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: one}\n  - key: b\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces: [{name: one}]\n").expect("ok");
+    assert_eq!(c.rules()[0].name, "one");
+    assert_eq!(c.rules()[1].replaces, vec!["one".to_string()]);
+    let e = errors("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: one, replaces: [{name: one}]}\n");
+    assert!(e[0].message.contains("itself"));
+}
+
+#[test]
+fn a_quota_out_of_bounds_is_an_error_not_a_panic() {
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 2}\n");
+    assert!(e[0].message.contains("invalid quota"), "{}", e[0].message);
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0}\n");
+    assert_eq!(e[0].key, "descriptors[0].rate_limit.requests_per_unit");
+}
+
+#[test]
+fn a_directory_loads_every_yaml_file() {
+    let dir = std::env::temp_dir().join(format!("tollgate-rls-cfg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("ok");
+    std::fs::write(dir.join("a.yaml"), "domain: a\n").expect("ok");
+    std::fs::write(dir.join("b.yml"), "domain: b\n").expect("ok");
+    std::fs::write(dir.join("notes.txt"), "not yaml: [").expect("ok");
+    let c = load_dir_or_file(&dir).expect("ok");
+    assert!(c.has_domain("a") && c.has_domain("b"));
+    assert_eq!(c.files().len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,117 @@
+//! The gRPC services on the wire and the listener that serves them (HTTP/2 cleartext, the way
+//! Envoy calls a rate limit cluster).
+//!
+//! Bad input never takes the listener down: a connection that sends garbage or stops
+//! half-way through the HTTP/2 preface is that connection's problem only (and is closed after
+//! [`PREFACE_TIMEOUT`]), a message larger than [`MAX_MESSAGE_BYTES`] is refused with
+//! `OUT_OF_RANGE`, and each call has a deadline.
+
+use crate::incoming::{PrefaceDeadline, PREFACE_TIMEOUT};
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::proto::grpc::health::v1::health_check_response::ServingStatus;
+use crate::proto::grpc::health::v1::health_server::{Health, HealthServer};
+use crate::proto::grpc::health::v1::{HealthCheckRequest, HealthCheckResponse};
+use crate::service::RlsService;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+/// The largest request message accepted (Envoy's are a few hundred bytes).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// The most concurrent calls on one HTTP/2 connection.
+pub const MAX_STREAMS: u32 = 1024;
+/// How long one call may take at most (the store call has its own, shorter, timeout).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The service name Envoy's gRPC health checks may ask for.
+pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.decide(request.get_ref()).await.map(Response::new)
+    }
+}
+
+/// `grpc.health.v1.Health`: SERVING while the store answers ([`tollgate::Limiter::ready`]).
+#[derive(Clone)]
+pub struct HealthService {
+    limiter: tollgate::Limiter,
+}
+
+impl HealthService {
+    /// Health of `limiter`'s store.
+    pub fn new(limiter: tollgate::Limiter) -> Self {
+        Self { limiter }
+    }
+}
+
+type WatchStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<HealthCheckResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Health for HealthService {
+    async fn check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        let service = request.get_ref().service.as_str();
+        if !service.is_empty() && service != SERVICE_NAME {
+            return Err(Status::not_found(format!("unknown service {service:?}")));
+        }
+        let status = if self.limiter.ready().await {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        Ok(Response::new(HealthCheckResponse {
+            status: status.into(),
+        }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        _request: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("use Check"))
+    }
+}
+
+/// Serves the rate limit and health services on `listener` until `shutdown` resolves, then
+/// lets in-flight calls finish.
+pub async fn serve(
+    listener: TcpListener,
+    service: RlsService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let health = HealthService::new(service.limiter().clone());
+    let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |accepted| {
+            accepted.map(|stream| {
+                let _ = stream.set_nodelay(true);
+                PrefaceDeadline::new(stream, PREFACE_TIMEOUT)
+            })
+        },
+    );
+    tonic::transport::Server::builder()
+        .timeout(CALL_TIMEOUT)
+        .max_concurrent_streams(MAX_STREAMS)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(rls)
+        .add_service(HealthServer::new(health))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}

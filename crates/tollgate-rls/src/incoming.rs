@@ -1,0 +1,99 @@
+//! Accepted connections with a deadline on the HTTP/2 preface: a peer that connects and then
+//! sends nothing, or stops half-way through the 24-byte preface, is disconnected after
+//! [`PREFACE_TIMEOUT`] instead of holding a connection (and its task) for ever. HTTP/2's own
+//! keep-alive pings take over once the connection is established.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Sleep;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// How long a new connection has to send the HTTP/2 connection preface.
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The length of the client connection preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
+const PREFACE_LEN: usize = 24;
+
+/// A TCP stream whose first [`PREFACE_LEN`] bytes must arrive before a deadline.
+pub(crate) struct PrefaceDeadline {
+    stream: TcpStream,
+    received: usize,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl PrefaceDeadline {
+    pub(crate) fn new(stream: TcpStream, timeout: Duration) -> Self {
+        Self {
+            stream,
+            received: 0,
+            deadline: Some(Box::pin(tokio::time::sleep(timeout))),
+        }
+    }
+}
+
+impl AsyncRead for PrefaceDeadline {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if let Some(deadline) = this.deadline.as_mut() {
+            this.received += buf.filled().len() - before;
+            if this.received >= PREFACE_LEN {
+                this.deadline = None;
+            } else if polled.is_pending() && deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no HTTP/2 preface in time",
+                )));
+            }
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for PrefaceDeadline {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+impl Connected for PrefaceDeadline {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}

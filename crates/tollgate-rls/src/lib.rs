@@ -1,0 +1,23 @@
+//! Envoy's global rate limit service over a tollgate [`tollgate::Limiter`]: a drop-in for
+//! envoyproxy/ratelimit that reads its YAML descriptor files and answers its gRPC protocol
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, plus
+//! `grpc.health.v1.Health/Check`), with what it cannot do: other algorithms, windows of N
+//! units, denied requests that charge nothing (one request's descriptors are one plan,
+//! decided all-or-nothing in one store call), failure policies and local fallback.
+//!
+//! - [`config`]: the YAML loader ([`config::load_dir_or_file`]) and the matching rules.
+//! - [`RlsService`]: a request's descriptors -> one plan -> one [`tollgate::Limiter::check`].
+//! - [`serve`]: the gRPC listener (tonic, HTTP/2 cleartext).
+#![deny(missing_docs)]
+
+pub mod config;
+mod grpc;
+mod incoming;
+pub mod proto;
+mod service;
+mod yaml;
+
+pub use config::{RlsConfig, RlsConfigError, RlsConfigErrors};
+pub use grpc::{serve, HealthService, CALL_TIMEOUT, MAX_MESSAGE_BYTES, SERVICE_NAME};
+pub use incoming::PREFACE_TIMEOUT;
+pub use service::{RlsOptions, RlsService, MAX_DESCRIPTORS, MAX_ENTRIES, UNLIMITED_REMAINING};
