@@ -18,7 +18,9 @@ fn cases() -> ProptestConfig {
     }
 }
 
-const FILE: &str = "fuzz.toml";
+/// A file beside docs/tollgate.example.toml, so that its `[rls] config` (relative to the file)
+/// resolves to docs/ratelimit.example.yaml.
+const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/fuzz.toml");
 
 /// Validates `text` and checks the shape of the outcome.
 fn check(text: &str) -> Result<(), TestCaseError> {
