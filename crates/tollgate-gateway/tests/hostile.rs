@@ -223,24 +223,35 @@ async fn serves(s: &mut TcpStream) -> bool {
     got.starts_with(b"HTTP/1.1 200")
 }
 
+/// A new connection to the gateway's listener.
+async fn connect(gw: &Gateway) -> TcpStream {
+    TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect")
+}
+
+/// Opens `bound` connections, checks that one more is closed at once, and returns the held ones.
+async fn fill_to_the_bound(gw: &Gateway, bound: usize) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..bound {
+        held.push(connect(gw).await);
+    }
+    let mut excess = connect(gw).await;
+    assert!(
+        closed(&mut excess).await,
+        "connection {} of {bound} allowed is closed",
+        bound + 1
+    );
+    held
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_per_address_bound_are_closed_at_once() {
     let gw = Gateway::start(
         "max_connections = 100\nmax_connections_per_ip = 3",
         "[[policy]]\nname = \"p\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\n",
     );
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(
-            TcpStream::connect(("127.0.0.1", gw.port))
-                .await
-                .expect("connect"),
-        );
-    }
-    let mut excess = TcpStream::connect(("127.0.0.1", gw.port))
-        .await
-        .expect("connect");
-    assert!(closed(&mut excess).await, "the fourth connection is closed");
+    let mut held = fill_to_the_bound(&gw, 3).await;
     let mut first = held.remove(0);
     assert!(serves(&mut first).await, "admitted connections are served");
     drop(first);
@@ -248,9 +259,7 @@ async fn connections_past_the_per_address_bound_are_closed_at_once() {
     let deadline = Instant::now() + WAIT;
     let mut admitted = false;
     while Instant::now() < deadline && !admitted {
-        let mut s = TcpStream::connect(("127.0.0.1", gw.port))
-            .await
-            .expect("connect");
+        let mut s = connect(&gw).await;
         admitted = serves(&mut s).await;
         if !admitted {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -266,18 +275,7 @@ async fn trusted_proxies_pass_the_per_address_bound_but_not_the_total() {
         "[identity]\ntrusted_proxies = [\"127.0.0.1\"]\n\
          [[policy]]\nname = \"p\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\n",
     );
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        held.push(
-            TcpStream::connect(("127.0.0.1", gw.port))
-                .await
-                .expect("connect"),
-        );
-    }
-    let mut excess = TcpStream::connect(("127.0.0.1", gw.port))
-        .await
-        .expect("connect");
-    assert!(closed(&mut excess).await, "the fifth connection is closed");
+    let mut held = fill_to_the_bound(&gw, 4).await;
     for s in &mut held {
         assert!(
             serves(s).await,
@@ -293,9 +291,7 @@ async fn a_trickled_body_is_cut_at_body_timeout_and_is_not_an_upstream_error() {
         &format!("upstream = \"{}\"\nbody_timeout = \"1s\"", up.url()),
         "",
     );
-    let s = TcpStream::connect(("127.0.0.1", gw.port))
-        .await
-        .expect("connect");
+    let s = connect(&gw).await;
     let (mut rd, mut wr) = s.into_split();
     // 100 bytes at 10 bytes a second: never silent for long, 10 s in all.
     let trickle = tokio::spawn(async move {
