@@ -14,6 +14,7 @@ use serde_json::Value;
 use tollgate_testkit::RedisServer;
 
 const MEMORY: &str = "backend = \"memory\"";
+const FIVE_PER_HOUR: &str = "algorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1h\"";
 
 /// Starts `tollgate serve` with a `[store]` body and one policy (see `support::Gateway`).
 fn start_gateway(store: &str, policy: &str) -> Gateway {
@@ -36,10 +37,10 @@ name = "api"
     )
 }
 
-/// Runs the bench against `gateway` with `args` (split on spaces); returns its JSON report.
-fn bench(gateways: &[&Gateway], name: &str, args: &str) -> Value {
+/// Runs the bench against `gateways` with `args` (split on spaces); returns its JSON report.
+fn bench(gateways: &[Gateway], args: &str) -> Value {
     let targets: Vec<String> = gateways.iter().map(|gateway| gateway.url("/")).collect();
-    let json = scratch(&format!("{name}.json"));
+    let json = scratch("bench.json");
     let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("bench")
         .arg("--target")
@@ -49,6 +50,13 @@ fn bench(gateways: &[&Gateway], name: &str, args: &str) -> Value {
         .output()
         .expect("run tollgate bench");
     support::bench_report(&output, &json)
+}
+
+/// Starts `size` gateways on `store` with `policy` and runs the bench against them all;
+/// returns its JSON report and the fleet (still running, for its metrics).
+fn bench_fleet(size: usize, store: &str, policy: &str, args: &str) -> (Value, Vec<Gateway>) {
+    let fleet: Vec<Gateway> = (0..size).map(|_| start_gateway(store, policy)).collect();
+    (bench(&fleet, args), fleet)
 }
 
 /// The gateway's decision and store-error counters, for failure messages.
@@ -81,15 +89,8 @@ fn u(value: &Value) -> u64 {
 
 #[test]
 fn the_real_gateway_admits_each_client_exactly_its_limit() {
-    let gateway = start_gateway(
-        MEMORY,
-        "algorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1h\"",
-    );
-    let report = bench(
-        &[&gateway],
-        "exact",
-        "--clients 5 --max-requests 100 --duration 1m --connections 4",
-    );
+    let args = "--clients 5 --max-requests 100 --duration 1m --connections 4";
+    let (report, _fleet) = bench_fleet(1, MEMORY, FIVE_PER_HOUR, args);
 
     let accuracy = &report["accuracy"];
     assert_eq!(accuracy["source"], "header", "{report}");
@@ -111,16 +112,10 @@ fn the_real_gateway_admits_each_client_exactly_its_limit() {
 fn the_real_gateway_never_over_admits_while_refilling() {
     // 10/s allowed against 30/s offered per client for about 2 s: the allowance grows while
     // the run lasts, and the gateway must stay under it.
-    let gateway = start_gateway(
-        MEMORY,
-        "algorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nburst = 3",
-    );
-    let report = bench(
-        &[&gateway],
-        "refill",
-        "--clients 2 --rate 60 --max-requests 120 --duration 1m \
-         --algorithm gcra --limit 10 --period 1s --burst 3",
-    );
+    let policy = "algorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nburst = 3";
+    let args = "--clients 2 --rate 60 --max-requests 120 --duration 1m \
+                --algorithm gcra --limit 10 --period 1s --burst 3";
+    let (report, _fleet) = bench_fleet(1, MEMORY, policy, args);
 
     let accuracy = &report["accuracy"];
     assert_eq!(accuracy["source"], "flags");
@@ -130,8 +125,6 @@ fn the_real_gateway_never_over_admits_while_refilling() {
         assert!(u(&client["admitted"]) >= 3, "the burst at least: {client}");
     }
 }
-
-const FIVE_PER_HOUR: &str = "algorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1h\"";
 
 #[test]
 fn a_fleet_sharing_one_redis_admits_each_client_its_limit_once() {
@@ -143,20 +136,12 @@ fn a_fleet_sharing_one_redis_admits_each_client_its_limit_once() {
         "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\non_failure = \"closed\"",
         redis.url()
     );
-    let first = start_gateway(&store, FIVE_PER_HOUR);
-    let second = start_gateway(&store, FIVE_PER_HOUR);
-    let report = bench(
-        &[&first, &second],
-        "fleet-redis",
-        "--clients 4 --max-requests 80 --duration 1m",
-    );
+    let args = "--clients 4 --max-requests 80 --duration 1m";
+    let (report, fleet) = bench_fleet(2, &store, FIVE_PER_HOUR, args);
 
     let accuracy = &report["accuracy"];
-    let metrics = format!(
-        "{}\n{}",
-        decision_metrics(&first),
-        decision_metrics(&second)
-    );
+    let metrics: Vec<String> = fleet.iter().map(decision_metrics).collect();
+    let metrics = metrics.join("\n");
     assert_eq!(
         u(&accuracy["over_admission"]["total"]),
         0,
@@ -169,13 +154,8 @@ fn a_fleet_sharing_one_redis_admits_each_client_its_limit_once() {
 #[test]
 fn a_fleet_with_a_memory_store_each_over_admits_and_the_bench_says_by_how_much() {
     // Each client alternates between the gateways, and each gateway grants it 5 on its own.
-    let first = start_gateway(MEMORY, FIVE_PER_HOUR);
-    let second = start_gateway(MEMORY, FIVE_PER_HOUR);
-    let report = bench(
-        &[&first, &second],
-        "fleet-memory",
-        "--clients 4 --max-requests 80 --duration 1m",
-    );
+    let args = "--clients 4 --max-requests 80 --duration 1m";
+    let (report, _fleet) = bench_fleet(2, MEMORY, FIVE_PER_HOUR, args);
 
     let over = &report["accuracy"]["over_admission"];
     assert_eq!(u(&over["clients"]), 4, "{over}");
