@@ -272,24 +272,31 @@ async fn abuse(l: &Limiter, p: &Policy, clock: &ManualClock, n: usize) -> Vec<Ac
     actions
 }
 
+/// `n` requests of the abusive client through a new limiter (keys under `prefix`, a deny
+/// cache of `deny_cache` entries) on a clock at T0: the limiter, its decisions and the
+/// EVALSHA calls they cost.
+async fn abuse_with(
+    server: &RedisServer,
+    prefix: &str,
+    deny_cache: usize,
+    n: usize,
+) -> (Limiter, Vec<Action>, u64) {
+    let clock = ManualClock::new(T0);
+    let l = limiter_with(&server.url(), &clock, prefix, deny_cache);
+    let p = policy(&l, "api", 10, FailurePolicy::Open, 1);
+    let before = evalsha_calls(server);
+    let actions = abuse(&l, &p, &clock, n).await;
+    let calls = evalsha_calls(server) - before;
+    (l, actions, calls)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deny_cache_keeps_an_abusive_client_off_redis_with_the_same_decisions() {
     let server = RedisServer::start();
     let n = 10_010;
 
-    let clock = ManualClock::new(T0);
-    let cached = limiter_with(&server.url(), &clock, "cached", 10_000);
-    let p = policy(&cached, "api", 10, FailurePolicy::Open, 1);
-    let before = evalsha_calls(&server);
-    let with_cache = abuse(&cached, &p, &clock, n).await;
-    let calls_with_cache = evalsha_calls(&server) - before;
-
-    let clock = ManualClock::new(T0);
-    let uncached = limiter_with(&server.url(), &clock, "uncached", 0);
-    let p = policy(&uncached, "api", 10, FailurePolicy::Open, 1);
-    let before = evalsha_calls(&server);
-    let without_cache = abuse(&uncached, &p, &clock, n).await;
-    let calls_without_cache = evalsha_calls(&server) - before;
+    let (cached, with_cache, calls_with_cache) = abuse_with(&server, "cached", 10_000, n).await;
+    let (_, without_cache, calls_without_cache) = abuse_with(&server, "uncached", 0, n).await;
 
     assert_eq!(with_cache, without_cache, "the cache changed a decision");
     assert_eq!(
