@@ -28,6 +28,14 @@ fn request(path: &str, headers: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nhost: x\r\n{headers}connection: close\r\n\r\n").into_bytes()
 }
 
+/// Sends `path` with `headers` (raw lines), checks the status code and returns the answer.
+async fn expect_status(gw: &Gateway, path: &str, headers: &str, code: u16) -> String {
+    let answer = exchange(gw.port, &request(path, headers), WAIT).await;
+    let want = format!("HTTP/1.1 {code}");
+    assert!(status_line(&answer).starts_with(&want), "{path}: {answer}");
+    answer
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_copy_of_another_uri_header_does_not_escape_an_nginx_style_config() {
     let gw = Gateway::start(
@@ -36,17 +44,14 @@ async fn a_client_copy_of_another_uri_header_does_not_escape_an_nginx_style_conf
     );
     // nginx sets X-Original-URI and passes on the X-Forwarded-Uri the client made up.
     let escape = "x-original-uri: /api/n\r\nx-forwarded-uri: /public\r\n";
-    let first = exchange(gw.port, &request("/auth", escape), WAIT).await;
-    assert!(status_line(&first).starts_with("HTTP/1.1 200"), "{first}");
+    let first = expect_status(&gw, "/auth", escape, 200).await;
     assert!(first.contains("ratelimit-policy: \"api\""), "{first}");
     for _ in 0..3 {
-        let again = exchange(gw.port, &request("/auth", escape), WAIT).await;
-        assert!(status_line(&again).starts_with("HTTP/1.1 429"), "{again}");
+        expect_status(&gw, "/auth", escape, 429).await;
     }
     // A URL in the query is not the path.
     let query = "x-original-uri: /api/n?next=http://h/public\r\n";
-    let again = exchange(gw.port, &request("/auth", query), WAIT).await;
-    assert!(status_line(&again).starts_with("HTTP/1.1 429"), "{again}");
+    expect_status(&gw, "/auth", query, 429).await;
     // Configured, the URI header is required; invalid or doubled ones are refused.
     let bad: [&[u8]; 6] = [
         b"",
@@ -84,8 +89,7 @@ async fn a_client_copy_of_another_uri_header_does_not_escape_an_nginx_style_conf
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_forward_auth_written_a_trusted_request_is_matched_on_its_own_path() {
     let gw = Gateway::start("", &api_once(""));
-    let own = exchange(gw.port, &request("/api/x", ""), WAIT).await;
-    assert!(status_line(&own).starts_with("HTTP/1.1 200"), "{own}");
+    let own = expect_status(&gw, "/api/x", "", 200).await;
     assert!(own.contains("ratelimit-policy: \"api\""), "{own}");
     // The defaults are X-Forwarded-Uri / X-Forwarded-Method; X-Original-URI is not read.
     let other = exchange(
@@ -108,8 +112,7 @@ async fn without_forward_auth_written_a_trusted_request_is_matched_on_its_own_pa
         "x-forwarded-method: G(T\r\n",
         "x-forwarded-method: G(T\r\nx-forwarded-uri: /public\r\n",
     ] {
-        let bad = exchange(gw.port, &request("/auth", headers), WAIT).await;
-        assert!(status_line(&bad).starts_with("HTTP/1.1 400"), "{bad}");
+        expect_status(&gw, "/auth", headers, 400).await;
     }
 }
 
@@ -132,30 +135,19 @@ async fn ambiguous_paths_are_400_and_never_reach_the_upstream() {
         "/api%252Fx",
         "/api/..%2F..%2Fsecret",
     ] {
-        let answer = exchange(gw.port, &request(path, ""), WAIT).await;
-        assert!(
-            status_line(&answer).starts_with("HTTP/1.1 400"),
-            "{path}: {answer}"
-        );
+        expect_status(&gw, path, "", 400).await;
     }
     // A raw backslash is refused too (by hyper's parser or by the normaliser).
-    let answer = exchange(gw.port, &request("/api\\x", ""), WAIT).await;
-    assert!(status_line(&answer).starts_with("HTTP/1.1 400"), "{answer}");
+    expect_status(&gw, "/api\\x", "", 400).await;
     assert_eq!(up.hits(), 0, "no ambiguous path reached the upstream");
     // /API is /api for this policy (case_insensitive), so the next /api request is limited.
-    let upper = exchange(gw.port, &request("/API", ""), WAIT).await;
-    assert!(status_line(&upper).starts_with("HTTP/1.1 200"), "{upper}");
+    let upper = expect_status(&gw, "/API", "", 200).await;
     assert!(upper.contains("ratelimit-policy: \"api\""), "{upper}");
     for path in ["/api/x", "/%61pi", "//api/./", "/api/x/..", "/Api/%7Ex"] {
-        let limited = exchange(gw.port, &request(path, ""), WAIT).await;
-        assert!(
-            status_line(&limited).starts_with("HTTP/1.1 429"),
-            "{path}: {limited}"
-        );
+        expect_status(&gw, path, "", 429).await;
     }
     // A space inside a segment is an ordinary, different path.
-    let other = exchange(gw.port, &request("/api%20docs", ""), WAIT).await;
-    assert!(status_line(&other).starts_with("HTTP/1.1 200"), "{other}");
+    expect_status(&gw, "/api%20docs", "", 200).await;
     assert_eq!(up.hits(), 2);
     let m = metrics(&gw).await;
     // The raw backslash may be hyper's own 400, counted when its connection ends.
@@ -170,15 +162,12 @@ async fn ambiguous_paths_allow_matches_them_normalised() {
         &api_once(""),
     );
     // Passed on as written, matched in their normalised form.
-    let answer = exchange(gw.port, &request("/api//x;v=1", ""), WAIT).await;
-    assert!(status_line(&answer).starts_with("HTTP/1.1 200"), "{answer}");
+    let answer = expect_status(&gw, "/api//x;v=1", "", 200).await;
     assert!(answer.contains("x-echo-uri: /api//x;v=1\r\n"), "{answer}");
     assert!(answer.contains("ratelimit-policy: \"api\""), "{answer}");
-    let answer = exchange(gw.port, &request("/./api/a%2Fb", ""), WAIT).await;
-    assert!(status_line(&answer).starts_with("HTTP/1.1 429"), "{answer}");
+    expect_status(&gw, "/./api/a%2Fb", "", 429).await;
     // Outside the prefix by segment, so not this policy's.
-    let answer = exchange(gw.port, &request("/api%2Fx", ""), WAIT).await;
-    assert!(status_line(&answer).starts_with("HTTP/1.1 200"), "{answer}");
+    expect_status(&gw, "/api%2Fx", "", 200).await;
     assert_eq!(up.hits(), 2);
 }
 
@@ -194,14 +183,11 @@ async fn an_identity_header_sent_twice_is_400() {
         "x-api-key: random\r\nx-api-key: real\r\n",
         "x-user: a\r\nx-user: b\r\nx-api-key: k\r\n",
     ] {
-        let answer = exchange(gw.port, &request("/", twice), WAIT).await;
-        assert!(status_line(&answer).starts_with("HTTP/1.1 400"), "{answer}");
+        let answer = expect_status(&gw, "/", twice, 400).await;
         assert!(answer.contains("present more than once"), "{answer}");
     }
-    let once = exchange(gw.port, &request("/", "x-api-key: real\r\n"), WAIT).await;
-    assert!(status_line(&once).starts_with("HTTP/1.1 200"), "{once}");
-    let again = exchange(gw.port, &request("/", "x-api-key: real\r\n"), WAIT).await;
-    assert!(status_line(&again).starts_with("HTTP/1.1 429"), "{again}");
+    expect_status(&gw, "/", "x-api-key: real\r\n", 200).await;
+    expect_status(&gw, "/", "x-api-key: real\r\n", 429).await;
 }
 
 /// Whether the gateway closed `s` (EOF or reset) within `WAIT`.
@@ -340,8 +326,7 @@ async fn an_untrusted_client_cannot_write_the_forwarding_headers_the_upstream_re
     let up = Upstream::start().await;
     let gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), "");
     let spoof = "x-forwarded-for: 6.6.6.6\r\nx-forwarded-proto: https\r\nx-forwarded-host: evil.example\r\nforwarded: for=6.6.6.6\r\nx-real-ip: 6.6.6.6\r\n";
-    let answer = exchange(gw.port, &request("/", spoof), WAIT).await;
-    assert!(status_line(&answer).starts_with("HTTP/1.1 200"), "{answer}");
+    let answer = expect_status(&gw, "/", spoof, 200).await;
     for want in [
         "x-echo-xff: 127.0.0.1\r\n",
         "x-echo-xfp: http\r\n",
@@ -474,8 +459,7 @@ async fn ratelimit_policy_lists_a_bounded_number_of_policies() {
         ));
     }
     let gw = Gateway::start("", &body);
-    let answer = exchange(gw.port, &request("/", ""), WAIT).await;
-    assert!(status_line(&answer).starts_with("HTTP/1.1 200"), "{answer}");
+    let answer = expect_status(&gw, "/", "", 200).await;
     let header = answer
         .lines()
         .find_map(|l| l.strip_prefix("ratelimit-policy: "))
