@@ -18,7 +18,7 @@ period = "1h"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_requests_reach_the_upstream_intact_and_limited_ones_do_not() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), API_POLICY);
+    let gw = Gateway::proxy(&up, "", API_POLICY);
     let c = client();
     let body = vec![b'x'; 1 << 20];
     for r in (0..3).rev() {
@@ -114,10 +114,7 @@ async fn an_unreachable_upstream_is_502_and_a_slow_one_504() {
     let a = get(&c, &gw.url("/x"), &[]).await;
     assert_eq!(a.status, StatusCode::BAD_GATEWAY);
     let up = Upstream::start().await;
-    let gw = Gateway::start(
-        &format!("upstream = \"{}\"\nupstream_timeout = \"300ms\"", up.url()),
-        "",
-    );
+    let gw = Gateway::proxy(&up, "upstream_timeout = \"300ms\"", "");
     let a = get(&c, &gw.url("/slow"), &[]).await;
     assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
     let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
@@ -285,7 +282,7 @@ async fn bad_input_gets_clear_4xx_never_a_500_nor_a_crash() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_requests_finish() {
     let up = Upstream::start().await;
-    let mut gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), "");
+    let mut gw = Gateway::proxy(&up, "", "");
     let c = client();
     let url = gw.url("/slow");
     let in_flight = tokio::spawn(async move { get(&c, &url, &[]).await.status });

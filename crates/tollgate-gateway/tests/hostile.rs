@@ -108,10 +108,7 @@ async fn without_forward_auth_written_a_trusted_request_is_matched_on_its_own_pa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ambiguous_paths_are_400_and_never_reach_the_upstream() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(
-        &format!("upstream = \"{}\"", up.url()),
-        &api_once(", case_insensitive = true"),
-    );
+    let gw = Gateway::proxy(&up, "", &api_once(", case_insensitive = true"));
     for path in [
         "/api%2Fx",
         "/api%2fx",
@@ -146,10 +143,7 @@ async fn ambiguous_paths_are_400_and_never_reach_the_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ambiguous_paths_allow_matches_them_normalised() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(
-        &format!("upstream = \"{}\"\nambiguous_paths = \"allow\"", up.url()),
-        &api_once(""),
-    );
+    let gw = Gateway::proxy(&up, "ambiguous_paths = \"allow\"", &api_once(""));
     // Passed on as written, matched in their normalised form.
     let answer = expect_status(&gw, "/api//x;v=1", "", 200).await;
     assert!(answer.contains("x-echo-uri: /api//x;v=1\r\n"), "{answer}");
@@ -262,10 +256,7 @@ async fn trusted_proxies_pass_the_per_address_bound_but_not_the_total() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickled_body_is_cut_at_body_timeout_and_is_not_an_upstream_error() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(
-        &format!("upstream = \"{}\"\nbody_timeout = \"1s\"", up.url()),
-        "",
-    );
+    let gw = Gateway::proxy(&up, "body_timeout = \"1s\"", "");
     let s = connect(&gw).await;
     let (mut rd, mut wr) = s.into_split();
     // 100 bytes at 10 bytes a second: never silent for long, 10 s in all.
@@ -313,7 +304,7 @@ async fn a_trickled_body_is_cut_at_body_timeout_and_is_not_an_upstream_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_client_cannot_write_the_forwarding_headers_the_upstream_reads() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), "");
+    let gw = Gateway::proxy(&up, "", "");
     let spoof = "x-forwarded-for: 6.6.6.6\r\nx-forwarded-proto: https\r\nx-forwarded-host: evil.example\r\nforwarded: for=6.6.6.6\r\nx-real-ip: 6.6.6.6\r\n";
     let answer = expect_status(&gw, "/", spoof, 200).await;
     for want in [
@@ -334,7 +325,7 @@ async fn an_untrusted_client_cannot_write_the_forwarding_headers_the_upstream_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_chunks_connect_and_options_star_are_client_errors_not_upstream_ones() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), "");
+    let gw = Gateway::proxy(&up, "", "");
     let chunked = b"POST /up HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nxx\r\n0\r\n\r\n";
     expect_raw(&gw, chunked, 400).await;
     // The asterisk form on another method names no path to forward.

@@ -114,11 +114,9 @@ fn no_request_head_gets_a_500_or_an_upstream_error() {
         .build()
         .expect("runtime");
     let up = rt.block_on(Upstream::start());
-    let gw = Gateway::start(
-        &format!(
-            "upstream = \"{}\"\nbody_timeout = \"1s\"\nupstream_timeout = \"5s\"",
-            up.url()
-        ),
+    let gw = Gateway::proxy(
+        &up,
+        "body_timeout = \"1s\"\nupstream_timeout = \"5s\"",
         "[identity]\nsources = [\"header:x-api-key\", \"ip\"]\n\
          [[policy]]\nname = \"api\"\nmatch = { path_prefix = \"/api\" }\n\
          algorithm = \"gcra\"\nlimit = 1000000\nperiod = \"1s\"\n",

@@ -99,6 +99,15 @@ impl Gateway {
         panic!("tollgate serve could not bind free ports: {last_log}");
     }
 
+    /// Starts `tollgate serve` in proxy mode in front of `up` (`server_extra`: more keys of
+    /// `[server]`).
+    pub fn proxy(up: &Upstream, server_extra: &str, body: &str) -> Gateway {
+        Gateway::start(
+            &format!("upstream = \"{}\"\n{server_extra}", up.url()),
+            body,
+        )
+    }
+
     fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
