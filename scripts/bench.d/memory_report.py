@@ -59,26 +59,26 @@ with open(results, "a") as o:
             bpk["ratio"].append(row["tollgate"] / row["governor"])
             o.write(json.dumps({"bench": "memory", "kind": "bytes_per_key", "rep": rep, **row,
                                 "ratio": row["tollgate"] / row["governor"]}) + "\n")
-print(f"#### paired: ns per check, median of 60 rotating rounds per run (the ratio to read)")
+def table(title, columns, rows, label_first=True):
+    """A markdown table under a heading; the first column is left-aligned when it holds labels."""
+    print(f"#### {title}")
+    print()
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "|".join("---" if label_first and i == 0 else "---:" for i in range(len(columns))) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+table("paired: ns per check, median of 60 rotating rounds per run (the ratio to read)",
+      ["configuration", "tollgate `check`", "governor `check_key`", "ratio `check` / governor",
+       "tollgate `check_one`", "ratio `check_one` / governor"],
+      [[label] + [stats(p, d) for p, d in zip(paired[label], (1, 1, 2, 1, 2))] for _, _, label in CONFIGS])
 print()
-print("| configuration | tollgate `check` | governor `check_key` | ratio `check` / governor | tollgate `check_one` | ratio `check_one` / governor |")
-print("|---|---:|---:|---:|---:|---:|")
-for _, _, label in CONFIGS:
-    p = paired[label]
-    print(f"| {label} | {stats(p[0], 1)} | {stats(p[1], 1)} | {stats(p[2], 2)} | {stats(p[3], 1)} | {stats(p[4], 2)} |")
-print()
-print("#### criterion medians (each limiter measured in turn)")
-print()
-print("| configuration | tollgate ns/check | governor ns/check | ratio tollgate/governor |")
-print("|---|---:|---:|---:|")
-for _, _, label in CONFIGS:
-    c = crit[label]
-    print(f"| {label} | {stats(c['ours'], 1)} | {stats(c['gov'], 1)} | {stats(c['ratio'], 2)} |")
+table("criterion medians (each limiter measured in turn)",
+      ["configuration", "tollgate ns/check", "governor ns/check", "ratio tollgate/governor"],
+      [[label, stats(crit[label]["ours"], 1), stats(crit[label]["gov"], 1), stats(crit[label]["ratio"], 2)]
+       for _, _, label in CONFIGS])
 print()
 print(f"clock read: SystemClock {stats(clock['system_clock'], 1)} ns, TSC wall clock {stats(clock['tsc_wall_clock'], 1)} ns")
 print()
-print("#### bytes per key at 1,000,000 keys (RSS growth / keys tracked, each store in a fresh process)")
-print()
-print("| tollgate | governor | ratio tollgate/governor |")
-print("|---:|---:|---:|")
-print(f"| {stats(bpk['tollgate'], 1)} | {stats(bpk['governor'], 1)} | {stats(bpk['ratio'], 2)} |")
+table("bytes per key at 1,000,000 keys (RSS growth / keys tracked, each store in a fresh process)",
+      ["tollgate", "governor", "ratio tollgate/governor"],
+      [[stats(bpk["tollgate"], 1), stats(bpk["governor"], 1), stats(bpk["ratio"], 2)]], label_first=False)

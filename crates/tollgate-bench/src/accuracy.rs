@@ -431,19 +431,26 @@ mod tests {
         }
     }
 
+    /// The report of a token bucket of 5 an hour (burst 5) for `busy` clients, each
+    /// `(name, admitted, limited)` over the same two seconds, then `idle` ones that sent nothing.
+    fn assess_five_an_hour(
+        source: &'static str,
+        busy: &[(&str, u64, u64)],
+        idle: &[&str],
+    ) -> AccuracyReport {
+        let busy = busy.iter().map(|&(name, admitted, limited)| {
+            let observed = seen(admitted, limited, span(0.0, 2.0), span(0.01, 1.99));
+            (name, observed)
+        });
+        let nothing = || seen(0, 0, span(0.0, 0.0), span(0.0, 0.0));
+        let idle = idle.iter().map(|&name| (name, nothing()));
+        let quota = vec![limit(5, 3600, 5)];
+        assess(Algorithm::TokenBucket, source, quota, busy.chain(idle))
+    }
+
     #[test]
     fn an_exact_limiter_shows_no_over_or_under_admission() {
-        let quota = vec![limit(5, 3600, 5)];
-        let report = assess(
-            Algorithm::TokenBucket,
-            "flags",
-            quota,
-            [
-                ("a", seen(5, 40, span(0.0, 2.0), span(0.01, 1.99))),
-                ("b", seen(5, 0, span(0.0, 2.0), span(0.01, 1.99))),
-                ("idle", seen(0, 0, span(0.0, 0.0), span(0.0, 0.0))),
-            ],
-        );
+        let report = assess_five_an_hour("flags", &[("a", 5, 40), ("b", 5, 0)], &["idle"]);
         assert_eq!(report.clients, 2);
         assert_eq!(report.over_admission.total, 0);
         assert_eq!(report.under_admission.total, 0);
@@ -453,18 +460,13 @@ mod tests {
 
     #[test]
     fn leaks_and_stinginess_are_measured_per_client() {
-        let quota = vec![limit(5, 3600, 5)];
-        let report = assess(
-            Algorithm::TokenBucket,
-            "header",
-            quota,
-            [
-                ("leaky", seen(8, 10, span(0.0, 2.0), span(0.01, 1.99))),
-                ("leakier", seen(9, 10, span(0.0, 2.0), span(0.01, 1.99))),
-                ("stingy", seen(2, 10, span(0.0, 2.0), span(0.01, 1.99))),
-                ("quiet", seen(1, 0, span(0.0, 2.0), span(0.01, 1.99))),
-            ],
-        );
+        let busy = [
+            ("leaky", 8, 10),
+            ("leakier", 9, 10),
+            ("stingy", 2, 10),
+            ("quiet", 1, 0),
+        ];
+        let report = assess_five_an_hour("header", &busy, &[]);
         assert_eq!(report.over_admission.clients, 2);
         assert_eq!(report.over_admission.max, 4);
         assert_eq!(report.over_admission.total, 7);

@@ -129,6 +129,21 @@ async fn bench_json(args: &str, extra: &[&str], json_name: &str) -> Value {
     serde_json::from_str(&text).expect("valid json")
 }
 
+/// Serves `server` and runs the bench against `http://ADDR{path}` with `args` (split on
+/// spaces) plus `extra`; its JSON report.
+async fn bench_against(
+    server: &Arc<CountingLimiter>,
+    path: &str,
+    args: &str,
+    extra: &[&str],
+) -> Value {
+    let addr = serve(Arc::clone(server)).await;
+    let target = format!("http://{addr}{path}");
+    let mut all = vec!["--target", target.as_str()];
+    all.extend_from_slice(extra);
+    bench_json(args, &all, "report.json").await
+}
+
 fn u(value: &Value) -> u64 {
     value
         .as_u64()
@@ -162,16 +177,10 @@ fn assert_counts_add_up(report: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exact_limiter_shows_zero_over_admission() {
     let server = limiter(5, None);
-    let addr = serve(Arc::clone(&server)).await;
     let svg = scratch("exact.svg");
-    let target = format!("http://{addr}/");
     let svg_arg = svg.display().to_string();
-    let report = bench_json(
-        "--clients 5 --max-requests 200 --duration 1m --limit 5 --period 1h --connections 4",
-        &["--target", &target, "--svg", &svg_arg],
-        "exact.json",
-    )
-    .await;
+    let args = "--clients 5 --max-requests 200 --duration 1m --limit 5 --period 1h --connections 4";
+    let report = bench_against(&server, "/", args, &["--svg", &svg_arg]).await;
 
     assert_counts_add_up(&report);
     assert_eq!(
@@ -200,15 +209,9 @@ async fn an_exact_limiter_shows_zero_over_admission() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaky_limiter_is_reported_three_over_per_client() {
-    let server = limiter(5 + 3, None);
-    let addr = serve(server).await;
-    let target = format!("http://{addr}");
-    let report = bench_json(
-        "--clients 5 --max-requests 100 --duration 1m --limit 5 --period 1h",
-        &["--target", &target],
-        "leaky.json",
-    )
-    .await;
+    // The target without a path.
+    let args = "--clients 5 --max-requests 100 --duration 1m --limit 5 --period 1h";
+    let report = bench_against(&limiter(5 + 3, None), "", args, &[]).await;
 
     assert_counts_add_up(&report);
     let over = &report["accuracy"]["over_admission"];
@@ -221,14 +224,8 @@ async fn a_leaky_limiter_is_reported_three_over_per_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limit_is_read_from_the_rate_limit_policy_header() {
     let server = limiter(4, Some(r#""exact";q=4;w=3600"#));
-    let addr = serve(server).await;
-    let target = format!("http://{addr}/");
-    let report = bench_json(
-        "--clients 3 --max-requests 60 --duration 1m",
-        &["--target", &target],
-        "header.json",
-    )
-    .await;
+    let args = "--clients 3 --max-requests 60 --duration 1m";
+    let report = bench_against(&server, "/", args, &[]).await;
 
     let accuracy = &report["accuracy"];
     assert_eq!(accuracy["source"], "header", "{report}");
@@ -241,14 +238,8 @@ async fn the_limit_is_read_from_the_rate_limit_policy_header() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_known_limit_accuracy_is_null_and_says_why() {
-    let addr = serve(limiter(1_000_000, None)).await;
-    let target = format!("http://{addr}/");
-    let report = bench_json(
-        "--max-requests 50 --duration 30s",
-        &["--target", &target],
-        "unknown.json",
-    )
-    .await;
+    let args = "--max-requests 50 --duration 30s";
+    let report = bench_against(&limiter(1_000_000, None), "/", args, &[]).await;
 
     assert!(report["accuracy"].is_null());
     assert!(report["accuracy_note"]
@@ -259,14 +250,8 @@ async fn without_a_known_limit_accuracy_is_null_and_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_requests_bounds_the_run_exactly() {
     let server = limiter(1_000, None);
-    let addr = serve(Arc::clone(&server)).await;
-    let target = format!("http://{addr}/");
-    let report = bench_json(
-        "--max-requests 7 --duration 1m --limit 1000 --period 1h",
-        &["--target", &target],
-        "bounded.json",
-    )
-    .await;
+    let args = "--max-requests 7 --duration 1m --limit 1000 --period 1h";
+    let report = bench_against(&server, "/", args, &[]).await;
 
     assert_eq!(u(&report["requests"]["sent"]), 7);
     assert_eq!(server.requests.load(Ordering::Relaxed), 7);

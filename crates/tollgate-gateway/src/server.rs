@@ -36,6 +36,27 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// How long a client may take to send a request head.
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What the rate-limited service answers.
+pub(crate) type Answer = Response<tollgate_tower::RateLimitBody<BoxBody>>;
+
+/// The rate-limited service the gateway runs for every request: cloned per connection and
+/// per request, its futures sent to the runtime.
+pub(crate) trait GatewayService:
+    Clone
+    + Send
+    + 'static
+    + Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send + 'static>
+{
+}
+
+impl<S> GatewayService for S where
+    S: Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Serves the gateway on `listener` until `stop` changes, then drains for up to [`GRACE`]
 /// (less if `force` fires).
 pub(crate) async fn serve_gateway<S>(
@@ -47,14 +68,7 @@ pub(crate) async fn serve_gateway<S>(
     force: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()>
 where
-    S: Service<
-            Request<Incoming>,
-            Response = Response<tollgate_tower::RateLimitBody<BoxBody>>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: GatewayService,
 {
     let graceful = GracefulShutdown::new();
     loop {
@@ -105,14 +119,7 @@ fn connection<S>(
     metrics: Arc<HttpMetrics>,
 ) -> impl FnOnce(Watcher) -> Pin<Box<dyn Future<Output = ()> + Send>>
 where
-    S: Service<
-            Request<Incoming>,
-            Response = Response<tollgate_tower::RateLimitBody<BoxBody>>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: GatewayService,
 {
     let conn_metrics = metrics.clone();
     let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {

@@ -5,46 +5,23 @@
 
 mod support;
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-use support::scratch;
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+use support::{scratch, Gateway};
 
 use serde_json::Value;
 use tollgate_testkit::RedisServer;
 
 const MEMORY: &str = "backend = \"memory\"";
+const FIVE_PER_HOUR: &str = "algorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1h\"";
 
-/// A `tollgate serve` child process, stopped when dropped.
-struct Gateway {
-    child: Child,
-    listen: SocketAddr,
-    admin: SocketAddr,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A loopback port nothing listens on right now.
-fn free_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    listener.local_addr().expect("local addr")
-}
-
-/// Starts `tollgate serve` with a `[store]` body and one policy, and waits (at most 20 s)
-/// until it accepts.
-fn start_gateway(name: &str, store: &str, policy: &str) -> Gateway {
-    let (listen, admin) = (free_port(), free_port());
-    let config = format!(
-        r#"
-[server]
-listen = "{listen}"
-admin_listen = "{admin}"
-
+/// Starts `tollgate serve` with a `[store]` body and one policy (see `support::Gateway`).
+fn start_gateway(store: &str, policy: &str) -> Gateway {
+    Gateway::start(
+        "",
+        &format!(
+            r#"
 [store]
 {store}
 
@@ -56,47 +33,14 @@ secret = "bench-test-secret"
 name = "api"
 {policy}
 "#
-    );
-    let path = scratch(&format!("{name}.toml"));
-    std::fs::write(&path, config).expect("write config");
-    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tollgate serve");
-    let mut gateway = Gateway {
-        child,
-        listen,
-        admin,
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err() {
-        if let Ok(Some(status)) = gateway.child.try_wait() {
-            let mut stderr = String::new();
-            if let Some(mut pipe) = gateway.child.stderr.take() {
-                let _ = pipe.read_to_string(&mut stderr);
-            }
-            panic!("tollgate serve exited with {status}: {stderr}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tollgate serve did not listen on {listen}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    gateway
+        ),
+    )
 }
 
-/// Runs the bench against `gateway` with `args` (split on spaces); returns its JSON report.
-fn bench(gateways: &[&Gateway], name: &str, args: &str) -> Value {
-    let targets: Vec<String> = gateways
-        .iter()
-        .map(|gateway| format!("http://{}/", gateway.listen))
-        .collect();
-    let json = scratch(&format!("{name}.json"));
+/// Runs the bench against `gateways` with `args` (split on spaces); returns its JSON report.
+fn bench(gateways: &[Gateway], args: &str) -> Value {
+    let targets: Vec<String> = gateways.iter().map(|gateway| gateway.url("/")).collect();
+    let json = scratch("bench.json");
     let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("bench")
         .arg("--target")
@@ -108,9 +52,17 @@ fn bench(gateways: &[&Gateway], name: &str, args: &str) -> Value {
     support::bench_report(&output, &json)
 }
 
+/// Starts `size` gateways on `store` with `policy` and runs the bench against them all;
+/// returns its JSON report and the fleet (still running, for its metrics).
+fn bench_fleet(size: usize, store: &str, policy: &str, args: &str) -> (Value, Vec<Gateway>) {
+    let fleet: Vec<Gateway> = (0..size).map(|_| start_gateway(store, policy)).collect();
+    (bench(&fleet, args), fleet)
+}
+
 /// The gateway's decision and store-error counters, for failure messages.
 fn decision_metrics(gateway: &Gateway) -> String {
-    let Ok(mut stream) = TcpStream::connect_timeout(&gateway.admin, Duration::from_secs(2)) else {
+    let admin = SocketAddr::from(([127, 0, 0, 1], gateway.admin_port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&admin, Duration::from_secs(2)) else {
         return "admin unreachable".into();
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
@@ -137,16 +89,8 @@ fn u(value: &Value) -> u64 {
 
 #[test]
 fn the_real_gateway_admits_each_client_exactly_its_limit() {
-    let gateway = start_gateway(
-        "exact",
-        MEMORY,
-        "algorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1h\"",
-    );
-    let report = bench(
-        &[&gateway],
-        "exact",
-        "--clients 5 --max-requests 100 --duration 1m --connections 4",
-    );
+    let args = "--clients 5 --max-requests 100 --duration 1m --connections 4";
+    let (report, _fleet) = bench_fleet(1, MEMORY, FIVE_PER_HOUR, args);
 
     let accuracy = &report["accuracy"];
     assert_eq!(accuracy["source"], "header", "{report}");
@@ -168,17 +112,10 @@ fn the_real_gateway_admits_each_client_exactly_its_limit() {
 fn the_real_gateway_never_over_admits_while_refilling() {
     // 10/s allowed against 30/s offered per client for about 2 s: the allowance grows while
     // the run lasts, and the gateway must stay under it.
-    let gateway = start_gateway(
-        "refill",
-        MEMORY,
-        "algorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nburst = 3",
-    );
-    let report = bench(
-        &[&gateway],
-        "refill",
-        "--clients 2 --rate 60 --max-requests 120 --duration 1m \
-         --algorithm gcra --limit 10 --period 1s --burst 3",
-    );
+    let policy = "algorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nburst = 3";
+    let args = "--clients 2 --rate 60 --max-requests 120 --duration 1m \
+                --algorithm gcra --limit 10 --period 1s --burst 3";
+    let (report, _fleet) = bench_fleet(1, MEMORY, policy, args);
 
     let accuracy = &report["accuracy"];
     assert_eq!(accuracy["source"], "flags");
@@ -188,8 +125,6 @@ fn the_real_gateway_never_over_admits_while_refilling() {
         assert!(u(&client["admitted"]) >= 3, "the burst at least: {client}");
     }
 }
-
-const FIVE_PER_HOUR: &str = "algorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1h\"";
 
 #[test]
 fn a_fleet_sharing_one_redis_admits_each_client_its_limit_once() {
@@ -201,20 +136,12 @@ fn a_fleet_sharing_one_redis_admits_each_client_its_limit_once() {
         "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\non_failure = \"closed\"",
         redis.url()
     );
-    let first = start_gateway("fleet-redis-1", &store, FIVE_PER_HOUR);
-    let second = start_gateway("fleet-redis-2", &store, FIVE_PER_HOUR);
-    let report = bench(
-        &[&first, &second],
-        "fleet-redis",
-        "--clients 4 --max-requests 80 --duration 1m",
-    );
+    let args = "--clients 4 --max-requests 80 --duration 1m";
+    let (report, fleet) = bench_fleet(2, &store, FIVE_PER_HOUR, args);
 
     let accuracy = &report["accuracy"];
-    let metrics = format!(
-        "{}\n{}",
-        decision_metrics(&first),
-        decision_metrics(&second)
-    );
+    let metrics: Vec<String> = fleet.iter().map(decision_metrics).collect();
+    let metrics = metrics.join("\n");
     assert_eq!(
         u(&accuracy["over_admission"]["total"]),
         0,
@@ -227,13 +154,8 @@ fn a_fleet_sharing_one_redis_admits_each_client_its_limit_once() {
 #[test]
 fn a_fleet_with_a_memory_store_each_over_admits_and_the_bench_says_by_how_much() {
     // Each client alternates between the gateways, and each gateway grants it 5 on its own.
-    let first = start_gateway("fleet-memory-1", MEMORY, FIVE_PER_HOUR);
-    let second = start_gateway("fleet-memory-2", MEMORY, FIVE_PER_HOUR);
-    let report = bench(
-        &[&first, &second],
-        "fleet-memory",
-        "--clients 4 --max-requests 80 --duration 1m",
-    );
+    let args = "--clients 4 --max-requests 80 --duration 1m";
+    let (report, _fleet) = bench_fleet(2, MEMORY, FIVE_PER_HOUR, args);
 
     let over = &report["accuracy"]["over_admission"];
     assert_eq!(u(&over["clients"]), 4, "{over}");

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 use support::{scratch, tollgate, Gateway};
 
@@ -141,14 +140,10 @@ fn serve_refuses_what_check_config_refuses() {
 
 /// Sends one request and returns the status line (the store is down: the policy fails open).
 fn status_line(port: u16) -> String {
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = s.write_all(b"GET /x HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n");
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.lines().next().unwrap_or_default().to_string()
+    support::blocking_status_line(
+        port,
+        b"GET /x HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n",
+    )
 }
 
 #[test]

@@ -18,7 +18,7 @@ period = "1h"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_requests_reach_the_upstream_intact_and_limited_ones_do_not() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), API_POLICY);
+    let gw = Gateway::proxy(&up, "", API_POLICY);
     let c = client();
     let body = vec![b'x'; 1 << 20];
     for r in (0..3).rev() {
@@ -114,10 +114,7 @@ async fn an_unreachable_upstream_is_502_and_a_slow_one_504() {
     let a = get(&c, &gw.url("/x"), &[]).await;
     assert_eq!(a.status, StatusCode::BAD_GATEWAY);
     let up = Upstream::start().await;
-    let gw = Gateway::start(
-        &format!("upstream = \"{}\"\nupstream_timeout = \"300ms\"", up.url()),
-        "",
-    );
+    let gw = Gateway::proxy(&up, "upstream_timeout = \"300ms\"", "");
     let a = get(&c, &gw.url("/slow"), &[]).await;
     assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
     let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
@@ -134,71 +131,57 @@ fn ip_policy(trusted: &str, extra_identity: &str) -> String {
     )
 }
 
+/// Sends `GET /` once per step, each with its one header, and checks each answer's status in turn.
+async fn expect_statuses(gw: &Gateway, steps: &[(&str, &[u8], StatusCode)]) {
+    let c = client();
+    for (i, (name, value, want)) in steps.iter().enumerate() {
+        let a = get(&c, &gw.url("/"), &[(*name, *value)]).await;
+        assert_eq!(
+            a.status,
+            *want,
+            "step {i}: {name}: {}",
+            String::from_utf8_lossy(value)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_for_from_an_untrusted_peer_cannot_change_the_identity() {
     let gw = Gateway::start("", &ip_policy("\"10.0.0.0/8\"", ""));
-    let c = client();
-    let a = get(&c, &gw.url("/"), &[("x-forwarded-for", b"1.1.1.1")]).await;
-    assert_eq!(a.status, StatusCode::OK);
-    let a = get(&c, &gw.url("/"), &[("x-forwarded-for", b"2.2.2.2")]).await;
-    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
-    let a = get(&c, &gw.url("/"), &[("forwarded", b"for=3.3.3.3")]).await;
-    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+    expect_statuses(
+        &gw,
+        &[
+            ("x-forwarded-for", b"1.1.1.1", StatusCode::OK),
+            ("x-forwarded-for", b"2.2.2.2", StatusCode::TOO_MANY_REQUESTS),
+            ("forwarded", b"for=3.3.3.3", StatusCode::TOO_MANY_REQUESTS),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_for_from_a_trusted_proxy_is_the_identity() {
     let gw = Gateway::start("", &ip_policy("\"127.0.0.1\"", ""));
-    let c = client();
-    let status = |a: Answer| a.status;
-    assert_eq!(
-        status(get(&c, &gw.url("/"), &[("x-forwarded-for", b"1.1.1.1")]).await),
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(
-            get(
-                &c,
-                &gw.url("/"),
-                &[("x-forwarded-for", b"9.9.9.9, 2.2.2.2")]
-            )
-            .await
-        ),
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(get(&c, &gw.url("/"), &[("x-forwarded-for", b"1.1.1.1")]).await),
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    // IPv6 addresses in one /64 are one client; the next /64 is another.
-    assert_eq!(
-        status(get(&c, &gw.url("/"), &[("x-forwarded-for", b"2001:db8::1")]).await),
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(
-            get(
-                &c,
-                &gw.url("/"),
-                &[("x-forwarded-for", b"2001:db8::abcd:2")]
-            )
-            .await
-        ),
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    assert_eq!(
-        status(get(&c, &gw.url("/"), &[("x-forwarded-for", b"2001:db8:0:1::1")]).await),
-        StatusCode::OK
-    );
-    // Only the configured header is read: Forwarded is ignored here.
-    assert_eq!(
-        status(get(&c, &gw.url("/"), &[("forwarded", b"for=7.7.7.7")]).await),
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(get(&c, &gw.url("/"), &[("forwarded", b"for=8.8.8.8")]).await),
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    expect_statuses(
+        &gw,
+        &[
+            ("x-forwarded-for", b"1.1.1.1", StatusCode::OK),
+            ("x-forwarded-for", b"9.9.9.9, 2.2.2.2", StatusCode::OK),
+            ("x-forwarded-for", b"1.1.1.1", StatusCode::TOO_MANY_REQUESTS),
+            // IPv6 addresses in one /64 are one client; the next /64 is another.
+            ("x-forwarded-for", b"2001:db8::1", StatusCode::OK),
+            (
+                "x-forwarded-for",
+                b"2001:db8::abcd:2",
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            ("x-forwarded-for", b"2001:db8:0:1::1", StatusCode::OK),
+            // Only the configured header is read: Forwarded is ignored here.
+            ("forwarded", b"for=7.7.7.7", StatusCode::OK),
+            ("forwarded", b"for=8.8.8.8", StatusCode::TOO_MANY_REQUESTS),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,7 +282,7 @@ async fn bad_input_gets_clear_4xx_never_a_500_nor_a_crash() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_requests_finish() {
     let up = Upstream::start().await;
-    let mut gw = Gateway::start(&format!("upstream = \"{}\"", up.url()), "");
+    let mut gw = Gateway::proxy(&up, "", "");
     let c = client();
     let url = gw.url("/slow");
     let in_flight = tokio::spawn(async move { get(&c, &url, &[]).await.status });

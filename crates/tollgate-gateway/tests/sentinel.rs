@@ -3,20 +3,13 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::time::Duration;
 use support::Gateway;
 use tollgate_testkit::RedisSentinels;
 
 fn status(port: u16, key: &str) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
     let req =
         format!("GET /api HTTP/1.1\r\nhost: t\r\nx-api-key: {key}\r\nconnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).expect("send");
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.lines().next().unwrap_or_default().to_string()
+    support::blocking_status_line(port, req.as_bytes())
 }
 
 #[test]

@@ -128,6 +128,16 @@ fn fill_with_limited_keys(store: &MemoryStore, r: &Rule) {
     assert_eq!(store.len(), 64);
 }
 
+/// The keys `fill_with_limited_keys` put in are all still there, and still limited.
+fn assert_limited_keys_kept(store: &MemoryStore, r: &Rule) {
+    for n in 0..64 {
+        assert!(
+            !check(store, &client(n), r, 1, T0),
+            "limited key {n} was kept"
+        );
+    }
+}
+
 #[test]
 fn a_table_full_of_limited_keys_denies_new_keys_by_default() {
     let store = small(64);
@@ -143,12 +153,7 @@ fn a_table_full_of_limited_keys_denies_new_keys_by_default() {
     assert_eq!(v.retry_after(&checks), Some(1_800_000_000));
     assert_eq!(store.len(), 64);
     assert_eq!(store.untracked(), 1);
-    for n in 0..64 {
-        assert!(
-            !check(&store, &client(n), &r, 1, T0),
-            "limited key {n} was kept"
-        );
-    }
+    assert_limited_keys_kept(&store, &r);
     // Once the old keys can take a request again, they are evictable and new keys get in.
     let later = T0 + 1_800_000_000;
     assert!(check(&store, &client(1_000), &r, 1, later));
@@ -187,12 +192,7 @@ fn admit_untracked_decides_new_keys_as_fresh_when_the_table_is_pinned() {
     }
     assert_eq!(store.len(), 64);
     assert_eq!(store.untracked(), 3);
-    for n in 0..64 {
-        assert!(
-            !check(&store, &client(n), &r, 1, T0),
-            "limited key {n} was kept"
-        );
-    }
+    assert_limited_keys_kept(&store, &r);
 }
 
 #[test]

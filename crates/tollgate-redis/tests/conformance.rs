@@ -7,73 +7,50 @@ use tollgate_core::{Check, Micros, Verdict};
 use tollgate_redis::{RedisConfig, RedisStore, StoreClock};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
-async fn decide(store: &RedisStore, checks: &[Check<'_>], now: Micros) -> Verdict {
-    match store.check(checks, now).await {
-        Ok(v) => v,
-        Err(e) => panic!("store error: {e}"),
+/// A store and the Redis it talks to (`S`, a server or a cluster: dropped, and killed, with
+/// the test).
+struct Served<S> {
+    store: RedisStore,
+    _redis: S,
+}
+
+/// Connects to `redis` with `config` (its own URLs), on the caller's clock.
+async fn served<S>(redis: S, config: RedisConfig) -> Served<S> {
+    let store = match RedisStore::connect(config.with_clock(StoreClock::Local)).await {
+        Ok(s) => s,
+        Err(e) => panic!("cannot connect: {e}"),
+    };
+    Served {
+        store,
+        _redis: redis,
     }
 }
 
-async fn connect(config: RedisConfig) -> RedisStore {
-    match RedisStore::connect(config.with_clock(StoreClock::Local)).await {
-        Ok(s) => s,
-        Err(e) => panic!("cannot connect: {e}"),
+impl<S: Send + Sync + 'static> ConformanceStore for Served<S> {
+    async fn check(&self, checks: &[Check<'_>], now: Micros) -> Verdict {
+        match self.store.check(checks, now).await {
+            Ok(v) => v,
+            Err(e) => panic!("store error: {e}"),
+        }
     }
 }
 
 mod standalone {
     use super::*;
 
-    /// A store and the server it talks to (dropped, and killed, with the test).
-    struct Standalone {
-        store: RedisStore,
-        _server: RedisServer,
-    }
-
-    impl Standalone {
-        async fn start() -> Self {
-            let server = RedisServer::start();
-            let store = connect(RedisConfig::standalone(server.url())).await;
-            Self {
-                store,
-                _server: server,
-            }
-        }
-    }
-
-    impl ConformanceStore for Standalone {
-        async fn check(&self, checks: &[Check<'_>], now: Micros) -> Verdict {
-            decide(&self.store, checks, now).await
-        }
-    }
-
-    tollgate_conformance::conformance_suite!(Standalone::start().await);
+    tollgate_conformance::conformance_suite!({
+        let server = RedisServer::start();
+        let config = RedisConfig::standalone(server.url());
+        served(server, config).await
+    });
 }
 
 mod cluster {
     use super::*;
 
-    struct Cluster {
-        store: RedisStore,
-        _cluster: RedisCluster,
-    }
-
-    impl Cluster {
-        async fn start() -> Self {
-            let cluster = RedisCluster::start(3, 0);
-            let store = connect(RedisConfig::cluster(cluster.seed_urls())).await;
-            Self {
-                store,
-                _cluster: cluster,
-            }
-        }
-    }
-
-    impl ConformanceStore for Cluster {
-        async fn check(&self, checks: &[Check<'_>], now: Micros) -> Verdict {
-            decide(&self.store, checks, now).await
-        }
-    }
-
-    tollgate_conformance::conformance_suite!(Cluster::start().await);
+    tollgate_conformance::conformance_suite!({
+        let cluster = RedisCluster::start(3, 0);
+        let config = RedisConfig::cluster(cluster.seed_urls());
+        served(cluster, config).await
+    });
 }

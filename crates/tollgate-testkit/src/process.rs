@@ -68,6 +68,30 @@ pub(crate) fn spawn_server(port: u16, dir: &Path, extra: &[String]) -> Child {
     }
 }
 
+/// Waits for a just-spawned `child` on `port` to answer PING and returns it. When it exits
+/// first or stays silent past [`START_TIMEOUT`], it is killed and reaped, and the error says
+/// whether it exited by itself, with its log (in `dir`).
+pub(crate) fn await_start(
+    mut child: Child,
+    port: u16,
+    dir: &Path,
+) -> Result<Child, (bool, String)> {
+    let mut exited = false;
+    let up = wait_until(START_TIMEOUT, || {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            exited = true;
+            return true;
+        }
+        pings(port)
+    });
+    if up && !exited {
+        return Ok(child);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err((exited, read_log(dir)))
+}
+
 /// The server's log, for error messages.
 pub(crate) fn read_log(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default()

@@ -153,28 +153,20 @@ impl SentinelProcess {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn();
-            let mut child = match child {
+            let child = match child {
                 Ok(c) => c,
                 Err(e) => panic!("cannot spawn redis-server --sentinel: {e}"),
             };
-            let mut exited = false;
-            let up = process::wait_until(START_TIMEOUT, || {
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    exited = true;
-                    return true;
+            match process::await_start(child, port, &dir) {
+                Ok(child) => {
+                    return Self {
+                        port,
+                        dir,
+                        child: Some(child),
+                    }
                 }
-                process::pings(port)
-            });
-            if up && !exited {
-                return Self {
-                    port,
-                    dir,
-                    child: Some(child),
-                };
+                Err((_, log)) => last_log = log,
             }
-            let _ = child.kill();
-            let _ = child.wait();
-            last_log = process::read_log(&dir);
             if !last_log.contains("Address already in use") {
                 break;
             }

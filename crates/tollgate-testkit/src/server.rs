@@ -68,23 +68,15 @@ impl RedisServer {
     /// Spawns the process on `self.port` and waits for PING; on failure returns the log.
     fn spawn_and_wait(&mut self) -> Result<(), String> {
         let _ = std::fs::remove_file(self.dir.join("redis.log"));
-        let mut child = process::spawn_server(self.port, &self.dir, &self.extra);
+        let child = process::spawn_server(self.port, &self.dir, &self.extra);
         let port = self.port;
-        let mut exited = false;
-        let up = process::wait_until(START_TIMEOUT, || {
-            if matches!(child.try_wait(), Ok(Some(_))) {
-                exited = true;
-                return true;
+        let (exited, log) = match process::await_start(child, port, &self.dir) {
+            Ok(child) => {
+                self.child = Some(child);
+                return Ok(());
             }
-            process::pings(port)
-        });
-        if up && !exited {
-            self.child = Some(child);
-            return Ok(());
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        let log = process::read_log(&self.dir);
+            Err(failed) => failed,
+        };
         if exited && log.contains("Address already in use") {
             return Err(log);
         }

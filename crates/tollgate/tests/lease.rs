@@ -16,6 +16,7 @@ use tollgate_testkit::RedisServer;
 
 const T0: u64 = 1_800_000_000_000_000;
 const TTL: Duration = Duration::from_millis(200);
+const HOUR: Duration = Duration::from_secs(3600);
 
 fn redis(url: &str) -> RedisConfig {
     RedisConfig::standalone(url)
@@ -55,6 +56,50 @@ async fn shared_remaining(url: &str, lim: Limit, now: u64) -> u64 {
     v.decisions[0].remaining
 }
 
+/// Whether the hot client's request is allowed under `p`.
+async fn allowed(l: &Limiter, p: &Policy) -> bool {
+    l.check(&tollgate::Plan::for_client(hot(), [p]))
+        .await
+        .action
+        == Action::Allow
+}
+
+/// One limiter leasing from its own redis-server, on a clock the test moves.
+struct Leasing {
+    limiter: Limiter,
+    policy: Policy,
+    lim: Limit,
+    clock: ManualClock,
+    server: RedisServer,
+}
+
+impl Leasing {
+    /// A server, a clock at `start` and a limiter with one lease policy on `lim` (leases of
+    /// at most `max` units).
+    fn start(start: u64, lim: Limit, max: u64) -> Self {
+        let server = RedisServer::start();
+        let clock = ManualClock::new(start);
+        let limiter = limiter(&server.url(), &clock);
+        let policy = lease_policy(&limiter, lim, max);
+        Self {
+            limiter,
+            policy,
+            lim,
+            clock,
+            server,
+        }
+    }
+
+    /// How many of `n` requests of the hot client are allowed.
+    async fn admitted(&self, n: u64) -> u64 {
+        let mut admitted = 0;
+        for _ in 0..n {
+            admitted += u64::from(allowed(&self.limiter, &self.policy).await);
+        }
+        admitted
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_limiters_never_exceed_the_shared_limit_and_return_what_they_did_not_use() {
     let server = RedisServer::start();
@@ -67,7 +112,7 @@ async fn twenty_limiters_never_exceed_the_shared_limit_and_return_what_they_did_
         Algorithm::FixedWindow,
     ] {
         server.cli(&["flushall"]);
-        let lim = limit(alg, 500, Duration::from_secs(3600));
+        let lim = limit(alg, 500, HOUR);
         let gateways: Vec<(Limiter, Policy)> = (0..20)
             .map(|_| {
                 let l = limiter(&url, &clock);
@@ -87,11 +132,7 @@ async fn twenty_limiters_never_exceed_the_shared_limit_and_return_what_they_did_
                     x ^= x >> 7;
                     x ^= x << 17;
                     let (l, p) = &gateways[(x % 20) as usize];
-                    if l.check(&tollgate::Plan::for_client(hot(), [p]))
-                        .await
-                        .action
-                        == Action::Allow
-                    {
+                    if allowed(l, p).await {
                         admitted += 1;
                     }
                     if x % 7 == 0 {
@@ -143,48 +184,29 @@ async fn twenty_limiters_never_exceed_the_shared_limit_and_return_what_they_did_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_limiter_loses_at_most_its_lease() {
-    let server = RedisServer::start();
-    let url = server.url();
-    let clock = ManualClock::new(T0);
-    let lim = limit(Algorithm::Gcra, 1000, Duration::from_secs(3600));
-    let l = limiter(&url, &clock);
-    let p = lease_policy(&l, lim, 50);
-    for _ in 0..30 {
-        assert_eq!(
-            l.check(&tollgate::Plan::for_client(hot(), [&p]))
-                .await
-                .action,
-            Action::Allow
-        );
-    }
-    let stats = l.metrics().policies()[0].clone();
+    let t = Leasing::start(T0, limit(Algorithm::Gcra, 1000, HOUR), 50);
+    assert_eq!(t.admitted(30).await, 30);
+    let stats = t.limiter.metrics().policies()[0].clone();
     let granted = stats.lease_units(LeaseKind::Granted);
     let used = stats.lease_units(LeaseKind::Used);
     assert_eq!(used, 30);
     let held = granted - used - stats.lease_units(LeaseKind::Returned);
     assert!(held <= 50, "held {held}");
-    drop(l); // killed: no shutdown, nothing given back
-    let remaining = shared_remaining(&url, lim, T0).await;
+    drop(t.limiter); // killed: no shutdown, nothing given back
+    let remaining = shared_remaining(&t.server.url(), t.lim, T0).await;
     assert_eq!(remaining, 1000 - used - held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_leases_go_back_without_further_requests() {
-    let server = RedisServer::start();
-    let url = server.url();
-    let clock = ManualClock::new(T0);
-    let lim = limit(Algorithm::TokenBucket, 1000, Duration::from_secs(3600));
-    let l = limiter(&url, &clock);
-    let p = lease_policy(&l, lim, 50);
-    for _ in 0..10 {
-        l.check(&tollgate::Plan::for_client(hot(), [&p])).await;
-    }
-    let stats = l.metrics().policies()[0].clone();
+    let t = Leasing::start(T0, limit(Algorithm::TokenBucket, 1000, HOUR), 50);
+    t.admitted(10).await;
+    let stats = t.limiter.metrics().policies()[0].clone();
     assert!(
         stats.lease_units(LeaseKind::Granted) > 10,
         "no lease was taken"
     );
-    clock.advance(TTL + Duration::from_millis(1));
+    t.clock.advance(TTL + Duration::from_millis(1));
     // The sweeper runs every 50 ms of real time; wait for it, bounded.
     for _ in 0..100 {
         if stats.lease_units(LeaseKind::Returned) > 0 {
@@ -196,31 +218,23 @@ async fn expired_leases_go_back_without_further_requests() {
     assert_eq!(returned, stats.lease_units(LeaseKind::Granted) - 10);
     // The clock moved 201 ms: 0.2 units of refill at 1000/hour, none whole.
     let now = T0 + 201_000;
-    assert_eq!(shared_remaining(&url, lim, now).await, 990);
+    assert_eq!(shared_remaining(&t.server.url(), t.lim, now).await, 990);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_key_costs_few_store_calls() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(T0);
-    let lim = limit(Algorithm::Gcra, 100_000, Duration::from_secs(1));
-    let l = limiter(&server.url(), &clock);
-    let p = lease_policy(&l, lim, 100);
+    let t = Leasing::start(
+        T0,
+        limit(Algorithm::Gcra, 100_000, Duration::from_secs(1)),
+        100,
+    );
     let mut admitted = 0;
-    for i in 0..2_000u64 {
-        if l.check(&tollgate::Plan::for_client(hot(), [&p]))
-            .await
-            .action
-            == Action::Allow
-        {
-            admitted += 1;
-        }
-        if i % 10 == 9 {
-            clock.advance(Duration::from_micros(100));
-        }
+    for _ in 0..200 {
+        admitted += t.admitted(10).await;
+        t.clock.advance(Duration::from_micros(100));
     }
     assert_eq!(admitted, 2_000);
-    let calls = l.metrics().store_calls();
+    let calls = t.limiter.metrics().store_calls();
     assert!(calls <= 40, "{calls} store calls for 2000 requests");
 }
 
@@ -239,38 +253,19 @@ async fn lease_mode_rejects_algorithms_it_cannot_give_back_to() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_lease_never_outlives_its_window() {
-    let server = RedisServer::start();
-    let url = server.url();
     // Start 1 s before a window boundary. (Redis expires the key in real time at the end of
     // the window: a window long in real time keeps it while the test runs.)
     let period = 10_000_000;
     let start = T0 - T0 % period + period - 1_000_000;
-    let clock = ManualClock::new(start);
-    let lim = limit(Algorithm::FixedWindow, 10, Duration::from_secs(10));
-    let l = limiter(&url, &clock);
-    let p = lease_policy(&l, lim, 10);
-    let mut first = 0;
-    for _ in 0..20 {
-        if l.check(&tollgate::Plan::for_client(hot(), [&p]))
-            .await
-            .action
-            == Action::Allow
-        {
-            first += 1;
-        }
-    }
+    let t = Leasing::start(
+        start,
+        limit(Algorithm::FixedWindow, 10, Duration::from_secs(10)),
+        10,
+    );
+    let first = t.admitted(20).await;
     // Into the next window, past the cooldown the exhausted lease started.
-    clock.advance(Duration::from_millis(1_030));
-    let mut second = 0;
-    for _ in 0..20 {
-        if l.check(&tollgate::Plan::for_client(hot(), [&p]))
-            .await
-            .action
-            == Action::Allow
-        {
-            second += 1;
-        }
-    }
+    t.clock.advance(Duration::from_millis(1_030));
+    let second = t.admitted(20).await;
     assert_eq!(first, 10, "{first} then {second}");
     assert_eq!(second, 10, "units of the old window blocked the new one");
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate::{
     Action, Algorithm, ClientKey, Clock, Limit, Limiter, LimiterConfig, ManualClock, Outcome,
-    PolicySpec, Quota,
+    Policy, PolicySpec, Quota,
 };
 
 const T0: u64 = 1_800_000_000_000_000;
@@ -26,13 +26,23 @@ fn client(i: u8) -> ClientKey {
     ClientKey([i; 16])
 }
 
+/// An enforced policy on `l`: `limit` per `period_s` seconds.
+fn policy(l: &Limiter, name: &str, alg: Algorithm, limit: u64, period_s: u64) -> Policy {
+    let period = Duration::from_secs(period_s);
+    l.policy(spec(name, alg, limit, period)).expect("policy")
+}
+
+/// The action for one request of client `c` matched by `policies`.
+async fn action(l: &Limiter, c: u8, policies: &[&Policy]) -> Action {
+    let plan = tollgate::Plan::for_client(client(c), policies.iter().copied());
+    l.check(&plan).await.action
+}
+
 #[tokio::test]
 async fn admits_the_limit_then_rejects_with_the_exact_retry_time() {
     let clock = ManualClock::new(T0);
     let l = limiter(&clock);
-    let p = l
-        .policy(spec("api", Algorithm::Gcra, 5, Duration::from_secs(60)))
-        .expect("policy");
+    let p = policy(&l, "api", Algorithm::Gcra, 5, 60);
     for left in (0..5).rev() {
         let r = l.check(&tollgate::Plan::for_client(client(1), [&p])).await;
         assert_eq!(r.action, Action::Allow);
@@ -49,12 +59,7 @@ async fn admits_the_limit_then_rejects_with_the_exact_retry_time() {
     assert_eq!(r.results[0].outcome, Outcome::Limited);
     assert_eq!(r.violated().collect::<Vec<_>>(), vec!["api"]);
     clock.advance(Duration::from_secs(12));
-    assert_eq!(
-        l.check(&tollgate::Plan::for_client(client(1), [&p]))
-            .await
-            .action,
-        Action::Allow
-    );
+    assert_eq!(action(&l, 1, &[&p]).await, Action::Allow);
     assert_eq!(p.name(), "api");
     let stats = &l.metrics().policies()[0];
     assert_eq!(stats.decisions(Outcome::Allowed), 6);
@@ -65,32 +70,10 @@ async fn admits_the_limit_then_rejects_with_the_exact_retry_time() {
 async fn clients_are_independent() {
     let clock = ManualClock::new(T0);
     let l = limiter(&clock);
-    let p = l
-        .policy(spec(
-            "api",
-            Algorithm::FixedWindow,
-            1,
-            Duration::from_secs(60),
-        ))
-        .expect("policy");
-    assert_eq!(
-        l.check(&tollgate::Plan::for_client(client(1), [&p]))
-            .await
-            .action,
-        Action::Allow
-    );
-    assert!(matches!(
-        l.check(&tollgate::Plan::for_client(client(1), [&p]))
-            .await
-            .action,
-        Action::Limit { .. }
-    ));
-    assert_eq!(
-        l.check(&tollgate::Plan::for_client(client(2), [&p]))
-            .await
-            .action,
-        Action::Allow
-    );
+    let p = policy(&l, "api", Algorithm::FixedWindow, 1, 60);
+    assert_eq!(action(&l, 1, &[&p]).await, Action::Allow);
+    assert!(matches!(action(&l, 1, &[&p]).await, Action::Limit { .. }));
+    assert_eq!(action(&l, 2, &[&p]).await, Action::Allow);
 }
 
 #[tokio::test]
@@ -100,21 +83,9 @@ async fn shadow_policies_count_but_never_reject() {
     let mut s = spec("dry", Algorithm::TokenBucket, 2, Duration::from_secs(60));
     s.shadow = true;
     let dry = l.policy(s).expect("policy");
-    let api = l
-        .policy(spec(
-            "api",
-            Algorithm::TokenBucket,
-            100,
-            Duration::from_secs(60),
-        ))
-        .expect("policy");
+    let api = policy(&l, "api", Algorithm::TokenBucket, 100, 60);
     for _ in 0..5 {
-        assert_eq!(
-            l.check(&tollgate::Plan::for_client(client(1), [&api, &dry]))
-                .await
-                .action,
-            Action::Allow
-        );
+        assert_eq!(action(&l, 1, &[&api, &dry]).await, Action::Allow);
     }
     let stats = l.metrics().policies();
     let dry_stats = stats
@@ -135,29 +106,10 @@ async fn shadow_policies_count_but_never_reject() {
 async fn several_policies_are_all_or_nothing() {
     let clock = ManualClock::new(T0);
     let l = limiter(&clock);
-    let small = l
-        .policy(spec(
-            "small",
-            Algorithm::SlidingWindowLog,
-            2,
-            Duration::from_secs(10),
-        ))
-        .expect("policy");
-    let big = l
-        .policy(spec(
-            "big",
-            Algorithm::FixedWindow,
-            10,
-            Duration::from_secs(3600),
-        ))
-        .expect("policy");
+    let small = policy(&l, "small", Algorithm::SlidingWindowLog, 2, 10);
+    let big = policy(&l, "big", Algorithm::FixedWindow, 10, 3600);
     for _ in 0..2 {
-        assert_eq!(
-            l.check(&tollgate::Plan::for_client(client(1), [&small, &big]))
-                .await
-                .action,
-            Action::Allow
-        );
+        assert_eq!(action(&l, 1, &[&small, &big]).await, Action::Allow);
     }
     let r = l
         .check(&tollgate::Plan::for_client(client(1), [&small, &big]))
@@ -193,9 +145,7 @@ async fn a_cost_beyond_capacity_is_rejected_without_retry_time() {
 async fn metrics_render_every_family() {
     let clock = ManualClock::new(T0);
     let l = limiter(&clock);
-    let p = l
-        .policy(spec("api", Algorithm::Gcra, 1, Duration::from_secs(60)))
-        .expect("policy");
+    let p = policy(&l, "api", Algorithm::Gcra, 1, 60);
     l.check(&tollgate::Plan::for_client(client(1), [&p])).await;
     l.check(&tollgate::Plan::for_client(client(1), [&p])).await;
     let mut out = String::new();
@@ -233,14 +183,7 @@ async fn invalid_policies_are_rejected_with_a_reason() {
 async fn limited_decisions_and_only_they_count_a_client_among_the_most_limited() {
     let clock = ManualClock::new(T0);
     let l = limiter(&clock);
-    let api = l
-        .policy(spec(
-            "api",
-            Algorithm::TokenBucket,
-            3,
-            Duration::from_secs(60),
-        ))
-        .expect("policy");
+    let api = policy(&l, "api", Algorithm::TokenBucket, 3, 60);
     let shadow = l
         .policy(PolicySpec {
             shadow: true,

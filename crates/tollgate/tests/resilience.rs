@@ -47,6 +47,16 @@ fn policy(l: &Limiter, name: &str, limit: u64, on_failure: FailurePolicy, diviso
     l.policy(spec).expect("policy")
 }
 
+/// A server, a clock at T0, a limiter on both, and one fail-open policy "api" of `limit` an
+/// hour.
+fn api_on_redis(limit: u64) -> (RedisServer, ManualClock, Limiter, Policy) {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let l = limiter(&server.url(), &clock);
+    let p = policy(&l, "api", limit, FailurePolicy::Open, 1);
+    (server, clock, l, p)
+}
+
 fn client(i: u8) -> ClientKey {
     ClientKey([i; 16])
 }
@@ -60,6 +70,11 @@ async fn timed_check(l: &Limiter, c: &ClientKey, p: &[&Policy]) -> tollgate::Lim
     let took = started.elapsed();
     assert!(took < TIMEOUT + MARGIN, "a check took {took:?}");
     r
+}
+
+/// The outcome of one timed check of client 1 under `p`.
+async fn outcome(l: &Limiter, p: &Policy) -> Outcome {
+    timed_check(l, &client(1), &[p]).await.results[0].outcome
 }
 
 fn metrics(l: &Limiter) -> String {
@@ -119,29 +134,17 @@ async fn each_policy_follows_its_failure_policy_while_redis_is_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_limiting_resumes_within_two_open_for_after_a_restart() {
-    let mut server = RedisServer::start();
-    let clock = ManualClock::new(T0);
-    let l = limiter(&server.url(), &clock);
-    let p = policy(&l, "api", 5, FailurePolicy::Open, 1);
-    assert_eq!(
-        timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
-        Outcome::Allowed
-    );
+    let (mut server, clock, l, p) = api_on_redis(5);
+    assert_eq!(outcome(&l, &p).await, Outcome::Allowed);
 
     server.kill();
     for _ in 0..4 {
-        assert_eq!(
-            timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
-            Outcome::FailedOpen
-        );
+        assert_eq!(outcome(&l, &p).await, Outcome::FailedOpen);
     }
     server.restart();
     // Still inside open_for: the breaker skips the store, no call is made.
     let calls = l.metrics().store_calls();
-    assert_eq!(
-        timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
-        Outcome::FailedOpen
-    );
+    assert_eq!(outcome(&l, &p).await, Outcome::FailedOpen);
     assert_eq!(l.metrics().store_calls(), calls);
 
     // The first probe may meet the connection the restart broke; the second must succeed.
@@ -169,14 +172,8 @@ async fn shared_limiting_resumes_within_two_open_for_after_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_redis_costs_at_most_the_timeout_and_counts_nothing_twice() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(T0);
-    let l = limiter(&server.url(), &clock);
-    let p = policy(&l, "api", 100, FailurePolicy::Open, 1);
-    assert_eq!(
-        timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
-        Outcome::Allowed
-    );
+    let (server, clock, l, p) = api_on_redis(100);
+    assert_eq!(outcome(&l, &p).await, Outcome::Allowed);
 
     server.pause();
     let mut waited = Vec::new();
@@ -195,7 +192,7 @@ async fn a_frozen_redis_costs_at_most_the_timeout_and_counts_nothing_twice() {
     let mut resumed = false;
     for _ in 0..2 {
         clock.advance(OPEN_FOR);
-        if timed_check(&l, &client(1), &[&p]).await.results[0].outcome == Outcome::Allowed {
+        if outcome(&l, &p).await == Outcome::Allowed {
             resumed = true;
             break;
         }
@@ -275,24 +272,31 @@ async fn abuse(l: &Limiter, p: &Policy, clock: &ManualClock, n: usize) -> Vec<Ac
     actions
 }
 
+/// `n` requests of the abusive client through a new limiter (keys under `prefix`, a deny
+/// cache of `deny_cache` entries) on a clock at T0: the limiter, its decisions and the
+/// EVALSHA calls they cost.
+async fn abuse_with(
+    server: &RedisServer,
+    prefix: &str,
+    deny_cache: usize,
+    n: usize,
+) -> (Limiter, Vec<Action>, u64) {
+    let clock = ManualClock::new(T0);
+    let l = limiter_with(&server.url(), &clock, prefix, deny_cache);
+    let p = policy(&l, "api", 10, FailurePolicy::Open, 1);
+    let before = evalsha_calls(server);
+    let actions = abuse(&l, &p, &clock, n).await;
+    let calls = evalsha_calls(server) - before;
+    (l, actions, calls)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deny_cache_keeps_an_abusive_client_off_redis_with_the_same_decisions() {
     let server = RedisServer::start();
     let n = 10_010;
 
-    let clock = ManualClock::new(T0);
-    let cached = limiter_with(&server.url(), &clock, "cached", 10_000);
-    let p = policy(&cached, "api", 10, FailurePolicy::Open, 1);
-    let before = evalsha_calls(&server);
-    let with_cache = abuse(&cached, &p, &clock, n).await;
-    let calls_with_cache = evalsha_calls(&server) - before;
-
-    let clock = ManualClock::new(T0);
-    let uncached = limiter_with(&server.url(), &clock, "uncached", 0);
-    let p = policy(&uncached, "api", 10, FailurePolicy::Open, 1);
-    let before = evalsha_calls(&server);
-    let without_cache = abuse(&uncached, &p, &clock, n).await;
-    let calls_without_cache = evalsha_calls(&server) - before;
+    let (cached, with_cache, calls_with_cache) = abuse_with(&server, "cached", 10_000, n).await;
+    let (_, without_cache, calls_without_cache) = abuse_with(&server, "uncached", 0, n).await;
 
     assert_eq!(with_cache, without_cache, "the cache changed a decision");
     assert_eq!(
@@ -314,10 +318,7 @@ async fn the_deny_cache_keeps_an_abusive_client_off_redis_with_the_same_decision
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_at_startup_keeps_the_first_requests_off_the_breaker() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(T0);
-    let l = limiter(&server.url(), &clock);
-    let p = policy(&l, "api", 10, FailurePolicy::Open, 1);
+    let (server, clock, l, p) = api_on_redis(10);
     let limit = Limit::new(Algorithm::TokenBucket, Quota::per_hour(10).expect("quota"));
     let sha = tollgate_redis::plan_script_sha(&[tollgate_redis::RuleShape {
         limit: limit.expect("limit"),
@@ -329,10 +330,7 @@ async fn connecting_at_startup_keeps_the_first_requests_off_the_breaker() {
     // The policy's own script is loaded too: its first request is one EVALSHA.
     assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "1");
     let calls_before = l.metrics().store_calls();
-    assert_eq!(
-        timed_check(&l, &client(1), &[&p]).await.results[0].outcome,
-        Outcome::Allowed
-    );
+    assert_eq!(outcome(&l, &p).await, Outcome::Allowed);
     assert_eq!(l.metrics().store_calls(), calls_before + 1);
     assert_eq!(
         l.metrics()

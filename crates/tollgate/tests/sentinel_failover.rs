@@ -4,6 +4,9 @@
 //! state the replica kept.
 #![cfg(feature = "redis")]
 
+mod common;
+
+use common::*;
 use std::time::{Duration, Instant};
 use tollgate::{
     Algorithm, Backend, BreakerConfig, ClientKey, FailurePolicy, Limit, Limiter, LimiterConfig,
@@ -12,16 +15,6 @@ use tollgate::{
 use tollgate_testkit::RedisSentinels;
 
 const OPEN_FOR: Duration = Duration::from_millis(500);
-
-fn store_errors(l: &Limiter, kind: &str) -> u64 {
-    let mut s = String::new();
-    l.render_metrics(&mut s);
-    let prefix = format!("tollgate_store_errors_total{{kind=\"{kind}\"}} ");
-    s.lines()
-        .find_map(|x| x.strip_prefix(&prefix))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix} in\n{s}"))
-}
 
 fn limiter(set: &RedisSentinels) -> Limiter {
     let redis = RedisConfig::sentinel(set.sentinel_urls(), set.master_name()).with_key_prefix("s");

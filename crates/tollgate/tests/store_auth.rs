@@ -2,22 +2,15 @@
 //! operator sees a wrong password as one and not as "other" among transient failures.
 #![cfg(feature = "redis")]
 
+mod common;
+
+use common::*;
 use std::time::Duration;
 use tollgate::{
     Algorithm, Backend, ClientKey, FailurePolicy, Limit, Limiter, LimiterConfig, Outcome,
     PolicySpec, Quota, RedisConfig,
 };
 use tollgate_testkit::RedisServer;
-
-fn store_errors(l: &Limiter, kind: &str) -> u64 {
-    let mut s = String::new();
-    l.render_metrics(&mut s);
-    let prefix = format!("tollgate_store_errors_total{{kind=\"{kind}\"}} ");
-    s.lines()
-        .find_map(|x| x.strip_prefix(&prefix))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix} in\n{s}"))
-}
 
 async fn failed_checks(url: String) -> Limiter {
     let mut cfg = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(url)));
@@ -47,8 +40,7 @@ async fn a_wrong_password_or_none_counts_as_an_auth_error() {
     // No password where one is required (NOAUTH, or Redis 7's "unauthenticated bulk length"
     // for the script sent first).
     let l = failed_checks(format!("redis://127.0.0.1:{port}")).await;
-    let mut m = String::new();
-    l.render_metrics(&mut m);
+    let m = metrics_text(&l);
     assert!(store_errors(&l, "auth") >= 2, "{m}");
     assert_eq!(store_errors(&l, "other"), 0);
     // The right one works.

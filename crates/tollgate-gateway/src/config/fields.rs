@@ -5,6 +5,7 @@
 use super::error::Reporter;
 use super::raw::S;
 use crate::config::duration::{parse_duration, DURATION_HELP};
+use std::ops::Range;
 use std::time::Duration;
 use tollgate::FailurePolicy;
 use tollgate_tower::IdentitySource;
@@ -28,6 +29,11 @@ pub(super) fn field<T, U>(
             }
         },
     }
+}
+
+/// Where the optional field `v` was written, or `fallback` (its table's) when it was not.
+pub(super) fn span_or<T>(v: &S<T>, fallback: &Range<usize>) -> Range<usize> {
+    v.as_ref().map_or(fallback.clone(), |s| s.span())
 }
 
 pub(super) fn positive(v: &i64, what: &str) -> Result<u64, String> {

@@ -2,7 +2,7 @@
 //! algorithm's own bounds, each error reported at the key that caused it), and its overrides.
 
 use super::error::Reporter;
-use super::fields::{duration, failure_policy, field, one_of, positive, sources};
+use super::fields::{duration, failure_policy, field, one_of, positive, sources, span_or};
 use super::raw::RawPolicy;
 use super::{PolicyConfig, StoreConfig};
 use crate::config::duration::DURATION_HELP;
@@ -211,11 +211,7 @@ pub(super) fn policy(
         Some(b) => match quota.with_burst(b) {
             Ok(q) => q,
             Err(e) => {
-                r.at(
-                    raw.burst.as_ref().map_or(span.clone(), |s| s.span()),
-                    k("burst"),
-                    e.to_string(),
-                );
+                r.at(span_or(&raw.burst, &span), k("burst"), e.to_string());
                 return None;
             }
         },
@@ -223,25 +219,21 @@ pub(super) fn policy(
     let limit = match Limit::new(algorithm, quota) {
         Ok(l) => l,
         Err(m) => {
-            r.at(
-                raw.limit.as_ref().map_or(span.clone(), |s| s.span()),
-                k("limit"),
-                m.to_string(),
-            );
+            r.at(span_or(&raw.limit, &span), k("limit"), m.to_string());
             return None;
         }
     };
     let capacity = algorithm.max_cost(&quota);
     if cost > capacity {
         r.at(
-            raw.cost.as_ref().map_or(span.clone(), |s| s.span()),
+            span_or(&raw.cost, &span),
             k("cost"),
             format!("{cost} can never be admitted; cost must be at most {capacity} (the burst of bucket algorithms, the limit of window algorithms)"),
         );
     }
     if lease && !algorithm.is_leasable() {
         r.at(
-            raw.sync.as_ref().map_or(span.clone(), |s| s.span()),
+            span_or(&raw.sync, &span),
             k("sync"),
             format!("\"lease\" is not supported by {algorithm} (its unused units cannot be given back exactly); use token_bucket, leaky_bucket, gcra or fixed_window, or sync = \"exact\""),
         );

@@ -75,16 +75,12 @@ pub(super) fn store(
             }
         }
         Kind::Cluster => {
-            if let Some(u) = &raw.url {
-                r.at(
-                    u.span(),
-                    "store.url",
-                    "backend \"redis-cluster\" takes urls = [\"redis://...\", ...]",
-                );
-            } else if raw.urls.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
-                let span = raw.backend.as_ref().map_or(0..0, |b| b.span());
-                r.at(span, "store.urls", "backend \"redis-cluster\" needs urls = [\"redis://HOST:PORT\", ...] with at least one node");
-            }
+            several_urls(
+                r,
+                &raw,
+                "backend \"redis-cluster\" takes urls = [\"redis://...\", ...]",
+                "backend \"redis-cluster\" needs urls = [\"redis://HOST:PORT\", ...] with at least one node",
+            );
             StoreBackend::RedisCluster { urls }
         }
         Kind::Sentinel => sentinel(r, &raw, urls),
@@ -163,21 +159,25 @@ pub(super) fn store(
     }
 }
 
+/// A backend of several nodes refuses `url` (`takes` says what it wants instead) and needs
+/// `urls` with at least one node (`needs` says so, at the `backend` key).
+fn several_urls(r: &mut Reporter<'_>, raw: &RawStore, takes: &str, needs: &str) {
+    if let Some(u) = &raw.url {
+        r.at(u.span(), "store.url", takes);
+    } else if raw.urls.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
+        let backend_span = raw.backend.as_ref().map_or(0..0, |b| b.span());
+        r.at(backend_span, "store.urls", needs);
+    }
+}
+
 fn sentinel(r: &mut Reporter<'_>, raw: &RawStore, urls: Vec<String>) -> StoreBackend {
     let backend_span = raw.backend.as_ref().map_or(0..0, |b| b.span());
-    if let Some(u) = &raw.url {
-        r.at(
-            u.span(),
-            "store.url",
-            "backend \"redis-sentinel\" takes urls = [\"redis://SENTINEL:26379\", ...] (the sentinels)",
-        );
-    } else if raw.urls.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
-        r.at(
-            backend_span.clone(),
-            "store.urls",
-            "backend \"redis-sentinel\" needs urls = [\"redis://HOST:26379\", ...] with at least one sentinel",
-        );
-    }
+    several_urls(
+        r,
+        raw,
+        "backend \"redis-sentinel\" takes urls = [\"redis://SENTINEL:26379\", ...] (the sentinels)",
+        "backend \"redis-sentinel\" needs urls = [\"redis://HOST:26379\", ...] with at least one sentinel",
+    );
     let master_name = match &raw.master_name {
         Some(m) if !m.get_ref().is_empty() && !m.get_ref().chars().any(char::is_whitespace) => {
             m.get_ref().clone()

@@ -99,6 +99,15 @@ impl Gateway {
         panic!("tollgate serve could not bind free ports: {last_log}");
     }
 
+    /// Starts `tollgate serve` in proxy mode in front of `up` (`server_extra`: more keys of
+    /// `[server]`).
+    pub fn proxy(up: &Upstream, server_extra: &str, body: &str) -> Gateway {
+        Gateway::start(
+            &format!("upstream = \"{}\"\n{server_extra}", up.url()),
+            body,
+        )
+    }
+
     fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
@@ -361,6 +370,20 @@ pub async fn exchange(port: u16, bytes: &[u8], wait: Duration) -> String {
     let _ = tokio::time::timeout(wait, rd.read_to_end(&mut got)).await;
     writer.abort();
     String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Sends `request` over a blocking loopback connection and returns the answer's status line
+/// ("" when the connection or the answer fails; reads wait at most 5 s).
+pub fn blocking_status_line(port: u16, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(request);
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    status_line(&buf).to_string()
 }
 
 /// The first line of `text`.

@@ -88,22 +88,20 @@ pub fn rule(name: &str, algorithm: Algorithm, limit: u64, period: Duration) -> R
 }
 
 pub async fn connect(url: &str, clock: StoreClock) -> RedisStore {
-    let config = RedisConfig::standalone(url)
-        .with_clock(clock)
-        .with_key_prefix("test");
-    match RedisStore::connect(config).await {
-        Ok(s) => s,
-        Err(e) => panic!("cannot connect to {url}: {e}"),
-    }
+    connect_to(RedisConfig::standalone(url), clock, url).await
 }
 
 pub async fn connect_cluster(seeds: Vec<String>, clock: StoreClock) -> RedisStore {
-    let config = RedisConfig::cluster(seeds)
-        .with_clock(clock)
-        .with_key_prefix("test");
+    connect_to(RedisConfig::cluster(seeds), clock, "the cluster").await
+}
+
+/// Connects with `config`, its clock set and its keys under the `test` prefix; `what` names
+/// the server in the panic message.
+async fn connect_to(config: RedisConfig, clock: StoreClock, what: &str) -> RedisStore {
+    let config = config.with_clock(clock).with_key_prefix("test");
     match RedisStore::connect(config).await {
         Ok(s) => s,
-        Err(e) => panic!("cannot connect to the cluster: {e}"),
+        Err(e) => panic!("cannot connect to {what}: {e}"),
     }
 }
 
