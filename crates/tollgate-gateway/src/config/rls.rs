@@ -36,6 +36,19 @@ pub(super) fn rls(r: &mut Reporter<'_>, raw: RawRls, server: &ServerConfig) -> O
         return None;
     };
     let path = resolve(r.file, config.get_ref());
+    // A path that names nothing is this file's error (at `rls.config`); what is wrong inside
+    // the YAML is the YAML's (its own file, line and key).
+    if !path.exists() {
+        r.at(
+            config.span(),
+            "rls.config",
+            format!(
+                "{:?} does not exist; expected an envoyproxy/ratelimit YAML file or a directory of them (a relative path is relative to this file)",
+                path.display().to_string()
+            ),
+        );
+        return None;
+    }
     match tollgate_rls::config::load_dir_or_file(&path) {
         Ok(config) => Some(RlsSettings {
             listen,
