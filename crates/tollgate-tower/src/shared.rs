@@ -3,6 +3,7 @@
 //! plan (`plan`).
 
 use crate::identity::{IdentityConfig, IdentitySource};
+use crate::jwt::{Claims, InvalidToken};
 use crate::path::{normalize_path, normalize_strict};
 use crate::route::RoutedPolicy;
 use crate::target::{original_request, single, BadRequest, ForwardAuth, Target};
@@ -44,6 +45,7 @@ impl Shared {
         path: &str,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
+        claims: Option<&Claims>,
     ) -> Option<Plan> {
         let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
         let mut plan = Plan::new();
@@ -52,9 +54,9 @@ impl Shared {
             let key = match keys.iter().find(|k| k.0 == sources) {
                 Some(k) => k.1,
                 None => {
-                    let key = self
-                        .identity
-                        .client_key(&self.hasher, sources, peer, headers);
+                    let key =
+                        self.identity
+                            .client_key_with(&self.hasher, sources, peer, headers, claims);
                     keys.push((sources, key));
                     key
                 }
@@ -62,6 +64,15 @@ impl Shared {
             plan.push(key, routed.policy().clone());
         }
         (!plan.is_empty()).then_some(plan)
+    }
+
+    /// The claims of the request's bearer token when `[identity.jwt]` is configured and a
+    /// token is present; a present token that does not verify is refused (401, no store call).
+    pub(crate) fn claims(&self, headers: &HeaderMap) -> Result<Option<Claims>, InvalidToken> {
+        match &self.identity.jwt {
+            None => Ok(None),
+            Some(v) => v.verify(headers).transpose(),
+        }
     }
 
     /// Decides a plan: every matched policy, under every identity, in one limiter call
@@ -114,6 +125,9 @@ impl Shared {
 pub(crate) fn identity_headers(s: &Shared) -> Vec<HeaderName> {
     let policy_sources = s.policies.iter().filter_map(|p| p.identity_sources());
     let mut names: Vec<HeaderName> = Vec::new();
+    if let Some(jwt) = &s.identity.jwt {
+        names.push(jwt.header_name().clone());
+    }
     for source in std::iter::once(s.identity.sources.as_slice())
         .chain(policy_sources)
         .flatten()

@@ -7,6 +7,7 @@
 mod duration;
 mod error;
 mod fields;
+mod jwt;
 mod policy;
 mod raw;
 mod rls;

@@ -79,6 +79,17 @@ pub(crate) struct RawIdentity {
     pub client_ip_header: S<String>,
     pub ipv6_prefix: S<i64>,
     pub secret: S<String>,
+    pub jwt: S<RawJwt>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawJwt {
+    pub header: S<String>,
+    pub jwks_file: S<String>,
+    pub hs256_secret: S<String>,
+    pub issuer: S<String>,
+    pub audience: S<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
