@@ -40,7 +40,7 @@ pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
 pub use jwt::{InvalidToken, JwtVerifier};
 pub use layer::{RateLimitLayer, Refused};
 pub use path::{normalize_path, normalize_strict, AmbiguousPath};
-pub use route::RoutedPolicy;
+pub use route::{RoutedPolicy, TierSource};
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
 pub use shared::{PeerAddr, PeerFn};
 pub use target::{BadRequest, ForwardAuth};

@@ -5,7 +5,7 @@
 use crate::identity::{IdentityConfig, IdentitySource};
 use crate::jwt::{Claims, InvalidToken};
 use crate::path::{normalize_path, normalize_strict};
-use crate::route::RoutedPolicy;
+use crate::route::{RoutedPolicy, TierInput};
 use crate::target::{original_request, single, BadRequest, ForwardAuth, Target};
 use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
 use std::net::{IpAddr, SocketAddr};
@@ -49,6 +49,11 @@ impl Shared {
     ) -> Option<Plan> {
         let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
         let mut plan = Plan::new();
+        let tier = TierInput {
+            headers,
+            claims,
+            trusted: self.trusted(peer),
+        };
         for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
             let sources = routed.identity_sources();
             let key = match keys.iter().find(|k| k.0 == sources) {
@@ -61,7 +66,7 @@ impl Shared {
                     key
                 }
             };
-            plan.push(key, routed.policy().clone());
+            plan.push(key, routed.policy_for(&tier).clone());
         }
         (!plan.is_empty()).then_some(plan)
     }
@@ -92,12 +97,7 @@ impl Shared {
         for name in &self.identity_headers {
             single(headers, name)?;
         }
-        let trusted = peer.is_some_and(|ip| {
-            crate::forwarded::is_trusted(
-                crate::forwarded::canonical(ip),
-                &self.identity.trusted_proxies,
-            )
-        });
+        let trusted = self.trusted(peer);
         if let (Some(fa), true) = (&self.forward_auth, trusted) {
             if let Some((method, path)) = original_request(fa, headers)? {
                 return Ok(Target {
@@ -109,6 +109,16 @@ impl Shared {
         Ok(Target {
             method: method.clone(),
             path: self.normalize(uri.path())?,
+        })
+    }
+
+    /// Whether `peer` is a trusted proxy.
+    pub(crate) fn trusted(&self, peer: Option<IpAddr>) -> bool {
+        peer.is_some_and(|ip| {
+            crate::forwarded::is_trusted(
+                crate::forwarded::canonical(ip),
+                &self.identity.trusted_proxies,
+            )
         })
     }
 

@@ -204,6 +204,26 @@ pub struct PolicyConfig {
     pub shadow: bool,
     /// Exact or lease.
     pub sync: SyncMode,
+    /// `tier`: where a client's tier name comes from.
+    pub tier: Option<tollgate_tower::TierSource>,
+    /// `tiers.<name>`: each its own rule, named `<policy>.<tier>`.
+    pub tiers: Vec<TierConfig>,
+}
+
+/// One `tiers.<name>` of a policy.
+#[derive(Debug, Clone)]
+pub struct TierConfig {
+    /// The tier name a client's JWT claim or header must equal.
+    pub name: String,
+    /// The policy's algorithm with the tier's quota.
+    pub limit: Limit,
+}
+
+impl PolicyConfig {
+    /// The rule (store key, metric label, header) name of tier `tier`: `<policy>.<tier>`.
+    pub fn tier_rule_name(&self, tier: &str) -> String {
+        format!("{}.{tier}", self.name)
+    }
 }
 
 /// The secret used when none is configured. Fine for one process with the memory store;

@@ -110,6 +110,16 @@ pub(crate) struct RawPolicy {
     pub sync: S<String>,
     pub lease_ttl: S<String>,
     pub lease_max: S<i64>,
+    pub tier: S<String>,
+    pub tiers: S<std::collections::BTreeMap<String, Spanned<RawTier>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTier {
+    pub limit: S<i64>,
+    pub period: S<String>,
+    pub burst: S<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -44,7 +44,8 @@ pub(crate) fn validate(
     for (i, p) in raw.policy.into_iter().enumerate() {
         let span = p.span();
         if let Some(p) = policy(&mut r, i, span.clone(), p.into_inner(), &store) {
-            let jwt_source = p.identity.iter().flatten().any(is_jwt);
+            let jwt_source = p.identity.iter().flatten().any(is_jwt)
+                || matches!(p.tier, Some(tollgate_tower::TierSource::Jwt(_)));
             if jwt_source
                 && identity.jwt.is_none()
                 && !r.errors.iter().any(|e| e.key.starts_with("identity.jwt"))
@@ -52,7 +53,7 @@ pub(crate) fn validate(
                 r.at(
                     span.clone(),
                     format!("policy[{i}].identity"),
-                    "a jwt:<claim> source needs [identity.jwt] (hs256_secret or jwks_file) to verify the token",
+                    "a jwt:<claim> identity or tier needs [identity.jwt] (hs256_secret or jwks_file) to verify the token",
                 );
             }
             if !names.insert(p.name.clone()) {
