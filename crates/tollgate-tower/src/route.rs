@@ -10,7 +10,7 @@
 use crate::identity::IdentitySource;
 use crate::jwt::{claim_value, Claims};
 use http::{HeaderMap, HeaderName, Method};
-use tollgate::Policy;
+use tollgate::{ClientKey, Policy};
 
 /// Where a client's tier name comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +60,7 @@ pub struct RoutedPolicy {
     case_insensitive: bool,
     tier: Option<TierSource>,
     tiers: Vec<(String, Policy)>,
+    overrides: std::collections::HashMap<ClientKey, Policy>,
 }
 
 impl RoutedPolicy {
@@ -73,7 +74,15 @@ impl RoutedPolicy {
             case_insensitive: false,
             tier: None,
             tiers: Vec::new(),
+            overrides: std::collections::HashMap::new(),
         }
+    }
+
+    /// Per-client overrides: a client whose key (under this policy's identity sources) is
+    /// listed is limited by its own policy, before any tier.
+    pub fn overrides(mut self, overrides: impl IntoIterator<Item = (ClientKey, Policy)>) -> Self {
+        self.overrides = overrides.into_iter().collect();
+        self
     }
 
     /// Tiers: a client whose `source` names one of `tiers` is limited by that tier's policy
@@ -109,8 +118,12 @@ impl RoutedPolicy {
         self.tiers.iter().find(|(name, _)| *name == value)
     }
 
-    /// The policy that limits a request: its tier's, or this policy's own.
-    pub(crate) fn policy_for(&self, input: &TierInput<'_>) -> &Policy {
+    /// The policy that limits `client`'s request: its override, its tier's, or this
+    /// policy's own.
+    pub(crate) fn policy_for(&self, client: &ClientKey, input: &TierInput<'_>) -> &Policy {
+        if let Some(p) = self.overrides.get(client) {
+            return p;
+        }
         self.tier_of(input).map_or(&self.policy, |t| &t.1)
     }
 

@@ -66,7 +66,7 @@ impl Shared {
                     key
                 }
             };
-            plan.push(key, routed.policy_for(&tier).clone());
+            plan.push(key, routed.policy_for(&key, &tier).clone());
         }
         (!plan.is_empty()).then_some(plan)
     }

@@ -16,6 +16,31 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub policy: Vec<Spanned<RawPolicy>>,
     pub rls: S<RawRls>,
+    pub overrides: S<RawOverridesRef>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOverridesRef {
+    pub file: S<String>,
+}
+
+/// The overrides file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOverridesFile {
+    #[serde(rename = "override", default)]
+    pub overrides: Vec<Spanned<RawOverride>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOverride {
+    pub policy: S<String>,
+    pub identity: S<String>,
+    pub limit: S<i64>,
+    pub period: S<String>,
+    pub burst: S<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

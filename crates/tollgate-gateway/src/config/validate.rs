@@ -66,6 +66,10 @@ pub(crate) fn validate(
             policies.push(p);
         }
     }
+    let (overrides_path, overrides) = match &raw.overrides {
+        None => (None, Vec::new()),
+        Some(o) => super::overrides::overrides(&mut r, o, &policies, &identity, &secret),
+    };
     let rls = raw
         .rls
         .and_then(|rls| super::rls::rls(&mut r, rls.into_inner(), &server));
@@ -92,6 +96,8 @@ pub(crate) fn validate(
             policies,
             warnings,
             rls,
+            overrides_path,
+            overrides,
         })
     } else {
         Err(ConfigErrors(r.errors))
