@@ -132,6 +132,44 @@ pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLaye
         if let Some(sources) = &p.identity {
             routed = routed.identity(sources.clone());
         }
+        if let Some(source) = &p.tier {
+            let mut tiers = Vec::new();
+            for t in &p.tiers {
+                let name = p.tier_rule_name(&t.name);
+                let policy = limiter
+                    .policy(PolicySpec {
+                        name: name.clone(),
+                        limit: t.limit,
+                        cost: p.cost,
+                        on_failure: p.on_failure,
+                        local_divisor: p.local_divisor,
+                        shadow: p.shadow,
+                        sync: p.sync,
+                    })
+                    .with_context(|| format!("{}: policy {name:?}", config.origin))?;
+                tiers.push((t.name.clone(), policy));
+            }
+            routed = routed.tiers(source.clone(), tiers);
+        }
+        let mut overrides = Vec::new();
+        for o in config.overrides.iter().filter(|o| o.policy == p.name) {
+            let name = o.rule_name();
+            let policy = limiter
+                .policy(PolicySpec {
+                    name: name.clone(),
+                    limit: o.limit,
+                    cost: p.cost,
+                    on_failure: p.on_failure,
+                    local_divisor: p.local_divisor,
+                    shadow: p.shadow,
+                    sync: p.sync,
+                })
+                .with_context(|| format!("{}: policy {name:?}", config.origin))?;
+            overrides.push((o.client, policy));
+        }
+        if !overrides.is_empty() {
+            routed = routed.overrides(overrides);
+        }
         layer = layer.policy(routed);
     }
     Ok(layer)

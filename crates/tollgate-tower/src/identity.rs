@@ -7,6 +7,7 @@
 //! aggregated to a prefix, because one host usually owns a whole /64.
 
 use crate::forwarded::{client_ip, ForwardHeader};
+use crate::jwt::{claim_value, Claims, JwtVerifier};
 use http::{HeaderMap, HeaderName};
 use ipnet::{IpNet, Ipv6Net};
 use std::fmt;
@@ -21,6 +22,8 @@ pub enum IdentitySource {
     Header(HeaderName),
     /// The client address: the socket peer, or what a trusted proxy forwarded.
     Ip,
+    /// A claim of a verified JWT, e.g. `jwt:sub` (needs [`IdentityConfig::jwt`]).
+    Jwt(String),
 }
 
 impl IdentitySource {
@@ -35,6 +38,7 @@ impl fmt::Display for IdentitySource {
         match self {
             IdentitySource::Header(h) => write!(f, "header:{}", h.as_str()),
             IdentitySource::Ip => f.write_str("ip"),
+            IdentitySource::Jwt(claim) => write!(f, "jwt:{claim}"),
         }
     }
 }
@@ -47,7 +51,7 @@ impl fmt::Display for BadIdentitySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "unknown identity source {:?}; expected \"ip\" or \"header:NAME\" with a valid header name",
+            "unknown identity source {:?}; expected \"ip\", \"header:NAME\" with a valid header name or \"jwt:CLAIM\"",
             self.0
         )
     }
@@ -60,6 +64,18 @@ impl FromStr for IdentitySource {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s == "ip" {
             return Ok(IdentitySource::Ip);
+        }
+        if let Some(claim) = s.strip_prefix("jwt:") {
+            let ok = !claim.is_empty()
+                && claim.len() <= 128
+                && claim
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.:/".contains(&b));
+            return if ok {
+                Ok(IdentitySource::Jwt(claim.to_string()))
+            } else {
+                Err(BadIdentitySource(s.to_string()))
+            };
         }
         let name = s
             .strip_prefix("header:")
@@ -81,6 +97,9 @@ pub struct IdentityConfig {
     pub client_ip_header: ForwardHeader,
     /// IPv6 client addresses are aggregated to this prefix length (0..=128). Default 64.
     pub ipv6_prefix: u8,
+    /// Verifies the bearer token that `jwt:<claim>` sources read; without it they are
+    /// never present.
+    pub jwt: Option<JwtVerifier>,
 }
 
 impl Default for IdentityConfig {
@@ -90,6 +109,7 @@ impl Default for IdentityConfig {
             trusted_proxies: Vec::new(),
             client_ip_header: ForwardHeader::XForwardedFor,
             ipv6_prefix: 64,
+            jwt: None,
         }
     }
 }
@@ -118,6 +138,19 @@ impl IdentityConfig {
         peer: Option<IpAddr>,
         headers: &HeaderMap,
     ) -> ClientKey {
+        self.client_key_with(hasher, sources, peer, headers, None)
+    }
+
+    /// [`IdentityConfig::client_key`] with the claims of the request's verified token
+    /// (see [`JwtVerifier::verify`]), which `jwt:<claim>` sources read.
+    pub fn client_key_with(
+        &self,
+        hasher: &IdentityHasher,
+        sources: Option<&[IdentitySource]>,
+        peer: Option<IpAddr>,
+        headers: &HeaderMap,
+        claims: Option<&Claims>,
+    ) -> ClientKey {
         let sources = sources.unwrap_or(&self.sources);
         for source in sources {
             match source {
@@ -131,6 +164,11 @@ impl IdentityConfig {
                 IdentitySource::Ip => {
                     if let Some(addr) = self.client_addr(peer, headers) {
                         return hasher.client_key("ip", addr.as_bytes());
+                    }
+                }
+                IdentitySource::Jwt(claim) => {
+                    if let Some(v) = claims.and_then(|c| claim_value(c, claim)) {
+                        return hasher.client_key(&source.name(), v.as_bytes());
                     }
                 }
             }
@@ -160,6 +198,12 @@ mod tests {
         assert_eq!("ip".parse::<IdentitySource>(), Ok(IdentitySource::Ip));
         assert!("header:X-Api-Key".parse::<IdentitySource>().is_ok());
         assert!("cookie:x".parse::<IdentitySource>().is_err());
+        assert_eq!(
+            "jwt:sub".parse::<IdentitySource>(),
+            Ok(IdentitySource::Jwt("sub".into()))
+        );
+        assert!("jwt:".parse::<IdentitySource>().is_err());
+        assert!("jwt:a b".parse::<IdentitySource>().is_err());
         assert!("header:bad name".parse::<IdentitySource>().is_err());
     }
 

@@ -2,6 +2,7 @@
 //! shared by every service it wraps.
 
 use crate::identity::IdentityConfig;
+use crate::jwt::InvalidToken;
 use crate::route::RoutedPolicy;
 use crate::service::RateLimit;
 use crate::shared::{identity_headers, peer_from_extension, PeerFn, Shared};
@@ -106,19 +107,20 @@ impl RateLimitLayer {
     }
 
     /// Decides `req` without forwarding it: `Ok(None)` when no policy matches, an error
-    /// when the request is one to refuse with 400.
-    pub async fn check_request<B>(
-        &self,
-        req: &Request<B>,
-    ) -> Result<Option<LimitResult>, BadRequest> {
+    /// when the request is one to refuse (400, or 401 for an invalid token).
+    pub async fn check_request<B>(&self, req: &Request<B>) -> Result<Option<LimitResult>, Refused> {
         let peer = (self.shared.peer)(req.extensions());
         let target = self
             .shared
             .resolve(req.method(), req.uri(), req.headers(), peer)?;
-        let Some(plan) = self
-            .shared
-            .plan(&target.method, &target.path, req.headers(), peer)
-        else {
+        let claims = self.shared.claims(req.headers())?;
+        let Some(plan) = self.shared.plan(
+            &target.method,
+            &target.path,
+            req.headers(),
+            peer,
+            claims.as_ref(),
+        ) else {
             return Ok(None);
         };
         Ok(Some(self.shared.check(&plan).await))
@@ -129,5 +131,37 @@ impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimit<S>;
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, self.shared.clone())
+    }
+}
+
+/// Why [`RateLimitLayer::check_request`] refuses a request before deciding it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// 400: the request could be read two ways.
+    BadRequest(BadRequest),
+    /// 401: a bearer token is present and does not verify.
+    InvalidToken(InvalidToken),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::BadRequest(e) => f.write_str(&e.0),
+            Refused::InvalidToken(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Refused {}
+
+impl From<BadRequest> for Refused {
+    fn from(e: BadRequest) -> Self {
+        Refused::BadRequest(e)
+    }
+}
+
+impl From<InvalidToken> for Refused {
+    fn from(e: InvalidToken) -> Self {
+        Refused::InvalidToken(e)
     }
 }

@@ -26,6 +26,7 @@
 
 pub mod forwarded;
 pub mod identity;
+pub mod jwt;
 mod layer;
 pub mod path;
 pub mod response;
@@ -36,9 +37,10 @@ mod target;
 
 pub use forwarded::ForwardHeader;
 pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
-pub use layer::RateLimitLayer;
+pub use jwt::{InvalidToken, JwtVerifier};
+pub use layer::{RateLimitLayer, Refused};
 pub use path::{normalize_path, normalize_strict, AmbiguousPath};
-pub use route::RoutedPolicy;
+pub use route::{RoutedPolicy, TierSource};
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
 pub use shared::{PeerAddr, PeerFn};
 pub use target::{BadRequest, ForwardAuth};

@@ -23,6 +23,8 @@ pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub const QUOTA_EXCEEDED: &str = "https://tollgate.dev/problems#quota-exceeded";
 /// The problem type of a 400 for a request the layer refuses to read.
 pub const BAD_REQUEST: &str = "https://tollgate.dev/problems#bad-request";
+/// The problem type of a 401 for a bearer token that does not verify.
+pub const INVALID_TOKEN: &str = "https://tollgate.dev/problems#invalid-token";
 /// The problem type of a 503 from a store failing closed.
 pub const STORE_UNAVAILABLE: &str = "https://tollgate.dev/problems#store-unavailable";
 
@@ -96,6 +98,20 @@ pub fn bad_request(why: &crate::BadRequest) -> Response<Full<Bytes>> {
         json_string(&why.0)
     );
     problem(StatusCode::BAD_REQUEST, body)
+}
+
+/// The 401 for a present bearer token that does not verify (nothing was charged).
+pub fn unauthorized(why: &crate::InvalidToken) -> Response<Full<Bytes>> {
+    let body = format!(
+        "{{\"type\":\"{INVALID_TOKEN}\",\"title\":\"Unauthorized\",\"status\":401,\"detail\":{}}}",
+        json_string(&why.to_string())
+    );
+    let mut resp = problem(StatusCode::UNAUTHORIZED, body);
+    resp.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer error=\"invalid_token\""),
+    );
+    resp
 }
 
 fn problem(status: StatusCode, body: String) -> Response<Full<Bytes>> {

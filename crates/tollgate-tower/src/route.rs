@@ -8,8 +8,47 @@
 //! [`RoutedPolicy::case_insensitive`], or `/API` would be a way around it.
 
 use crate::identity::IdentitySource;
-use http::Method;
-use tollgate::Policy;
+use crate::jwt::{claim_value, Claims};
+use http::{HeaderMap, HeaderName, Method};
+use tollgate::{ClientKey, Policy};
+
+/// Where a client's tier name comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TierSource {
+    /// A claim of the request's verified JWT, e.g. `jwt:plan`.
+    Jwt(String),
+    /// A request header, believed only from a trusted proxy, e.g. `header:x-plan`.
+    Header(HeaderName),
+}
+
+impl std::fmt::Display for TierSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TierSource::Jwt(c) => write!(f, "jwt:{c}"),
+            TierSource::Header(h) => write!(f, "header:{}", h.as_str()),
+        }
+    }
+}
+
+impl std::str::FromStr for TierSource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not allowed; expected \"jwt:CLAIM\" or \"header:NAME\"");
+        match s.parse::<IdentitySource>().map_err(|_| bad())? {
+            IdentitySource::Jwt(c) => Ok(TierSource::Jwt(c)),
+            IdentitySource::Header(h) => Ok(TierSource::Header(h)),
+            IdentitySource::Ip => Err(bad()),
+        }
+    }
+}
+
+/// What a request carries that can name its tier.
+pub(crate) struct TierInput<'a> {
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) claims: Option<&'a Claims>,
+    /// Whether the peer is a trusted proxy (a header tier is read only then).
+    pub(crate) trusted: bool,
+}
 
 /// A policy with the requests it applies to.
 #[derive(Debug, Clone)]
@@ -19,6 +58,9 @@ pub struct RoutedPolicy {
     methods: Vec<Method>,
     identity: Option<Vec<IdentitySource>>,
     case_insensitive: bool,
+    tier: Option<TierSource>,
+    tiers: Vec<(String, Policy)>,
+    overrides: std::collections::HashMap<ClientKey, Policy>,
 }
 
 impl RoutedPolicy {
@@ -30,7 +72,59 @@ impl RoutedPolicy {
             methods: Vec::new(),
             identity: None,
             case_insensitive: false,
+            tier: None,
+            tiers: Vec::new(),
+            overrides: std::collections::HashMap::new(),
         }
+    }
+
+    /// Per-client overrides: a client whose key (under this policy's identity sources) is
+    /// listed is limited by its own policy, before any tier.
+    pub fn overrides(mut self, overrides: impl IntoIterator<Item = (ClientKey, Policy)>) -> Self {
+        self.overrides = overrides.into_iter().collect();
+        self
+    }
+
+    /// Tiers: a client whose `source` names one of `tiers` is limited by that tier's policy
+    /// (its own rule, so its own state); any other client by the policy itself.
+    pub fn tiers(mut self, source: TierSource, tiers: Vec<(String, Policy)>) -> Self {
+        self.tier = Some(source);
+        self.tiers = tiers;
+        self
+    }
+
+    /// The tier source, if any.
+    pub fn tier_source(&self) -> Option<&TierSource> {
+        self.tier.as_ref()
+    }
+
+    /// The name of the tier a request is in (`None`: no tier, or one not configured).
+    pub(crate) fn tier_of(&self, input: &TierInput<'_>) -> Option<&(String, Policy)> {
+        let source = self.tier.as_ref()?;
+        let value = match source {
+            TierSource::Jwt(claim) => claim_value(input.claims?, claim)?,
+            TierSource::Header(name) => {
+                if !input.trusted {
+                    return None;
+                }
+                let mut all = input.headers.get_all(name).iter();
+                let first = all.next()?;
+                if all.next().is_some() {
+                    return None;
+                }
+                first.to_str().ok()?.trim().to_string()
+            }
+        };
+        self.tiers.iter().find(|(name, _)| *name == value)
+    }
+
+    /// The policy that limits `client`'s request: its override, its tier's, or this
+    /// policy's own.
+    pub(crate) fn policy_for(&self, client: &ClientKey, input: &TierInput<'_>) -> &Policy {
+        if let Some(p) = self.overrides.get(client) {
+            return p;
+        }
+        self.tier_of(input).map_or(&self.policy, |t| &t.1)
     }
 
     /// Only paths under `prefix`.

@@ -1,7 +1,7 @@
 //! The service: decide first, then either answer (429 / 503) or call the inner service and
 //! add the `RateLimit` headers to its response.
 
-use crate::response::{add_headers, bad_request, too_many_requests, unavailable};
+use crate::response::{add_headers, bad_request, too_many_requests, unauthorized, unavailable};
 use crate::shared::Shared;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -84,9 +84,17 @@ where
             Ok(t) => t,
             Err(e) => return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) }),
         };
-        let plan = self
-            .shared
-            .plan(&target.method, &target.path, req.headers(), peer);
+        let claims = match self.shared.claims(req.headers()) {
+            Ok(c) => c,
+            Err(e) => return Box::pin(async move { Ok(unauthorized(&e).map(Either::Right)) }),
+        };
+        let plan = self.shared.plan(
+            &target.method,
+            &target.path,
+            req.headers(),
+            peer,
+            claims.as_ref(),
+        );
         let shared = self.shared.clone();
         Box::pin(async move {
             let Some(plan) = plan else {

@@ -3,8 +3,9 @@
 //! plan (`plan`).
 
 use crate::identity::{IdentityConfig, IdentitySource};
+use crate::jwt::{Claims, InvalidToken};
 use crate::path::{normalize_path, normalize_strict};
-use crate::route::RoutedPolicy;
+use crate::route::{RoutedPolicy, TierInput};
 use crate::target::{original_request, single, BadRequest, ForwardAuth, Target};
 use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
 use std::net::{IpAddr, SocketAddr};
@@ -44,24 +45,39 @@ impl Shared {
         path: &str,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
+        claims: Option<&Claims>,
     ) -> Option<Plan> {
         let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
         let mut plan = Plan::new();
+        let tier = TierInput {
+            headers,
+            claims,
+            trusted: self.trusted(peer),
+        };
         for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
             let sources = routed.identity_sources();
             let key = match keys.iter().find(|k| k.0 == sources) {
                 Some(k) => k.1,
                 None => {
-                    let key = self
-                        .identity
-                        .client_key(&self.hasher, sources, peer, headers);
+                    let key =
+                        self.identity
+                            .client_key_with(&self.hasher, sources, peer, headers, claims);
                     keys.push((sources, key));
                     key
                 }
             };
-            plan.push(key, routed.policy().clone());
+            plan.push(key, routed.policy_for(&key, &tier).clone());
         }
         (!plan.is_empty()).then_some(plan)
+    }
+
+    /// The claims of the request's bearer token when `[identity.jwt]` is configured and a
+    /// token is present; a present token that does not verify is refused (401, no store call).
+    pub(crate) fn claims(&self, headers: &HeaderMap) -> Result<Option<Claims>, InvalidToken> {
+        match &self.identity.jwt {
+            None => Ok(None),
+            Some(v) => v.verify(headers).transpose(),
+        }
     }
 
     /// Decides a plan: every matched policy, under every identity, in one limiter call
@@ -81,12 +97,7 @@ impl Shared {
         for name in &self.identity_headers {
             single(headers, name)?;
         }
-        let trusted = peer.is_some_and(|ip| {
-            crate::forwarded::is_trusted(
-                crate::forwarded::canonical(ip),
-                &self.identity.trusted_proxies,
-            )
-        });
+        let trusted = self.trusted(peer);
         if let (Some(fa), true) = (&self.forward_auth, trusted) {
             if let Some((method, path)) = original_request(fa, headers)? {
                 return Ok(Target {
@@ -98,6 +109,16 @@ impl Shared {
         Ok(Target {
             method: method.clone(),
             path: self.normalize(uri.path())?,
+        })
+    }
+
+    /// Whether `peer` is a trusted proxy.
+    pub(crate) fn trusted(&self, peer: Option<IpAddr>) -> bool {
+        peer.is_some_and(|ip| {
+            crate::forwarded::is_trusted(
+                crate::forwarded::canonical(ip),
+                &self.identity.trusted_proxies,
+            )
         })
     }
 
@@ -114,6 +135,9 @@ impl Shared {
 pub(crate) fn identity_headers(s: &Shared) -> Vec<HeaderName> {
     let policy_sources = s.policies.iter().filter_map(|p| p.identity_sources());
     let mut names: Vec<HeaderName> = Vec::new();
+    if let Some(jwt) = &s.identity.jwt {
+        names.push(jwt.header_name().clone());
+    }
     for source in std::iter::once(s.identity.sources.as_slice())
         .chain(policy_sources)
         .flatten()

@@ -236,7 +236,7 @@ proptest! {
             prop_assert!(got.is_ok(), "{:?}: {:?}", p, got);
         }
         if let Err(e) = got {
-            prop_assert!(!e.0.is_empty());
+            prop_assert!(!e.to_string().is_empty());
         }
     }
 }

@@ -7,6 +7,8 @@
 mod duration;
 mod error;
 mod fields;
+mod jwt;
+mod overrides;
 mod policy;
 mod raw;
 mod rls;
@@ -43,6 +45,30 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// `[rls]`, when present.
     pub rls: Option<RlsSettings>,
+    /// `[overrides] file`, resolved against the TOML file's directory.
+    pub overrides_path: Option<std::path::PathBuf>,
+    /// The `[[override]]` entries of that file, identities hashed.
+    pub overrides: Vec<OverrideConfig>,
+}
+
+/// One `[[override]]`: a named client's own quota under a policy.
+#[derive(Debug, Clone)]
+pub struct OverrideConfig {
+    /// The policy it applies to.
+    pub policy: String,
+    /// The client, hashed with the identity secret (the raw identity is not kept).
+    pub client: tollgate::ClientKey,
+    /// The policy's algorithm with the override's quota.
+    pub limit: Limit,
+}
+
+impl OverrideConfig {
+    /// The rule (store key, metric label, header) name: `<policy>.override-<12 hex digits
+    /// of the hashed client>`, the same on every gateway sharing the secret.
+    pub fn rule_name(&self) -> String {
+        let hex = self.client.to_string();
+        format!("{}.override-{}", self.policy, &hex[..12.min(hex.len())])
+    }
 }
 
 /// `[rls]`: Envoy's rate limit service.
@@ -203,6 +229,26 @@ pub struct PolicyConfig {
     pub shadow: bool,
     /// Exact or lease.
     pub sync: SyncMode,
+    /// `tier`: where a client's tier name comes from.
+    pub tier: Option<tollgate_tower::TierSource>,
+    /// `tiers.<name>`: each its own rule, named `<policy>.<tier>`.
+    pub tiers: Vec<TierConfig>,
+}
+
+/// One `tiers.<name>` of a policy.
+#[derive(Debug, Clone)]
+pub struct TierConfig {
+    /// The tier name a client's JWT claim or header must equal.
+    pub name: String,
+    /// The policy's algorithm with the tier's quota.
+    pub limit: Limit,
+}
+
+impl PolicyConfig {
+    /// The rule (store key, metric label, header) name of tier `tier`: `<policy>.<tier>`.
+    pub fn tier_rule_name(&self, tier: &str) -> String {
+        format!("{}.{tier}", self.name)
+    }
 }
 
 /// The secret used when none is configured. Fine for one process with the memory store;

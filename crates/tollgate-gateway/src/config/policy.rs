@@ -4,11 +4,12 @@
 use super::error::Reporter;
 use super::fields::{duration, failure_policy, field, one_of, positive, sources, span_or};
 use super::raw::RawPolicy;
-use super::{PolicyConfig, StoreConfig};
+use super::{PolicyConfig, StoreConfig, TierConfig};
 use crate::config::duration::DURATION_HELP;
 use http::Method;
 use std::time::Duration;
 use tollgate::{Algorithm, Limit, Quota, SyncMode};
+use tollgate_tower::TierSource;
 
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
@@ -238,6 +239,7 @@ pub(super) fn policy(
             format!("\"lease\" is not supported by {algorithm} (its unused units cannot be given back exactly); use token_bucket, leaky_bucket, gcra or fixed_window, or sync = \"exact\""),
         );
     }
+    let (tier, tiers) = tiers(r, &k, &raw, algorithm, period, burst, cost);
     if r.errors.len() > before {
         return None;
     }
@@ -253,5 +255,107 @@ pub(super) fn policy(
         local_divisor,
         shadow,
         sync,
+        tier,
+        tiers,
     })
+}
+
+/// `tier` and `tiers.<name> = { limit, period, burst }`: period and burst default to the
+/// policy's (burst to the tier's limit when the policy sets none); the algorithm and cost are
+/// the policy's.
+#[allow(clippy::too_many_arguments)]
+fn tiers(
+    r: &mut Reporter<'_>,
+    k: &impl Fn(&str) -> String,
+    raw: &RawPolicy,
+    algorithm: Algorithm,
+    period: Duration,
+    burst: Option<u64>,
+    cost: u64,
+) -> (Option<TierSource>, Vec<TierConfig>) {
+    let source = field(r, &k("tier"), &raw.tier, None, |s| {
+        s.parse::<TierSource>().map(Some)
+    });
+    match (&raw.tier, &raw.tiers) {
+        (Some(t), None) => {
+            r.at(
+                t.span(),
+                k("tier"),
+                "has no tiers; add e.g. tiers.pro = { limit = 1000 }",
+            );
+            return (None, Vec::new());
+        }
+        (None, Some(t)) => {
+            r.at(
+                t.span(),
+                k("tiers"),
+                "need tier = \"jwt:CLAIM\" or \"header:NAME\" to say where a client's tier comes from",
+            );
+            return (None, Vec::new());
+        }
+        (None, None) => return (None, Vec::new()),
+        (Some(_), Some(_)) => {}
+    }
+    let mut out = Vec::new();
+    for (name, t) in raw
+        .tiers
+        .as_ref()
+        .map(|t| t.get_ref().iter())
+        .into_iter()
+        .flatten()
+    {
+        let tk = |key: &str| k(&format!("tiers.{name}.{key}"));
+        if !valid_name(name) {
+            r.at(
+                t.span(),
+                k("tiers"),
+                format!("tier name {name:?} is not allowed; expected 1 to 64 characters from [A-Za-z0-9_-]"),
+            );
+            continue;
+        }
+        let tr = t.get_ref();
+        let Some(limit_n) = tr.limit.as_ref() else {
+            r.at(
+                t.span(),
+                tk("limit"),
+                "is missing; expected a positive integer (units per period)",
+            );
+            continue;
+        };
+        let Ok(limit_n) =
+            positive(limit_n.get_ref(), "limit").map_err(|m| r.at(limit_n.span(), tk("limit"), m))
+        else {
+            continue;
+        };
+        let tperiod = field(r, &tk("period"), &tr.period, period, |s| duration(s));
+        let tburst = field(r, &tk("burst"), &tr.burst, burst, |v| {
+            positive(v, "burst").map(Some)
+        });
+        let built = Quota::new(limit_n, tperiod)
+            .map_err(|e| e.to_string())
+            .and_then(|q| match tburst {
+                None => Ok(q),
+                Some(b) => q.with_burst(b).map_err(|e| e.to_string()),
+            })
+            .and_then(|q| {
+                Limit::new(algorithm, q)
+                    .map_err(|e| e.to_string())
+                    .map(|l| (l, q))
+            });
+        match built {
+            Ok((limit, quota)) => {
+                let capacity = algorithm.max_cost(&quota);
+                if cost > capacity {
+                    r.at(t.span(), tk("limit"), format!("the policy's cost {cost} can never be admitted in this tier (at most {capacity})"));
+                    continue;
+                }
+                out.push(TierConfig {
+                    name: name.clone(),
+                    limit,
+                });
+            }
+            Err(m) => r.at(t.span(), k(&format!("tiers.{name}")), m),
+        }
+    }
+    (source, out)
 }

@@ -16,6 +16,31 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub policy: Vec<Spanned<RawPolicy>>,
     pub rls: S<RawRls>,
+    pub overrides: S<RawOverridesRef>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOverridesRef {
+    pub file: S<String>,
+}
+
+/// The overrides file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOverridesFile {
+    #[serde(rename = "override", default)]
+    pub overrides: Vec<Spanned<RawOverride>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOverride {
+    pub policy: S<String>,
+    pub identity: S<String>,
+    pub limit: S<i64>,
+    pub period: S<String>,
+    pub burst: S<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -79,6 +104,17 @@ pub(crate) struct RawIdentity {
     pub client_ip_header: S<String>,
     pub ipv6_prefix: S<i64>,
     pub secret: S<String>,
+    pub jwt: S<RawJwt>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawJwt {
+    pub header: S<String>,
+    pub jwks_file: S<String>,
+    pub hs256_secret: S<String>,
+    pub issuer: S<String>,
+    pub audience: S<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -99,6 +135,16 @@ pub(crate) struct RawPolicy {
     pub sync: S<String>,
     pub lease_ttl: S<String>,
     pub lease_max: S<i64>,
+    pub tier: S<String>,
+    pub tiers: S<std::collections::BTreeMap<String, Spanned<RawTier>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTier {
+    pub limit: S<i64>,
+    pub period: S<String>,
+    pub burst: S<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

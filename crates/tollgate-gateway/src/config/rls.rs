@@ -72,7 +72,7 @@ pub(super) fn rls(r: &mut Reporter<'_>, raw: RawRls, server: &ServerConfig) -> O
 }
 
 /// A relative path is relative to the directory of the TOML file naming it.
-fn resolve(toml_file: &str, path: &str) -> PathBuf {
+pub(super) fn resolve(toml_file: &str, path: &str) -> PathBuf {
     let p = Path::new(path);
     if p.is_absolute() {
         return p.to_path_buf();

@@ -44,6 +44,18 @@ pub(crate) fn validate(
     for (i, p) in raw.policy.into_iter().enumerate() {
         let span = p.span();
         if let Some(p) = policy(&mut r, i, span.clone(), p.into_inner(), &store) {
+            let jwt_source = p.identity.iter().flatten().any(is_jwt)
+                || matches!(p.tier, Some(tollgate_tower::TierSource::Jwt(_)));
+            if jwt_source
+                && identity.jwt.is_none()
+                && !r.errors.iter().any(|e| e.key.starts_with("identity.jwt"))
+            {
+                r.at(
+                    span.clone(),
+                    format!("policy[{i}].identity"),
+                    "a jwt:<claim> identity or tier needs [identity.jwt] (hs256_secret or jwks_file) to verify the token",
+                );
+            }
             if !names.insert(p.name.clone()) {
                 r.at(
                     span,
@@ -54,6 +66,10 @@ pub(crate) fn validate(
             policies.push(p);
         }
     }
+    let (overrides_path, overrides) = match &raw.overrides {
+        None => (None, Vec::new()),
+        Some(o) => super::overrides::overrides(&mut r, o, &policies, &identity, &secret),
+    };
     let rls = raw
         .rls
         .and_then(|rls| super::rls::rls(&mut r, rls.into_inner(), &server));
@@ -80,6 +96,8 @@ pub(crate) fn validate(
             policies,
             warnings,
             rls,
+            overrides_path,
+            overrides,
         })
     } else {
         Err(ConfigErrors(r.errors))
@@ -288,6 +306,18 @@ fn identity(
             .filter(|n| (1..=128).contains(n))
             .ok_or_else(|| format!("{v} is not allowed; expected a prefix length from 1 to 128"))
     });
+    if let Some(j) = &raw.jwt {
+        id.jwt = super::jwt::jwt(r, j, env);
+    }
+    if let Some(list) = &raw.sources {
+        if raw.jwt.is_none() && id.sources.iter().any(is_jwt) {
+            r.at(
+                list.span(),
+                "identity.sources",
+                "a jwt:<claim> source needs [identity.jwt] (hs256_secret or jwks_file) to verify the token",
+            );
+        }
+    }
     let secret = field(
         r,
         "identity.secret",
@@ -305,6 +335,10 @@ fn identity(
         },
     );
     (id, secret)
+}
+
+fn is_jwt(s: &IdentitySource) -> bool {
+    matches!(s, IdentitySource::Jwt(_))
 }
 
 /// "IPv4" or "IPv6" when `nets` together trust every address of that family.

@@ -1,0 +1,296 @@
+//! Verified JWT identity: `jwt:<claim>` identity sources read a claim of a bearer token whose
+//! signature, algorithm, `exp`, `nbf` and (when configured) `iss` and `aud` were checked.
+//!
+//! Only the algorithms of the configured keys are accepted: an HS256 secret accepts HS256, a
+//! JWKS accepts the RS256, ES256 and EdDSA keys it lists (each key with its own algorithm, so a
+//! token can never pick a weaker one; `alg: none` is never a key). The crypto is the
+//! `jsonwebtoken` crate's; nothing here is hand-written crypto.
+
+use http::{HeaderMap, HeaderName};
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm};
+use jsonwebtoken::{decode, decode_header, Algorithm, DecodingKey, Validation};
+use std::fmt;
+
+/// A verified token's claims.
+pub type Claims = serde_json::Map<String, serde_json::Value>;
+
+/// Seconds of clock skew allowed on `exp` and `nbf`.
+pub const LEEWAY_SECS: u64 = 30;
+
+/// A token that was present and did not verify (answered with 401, nothing charged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidToken(pub String);
+
+impl fmt::Display for InvalidToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid token: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidToken {}
+
+/// A key (a JWKS, a secret) that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadJwks(pub String);
+
+impl fmt::Display for BadJwks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadJwks {}
+
+struct Key {
+    kid: Option<String>,
+    alg: Algorithm,
+    key: DecodingKey,
+}
+
+/// Verifies the bearer token of a request.
+#[derive(Clone)]
+pub struct JwtVerifier {
+    header: HeaderName,
+    keys: std::sync::Arc<Vec<Key>>,
+    issuer: Option<String>,
+    audience: Option<String>,
+}
+
+impl fmt::Debug for JwtVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let algs: Vec<String> = self.keys.iter().map(|k| format!("{:?}", k.alg)).collect();
+        f.debug_struct("JwtVerifier")
+            .field("header", &self.header)
+            .field("algorithms", &algs)
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtVerifier {
+    /// Tokens signed with HS256 and `secret` (which must not be empty).
+    pub fn hs256(secret: &[u8]) -> Result<Self, BadJwks> {
+        let key = DecodingKey::from_secret(secret)
+            .map_err(|e| BadJwks(format!("unusable HS256 secret: {e}")))?;
+        Ok(Self::with_keys(vec![Key {
+            kid: None,
+            alg: Algorithm::HS256,
+            key,
+        }]))
+    }
+
+    /// Tokens signed by a key of the JWKS `json` (RS256, ES256 with P-256, EdDSA with
+    /// Ed25519). A key's `alg` must be one of these when given; otherwise it follows from
+    /// the key type. Other keys (e.g. symmetric ones) are refused: a public JWKS holds
+    /// public keys.
+    pub fn from_jwks(json: &str) -> Result<Self, BadJwks> {
+        let set: JwkSet = serde_json::from_str(json)
+            .map_err(|e| BadJwks(format!("is not a JWKS ({{\"keys\": [...]}}): {e}")))?;
+        if set.keys.is_empty() {
+            return Err(BadJwks("has no keys".to_string()));
+        }
+        let mut keys = Vec::new();
+        for (i, jwk) in set.keys.iter().enumerate() {
+            let inferred = match &jwk.algorithm {
+                AlgorithmParameters::RSA(_) => Some(Algorithm::RS256),
+                AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
+                    Some(Algorithm::ES256)
+                }
+                AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
+                    Some(Algorithm::EdDSA)
+                }
+                _ => None,
+            };
+            let Some(inferred) = inferred else {
+                return Err(BadJwks(format!(
+                    "key {i}: only RSA, EC P-256 and OKP Ed25519 public keys are supported"
+                )));
+            };
+            let stated = match jwk.common.key_algorithm {
+                None => None,
+                Some(KeyAlgorithm::RS256) => Some(Algorithm::RS256),
+                Some(KeyAlgorithm::ES256) => Some(Algorithm::ES256),
+                Some(KeyAlgorithm::EdDSA) => Some(Algorithm::EdDSA),
+                Some(other) => {
+                    return Err(BadJwks(format!(
+                        "key {i}: alg {other:?} is not supported; expected RS256, ES256 or EdDSA"
+                    )))
+                }
+            };
+            if stated.is_some_and(|s| s != inferred) {
+                return Err(BadJwks(format!(
+                    "key {i}: alg {stated:?} does not fit its key type"
+                )));
+            }
+            let key = DecodingKey::from_jwk(jwk)
+                .map_err(|e| BadJwks(format!("key {i}: unusable key: {e}")))?;
+            keys.push(Key {
+                kid: jwk.common.key_id.clone(),
+                alg: inferred,
+                key,
+            });
+        }
+        Ok(Self::with_keys(keys))
+    }
+
+    fn with_keys(keys: Vec<Key>) -> Self {
+        Self {
+            header: http::header::AUTHORIZATION,
+            keys: std::sync::Arc::new(keys),
+            issuer: None,
+            audience: None,
+        }
+    }
+
+    /// The header carrying `Bearer <token>` (default `authorization`).
+    pub fn header(mut self, name: HeaderName) -> Self {
+        self.header = name;
+        self
+    }
+
+    /// `iss` must equal `issuer`.
+    pub fn issuer(mut self, issuer: Option<String>) -> Self {
+        self.issuer = issuer;
+        self
+    }
+
+    /// `aud` must contain `audience`.
+    pub fn audience(mut self, audience: Option<String>) -> Self {
+        self.audience = audience;
+        self
+    }
+
+    /// The header read.
+    pub fn header_name(&self) -> &HeaderName {
+        &self.header
+    }
+
+    /// `None` without a bearer token (the next identity source is tried); the verified
+    /// claims; or why a present token is refused.
+    pub fn verify(&self, headers: &HeaderMap) -> Option<Result<Claims, InvalidToken>> {
+        let value = headers.get(&self.header)?;
+        let Ok(text) = value.to_str() else {
+            return Some(Err(InvalidToken("the header is not ASCII".to_string())));
+        };
+        let text = text.trim();
+        if text.is_empty() {
+            return None;
+        }
+        let token = match text.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
+            _ => return Some(Err(InvalidToken("expected \"Bearer <token>\"".to_string()))),
+        };
+        Some(self.verify_token(token))
+    }
+
+    /// Verifies one compact JWS token.
+    pub fn verify_token(&self, token: &str) -> Result<Claims, InvalidToken> {
+        let header = decode_header(token)
+            .map_err(|e| InvalidToken(format!("unreadable token header: {e}")))?;
+        let mut candidates = self
+            .keys
+            .iter()
+            .filter(|k| k.alg == header.alg)
+            .filter(|k| match (&header.kid, &k.kid) {
+                (Some(want), Some(have)) => want == have,
+                _ => true,
+            })
+            .peekable();
+        if candidates.peek().is_none() {
+            return Err(InvalidToken(format!(
+                "no configured key for algorithm {:?}{}",
+                header.alg,
+                header
+                    .kid
+                    .as_deref()
+                    .map(|k| format!(" and key id {k:?}"))
+                    .unwrap_or_default()
+            )));
+        }
+        let mut last = String::new();
+        for k in candidates {
+            match decode::<Claims>(token, &k.key, &self.validation(k.alg)) {
+                Ok(data) => return Ok(data.claims),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(InvalidToken(last))
+    }
+
+    fn validation(&self, alg: Algorithm) -> Validation {
+        let mut v = Validation::new(alg);
+        v.leeway = LEEWAY_SECS;
+        v.validate_exp = true;
+        v.validate_nbf = true;
+        if let Some(iss) = &self.issuer {
+            v.set_issuer(&[iss]);
+        }
+        match &self.audience {
+            Some(aud) => v.set_audience(&[aud]),
+            None => v.validate_aud = false,
+        }
+        v
+    }
+}
+
+/// A claim as identity bytes: a string as itself, any other JSON value as its JSON text;
+/// `None` when absent or null.
+pub fn claim_value(claims: &Claims, name: &str) -> Option<String> {
+    match claims.get(name)? {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(s) if s.is_empty() => None,
+        serde_json::Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn no_header_is_no_token_and_other_schemes_are_refused() {
+        let v = JwtVerifier::hs256(b"k").expect("key");
+        assert!(v.verify(&HeaderMap::new()).is_none());
+        let mut h = HeaderMap::new();
+        h.insert("authorization", HeaderValue::from_static("Basic dTpw"));
+        assert!(matches!(v.verify(&h), Some(Err(_))));
+        h.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer not.a.jwt"),
+        );
+        assert!(matches!(v.verify(&h), Some(Err(_))));
+    }
+
+    #[test]
+    fn alg_none_is_refused() {
+        // {"alg":"none","typ":"JWT"} . {"sub":"a","exp":9999999999} . (no signature)
+        let token = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhIiwiZXhwIjo5OTk5OTk5OTk5fQ.";
+        assert!(JwtVerifier::hs256(b"k")
+            .expect("key")
+            .verify_token(token)
+            .is_err());
+    }
+
+    #[test]
+    fn jwks_refuses_symmetric_keys_and_garbage() {
+        assert!(JwtVerifier::from_jwks("{").is_err());
+        assert!(JwtVerifier::from_jwks("{\"keys\":[]}").is_err());
+        let oct = r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#;
+        assert!(JwtVerifier::from_jwks(oct).is_err());
+    }
+
+    #[test]
+    fn claims_become_identity_text() {
+        let mut c = Claims::new();
+        c.insert("sub".into(), "alice".into());
+        c.insert("n".into(), 7.into());
+        c.insert("e".into(), "".into());
+        assert_eq!(claim_value(&c, "sub").as_deref(), Some("alice"));
+        assert_eq!(claim_value(&c, "n").as_deref(), Some("7"));
+        assert_eq!(claim_value(&c, "e"), None);
+        assert_eq!(claim_value(&c, "missing"), None);
+    }
+}
