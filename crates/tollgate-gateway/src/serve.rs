@@ -132,40 +132,31 @@ pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLaye
         if let Some(sources) = &p.identity {
             routed = routed.identity(sources.clone());
         }
-        if let Some(source) = &p.tier {
-            let mut tiers = Vec::new();
-            for t in &p.tiers {
-                let name = p.tier_rule_name(&t.name);
-                let policy = limiter
-                    .policy(PolicySpec {
-                        name: name.clone(),
-                        limit: t.limit,
-                        cost: p.cost,
-                        on_failure: p.on_failure,
-                        local_divisor: p.local_divisor,
-                        shadow: p.shadow,
-                        sync: p.sync,
-                    })
-                    .with_context(|| format!("{}: policy {name:?}", config.origin))?;
-                tiers.push((t.name.clone(), policy));
-            }
-            routed = routed.tiers(source.clone(), tiers);
-        }
-        let mut overrides = Vec::new();
-        for o in config.overrides.iter().filter(|o| o.policy == p.name) {
-            let name = o.rule_name();
-            let policy = limiter
+        // A tier's or an override's policy: the policy's settings with its own name and limit.
+        let variant = |name: String, limit| {
+            limiter
                 .policy(PolicySpec {
                     name: name.clone(),
-                    limit: o.limit,
+                    limit,
                     cost: p.cost,
                     on_failure: p.on_failure,
                     local_divisor: p.local_divisor,
                     shadow: p.shadow,
                     sync: p.sync,
                 })
-                .with_context(|| format!("{}: policy {name:?}", config.origin))?;
-            overrides.push((o.client, policy));
+                .with_context(|| format!("{}: policy {name:?}", config.origin))
+        };
+        if let Some(source) = &p.tier {
+            let mut tiers = Vec::new();
+            for t in &p.tiers {
+                let policy = variant(p.tier_rule_name(&t.name), t.limit)?;
+                tiers.push((t.name.clone(), policy));
+            }
+            routed = routed.tiers(source.clone(), tiers);
+        }
+        let mut overrides = Vec::new();
+        for o in config.overrides.iter().filter(|o| o.policy == p.name) {
+            overrides.push((o.client, variant(o.rule_name(), o.limit)?));
         }
         if !overrides.is_empty() {
             routed = routed.overrides(overrides);

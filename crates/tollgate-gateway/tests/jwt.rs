@@ -231,14 +231,8 @@ fn check_config_reports_jwt_mistakes_with_lines() {
     for (text, key) in cases {
         let path = scratch("jwt.toml");
         std::fs::write(&path, text).expect("write");
-        let out = tollgate()
-            .arg("check-config")
-            .arg(&path)
-            .output()
-            .expect("run check-config");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned()
-            + &String::from_utf8_lossy(&out.stdout);
-        assert!(!out.status.success(), "{text:?} was accepted");
+        let (accepted, err) = run_check_config(&path);
+        assert!(!accepted, "{text:?} was accepted");
         let line_ref = format!("{}:", path.display());
         assert!(err.contains(&line_ref), "{text:?}: no file:line in {err}");
         assert!(err.contains(key), "{text:?}: {key} not in {err}");

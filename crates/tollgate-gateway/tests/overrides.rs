@@ -75,14 +75,8 @@ fn check_config_reports_override_mistakes_with_the_overrides_files_lines() {
         std::fs::write(&file, text).expect("write overrides");
         let cfg = scratch("gateway.toml");
         std::fs::write(&cfg, config(&file)).expect("write config");
-        let out = tollgate()
-            .arg("check-config")
-            .arg(&cfg)
-            .output()
-            .expect("run");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned()
-            + &String::from_utf8_lossy(&out.stdout);
-        assert!(!out.status.success(), "{text:?} was accepted");
+        let (accepted, err) = run_check_config(&cfg);
+        assert!(!accepted, "{text:?} was accepted");
         assert!(err.contains(key), "{text:?}: {key} not in {err}");
         let at = format!("{}:{line}:", file.display());
         assert!(err.contains(&at), "{text:?}: {at} not in {err}");

@@ -204,14 +204,8 @@ fn check_config_reports_tier_mistakes_with_lines() {
     for (text, key, line) in cases {
         let path = scratch("tiers.toml");
         std::fs::write(&path, &text).expect("write");
-        let out = tollgate()
-            .arg("check-config")
-            .arg(&path)
-            .output()
-            .expect("run check-config");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned()
-            + &String::from_utf8_lossy(&out.stdout);
-        assert!(!out.status.success(), "{text:?} was accepted");
+        let (accepted, err) = run_check_config(&path);
+        assert!(!accepted, "{text:?} was accepted");
         assert!(err.contains(key), "{text:?}: {key} not in {err}");
         let at = format!("{}:{line}:", path.display());
         assert!(err.contains(&at), "{text:?}: {at} not in {err}");
@@ -219,14 +213,6 @@ fn check_config_reports_tier_mistakes_with_lines() {
     let good = format!("{policy}tier = \"header:x-plan\"\ntiers.pro = {{ limit = 5 }}\n");
     let path = scratch("tiers-ok.toml");
     std::fs::write(&path, good).expect("write");
-    let out = tollgate()
-        .arg("check-config")
-        .arg(&path)
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (accepted, printed) = run_check_config(&path);
+    assert!(accepted, "{}", printed);
 }

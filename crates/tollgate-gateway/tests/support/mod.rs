@@ -400,3 +400,17 @@ pub fn responses(metrics: &str, code: u16) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// `tollgate check-config PATH`: whether it accepted the file, and what it printed (stderr,
+/// then stdout).
+#[allow(dead_code)]
+pub fn run_check_config(path: &std::path::Path) -> (bool, String) {
+    let out = tollgate()
+        .arg("check-config")
+        .arg(path)
+        .output()
+        .expect("run check-config");
+    let printed =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    (out.status.success(), printed)
+}
