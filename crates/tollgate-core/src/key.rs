@@ -22,7 +22,6 @@ impl ClientKey {
 
     /// Writes the 32 hex digits into `out`.
     pub fn write_hex(&self, out: &mut String) {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         for b in self.0 {
             out.push(char::from(HEX[usize::from(b >> 4)]));
             out.push(char::from(HEX[usize::from(b & 15)]));
@@ -35,24 +34,28 @@ impl ClientKey {
     /// a slot is CRC16/XMODEM of the tag modulo 16384 (the Cluster specification). Stores
     /// group a plan's keys by it; breakers are kept per range of slots.
     pub fn cluster_slot(&self) -> u16 {
-        let mut tag = String::with_capacity(32);
-        self.write_hex(&mut tag);
-        crc16_xmodem(tag.as_bytes()) % 16384
+        // The CRC of the 32 hex digits, fed as they are produced (no string: breakers and the
+        // Cluster store ask on every request).
+        let mut crc = 0;
+        for b in self.0 {
+            crc = crc16_step(crc, HEX[usize::from(b >> 4)]);
+            crc = crc16_step(crc, HEX[usize::from(b & 15)]);
+        }
+        crc % 16384
     }
 }
 
-/// CRC16/XMODEM, the checksum Redis Cluster maps keys to slots with.
-fn crc16_xmodem(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// One byte of CRC16/XMODEM, the checksum Redis Cluster maps keys to slots with.
+fn crc16_step(mut crc: u16, byte: u8) -> u16 {
+    crc ^= u16::from(byte) << 8;
+    for _ in 0..8 {
+        crc = if crc & 0x8000 != 0 {
+            (crc << 1) ^ 0x1021
+        } else {
+            crc << 1
+        };
     }
     crc
 }
@@ -184,12 +187,12 @@ mod tests {
     #[test]
     fn cluster_slots_are_crc16_of_the_hash_tag() {
         // The Redis Cluster specification gives CRC16("123456789") = 0x31C3.
-        assert_eq!(crc16_xmodem(b"123456789"), 0x31c3);
-        let k = ClientKey::from_u128(7);
-        assert_eq!(
-            k.cluster_slot(),
-            crc16_xmodem(k.to_string().as_bytes()) % 16384
-        );
-        assert!(k.cluster_slot() < 16384);
+        let crc = |bytes: &[u8]| bytes.iter().fold(0, |c, &b| crc16_step(c, b));
+        assert_eq!(crc(b"123456789"), 0x31c3);
+        for n in [7u128, 1 << 100, u128::MAX] {
+            let k = ClientKey::from_u128(n);
+            assert_eq!(k.cluster_slot(), crc(k.to_string().as_bytes()) % 16384);
+            assert!(k.cluster_slot() < 16384);
+        }
     }
 }

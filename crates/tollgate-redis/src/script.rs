@@ -54,29 +54,54 @@ pub struct RuleShape {
     pub mode: Mode,
 }
 
-/// What selects a generated script.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// What selects a generated script: its rules in order (at most [`MAX_INLINE_RULES`], kept
+/// inline, so looking a plan's script up allocates nothing) and the reply it may give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Shape {
-    pub(crate) rules: Box<[RuleShape]>,
+    len: u8,
+    /// The rules, then copies of the first up to the array's end (so equal shapes compare and
+    /// hash equal whole).
+    rules: [RuleShape; MAX_INLINE_RULES],
     /// Whether an allowed one-rule plan may be answered with an integer. Off for the scripts
     /// of a Redis Cluster plan that spans slots: a give-back needs the script's `now`.
     pub(crate) integer_reply: bool,
 }
 
 impl Shape {
-    pub(crate) fn new(rules: &[RuleShape], integer_reply: bool) -> Self {
-        // One rule: a shadow rule runs the enforced rule's script (the verdict is the caller's).
-        let rules: Box<[RuleShape]> = match rules {
-            [one] => Box::new([RuleShape {
-                mode: Mode::Enforce,
-                ..*one
-            }]),
-            _ => rules.into(),
-        };
-        Self {
-            rules,
-            integer_reply,
+    /// The shape of these rules; `None` for the plans the generic script serves (no rule, or
+    /// more than [`MAX_INLINE_RULES`]).
+    pub(crate) fn new(
+        rules: impl ExactSizeIterator<Item = RuleShape>,
+        integer_reply: bool,
+    ) -> Option<Self> {
+        let n = rules.len();
+        if n == 0 || n > MAX_INLINE_RULES {
+            return None;
         }
+        let mut rules = rules.peekable();
+        let first = *rules.peek()?;
+        let mut all = [first; MAX_INLINE_RULES];
+        for (slot, rule) in all.iter_mut().zip(rules) {
+            *slot = rule;
+        }
+        if n == 1 {
+            // One rule: a shadow rule runs the enforced rule's script (the verdict is the
+            // caller's).
+            all = [RuleShape {
+                mode: Mode::Enforce,
+                ..first
+            }; MAX_INLINE_RULES];
+        }
+        Some(Self {
+            len: u8::try_from(n).ok()?,
+            rules: all,
+            integer_reply,
+        })
+    }
+
+    /// The rules, in plan order.
+    pub(crate) fn rules(&self) -> &[RuleShape] {
+        &self.rules[..usize::from(self.len)]
     }
 }
 
@@ -155,13 +180,10 @@ fn body(a: Algorithm) -> &'static str {
 /// A process-wide cache of generated scripts.
 type Cache = OnceLock<RwLock<HashMap<Shape, Arc<Script>, LimitHash>>>;
 
-/// The script of `shape`, generated and kept on first use; `None` for plans the generic
-/// script serves (more than [`MAX_INLINE_RULES`] rules, or [`MAX_SCRIPTS`] shapes known).
+/// The script of `shape`, generated and kept on first use; `None` once [`MAX_SCRIPTS`] shapes
+/// are known (the generic script serves the rest).
 pub(crate) fn plan_script(shape: &Shape) -> Option<Arc<Script>> {
     static SCRIPTS: Cache = OnceLock::new();
-    if shape.rules.is_empty() || shape.rules.len() > MAX_INLINE_RULES {
-        return None;
-    }
     let scripts = SCRIPTS.get_or_init(Default::default);
     if let Some(s) = scripts
         .read()
@@ -177,7 +199,7 @@ pub(crate) fn plan_script(shape: &Shape) -> Option<Arc<Script>> {
     if map.len() >= MAX_SCRIPTS {
         return None;
     }
-    Some(Arc::clone(map.entry(shape.clone()).or_insert(built)))
+    Some(Arc::clone(map.entry(*shape).or_insert(built)))
 }
 
 /// A hasher for the script caches, which every check reads: their keys are a few trusted
@@ -226,13 +248,13 @@ fn constants(limit: &Limit) -> (u64, u64, u64, u64) {
 
 /// Generates the script of `shape` (1 to [`MAX_INLINE_RULES`] rules).
 fn generate(shape: &Shape) -> Script {
-    let n = shape.rules.len();
+    let n = shape.rules().len();
     let mut lua = String::with_capacity(4096 * n);
     let _ = writeln!(lua, "-- tollgate plan script: {n} rule(s)");
     // One rule: the quota first and the cost before the clock, the layout measured with
     // callgrind (a reordering of the same statements cost a fixed window ~3% more); and
     // `nargs < 1` means no argument at all, which is allowed (one comparison less).
-    let (one, key, some_costs, cost_local) = match &shape.rules[..] {
+    let (one, key, some_costs, cost_local) = match shape.rules() {
         [one] => {
             let (l, p, b, t) = constants(&one.limit);
             let _ = writeln!(lua, "local limit, p, burst, t = {l}, {p}, {b}, {t}");
@@ -259,7 +281,7 @@ fn generate(shape: &Shape) -> Script {
     let base = match one {
         Some(one) => one_rule(&mut lua, one, shape.integer_reply),
         None => {
-            several_rules(&mut lua, &shape.rules);
+            several_rules(&mut lua, shape.rules());
             0
         }
     };
@@ -575,12 +597,12 @@ pub(crate) fn parse_reply(
 /// [`generic_script_text`]): for redis-benchmark, and for operators who want to read what runs
 /// in their Redis.
 pub fn plan_script_text(rules: &[RuleShape]) -> Option<String> {
-    plan_script(&Shape::new(rules, true)).map(|s| s.text.clone())
+    plan_script(&Shape::new(rules.iter().copied(), true)?).map(|s| s.text.clone())
 }
 
 /// The SHA1 of [`plan_script_text`], as EVALSHA names it.
 pub fn plan_script_sha(rules: &[RuleShape]) -> Option<String> {
-    plan_script(&Shape::new(rules, true)).map(|s| s.sha.clone())
+    plan_script(&Shape::new(rules.iter().copied(), true)?).map(|s| s.sha.clone())
 }
 
 /// The generic script's text (`check.lua`: any number of rules, quotas as arguments).
@@ -649,7 +671,7 @@ mod tests {
             assert_eq!(plan_script_sha(&[rule]), plan_script_sha(&[enforced]));
         }
         // Without the integer reply (a Cluster plan across slots), always the packed string.
-        let packed = generate(&Shape::new(&shapes()[..1], false));
+        let packed = generate(&Shape::new(shapes().into_iter().take(1), false).expect("shape"));
         assert_eq!(packed.reply_base, 0);
         assert!(!packed.text.contains("return reset *"));
     }

@@ -147,16 +147,16 @@ impl RedisStore {
         now: Micros,
         integer_reply: bool,
     ) -> Result<Reply, RedisStoreError> {
-        let rules: Vec<RuleShape> = checks
-            .iter()
-            .map(|c| RuleShape {
-                limit: *c.rule.limit(),
-                mode: c.mode,
-            })
-            .collect();
+        let rules = checks.iter().map(|c| RuleShape {
+            limit: *c.rule.limit(),
+            mode: c.mode,
+        });
         let limits = || checks.iter().map(|c| c.rule.limit().quota().limit());
-        let shape = Shape::new(&rules, integer_reply);
-        if let Some(s) = self.loaded(shape).await? {
+        let script = match Shape::new(rules, integer_reply) {
+            Some(shape) => self.loaded(shape).await?,
+            None => None,
+        };
+        if let Some(s) = script {
             let reply = self
                 .run_script(&s, |cmd| self.push_plan_args(cmd, checks, now))
                 .await?;
@@ -336,8 +336,11 @@ impl RedisStore {
     /// Loads the scripts of these plan shapes now, so the first request of each is one
     /// EVALSHA like the others (otherwise it also pays a SCRIPT LOAD round trip).
     pub async fn prepare(&self, shapes: &[Vec<RuleShape>]) -> Result<(), RedisStoreError> {
-        for rules in shapes {
-            self.loaded(Shape::new(rules, true)).await?;
+        for shape in shapes
+            .iter()
+            .filter_map(|r| Shape::new(r.iter().copied(), true))
+        {
+            self.loaded(shape).await?;
         }
         self.load(lease_script()).await
     }
