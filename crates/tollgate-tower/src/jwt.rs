@@ -177,9 +177,11 @@ impl JwtVerifier {
         if text.is_empty() {
             return None;
         }
+        // Another scheme (an upstream's own Basic auth, say) is no bearer token: the next
+        // identity source is tried, as when the header is absent.
         let token = match text.split_once(' ') {
             Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
-            _ => return Some(Err(InvalidToken("expected \"Bearer <token>\"".to_string()))),
+            _ => return None,
         };
         Some(self.verify_token(token))
     }
@@ -197,6 +199,15 @@ impl JwtVerifier {
                 _ => true,
             })
             .peekable();
+        // Without a key id, a token may name only an algorithm one configured key uses: trying
+        // it against every key would let one forged token cost N signature checks.
+        let several = self.keys.iter().filter(|k| k.alg == header.alg).count() > 1;
+        if header.kid.is_none() && several {
+            return Err(InvalidToken(format!(
+                "the token names no key id (kid) and several configured keys use {:?}",
+                header.alg
+            )));
+        }
         if candidates.peek().is_none() {
             return Err(InvalidToken(format!(
                 "no configured key for algorithm {:?}{}",
@@ -250,13 +261,25 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
+    /// An HS256 token for `claims` signed with `secret`.
+    fn hs256_token(secret: &[u8], claims: serde_json::Value) -> String {
+        let header = jsonwebtoken::Header::new(Algorithm::HS256);
+        let key = jsonwebtoken::EncodingKey::from_secret(secret).expect("key");
+        jsonwebtoken::encode(&header, &claims, &key).expect("sign")
+    }
+
+    fn far_future() -> serde_json::Value {
+        serde_json::json!({ "sub": "a", "exp": 9_999_999_999u64 })
+    }
+
     #[test]
-    fn no_header_is_no_token_and_other_schemes_are_refused() {
+    fn no_header_and_other_schemes_are_no_token_and_a_bad_bearer_is_refused() {
         let v = JwtVerifier::hs256(b"k").expect("key");
         assert!(v.verify(&HeaderMap::new()).is_none());
         let mut h = HeaderMap::new();
+        // An upstream's own Basic auth is not ours to refuse: the next source is tried.
         h.insert("authorization", HeaderValue::from_static("Basic dTpw"));
-        assert!(matches!(v.verify(&h), Some(Err(_))));
+        assert!(v.verify(&h).is_none());
         h.insert(
             "authorization",
             HeaderValue::from_static("Bearer not.a.jwt"),
@@ -265,13 +288,20 @@ mod tests {
     }
 
     #[test]
-    fn alg_none_is_refused() {
-        // {"alg":"none","typ":"JWT"} . {"sub":"a","exp":9999999999} . (no signature)
-        let token = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhIiwiZXhwIjo5OTk5OTk5OTk5fQ.";
-        assert!(JwtVerifier::hs256(b"k")
-            .expect("key")
-            .verify_token(token)
-            .is_err());
+    fn alg_none_and_foreign_signatures_are_refused() {
+        let v = JwtVerifier::hs256(b"the configured secret").expect("key");
+        // The verifier does accept a token signed with its own secret...
+        let good = hs256_token(b"the configured secret", far_future());
+        assert!(v.verify_token(&good).is_ok());
+        // ...and refuses the same claims signed with another secret,
+        let forged = hs256_token(b"another secret", far_future());
+        assert!(v.verify_token(&forged).is_err());
+        // the same token with its signature cut off,
+        let unsigned = &good[..good.rfind('.').expect("three parts") + 1];
+        assert!(v.verify_token(unsigned).is_err());
+        // and {"alg":"none","typ":"JWT"} . {"sub":"a","exp":9999999999} . (no signature).
+        let none = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhIiwiZXhwIjo5OTk5OTk5OTk5fQ.";
+        assert!(v.verify_token(none).is_err());
     }
 
     #[test]

@@ -113,14 +113,10 @@ impl RateLimitLayer {
         let target = self
             .shared
             .resolve(req.method(), req.uri(), req.headers(), peer)?;
-        let claims = self.shared.claims(req.headers())?;
-        let Some(plan) = self.shared.plan(
-            &target.method,
-            &target.path,
-            req.headers(),
-            peer,
-            claims.as_ref(),
-        ) else {
+        let Some(plan) = self
+            .shared
+            .plan(&target.method, &target.path, req.headers(), peer)?
+        else {
             return Ok(None);
         };
         Ok(Some(self.shared.check(&plan).await))

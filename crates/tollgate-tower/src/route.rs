@@ -161,6 +161,17 @@ impl RoutedPolicy {
         &self.policy
     }
 
+    /// Whether deciding this policy reads a claim of the bearer token: its identity sources
+    /// (its own, else `defaults`) or its tier.
+    pub(crate) fn reads_jwt(&self, defaults: &[IdentitySource]) -> bool {
+        matches!(self.tier, Some(TierSource::Jwt(_)))
+            || self
+                .identity_sources()
+                .unwrap_or(defaults)
+                .iter()
+                .any(|s| matches!(s, IdentitySource::Jwt(_)))
+    }
+
     /// The identity override, if any.
     pub fn identity_sources(&self) -> Option<&[IdentitySource]> {
         self.identity.as_deref()

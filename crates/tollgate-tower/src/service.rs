@@ -84,17 +84,13 @@ where
             Ok(t) => t,
             Err(e) => return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) }),
         };
-        let claims = match self.shared.claims(req.headers()) {
-            Ok(c) => c,
+        let plan = match self
+            .shared
+            .plan(&target.method, &target.path, req.headers(), peer)
+        {
+            Ok(plan) => plan,
             Err(e) => return Box::pin(async move { Ok(unauthorized(&e).map(Either::Right)) }),
         };
-        let plan = self.shared.plan(
-            &target.method,
-            &target.path,
-            req.headers(),
-            peer,
-            claims.as_ref(),
-        );
         let shared = self.shared.clone();
         Box::pin(async move {
             let Some(plan) = plan else {

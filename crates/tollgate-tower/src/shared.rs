@@ -38,42 +38,54 @@ pub(crate) struct Shared {
 impl Shared {
     /// Matches policies on `method` and the normalised `path` (see `Shared::resolve`) and
     /// resolves identities (each distinct identity source list once): the request's plan,
-    /// `None` when no policy matches.
+    /// `None` when no policy matches. The bearer token is verified only when a matched policy
+    /// reads a JWT claim (identity or tier), and at most once; a present token that does not
+    /// verify refuses the request (401, before any store call).
     pub(crate) fn plan(
         &self,
         method: &Method,
         path: &str,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
-        claims: Option<&Claims>,
-    ) -> Option<Plan> {
+    ) -> Result<Option<Plan>, InvalidToken> {
         let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
         let mut plan = Plan::new();
-        let tier = TierInput {
-            headers,
-            claims,
-            trusted: self.trusted(peer),
-        };
+        // `None` until a policy needs the claims; then the verified claims, if any.
+        let mut claims: Option<Option<Claims>> = None;
+        let trusted = self.trusted(peer);
         for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
+            if claims.is_none() && routed.reads_jwt(&self.identity.sources) {
+                claims = Some(self.claims(headers)?);
+            }
+            let verified = claims.as_ref().and_then(Option::as_ref);
             let sources = routed.identity_sources();
             let key = match keys.iter().find(|k| k.0 == sources) {
                 Some(k) => k.1,
                 None => {
-                    let key =
-                        self.identity
-                            .client_key_with(&self.hasher, sources, peer, headers, claims);
+                    let key = self.identity.client_key_with(
+                        &self.hasher,
+                        sources,
+                        peer,
+                        headers,
+                        verified,
+                    );
                     keys.push((sources, key));
                     key
                 }
             };
+            let tier = TierInput {
+                headers,
+                claims: verified,
+                trusted,
+            };
             plan.push(key, routed.policy_for(&key, &tier).clone());
         }
-        (!plan.is_empty()).then_some(plan)
+        Ok((!plan.is_empty()).then_some(plan))
     }
 
     /// The claims of the request's bearer token when `[identity.jwt]` is configured and a
     /// token is present; a present token that does not verify is refused (401, no store call).
-    pub(crate) fn claims(&self, headers: &HeaderMap) -> Result<Option<Claims>, InvalidToken> {
+    fn claims(&self, headers: &HeaderMap) -> Result<Option<Claims>, InvalidToken> {
         match &self.identity.jwt {
             None => Ok(None),
             Some(v) => v.verify(headers).transpose(),

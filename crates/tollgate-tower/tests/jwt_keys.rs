@@ -92,3 +92,30 @@ fn wrong_key_id_other_algorithms_and_times_are_refused() {
         .verify_token(&sign(Algorithm::ES256, "test-es256", within_leeway))
         .is_ok());
 }
+
+/// With two keys of one algorithm, a token without a key id is refused (no token may make
+/// the gateway try every key); with its key id it verifies.
+#[test]
+fn a_token_without_kid_is_refused_when_several_keys_share_its_algorithm() {
+    let mut jwks: serde_json::Value =
+        serde_json::from_slice(&fixture("jwks_ec_ed.json")).expect("jwks json");
+    let keys = jwks["keys"].as_array_mut().expect("keys");
+    let mut twin = keys
+        .iter()
+        .find(|k| k["kid"] == "test-es256")
+        .expect("the es256 key")
+        .clone();
+    twin["kid"] = "test-es256-twin".into();
+    keys.push(twin);
+    let v = JwtVerifier::from_jwks(&jwks.to_string()).expect("jwks");
+    let claims = serde_json::json!({ "sub": "u", "exp": now() + 600 });
+    assert!(v
+        .verify_token(&sign(Algorithm::ES256, "test-es256-twin", claims.clone()))
+        .is_ok());
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = None;
+    let key = EncodingKey::from_ec_pem(&fixture("es256.pem")).expect("ec key");
+    let no_kid = encode(&header, &claims, &key).expect("sign");
+    let err = v.verify_token(&no_kid).expect_err("no kid, two ES256 keys");
+    assert!(err.to_string().contains("key id"), "{err}");
+}

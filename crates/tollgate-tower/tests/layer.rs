@@ -163,3 +163,46 @@ async fn a_cost_above_capacity_is_429_without_retry_after() {
     assert!(!h.contains_key("retry-after"));
     assert!(body.contains("\"retry_after\":null"), "{body}");
 }
+
+/// The bearer token is verified only when a matched policy reads a JWT claim: an invalid
+/// token passes a path whose policies count by IP (and a path no policy matches), and is
+/// refused with 401 where a policy counts by `jwt:sub`.
+#[tokio::test]
+async fn a_bad_token_is_refused_only_where_a_policy_reads_it() {
+    let limiter = Limiter::new(LimiterConfig::default());
+    let identity = tollgate_tower::IdentityConfig {
+        jwt: Some(tollgate_tower::JwtVerifier::hs256(b"0123456789abcdef").expect("key")),
+        ..Default::default()
+    };
+    let by_user = RoutedPolicy::new(policy(&limiter, "users", 10, false))
+        .path_prefix("/api")
+        .identity(vec![
+            "jwt:sub".parse().expect("source"),
+            "ip".parse().expect("source"),
+        ]);
+    let by_ip = RoutedPolicy::new(policy(&limiter, "public", 10, false)).path_prefix("/public");
+    let layer = RateLimitLayer::new(limiter, IdentityHasher::new(b"t"))
+        .identity(identity)
+        .policy(by_user)
+        .policy(by_ip);
+    let request = |path: &str| {
+        let mut req = Request::builder()
+            .uri(path)
+            .header("authorization", "Bearer forged.token.here")
+            .body(())
+            .expect("request");
+        req.extensions_mut()
+            .insert(PeerAddr(SocketAddr::from(([127, 0, 0, 1], 9))));
+        req
+    };
+    let public = layer.check_request(&request("/public")).await;
+    assert!(
+        matches!(public, Ok(Some(ref r)) if r.is_allowed()),
+        "{public:?}"
+    );
+    assert!(matches!(
+        layer.check_request(&request("/other")).await,
+        Ok(None)
+    ));
+    assert!(layer.check_request(&request("/api/x")).await.is_err());
+}
