@@ -114,25 +114,8 @@ pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLaye
         )
         .allow_ambiguous_paths(config.server.allow_ambiguous_paths);
     for p in &config.policies {
-        let policy = limiter
-            .policy(PolicySpec {
-                name: p.name.clone(),
-                limit: p.limit,
-                cost: p.cost,
-                on_failure: p.on_failure,
-                local_divisor: p.local_divisor,
-                shadow: p.shadow,
-                sync: p.sync,
-            })
-            .with_context(|| format!("{}: policy {:?}", config.origin, p.name))?;
-        let mut routed = RoutedPolicy::new(policy)
-            .path_prefix(p.path_prefix.clone())
-            .methods(p.methods.clone())
-            .case_insensitive(p.case_insensitive);
-        if let Some(sources) = &p.identity {
-            routed = routed.identity(sources.clone());
-        }
-        // A tier's or an override's policy: the policy's settings with its own name and limit.
+        // The policy, and its tiers' and overrides' policies: its settings, with their own
+        // name and limit.
         let variant = |name: String, limit| {
             limiter
                 .policy(PolicySpec {
@@ -146,6 +129,13 @@ pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLaye
                 })
                 .with_context(|| format!("{}: policy {name:?}", config.origin))
         };
+        let mut routed = RoutedPolicy::new(variant(p.name.clone(), p.limit)?)
+            .path_prefix(p.path_prefix.clone())
+            .methods(p.methods.clone())
+            .case_insensitive(p.case_insensitive);
+        if let Some(sources) = &p.identity {
+            routed = routed.identity(sources.clone());
+        }
         if let Some(source) = &p.tier {
             let mut tiers = Vec::new();
             for t in &p.tiers {

@@ -65,7 +65,7 @@ impl Snapshot {
             })
             .collect();
         let (latency, latency_count) = m.store_latency();
-        let (breaker_open, memory_keys) = gauges(limiter);
+        let (breaker_open, memory_keys) = (limiter.breaker_open(), limiter.memory_keys() as u64);
         Self {
             at_ms,
             policies,
@@ -81,22 +81,6 @@ impl Snapshot {
     fn policy(&self, name: &str) -> Option<&PolicyCounts> {
         self.policies.iter().find(|p| p.name == name)
     }
-}
-
-/// The two gauges the limiter exposes only in its metrics text, `tollgate_breaker_open` and
-/// `tollgate_memory_keys`, read from there (once a second and per page refresh: cheap).
-fn gauges(limiter: &Limiter) -> (bool, u64) {
-    let mut text = String::with_capacity(8 * 1024);
-    limiter.render_metrics(&mut text);
-    let value = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (
-        value("tollgate_breaker_open") == 1,
-        value("tollgate_memory_keys"),
-    )
 }
 
 /// Milliseconds since the Unix epoch.

@@ -81,8 +81,10 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Whether `ip` lies in one of the trusted networks.
+/// Whether `ip` (an IPv4-mapped IPv6 address counts as its IPv4 address) lies in one of the
+/// trusted networks.
 pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+    let ip = canonical(ip);
     trusted.iter().any(|net| net.contains(&ip))
 }
 
@@ -174,6 +176,10 @@ mod tests {
     #[test]
     fn mapped_ipv4_is_ipv4() {
         assert_eq!(canonical(ip("::ffff:1.2.3.4")), ip("1.2.3.4"));
+        // A trusted IPv4 network trusts the same peer seen on a dual-stack socket.
+        let nets = ["10.0.0.0/8".parse().expect("net")];
+        assert!(is_trusted(ip("::ffff:10.1.2.3"), &nets));
+        assert!(!is_trusted(ip("::ffff:11.1.2.3"), &nets));
         assert_eq!(parse_node("1.2.3.4:80"), Some(ip("1.2.3.4")));
         assert_eq!(parse_node("unknown"), None);
     }

@@ -126,12 +126,7 @@ impl Shared {
 
     /// Whether `peer` is a trusted proxy.
     pub(crate) fn trusted(&self, peer: Option<IpAddr>) -> bool {
-        peer.is_some_and(|ip| {
-            crate::forwarded::is_trusted(
-                crate::forwarded::canonical(ip),
-                &self.identity.trusted_proxies,
-            )
-        })
+        peer.is_some_and(|ip| crate::forwarded::is_trusted(ip, &self.identity.trusted_proxies))
     }
 
     fn normalize(&self, path: &str) -> Result<String, BadRequest> {

@@ -225,10 +225,20 @@ impl Limiter {
 
     /// Appends every `tollgate_*` metric family in the Prometheus text format.
     pub fn render_metrics(&self, out: &mut String) {
-        let keys = self.inner.store.memory_keys() + self.inner.fallback.len();
         self.inner
             .metrics
-            .render(out, self.inner.breakers.any_open(), keys);
+            .render(out, self.breaker_open(), self.memory_keys());
+    }
+
+    /// Whether a circuit breaker is open (`tollgate_breaker_open`).
+    pub fn breaker_open(&self) -> bool {
+        self.inner.breakers.any_open()
+    }
+
+    /// Keys tracked in process, by the memory store and the local fallback
+    /// (`tollgate_memory_keys`).
+    pub fn memory_keys(&self) -> usize {
+        self.inner.store.memory_keys() + self.inner.fallback.len()
     }
 
     /// Connects the store (and loads the scripts of the policies made so far) now rather than
