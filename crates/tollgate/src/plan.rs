@@ -2,6 +2,7 @@
 //! resolved to. The limiter decides a whole plan at once (see [`crate::Limiter::check`]).
 
 use crate::policy::Policy;
+use std::collections::HashSet;
 use tollgate_core::ClientKey;
 
 /// The (client key, policy) pairs one request is checked against. A request matched by a
@@ -10,7 +11,13 @@ use tollgate_core::ClientKey;
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     items: Vec<(ClientKey, Policy)>,
+    /// The pairs present, once the plan is past a few items (a linear scan is cheaper below;
+    /// above, a request matched by thousands of policies must not cost a quadratic scan).
+    seen: Option<HashSet<(ClientKey, u64)>>,
 }
+
+/// Items up to which `push` scans for a duplicate instead of keeping a set.
+const SCAN: usize = 16;
 
 impl Plan {
     /// An empty plan.
@@ -33,12 +40,24 @@ impl Plan {
     /// Adds `policy` for `client` (once: the same pair again is ignored).
     pub fn push(&mut self, client: ClientKey, policy: Policy) {
         let id = policy.rule().id();
-        if !self
-            .items
-            .iter()
-            .any(|(c, p)| *c == client && p.rule().id() == id)
-        {
-            self.items.push((client, policy));
+        let new = match &mut self.seen {
+            Some(seen) => seen.insert((client, id)),
+            None => !self
+                .items
+                .iter()
+                .any(|(c, p)| *c == client && p.rule().id() == id),
+        };
+        if !new {
+            return;
+        }
+        self.items.push((client, policy));
+        if self.seen.is_none() && self.items.len() > SCAN {
+            self.seen = Some(
+                self.items
+                    .iter()
+                    .map(|(c, p)| (*c, p.rule().id()))
+                    .collect(),
+            );
         }
     }
 
@@ -55,5 +74,35 @@ impl Plan {
     /// The pairs, in the order they were added.
     pub fn iter(&self) -> impl Iterator<Item = (&ClientKey, &Policy)> {
         self.items.iter().map(|(c, p)| (c, p))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Algorithm, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
+
+    #[test]
+    fn a_pair_is_kept_once_below_and_above_the_scan_bound() {
+        let limiter = Limiter::new(LimiterConfig::default());
+        let limit = Limit::new(Algorithm::Gcra, Quota::per_hour(5).expect("quota")).expect("limit");
+        let policies: Vec<Policy> = (0..40)
+            .map(|i| {
+                limiter
+                    .policy(PolicySpec::new(format!("p{i}"), limit))
+                    .expect("policy")
+            })
+            .collect();
+        let (a, b) = (ClientKey([1; 16]), ClientKey([2; 16]));
+        let mut plan = Plan::new();
+        for _ in 0..3 {
+            for p in &policies {
+                plan.push(a, p.clone());
+            }
+            plan.push(b, policies[0].clone());
+        }
+        assert_eq!(plan.len(), 41);
+        let firsts: Vec<&str> = plan.iter().take(3).map(|(_, p)| p.name()).collect();
+        assert_eq!(firsts, ["p0", "p1", "p2"], "order is kept");
     }
 }
