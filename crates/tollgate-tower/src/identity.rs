@@ -157,7 +157,8 @@ impl IdentityConfig {
                 IdentitySource::Header(name) => {
                     if let Some(v) = headers.get(name) {
                         if !v.as_bytes().is_empty() {
-                            return hasher.client_key(&source.name(), v.as_bytes());
+                            let source = [&b"header:"[..], name.as_str().as_bytes()];
+                            return hasher.client_key_parts(&source, v.as_bytes());
                         }
                     }
                 }
@@ -168,7 +169,8 @@ impl IdentityConfig {
                 }
                 IdentitySource::Jwt(claim) => {
                     if let Some(v) = claims.and_then(|c| claim_value(c, claim)) {
-                        return hasher.client_key(&source.name(), v.as_bytes());
+                        let source = [&b"jwt:"[..], claim.as_bytes()];
+                        return hasher.client_key_parts(&source, v.as_bytes());
                     }
                 }
             }
