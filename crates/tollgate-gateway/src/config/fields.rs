@@ -115,3 +115,27 @@ pub(super) fn expand_env(s: &str, env: &impl Fn(&str) -> Option<String>) -> Resu
     out.push_str(rest);
     Ok(out)
 }
+
+/// A tier's or an override's limit: `limit` units per `period` (burst when given) under the
+/// policy's `algorithm`, which must still admit the policy's `cost` (`within` names where, e.g.
+/// "in this tier").
+pub(super) fn variant_limit(
+    algorithm: tollgate::Algorithm,
+    (limit, period, burst): (u64, Duration, Option<u64>),
+    cost: u64,
+    within: &str,
+) -> Result<tollgate::Limit, String> {
+    let quota = tollgate::Quota::new(limit, period).map_err(|e| e.to_string())?;
+    let quota = match burst {
+        None => quota,
+        Some(b) => quota.with_burst(b).map_err(|e| e.to_string())?,
+    };
+    let limit = tollgate::Limit::new(algorithm, quota).map_err(|e| e.to_string())?;
+    let capacity = limit.max_cost();
+    if cost > capacity {
+        return Err(format!(
+            "the policy's cost {cost} can never be admitted {within} (at most {capacity})"
+        ));
+    }
+    Ok(limit)
+}

@@ -5,13 +5,13 @@
 //! this function. Errors name the overrides file and its lines.
 
 use super::error::Reporter;
-use super::fields::{duration, field, positive};
+use super::fields::{duration, field, positive, variant_limit};
 use super::raw::{RawOverride, RawOverridesFile, RawOverridesRef};
 use super::rls::resolve;
 use super::{OverrideConfig, PolicyConfig, Secret};
 use std::collections::HashSet;
 use std::path::PathBuf;
-use tollgate::{IdentityHasher, Limit, Quota};
+use tollgate::IdentityHasher;
 use tollgate_tower::{IdentityConfig, IdentitySource};
 use toml::Spanned;
 
@@ -175,14 +175,13 @@ fn entry_of(
     if o.errors.len() > before {
         return None;
     }
-    let algorithm = policy.limit.algorithm();
-    let built = Quota::new(limit_n, period)
-        .map_err(|e| e.to_string())
-        .and_then(|q| match burst {
-            None => Ok(q),
-            Some(b) => q.with_burst(b).map_err(|e| e.to_string()),
-        })
-        .and_then(|q| Limit::new(algorithm, q).map_err(|e| e.to_string()));
+    let shape = (limit_n, period, burst);
+    let built = variant_limit(
+        policy.limit.algorithm(),
+        shape,
+        policy.cost,
+        "under this override",
+    );
     let limit = match built {
         Ok(l) => l,
         Err(m) => {
@@ -190,18 +189,6 @@ fn entry_of(
             return None;
         }
     };
-    let capacity = algorithm.max_cost(limit.quota());
-    if policy.cost > capacity {
-        o.at(
-            span,
-            k("limit"),
-            format!(
-                "the policy's cost {} can never be admitted under this override (at most {capacity})",
-                policy.cost
-            ),
-        );
-        return None;
-    }
     Some(OverrideConfig {
         policy: policy.name.clone(),
         client,

@@ -2,7 +2,9 @@
 //! algorithm's own bounds, each error reported at the key that caused it), and its overrides.
 
 use super::error::Reporter;
-use super::fields::{duration, failure_policy, field, one_of, positive, sources, span_or};
+use super::fields::{
+    duration, failure_policy, field, one_of, positive, sources, span_or, variant_limit,
+};
 use super::raw::RawPolicy;
 use super::{PolicyConfig, StoreConfig, TierConfig};
 use crate::config::duration::DURATION_HELP;
@@ -331,29 +333,11 @@ fn tiers(
         let tburst = field(r, &tk("burst"), &tr.burst, burst, |v| {
             positive(v, "burst").map(Some)
         });
-        let built = Quota::new(limit_n, tperiod)
-            .map_err(|e| e.to_string())
-            .and_then(|q| match tburst {
-                None => Ok(q),
-                Some(b) => q.with_burst(b).map_err(|e| e.to_string()),
-            })
-            .and_then(|q| {
-                Limit::new(algorithm, q)
-                    .map_err(|e| e.to_string())
-                    .map(|l| (l, q))
-            });
-        match built {
-            Ok((limit, quota)) => {
-                let capacity = algorithm.max_cost(&quota);
-                if cost > capacity {
-                    r.at(t.span(), tk("limit"), format!("the policy's cost {cost} can never be admitted in this tier (at most {capacity})"));
-                    continue;
-                }
-                out.push(TierConfig {
-                    name: name.clone(),
-                    limit,
-                });
-            }
+        match variant_limit(algorithm, (limit_n, tperiod, tburst), cost, "in this tier") {
+            Ok(limit) => out.push(TierConfig {
+                name: name.clone(),
+                limit,
+            }),
             Err(m) => r.at(t.span(), k(&format!("tiers.{name}")), m),
         }
     }
