@@ -475,3 +475,30 @@ async fn a_connection_without_a_whole_http2_preface_is_closed_and_others_are_ser
     }
     assert_eq!(overall(&rls.one("basic", &[("key1", "p")]).await), Code::Ok);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_distinct_overrides_than_the_cache_holds_stay_correct_and_bounded() {
+    let redis = RedisServer::start();
+    let mut rls = start(&redis.url(), "ovrmany", BASIC, RlsOptions::default()).await;
+    let before = rls.limiter.metrics().policies().len();
+    // Past the service's cache bound (1024 quotas), then the first quotas again (evicted).
+    let quotas = (1..=1100u32)
+        .map(|r| ("v", r))
+        .chain((1..=8).map(|r| ("w", r)));
+    for (pass, rpu) in quotas {
+        let value = format!("{pass}{rpu}");
+        let r = rls
+            .call(request(
+                "basic",
+                vec![with_override(desc(&[("key3", &value)]), rpu, MINUTE)],
+            ))
+            .await;
+        let limit = r.statuses[0].current_limit.clone().expect("current_limit");
+        assert_eq!((limit.requests_per_unit, limit.unit), (rpu, MINUTE));
+        assert_eq!(code(&r.statuses[0]), Code::Ok, "{value}");
+        assert_eq!(r.statuses[0].limit_remaining, rpu - 1, "{value}");
+    }
+    // One metric series for every override of the rule, not one per quota.
+    let after = rls.limiter.metrics().policies().len();
+    assert!(after <= before + 1, "{before} -> {after} policies");
+}
