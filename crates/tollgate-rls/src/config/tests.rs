@@ -218,3 +218,26 @@ fn a_directory_loads_every_yaml_file() {
     assert_eq!(c.files().len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn descriptors_nested_past_the_yaml_depth_bound_are_an_error_at_their_line() {
+    // Each descriptor level is a mapping in a list: level i opens the (2i + 3)th container,
+    // so level 31 is the 65th, one past the bound.
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    for i in 0..40 {
+        let pad = " ".repeat(2 + 4 * i);
+        text.push_str(&format!("{pad}- key: k{i}\n{pad}  descriptors:\n"));
+    }
+    let e = errors(&text);
+    assert_eq!(e.len(), 1, "{e:?}");
+    // yaml-rust2 marks a block mapping's start at its first `:` (col 4i + 8).
+    assert_eq!(
+        (e[0].file.as_str(), e[0].line, e[0].col),
+        ("rl.yaml", 65, 132)
+    );
+    assert!(
+        e[0].message.contains("nested more than 64"),
+        "{}",
+        e[0].message
+    );
+}
