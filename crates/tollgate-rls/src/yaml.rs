@@ -385,6 +385,8 @@ mod tests {
     fn syntax_errors_have_a_position() {
         let e = parse("a: [1, 2\nb: 3\n").expect_err("an error");
         assert!(e.pos.line >= 1);
+        // The `:` of line 2 inside the unclosed flow list.
+        assert_eq!(e.pos, Pos { line: 2, col: 2 }, "{}", e.message);
         assert!(!e.message.is_empty());
     }
 
