@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 use support::*;
 use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -501,4 +502,34 @@ async fn more_distinct_overrides_than_the_cache_holds_stay_correct_and_bounded()
     // One metric series for every override of the rule, not one per quota.
     let after = rls.limiter.metrics().policies().len();
     assert!(after <= before + 1, "{before} -> {after} policies");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reuses_an_answer_for_a_second_unless_the_store_failed_since() {
+    let mut redis = RedisServer::start();
+    let clock = tollgate::ManualClock::new(T0);
+    let l = limiter(&redis.url(), "hc", &clock, Duration::from_millis(100));
+    let health = tollgate_rls::HealthService::with_clock(l.clone(), Arc::new(clock.clone()));
+    assert!(health.ready().await);
+    redis.kill();
+    // No ping within READY_CACHE: the store's death is not seen yet...
+    assert!(health.ready().await, "cached");
+    clock.advance(tollgate_rls::READY_CACHE - Duration::from_micros(1));
+    assert!(health.ready().await, "still cached");
+    // ...until the answer is a second old.
+    clock.advance(Duration::from_micros(1));
+    assert!(!health.ready().await, "pinged again");
+
+    // A store error counted since the last answer forces a ping at once.
+    let mut redis = RedisServer::start();
+    let l = limiter(&redis.url(), "hc2", &clock, Duration::from_millis(100));
+    let health = tollgate_rls::HealthService::with_clock(l.clone(), Arc::new(clock.clone()));
+    let mut rls = start_with(l, clock.clone(), BASIC, RlsOptions::default()).await;
+    assert!(health.ready().await);
+    redis.kill();
+    assert_eq!(overall(&rls.one("basic", &[("key1", "x")]).await), Code::Ok);
+    assert!(
+        !health.ready().await,
+        "a store error since invalidates the answer"
+    );
 }
