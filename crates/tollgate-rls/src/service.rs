@@ -14,7 +14,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use tollgate::tollgate_core::micros_to_secs_ceil;
 use tollgate::{
@@ -122,6 +122,13 @@ impl<V: Clone> OverrideCache<V> {
     }
 }
 
+/// A request's plan items, and where each (client, rule) sits among them.
+#[derive(Default)]
+struct Items {
+    list: Vec<Item>,
+    index: HashMap<(ClientKey, u64), usize>,
+}
+
 /// A request descriptor's answer before the store call.
 enum Slot {
     /// No rule (unknown domain, no match, replaced): OK without a limit.
@@ -208,16 +215,27 @@ impl RlsService {
             .collect::<Result<_, _>>()?;
         let replaced = self.replaced(&rules);
         let mut slots = Vec::with_capacity(rules.len());
-        let mut items: Vec<Item> = Vec::new();
+        let mut items = Items::default();
         for (d, rule) in req.descriptors.iter().zip(&rules) {
             let cost = d.hits_addend.unwrap_or(request_hits);
             let rule = rule.filter(|r| !replaced.contains(r));
             slots.push(self.slot(&req.domain, d, rule, cost, &mut items)?);
         }
+        let items = items.list;
         let mut plan = Plan::new();
+        // Each item's policy must be a distinct value (results are matched back by identity):
+        // the registered policy itself for the first item of its rule at its own cost, a copy
+        // with the item's cost otherwise.
+        let mut shared = HashSet::with_capacity(items.len());
         let policies: Vec<Policy> = items
             .iter()
-            .map(|it| it.policy.with_cost(it.cost))
+            .map(|it| {
+                if it.cost == it.policy.cost() && shared.insert(it.policy.rule().id()) {
+                    it.policy.clone()
+                } else {
+                    it.policy.with_cost(it.cost)
+                }
+            })
             .collect();
         for (it, p) in items.iter().zip(&policies) {
             plan.push(it.client, p.clone());
@@ -242,7 +260,7 @@ impl RlsService {
         d: &RateLimitDescriptor,
         rule: Option<usize>,
         cost: u64,
-        items: &mut Vec<Item>,
+        items: &mut Items,
     ) -> Result<Slot, Status> {
         let i = &self.inner;
         if let Some(o) = d.limit.as_ref().filter(|_| i.config.has_domain(domain)) {
@@ -309,27 +327,30 @@ impl RlsService {
 
     /// Adds a plan item, or charges an identical one of the same request again.
     fn add(
-        items: &mut Vec<Item>,
+        items: &mut Items,
         client: ClientKey,
         policy: Policy,
         cost: u64,
         current: RateLimit,
     ) -> Slot {
-        let id = policy.rule().id();
-        if let Some(k) = items
-            .iter()
-            .position(|it| it.client == client && it.policy.rule().id() == id)
-        {
-            items[k].cost = items[k].cost.saturating_add(cost);
-            return Slot::Item(k);
+        let next = items.list.len();
+        match items.index.entry((client, policy.rule().id())) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let k = *e.get();
+                items.list[k].cost = items.list[k].cost.saturating_add(cost);
+                Slot::Item(k)
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(next);
+                items.list.push(Item {
+                    client,
+                    policy,
+                    cost,
+                    current,
+                });
+                Slot::Item(next)
+            }
         }
-        items.push(Item {
-            client,
-            policy,
-            cost,
-            current,
-        });
-        Slot::Item(items.len() - 1)
     }
 
     /// The keyed hash of the domain and the entries (and an override's quota, which counts on
@@ -422,6 +443,20 @@ impl RlsService {
                 ))
             }
         };
+        // Each item's result: the limiter answers in plan order (a subsequence of it when the
+        // deny cache answers), so the next unmatched result is nearly always the one; a search
+        // only when it is not.
+        let mut next = 0;
+        let by_item: Vec<Option<&tollgate::PolicyResult>> = policies
+            .iter()
+            .map(|p| match result.results.get(next) {
+                Some(r) if r.policy.is(p) => {
+                    next += 1;
+                    Some(r)
+                }
+                _ => result.results.iter().find(|r| r.policy.is(p)),
+            })
+            .collect();
         let statuses = slots
             .iter()
             .map(|slot| match slot {
@@ -435,7 +470,7 @@ impl RlsService {
                     ..Default::default()
                 },
                 Slot::Item(k) => {
-                    let r = result.results.iter().find(|r| r.policy.is(&policies[*k]));
+                    let r = by_item[*k];
                     let limited = r.is_some_and(|r| {
                         matches!(r.outcome, Outcome::Limited | Outcome::FallbackLimited)
                     });

@@ -533,3 +533,44 @@ async fn health_reuses_an_answer_for_a_second_unless_the_store_failed_since() {
         "a store error since invalidates the answer"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_descriptors_of_one_rule_each_get_their_own_status() {
+    let redis = RedisServer::start();
+    let mut rls = start(&redis.url(), "many", BASIC, RlsOptions::default()).await;
+    // key3 is 10/hour. v0 three times (one item of cost 3), then v1..v99 once each.
+    let descriptors = || {
+        let mut d = vec![desc(&[("key3", "v0")]); 3];
+        d.extend((1..100).map(|i| desc(&[("key3", &format!("v{i}"))])));
+        d
+    };
+    for (round, (v0, others)) in [(7, 9), (4, 8)].into_iter().enumerate() {
+        let r = rls.call(request("basic", descriptors())).await;
+        assert_eq!(overall(&r), Code::Ok, "round {round}");
+        assert_eq!(r.statuses.len(), 102);
+        for (k, s) in r.statuses.iter().enumerate() {
+            let want = if k < 3 { v0 } else { others };
+            assert_eq!(
+                (code(s), s.limit_remaining),
+                (Code::Ok, want),
+                "{round} {k}"
+            );
+            let limit = s.current_limit.clone().expect("current_limit");
+            assert_eq!(limit.requests_per_unit, 10);
+        }
+    }
+    // v0 has 4 left: 5 more is over the limit for v0's statuses only, and nothing is charged.
+    let mut d = vec![desc(&[("key3", "v0")]); 5];
+    d.push(desc(&[("key3", "v1")]));
+    let r = rls.call(request("basic", d)).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    for s in &r.statuses[..5] {
+        assert_eq!(code(s), Code::OverLimit);
+    }
+    assert_eq!(code(&r.statuses[5]), Code::Ok);
+    let r = rls.one("basic", &[("key3", "v1")]).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 7,
+        "v1 was not charged by the denied request"
+    );
+}
