@@ -17,8 +17,11 @@ use crate::proto::grpc::health::v1::{HealthCheckRequest, HealthCheckResponse};
 use crate::service::RlsService;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tollgate::tollgate_core::duration_to_micros;
+use tollgate::{Clock, Micros, SystemClock};
 use tonic::{Request, Response, Status};
 
 /// The largest request message accepted (Envoy's are a few hundred bytes).
@@ -27,6 +30,10 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 pub const MAX_STREAMS: u32 = 1024;
 /// How long one call may take at most (the store call has its own, shorter, timeout).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a health answer is reused before the store is pinged again (health checks from
+/// every Envoy would otherwise each cost a store round trip).
+pub const READY_CACHE: Duration = Duration::from_secs(1);
 
 /// The service name Envoy's gRPC health checks may ask for.
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -42,15 +49,65 @@ impl RateLimitService for RlsService {
 }
 
 /// `grpc.health.v1.Health`: SERVING while the store answers ([`tollgate::Limiter::ready`]).
+/// An answer is reused for [`READY_CACHE`], unless a store error has been counted since
+/// (then the store is pinged again at once); concurrent checks share one ping.
 #[derive(Clone)]
 pub struct HealthService {
     limiter: tollgate::Limiter,
+    clock: Arc<dyn Clock>,
+    cache: Arc<tokio::sync::Mutex<Option<Ready>>>,
+}
+
+/// One health answer: when, what, and the store errors counted then.
+#[derive(Clone, Copy)]
+struct Ready {
+    at: Micros,
+    ready: bool,
+    errors: u64,
 }
 
 impl HealthService {
-    /// Health of `limiter`'s store.
+    /// Health of `limiter`'s store, on the system clock.
     pub fn new(limiter: tollgate::Limiter) -> Self {
-        Self { limiter }
+        Self::with_clock(limiter, Arc::new(SystemClock))
+    }
+
+    /// Health of `limiter`'s store, with answers aged on `clock`.
+    pub fn with_clock(limiter: tollgate::Limiter, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            limiter,
+            clock,
+            cache: Arc::new(tokio::sync::Mutex::new(None)),
+        }
+    }
+
+    /// Whether the store is ready, from the cache when fresh.
+    pub async fn ready(&self) -> bool {
+        let mut cache = self.cache.lock().await;
+        let errors = self.store_errors();
+        let now = self.clock.now();
+        if let Some(c) = *cache {
+            let age = now.saturating_sub(c.at);
+            if c.errors == errors && now >= c.at && age < duration_to_micros(READY_CACHE) {
+                return c.ready;
+            }
+        }
+        let ready = self.limiter.ready().await;
+        *cache = Some(Ready {
+            at: self.clock.now(),
+            ready,
+            // After the ping, in case it counted an error itself.
+            errors: self.store_errors(),
+        });
+        ready
+    }
+
+    fn store_errors(&self) -> u64 {
+        self.limiter
+            .metrics()
+            .store_errors_by_kind()
+            .map(|(_, n)| n)
+            .fold(0, u64::saturating_add)
     }
 }
 
@@ -67,7 +124,7 @@ impl Health for HealthService {
         if !service.is_empty() && service != SERVICE_NAME {
             return Err(Status::not_found(format!("unknown service {service:?}")));
         }
-        let status = if self.limiter.ready().await {
+        let status = if self.ready().await {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing

@@ -14,7 +14,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use tollgate::tollgate_core::micros_to_secs_ceil;
 use tollgate::{
@@ -29,8 +29,10 @@ pub const UNLIMITED_REMAINING: u32 = u32::MAX;
 pub const MAX_DESCRIPTORS: usize = 256;
 /// The most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 64;
-/// The most limit-override quotas that get a policy of their own (bounded memory and metric
-/// families); past it, an override is built for its request only.
+/// The most limit-override quotas whose policy is kept for later requests (bounded memory);
+/// past it, the least recently used one is evicted. Override policies share one metric name
+/// per rule (`<rule>.override`, or `<domain>.override` when none matched), so the limiter's
+/// registry stays bounded whatever quotas clients send.
 const MAX_OVERRIDES: usize = 1024;
 
 /// How the service answers, from the gateway's configuration.
@@ -68,7 +70,63 @@ struct Inner {
     /// One per rule of `config` (`None` for unlimited rules).
     policies: Vec<Option<Policy>>,
     options: RlsOptions,
-    overrides: Mutex<HashMap<(Option<usize>, Limit), Policy>>,
+    overrides: Mutex<OverrideCache<Policy>>,
+}
+
+/// The policies of limit overrides by (matched rule, limit): a bounded LRU.
+struct OverrideCache<V> {
+    bound: usize,
+    /// Bumped on every use; an entry's stamp is its last use.
+    clock: u64,
+    map: HashMap<(Option<usize>, Limit), (V, u64)>,
+}
+
+impl<V: Clone> OverrideCache<V> {
+    fn new(bound: usize) -> Self {
+        Self {
+            bound: bound.max(1),
+            clock: 0,
+            map: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, key: &(Option<usize>, Limit)) -> Option<V> {
+        self.clock += 1;
+        let now = self.clock;
+        self.map.get_mut(key).map(|(p, used)| {
+            *used = now;
+            p.clone()
+        })
+    }
+
+    /// Keeps `policy`, evicting the least recently used entry when full. A scan of at most
+    /// `bound` entries, on a miss only.
+    fn insert(&mut self, key: (Option<usize>, Limit), value: V) {
+        if self.map.len() >= self.bound && !self.map.contains_key(&key) {
+            let oldest = self
+                .map
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                self.map.remove(&k);
+            }
+        }
+        self.clock += 1;
+        self.map.insert(key, (value, self.clock));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// A request's plan items, and where each (client, rule) sits among them.
+#[derive(Default)]
+struct Items {
+    list: Vec<Item>,
+    index: HashMap<(ClientKey, u64), usize>,
 }
 
 /// A request descriptor's answer before the store call.
@@ -119,7 +177,7 @@ impl RlsService {
                 config,
                 policies,
                 options,
-                overrides: Mutex::new(HashMap::new()),
+                overrides: Mutex::new(OverrideCache::new(MAX_OVERRIDES)),
             }),
         })
     }
@@ -157,16 +215,27 @@ impl RlsService {
             .collect::<Result<_, _>>()?;
         let replaced = self.replaced(&rules);
         let mut slots = Vec::with_capacity(rules.len());
-        let mut items: Vec<Item> = Vec::new();
+        let mut items = Items::default();
         for (d, rule) in req.descriptors.iter().zip(&rules) {
             let cost = d.hits_addend.unwrap_or(request_hits);
             let rule = rule.filter(|r| !replaced.contains(r));
             slots.push(self.slot(&req.domain, d, rule, cost, &mut items)?);
         }
+        let items = items.list;
         let mut plan = Plan::new();
+        // Each item's policy must be a distinct value (results are matched back by identity):
+        // the registered policy itself for the first item of its rule at its own cost, a copy
+        // with the item's cost otherwise.
+        let mut shared = HashSet::with_capacity(items.len());
         let policies: Vec<Policy> = items
             .iter()
-            .map(|it| it.policy.with_cost(it.cost))
+            .map(|it| {
+                if it.cost == it.policy.cost() && shared.insert(it.policy.rule().id()) {
+                    it.policy.clone()
+                } else {
+                    it.policy.with_cost(it.cost)
+                }
+            })
             .collect();
         for (it, p) in items.iter().zip(&policies) {
             plan.push(it.client, p.clone());
@@ -191,7 +260,7 @@ impl RlsService {
         d: &RateLimitDescriptor,
         rule: Option<usize>,
         cost: u64,
-        items: &mut Vec<Item>,
+        items: &mut Items,
     ) -> Result<Slot, Status> {
         let i = &self.inner;
         if let Some(o) = d.limit.as_ref().filter(|_| i.config.has_domain(domain)) {
@@ -258,27 +327,30 @@ impl RlsService {
 
     /// Adds a plan item, or charges an identical one of the same request again.
     fn add(
-        items: &mut Vec<Item>,
+        items: &mut Items,
         client: ClientKey,
         policy: Policy,
         cost: u64,
         current: RateLimit,
     ) -> Slot {
-        let id = policy.rule().id();
-        if let Some(k) = items
-            .iter()
-            .position(|it| it.client == client && it.policy.rule().id() == id)
-        {
-            items[k].cost = items[k].cost.saturating_add(cost);
-            return Slot::Item(k);
+        let next = items.list.len();
+        match items.index.entry((client, policy.rule().id())) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let k = *e.get();
+                items.list[k].cost = items.list[k].cost.saturating_add(cost);
+                Slot::Item(k)
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(next);
+                items.list.push(Item {
+                    client,
+                    policy,
+                    cost,
+                    current,
+                });
+                Slot::Item(next)
+            }
         }
-        items.push(Item {
-            client,
-            policy,
-            cost,
-            current,
-        });
-        Slot::Item(items.len() - 1)
     }
 
     /// The keyed hash of the domain and the entries (and an override's quota, which counts on
@@ -333,7 +405,7 @@ impl RlsService {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(p) = cache.get(&key) {
-            return Ok((p.clone(), current, salt));
+            return Ok((p, current, salt));
         }
         let name = match configured {
             Some(r) => format!("{}.override", r.policy_name),
@@ -351,9 +423,7 @@ impl RlsService {
                 sync: SyncMode::Exact,
             })
             .map_err(|e| Status::invalid_argument(format!("invalid limit override: {e}")))?;
-        if cache.len() < MAX_OVERRIDES {
-            cache.insert(key, policy.clone());
-        }
+        cache.insert(key, policy.clone());
         Ok((policy, current, salt))
     }
 
@@ -373,6 +443,20 @@ impl RlsService {
                 ))
             }
         };
+        // Each item's result: the limiter answers in plan order (a subsequence of it when the
+        // deny cache answers), so the next unmatched result is nearly always the one; a search
+        // only when it is not.
+        let mut next = 0;
+        let by_item: Vec<Option<&tollgate::PolicyResult>> = policies
+            .iter()
+            .map(|p| match result.results.get(next) {
+                Some(r) if r.policy.is(p) => {
+                    next += 1;
+                    Some(r)
+                }
+                _ => result.results.iter().find(|r| r.policy.is(p)),
+            })
+            .collect();
         let statuses = slots
             .iter()
             .map(|slot| match slot {
@@ -386,7 +470,7 @@ impl RlsService {
                     ..Default::default()
                 },
                 Slot::Item(k) => {
-                    let r = result.results.iter().find(|r| r.policy.is(&policies[*k]));
+                    let r = by_item[*k];
                     let limited = r.is_some_and(|r| {
                         matches!(r.outcome, Outcome::Limited | Outcome::FallbackLimited)
                     });
@@ -440,5 +524,46 @@ fn micros(us: u64) -> prost_types::Duration {
     prost_types::Duration {
         seconds: i64::try_from(us / 1_000_000).unwrap_or(i64::MAX),
         nanos: i32::try_from((us % 1_000_000) * 1_000).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn key(n: u64) -> (Option<usize>, Limit) {
+        let q = Quota::new(n, Duration::from_secs(60)).expect("quota");
+        (
+            Some(0),
+            Limit::new(Algorithm::FixedWindow, q).expect("limit"),
+        )
+    }
+
+    #[test]
+    fn the_override_cache_stays_bounded_and_evicts_the_least_recently_used() {
+        let mut c = OverrideCache::new(4);
+        for n in 1..=4 {
+            c.insert(key(n), n);
+        }
+        // 1 is used again, so 2 is now the oldest.
+        assert_eq!(c.get(&key(1)), Some(1));
+        for n in 5..=100 {
+            c.insert(key(n), n);
+            assert!(c.len() <= 4, "len {} after {n}", c.len());
+            if n == 5 {
+                assert_eq!(c.get(&key(2)), None, "2 was the least recently used");
+                assert_eq!(c.get(&key(1)), Some(1), "1 was used recently");
+            }
+        }
+        assert_eq!(c.len(), 4);
+        for n in 97..=100 {
+            assert_eq!(c.get(&key(n)), Some(n));
+        }
+        // Re-inserting a present key replaces it without evicting another.
+        c.insert(key(100), 1000);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c.get(&key(97)), Some(97));
+        assert_eq!(c.get(&key(100)), Some(1000));
     }
 }

@@ -1,14 +1,21 @@
 //! A YAML document as a tree whose every node knows its line and column, so a configuration
 //! error can name the line it sits on. Built from `yaml-rust2`'s marked parser events; anchors
 //! and aliases are resolved (envoyproxy/ratelimit's YAML library accepts them too), up to
-//! [`MAX_NODES`] nodes in all, so a file of nested aliases cannot expand without bound.
+//! [`MAX_NODES`] nodes and [`MAX_BYTES`] bytes of text in all, so a file of nested aliases
+//! cannot expand without bound, and up to [`MAX_DEPTH`] levels of nesting, so a deep file
+//! cannot overflow the stack of whatever walks the tree (the configuration loader recurses
+//! into nested descriptors; dropping a node recurses too).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
 /// The most nodes a document may hold once its aliases are expanded.
 pub(crate) const MAX_NODES: usize = 1_000_000;
+/// The most bytes of keys and scalar text a document may hold once its aliases are expanded.
+pub(crate) const MAX_BYTES: usize = 64 << 20;
+/// The most mappings and lists one node may sit inside.
+pub(crate) const MAX_DEPTH: usize = 64;
 
 /// A 1-based line and column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,11 +82,22 @@ pub(crate) struct SyntaxError {
 pub(crate) fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
     let mut builder = Builder::default();
     let mut parser = Parser::new_from_str(text);
-    if let Err(e) = parser.load(&mut builder, false) {
-        return Err(SyntaxError {
+    // Events one by one rather than `Parser::load`, which recurses once per nesting level
+    // (a deep file would overflow the stack before the builder's depth bound could stop it).
+    loop {
+        let (ev, mark) = parser.next_token().map_err(|e| SyntaxError {
             pos: Pos::from(*e.marker()),
             message: e.info().to_string(),
-        });
+        })?;
+        let end = match ev {
+            Event::StreamEnd => true,
+            Event::DocumentEnd => builder.done,
+            _ => false,
+        };
+        builder.on_event(ev, mark);
+        if end || builder.error.is_some() {
+            break;
+        }
     }
     if let Some(e) = builder.error {
         return Err(e);
@@ -91,14 +109,16 @@ enum Frame {
     Map {
         pos: Pos,
         anchor: usize,
-        first: usize,
+        first: (usize, usize),
         entries: Vec<(String, Pos, Node)>,
+        /// The keys of `entries`, for the duplicate check.
+        keys: HashSet<String>,
         key: Option<(String, Pos)>,
     },
     Seq {
         pos: Pos,
         anchor: usize,
-        first: usize,
+        first: (usize, usize),
         items: Vec<Node>,
     },
 }
@@ -107,10 +127,12 @@ enum Frame {
 struct Builder {
     stack: Vec<Frame>,
     root: Option<Node>,
-    /// Anchored nodes with how many nodes each holds.
-    anchors: HashMap<usize, (Node, usize)>,
+    /// Anchored nodes with how many nodes and text bytes each holds.
+    anchors: HashMap<usize, (Node, (usize, usize))>,
     /// Nodes so far, aliases counted at their expanded size.
     nodes: usize,
+    /// Bytes of scalar text so far (keys included), aliases counted at their expanded size.
+    bytes: usize,
     error: Option<SyntaxError>,
     done: bool,
 }
@@ -125,17 +147,19 @@ impl Builder {
         }
     }
 
-    /// A node of `size` nodes (itself included) is complete.
-    fn finish(&mut self, node: Node, anchor: usize, size: usize) {
+    /// A node of `size` (nodes, itself included; text bytes) is complete.
+    fn finish(&mut self, node: Node, anchor: usize, size: (usize, usize)) {
         if anchor > 0 {
             self.anchors.insert(anchor, (node.clone(), size));
         }
         self.attach(node);
     }
 
-    /// Counts `n` more nodes; false (and an error) past [`MAX_NODES`].
-    fn count(&mut self, n: usize, pos: Pos) -> bool {
+    /// Counts `n` more nodes holding `bytes` more bytes of text; false (and an error) past
+    /// [`MAX_NODES`] or [`MAX_BYTES`].
+    fn count(&mut self, n: usize, bytes: usize, pos: Pos) -> bool {
         self.nodes = self.nodes.saturating_add(n);
+        self.bytes = self.bytes.saturating_add(bytes);
         if self.nodes > MAX_NODES {
             self.fail(
                 pos,
@@ -143,7 +167,39 @@ impl Builder {
             );
             return false;
         }
+        if self.bytes > MAX_BYTES {
+            self.fail(
+                pos,
+                format!(
+                    "more than {} MiB of text once aliases are expanded",
+                    MAX_BYTES >> 20
+                ),
+            );
+            return false;
+        }
         true
+    }
+
+    /// Whether one more mapping or list may open; false (and an error) past [`MAX_DEPTH`].
+    fn may_nest(&mut self, pos: Pos) -> bool {
+        if self.stack.len() >= MAX_DEPTH {
+            self.fail(
+                pos,
+                format!("nested more than {MAX_DEPTH} mappings or lists deep"),
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Where a mapping or list opened now starts counting its size.
+    fn mark(&self) -> (usize, usize) {
+        (self.nodes, self.bytes)
+    }
+
+    /// The size of a mapping or list opened at `first`, itself included.
+    fn size_since(&self, first: (usize, usize)) -> (usize, usize) {
+        (self.nodes - first.0 + 1, self.bytes - first.1)
     }
 
     fn attach(&mut self, node: Node) {
@@ -153,9 +209,11 @@ impl Builder {
                 self.done = true;
             }
             Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map { entries, key, .. }) => match key.take() {
+            Some(Frame::Map {
+                entries, keys, key, ..
+            }) => match key.take() {
                 Some((k, kpos)) => {
-                    if entries.iter().any(|(e, _, _)| *e == k) {
+                    if !keys.insert(k.clone()) {
                         let message = format!("the key {k:?} appears twice in one mapping");
                         self.fail(kpos, message);
                     } else {
@@ -179,7 +237,8 @@ impl MarkedEventReceiver for Builder {
         let pos = Pos::from(mark);
         match ev {
             Event::Scalar(text, style, anchor, _) => {
-                if !self.count(1, pos) {
+                let len = text.len();
+                if !self.count(1, len, pos) {
                     return;
                 }
                 let plain = style == TScalarStyle::Plain;
@@ -189,24 +248,25 @@ impl MarkedEventReceiver for Builder {
                         kind: Kind::Scalar { text, plain },
                     },
                     anchor,
-                    1,
+                    (1, len),
                 );
             }
             Event::MappingStart(anchor, _) => {
-                if self.count(1, pos) {
-                    let first = self.nodes;
+                if self.may_nest(pos) && self.count(1, 0, pos) {
+                    let first = self.mark();
                     self.stack.push(Frame::Map {
                         pos,
                         anchor,
                         first,
                         entries: Vec::new(),
+                        keys: HashSet::new(),
                         key: None,
                     });
                 }
             }
             Event::SequenceStart(anchor, _) => {
-                if self.count(1, pos) {
-                    let first = self.nodes;
+                if self.may_nest(pos) && self.count(1, 0, pos) {
+                    let first = self.mark();
                     self.stack.push(Frame::Seq {
                         pos,
                         anchor,
@@ -223,7 +283,7 @@ impl MarkedEventReceiver for Builder {
                     entries,
                     ..
                 }) => {
-                    let size = self.nodes - first + 1;
+                    let size = self.size_since(first);
                     self.finish(
                         Node {
                             pos,
@@ -239,7 +299,7 @@ impl MarkedEventReceiver for Builder {
                     first,
                     items,
                 }) => {
-                    let size = self.nodes - first + 1;
+                    let size = self.size_since(first);
                     self.finish(
                         Node {
                             pos,
@@ -252,8 +312,8 @@ impl MarkedEventReceiver for Builder {
                 None => self.fail(pos, "unbalanced end of a mapping or list"),
             },
             Event::Alias(id) => match self.anchors.get(&id).map(|(_, size)| *size) {
-                Some(size) => {
-                    if self.count(size, pos) {
+                Some((nodes, bytes)) => {
+                    if self.count(nodes, bytes, pos) {
                         if let Some((node, _)) = self.anchors.get(&id) {
                             let node = node.clone();
                             self.attach(node);
@@ -325,6 +385,8 @@ mod tests {
     fn syntax_errors_have_a_position() {
         let e = parse("a: [1, 2\nb: 3\n").expect_err("an error");
         assert!(e.pos.line >= 1);
+        // The `:` of line 2 inside the unclosed flow list.
+        assert_eq!(e.pos, Pos { line: 2, col: 2 }, "{}", e.message);
         assert!(!e.message.is_empty());
     }
 
@@ -332,5 +394,56 @@ mod tests {
     fn empty_text_is_no_document() {
         assert!(parse("").expect("ok").is_none());
         assert!(parse("# only a comment\n").expect("ok").is_none());
+    }
+
+    #[test]
+    fn aliases_cannot_expand_past_the_byte_bound() {
+        // 1 MiB of text, then 70 aliases to it: few nodes, more than 64 MiB once expanded.
+        let big = "x".repeat(1 << 20);
+        let refs = vec!["*b"; 70].join(", ");
+        let text = format!("b: &b {big}\nl: [{refs}]\n");
+        let e = parse(&text).expect_err("bounded");
+        assert!(e.message.contains("MiB of text"), "{}", e.message);
+        assert_eq!(e.pos.line, 2);
+        // Under the bound, the same shape loads.
+        let refs = vec!["*b"; 60].join(", ");
+        let text = format!("b: &b {big}\nl: [{refs}]\n");
+        assert!(parse(&text).is_ok());
+    }
+
+    #[test]
+    fn nesting_deeper_than_the_bound_is_an_error_not_a_stack_overflow() {
+        // Block lists nest without limit in the parser: `- - - ... x`.
+        let deep = format!("{}x\n", "- ".repeat(100_000));
+        let e = parse(&deep).expect_err("too deep");
+        assert!(e.message.contains("nested more than 64"), "{}", e.message);
+        assert_eq!(e.pos, Pos { line: 1, col: 129 });
+        // Flow lists under the parser's own limit (255).
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        let e = parse(&deep).expect_err("too deep");
+        assert!(e.message.contains("nested more than 64"), "{}", e.message);
+        assert_eq!(e.pos, Pos { line: 1, col: 65 });
+        let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(parse(&ok).is_ok());
+    }
+
+    #[test]
+    fn a_mapping_of_many_keys_is_checked_for_duplicates() {
+        let mut text: String = (0..50_000).map(|i| format!("k{i}: {i}\n")).collect();
+        assert!(parse(&text).is_ok());
+        text.push_str("k123: again\n");
+        let e = parse(&text).expect_err("duplicate");
+        assert!(
+            e.message.contains("\"k123\" appears twice"),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            e.pos,
+            Pos {
+                line: 50_001,
+                col: 1
+            }
+        );
     }
 }

@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 use support::*;
 use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -474,4 +475,102 @@ async fn a_connection_without_a_whole_http2_preface_is_closed_and_others_are_ser
         );
     }
     assert_eq!(overall(&rls.one("basic", &[("key1", "p")]).await), Code::Ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_distinct_overrides_than_the_cache_holds_stay_correct_and_bounded() {
+    let redis = RedisServer::start();
+    let mut rls = start(&redis.url(), "ovrmany", BASIC, RlsOptions::default()).await;
+    let before = rls.limiter.metrics().policies().len();
+    // Past the service's cache bound (1024 quotas), then the first quotas again (evicted).
+    let quotas = (1..=1100u32)
+        .map(|r| ("v", r))
+        .chain((1..=8).map(|r| ("w", r)));
+    for (pass, rpu) in quotas {
+        let value = format!("{pass}{rpu}");
+        let r = rls
+            .call(request(
+                "basic",
+                vec![with_override(desc(&[("key3", &value)]), rpu, MINUTE)],
+            ))
+            .await;
+        let limit = r.statuses[0].current_limit.clone().expect("current_limit");
+        assert_eq!((limit.requests_per_unit, limit.unit), (rpu, MINUTE));
+        assert_eq!(code(&r.statuses[0]), Code::Ok, "{value}");
+        assert_eq!(r.statuses[0].limit_remaining, rpu - 1, "{value}");
+    }
+    // One metric series for every override of the rule, not one per quota.
+    let after = rls.limiter.metrics().policies().len();
+    assert!(after <= before + 1, "{before} -> {after} policies");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reuses_an_answer_for_a_second_unless_the_store_failed_since() {
+    let mut redis = RedisServer::start();
+    let clock = tollgate::ManualClock::new(T0);
+    let l = limiter(&redis.url(), "hc", &clock, Duration::from_millis(100));
+    let health = tollgate_rls::HealthService::with_clock(l.clone(), Arc::new(clock.clone()));
+    assert!(health.ready().await);
+    redis.kill();
+    // No ping within READY_CACHE: the store's death is not seen yet...
+    assert!(health.ready().await, "cached");
+    clock.advance(tollgate_rls::READY_CACHE - Duration::from_micros(1));
+    assert!(health.ready().await, "still cached");
+    // ...until the answer is a second old.
+    clock.advance(Duration::from_micros(1));
+    assert!(!health.ready().await, "pinged again");
+
+    // A store error counted since the last answer forces a ping at once.
+    let mut redis = RedisServer::start();
+    let l = limiter(&redis.url(), "hc2", &clock, Duration::from_millis(100));
+    let health = tollgate_rls::HealthService::with_clock(l.clone(), Arc::new(clock.clone()));
+    let mut rls = start_with(l, clock.clone(), BASIC, RlsOptions::default()).await;
+    assert!(health.ready().await);
+    redis.kill();
+    assert_eq!(overall(&rls.one("basic", &[("key1", "x")]).await), Code::Ok);
+    assert!(
+        !health.ready().await,
+        "a store error since invalidates the answer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_descriptors_of_one_rule_each_get_their_own_status() {
+    let redis = RedisServer::start();
+    let mut rls = start(&redis.url(), "many", BASIC, RlsOptions::default()).await;
+    // key3 is 10/hour. v0 three times (one item of cost 3), then v1..v99 once each.
+    let descriptors = || {
+        let mut d = vec![desc(&[("key3", "v0")]); 3];
+        d.extend((1..100).map(|i| desc(&[("key3", &format!("v{i}"))])));
+        d
+    };
+    for (round, (v0, others)) in [(7, 9), (4, 8)].into_iter().enumerate() {
+        let r = rls.call(request("basic", descriptors())).await;
+        assert_eq!(overall(&r), Code::Ok, "round {round}");
+        assert_eq!(r.statuses.len(), 102);
+        for (k, s) in r.statuses.iter().enumerate() {
+            let want = if k < 3 { v0 } else { others };
+            assert_eq!(
+                (code(s), s.limit_remaining),
+                (Code::Ok, want),
+                "{round} {k}"
+            );
+            let limit = s.current_limit.clone().expect("current_limit");
+            assert_eq!(limit.requests_per_unit, 10);
+        }
+    }
+    // v0 has 4 left: 5 more is over the limit for v0's statuses only, and nothing is charged.
+    let mut d = vec![desc(&[("key3", "v0")]); 5];
+    d.push(desc(&[("key3", "v1")]));
+    let r = rls.call(request("basic", d)).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    for s in &r.statuses[..5] {
+        assert_eq!(code(s), Code::OverLimit);
+    }
+    assert_eq!(code(&r.statuses[5]), Code::Ok);
+    let r = rls.one("basic", &[("key3", "v1")]).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 7,
+        "v1 was not charged by the denied request"
+    );
 }

@@ -28,6 +28,26 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// An RLS YAML problem is reported like a TOML one: same file, line, column, key, message.
+impl From<tollgate_rls::RlsConfigError> for ConfigError {
+    fn from(e: tollgate_rls::RlsConfigError) -> Self {
+        let tollgate_rls::RlsConfigError {
+            file,
+            line,
+            col,
+            key,
+            message,
+        } = e;
+        Self {
+            file,
+            line,
+            col,
+            key,
+            message,
+        }
+    }
+}
+
 /// Every problem found in one file.
 #[derive(Debug, Clone)]
 pub struct ConfigErrors(pub Vec<ConfigError>);

@@ -57,15 +57,7 @@ pub(super) fn rls(r: &mut Reporter<'_>, raw: RawRls, server: &ServerConfig) -> O
             response_headers,
         }),
         Err(errors) => {
-            for e in errors.0 {
-                r.errors.push(ConfigError {
-                    file: e.file,
-                    line: e.line,
-                    col: e.col,
-                    key: e.key,
-                    message: e.message,
-                });
-            }
+            r.errors.extend(errors.0.into_iter().map(ConfigError::from));
             None
         }
     }

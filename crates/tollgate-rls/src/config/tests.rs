@@ -218,3 +218,66 @@ fn a_directory_loads_every_yaml_file() {
     assert_eq!(c.files().len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn descriptors_nested_past_the_yaml_depth_bound_are_an_error_at_their_line() {
+    // Each descriptor level is a mapping in a list: level i opens the (2i + 3)th container,
+    // so level 31 is the 65th, one past the bound.
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    for i in 0..40 {
+        let pad = " ".repeat(2 + 4 * i);
+        text.push_str(&format!("{pad}- key: k{i}\n{pad}  descriptors:\n"));
+    }
+    let e = errors(&text);
+    assert_eq!(e.len(), 1, "{e:?}");
+    // yaml-rust2 marks a block mapping's start at its first `:` (col 4i + 8).
+    assert_eq!(
+        (e[0].file.as_str(), e[0].line, e[0].col),
+        ("rl.yaml", 65, 132)
+    );
+    assert!(
+        e[0].message.contains("nested more than 64"),
+        "{}",
+        e[0].message
+    );
+}
+
+#[test]
+fn two_rules_with_one_policy_name_are_an_error() {
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: a_b\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a\n    value: b\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!((e[0].file.as_str(), e[0].line), ("rl.yaml", 5));
+    assert_eq!(e[0].key, "descriptors[1]");
+    assert!(e[0].message.contains("\"d.a_b\""), "{}", e[0].message);
+    assert!(
+        e[0].message.contains("descriptors[0] (line 3)"),
+        "{}",
+        e[0].message
+    );
+    // Without a rate limit on one of them, no policy clashes.
+    assert!(load("domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n    rate_limit: {unit: second, requests_per_unit: 2}\n").is_ok());
+}
+
+#[test]
+fn a_rule_named_like_an_override_policy_is_an_error() {
+    // `d.override` is where overrides that match no rule are counted.
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: override\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!((e[0].line, e[0].key.as_str()), (3, "descriptors[0]"));
+    assert!(e[0].message.contains("limit overrides"), "{}", e[0].message);
+    // `d.a.override` is where overrides of rule `d.a` are counted.
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n    descriptors:\n      - key: override\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(
+        (e[0].line, e[0].key.as_str()),
+        (6, "descriptors[0].descriptors[0]")
+    );
+    // A child `override` under a descriptor without a rule clashes with nothing.
+    assert!(load("domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: override\n        rate_limit: {unit: second, requests_per_unit: 1}\n").is_ok());
+}

@@ -2,6 +2,7 @@
 
 use super::{Descriptor, Level, RlsConfig, RlsConfigError, RlsConfigErrors, Rule};
 use crate::yaml::{self, Kind, Node, Pos};
+use std::collections::HashMap;
 use std::path::Path;
 
 mod rate_limit;
@@ -76,6 +77,7 @@ pub fn load_str<'a>(
             file,
             errors: &mut errors,
             rules: &mut config.rules,
+            names: HashMap::new(),
         };
         if let Some((domain, pos, level)) = l.file(text) {
             match config.domains.entry(domain) {
@@ -103,6 +105,9 @@ pub(super) struct Loader<'a> {
     file: &'a str,
     errors: &'a mut Vec<RlsConfigError>,
     rules: &'a mut Vec<Rule>,
+    /// The policy name of each rule of this file so far, with where its descriptor starts
+    /// (one domain per file, and names start with it, so per file is enough).
+    names: HashMap<String, (Pos, String)>,
 }
 
 impl Loader<'_> {
@@ -181,6 +186,7 @@ impl Loader<'_> {
             if let Some((_, list)) = get(entries, "descriptors") {
                 self.descriptors(list, "descriptors", domain, &mut level);
             }
+            self.override_clashes(domain);
         }
         domain.map(|(d, pos)| (d, pos, level))
     }
@@ -281,6 +287,56 @@ impl Loader<'_> {
                 node.pos,
                 path,
                 format!("duplicate descriptor {name:?}: the same key and value twice at one level"),
+            );
+        } else if rule.is_some() {
+            self.unique_name(name, node.pos, path);
+        }
+    }
+
+    /// Two rules with one policy name would share metric series: `key: a_b` and
+    /// `key: a, value: b` are both `<domain>.a_b`.
+    fn unique_name(&mut self, name: String, pos: Pos, path: &str) {
+        match self.names.entry(name) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let (first, first_path) = e.get();
+                let message = format!(
+                    "the policy name {:?} is already used by {first_path} (line {}); \
+                     `key: a_b` and `key: a, value: b` name the same policy",
+                    e.key(),
+                    first.line
+                );
+                self.err(pos, path, message);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert((pos, path.to_string()));
+            }
+        }
+    }
+
+    /// A limit override is counted under `<rule>.override` (`<domain>.override` when no rule
+    /// matched): a rule may not be named like one.
+    fn override_clashes(&mut self, domain: &str) {
+        let domain_override = format!("{domain}.override");
+        let mut clashes: Vec<(Pos, String, String)> = self
+            .names
+            .iter()
+            .filter(|(name, _)| {
+                **name == domain_override
+                    || name
+                        .strip_suffix(".override")
+                        .is_some_and(|base| self.names.contains_key(base))
+            })
+            .map(|(name, (pos, path))| (*pos, path.clone(), name.clone()))
+            .collect();
+        clashes.sort_by_key(|(pos, _, _)| (pos.line, pos.col));
+        for (pos, path, name) in clashes {
+            self.err(
+                pos,
+                path,
+                format!(
+                    "the policy name {name:?} is the one limit overrides are counted under; \
+                     rename the key"
+                ),
             );
         }
     }
