@@ -241,6 +241,17 @@ impl MemoryStore {
         }
     }
 
+    /// Forgets `client`'s state under `rule` (an operator's reset): its next check starts
+    /// from a fresh state. Whether a key was tracked.
+    pub fn remove(&self, client: &ClientKey, rule: &tollgate_core::Rule) -> bool {
+        let Place { lo, hi, ch, shard } = self.place(client);
+        let padded = &self.shards[shard];
+        let mut guard = write(&padded.shard);
+        let removed = guard.remove(lo, hi, ch, rule.id());
+        publish(padded, &guard);
+        removed
+    }
+
     fn place(&self, client: &ClientKey) -> Place {
         let (lo, hi) = halves(client);
         let ch = table::client_hash(self.seed, lo, hi);

@@ -345,6 +345,24 @@ impl Shard {
         }
     }
 
+    /// Forgets the state of the client `(lo, hi)` (hash `ch`) under the rule with id
+    /// `rule_id`, whatever its limit: the next check starts fresh. Whether there was one.
+    pub fn remove(&mut self, lo: u64, hi: u64, ch: u64, rule_id: u64) -> bool {
+        let Some(r) = self.rule_ids.iter().position(|&r| r == rule_id) else {
+            return false;
+        };
+        let Ok(r) = u16::try_from(r) else {
+            return false;
+        };
+        match self.table.find(lo, hi, r, slot_hash(ch, r)) {
+            Some(i) => {
+                self.evict(i);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Whether the client `(lo, hi)` (hash `ch`) has a key under the rule index `rule`.
     pub fn has(&self, lo: u64, hi: u64, ch: u64, rule: u16) -> bool {
         self.table.find(lo, hi, rule, slot_hash(ch, rule)).is_some()

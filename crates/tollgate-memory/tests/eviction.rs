@@ -287,3 +287,40 @@ fn os_threads_on_one_key_admit_exactly_the_limit() {
         assert_eq!(admitted, 1_000, "{algorithm}");
     }
 }
+
+#[test]
+fn remove_forgets_one_client_under_one_rule_and_nothing_else() {
+    for algorithm in Algorithm::ALL {
+        let store = MemoryStore::default();
+        let r = rule(algorithm, 3, Duration::from_secs(60));
+        let other_rule = Rule::new("other", *r.limit());
+        for c in [client(1), client(2)] {
+            for rule in [&r, &other_rule] {
+                for _ in 0..3 {
+                    assert!(check(&store, &c, rule, 1, T0), "{algorithm}");
+                }
+                assert!(!check(&store, &c, rule, 1, T0), "{algorithm}: limited");
+            }
+        }
+        assert_eq!(store.len(), 4, "{algorithm}");
+        // The same rule name under another limit (a reloaded quota) names the same state.
+        let reloaded = rule(algorithm, 5, Duration::from_secs(60));
+        let reloaded = Rule::new(r.name().to_string(), *reloaded.limit());
+        assert!(store.remove(&client(1), &reloaded), "{algorithm}");
+        assert!(!store.remove(&client(1), &r), "{algorithm}: already gone");
+        assert!(!store.remove(&client(3), &r), "{algorithm}: never tracked");
+        assert_eq!(store.len(), 3, "{algorithm}");
+        for _ in 0..3 {
+            assert!(check(&store, &client(1), &r, 1, T0), "{algorithm}: fresh");
+        }
+        assert!(!check(&store, &client(1), &r, 1, T0), "{algorithm}");
+        assert!(
+            !check(&store, &client(2), &r, 1, T0),
+            "{algorithm}: untouched"
+        );
+        assert!(
+            !check(&store, &client(1), &other_rule, 1, T0),
+            "{algorithm}"
+        );
+    }
+}

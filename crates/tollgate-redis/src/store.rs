@@ -351,6 +351,19 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Deletes `policy`'s state for `client` (an operator's reset): the next check starts
+    /// from a fresh state. Whether a key existed.
+    pub async fn reset(&self, client: &ClientKey, policy: &str) -> Result<bool, RedisStoreError> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(self.key(client, policy));
+        match self.query(&cmd).await? {
+            redis::Value::Int(n) => Ok(n > 0),
+            other => Err(RedisStoreError::protocol(format!(
+                "DEL answered {other:?}; expected an integer"
+            ))),
+        }
+    }
+
     /// The Redis key holding `policy`'s state for `client`: `<prefix>:{<client>}:<policy>`.
     pub fn key(&self, client: &ClientKey, policy: &str) -> String {
         let mut key = String::with_capacity(self.prefix.len() + policy.len() + 37);

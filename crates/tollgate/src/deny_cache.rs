@@ -121,6 +121,32 @@ impl DenyCache {
         map.insert(key, (until, cost));
     }
 
+    /// Until when the client is denied under the policy, whatever the cost (read-only).
+    pub(crate) fn peek(&self, client: &ClientKey, policy: u64, now: Micros) -> Option<Micros> {
+        let map = self
+            .shard(client, policy)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        map.get(&(client.as_u128(), policy))
+            .map(|&(until, _)| until)
+            .filter(|&until| until > now)
+    }
+
+    /// Forgets the client's denial under the policy (an operator's reset).
+    pub(crate) fn forget(&self, client: &ClientKey, policy: u64) {
+        self.shard(client, policy)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(client.as_u128(), policy));
+    }
+
+    /// Forgets every denial (a reload may have changed the quotas they were decided under).
+    pub(crate) fn clear(&self) {
+        for s in &self.shards {
+            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.shards

@@ -131,6 +131,13 @@ impl Leases {
         })
     }
 
+    /// Drops the client's local lease under policy `id` without giving its units back (an
+    /// operator's reset, which deletes the shared state they came from).
+    pub(crate) fn forget(&self, client: &ClientKey, id: u64) {
+        let key = (client.as_u128(), id);
+        self.shard(&key).remove(&key);
+    }
+
     /// Records a store grant for a request of `cost` that needed it: the rest is the lease.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn granted(

@@ -40,8 +40,11 @@ impl Limiter {
             .lease_policies
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if !list.iter().any(|q| q.rule().id() == p.rule().id()) {
-            list.push(p.clone());
+        // The newest registration of a name wins: after a reload changed its quota, expired
+        // units go back under the quota they are now counted by.
+        match list.iter_mut().find(|q| q.rule().id() == p.rule().id()) {
+            Some(q) => *q = p.clone(),
+            None => list.push(p.clone()),
         }
         drop(list);
         self.start_sweeper();

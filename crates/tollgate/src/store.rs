@@ -152,6 +152,30 @@ impl Store {
         }
     }
 
+    /// Forgets `client`'s state under `rule` (an operator's reset). Whether there was one.
+    pub(crate) async fn reset(
+        &self,
+        client: &ClientKey,
+        rule: &tollgate_core::Rule,
+        timeout: Duration,
+    ) -> Result<bool, StoreFailure> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(m) => {
+                let _ = timeout;
+                Ok(m.remove(client, rule))
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => {
+                within(timeout, async {
+                    let store = r.get().await?;
+                    store.reset(client, rule.name()).await
+                })
+                .await
+            }
+        }
+    }
+
     pub(crate) async fn ping(&self, timeout: Duration) -> Result<(), StoreFailure> {
         match self {
             #[cfg(feature = "memory")]
