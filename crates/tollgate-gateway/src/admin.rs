@@ -4,8 +4,11 @@
 //!
 //! The page's files are compiled into the binary and served with a content security policy
 //! that allows nothing but this server: no CDN, no external font, no inline script.
+//!
+//! Under `/v1/`, the admin API (see [`crate::admin_api`]), behind `[server] admin_token`.
 
 use crate::http_util::{status_response, text_response, BoxBody};
+use crate::live::Live;
 use crate::metrics::HttpMetrics;
 use crate::status::History;
 use http::header::{HeaderName, HeaderValue, CACHE_CONTROL};
@@ -30,11 +33,16 @@ pub struct Admin {
     pub http: Arc<HttpMetrics>,
     /// Once-a-second readings of the limiter's counters, for the status page's rates.
     pub history: Arc<History>,
+    /// The serving config, for the admin API under `/v1/` and reloads.
+    pub live: Arc<Live>,
 }
 
 impl Admin {
     /// Answers one admin request.
     pub async fn handle<B>(&self, req: Request<B>) -> Response<BoxBody> {
+        if req.uri().path().starts_with("/v1/") {
+            return crate::admin_api::handle(&self.live, &req).await;
+        }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return status_response(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
         }
@@ -43,6 +51,7 @@ impl Admin {
                 let mut out = String::with_capacity(8 * 1024);
                 self.limiter.render_metrics(&mut out);
                 self.http.render(&mut out);
+                self.live.render_metrics(&mut out);
                 text_response(
                     StatusCode::OK,
                     "text/plain; version=0.0.4; charset=utf-8",
@@ -72,7 +81,7 @@ impl Admin {
             }
             _ => status_response(
                 StatusCode::NOT_FOUND,
-                "not found; try /, /status.json, /metrics, /healthz or /readyz\n",
+                "not found; try /, /status.json, /metrics, /healthz, /readyz or the admin API under /v1/\n",
             ),
         }
     }

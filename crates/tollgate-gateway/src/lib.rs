@@ -4,11 +4,13 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+mod admin_api;
 pub mod check_config;
 pub mod client_body;
 pub mod config;
 mod conn_limit;
 pub mod http_util;
+pub mod live;
 pub mod metrics;
 pub mod proxy;
 mod refusal;

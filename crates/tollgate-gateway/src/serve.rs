@@ -10,8 +10,9 @@ use crate::admin::Admin;
 use crate::config::{Config, StoreBackend};
 use crate::conn_limit::ConnLimits;
 use crate::http_util::{status_response, BoxBody};
+use crate::live::{Live, PolicyRules};
 use crate::metrics::HttpMetrics;
-use crate::proxy::{Proxy, ProxyLimits};
+use crate::proxy::Proxy;
 use crate::server::{serve_admin, serve_gateway, ShutdownSignals, GRACE};
 use crate::status::{run_sampler, History};
 use anyhow::Context as _;
@@ -29,13 +30,13 @@ use tollgate::{
     Backend, IdentityHasher, Limiter, LimiterConfig, MemoryConfig, PolicySpec, RedisConfig,
     StoreClock,
 };
-use tollgate_rls::{RlsOptions, RlsService};
+use tollgate_rls::{LiveRls, RlsOptions, RlsService};
 use tollgate_tower::{PeerAddr, RateLimitLayer, RoutedPolicy};
 use tower_service::Service;
 
 /// What the rate limiter wraps: the upstream, or the decision-mode 200.
 #[derive(Clone)]
-enum Target {
+pub(crate) enum Target {
     /// Behind an `Arc`: the proxy's HTTP client is large and the target is cloned per
     /// connection.
     Proxy(Arc<Proxy>),
@@ -103,8 +104,13 @@ pub fn limiter(config: &Config) -> Limiter {
     Limiter::new(lc)
 }
 
-/// Builds the rate-limit layer (policies registered with `limiter`).
-pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLayer> {
+/// Builds the rate-limit layer (policies registered with `limiter`), and each policy's rules
+/// for the admin API.
+pub(crate) fn layer(
+    config: &Config,
+    limiter: &Limiter,
+) -> anyhow::Result<(RateLimitLayer, Vec<(String, PolicyRules)>)> {
+    let mut rules = Vec::with_capacity(config.policies.len());
     let mut layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(&config.secret.0))
         .identity(config.identity.clone())
         .forward_auth(
@@ -129,35 +135,47 @@ pub fn layer(config: &Config, limiter: &Limiter) -> anyhow::Result<RateLimitLaye
                 })
                 .with_context(|| format!("{}: policy {name:?}", config.origin))
         };
-        let mut routed = RoutedPolicy::new(variant(p.name.clone(), p.limit)?)
+        let own = variant(p.name.clone(), p.limit)?;
+        let mut routed = RoutedPolicy::new(own.clone())
             .path_prefix(p.path_prefix.clone())
             .methods(p.methods.clone())
             .case_insensitive(p.case_insensitive);
         if let Some(sources) = &p.identity {
             routed = routed.identity(sources.clone());
         }
+        let mut tiers = Vec::new();
         if let Some(source) = &p.tier {
-            let mut tiers = Vec::new();
             for t in &p.tiers {
                 let policy = variant(p.tier_rule_name(&t.name), t.limit)?;
                 tiers.push((t.name.clone(), policy));
             }
-            routed = routed.tiers(source.clone(), tiers);
+            routed = routed.tiers(source.clone(), tiers.clone());
         }
         let mut overrides = Vec::new();
         for o in config.overrides.iter().filter(|o| o.policy == p.name) {
             overrides.push((o.client, variant(o.rule_name(), o.limit)?));
         }
         if !overrides.is_empty() {
-            routed = routed.overrides(overrides);
+            routed = routed.overrides(overrides.clone());
         }
         layer = layer.policy(routed);
+        rules.push((
+            p.name.clone(),
+            PolicyRules {
+                policy: own,
+                tiers,
+                overrides,
+            },
+        ));
     }
-    Ok(layer)
+    Ok((layer, rules))
 }
 
 /// Builds the Envoy rate limit service of `[rls]` (its rules registered with `limiter`).
-pub fn rls_service(config: &Config, limiter: &Limiter) -> anyhow::Result<Option<RlsService>> {
+pub(crate) fn rls_service(
+    config: &Config,
+    limiter: &Limiter,
+) -> anyhow::Result<Option<RlsService>> {
     let Some(rls) = &config.rls else {
         return Ok(None);
     };
@@ -179,7 +197,7 @@ pub fn rls_service(config: &Config, limiter: &Limiter) -> anyhow::Result<Option<
 /// Binds `[rls] listen` and serves the rate limit service there until `stop` changes.
 async fn spawn_rls(
     config: &Config,
-    service: Option<RlsService>,
+    service: Option<LiveRls>,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let (Some(service), Some(addr)) = (service, config.rls.as_ref().and_then(|r| r.listen)) else {
@@ -211,29 +229,23 @@ async fn spawn_rls(
 /// How long startup waits for a shared store to connect before serving anyway.
 const STARTUP_CONNECT: Duration = Duration::from_secs(2);
 
-/// Runs the gateway until SIGTERM or SIGINT.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+/// Runs the gateway until SIGTERM or SIGINT; `path` is the file `config` was read from
+/// (`None`: the built-in defaults), which a reload reads again.
+pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Result<()> {
     let limiter = limiter(&config);
-    let layer = layer(&config, &limiter)?;
-    let rls = rls_service(&config, &limiter)?;
+    let http_metrics = Arc::new(HttpMetrics::default());
+    let live = Arc::new(Live::new(
+        path,
+        config.clone(),
+        limiter.clone(),
+        http_metrics.clone(),
+    )?);
+    let rls = live.rls();
     // Connect to a shared store before taking traffic, so a cold start does not spend the
     // first requests' timeouts on a connection and a script load (and trip the breaker).
     // A store that is down does not stop the gateway: requests follow their failure policy.
     limiter.connect(STARTUP_CONNECT).await;
-    let http_metrics = Arc::new(HttpMetrics::default());
-    let target = match &config.server.upstream {
-        Some(u) => Target::Proxy(Arc::new(Proxy::new(
-            u.clone(),
-            ProxyLimits {
-                timeout: config.server.upstream_timeout,
-                body_timeout: config.server.body_timeout,
-                trusted: config.identity.trusted_proxies.clone(),
-            },
-            http_metrics.clone(),
-        ))),
-        None => Target::Decision,
-    };
-    let service = tower_layer::Layer::layer(&layer, target);
+    let service = live.service();
     let listener = TcpListener::bind(config.server.listen)
         .await
         .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
@@ -265,8 +277,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         limiter: limiter.clone(),
         http: http_metrics.clone(),
         history,
+        live: live.clone(),
     };
     let admin_task = tokio::spawn(serve_admin(admin_listener, admin, stop_rx.clone()));
+    let sighup = tokio::spawn(live.clone().on_sighup(stop_rx.clone()));
+    let watcher = tokio::spawn(live.clone().watch_files(stop_rx.clone()));
     let rls_task = spawn_rls(&config, rls, stop_rx.clone()).await?;
     let force = async {
         let _ = force_rx.await;
@@ -291,6 +306,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let _ = admin_task.await;
     let _ = sampler.await;
+    let _ = sighup.await;
+    let _ = watcher.await;
     if let Some(t) = rls_task {
         let _ = t.await;
     }
@@ -360,6 +377,7 @@ pub fn main(config_path: Option<&std::path::Path>) -> i32 {
         Some(p) => Config::load(p),
         None => Config::builtin(),
     };
+    let path = config_path.map(std::path::Path::to_path_buf);
     let config = match config {
         Ok(c) => c,
         Err(errors) => {
@@ -381,7 +399,7 @@ pub fn main(config_path: Option<&std::path::Path>) -> i32 {
             return 1;
         }
     };
-    match rt.block_on(run(config)) {
+    match rt.block_on(run(path, config)) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -48,6 +48,50 @@ impl RateLimitService for RlsService {
     }
 }
 
+/// The rate limit service a listener serves, replaceable while it serves (a reload of the
+/// rules): each call is decided whole by the service current when it started. Cheap to clone;
+/// clones share the current service.
+#[derive(Clone)]
+pub struct LiveRls {
+    current: Arc<arc_swap::ArcSwap<RlsService>>,
+}
+
+impl LiveRls {
+    /// Serves `service` until it is replaced.
+    pub fn new(service: RlsService) -> Self {
+        Self {
+            current: Arc::new(arc_swap::ArcSwap::from_pointee(service)),
+        }
+    }
+
+    /// Serves `service` from the next call on; calls in flight finish with the old one.
+    pub fn replace(&self, service: RlsService) {
+        self.current.store(Arc::new(service));
+    }
+
+    /// The service serving now.
+    pub fn current(&self) -> Arc<RlsService> {
+        self.current.load_full()
+    }
+}
+
+impl From<RlsService> for LiveRls {
+    fn from(service: RlsService) -> Self {
+        Self::new(service)
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for LiveRls {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let service = self.current.load_full();
+        service.decide(request.get_ref()).await.map(Response::new)
+    }
+}
+
 /// `grpc.health.v1.Health`: SERVING while the store answers ([`tollgate::Limiter::ready`]).
 /// An answer is reused for [`READY_CACHE`], unless a store error has been counted since
 /// (then the store is pinged again at once); concurrent checks share one ping.
@@ -148,10 +192,11 @@ impl Health for HealthService {
 /// lets in-flight calls finish.
 pub async fn serve(
     listener: TcpListener,
-    service: RlsService,
+    service: impl Into<LiveRls>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let health = HealthService::new(service.limiter().clone());
+    let service = service.into();
+    let health = HealthService::new(service.current().limiter().clone());
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let incoming = tokio_stream::StreamExt::map(
         tokio_stream::wrappers::TcpListenerStream::new(listener),

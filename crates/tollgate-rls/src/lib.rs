@@ -18,6 +18,8 @@ mod service;
 mod yaml;
 
 pub use config::{RlsConfig, RlsConfigError, RlsConfigErrors};
-pub use grpc::{serve, HealthService, CALL_TIMEOUT, MAX_MESSAGE_BYTES, READY_CACHE, SERVICE_NAME};
+pub use grpc::{
+    serve, HealthService, LiveRls, CALL_TIMEOUT, MAX_MESSAGE_BYTES, READY_CACHE, SERVICE_NAME,
+};
 pub use incoming::PREFACE_TIMEOUT;
 pub use service::{RlsOptions, RlsService, MAX_DESCRIPTORS, MAX_ENTRIES, UNLIMITED_REMAINING};

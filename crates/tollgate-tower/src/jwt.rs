@@ -161,6 +161,28 @@ impl JwtVerifier {
         self
     }
 
+    /// The required `iss`, if any.
+    pub fn required_issuer(&self) -> Option<&str> {
+        self.issuer.as_deref()
+    }
+
+    /// The required `aud`, if any.
+    pub fn required_audience(&self) -> Option<&str> {
+        self.audience.as_deref()
+    }
+
+    /// The algorithms of the keys it verifies with (e.g. `HS256`), once each; never a key.
+    pub fn algorithms(&self) -> Vec<String> {
+        let mut algs: Vec<String> = Vec::new();
+        for k in self.keys.iter() {
+            let a = format!("{:?}", k.alg);
+            if !algs.contains(&a) {
+                algs.push(a);
+            }
+        }
+        algs
+    }
+
     /// The header read.
     pub fn header_name(&self) -> &HeaderName {
         &self.header

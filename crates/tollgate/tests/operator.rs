@@ -22,9 +22,10 @@ fn policy(l: &Limiter, name: &str, algorithm: Algorithm, limit: u64) -> Policy {
 }
 
 fn memory(clock: &ManualClock) -> Limiter {
-    let mut cfg = LimiterConfig::default();
-    cfg.clock = Arc::new(clock.clone());
-    Limiter::new(cfg)
+    Limiter::new(LimiterConfig {
+        clock: Arc::new(clock.clone()),
+        ..LimiterConfig::default()
+    })
 }
 
 fn redis(url: &str, clock: &ManualClock) -> Limiter {

@@ -95,6 +95,7 @@ const TOKENS: &[&str] = &[
     "\"\"\"",
     "listen",
     "admin_listen",
+    "admin_token",
     "upstream",
     "backend",
     "url",

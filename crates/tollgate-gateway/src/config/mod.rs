@@ -12,11 +12,13 @@ mod overrides;
 mod policy;
 mod raw;
 mod rls;
+mod show;
 mod store;
 mod validate;
 
 pub use duration::parse_duration;
 pub use error::{ConfigError, ConfigErrors};
+pub use show::effective;
 
 use http::Method;
 use std::fmt;
@@ -49,6 +51,8 @@ pub struct Config {
     pub overrides_path: Option<std::path::PathBuf>,
     /// The `[[override]]` entries of that file, identities hashed.
     pub overrides: Vec<OverrideConfig>,
+    /// `identity.jwt.jwks_file`, resolved against the TOML file's directory.
+    pub jwks_path: Option<std::path::PathBuf>,
 }
 
 /// One `[[override]]`: a named client's own quota under a policy.
@@ -105,6 +109,9 @@ pub struct ServerConfig {
     pub max_connections_per_ip: usize,
     /// The most time a request body may take to arrive in full.
     pub body_timeout: Duration,
+    /// `admin_token`, expanded: the bearer token of the admin API under `/v1/` (none: `/v1/`
+    /// answers 403).
+    pub admin_token: Option<Secret>,
 }
 
 /// An `http://host:port[/base]` upstream.
@@ -255,11 +262,14 @@ impl PolicyConfig {
 /// gateways sharing Redis should set their own (a warning is logged otherwise).
 pub const DEFAULT_SECRET: &str = "change-me";
 
+/// The origin of [`Config::builtin`].
+pub const BUILTIN_ORIGIN: &str = "<built-in>";
+
 impl Config {
     /// The built-in defaults of `tollgate serve` without `--config`: memory store, decision
     /// mode, token_bucket 100/min per client IP, 127.0.0.1:8080, admin 127.0.0.1:9090.
     pub fn builtin() -> Result<Config, ConfigErrors> {
-        Self::parse("<built-in>", BUILTIN)
+        Self::parse(BUILTIN_ORIGIN, BUILTIN)
     }
 
     /// Reads and validates `path`.
@@ -280,6 +290,39 @@ impl Config {
     /// Validates `text`, naming `file` in errors.
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         validate::validate(file, text, |name| std::env::var(name).ok())
+    }
+
+    /// The files this configuration was read from, for a reload to watch: the TOML file (none
+    /// for the built-in defaults), the overrides file, the JWKS file, the RLS YAML (its
+    /// directory too, where a new file may appear).
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        if self.origin != BUILTIN_ORIGIN {
+            files.push(std::path::PathBuf::from(&self.origin));
+        }
+        files.extend(self.overrides_path.iter().cloned());
+        files.extend(self.jwks_path.iter().cloned());
+        if let Some(rls) = &self.rls {
+            files.push(rls.config_path.clone());
+            for f in rls.config.files() {
+                let f = std::path::PathBuf::from(f);
+                if !files.contains(&f) {
+                    files.push(f);
+                }
+            }
+        }
+        files
+    }
+
+    /// The hashed client of `SOURCE=VALUE` (e.g. `header:x-api-key=KEY`) under policy
+    /// `policy`, as a request identified by that source gets it; an error says what is wrong.
+    pub fn client_key(
+        &self,
+        policy: &PolicyConfig,
+        spec: &str,
+    ) -> Result<tollgate::ClientKey, String> {
+        let hasher = tollgate::IdentityHasher::new(&self.secret.0);
+        overrides::client_key(spec, Some(policy), &self.identity, &hasher)
     }
 
     /// Whether the gateway answers itself (no upstream).

@@ -197,7 +197,7 @@ fn entry_of(
 }
 
 /// The hashed client key of `SOURCE=VALUE`, as a request identified by that source would get.
-fn client_key(
+pub(super) fn client_key(
     spec: &str,
     policy: Option<&PolicyConfig>,
     identity: &IdentityConfig,

@@ -63,6 +63,7 @@ pub(crate) struct RawServer {
     pub max_connections: S<i64>,
     pub max_connections_per_ip: S<i64>,
     pub body_timeout: S<String>,
+    pub admin_token: S<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

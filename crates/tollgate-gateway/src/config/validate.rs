@@ -28,7 +28,14 @@ pub(crate) fn validate(
     let server = server(
         &mut r,
         raw.server.map(Spanned::into_inner).unwrap_or_default(),
+        &env,
     );
+    let jwks_path = raw
+        .identity
+        .as_ref()
+        .and_then(|i| i.get_ref().jwt.as_ref())
+        .and_then(|j| j.get_ref().jwks_file.as_ref())
+        .map(|f| super::rls::resolve(file, f.get_ref()));
     let store = store(
         &mut r,
         raw.store.map(Spanned::into_inner).unwrap_or_default(),
@@ -98,6 +105,7 @@ pub(crate) fn validate(
             rls,
             overrides_path,
             overrides,
+            jwks_path,
         })
     } else {
         Err(ConfigErrors(r.errors))
@@ -109,7 +117,11 @@ pub(super) fn addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?} is not an address; expected IP:PORT like \"127.0.0.1:8080\""))
 }
 
-fn server(r: &mut Reporter<'_>, raw: RawServer) -> ServerConfig {
+fn server(
+    r: &mut Reporter<'_>,
+    raw: RawServer,
+    env: &impl Fn(&str) -> Option<String>,
+) -> ServerConfig {
     let listen = field(
         r,
         "server.listen",
@@ -177,9 +189,24 @@ fn server(r: &mut Reporter<'_>, raw: RawServer) -> ServerConfig {
         Duration::from_secs(30),
         |s| duration(s),
     );
+    let admin_token = field(r, "server.admin_token", &raw.admin_token, None, |s| {
+        admin_token(s, env).map(Some)
+    });
+    if raw.admin_token.is_none() && !admin_listen.ip().is_loopback() {
+        if let Some(at) = &raw.admin_listen {
+            r.at(
+                at.span(),
+                "server.admin_listen",
+                format!(
+                    "{admin_listen} is not a loopback address and server.admin_token is not set; the admin API resets clients and reloads the config, so set admin_token = \"${{ADMIN_TOKEN}}\" or listen on 127.0.0.1"
+                ),
+            );
+        }
+    }
     ServerConfig {
         listen,
         admin_listen,
+        admin_token,
         upstream,
         upstream_timeout,
         forward_auth,
@@ -188,6 +215,25 @@ fn server(r: &mut Reporter<'_>, raw: RawServer) -> ServerConfig {
         max_connections_per_ip,
         body_timeout,
     }
+}
+
+/// `[server] admin_token`: `${ENV}` expanded; at least 16 visible ASCII characters (it is
+/// compared with a bearer token, which cannot hold spaces or control characters).
+fn admin_token(s: &str, env: &impl Fn(&str) -> Option<String>) -> Result<Secret, String> {
+    let token = expand_env(s, env)?;
+    if token.len() < 16 {
+        return Err(
+            "is shorter than 16 characters; expected a long random token (\"${ENV_VAR}\" is expanded)"
+                .to_string(),
+        );
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(
+            "holds a space, a control or a non-ASCII character; expected visible ASCII only"
+                .to_string(),
+        );
+    }
+    Ok(Secret(token.into_bytes()))
 }
 
 /// `[server] forward_auth`: written means required (a trusted request without the URI

@@ -58,6 +58,10 @@ pub struct Gateway {
     pub port: u16,
     pub admin_port: u16,
     pub log: PathBuf,
+    /// The config file it was started with.
+    pub config: PathBuf,
+    /// The `[server]` table written at the top of that file.
+    pub head: String,
 }
 
 impl Gateway {
@@ -69,9 +73,10 @@ impl Gateway {
         for _ in 0..3 {
             let port = free_port();
             let admin_port = free_port();
-            let text = format!(
-                "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\n{server_extra}\n{body}"
+            let head = format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\n{server_extra}\n"
             );
+            let text = format!("{head}{body}");
             let config = scratch("gateway.toml");
             std::fs::write(&config, text).expect("write config");
             let log = scratch("gateway.log");
@@ -89,6 +94,8 @@ impl Gateway {
                 port,
                 admin_port,
                 log,
+                config,
+                head,
             };
             match g.wait_healthy() {
                 Ok(()) => return g,
@@ -142,6 +149,22 @@ impl Gateway {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Replaces the config file with the same `[server]` table and `body` (written to a
+    /// temporary file and renamed over it, as editors and config managers do).
+    pub fn rewrite(&self, body: &str) {
+        let tmp = self.config.with_extension("toml.new");
+        std::fs::write(&tmp, format!("{}{body}", self.head)).expect("write config");
+        std::fs::rename(&tmp, &self.config).expect("replace config");
+    }
+
+    /// Sends SIGHUP.
+    pub fn hangup(&self) {
+        let _ = Command::new("kill")
+            .arg("-HUP")
+            .arg(self.child.id().to_string())
+            .status();
     }
 
     /// Sends SIGTERM.

@@ -1,0 +1,271 @@
+//! The admin API under `/v1/` on `admin_listen`, for operators and their tools:
+//!
+//! - `GET /v1/clients/<policy>?identity=SRC=VALUE`: the client's state under each rule of the
+//!   policy that can apply to it (its override; otherwise the policy's own rule and each
+//!   tier's), read without charging it;
+//! - `DELETE` of the same: resets those states (the store's, the local fallback's, the deny
+//!   cache's and local leases), so a limited client passes again;
+//! - `POST /v1/reload`: re-reads the config (see [`crate::live`]);
+//! - `GET /v1/config`: the effective config, secrets redacted.
+//!
+//! Every call needs `Authorization: Bearer <admin_token>`, compared in constant time. Without
+//! `[server] admin_token`, `/v1/` answers 403 to everyone.
+
+use crate::config::effective;
+use crate::http_util::{text_response, BoxBody};
+use crate::live::{Live, ReloadError};
+use http::header::{HeaderValue, ALLOW, AUTHORIZATION, WWW_AUTHENTICATE};
+use http::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+use tollgate::{ClientKey, Micros, Policy, StoreUnavailable};
+
+/// Answers one request under `/v1/`.
+pub(crate) async fn handle<B>(live: &Live, req: &Request<B>) -> Response<BoxBody> {
+    if let Some(refused) = refuse(live, req) {
+        return refused;
+    }
+    let path = req.uri().path();
+    let rest = path.strip_prefix("/v1/").unwrap_or("");
+    match (rest, req.method()) {
+        ("reload", &Method::POST) => reload(live).await,
+        ("reload", _) => not_allowed("POST"),
+        ("config", &Method::GET | &Method::HEAD) => {
+            json_response(StatusCode::OK, &effective(&live.config()))
+        }
+        ("config", _) => not_allowed("GET, HEAD"),
+        (r, m) if r.starts_with("clients/") => {
+            let policy = &r["clients/".len()..];
+            match *m {
+                Method::GET | Method::HEAD => client(live, policy, req, false).await,
+                Method::DELETE => client(live, policy, req, true).await,
+                _ => not_allowed("GET, HEAD, DELETE"),
+            }
+        }
+        _ => problem(
+            StatusCode::NOT_FOUND,
+            "no such admin call",
+            "try GET /v1/clients/<policy>?identity=SRC=VALUE, DELETE of the same, POST /v1/reload or GET /v1/config",
+        ),
+    }
+}
+
+/// `None` when the request carries the admin token; otherwise the answer (403 when no token
+/// is configured, 401 when the request's is missing or wrong).
+fn refuse<B>(live: &Live, req: &Request<B>) -> Option<Response<BoxBody>> {
+    let config = live.config();
+    let Some(token) = &config.server.admin_token else {
+        return Some(problem(
+            StatusCode::FORBIDDEN,
+            "the admin API is disabled",
+            "set [server] admin_token (\"${ADMIN_TOKEN}\" is expanded) to enable /v1/",
+        ));
+    };
+    let mut values = req.headers().get_all(AUTHORIZATION).iter();
+    let given = match (values.next(), values.next()) {
+        (Some(v), None) => bearer(v.as_bytes()),
+        _ => None,
+    };
+    // Constant time in the token's bytes (only a length mismatch ends the comparison early).
+    let ok = given.is_some_and(|g| bool::from(g.ct_eq(&token.0)));
+    if ok {
+        return None;
+    }
+    let mut resp = problem(
+        StatusCode::UNAUTHORIZED,
+        "a valid admin token is required",
+        "send Authorization: Bearer <admin_token>",
+    );
+    resp.headers_mut().insert(
+        WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"tollgate-admin\""),
+    );
+    Some(resp)
+}
+
+/// The credentials of `Bearer <credentials>` (scheme case-insensitive).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    (scheme.eq_ignore_ascii_case(b"bearer ")).then(|| rest.trim_ascii())
+}
+
+async fn reload(live: &Live) -> Response<BoxBody> {
+    match live.reload("api").await {
+        Ok(r) => json_response(
+            StatusCode::OK,
+            &json!({"result": "ok", "changed": r.changed, "restart_required": r.restart_required}),
+        ),
+        Err(ReloadError::NoFile) => problem(
+            StatusCode::CONFLICT,
+            "nothing to reload",
+            &ReloadError::NoFile.to_string(),
+        ),
+        Err(e) => problem_json(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({
+                "type": "about:blank",
+                "title": "the new config was refused; the old one keeps serving",
+                "status": 422,
+                "detail": e.to_string(),
+                "result": "error",
+            }),
+        ),
+    }
+}
+
+/// `GET` (or, with `reset`, `DELETE`) `/v1/clients/<policy>?identity=SRC=VALUE`.
+async fn client<B>(live: &Live, policy: &str, req: &Request<B>, reset: bool) -> Response<BoxBody> {
+    let generation = live.generation();
+    let Some((config, rules)) = generation.policy(policy) else {
+        let names: Vec<&str> = generation
+            .config
+            .policies
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        return problem(
+            StatusCode::NOT_FOUND,
+            "no such policy",
+            &format!("policies: {}", names.join(", ")),
+        );
+    };
+    let identity = match one_param(req.uri().query().unwrap_or(""), "identity") {
+        Ok(v) => v,
+        Err(why) => return problem(StatusCode::BAD_REQUEST, "bad query", &why),
+    };
+    let client = match generation.config.client_key(config, &identity) {
+        Ok(k) => k,
+        Err(why) => return problem(StatusCode::BAD_REQUEST, "bad identity", &why),
+    };
+    // The rules that can apply: the client's override alone, or the policy's and its tiers'.
+    let candidates: Vec<(&Policy, Option<&str>, bool)> =
+        match rules.overrides.iter().find(|(k, _)| *k == client) {
+            Some((_, p)) => vec![(p, None, true)],
+            None => std::iter::once((&rules.policy, None, false))
+                .chain(
+                    rules
+                        .tiers
+                        .iter()
+                        .map(|(t, p)| (p, Some(t.as_str()), false)),
+                )
+                .collect(),
+        };
+    let source = identity.split_once('=').map_or("", |(s, _)| s);
+    let mut out = Vec::with_capacity(candidates.len());
+    for (p, tier, is_override) in candidates {
+        let item = if reset {
+            live.limiter()
+                .reset(&client, p)
+                .await
+                .map(|had| json!({"rule": p.name(), "tier": tier, "override": is_override, "had_state": had}))
+        } else {
+            state(live, &client, p, tier, is_override).await
+        };
+        match item {
+            Ok(v) => out.push(v),
+            Err(e) => return store_failed(&e),
+        }
+    }
+    let key = if reset { "reset" } else { "rules" };
+    let mut body = json!({
+        "policy": policy,
+        "identity_source": source,
+        "client": client.to_string(),
+    });
+    body[key] = Value::Array(out);
+    if !reset && rules.overrides.iter().all(|(k, _)| *k != client) && !rules.tiers.is_empty() {
+        body["note"] = json!("a client's tier comes from each request (its token or header), so every tier's state is shown");
+    }
+    json_response(StatusCode::OK, &body)
+}
+
+async fn state(
+    live: &Live,
+    client: &ClientKey,
+    p: &Policy,
+    tier: Option<&str>,
+    is_override: bool,
+) -> Result<Value, StoreUnavailable> {
+    let s = live.limiter().peek(client, p).await?;
+    let q = p.limit().quota();
+    let d = s.decision;
+    Ok(json!({
+        "rule": p.name(),
+        "tier": tier,
+        "override": is_override,
+        "algorithm": p.limit().algorithm().name(),
+        "limit": q.limit(),
+        "period_seconds": q.period().as_secs_f64(),
+        "burst": q.burst(),
+        "cost": p.cost(),
+        "remaining": d.remaining,
+        "limited": d.remaining < p.cost() || s.denied_here_for.is_some(),
+        "reset_seconds": seconds(d.reset_after),
+        "denied_here_seconds": s.denied_here_for.map(seconds),
+    }))
+}
+
+fn seconds(us: Micros) -> f64 {
+    // Display only: microseconds to seconds, exact to well below a millisecond.
+    us as f64 / 1e6
+}
+
+/// The one value of `name` in a query string (percent-decoded).
+fn one_param(query: &str, name: &str) -> Result<String, String> {
+    let mut found = form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == name);
+    match (found.next(), found.next()) {
+        (Some((_, v)), None) => Ok(v.into_owned()),
+        (None, _) => Err(format!(
+            "missing ?{name}=SOURCE=VALUE, e.g. ?{name}=header:x-api-key=KEY or ?{name}=ip=192.0.2.7"
+        )),
+        (Some(_), Some(_)) => Err(format!("?{name} given twice; give it once")),
+    }
+}
+
+fn store_failed(e: &StoreUnavailable) -> Response<BoxBody> {
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the store did not answer",
+        &e.to_string(),
+    )
+}
+
+fn not_allowed(allow: &'static str) -> Response<BoxBody> {
+    let mut resp = problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed",
+        &format!("use {allow}"),
+    );
+    resp.headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    resp
+}
+
+/// An `application/problem+json` answer.
+fn problem(status: StatusCode, title: &str, detail: &str) -> Response<BoxBody> {
+    let body = json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    problem_json(status, body)
+}
+
+fn problem_json(status: StatusCode, body: Value) -> Response<BoxBody> {
+    let mut resp = json_response(status, &body);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    resp
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<BoxBody> {
+    let mut resp = text_response(status, "application/json", format!("{body}\n"));
+    resp.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    resp
+}

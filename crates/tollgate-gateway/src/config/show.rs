@@ -1,0 +1,154 @@
+//! The effective configuration as `GET /v1/config` shows it: every value after defaults, in
+//! the file's key names, with secrets redacted (the identity secret, the JWT secret, the admin
+//! token, passwords in store URLs) and override identities shown only as their hashed rule
+//! names.
+
+use super::{Config, PolicyConfig, StoreBackend};
+use serde_json::{json, Value};
+use std::time::Duration;
+use tollgate::{FailurePolicy, Limit, SyncMode};
+
+const REDACTED: &str = "<redacted>";
+
+fn secs(d: Duration) -> Value {
+    json!(d.as_secs_f64())
+}
+
+fn limit(l: &Limit) -> Value {
+    let q = l.quota();
+    json!({
+        "algorithm": l.algorithm().name(),
+        "limit": q.limit(),
+        "period_seconds": q.period().as_secs_f64(),
+        "burst": q.burst(),
+    })
+}
+
+fn failure(f: FailurePolicy) -> &'static str {
+    f.as_str()
+}
+
+fn policy(p: &PolicyConfig) -> Value {
+    let sync = match p.sync {
+        SyncMode::Exact => json!("exact"),
+        SyncMode::Lease { ttl, max } => {
+            json!({"mode": "lease", "lease_ttl_seconds": ttl.as_secs_f64(), "lease_max": max})
+        }
+    };
+    let mut v = json!({
+        "name": p.name,
+        "match": {
+            "path_prefix": p.path_prefix,
+            "methods": p.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+            "case_insensitive": p.case_insensitive,
+        },
+        "cost": p.cost,
+        "identity": p.identity.as_ref().map(|s| s.iter().map(ToString::to_string).collect::<Vec<_>>()),
+        "on_failure": failure(p.on_failure),
+        "local_divisor": p.local_divisor,
+        "shadow": p.shadow,
+        "sync": sync,
+        "tier": p.tier.as_ref().map(ToString::to_string),
+        "tiers": p.tiers.iter().map(|t| {
+            let mut v = limit(&t.limit);
+            v["name"] = json!(t.name);
+            v["rule"] = json!(p.tier_rule_name(&t.name));
+            v
+        }).collect::<Vec<_>>(),
+    });
+    if let (Value::Object(m), Value::Object(l)) = (&mut v, limit(&p.limit)) {
+        m.extend(l);
+    }
+    v
+}
+
+fn store(c: &Config) -> Value {
+    let s = &c.store;
+    let backend = match &s.backend {
+        StoreBackend::Memory { max_keys } => json!({"backend": "memory", "max_keys": max_keys}),
+        StoreBackend::Redis { url } => json!({"backend": "redis", "url": super::redact_url(url)}),
+        StoreBackend::RedisCluster { urls } => json!({
+            "backend": "redis-cluster",
+            "urls": urls.iter().map(|u| super::redact_url(u)).collect::<Vec<_>>(),
+        }),
+        StoreBackend::RedisSentinel { urls, master_name } => json!({
+            "backend": "redis-sentinel",
+            "urls": urls.iter().map(|u| super::redact_url(u)).collect::<Vec<_>>(),
+            "master_name": master_name,
+        }),
+    };
+    let mut v = json!({
+        "timeout_seconds": s.timeout.as_secs_f64(),
+        "key_prefix": s.key_prefix,
+        "clock": if s.clock_local { "local" } else { "store" },
+        "on_failure": failure(s.on_failure),
+        "local_divisor": s.local_divisor,
+        "breaker": format!("{:?}", s.breaker),
+    });
+    if let (Value::Object(m), Value::Object(b)) = (&mut v, backend) {
+        m.extend(b);
+    }
+    v
+}
+
+/// The effective configuration, secrets redacted.
+pub fn effective(c: &Config) -> Value {
+    let s = &c.server;
+    let id = &c.identity;
+    let jwt = id.jwt.as_ref().map(|j| {
+        json!({
+            "header": j.header_name().as_str(),
+            "algorithms": j.algorithms(),
+            "jwks_file": c.jwks_path.as_ref().map(|p| p.display().to_string()),
+            "hs256_secret": c.jwks_path.is_none().then_some(REDACTED),
+            "issuer": j.required_issuer(),
+            "audience": j.required_audience(),
+        })
+    });
+    json!({
+        "origin": c.origin,
+        "server": {
+            "listen": s.listen.to_string(),
+            "admin_listen": s.admin_listen.to_string(),
+            "admin_token": s.admin_token.as_ref().map(|_| REDACTED),
+            "upstream": s.upstream.as_ref().map(|u| format!("http://{}{}", u.authority, u.base_path)),
+            "upstream_timeout_seconds": secs(s.upstream_timeout),
+            "forward_auth": {
+                "method_header": s.forward_auth.method_header.as_str(),
+                "uri_header": s.forward_auth.uri_header.as_str(),
+                "required": s.forward_auth.require_uri,
+            },
+            "ambiguous_paths": if s.allow_ambiguous_paths { "allow" } else { "reject" },
+            "max_connections": s.max_connections,
+            "max_connections_per_ip": s.max_connections_per_ip,
+            "body_timeout_seconds": secs(s.body_timeout),
+        },
+        "store": store(c),
+        "identity": {
+            "sources": id.sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "trusted_proxies": id.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "client_ip_header": id.client_ip_header.name(),
+            "ipv6_prefix": id.ipv6_prefix,
+            "secret": REDACTED,
+            "jwt": jwt,
+        },
+        "policy": c.policies.iter().map(policy).collect::<Vec<_>>(),
+        "overrides": {
+            "file": c.overrides_path.as_ref().map(|p| p.display().to_string()),
+            "override": c.overrides.iter().map(|o| {
+                let mut v = limit(&o.limit);
+                v["policy"] = json!(o.policy);
+                v["rule"] = json!(o.rule_name());
+                v
+            }).collect::<Vec<_>>(),
+        },
+        "rls": c.rls.as_ref().map(|r| json!({
+            "listen": r.listen.map(|l| l.to_string()),
+            "config": r.config_path.display().to_string(),
+            "files": r.config.files(),
+            "domains": r.config.domains().collect::<Vec<_>>(),
+            "rules": r.config.rules().len(),
+            "response_headers": if r.response_headers { "draft" } else { "off" },
+        })),
+    })
+}

@@ -1,0 +1,461 @@
+//! Live changes: a reload re-reads the config file (and every file it names), validates it
+//! whole, and swaps what requests are served by, without a restart and without touching a
+//! connection. Requests already in flight finish under the config they started with.
+//!
+//! What a reload keeps: the limiter and its store (so every client's state), the listeners and
+//! their connections. A policy keeps its store key (its name), so an unchanged quota keeps its
+//! state and a changed one reads the same state under the new quota from the next request (the
+//! algorithms clamp a state to the quota they read it with: never more than the new burst at
+//! once). The deny cache is cleared, since it remembers denials made under the old quotas.
+//!
+//! What needs a restart (a reload applies everything else and names these in its answer and
+//! its log): the listen addresses, connection bounds and the store settings.
+//!
+//! A reload is asked for by SIGHUP, `POST /v1/reload`, or a change to a watched file (polled:
+//! a change is applied once the file has been stable for one poll).
+
+use crate::config::{Config, ConfigErrors, PolicyConfig};
+use crate::http_util::BoxBody;
+use crate::metrics::HttpMetrics;
+use crate::proxy::{Proxy, ProxyLimits};
+use crate::serve::{layer, rls_service, Target};
+use crate::server::Answer;
+use arc_swap::ArcSwap;
+use http::Request;
+use hyper::body::Incoming;
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+use tollgate::{ClientKey, Limiter, Policy};
+use tollgate_rls::LiveRls;
+use tollgate_tower::{RateLimit, ResponseFuture};
+use tower_service::Service;
+
+/// How often watched files are looked at.
+pub const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// The gateway's service as of the last reload.
+type Current = RateLimit<Target>;
+
+/// The rate-limited service every connection calls: the current one, read per request.
+#[derive(Clone)]
+pub(crate) struct LiveService {
+    current: Arc<ArcSwap<Current>>,
+}
+
+impl Service<Request<Incoming>> for LiveService {
+    type Response = Answer;
+    type Error = Infallible;
+    type Future = ResponseFuture<BoxBody, Infallible>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let mut service = Current::clone(&self.current.load());
+        service.call(req)
+    }
+}
+
+/// One policy's rules as the admin API reads them: the policy's own, its tiers', and its
+/// overrides'.
+pub(crate) struct PolicyRules {
+    /// The policy's own rule (clients in no tier).
+    pub(crate) policy: Policy,
+    /// `(tier name, rule)`.
+    pub(crate) tiers: Vec<(String, Policy)>,
+    /// `(client, rule)`.
+    pub(crate) overrides: Vec<(ClientKey, Policy)>,
+}
+
+/// What one config turned into.
+pub(crate) struct Generation {
+    /// The config.
+    pub(crate) config: Arc<Config>,
+    /// The rules of each policy, by policy name (in config order).
+    pub(crate) rules: Vec<(String, PolicyRules)>,
+}
+
+impl Generation {
+    /// The rules of the policy named `name`.
+    pub(crate) fn policy(&self, name: &str) -> Option<(&PolicyConfig, &PolicyRules)> {
+        let config = self.config.policies.iter().find(|p| p.name == name)?;
+        let rules = self.rules.iter().find(|(n, _)| n == name).map(|(_, r)| r)?;
+        Some((config, rules))
+    }
+}
+
+/// How a reload ended, as `POST /v1/reload` reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Reloaded {
+    /// What asked for it: `sighup`, `api`, `file`.
+    pub trigger: &'static str,
+    /// Whether anything in the files changed since the config serving now was read.
+    pub changed: bool,
+    /// Keys that changed but apply only after a restart (the old values keep serving).
+    pub restart_required: Vec<&'static str>,
+}
+
+/// Why a reload was refused (the old config keeps serving).
+#[derive(Debug)]
+pub enum ReloadError {
+    /// Started without a config file: there is nothing to re-read.
+    NoFile,
+    /// The new config does not validate (every problem, with file, line and key).
+    Invalid(ConfigErrors),
+    /// The config validates but could not be built (a policy the limiter refuses).
+    Build(String),
+}
+
+impl std::fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReloadError::NoFile => f.write_str(
+                "started with the built-in defaults (no --config FILE): there is no file to reload",
+            ),
+            ReloadError::Invalid(e) => write!(f, "{e}"),
+            ReloadError::Build(e) => f.write_str(e),
+        }
+    }
+}
+
+/// The proxy settings a [`Target`] is built from: equal settings reuse the target (and its
+/// upstream connections).
+#[derive(PartialEq)]
+struct TargetSettings {
+    upstream: Option<(String, String)>,
+    timeout: Duration,
+    body_timeout: Duration,
+    trusted: Vec<ipnet::IpNet>,
+}
+
+impl TargetSettings {
+    fn of(c: &Config) -> Self {
+        Self {
+            upstream: c
+                .server
+                .upstream
+                .as_ref()
+                .map(|u| (u.authority.to_string(), u.base_path.clone())),
+            timeout: c.server.upstream_timeout,
+            body_timeout: c.server.body_timeout,
+            trusted: c.identity.trusted_proxies.clone(),
+        }
+    }
+
+    fn target(c: &Config, http: &Arc<HttpMetrics>) -> Target {
+        match &c.server.upstream {
+            Some(u) => Target::Proxy(Arc::new(Proxy::new(
+                u.clone(),
+                ProxyLimits {
+                    timeout: c.server.upstream_timeout,
+                    body_timeout: c.server.body_timeout,
+                    trusted: c.identity.trusted_proxies.clone(),
+                },
+                http.clone(),
+            ))),
+            None => Target::Decision,
+        }
+    }
+}
+
+/// The serving state and what reloads it.
+pub struct Live {
+    path: Option<PathBuf>,
+    limiter: Limiter,
+    http: Arc<HttpMetrics>,
+    generation: ArcSwap<Generation>,
+    service: Arc<ArcSwap<Current>>,
+    rls: Option<LiveRls>,
+    /// The target serving now, with its settings.
+    target: std::sync::Mutex<(TargetSettings, Target)>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Live {
+    /// Builds everything `config` describes over `limiter` (its policies registered there).
+    /// `path` is the file a reload reads (`None`: the built-in defaults).
+    pub(crate) fn new(
+        path: Option<PathBuf>,
+        config: Config,
+        limiter: Limiter,
+        http: Arc<HttpMetrics>,
+    ) -> anyhow::Result<Self> {
+        let settings = TargetSettings::of(&config);
+        let target = TargetSettings::target(&config, &http);
+        let (layer, rules) = layer(&config, &limiter)?;
+        let service = tower_layer::Layer::layer(&layer, target.clone());
+        let rls = rls_service(&config, &limiter)?.map(LiveRls::new);
+        Ok(Self {
+            path,
+            limiter,
+            http,
+            generation: ArcSwap::from_pointee(Generation {
+                config: Arc::new(config),
+                rules,
+            }),
+            service: Arc::new(ArcSwap::from_pointee(service)),
+            rls,
+            target: std::sync::Mutex::new((settings, target)),
+            reloading: tokio::sync::Mutex::new(()),
+            ok: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        })
+    }
+
+    /// The service connections call.
+    pub(crate) fn service(&self) -> LiveService {
+        LiveService {
+            current: self.service.clone(),
+        }
+    }
+
+    /// The Envoy rate limit service, when `[rls]` is configured.
+    pub(crate) fn rls(&self) -> Option<LiveRls> {
+        self.rls.clone()
+    }
+
+    /// The config serving now, with what it built.
+    pub(crate) fn generation(&self) -> Arc<Generation> {
+        self.generation.load_full()
+    }
+
+    /// The config serving now.
+    pub fn config(&self) -> Arc<Config> {
+        self.generation.load().config.clone()
+    }
+
+    /// The limiter (the same across reloads).
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    /// Re-reads the config file and, when it validates, serves it from the next request.
+    /// Counted in `tollgate_config_reloads_total{result}` and logged either way.
+    pub async fn reload(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
+        let _one = self.reloading.lock().await;
+        let result = self.try_reload(trigger).await;
+        match &result {
+            Ok(r) => {
+                self.ok.fetch_add(1, Ordering::Relaxed);
+                if r.restart_required.is_empty() {
+                    tracing::info!(trigger, changed = r.changed, "config reloaded");
+                } else {
+                    tracing::warn!(trigger, restart_required = ?r.restart_required, "config reloaded; these keys changed but apply only after a restart (their old values keep serving)");
+                }
+            }
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(trigger, error = %e, "config reload refused; the old config keeps serving");
+            }
+        }
+        result
+    }
+
+    async fn try_reload(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
+        let Some(path) = self.path.clone() else {
+            return Err(ReloadError::NoFile);
+        };
+        let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
+            .await
+            .map_err(|e| ReloadError::Build(format!("the reload task failed: {e}")))?;
+        let config = loaded.map_err(ReloadError::Invalid)?;
+        let old = self.config();
+        let changed = !same_files(&old, &config);
+        let restart_required = restart_required(&old, &config);
+        let (layer, rules) =
+            layer(&config, &self.limiter).map_err(|e| ReloadError::Build(format!("{e:#}")))?;
+        let rls = match (&self.rls, rls_service(&config, &self.limiter)) {
+            (_, Err(e)) => return Err(ReloadError::Build(format!("{e:#}"))),
+            (Some(_), Ok(new)) => new,
+            (None, Ok(_)) => None,
+        };
+        let target = {
+            let mut t = self
+                .target
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let settings = TargetSettings::of(&config);
+            if t.0 != settings {
+                *t = (settings, TargetSettings::target(&config, &self.http));
+            }
+            t.1.clone()
+        };
+        // Nothing can fail from here: swap everything.
+        for w in &config.warnings {
+            tracing::warn!("{w}");
+        }
+        self.service
+            .store(Arc::new(tower_layer::Layer::layer(&layer, target)));
+        if let (Some(live), Some(new)) = (&self.rls, rls) {
+            live.replace(new);
+        }
+        self.generation.store(Arc::new(Generation {
+            config: Arc::new(config),
+            rules,
+        }));
+        self.limiter.forget_denials();
+        Ok(Reloaded {
+            trigger,
+            changed,
+            restart_required,
+        })
+    }
+
+    /// Appends `tollgate_config_reloads_total{result}`.
+    pub fn render_metrics(&self, out: &mut String) {
+        out.push_str("# HELP tollgate_config_reloads_total Config reloads, by result (error: refused, the old config kept serving).\n");
+        out.push_str("# TYPE tollgate_config_reloads_total counter\n");
+        for (result, n) in [("ok", &self.ok), ("error", &self.failed)] {
+            let _ = writeln!(
+                out,
+                "tollgate_config_reloads_total{{result=\"{result}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+    }
+
+    /// Reloads on every SIGHUP until `stop` changes.
+    pub(crate) async fn on_sighup(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else {
+                tracing::warn!("cannot listen for SIGHUP; reload with POST /v1/reload instead");
+                return;
+            };
+            loop {
+                tokio::select! {
+                    r = hup.recv() => {
+                        if r.is_none() {
+                            return;
+                        }
+                        let _ = self.reload("sighup").await;
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = stop.changed().await;
+    }
+
+    /// Reloads when a watched file (the config's [`Config::files`]) changes, until `stop`
+    /// changes. A change is applied once the files read the same on two polls in a row, so a
+    /// file caught half-written is not loaded; a refused change is not retried until the files
+    /// change again.
+    pub(crate) async fn watch_files(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        if self.path.is_none() {
+            return;
+        }
+        let mut files = self.config().files();
+        let mut seen = fingerprint(&files).await;
+        let mut pending: Option<Vec<Stamp>> = None;
+        let mut tick = tokio::time::interval(WATCH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            let now = fingerprint(&files).await;
+            if now == seen {
+                pending = None;
+                continue;
+            }
+            if pending.as_ref() != Some(&now) {
+                // Changed since the last poll: wait for it to settle.
+                pending = Some(now);
+                continue;
+            }
+            pending = None;
+            seen = now;
+            if self.reload("file").await.is_ok() {
+                let new_files = self.config().files();
+                if new_files != files {
+                    files = new_files;
+                    seen = fingerprint(&files).await;
+                }
+            }
+        }
+    }
+}
+
+/// What a watched file looks like to a poll: absent, or its length, modification time and
+/// inode (a file replaced by a rename has a new inode even when the rest matches).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp(Option<(u64, Option<SystemTime>, u64)>);
+
+async fn fingerprint(files: &[PathBuf]) -> Vec<Stamp> {
+    let files = files.to_vec();
+    tokio::task::spawn_blocking(move || files.iter().map(|f| stamp(f)).collect())
+        .await
+        .unwrap_or_default()
+}
+
+fn stamp(path: &Path) -> Stamp {
+    Stamp(std::fs::metadata(path).ok().map(|m| {
+        #[cfg(unix)]
+        let inode = std::os::unix::fs::MetadataExt::ino(&m);
+        #[cfg(not(unix))]
+        let inode = 0;
+        (m.len(), m.modified().ok(), inode)
+    }))
+}
+
+/// Whether two configs were read from files with the same effect: compared on what they
+/// build, through their debug forms (secrets print as `<redacted>`, so a changed secret alone
+/// compares equal here; it still takes effect).
+fn same_files(a: &Config, b: &Config) -> bool {
+    format!(
+        "{:?}",
+        (&a.server, &a.store, &a.identity, &a.policies, &a.overrides)
+    ) == format!(
+        "{:?}",
+        (&b.server, &b.store, &b.identity, &b.policies, &b.overrides)
+    ) && a.rls.as_ref().map(|r| format!("{:?}", r.config))
+        == b.rls.as_ref().map(|r| format!("{:?}", r.config))
+}
+
+/// The keys whose change a reload cannot apply.
+fn restart_required(old: &Config, new: &Config) -> Vec<&'static str> {
+    let (a, b) = (&old.server, &new.server);
+    let (s, t) = (&old.store, &new.store);
+    let mut keys = Vec::new();
+    let mut check = |changed: bool, key: &'static str| {
+        if changed {
+            keys.push(key);
+        }
+    };
+    check(a.listen != b.listen, "server.listen");
+    check(a.admin_listen != b.admin_listen, "server.admin_listen");
+    check(
+        a.max_connections != b.max_connections,
+        "server.max_connections",
+    );
+    check(
+        a.max_connections_per_ip != b.max_connections_per_ip,
+        "server.max_connections_per_ip",
+    );
+    check(s.backend != t.backend, "store.backend");
+    check(s.timeout != t.timeout, "store.timeout");
+    check(s.key_prefix != t.key_prefix, "store.key_prefix");
+    check(s.clock_local != t.clock_local, "store.clock");
+    check(
+        format!("{:?}", s.breaker) != format!("{:?}", t.breaker),
+        "store.breaker",
+    );
+    check(
+        old.rls.as_ref().map(|r| r.listen) != new.rls.as_ref().map(|r| r.listen),
+        "rls.listen",
+    );
+    keys
+}

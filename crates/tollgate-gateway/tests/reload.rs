@@ -1,0 +1,224 @@
+//! Live reload through the real `tollgate serve` binary in proxy mode: a new limit applied by a
+//! file change, by SIGHUP and by `POST /v1/reload`, each within 2 s, while proxied requests are
+//! in flight and traffic keeps coming (none fails); an unchanged policy's client keeps its
+//! remaining count, a lowered quota is never exceeded, and a broken config is refused whole
+//! while the old limits keep working.
+
+mod support;
+
+use http::{Method, StatusCode};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::*;
+
+const TOKEN: &str = "reload-test-admin-token-8f3a";
+
+fn server_extra() -> String {
+    format!("admin_token = \"{TOKEN}\"\n")
+}
+
+/// Two policies by API key: `changing` (limit `n` an hour on /change) and `steady` (10 an hour
+/// on /steady). Requests to /slow match neither and take 3 s upstream.
+fn body(n: u64) -> String {
+    format!(
+        "[identity]\nsources = [\"header:x-api-key\", \"ip\"]\n\
+         [[policy]]\nname = \"changing\"\nmatch = {{ path_prefix = \"/change\" }}\nalgorithm = \"token_bucket\"\nlimit = {n}\nperiod = \"1h\"\n\
+         [[policy]]\nname = \"steady\"\nmatch = {{ path_prefix = \"/steady\" }}\nalgorithm = \"token_bucket\"\nlimit = 10\nperiod = \"1h\"\n"
+    )
+}
+
+async fn hit(g: &Gateway, path: &str, key: &str) -> Answer {
+    get(&client(), &g.url(path), &[("x-api-key", key.as_bytes())]).await
+}
+
+/// Polls with fresh clients until `changing` announces quota `n` (within `within`); returns
+/// how long it took.
+async fn wait_for_quota(g: &Gateway, n: u64, within: Duration) -> Duration {
+    let started = Instant::now();
+    let want = format!("\"changing\";q={n};w=3600");
+    let mut i = 0;
+    loop {
+        i += 1;
+        let a = hit(g, "/change", &format!("probe-{n}-{i}")).await;
+        if a.header("ratelimit-policy") == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "quota {n} not applied within {within:?}: last answer {} {:?}\n{}",
+            a.status,
+            a.header("ratelimit-policy"),
+            g.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn admin(g: &Gateway, method: Method, path: &str, token: Option<&str>) -> Answer {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &[u8])> = auth
+        .as_deref()
+        .map(|a| vec![("authorization", a.as_bytes())])
+        .unwrap_or_default();
+    send(&client(), method, &g.admin_url(path), &headers, "").await
+}
+
+fn reloads(metrics: &str, result: &str) -> u64 {
+    let prefix = format!("tollgate_config_reloads_total{{result=\"{result}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in\n{metrics}"))
+}
+
+/// `steady`'s `r` for `key` after one more request (`"steady";r=6;t=...` gives 6).
+async fn steady_remaining(g: &Gateway, key: &str) -> u64 {
+    let a = hit(g, "/steady", key).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let h = a.header("ratelimit");
+    h.strip_prefix("\"steady\";r=")
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no steady remaining in {h:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reloads_by_file_sighup_and_api_apply_within_two_seconds_and_fail_no_request() {
+    let up = Upstream::start().await;
+    let g = Gateway::proxy(&up, &server_extra(), &body(3));
+    wait_for_quota(&g, 3, Duration::from_secs(2)).await;
+
+    // A steady client spends 4 of 10.
+    for _ in 0..3 {
+        hit(&g, "/steady", "steady-client").await;
+    }
+    assert_eq!(steady_remaining(&g, "steady-client").await, 6);
+
+    // Traffic through every reload: slow proxied requests in flight, and a steady stream.
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let served = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let (stop, failures, served) = (stop.clone(), failures.clone(), served.clone());
+        let url = g.url(&format!("/slow/{t}"));
+        let change = g.url("/change");
+        tasks.push(tokio::spawn(async move {
+            let c = client();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                n += 1;
+                let (url, key) = if n % 2 == 0 {
+                    (url.as_str(), format!("slow-{t}"))
+                } else {
+                    (change.as_str(), format!("stream-{t}-{n}"))
+                };
+                let a = get(&c, url, &[("x-api-key", key.as_bytes())]).await;
+                match a.status {
+                    StatusCode::OK | StatusCode::TOO_MANY_REQUESTS => {
+                        served.fetch_add(1, Ordering::SeqCst);
+                    }
+                    _ => {
+                        failures.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // 1. A file change.
+    g.rewrite(&body(5));
+    let took = wait_for_quota(&g, 5, Duration::from_secs(2)).await;
+    eprintln!("file change applied after {took:?}");
+
+    // 2. SIGHUP (sent at once after the write, before the watcher would see a settled file).
+    g.rewrite(&body(6));
+    g.hangup();
+    wait_for_quota(&g, 6, Duration::from_secs(2)).await;
+
+    // 3. POST /v1/reload: applied when it answers.
+    g.rewrite(&body(7));
+    let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+    assert_eq!(v["result"], "ok");
+    assert_eq!(v["restart_required"], serde_json::json!([]));
+    wait_for_quota(&g, 7, Duration::from_millis(200)).await;
+
+    // The unchanged policy's client kept its count through three reloads.
+    assert_eq!(steady_remaining(&g, "steady-client").await, 5);
+
+    // A broken config is refused whole; the old limits keep working.
+    g.rewrite(&body(7).replace("limit = 10", "limit = -10"));
+    let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", a.text());
+    let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+    let detail = v["detail"].as_str().unwrap_or_default();
+    let file = g.config.display().to_string();
+    assert!(
+        detail.contains(&format!("{file}:")),
+        "names the file: {detail}"
+    );
+    assert!(
+        detail.contains("policy[1].limit"),
+        "names the key: {detail}"
+    );
+    // The watcher sees the broken file too, and refuses it as well.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    wait_for_quota(&g, 7, Duration::from_millis(200)).await;
+    assert_eq!(steady_remaining(&g, "steady-client").await, 4);
+    let metrics = get(&client(), &g.admin_url("/metrics"), &[]).await.text();
+    assert!(reloads(&metrics, "error") >= 1, "{metrics}");
+    assert!(reloads(&metrics, "ok") >= 3, "{metrics}");
+    assert!(g.log_text().contains("sighup"), "{}", g.log_text());
+    assert!(g.log_text().contains("config reload refused"));
+
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("traffic task");
+    }
+    assert_eq!(failures.load(Ordering::SeqCst), 0, "requests failed");
+    assert!(served.load(Ordering::SeqCst) >= 8, "traffic ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_quota_keeps_the_state_and_never_allows_more_than_the_new_burst() {
+    let up = Upstream::start().await;
+    let g = Gateway::proxy(&up, &server_extra(), &body(8));
+    // Spends 2 of 8: 6 left under the old quota.
+    for _ in 0..2 {
+        assert_eq!(hit(&g, "/change", "lowered").await.status, StatusCode::OK);
+    }
+    // A client that spent everything stays limited when the quota rises (its state is kept;
+    // the deny cache is not in the way either).
+    for _ in 0..8 {
+        hit(&g, "/change", "spent").await;
+    }
+    assert_eq!(
+        hit(&g, "/change", "spent").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    g.rewrite(&body(3));
+    let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    // Under the new burst of 3: at most 3 more, although 6 were left.
+    let mut ok = 0;
+    for _ in 0..6 {
+        if hit(&g, "/change", "lowered").await.status == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 3, "the new burst bounds what a kept state allows");
+    g.rewrite(&body(20));
+    let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert_eq!(
+        hit(&g, "/change", "spent").await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a raised quota does not refill a spent state at once"
+    );
+}
