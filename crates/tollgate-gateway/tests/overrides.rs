@@ -101,3 +101,37 @@ fn check_config_reports_override_mistakes_with_the_overrides_files_lines() {
     assert!(err.contains("overrides.file"), "{err}");
     assert!(err.contains(&format!("{}:5:", cfg.display())), "{err}");
 }
+
+#[tokio::test]
+async fn an_edited_overrides_file_applies_without_a_restart() {
+    let file = scratch("overrides.toml");
+    std::fs::write(&file, "").expect("write overrides");
+    let g = Gateway::start("", &config(&file));
+    assert_eq!(admitted(&g, "early-customer", 4).await, 2);
+    // The customer gets a quota of its own by editing the overrides file alone.
+    std::fs::write(
+        &file,
+        "[[override]]\npolicy = \"api\"\nidentity = \"header:x-api-key=new-customer\"\nlimit = 5\n",
+    )
+    .expect("write overrides");
+    let started = std::time::Instant::now();
+    loop {
+        // Under the default rule (2 an hour) until the override applies; a 429 there still
+        // names the rule.
+        let a = get(&client(), &g.url("/"), &[("x-api-key", b"new-customer")]).await;
+        if a.header("ratelimit-policy").starts_with("\"api.override-") {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "not applied: {} {}",
+            a.header("ratelimit-policy"),
+            g.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The override is its own rule (its own state, whatever the default rule counted): 5 from
+    // a fresh state, one already used by the probe that saw it.
+    assert_eq!(admitted(&g, "new-customer", 8).await, 4);
+    assert_eq!(admitted(&g, "someone-else", 4).await, 2);
+}

@@ -282,3 +282,69 @@ async fn bench_rls_loads_the_grpc_service_and_checks_its_accounting() {
     assert_eq!(u(&accuracy["limits"][0]["limit"]), 50, "{accuracy}");
     assert_eq!(u(&accuracy["over_admission"]["total"]), 0, "{accuracy}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_rls_yaml_is_served_within_two_seconds_and_a_broken_one_is_refused() {
+    let (gw, port) = start_gateway("", "");
+    let mut rls = RateLimitServiceClient::new(channel(port).await);
+    let limit_of = |r: &tollgate_rls::proto::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map_or(0, |l| l.requests_per_unit)
+    };
+    let r = rls
+        .should_rate_limit(tenant("a"))
+        .await
+        .expect("answers")
+        .into_inner();
+    assert_eq!(limit_of(&r), 50);
+    assert_eq!(r.statuses[0].limit_remaining, 49);
+    // The YAML file named in the gateway's config: rewrite it with another limit.
+    let config = std::fs::read_to_string(&gw.config).expect("config");
+    let path = config
+        .lines()
+        .find_map(|l| l.strip_prefix("config = \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("rls config path")
+        .to_string();
+    std::fs::write(
+        &path,
+        YAML.replace("requests_per_unit: 50", "requests_per_unit: 80"),
+    )
+    .expect("rewrite yaml");
+    let started = Instant::now();
+    loop {
+        let r = rls
+            .should_rate_limit(tenant("a"))
+            .await
+            .expect("answers")
+            .into_inner();
+        if limit_of(&r) == 80 {
+            // Same rule name, same key: the client's count carried over to the new quota.
+            assert!(r.statuses[0].limit_remaining < 79, "{:?}", r.statuses[0]);
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "not reloaded: {}",
+            gw.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A broken YAML: refused, the old rules keep answering.
+    std::fs::write(&path, "domain: edge\ndescriptors:\n  - key: [\n").expect("break yaml");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = rls
+        .should_rate_limit(tenant("b"))
+        .await
+        .expect("answers")
+        .into_inner();
+    assert_eq!(limit_of(&r), 80);
+    let metrics = get(&client(), &gw.admin_url("/metrics"), &[]).await.text();
+    assert!(
+        metrics.contains("tollgate_config_reloads_total{result=\"error\"} 1"),
+        "{metrics}"
+    );
+    assert!(gw.log_text().contains("config reload refused"));
+}

@@ -229,7 +229,11 @@ proptest! {
 #[test]
 fn the_valid_bases_are_valid() {
     for text in VALID {
-        let env = |name: &str| matches!(name, "SET" | "TOLLGATE_SECRET").then(|| "v".to_string());
+        let env = |name: &str| match name {
+            "SET" | "TOLLGATE_SECRET" => Some("v".to_string()),
+            "ADMIN_TOKEN" => Some("an-admin-token-of-some-length".to_string()),
+            _ => None,
+        };
         assert!(validate(FILE, text, env).is_ok(), "{text}");
     }
 }

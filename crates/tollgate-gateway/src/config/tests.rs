@@ -160,11 +160,14 @@ fn the_documented_example_config_is_valid() {
         env!("CARGO_MANIFEST_DIR"),
         "/../../docs/tollgate.example.toml"
     );
-    let c = validate::validate(path, text, |n| {
-        (n == "TOLLGATE_SECRET").then(|| "s".to_string())
+    let c = validate::validate(path, text, |n| match n {
+        "TOLLGATE_SECRET" => Some("s".to_string()),
+        "ADMIN_TOKEN" => Some("an-admin-token-of-some-length".to_string()),
+        _ => None,
     })
     .expect("the example config validates");
     assert_eq!(c.policies.len(), 2);
+    assert!(c.server.admin_token.is_some());
     let rls = c.rls.expect("[rls]");
     assert!(rls.config.has_domain("edge"));
     assert_eq!(rls.config.rules().len(), 5);
