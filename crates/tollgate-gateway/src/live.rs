@@ -366,6 +366,14 @@ impl Live {
                 _ = tick.tick() => {}
                 _ = stop.changed() => return,
             }
+            // A reload by SIGHUP or the API may have named other files.
+            let current = self.config().files();
+            if current != files {
+                files = current;
+                seen = fingerprint(&files).await;
+                pending = None;
+                continue;
+            }
             let now = fingerprint(&files).await;
             if now == seen {
                 pending = None;
@@ -378,13 +386,9 @@ impl Live {
             }
             pending = None;
             seen = now;
-            if self.reload("file").await.is_ok() {
-                let new_files = self.config().files();
-                if new_files != files {
-                    files = new_files;
-                    seen = fingerprint(&files).await;
-                }
-            }
+            // Refused or not, this version of the files is not tried again; a reload that names
+            // other files is picked up by the next poll.
+            let _ = self.reload("file").await;
         }
     }
 }
@@ -458,4 +462,46 @@ fn restart_required(old: &Config, new: &Config) -> Vec<&'static str> {
         "rls.listen",
     );
     keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Config {
+        Config::parse("t.toml", text).expect("valid")
+    }
+
+    #[test]
+    fn restart_only_keys_are_named_and_nothing_else() {
+        let a = parse("[server]\nlisten = \"127.0.0.1:1\"\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n[[policy]]\nname = \"p\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n");
+        let same_keys = parse("[server]\nlisten = \"127.0.0.1:1\"\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n[[policy]]\nname = \"p\"\nalgorithm = \"gcra\"\nlimit = 9\nperiod = \"1m\"\n");
+        assert!(restart_required(&a, &same_keys).is_empty());
+        assert!(!same_files(&a, &same_keys), "the policy changed");
+        assert!(same_files(&a, &a.clone()));
+        let moved = parse("[server]\nlisten = \"127.0.0.1:2\"\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:2\"\ntimeout = \"1s\"\n");
+        assert_eq!(
+            restart_required(&a, &moved),
+            vec!["server.listen", "store.backend", "store.timeout"]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_built_in_defaults_have_no_file_to_reload() {
+        let config = Config::builtin().expect("builtin");
+        let limiter = crate::serve::limiter(&config);
+        let live =
+            Live::new(None, config, limiter, Arc::new(HttpMetrics::default())).expect("live");
+        assert!(matches!(live.reload("api").await, Err(ReloadError::NoFile)));
+        let mut out = String::new();
+        live.render_metrics(&mut out);
+        assert!(
+            out.contains("tollgate_config_reloads_total{result=\"error\"} 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tollgate_config_reloads_total{result=\"ok\"} 0"),
+            "{out}"
+        );
+    }
 }
