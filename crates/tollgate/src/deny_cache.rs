@@ -140,13 +140,6 @@ impl DenyCache {
             .remove(&(client.as_u128(), policy));
     }
 
-    /// Forgets every denial (a reload may have changed the quotas they were decided under).
-    pub(crate) fn clear(&self) {
-        for s in &self.shards {
-            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        }
-    }
-
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.shards

@@ -316,7 +316,7 @@ impl Limiter {
         let mut results = Vec::new();
         let mut wait = 0;
         for (client, p) in plan.iter().filter(|(_, p)| !p.is_shadow()) {
-            if let Some(until) = cache.denied_until(client, p.rule().id(), now, p.cost()) {
+            if let Some(until) = cache.denied_until(client, p.inner.deny_key, now, p.cost()) {
                 let retry = until - now;
                 wait = wait.max(retry);
                 p.inner.stats.deny_cache_hit();
@@ -446,7 +446,13 @@ impl Limiter {
             if let (Outcome::Limited, Some(r), Some(cache)) =
                 (outcome, d.retry_after, &self.inner.deny_cache)
             {
-                cache.deny(client, p.rule().id(), now.saturating_add(r), now, p.cost());
+                cache.deny(
+                    client,
+                    p.inner.deny_key,
+                    now.saturating_add(r),
+                    now,
+                    p.cost(),
+                );
             }
             p.inner.stats.record(outcome);
             p.inner.stats.record_limited(client, outcome, now);

@@ -65,7 +65,7 @@ impl Limiter {
         let denied_here_for = i
             .deny_cache
             .as_ref()
-            .and_then(|c| c.peek(client, policy.rule().id(), now))
+            .and_then(|c| c.peek(client, policy.inner.deny_key, now))
             .map(|until| until - now);
         Ok(ClientState {
             decision,
@@ -84,23 +84,21 @@ impl Limiter {
         policy: &Policy,
     ) -> Result<bool, StoreUnavailable> {
         let i = &self.inner;
-        let id = policy.rule().id();
-        if let Some(cache) = &i.deny_cache {
-            cache.forget(client, id);
-        }
+        let forget = || {
+            if let Some(cache) = &i.deny_cache {
+                cache.forget(client, policy.inner.deny_key);
+            }
+        };
+        forget();
         if let Some(leases) = &i.leases {
-            leases.forget(client, id);
+            leases.forget(client, policy.rule().id());
         }
         i.fallback.remove(client, policy.fallback_rule());
         let timeout = i.timeout.max(OPERATOR_TIMEOUT);
-        Ok(i.store.reset(client, policy.rule(), timeout).await?)
-    }
-
-    /// Forgets every deny-cache entry: call it after the policies' quotas changed, so a client
-    /// denied under an old quota is decided under the new one from its next request.
-    pub fn forget_denials(&self) {
-        if let Some(cache) = &self.inner.deny_cache {
-            cache.clear();
-        }
+        let had = i.store.reset(client, policy.rule(), timeout).await?;
+        // Again: a request the store decided before the reset may have remembered its denial
+        // since.
+        forget();
+        Ok(had)
     }
 }

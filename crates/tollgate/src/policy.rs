@@ -85,6 +85,20 @@ pub(crate) struct PolicyInner {
     pub(crate) shadow: bool,
     pub(crate) sync: SyncMode,
     pub(crate) stats: Arc<PolicyStats>,
+    /// The deny cache's key of this rule: its name and its quota, so a denial decided under
+    /// one quota never answers for another (after a reload changed it).
+    pub(crate) deny_key: u64,
+}
+
+/// The rule's name hash mixed with its algorithm and quota (per process: the deny cache is).
+fn deny_key(rule: &Rule) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut h =
+        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .build_hasher();
+    rule.id().hash(&mut h);
+    rule.limit().hash(&mut h);
+    h.finish()
 }
 
 /// A policy registered with a [`crate::Limiter`]. Cheap to clone.
@@ -109,10 +123,12 @@ impl std::fmt::Debug for Policy {
 impl Policy {
     pub(crate) fn build(spec: PolicySpec, stats: Arc<PolicyStats>) -> Result<Self, String> {
         let fallback = fallback_limit(&spec.limit, spec.local_divisor)?;
+        let rule = Rule::new(spec.name.clone(), spec.limit);
         Ok(Self {
             inner: Arc::new(PolicyInner {
                 fallback: Rule::new(format!("{}:local", spec.name), fallback),
-                rule: Rule::new(spec.name, spec.limit),
+                deny_key: deny_key(&rule),
+                rule,
                 cost: spec.cost,
                 on_failure: spec.on_failure,
                 shadow: spec.shadow,
@@ -177,6 +193,7 @@ impl Policy {
                 shadow: i.shadow,
                 sync: i.sync,
                 stats: Arc::clone(&i.stats),
+                deny_key: i.deny_key,
             }),
         }
     }
