@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 pub(crate) struct ConnLimits {
     max: usize,
     max_per_ip: usize,
-    trusted: Vec<IpNet>,
-    ipv6_prefix: u8,
+    /// The trusted proxies and the IPv6 prefix, replaced by a reload.
+    who: arc_swap::ArcSwap<(Vec<IpNet>, u8)>,
     open: Mutex<Counts>,
 }
 
@@ -41,18 +41,25 @@ impl ConnLimits {
         Arc::new(Self {
             max,
             max_per_ip,
-            trusted,
-            ipv6_prefix,
+            who: arc_swap::ArcSwap::from_pointee((trusted, ipv6_prefix)),
             open: Mutex::new(Counts::default()),
         })
+    }
+
+    /// New trusted proxies and IPv6 prefix (a reload), for the connections accepted from now
+    /// on; an open connection keeps the place it was counted in.
+    pub(crate) fn update(&self, trusted: Vec<IpNet>, ipv6_prefix: u8) {
+        self.who.store(Arc::new((trusted, ipv6_prefix)));
     }
 
     /// A slot for a connection from `ip`, or `None` when it would pass a bound.
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
         let ip = tollgate_tower::forwarded::canonical(ip);
-        let exempt = tollgate_tower::forwarded::is_trusted(ip, &self.trusted);
+        let who = self.who.load();
+        let (trusted, ipv6_prefix) = &**who;
+        let exempt = tollgate_tower::forwarded::is_trusted(ip, trusted);
         let ip = match ip {
-            IpAddr::V6(v6) => Ipv6Net::new(v6, self.ipv6_prefix.min(128))
+            IpAddr::V6(v6) => Ipv6Net::new(v6, (*ipv6_prefix).min(128))
                 .map_or(ip, |net| IpAddr::V6(net.network())),
             v4 => v4,
         };
@@ -111,6 +118,16 @@ mod tests {
         );
         drop(a1);
         assert!(limits.admit(a).is_some(), "a dropped slot is free again");
+    }
+
+    #[test]
+    fn an_update_applies_to_the_next_connections() {
+        let limits = ConnLimits::new(100, 1, Vec::new(), 64);
+        let a: IpAddr = "192.0.2.1".parse().expect("ip");
+        let _a1 = limits.admit(a).expect("first");
+        assert!(limits.admit(a).is_none());
+        limits.update(vec!["192.0.2.0/24".parse().expect("net")], 64);
+        assert!(limits.admit(a).is_some(), "now a trusted proxy");
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! their connections. A policy keeps its store key (its name), so an unchanged quota keeps its
 //! state and a changed one reads the same state under the new quota from the next request (the
 //! algorithms clamp a state to the quota they read it with: never more than the new burst at
-//! once). The deny cache is cleared, since it remembers denials made under the old quotas.
+//! once). The deny cache keys a denial by the policy's name and quota, so a denial decided
+//! under an old quota never answers under a new one (not even one an in-flight request under
+//! the old config remembers after the swap).
 //!
 //! What needs a restart (a reload applies everything else and names these in its answer and
 //! its log): the listen addresses, connection bounds and the store settings.
@@ -15,6 +17,7 @@
 //! a change is applied once the file has been stable for one poll).
 
 use crate::config::{Config, ConfigErrors, PolicyConfig};
+use crate::conn_limit::ConnLimits;
 use crate::http_util::BoxBody;
 use crate::metrics::HttpMetrics;
 use crate::proxy::{Proxy, ProxyLimits};
@@ -79,6 +82,12 @@ pub(crate) struct Generation {
     pub(crate) config: Arc<Config>,
     /// The rules of each policy, by policy name (in config order).
     pub(crate) rules: Vec<(String, PolicyRules)>,
+    /// The files it was read from, and how they looked right after it was read.
+    files: Vec<PathBuf>,
+    stamps: Vec<Stamp>,
+    /// Keys the files changed that apply only after a restart (`config` shows the running
+    /// values).
+    pub(crate) pending_restart: Vec<&'static str>,
 }
 
 impl Generation {
@@ -174,6 +183,8 @@ pub struct Live {
     rls: Option<LiveRls>,
     /// The target serving now, with its settings.
     target: std::sync::Mutex<(TargetSettings, Target)>,
+    /// The connection bounds (their trusted proxies and IPv6 prefix follow reloads).
+    conn_limits: Arc<ConnLimits>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
     ok: AtomicU64,
@@ -188,7 +199,14 @@ impl Live {
         config: Config,
         limiter: Limiter,
         http: Arc<HttpMetrics>,
+        conn_limits: Arc<ConnLimits>,
     ) -> anyhow::Result<Self> {
+        let files = if path.is_some() {
+            config.files()
+        } else {
+            Vec::new()
+        };
+        let stamps = files.iter().map(|f| stamp(f)).collect();
         let settings = TargetSettings::of(&config);
         let target = TargetSettings::target(&config, &http);
         let (layer, rules) = layer(&config, &limiter)?;
@@ -201,10 +219,14 @@ impl Live {
             generation: ArcSwap::from_pointee(Generation {
                 config: Arc::new(config),
                 rules,
+                files,
+                stamps,
+                pending_restart: Vec::new(),
             }),
             service: Arc::new(ArcSwap::from_pointee(service)),
             rls,
             target: std::sync::Mutex::new((settings, target)),
+            conn_limits,
             reloading: tokio::sync::Mutex::new(()),
             ok: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -264,13 +286,24 @@ impl Live {
         let Some(path) = self.path.clone() else {
             return Err(ReloadError::NoFile);
         };
-        let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
-            .await
-            .map_err(|e| ReloadError::Build(format!("the reload task failed: {e}")))?;
-        let config = loaded.map_err(ReloadError::Invalid)?;
+        // The files' stamps are taken right after they are read: a later edit is seen as one.
+        let loaded = tokio::task::spawn_blocking(move || {
+            Config::load(&path).map(|c| {
+                let files = c.files();
+                let stamps: Vec<Stamp> = files.iter().map(|f| stamp(f)).collect();
+                (c, files, stamps)
+            })
+        })
+        .await
+        .map_err(|e| ReloadError::Build(format!("the reload task failed: {e}")))?;
+        let (mut config, files, stamps) = loaded.map_err(ReloadError::Invalid)?;
         let old = self.config();
         let changed = !same_files(&old, &config);
         let restart_required = restart_required(&old, &config);
+        keep_running(&old, &mut config);
+        if old.secret != config.secret {
+            tracing::warn!("identity.secret changed: every client is keyed anew, so its counts start over (gateways sharing a store should change it together)");
+        }
         let (layer, rules) =
             layer(&config, &self.limiter).map_err(|e| ReloadError::Build(format!("{e:#}")))?;
         let rls = match (&self.rls, rls_service(&config, &self.limiter)) {
@@ -298,11 +331,17 @@ impl Live {
         if let (Some(live), Some(new)) = (&self.rls, rls) {
             live.replace(new);
         }
+        self.conn_limits.update(
+            config.identity.trusted_proxies.clone(),
+            config.identity.ipv6_prefix,
+        );
         self.generation.store(Arc::new(Generation {
             config: Arc::new(config),
             rules,
+            files,
+            stamps,
+            pending_restart: restart_required.clone(),
         }));
-        self.limiter.forget_denials();
         Ok(Reloaded {
             trigger,
             changed,
@@ -323,12 +362,16 @@ impl Live {
         }
     }
 
-    /// Reloads on every SIGHUP until `stop` changes.
-    pub(crate) async fn on_sighup(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    /// Reloads on every SIGHUP (`hup`, listened to since startup: until a listener exists,
+    /// SIGHUP would end the process) until `stop` changes.
+    pub(crate) async fn on_sighup(
+        self: Arc<Self>,
+        hup: Hangup,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
         #[cfg(unix)]
         {
-            use tokio::signal::unix::{signal, SignalKind};
-            let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            let Some(mut hup) = hup.0 else {
                 tracing::warn!("cannot listen for SIGHUP; reload with POST /v1/reload instead");
                 return;
             };
@@ -345,20 +388,22 @@ impl Live {
             }
         }
         #[cfg(not(unix))]
-        let _ = stop.changed().await;
+        {
+            let _ = hup;
+            let _ = stop.changed().await;
+        }
     }
 
     /// Reloads when a watched file (the config's [`Config::files`]) changes, until `stop`
-    /// changes. A change is applied once the files read the same on two polls in a row, so a
-    /// file caught half-written is not loaded; a refused change is not retried until the files
-    /// change again.
+    /// changes. The files are compared with how they looked right after the serving config was
+    /// read (whatever reloaded it); a change is applied once they read the same on two polls in
+    /// a row, so a file caught half-written is not loaded; a refused version is not tried again.
     pub(crate) async fn watch_files(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
         if self.path.is_none() {
             return;
         }
-        let mut files = self.config().files();
-        let mut seen = fingerprint(&files).await;
         let mut pending: Option<Vec<Stamp>> = None;
+        let mut refused: Option<(Vec<PathBuf>, Vec<Stamp>)> = None;
         let mut tick = tokio::time::interval(WATCH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -366,17 +411,16 @@ impl Live {
                 _ = tick.tick() => {}
                 _ = stop.changed() => return,
             }
-            // A reload by SIGHUP or the API may have named other files.
-            let current = self.config().files();
-            if current != files {
-                files = current;
-                seen = fingerprint(&files).await;
+            let g = self.generation();
+            let now = fingerprint(&g.files).await;
+            if now == g.stamps {
                 pending = None;
                 continue;
             }
-            let now = fingerprint(&files).await;
-            if now == seen {
-                pending = None;
+            if refused
+                .as_ref()
+                .is_some_and(|(files, stamps)| *files == g.files && *stamps == now)
+            {
                 continue;
             }
             if pending.as_ref() != Some(&now) {
@@ -385,11 +429,26 @@ impl Live {
                 continue;
             }
             pending = None;
-            seen = now;
-            // Refused or not, this version of the files is not tried again; a reload that names
-            // other files is picked up by the next poll.
-            let _ = self.reload("file").await;
+            if self.reload("file").await.is_err() {
+                refused = Some((g.files.clone(), now));
+            }
         }
+    }
+}
+
+/// SIGHUP, listened to from startup on.
+pub(crate) struct Hangup(#[cfg(unix)] Option<tokio::signal::unix::Signal>);
+
+impl Hangup {
+    /// Starts listening (call it first thing in the runtime).
+    pub(crate) fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Self(signal(SignalKind::hangup()).ok())
+        }
+        #[cfg(not(unix))]
+        Self()
     }
 }
 
@@ -416,8 +475,8 @@ fn stamp(path: &Path) -> Stamp {
 }
 
 /// Whether two configs were read from files with the same effect: compared on what they
-/// build, through their debug forms (secrets print as `<redacted>`, so a changed secret alone
-/// compares equal here; it still takes effect).
+/// build (through their debug forms, where secrets print as `<redacted>`) and on the identity
+/// secret.
 fn same_files(a: &Config, b: &Config) -> bool {
     format!(
         "{:?}",
@@ -427,6 +486,29 @@ fn same_files(a: &Config, b: &Config) -> bool {
         (&b.server, &b.store, &b.identity, &b.policies, &b.overrides)
     ) && a.rls.as_ref().map(|r| format!("{:?}", r.config))
         == b.rls.as_ref().map(|r| format!("{:?}", r.config))
+}
+
+/// Puts the running values of the restart-only keys into `new` (so the served config says
+/// what is in effect).
+fn keep_running(old: &Config, new: &mut Config) {
+    let (a, b) = (&old.server, &mut new.server);
+    b.listen = a.listen;
+    b.admin_listen = a.admin_listen;
+    b.max_connections = a.max_connections;
+    b.max_connections_per_ip = a.max_connections_per_ip;
+    let (s, t) = (&old.store, &mut new.store);
+    t.backend = s.backend.clone();
+    t.timeout = s.timeout;
+    t.key_prefix = s.key_prefix.clone();
+    t.clock_local = s.clock_local;
+    t.breaker = s.breaker;
+    match (&old.rls, &mut new.rls) {
+        (Some(o), Some(n)) => n.listen = o.listen,
+        (None, Some(n)) => n.listen = None,
+        // No listener to stop: the old rules keep serving until a restart.
+        (Some(o), None) => new.rls = Some(o.clone()),
+        (None, None) => {}
+    }
 }
 
 /// The keys whose change a reload cannot apply.
@@ -490,8 +572,15 @@ mod tests {
     async fn the_built_in_defaults_have_no_file_to_reload() {
         let config = Config::builtin().expect("builtin");
         let limiter = crate::serve::limiter(&config);
-        let live =
-            Live::new(None, config, limiter, Arc::new(HttpMetrics::default())).expect("live");
+        let limits = ConnLimits::new(10, 10, Vec::new(), 64);
+        let live = Live::new(
+            None,
+            config,
+            limiter,
+            Arc::new(HttpMetrics::default()),
+            limits,
+        )
+        .expect("live");
         assert!(matches!(live.reload("api").await, Err(ReloadError::NoFile)));
         let mut out = String::new();
         live.render_metrics(&mut out);

@@ -10,7 +10,7 @@ use crate::admin::Admin;
 use crate::config::{Config, StoreBackend};
 use crate::conn_limit::ConnLimits;
 use crate::http_util::{status_response, BoxBody};
-use crate::live::{Live, PolicyRules};
+use crate::live::{Hangup, Live, PolicyRules};
 use crate::metrics::HttpMetrics;
 use crate::proxy::Proxy;
 use crate::server::{serve_admin, serve_gateway, ShutdownSignals, GRACE};
@@ -232,13 +232,21 @@ const STARTUP_CONNECT: Duration = Duration::from_secs(2);
 /// Runs the gateway until SIGTERM or SIGINT; `path` is the file `config` was read from
 /// (`None`: the built-in defaults), which a reload reads again.
 pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Result<()> {
+    let hangup = Hangup::listen();
     let limiter = limiter(&config);
     let http_metrics = Arc::new(HttpMetrics::default());
+    let limits = ConnLimits::new(
+        config.server.max_connections,
+        config.server.max_connections_per_ip,
+        config.identity.trusted_proxies.clone(),
+        config.identity.ipv6_prefix,
+    );
     let live = Arc::new(Live::new(
         path,
         config.clone(),
         limiter.clone(),
         http_metrics.clone(),
+        limits.clone(),
     )?);
     let rls = live.rls();
     // Connect to a shared store before taking traffic, so a cold start does not spend the
@@ -259,12 +267,6 @@ pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Re
         })?;
     log_start(&config, &listener, &admin_listener);
     let mut signals = ShutdownSignals::new();
-    let limits = ConnLimits::new(
-        config.server.max_connections,
-        config.server.max_connections_per_ip,
-        config.identity.trusted_proxies.clone(),
-        config.identity.ipv6_prefix,
-    );
     let (stop_tx, stop_rx) = watch::channel(false);
     let (force_tx, force_rx) = tokio::sync::oneshot::channel::<()>();
     let history = Arc::new(History::default());
@@ -280,7 +282,7 @@ pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Re
         live: live.clone(),
     };
     let admin_task = tokio::spawn(serve_admin(admin_listener, admin, stop_rx.clone()));
-    let sighup = tokio::spawn(live.clone().on_sighup(stop_rx.clone()));
+    let sighup = tokio::spawn(live.clone().on_sighup(hangup, stop_rx.clone()));
     let watcher = tokio::spawn(live.clone().watch_files(stop_rx.clone()));
     let rls_task = spawn_rls(&config, rls, stop_rx.clone()).await?;
     let force = async {

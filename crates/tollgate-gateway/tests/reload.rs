@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::*;
+use tollgate_testkit::RedisServer;
 
 const TOKEN: &str = "reload-test-admin-token-8f3a";
 
@@ -172,7 +173,8 @@ async fn reloads_by_file_sighup_and_api_apply_within_two_seconds_and_fail_no_req
     wait_for_quota(&g, 7, Duration::from_millis(200)).await;
     assert_eq!(steady_remaining(&g, "steady-client").await, 4);
     let metrics = get(&client(), &g.admin_url("/metrics"), &[]).await.text();
-    assert!(reloads(&metrics, "error") >= 1, "{metrics}");
+    // Refused twice: by the API, then by the watcher, which saw the same broken file.
+    assert!(reloads(&metrics, "error") >= 2, "{metrics}");
     assert!(reloads(&metrics, "ok") >= 3, "{metrics}");
     assert!(g.log_text().contains("sighup"), "{}", g.log_text());
     assert!(g.log_text().contains("config reload refused"));
@@ -193,8 +195,7 @@ async fn a_lowered_quota_keeps_the_state_and_never_allows_more_than_the_new_burs
     for _ in 0..2 {
         assert_eq!(hit(&g, "/change", "lowered").await.status, StatusCode::OK);
     }
-    // A client that spent everything stays limited when the quota rises (its state is kept;
-    // the deny cache is not in the way either).
+    // A client that spent everything stays limited when the quota rises (its state is kept).
     for _ in 0..8 {
         hit(&g, "/change", "spent").await;
     }
@@ -221,4 +222,46 @@ async fn a_lowered_quota_keeps_the_state_and_never_allows_more_than_the_new_burs
         StatusCode::TOO_MANY_REQUESTS,
         "a raised quota does not refill a spent state at once"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_raised_quota_applies_to_a_client_the_deny_cache_remembers() {
+    let redis = RedisServer::start();
+    let body = |n: u64| {
+        format!(
+            "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout = \"500ms\"\n\
+             [identity]\nsources = [\"header:x-api-key\"]\n\
+             [[policy]]\nname = \"changing\"\nalgorithm = \"fixed_window\"\nlimit = {n}\nperiod = \"1h\"\n",
+            redis.url()
+        )
+    };
+    let g = Gateway::start(&server_extra(), &body(2));
+    let status = |key: &'static str| {
+        let url = g.url("/x");
+        async move {
+            get(&client(), &url, &[("x-api-key", key.as_bytes())])
+                .await
+                .status
+        }
+    };
+    assert_eq!(status("k").await, StatusCode::OK);
+    assert_eq!(status("k").await, StatusCode::OK);
+    // Denied by Redis until the window ends, then remembered by this gateway's deny cache.
+    assert_eq!(status("k").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status("k").await, StatusCode::TOO_MANY_REQUESTS);
+    g.rewrite(&body(5));
+    let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    // The window's count (2) is kept and read under the new limit: 3 more, then limited.
+    for _ in 0..3 {
+        assert_eq!(status("k").await, StatusCode::OK, "{}", g.log_text());
+    }
+    assert_eq!(status("k").await, StatusCode::TOO_MANY_REQUESTS);
+    // And a lowered quota applies to it at once as well.
+    g.rewrite(&body(1));
+    let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert_eq!(status("k").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status("fresh").await, StatusCode::OK);
+    assert_eq!(status("fresh").await, StatusCode::TOO_MANY_REQUESTS);
 }

@@ -73,3 +73,48 @@ fn wrong_values_are_reported_with_file_line_and_key() {
     }
     assert!(all.contains("is for decision mode"), "{all}");
 }
+
+#[test]
+fn an_upstream_with_user_info_is_refused_without_echoing_it() {
+    for url in [
+        "http://admin:hunter2-pw@127.0.0.1:1",
+        "http://hunter2-pw@127.0.0.1:1/base",
+        "not a url at all :hunter2-pw@",
+    ] {
+        let text = format!("[server]\nupstream = \"{url}\"\n");
+        let errors = parse(&text).expect_err("user info refused");
+        let all = errors.join("\n");
+        assert!(
+            all.contains("t.toml:2:") && all.contains("server.upstream"),
+            "{all}"
+        );
+        assert!(
+            !all.contains("hunter2-pw"),
+            "the credential was echoed: {all}"
+        );
+    }
+    assert!(parse("[server]\nupstream = \"http://127.0.0.1:1/a@b\"\n").is_ok());
+}
+
+#[test]
+fn the_admin_token_is_checked_and_an_open_admin_address_needs_one() {
+    let errors = parse("[server]\nadmin_token = \"short\"\n").expect_err("short");
+    assert!(errors[0].contains("t.toml:2:") && errors[0].contains("server.admin_token"));
+    let errors =
+        parse("[server]\nadmin_token = \"has a space inside of it\"\n").expect_err("space");
+    assert!(errors[0].contains("server.admin_token"), "{errors:?}");
+    let errors = parse("[server]\nadmin_listen = \"[::]:9090\"\n").expect_err("open");
+    assert!(errors[0].contains("t.toml:2:") && errors[0].contains("server.admin_listen"));
+    assert!(
+        !errors[0].contains("admin_token:"),
+        "one error, at the address"
+    );
+    assert!(parse("[server]\nadmin_listen = \"[::1]:9090\"\n").is_ok());
+    let c =
+        parse("[server]\nadmin_listen = \"0.0.0.0:9090\"\nadmin_token = \"0123456789abcdef\"\n")
+            .expect("with a token");
+    assert_eq!(
+        c.server.admin_token.map(|t| t.0),
+        Some(b"0123456789abcdef".to_vec())
+    );
+}

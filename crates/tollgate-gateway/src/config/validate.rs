@@ -265,6 +265,17 @@ fn forward_auth(r: &mut Reporter<'_>, raw: &RawForwardAuth) -> ForwardAuth {
 
 fn upstream(s: &str) -> Result<Upstream, String> {
     const HELP: &str = "expected \"http://HOST:PORT\" optionally followed by a base path";
+    // Checked first, and the value not echoed: user info would be a credential.
+    let after_scheme = s.split_once("://").map_or(s, |(_, rest)| rest);
+    if after_scheme
+        .split(['/', '?', '#'])
+        .next()
+        .is_some_and(|a| a.contains('@'))
+    {
+        return Err(format!(
+            "has user info (USER:PASSWORD@), which the gateway would never send; remove it; {HELP}"
+        ));
+    }
     let uri: http::Uri = s
         .parse()
         .map_err(|_| format!("{s:?} is not a URL; {HELP}"))?;
