@@ -62,7 +62,9 @@ impl Admin {
             "/status.css" => page("text/css; charset=utf-8", PAGE_CSS),
             "/status.js" => page("text/javascript; charset=utf-8", PAGE_JS),
             "/status.json" => {
-                let status = self.history.status(&self.limiter, &self.http);
+                let status = self
+                    .history
+                    .status(&self.limiter, &self.http, self.live.status());
                 match serde_json::to_string(&status) {
                     Ok(json) => no_store(text_response(StatusCode::OK, "application/json", json)),
                     Err(_) => status_response(

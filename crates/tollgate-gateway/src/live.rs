@@ -189,6 +189,35 @@ pub struct Live {
     reloading: tokio::sync::Mutex<()>,
     ok: AtomicU64,
     failed: AtomicU64,
+    last: std::sync::Mutex<Option<LastReload>>,
+}
+
+/// The last reload, as the status page shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LastReload {
+    /// When it ended (milliseconds since the epoch).
+    pub at_ms: u64,
+    /// What asked for it.
+    pub trigger: &'static str,
+    /// Whether the new config serves now.
+    pub ok: bool,
+    /// Why it was refused: the first problem, cut to 300 characters.
+    pub error: Option<String>,
+}
+
+/// The config's part of the status page.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConfigStatus {
+    /// The file it was read from (`<built-in>` for the defaults).
+    pub origin: String,
+    /// Reloads that were applied.
+    pub reloads_ok: u64,
+    /// Reloads that were refused.
+    pub reloads_error: u64,
+    /// The last reload, if any.
+    pub last_reload: Option<LastReload>,
+    /// Restart-only keys the files changed.
+    pub pending_restart: Vec<&'static str>,
 }
 
 impl Live {
@@ -230,6 +259,7 @@ impl Live {
             reloading: tokio::sync::Mutex::new(()),
             ok: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            last: std::sync::Mutex::new(None),
         })
     }
 
@@ -265,6 +295,22 @@ impl Live {
     pub async fn reload(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
         let _one = self.reloading.lock().await;
         let result = self.try_reload(trigger).await;
+        let error = result.as_ref().err().map(|e| {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            first.chars().take(300).collect::<String>()
+        });
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(LastReload {
+            at_ms: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            trigger,
+            ok: error.is_none(),
+            error,
+        });
         match &result {
             Ok(r) => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
@@ -347,6 +393,22 @@ impl Live {
             changed,
             restart_required,
         })
+    }
+
+    /// The config's part of the status page.
+    pub fn status(&self) -> ConfigStatus {
+        let g = self.generation();
+        ConfigStatus {
+            origin: g.config.origin.clone(),
+            reloads_ok: self.ok.load(Ordering::Relaxed),
+            reloads_error: self.failed.load(Ordering::Relaxed),
+            last_reload: self
+                .last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+            pending_restart: g.pending_restart.clone(),
+        }
     }
 
     /// Appends `tollgate_config_reloads_total{result}`.

@@ -118,7 +118,12 @@ impl History {
     }
 
     /// The status document: counters as of now, rates and quantiles from the ring.
-    pub fn status(&self, limiter: &Limiter, http: &HttpMetrics) -> Status {
+    pub fn status(
+        &self,
+        limiter: &Limiter,
+        http: &HttpMetrics,
+        config: crate::live::ConfigStatus,
+    ) -> Status {
         let now_ms = unix_ms(SystemTime::now());
         let live = Snapshot::take(limiter, now_ms);
         let ring: Vec<Snapshot> = self
@@ -131,7 +136,7 @@ impl History {
         // The limiter's clock is the system clock: its minutes are the ones the top list
         // was recorded in.
         let (top, limited) = limiter.metrics().top_limited(TOP_K, SystemClock.now());
-        document::build(&live, &ring, self.started_ms, (top, limited), http)
+        document::build(&live, &ring, self.started_ms, (top, limited), http, config)
     }
 }
 

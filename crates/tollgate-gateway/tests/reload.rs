@@ -176,6 +176,21 @@ async fn reloads_by_file_sighup_and_api_apply_within_two_seconds_and_fail_no_req
     // Refused twice: by the API, then by the watcher, which saw the same broken file.
     assert!(reloads(&metrics, "error") >= 2, "{metrics}");
     assert!(reloads(&metrics, "ok") >= 3, "{metrics}");
+    // The status page says so too, with the first problem.
+    let status: serde_json::Value =
+        serde_json::from_slice(&get(&client(), &g.admin_url("/status.json"), &[]).await.body)
+            .expect("status json");
+    let c = &status["config"];
+    assert_eq!(c["origin"], g.config.display().to_string());
+    assert_eq!(c["last_reload"]["ok"], false, "{c}");
+    assert!(
+        c["last_reload"]["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("policy[1].limit"),
+        "{c}"
+    );
+    assert!(c["reloads_ok"].as_u64().unwrap_or(0) >= 3, "{c}");
     assert!(g.log_text().contains("sighup"), "{}", g.log_text());
     assert!(g.log_text().contains("config reload refused"));
 

@@ -5,6 +5,7 @@
 use super::quantile::quantile_ms;
 use super::PolicyCounts;
 use super::Snapshot;
+use crate::live::ConfigStatus;
 use crate::metrics::HttpMetrics;
 use serde::Serialize;
 use tollgate::metrics::{LimitedClient, LATENCY_BUCKETS_US};
@@ -27,6 +28,7 @@ pub(super) fn build(
     started_ms: u64,
     (top, limited): (Vec<LimitedClient>, u64),
     http: &HttpMetrics,
+    config: ConfigStatus,
 ) -> Status {
     let rates = Rates::over(ring, RATE_WINDOW_S);
     Status {
@@ -47,6 +49,7 @@ pub(super) fn build(
             unavailable_503: http.count(503),
         },
         series: series(ring),
+        config,
         top_limited: TopLimited {
             window_s: TOP_WINDOW_S,
             limited,
@@ -113,6 +116,8 @@ pub struct Status {
     store: StoreStatus,
     responses: ResponseCounts,
     series: Series,
+    /// The config serving now and its reloads.
+    config: ConfigStatus,
     top_limited: TopLimited,
 }
 

@@ -294,8 +294,28 @@ function renderCharts(s) {
   });
 }
 
+function renderConfig(c) {
+  if (!c) return;
+  const n = c.reloads_ok + c.reloads_error;
+  text("config", c.origin + (n ? " · reloaded " + fmtInt(c.reloads_ok) + "×" : ""));
+  const r = $("reload");
+  const last = c.last_reload;
+  const notes = [];
+  if (last && !last.ok) {
+    notes.push("Last reload (" + last.trigger + ", " + new Date(last.at_ms).toLocaleTimeString("en-GB") +
+      ") refused; the previous config keeps serving: " + (last.error || ""));
+  }
+  if (c.pending_restart && c.pending_restart.length) {
+    notes.push("Changed, applied after a restart: " + c.pending_restart.join(", "));
+  }
+  r.hidden = notes.length === 0;
+  r.classList.toggle("error", !!(last && !last.ok));
+  r.textContent = notes.join(" · ");
+}
+
 function render(s) {
   text("version", s.version);
+  renderConfig(s.config);
   text("uptime", fmtDuration(s.uptime_s));
   const updated = $("updated");
   updated.dateTime = new Date(s.now_ms).toISOString();
