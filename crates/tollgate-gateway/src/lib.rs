@@ -12,6 +12,7 @@ pub mod http_util;
 pub mod metrics;
 pub mod proxy;
 mod refusal;
+pub mod runtime;
 pub mod serve;
 pub mod server;
 pub mod status;
