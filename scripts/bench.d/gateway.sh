@@ -42,10 +42,14 @@ gateway_cpu_table() { # duration
   echo "Decision mode answers 200 itself (nginx: \`return 200\`); proxy mode forwards to the upstream"
   echo "(nginx: \`proxy_pass\` with upstream keepalive). CPU per request is the gateway's utime +"
   echo "stime during the wrk run divided by the requests completed. Median of $REPS interleaved"
-  echo "repetitions; the ratio is to nginx in the same mode and repetition."
-  echo "\`scripts/bench.d/gateway_cpu.py --tollgate target/release/tollgate --reps $REPS --duration $1\`."
+  echo "repetitions; the ratio is to nginx in the same mode and repetition. \"http floor\" is the"
+  echo "example \`http_floor\`: the gateway's HTTP server and runtime answering the same 200 with no"
+  echo "limiter, the floor under decision mode."
+  echo "\`scripts/bench.d/gateway_cpu.py --tollgate target/release/tollgate --floor"
+  echo "target/release/examples/http_floor --reps $REPS --duration $1\`."
   echo
-  python3 "$BENCH_D/gateway_cpu.py" --tollgate "tollgate=$BIN" --reps "$REPS" --duration "$1" \
+  python3 "$BENCH_D/gateway_cpu.py" --tollgate "tollgate=$BIN" --floor "http floor=$EX/http_floor" \
+    --reps "$REPS" --duration "$1" \
     --json "$RESULTS" 2>>"$OUT/logs/gateway-cpu.log"
   echo
 }
