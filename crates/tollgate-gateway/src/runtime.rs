@@ -37,7 +37,12 @@ pub fn usable_cpus() -> NonZeroUsize {
 
 /// Builds the gateway's runtime for the CPUs this process may use.
 pub fn build() -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = match flavor(usable_cpus()) {
+    build_for(usable_cpus())
+}
+
+/// Builds the gateway's runtime for `cpus` usable CPUs (I/O and timers enabled).
+pub fn build_for(cpus: NonZeroUsize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match flavor(cpus) {
         Flavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
         Flavor::MultiThread(n) => {
             let mut b = tokio::runtime::Builder::new_multi_thread();
@@ -67,5 +72,33 @@ mod tests {
             rt.block_on(async { tokio::spawn(async { 7 }).await }).ok(),
             Some(7)
         );
+    }
+
+    /// The one-CPU runtime has what the gateway uses: spawned tasks, sockets and timers.
+    #[test]
+    fn the_one_cpu_runtime_serves_sockets_and_timers() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = build_for(NonZeroUsize::MIN).expect("runtime");
+        let echoed = rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let server = tokio::spawn(async move {
+                let (mut s, _) = listener.accept().await?;
+                let mut buf = [0u8; 4];
+                s.read_exact(&mut buf).await?;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                s.write_all(&buf).await?;
+                Ok::<_, std::io::Error>(())
+            });
+            let mut c = tokio::net::TcpStream::connect(addr).await?;
+            c.write_all(b"ping").await?;
+            let mut got = [0u8; 4];
+            tokio::time::timeout(std::time::Duration::from_secs(5), c.read_exact(&mut got))
+                .await
+                .map_err(std::io::Error::other)??;
+            server.await.map_err(std::io::Error::other)??;
+            Ok::<_, std::io::Error>(got)
+        });
+        assert_eq!(echoed.expect("echo").as_slice(), b"ping");
     }
 }
