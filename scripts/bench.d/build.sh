@@ -8,7 +8,7 @@ log "building release binaries (target: $TARGET)"
 cargo build --release -q -p tollgate-redis --example redis_bench
 BUILD_JSON="$OUT/logs/build.json"
 cargo build --release -q --message-format=json-render-diagnostics \
-  -p tollgate-gateway --bin tollgate \
+  -p tollgate-gateway --bin tollgate --example http_floor \
   -p tollgate --features tollgate/redis --example lease_bench --example abuse_bench \
   -p tollgate-memory --bench vs_governor --example bytes_per_key \
   -p tollgate-bench --example bar_chart >"$BUILD_JSON"

@@ -1,6 +1,8 @@
-# scripts/bench, section gateway: wrk through `tollgate serve` in proxy mode (memory and Redis
-# stores) against the upstream called directly and nginx limit_req, interleaved per repetition.
-# Draws docs/bench/gateway.svg.
+# scripts/bench, section gateway: first the CPU each gateway spends per request, pinned alone
+# to one core, tollgate (decision and proxy mode, memory and Redis store) against nginx
+# limit_req in the same mode (gateway_cpu.py); then wrk through `tollgate serve` in proxy mode
+# (memory and Redis stores) against the upstream called directly and nginx limit_req,
+# interleaved per repetition. Draws docs/bench/gateway.svg.
 
 WRK_LUA=""
 write_wrk_lua() {
@@ -24,9 +26,38 @@ wrk_run() { # name, url, rep, duration, connections -> sets W_RPS W_P50 W_P99 (m
 }
 to_ms() { awk '{ v = $1; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms$/, "", v) } else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 } printf "%.3f\n", v }'; }
 
+# The table of issue 16: CPU microseconds per request of each gateway on one core.
+gateway_cpu_table() { # duration
+  echo "### Gateway: CPU per request, each gateway alone on one core"
+  echo
+  if [ "$(nproc)" -lt 2 ]; then
+    echo "Not measured: this needs two CPUs (one for the gateway, one for wrk and the upstream)."
+    echo
+    return 0
+  fi
+  echo "Each gateway pinned alone to CPU 1 (taskset); wrk (1 thread, 64 connections), the upstream"
+  echo "(an nginx answering 200) and redis-server share CPU 0. Every request carries one of 100,000"
+  echo "random API keys, limit 100/min per key (tollgate: token_bucket; nginx: \`limit_req"
+  echo "rate=100r/m burst=100 nodelay\`), so almost every request is allowed and is one store call."
+  echo "Decision mode answers 200 itself (nginx: \`return 200\`); proxy mode forwards to the upstream"
+  echo "(nginx: \`proxy_pass\` with upstream keepalive). CPU per request is the gateway's utime +"
+  echo "stime during the wrk run divided by the requests completed. Median of $REPS interleaved"
+  echo "repetitions; the ratio is to nginx in the same mode and repetition. \"http floor\" is the"
+  echo "example \`http_floor\`: the gateway's HTTP server and runtime answering the same 200 with no"
+  echo "limiter, the floor under decision mode."
+  echo "\`scripts/bench.d/gateway_cpu.py --tollgate target/release/tollgate --floor"
+  echo "target/release/examples/http_floor --reps $REPS --duration $1\`."
+  echo
+  python3 "$BENCH_D/gateway_cpu.py" --tollgate "tollgate=$BIN" --floor "http floor=$EX/http_floor" \
+    --reps "$REPS" --duration "$1" \
+    --json "$RESULTS" 2>>"$OUT/logs/gateway-cpu.log"
+  echo
+}
+
 section_gateway() {
   local dur=6s conns=64
   if [ "$QUICK" = 1 ]; then dur=3s; fi
+  gateway_cpu_table "$dur"
   write_wrk_lua
   local up nl
   up=$(free_port); nl=$(free_port)

@@ -14,6 +14,7 @@ pub mod live;
 pub mod metrics;
 pub mod proxy;
 mod refusal;
+pub mod runtime;
 pub mod serve;
 pub mod server;
 pub mod status;

@@ -14,6 +14,7 @@ use crate::http_util::{status_response, BoxBody};
 use crate::metrics::HttpMetrics;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
+use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -21,20 +22,36 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use ipnet::IpNet;
+use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Headers that describe one connection, never forwarded (plus those `Connection` names).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
+/// `Upgrade` is hop-by-hop too; protocol upgrades are not proxied.
+static HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
+];
+
+/// The forwarding headers a client names itself in (dropped unless it is a trusted proxy).
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static FORWARDING: [&HeaderName; 5] = [
+    &X_FORWARDED_FOR,
+    &X_FORWARDED_PROTO,
+    &X_FORWARDED_HOST,
+    &http::header::FORWARDED,
+    &X_REAL_IP,
 ];
 
 /// A pooled HTTP/1 client for one upstream.
@@ -82,21 +99,18 @@ impl Proxy {
     /// Forwards `req` from `peer` and returns the upstream's response (or 502 / 504).
     pub async fn forward(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<BoxBody> {
         let (mut parts, body) = req.into_parts();
-        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let target = format!(
-            "http://{}{}{}",
-            self.upstream.authority, self.upstream.base_path, path_and_query
-        );
-        let Ok(uri) = target.parse::<Uri>() else {
+        let Some(uri) = self.upstream_uri(&parts.uri) else {
             return status_response(StatusCode::BAD_REQUEST, "malformed request target\n");
         };
         let host = parts.headers.get(HOST).cloned();
         strip_hop_by_hop(&mut parts.headers);
         let ip = tollgate_tower::forwarded::canonical(peer.ip());
+        // The peer's address as header text, written once for the headers that carry it.
+        let ip_text = Bytes::from(ip.to_string());
         if !tollgate_tower::forwarded::is_trusted(ip, &self.trusted) {
-            drop_forwarding(&mut parts.headers, ip);
+            drop_forwarding(&mut parts.headers, &ip_text);
         }
-        add_forwarding(&mut parts.headers, ip, host.as_ref());
+        add_forwarding(&mut parts.headers, ip, &ip_text, host.as_ref());
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
         let (body, fault) = ClientBody::new(body, self.body_timeout);
@@ -139,8 +153,36 @@ impl Proxy {
     }
 }
 
-/// Removes hop-by-hop headers, including every header `Connection` lists.
+impl Proxy {
+    /// The upstream's URI for a request to `uri`: the upstream's authority, its base path,
+    /// then the request's path and query (`/` when it has none). Without a base path the
+    /// request's already parsed path is reused as it is.
+    fn upstream_uri(&self, uri: &Uri) -> Option<Uri> {
+        let path_and_query = match (self.upstream.base_path.as_str(), uri.path_and_query()) {
+            ("", Some(pq)) => pq.clone(),
+            ("", None) => PathAndQuery::from_static("/"),
+            (base, pq) => {
+                let pq = pq.map_or("/", PathAndQuery::as_str);
+                let mut joined = String::with_capacity(base.len() + pq.len());
+                joined.push_str(base);
+                joined.push_str(pq);
+                PathAndQuery::from_maybe_shared(Bytes::from(joined)).ok()?
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        parts.authority = Some(self.upstream.authority.clone());
+        parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(parts).ok()
+    }
+}
+
+/// Removes hop-by-hop headers, including every header `Connection` lists. Most requests
+/// carry none: one pass over the names finds that without a lookup per hop-by-hop name.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let listed: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -151,69 +193,80 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in listed {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
-    // `Upgrade` is hop-by-hop too; protocol upgrades are not proxied.
-    headers.remove(http::header::UPGRADE);
 }
 
 /// Replaces what an untrusted client wrote in the forwarding headers: the headers that name
-/// the client are dropped, and `X-Real-IP` is the peer.
-fn drop_forwarding(headers: &mut HeaderMap, peer: IpAddr) {
-    for name in [
-        "x-forwarded-for",
-        "x-forwarded-proto",
-        "x-forwarded-host",
-        "forwarded",
-        "x-real-ip",
-    ] {
-        headers.remove(name);
+/// the client are dropped, and `X-Real-IP` is the peer (`peer`: its address as text).
+fn drop_forwarding(headers: &mut HeaderMap, peer: &Bytes) {
+    if headers.keys().any(|k| FORWARDING.contains(&k)) {
+        for name in FORWARDING {
+            headers.remove(name);
+        }
     }
-    if let Ok(v) = HeaderValue::from_str(&peer.to_string()) {
-        headers.insert("x-real-ip", v);
+    if let Ok(v) = HeaderValue::from_maybe_shared(peer.clone()) {
+        headers.insert(X_REAL_IP.clone(), v);
     }
 }
 
 /// Appends the peer to `X-Forwarded-For` and `Forwarded`, and sets `X-Forwarded-Proto` and
-/// `X-Forwarded-Host` when absent (a trusted proxy's values are kept).
-fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, host: Option<&HeaderValue>) {
-    let xff_name = HeaderName::from_static("x-forwarded-for");
-    let prior: Vec<String> = headers
-        .get_all(&xff_name)
+/// `X-Forwarded-Host` when absent (a trusted proxy's values are kept). `peer_text` is the
+/// peer's address as text.
+fn add_forwarding(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    peer_text: &Bytes,
+    host: Option<&HeaderValue>,
+) {
+    let mut prior = headers
+        .get_all(&X_FORWARDED_FOR)
         .iter()
-        .filter_map(|v| v.to_str().ok().map(str::to_string))
-        .collect();
-    let mut xff = prior.join(", ");
-    if !xff.is_empty() {
-        xff.push_str(", ");
-    }
-    xff.push_str(&peer.to_string());
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert(xff_name, v);
-    }
-    let node = match peer {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => format!("\"[{v6}]\""),
+        .filter_map(|v| v.to_str().ok())
+        .peekable();
+    let xff = if prior.peek().is_none() {
+        HeaderValue::from_maybe_shared(peer_text.clone())
+    } else {
+        let mut xff = String::new();
+        for v in prior {
+            xff.push_str(v);
+            xff.push_str(", ");
+        }
+        xff.push_str(&String::from_utf8_lossy(peer_text));
+        HeaderValue::from_maybe_shared(Bytes::from(xff))
     };
-    let mut element = format!("for={node};proto=http");
+    if let Ok(v) = xff {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
+    }
+    let mut element = String::with_capacity(64);
+    element.push_str("for=");
+    match peer {
+        IpAddr::V4(_) => element.push_str(&String::from_utf8_lossy(peer_text)),
+        IpAddr::V6(v6) => {
+            let _ = write!(element, "\"[{v6}]\"");
+        }
+    }
+    element.push_str(";proto=http");
     if let Some(h) = host.and_then(|h| h.to_str().ok()) {
         if !h.is_empty()
             && h.bytes()
                 .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
         {
-            element.push_str(&format!(";host=\"{h}\""));
+            element.push_str(";host=\"");
+            element.push_str(h);
+            element.push('"');
         }
     }
-    if let Ok(v) = HeaderValue::from_str(&element) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(element)) {
         headers.append(http::header::FORWARDED, v);
     }
-    if !headers.contains_key("x-forwarded-proto") {
-        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    if !headers.contains_key(&X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     }
     if let Some(h) = host {
-        if !headers.contains_key("x-forwarded-host") {
-            headers.insert("x-forwarded-host", h.clone());
+        if !headers.contains_key(&X_FORWARDED_HOST) {
+            headers.insert(X_FORWARDED_HOST.clone(), h.clone());
         }
     }
 }
@@ -228,6 +281,63 @@ pub fn empty() -> BoxBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn proxy_to(base_path: &str) -> Proxy {
+        let upstream = Upstream {
+            authority: "127.0.0.1:8080".parse().expect("authority"),
+            base_path: base_path.to_string(),
+        };
+        let limits = ProxyLimits {
+            timeout: Duration::from_secs(1),
+            body_timeout: Duration::from_secs(1),
+            trusted: Vec::new(),
+        };
+        Proxy::new(upstream, limits, Arc::new(HttpMetrics::default()))
+    }
+
+    #[test]
+    fn the_upstream_uri_is_the_base_path_then_the_request_path_and_query() {
+        let uri = |p: &Proxy, target: &str| {
+            p.upstream_uri(&target.parse().expect("uri"))
+                .map(|u| u.to_string())
+        };
+        let plain = proxy_to("");
+        assert_eq!(
+            uri(&plain, "/a/b?c=1&d").as_deref(),
+            Some("http://127.0.0.1:8080/a/b?c=1&d")
+        );
+        assert_eq!(
+            uri(&plain, "http://other.example/x?y").as_deref(),
+            Some("http://127.0.0.1:8080/x?y")
+        );
+        assert_eq!(
+            uri(&plain, "http://other.example").as_deref(),
+            Some("http://127.0.0.1:8080/")
+        );
+        let based = proxy_to("/v1");
+        assert_eq!(
+            uri(&based, "/a?b").as_deref(),
+            Some("http://127.0.0.1:8080/v1/a?b")
+        );
+        assert_eq!(
+            uri(&based, "//a").as_deref(),
+            Some("http://127.0.0.1:8080/v1//a")
+        );
+    }
+
+    #[test]
+    fn a_request_without_hop_by_hop_headers_keeps_all_of_them() {
+        let mut h = HeaderMap::new();
+        h.insert(HOST, HeaderValue::from_static("x"));
+        h.insert("x-api-key", HeaderValue::from_static("k"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        assert!(!h.contains_key(http::header::UPGRADE));
+    }
 
     #[test]
     fn hop_by_hop_and_connection_listed_headers_are_removed() {
@@ -254,8 +364,14 @@ mod tests {
             h.insert(k, HeaderValue::from_static(v));
         }
         let peer: IpAddr = "192.0.2.7".parse().expect("ip");
-        drop_forwarding(&mut h, peer);
-        add_forwarding(&mut h, peer, Some(&HeaderValue::from_static("api.example")));
+        let text = Bytes::from(peer.to_string());
+        drop_forwarding(&mut h, &text);
+        add_forwarding(
+            &mut h,
+            peer,
+            &text,
+            Some(&HeaderValue::from_static("api.example")),
+        );
         assert_eq!(h["x-forwarded-for"], "192.0.2.7");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "api.example");
@@ -271,7 +387,8 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         let host = HeaderValue::from_static("example.com");
-        add_forwarding(&mut h, "::1".parse().expect("ip"), Some(&host));
+        let peer: IpAddr = "::1".parse().expect("ip");
+        add_forwarding(&mut h, peer, &Bytes::from(peer.to_string()), Some(&host));
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, ::1");
         assert_eq!(
             h["forwarded"],

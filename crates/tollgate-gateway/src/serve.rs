@@ -391,10 +391,7 @@ pub fn main(config_path: Option<&std::path::Path>) -> i32 {
         eprintln!("{w}");
     }
     init_tracing();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match crate::runtime::build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

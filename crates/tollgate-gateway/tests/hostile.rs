@@ -357,6 +357,26 @@ fn head_of(len: usize) -> Vec<u8> {
     head
 }
 
+/// A request with `n` headers (host and connection among them), connection: close.
+fn with_headers(n: usize) -> Vec<u8> {
+    let mut head = b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n".to_vec();
+    for i in 2..n {
+        head.extend_from_slice(format!("x-h{i}: v\r\n").as_bytes());
+    }
+    head.extend_from_slice(b"\r\n");
+    head
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_than_max_headers_is_431() {
+    let gw = Gateway::start("", "");
+    let max = tollgate_gateway::server::MAX_HEADERS;
+    expect_raw(&gw, &with_headers(max), 200).await;
+    expect_raw(&gw, &with_headers(max + 1), 431).await;
+    let m = metrics(&gw).await;
+    assert_eq!(responses(&m, 431), 1, "{m}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_head_limit_is_exact_and_refusals_are_counted() {
     let gw = Gateway::start("", "");

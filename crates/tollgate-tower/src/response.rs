@@ -36,14 +36,20 @@ pub fn add_headers(headers: &mut HeaderMap, result: &LimitResult) {
     let Some(policy) = tollgate::headers::ratelimit_policy(result) else {
         return;
     };
-    if let Ok(v) = HeaderValue::from_str(&policy) {
+    if let Ok(v) = header_value(policy) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
     if let Some(value) = tollgate::headers::ratelimit(result) {
-        if let Ok(v) = HeaderValue::from_str(&value) {
+        if let Ok(v) = header_value(value) {
             headers.insert(RATELIMIT.clone(), v);
         }
     }
+}
+
+/// A header value that takes the string's buffer instead of copying it (the same validation
+/// as `HeaderValue::from_str`).
+fn header_value(s: String) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
+    HeaderValue::from_maybe_shared(Bytes::from(s))
 }
 
 /// The 429 for `result`; `retry_after` is `None` when some policy can never admit the cost.
