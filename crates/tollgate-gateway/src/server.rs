@@ -27,6 +27,9 @@ use tokio::sync::watch;
 use tollgate_tower::PeerAddr;
 use tower_service::Service;
 
+/// Most connections the admin server holds open at once (operators, Prometheus, status pages);
+/// one more is closed as soon as it is accepted.
+pub const MAX_ADMIN_CONNECTIONS: usize = 64;
 /// How long in-flight requests may take to finish after a shutdown signal.
 pub const GRACE: Duration = Duration::from_secs(30);
 /// Most headers a request may have.
@@ -186,11 +189,17 @@ pub(crate) async fn serve_admin(
     mut stop: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else {
                     tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                // Past the bound: closed at once (dropping the stream), before any read.
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::debug!("admin connection limit reached; closing");
                     continue;
                 };
                 let admin = admin.clone();
@@ -200,6 +209,7 @@ pub(crate) async fn serve_admin(
                 });
                 let conn = graceful.watch(builder().serve_connection(TokioIo::new(stream), svc));
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let _ = conn.await;
                 });
             }

@@ -238,6 +238,44 @@ async fn connections_past_the_per_address_bound_are_closed_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_holds_a_bounded_number_of_connections() {
+    let gw = Gateway::start("", "");
+    let bound = tollgate_gateway::server::MAX_ADMIN_CONNECTIONS;
+    let mut held = Vec::new();
+    for _ in 0..bound {
+        held.push(
+            TcpStream::connect(("127.0.0.1", gw.admin_port))
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut excess = TcpStream::connect(("127.0.0.1", gw.admin_port))
+        .await
+        .expect("connect");
+    assert!(
+        closed(&mut excess).await,
+        "connection {} is closed",
+        bound + 1
+    );
+    drop(held);
+    // Places free up once the server sees the closes (bounded retries).
+    let deadline = Instant::now() + WAIT;
+    let mut ok = false;
+    while Instant::now() < deadline && !ok {
+        ok = raw(
+            gw.admin_port,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .starts_with("HTTP/1.1 200");
+        if !ok {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(ok, "the admin port serves again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trusted_proxies_pass_the_per_address_bound_but_not_the_total() {
     let gw = Gateway::start(
         "max_connections = 4\nmax_connections_per_ip = 1",
