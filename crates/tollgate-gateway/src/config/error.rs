@@ -1,70 +1,10 @@
 //! Configuration errors that point at the file, line and key, and say what is allowed.
 
-use std::fmt;
 use std::ops::Range;
 
-/// One problem in a configuration file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file (or `<built-in>`).
-    pub file: String,
-    /// 1-based line.
-    pub line: usize,
-    /// 1-based column.
-    pub col: usize,
-    /// The key, e.g. `policy[0].limit`.
-    pub key: String,
-    /// What is wrong and what is allowed.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "error: {}:{}:{}: {}: {}",
-            self.file, self.line, self.col, self.key, self.message
-        )
-    }
-}
-
-/// An RLS YAML problem is reported like a TOML one: same file, line, column, key, message.
-impl From<tollgate_rls::RlsConfigError> for ConfigError {
-    fn from(e: tollgate_rls::RlsConfigError) -> Self {
-        let tollgate_rls::RlsConfigError {
-            file,
-            line,
-            col,
-            key,
-            message,
-        } = e;
-        Self {
-            file,
-            line,
-            col,
-            key,
-            message,
-        }
-    }
-}
-
-/// Every problem found in one file.
-#[derive(Debug, Clone)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
+/// One problem in a configuration file, and every problem found: the RLS crate's types, so a
+/// problem in the TOML file and one in an RLS YAML file it names are reported alike.
+pub use tollgate_rls::{RlsConfigError as ConfigError, RlsConfigErrors as ConfigErrors};
 
 /// Collects errors against one source text.
 pub(crate) struct Reporter<'a> {
@@ -83,16 +23,11 @@ impl<'a> Reporter<'a> {
     }
 
     /// Records an error at byte `span` for `key`. A value quoted in the message is cut (see
-    /// [`cut`]), so a 50 MB value is not echoed back whole.
+    /// [`ConfigError::at`]), so a 50 MB value is not echoed back whole.
     pub fn at(&mut self, span: Range<usize>, key: impl Into<String>, message: impl Into<String>) {
         let (line, col) = line_col(self.text, span.start);
-        self.errors.push(ConfigError {
-            file: self.file.to_string(),
-            line,
-            col,
-            key: cut(&key.into(), MAX_QUOTED, 0),
-            message: cut(&message.into(), MAX_QUOTED, MAX_HELP),
-        });
+        self.errors
+            .push(ConfigError::at(self.file, line, col, key, message));
     }
 
     /// A parse error from the TOML deserializer: the key is recovered from the text.
@@ -102,31 +37,6 @@ impl<'a> Reporter<'a> {
         let message = err.message().trim().replace('\n', " ");
         self.at(span, key, message);
     }
-}
-
-/// The most characters of a value an error repeats.
-pub(crate) const MAX_QUOTED: usize = 200;
-/// The most characters kept after the cut: the end of a message says what is allowed.
-const MAX_HELP: usize = 300;
-
-/// `message` unchanged when it is short; otherwise its first `head` characters (where a
-/// quoted value starts), a note of how much was left out, and what follows the quoted value
-/// when that is at most `tail` characters (the help: what is allowed).
-pub(crate) fn cut(message: &str, head: usize, tail: usize) -> String {
-    let chars: Vec<char> = message.chars().collect();
-    let n = chars.len();
-    if n <= head + tail + 40 {
-        return message.to_string();
-    }
-    // The end of the last quoted value: a `"` followed by `;`, `:`, `,` or a space.
-    let from = n.saturating_sub(tail);
-    let rest = (from.max(head)..n.saturating_sub(1))
-        .rev()
-        .find(|&i| chars[i] == '"' && matches!(chars[i + 1], ';' | ':' | ',' | ' '))
-        .map_or(n, |i| i);
-    let first: String = chars[..head].iter().collect();
-    let last: String = chars[rest..].iter().collect();
-    format!("{first}... ({} characters cut){last}", rest - head)
 }
 
 /// 1-based line and column of byte `offset`.

@@ -2,7 +2,7 @@
 //! is loaded and checked here, so `check-config` and `serve` report its problems (file, line
 //! and key of the YAML) like the TOML's.
 
-use super::error::{ConfigError, Reporter};
+use super::error::Reporter;
 use super::fields::{field, one_of};
 use super::raw::RawRls;
 use super::validate::addr;
@@ -57,7 +57,7 @@ pub(super) fn rls(r: &mut Reporter<'_>, raw: RawRls, server: &ServerConfig) -> O
             response_headers,
         }),
         Err(errors) => {
-            r.errors.extend(errors.0.into_iter().map(ConfigError::from));
+            r.errors.extend(errors.0);
             None
         }
     }

@@ -223,14 +223,14 @@ fn long_messages_keep_their_start_and_their_help() {
         "\"{}\" is not allowed; expected a number",
         "y".repeat(10_000)
     );
-    let cut = error::cut(&v, 200, 300);
+    let cut = tollgate_rls::config::cut(&v, 200, 300);
     assert!(cut.starts_with(&format!("\"{}", "y".repeat(199))), "{cut}");
     assert!(
         cut.ends_with("\" is not allowed; expected a number"),
         "{cut}"
     );
     assert!(cut.len() < 300, "{cut}");
-    assert_eq!(error::cut("short", 200, 300), "short");
+    assert_eq!(tollgate_rls::config::cut("short", 200, 300), "short");
 }
 
 #[test]

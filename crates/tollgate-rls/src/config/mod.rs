@@ -225,7 +225,8 @@ impl RlsConfig {
     }
 }
 
-/// One problem in an RLS YAML file.
+/// One problem in a configuration file: an RLS YAML file here, the gateway's TOML file too
+/// (tollgate-gateway reports its own problems with this type).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RlsConfigError {
     /// The file.
@@ -238,6 +239,51 @@ pub struct RlsConfigError {
     pub key: String,
     /// What is wrong and what is allowed.
     pub message: String,
+}
+
+impl RlsConfigError {
+    /// A problem at `line:col` of `file`. The key and the message are cut (see [`cut`]): a value
+    /// of 50 MB quoted in either is not echoed back whole.
+    pub fn at(
+        file: &str,
+        line: usize,
+        col: usize,
+        key: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            file: file.to_string(),
+            line,
+            col,
+            key: cut(&key.into(), MAX_QUOTED, 0),
+            message: cut(&message.into(), MAX_QUOTED, MAX_HELP),
+        }
+    }
+}
+
+/// The most characters of a value an error repeats.
+pub const MAX_QUOTED: usize = 200;
+/// The most characters kept after the cut: the end of a message says what is allowed.
+const MAX_HELP: usize = 300;
+
+/// `message` unchanged when it is short; otherwise its first `head` characters (where a
+/// quoted value starts), a note of how much was left out, and what follows the quoted value
+/// when that is at most `tail` characters (the help: what is allowed).
+pub fn cut(message: &str, head: usize, tail: usize) -> String {
+    let chars: Vec<char> = message.chars().collect();
+    let n = chars.len();
+    if n <= head + tail + 40 {
+        return message.to_string();
+    }
+    // The end of the last quoted value: a `"` followed by `;`, `:`, `,` or a space.
+    let from = n.saturating_sub(tail);
+    let rest = (from.max(head)..n.saturating_sub(1))
+        .rev()
+        .find(|&i| chars[i] == '"' && matches!(chars[i + 1], ';' | ':' | ',' | ' '))
+        .map_or(n, |i| i);
+    let first: String = chars[..head].iter().collect();
+    let last: String = chars[rest..].iter().collect();
+    format!("{first}... ({} characters cut){last}", rest - head)
 }
 
 impl fmt::Display for RlsConfigError {

@@ -112,13 +112,9 @@ pub(super) struct Loader<'a> {
 
 impl Loader<'_> {
     fn err(&mut self, pos: Pos, key: impl Into<String>, message: impl Into<String>) {
-        self.errors.push(RlsConfigError {
-            file: self.file.to_string(),
-            line: pos.line,
-            col: pos.col,
-            key: key.into(),
-            message: message.into(),
-        });
+        self.errors.push(RlsConfigError::at(
+            self.file, pos.line, pos.col, key, message,
+        ));
     }
 
     /// The entries of a mapping node, each unknown key reported; `None` (reported) when the
