@@ -185,12 +185,18 @@ type Cache = OnceLock<RwLock<HashMap<Shape, Arc<Script>, LimitHash>>>;
 pub(crate) fn plan_script(shape: &Shape) -> Option<Arc<Script>> {
     static SCRIPTS: Cache = OnceLock::new();
     let scripts = SCRIPTS.get_or_init(Default::default);
-    if let Some(s) = scripts
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(shape)
     {
-        return Some(Arc::clone(s));
+        let map = scripts
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(s) = map.get(shape) {
+            return Some(Arc::clone(s));
+        }
+        // Full: decided before generating, so a new shape past the bound costs a lookup, not
+        // a script's text and its SHA-1 on every request.
+        if map.len() >= MAX_SCRIPTS {
+            return None;
+        }
     }
     let built = Arc::new(generate(shape));
     let mut map = scripts
