@@ -212,26 +212,26 @@ impl JwtVerifier {
     pub fn verify_token(&self, token: &str) -> Result<Claims, InvalidToken> {
         let header = decode_header(token)
             .map_err(|e| InvalidToken(format!("unreadable token header: {e}")))?;
-        let mut candidates = self
-            .keys
-            .iter()
-            .filter(|k| k.alg == header.alg)
-            .filter(|k| match (&header.kid, &k.kid) {
-                (Some(want), Some(have)) => want == have,
-                _ => true,
-            })
-            .peekable();
-        // Without a key id, a token may name only an algorithm one configured key uses: trying
-        // it against every key would let one forged token cost N signature checks.
-        let several = self.keys.iter().filter(|k| k.alg == header.alg).count() > 1;
-        if header.kid.is_none() && several {
-            return Err(InvalidToken(format!(
-                "the token names no key id (kid) and several configured keys use {:?}",
-                header.alg
-            )));
+        let key = self.key_for(&header)?;
+        decode::<Claims>(token, &key.key, &self.validation(key.alg))
+            .map(|data| data.claims)
+            .map_err(|e| InvalidToken(e.to_string()))
+    }
+
+    /// The one configured key a token's header names: the key with its `kid`, or else the only
+    /// key of its algorithm without a key id (any key of it when the token names none). Never
+    /// several: a forged token costs one signature check, whatever its header says.
+    fn key_for(&self, header: &jsonwebtoken::Header) -> Result<&Key, InvalidToken> {
+        let same_alg = || self.keys.iter().filter(|k| k.alg == header.alg);
+        if let Some(want) = &header.kid {
+            if let Some(k) = same_alg().find(|k| k.kid.as_ref() == Some(want)) {
+                return Ok(k);
+            }
         }
-        if candidates.peek().is_none() {
-            return Err(InvalidToken(format!(
+        let mut rest = same_alg().filter(|k| header.kid.is_none() || k.kid.is_none());
+        match (rest.next(), rest.next()) {
+            (Some(k), None) => Ok(k),
+            (None, _) => Err(InvalidToken(format!(
                 "no configured key for algorithm {:?}{}",
                 header.alg,
                 header
@@ -239,16 +239,16 @@ impl JwtVerifier {
                     .as_deref()
                     .map(|k| format!(" and key id {k:?}"))
                     .unwrap_or_default()
-            )));
+            ))),
+            (Some(_), Some(_)) => Err(InvalidToken(format!(
+                "the token names {} and several configured keys of {:?} could verify it; give each key its own kid",
+                header
+                    .kid
+                    .as_deref()
+                    .map_or("no key id (kid)".to_string(), |k| format!("key id {k:?}, which no key has,")),
+                header.alg
+            ))),
         }
-        let mut last = String::new();
-        for k in candidates {
-            match decode::<Claims>(token, &k.key, &self.validation(k.alg)) {
-                Ok(data) => return Ok(data.claims),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Err(InvalidToken(last))
     }
 
     fn validation(&self, alg: Algorithm) -> Validation {
@@ -344,5 +344,61 @@ mod tests {
         assert_eq!(claim_value(&c, "n").as_deref(), Some("7"));
         assert_eq!(claim_value(&c, "e"), None);
         assert_eq!(claim_value(&c, "missing"), None);
+    }
+
+    /// The gateway tests' RSA key pair, its public key listed `with_kid` (`None`: no kid).
+    fn rsa_jwks(kids: &[Option<&str>]) -> JwtVerifier {
+        let jwks: serde_json::Value = serde_json::from_str(include_str!(
+            "../../tollgate-gateway/tests/fixtures/jwks.json"
+        ))
+        .expect("fixture");
+        let key = jwks["keys"][0].clone();
+        let keys: Vec<serde_json::Value> = kids
+            .iter()
+            .map(|kid| {
+                let mut k = key.clone();
+                match kid {
+                    Some(kid) => k["kid"] = serde_json::json!(kid),
+                    None => {
+                        k.as_object_mut().map(|o| o.remove("kid"));
+                    }
+                }
+                k
+            })
+            .collect();
+        JwtVerifier::from_jwks(&serde_json::json!({ "keys": keys }).to_string()).expect("jwks")
+    }
+
+    fn rs256_token(kid: Option<&str>) -> String {
+        let mut header = jsonwebtoken::Header::new(Algorithm::RS256);
+        header.kid = kid.map(str::to_string);
+        let pem = include_bytes!("../../tollgate-gateway/tests/fixtures/jwt_rs256.pem");
+        let key = jsonwebtoken::EncodingKey::from_rsa_pem(pem).expect("pem");
+        jsonwebtoken::encode(&header, &far_future(), &key).expect("sign")
+    }
+
+    #[test]
+    fn a_token_is_checked_against_one_key_whatever_kid_it_names() {
+        // Its own kid: that key.
+        let v = rsa_jwks(&[Some("a"), None, None]);
+        assert!(v.verify_token(&rs256_token(Some("a"))).is_ok());
+        // A kid no key has, or none, where two keys without a kid could verify it: refused
+        // (trying both would make one forged token cost two signature checks).
+        for kid in [Some("unknown"), None] {
+            let e = v.verify_token(&rs256_token(kid)).expect_err("ambiguous");
+            assert!(e.0.contains("several configured keys"), "{kid:?}: {e}");
+        }
+        // One key without a kid: a token naming an unknown kid, or none, is checked with it.
+        let v = rsa_jwks(&[Some("a"), None]);
+        assert!(v.verify_token(&rs256_token(Some("unknown"))).is_ok());
+        assert!(
+            v.verify_token(&rs256_token(None)).is_err(),
+            "two RS256 keys"
+        );
+        let v = rsa_jwks(&[Some("a"), Some("b")]);
+        let e = v
+            .verify_token(&rs256_token(Some("c")))
+            .expect_err("no such kid");
+        assert!(e.0.contains("no configured key"), "{e}");
     }
 }
