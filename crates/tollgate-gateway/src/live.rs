@@ -343,10 +343,10 @@ impl Live {
         .await
         .map_err(|e| ReloadError::Build(format!("the reload task failed: {e}")))?;
         let (mut config, files, stamps) = loaded.map_err(ReloadError::Invalid)?;
-        let old = self.config();
-        let changed = !same_files(&old, &config);
-        let restart_required = restart_required(&old, &config);
-        keep_running(&old, &mut config);
+        let current = self.generation();
+        let old = &current.config;
+        let changed = files != current.files || stamps != current.stamps;
+        let restart_required = keep_running(old, &mut config);
         if old.secret != config.secret {
             tracing::warn!("identity.secret changed: every client is keyed anew, so its counts start over (gateways sharing a store should change it together)");
         }
@@ -536,34 +536,35 @@ fn stamp(path: &Path) -> Stamp {
     }))
 }
 
-/// Whether two configs were read from files with the same effect: compared on what they
-/// build (through their debug forms, where secrets print as `<redacted>`) and on the identity
-/// secret.
-fn same_files(a: &Config, b: &Config) -> bool {
-    format!(
-        "{:?}",
-        (&a.server, &a.store, &a.identity, &a.policies, &a.overrides)
-    ) == format!(
-        "{:?}",
-        (&b.server, &b.store, &b.identity, &b.policies, &b.overrides)
-    ) && a.rls.as_ref().map(|r| format!("{:?}", r.config))
-        == b.rls.as_ref().map(|r| format!("{:?}", r.config))
-}
-
 /// Puts the running values of the restart-only keys into `new` (so the served config says
-/// what is in effect).
-fn keep_running(old: &Config, new: &mut Config) {
-    let (a, b) = (&old.server, &mut new.server);
-    b.listen = a.listen;
-    b.admin_listen = a.admin_listen;
-    b.max_connections = a.max_connections;
-    b.max_connections_per_ip = a.max_connections_per_ip;
-    let (s, t) = (&old.store, &mut new.store);
-    t.backend = s.backend.clone();
-    t.timeout = s.timeout;
-    t.key_prefix = s.key_prefix.clone();
-    t.clock_local = s.clock_local;
-    t.breaker = s.breaker;
+/// what is in effect), and names the keys whose value the files changed.
+fn keep_running(old: &Config, new: &mut Config) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    // One line a key: noted when the files changed it, then given its running value back.
+    macro_rules! keep {
+        ($key:literal, $($field:tt)+) => {
+            if new.$($field)+ != old.$($field)+ {
+                changed.push($key);
+                new.$($field)+ = old.$($field)+.clone();
+            }
+        };
+    }
+    keep!("server.listen", server.listen);
+    keep!("server.admin_listen", server.admin_listen);
+    keep!("server.max_connections", server.max_connections);
+    keep!(
+        "server.max_connections_per_ip",
+        server.max_connections_per_ip
+    );
+    keep!("store.backend", store.backend);
+    keep!("store.timeout", store.timeout);
+    keep!("store.key_prefix", store.key_prefix);
+    keep!("store.clock", store.clock_local);
+    keep!("store.breaker", store.breaker);
+    let listen = |c: &Config| c.rls.as_ref().map(|r| r.listen);
+    if listen(old) != listen(new) {
+        changed.push("rls.listen");
+    }
     match (&old.rls, &mut new.rls) {
         (Some(o), Some(n)) => n.listen = o.listen,
         (None, Some(n)) => n.listen = None,
@@ -571,41 +572,7 @@ fn keep_running(old: &Config, new: &mut Config) {
         (Some(o), None) => new.rls = Some(o.clone()),
         (None, None) => {}
     }
-}
-
-/// The keys whose change a reload cannot apply.
-fn restart_required(old: &Config, new: &Config) -> Vec<&'static str> {
-    let (a, b) = (&old.server, &new.server);
-    let (s, t) = (&old.store, &new.store);
-    let mut keys = Vec::new();
-    let mut check = |changed: bool, key: &'static str| {
-        if changed {
-            keys.push(key);
-        }
-    };
-    check(a.listen != b.listen, "server.listen");
-    check(a.admin_listen != b.admin_listen, "server.admin_listen");
-    check(
-        a.max_connections != b.max_connections,
-        "server.max_connections",
-    );
-    check(
-        a.max_connections_per_ip != b.max_connections_per_ip,
-        "server.max_connections_per_ip",
-    );
-    check(s.backend != t.backend, "store.backend");
-    check(s.timeout != t.timeout, "store.timeout");
-    check(s.key_prefix != t.key_prefix, "store.key_prefix");
-    check(s.clock_local != t.clock_local, "store.clock");
-    check(
-        format!("{:?}", s.breaker) != format!("{:?}", t.breaker),
-        "store.breaker",
-    );
-    check(
-        old.rls.as_ref().map(|r| r.listen) != new.rls.as_ref().map(|r| r.listen),
-        "rls.listen",
-    );
-    keys
+    changed
 }
 
 #[cfg(test)]
@@ -620,14 +587,22 @@ mod tests {
     fn restart_only_keys_are_named_and_nothing_else() {
         let a = parse("[server]\nlisten = \"127.0.0.1:1\"\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n[[policy]]\nname = \"p\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n");
         let same_keys = parse("[server]\nlisten = \"127.0.0.1:1\"\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n[[policy]]\nname = \"p\"\nalgorithm = \"gcra\"\nlimit = 9\nperiod = \"1m\"\n");
-        assert!(restart_required(&a, &same_keys).is_empty());
-        assert!(!same_files(&a, &same_keys), "the policy changed");
-        assert!(same_files(&a, &a.clone()));
-        let moved = parse("[server]\nlisten = \"127.0.0.1:2\"\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:2\"\ntimeout = \"1s\"\n");
+        let mut kept = same_keys.clone();
+        assert!(keep_running(&a, &mut kept).is_empty());
         assert_eq!(
-            restart_required(&a, &moved),
+            kept.policies[0].limit, same_keys.policies[0].limit,
+            "applies"
+        );
+        let moved = parse("[server]\nlisten = \"127.0.0.1:2\"\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:2\"\ntimeout = \"1s\"\n");
+        let mut kept = moved.clone();
+        assert_eq!(
+            keep_running(&a, &mut kept),
             vec!["server.listen", "store.backend", "store.timeout"]
         );
+        // The running values stay: what /v1/config shows is what serves.
+        assert_eq!(kept.server.listen, a.server.listen);
+        assert_eq!(kept.store.backend, a.store.backend);
+        assert_eq!(kept.store.timeout, a.store.timeout);
     }
 
     #[tokio::test]

@@ -147,7 +147,16 @@ async fn reloads_by_file_sighup_and_api_apply_within_two_seconds_and_fail_no_req
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
     assert_eq!(v["result"], "ok");
+    assert_eq!(v["changed"], true, "{v}");
     assert_eq!(v["restart_required"], serde_json::json!([]));
+    // The same files again: applied, and said to be unchanged.
+    let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+    assert_eq!(
+        (v["result"].as_str(), v["changed"].as_bool()),
+        (Some("ok"), Some(false)),
+        "{v}"
+    );
     wait_for_quota(&g, 7, Duration::from_millis(200)).await;
 
     // The unchanged policy's client kept its count through three reloads.
