@@ -30,6 +30,9 @@ use tower_service::Service;
 /// Most connections the admin server holds open at once (operators, Prometheus, status pages);
 /// one more is closed as soon as it is accepted.
 pub const MAX_ADMIN_CONNECTIONS: usize = 64;
+/// Most of those from one client address, so one client holding its share open leaves room
+/// for Prometheus and the health checks.
+pub const MAX_ADMIN_CONNECTIONS_PER_IP: usize = 16;
 /// How long in-flight requests may take to finish after a shutdown signal.
 pub const GRACE: Duration = Duration::from_secs(30);
 /// Most headers a request may have.
@@ -189,16 +192,22 @@ pub(crate) async fn serve_admin(
     mut stop: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    // The gateway's own connection bounds, with the admin port's numbers (no address exempt).
+    let limits = ConnLimits::new(
+        MAX_ADMIN_CONNECTIONS,
+        MAX_ADMIN_CONNECTIONS_PER_IP,
+        Vec::new(),
+        64,
+    );
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else {
+                let Ok((stream, peer)) = accepted else {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 };
                 // Past the bound: closed at once (dropping the stream), before any read.
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                let Some(slot) = limits.admit(peer.ip()) else {
                     tracing::debug!("admin connection limit reached; closing");
                     continue;
                 };

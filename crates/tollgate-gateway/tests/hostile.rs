@@ -240,7 +240,9 @@ async fn connections_past_the_per_address_bound_are_closed_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_port_holds_a_bounded_number_of_connections() {
     let gw = Gateway::start("", "");
-    let bound = tollgate_gateway::server::MAX_ADMIN_CONNECTIONS;
+    // All from one address: its share of the admin port's connections.
+    let bound = tollgate_gateway::server::MAX_ADMIN_CONNECTIONS_PER_IP;
+    assert!(bound < tollgate_gateway::server::MAX_ADMIN_CONNECTIONS);
     let mut held = Vec::new();
     for _ in 0..bound {
         held.push(
