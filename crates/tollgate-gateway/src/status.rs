@@ -78,8 +78,14 @@ impl Snapshot {
         }
     }
 
-    fn policy(&self, name: &str) -> Option<&PolicyCounts> {
-        self.policies.iter().find(|p| p.name == name)
+    /// The policy `name`, which is the `i`-th of a newer reading: the limiter only ever adds
+    /// policies, so an older reading's list is a prefix of a newer one's and the index finds
+    /// it at once (the scan is for a reading that does not share the order).
+    fn policy(&self, i: usize, name: &str) -> Option<&PolicyCounts> {
+        match self.policies.get(i) {
+            Some(p) if p.name == name => Some(p),
+            _ => self.policies.iter().find(|p| p.name == name),
+        }
     }
 }
 

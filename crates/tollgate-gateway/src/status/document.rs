@@ -41,7 +41,8 @@ pub(super) fn build(
         policies: live
             .policies
             .iter()
-            .map(|p| policy_status(p, &rates))
+            .enumerate()
+            .map(|(i, p)| policy_status(i, p, &rates))
             .collect(),
         store: store_status(live, ring, &rates),
         responses: ResponseCounts {
@@ -139,10 +140,10 @@ struct PolicyStatus {
     lease_returned: Counter,
 }
 
-fn policy_status(p: &PolicyCounts, rates: &Rates<'_>) -> PolicyStatus {
+fn policy_status(index: usize, p: &PolicyCounts, rates: &Rates<'_>) -> PolicyStatus {
     let counter = |total: u64, f: &dyn Fn(&PolicyCounts) -> u64| Counter {
         total,
-        rate: rates.rate(|s| s.policy(&p.name).map(f)),
+        rate: rates.rate(|s| s.policy(index, &p.name).map(f)),
     };
     let decisions = (0..Outcome::ALL.len())
         .map(|i| counter(p.decisions[i], &|c| c.decisions[i]))
@@ -258,8 +259,9 @@ fn series(ring: &[Snapshot]) -> Series {
             let delta: u64 = n
                 .policies
                 .iter()
-                .map(|p| {
-                    let before = o.policy(&p.name).map_or(0, |q| q.decisions[i]);
+                .enumerate()
+                .map(|(j, p)| {
+                    let before = o.policy(j, &p.name).map_or(0, |q| q.decisions[i]);
                     p.decisions[i].saturating_sub(before)
                 })
                 .sum();
@@ -330,14 +332,17 @@ mod tests {
         ];
         let rates = Rates::over(&ring, 5);
         assert_eq!(
-            rates.rate(|s| s.policy("api").map(|p| p.decisions[0])),
+            rates.rate(|s| s.policy(0, "api").map(|p| p.decisions[0])),
             Some(15.0)
         );
         // A policy absent from the older reading counts from zero.
         assert_eq!(
-            rates.rate(|s| s.policy("new").map(|p| p.decisions[0])),
+            rates.rate(|s| s.policy(1, "new").map(|p| p.decisions[0])),
             Some(2.0)
         );
+        // The index is a hint: a wrong one still finds the policy by name, or nothing.
+        assert_eq!(ring[1].policy(5, "api").map(|p| p.decisions[0]), Some(10));
+        assert!(ring[1].policy(0, "new").is_none());
         let s = series(&ring);
         assert_eq!(s.t_ms, [11_000, 12_000]);
         assert_eq!(s.decisions[0], [10.0, 24.0]);
@@ -350,7 +355,7 @@ mod tests {
         let ring = [reading(10_000, &[("api", 5, 0)], 0)];
         let rates = Rates::over(&ring, 5);
         assert_eq!(
-            rates.rate(|s| s.policy("api").map(|p| p.decisions[0])),
+            rates.rate(|s| s.policy(0, "api").map(|p| p.decisions[0])),
             None
         );
         assert!(series(&ring).t_ms.is_empty());
