@@ -128,7 +128,9 @@ struct Builder {
     stack: Vec<Frame>,
     root: Option<Node>,
     /// Anchored nodes with how many nodes and text bytes each holds.
-    anchors: HashMap<usize, (Node, (usize, usize))>,
+    /// Each anchor's node, its size (nodes, bytes) and its height (levels of mappings and
+    /// lists), which an alias adds to where it stands.
+    anchors: HashMap<usize, (Node, (usize, usize), usize)>,
     /// Nodes so far, aliases counted at their expanded size.
     nodes: usize,
     /// Bytes of scalar text so far (keys included), aliases counted at their expanded size.
@@ -150,7 +152,8 @@ impl Builder {
     /// A node of `size` (nodes, itself included; text bytes) is complete.
     fn finish(&mut self, node: Node, anchor: usize, size: (usize, usize)) {
         if anchor > 0 {
-            self.anchors.insert(anchor, (node.clone(), size));
+            let height = height(&node);
+            self.anchors.insert(anchor, (node.clone(), size, height));
         }
         self.attach(node);
     }
@@ -311,10 +314,17 @@ impl MarkedEventReceiver for Builder {
                 }
                 None => self.fail(pos, "unbalanced end of a mapping or list"),
             },
-            Event::Alias(id) => match self.anchors.get(&id).map(|(_, size)| *size) {
-                Some((nodes, bytes)) => {
-                    if self.count(nodes, bytes, pos) {
-                        if let Some((node, _)) = self.anchors.get(&id) {
+            Event::Alias(id) => match self.anchors.get(&id).map(|(_, size, h)| (*size, *h)) {
+                Some(((nodes, bytes), height)) => {
+                    // An alias nests its anchor's levels where it stands: the depth bound holds
+                    // for the tree as expanded, as the loader walks it.
+                    if self.stack.len() + height > MAX_DEPTH {
+                        self.fail(
+                            pos,
+                            format!("nested more than {MAX_DEPTH} mappings or lists deep once aliases are expanded"),
+                        );
+                    } else if self.count(nodes, bytes, pos) {
+                        if let Some((node, _, _)) = self.anchors.get(&id) {
                             let node = node.clone();
                             self.attach(node);
                         }
@@ -329,6 +339,26 @@ impl MarkedEventReceiver for Builder {
             | Event::DocumentEnd => {}
         }
     }
+}
+
+/// Levels of mappings and lists in `node` (a scalar: 0), counted without recursion.
+fn height(node: &Node) -> usize {
+    let mut max = 0;
+    let mut todo = vec![(node, 0)];
+    while let Some((n, depth)) = todo.pop() {
+        match &n.kind {
+            Kind::Map(entries) => {
+                max = max.max(depth + 1);
+                todo.extend(entries.iter().map(|(_, _, c)| (c, depth + 1)));
+            }
+            Kind::Seq(items) => {
+                max = max.max(depth + 1);
+                todo.extend(items.iter().map(|c| (c, depth + 1)));
+            }
+            Kind::Scalar { .. } => {}
+        }
+    }
+    max
 }
 
 #[cfg(test)]
@@ -425,6 +455,31 @@ mod tests {
         assert_eq!(e.pos, Pos { line: 1, col: 65 });
         let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
         assert!(parse(&ok).is_ok());
+    }
+
+    #[test]
+    fn aliases_cannot_nest_past_the_depth_bound() {
+        // Each anchor wraps the previous alias in 40 more levels: 40 + 40 > 64 once expanded.
+        let wrap = |inner: &str| format!("{}{inner}{}", "[".repeat(40), "]".repeat(40));
+        let text = format!(
+            "a: &a {}
+b: &b {}
+",
+            wrap("x"),
+            wrap("*a")
+        );
+        let e = parse(&text).expect_err("too deep once expanded");
+        assert!(e.message.contains("nested more than 64"), "{}", e.message);
+        // Within the bound an alias is fine: 30 + 30 levels (plus the root mapping).
+        let wrap = |inner: &str| format!("{}{inner}{}", "[".repeat(30), "]".repeat(30));
+        let text = format!(
+            "a: &a {}
+b: &b {}
+",
+            wrap("x"),
+            wrap("*a")
+        );
+        assert!(parse(&text).is_ok());
     }
 
     #[test]
