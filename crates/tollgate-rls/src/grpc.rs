@@ -38,16 +38,6 @@ pub const READY_CACHE: Duration = Duration::from_secs(1);
 /// The service name Envoy's gRPC health checks may ask for.
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
-#[tonic::async_trait]
-impl RateLimitService for RlsService {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        self.decide(request.get_ref()).await.map(Response::new)
-    }
-}
-
 /// The rate limit service a listener serves, replaceable while it serves (a reload of the
 /// rules): each call is decided whole by the service current when it started. Cheap to clone;
 /// clones share the current service.
