@@ -439,6 +439,18 @@ async fn invalid_requests_get_invalid_argument() {
         e.expect_err("too many").code(),
         tonic::Code::InvalidArgument
     );
+    // One descriptor of more entries than the bound.
+    let names: Vec<String> = (0..=tollgate_rls::MAX_ENTRIES)
+        .map(|i| format!("k{i}"))
+        .collect();
+    let entries: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+    let e = rls
+        .client
+        .should_rate_limit(request("basic", vec![desc(&entries)]))
+        .await;
+    let e = e.expect_err("too many entries");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("entries"), "{}", e.message());
     // And the service still answers.
     assert_eq!(overall(&rls.one("basic", &[("key1", "x")]).await), Code::Ok);
 }
@@ -498,6 +510,23 @@ async fn more_distinct_overrides_than_the_cache_holds_stay_correct_and_bounded()
         assert_eq!((limit.requests_per_unit, limit.unit), (rpu, MINUTE));
         assert_eq!(code(&r.statuses[0]), Code::Ok, "{value}");
         assert_eq!(r.statuses[0].limit_remaining, rpu - 1, "{value}");
+    }
+    // The first quotas again, their policies long evicted from the cache: the same clients
+    // under the same rule name read their state on, one request already spent.
+    for rpu in 2..=9u32 {
+        let value = format!("v{rpu}");
+        let r = rls
+            .call(request(
+                "basic",
+                vec![with_override(desc(&[("key3", &value)]), rpu, MINUTE)],
+            ))
+            .await;
+        assert_eq!(code(&r.statuses[0]), Code::Ok, "{value}");
+        assert_eq!(
+            r.statuses[0].limit_remaining,
+            rpu - 2,
+            "{value}: state kept"
+        );
     }
     // One metric series for every override of the rule, not one per quota.
     let after = rls.limiter.metrics().policies().len();
