@@ -9,6 +9,7 @@
 
 use crate::identity::IdentitySource;
 use crate::jwt::{claim_value, Claims};
+use crate::target::single;
 use http::{HeaderMap, HeaderName, Method};
 use tollgate::{ClientKey, Policy};
 
@@ -100,22 +101,15 @@ impl RoutedPolicy {
 
     /// The name of the tier a request is in (`None`: no tier, or one not configured).
     pub(crate) fn tier_of(&self, input: &TierInput<'_>) -> Option<&(String, Policy)> {
-        let source = self.tier.as_ref()?;
-        let value = match source {
-            TierSource::Jwt(claim) => claim_value(input.claims?, claim)?,
-            TierSource::Header(name) => {
-                if !input.trusted {
-                    return None;
-                }
-                let mut all = input.headers.get_all(name).iter();
-                let first = all.next()?;
-                if all.next().is_some() {
-                    return None;
-                }
-                first.to_str().ok()?.trim().to_string()
+        let find = |value: &str| self.tiers.iter().find(|(name, _)| name == value);
+        match self.tier.as_ref()? {
+            TierSource::Jwt(claim) => find(&claim_value(input.claims?, claim)?),
+            // Only from a trusted proxy; a header sent twice names no tier.
+            TierSource::Header(name) if input.trusted => {
+                find(single(input.headers, name).ok()??.to_str().ok()?.trim())
             }
-        };
-        self.tiers.iter().find(|(name, _)| *name == value)
+            TierSource::Header(_) => None,
+        }
     }
 
     /// The policy that limits `client`'s request: its override, its tier's, or this
@@ -213,5 +207,41 @@ mod tests {
         assert!(prefix_matches("/api", "/API/x", true));
         assert!(!prefix_matches("/api", "/APIx", true));
         assert!(!prefix_matches("/api", "/a", true));
+    }
+
+    #[test]
+    fn a_header_tier_is_read_once_trimmed_and_only_from_a_trusted_peer() {
+        let limiter = tollgate::Limiter::new(tollgate::LimiterConfig::default());
+        let policy = |name: &str| {
+            let quota = tollgate::Quota::per_minute(10).expect("quota");
+            let limit =
+                tollgate::Limit::new(tollgate::Algorithm::TokenBucket, quota).expect("limit");
+            limiter
+                .policy(tollgate::PolicySpec::new(name, limit))
+                .expect("policy")
+        };
+        let name = HeaderName::from_static("x-plan");
+        let routed = RoutedPolicy::new(policy("api")).tiers(
+            TierSource::Header(name.clone()),
+            vec![("pro".to_string(), policy("api.pro"))],
+        );
+        let tier = |values: &[&str], trusted: bool| {
+            let mut headers = HeaderMap::new();
+            for v in values {
+                headers.append(name.clone(), http::HeaderValue::from_str(v).expect("value"));
+            }
+            let input = TierInput {
+                headers: &headers,
+                claims: None,
+                trusted,
+            };
+            routed.tier_of(&input).map(|(t, _)| t.clone())
+        };
+        assert_eq!(tier(&["pro"], true).as_deref(), Some("pro"));
+        assert_eq!(tier(&[" pro "], true).as_deref(), Some("pro"));
+        assert_eq!(tier(&["pro"], false), None, "untrusted peer");
+        assert_eq!(tier(&["pro", "pro"], true), None, "sent twice");
+        assert_eq!(tier(&["enterprise"], true), None, "not configured");
+        assert_eq!(tier(&[], true), None);
     }
 }
