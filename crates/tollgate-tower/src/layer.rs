@@ -113,10 +113,7 @@ impl RateLimitLayer {
         let target = self
             .shared
             .resolve(req.method(), req.uri(), req.headers(), peer)?;
-        let Some(plan) = self
-            .shared
-            .plan(&target.method, &target.path, req.headers(), peer)?
-        else {
+        let Some(plan) = self.shared.plan(&target, req.headers(), peer)? else {
             return Ok(None);
         };
         Ok(Some(self.shared.check(&plan).await))

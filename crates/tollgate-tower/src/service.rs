@@ -84,10 +84,7 @@ where
             Ok(t) => t,
             Err(e) => return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) }),
         };
-        let plan = match self
-            .shared
-            .plan(&target.method, &target.path, req.headers(), peer)
-        {
+        let plan = match self.shared.plan(&target, req.headers(), peer) {
             Ok(plan) => plan,
             Err(e) => return Box::pin(async move { Ok(unauthorized(&e).map(Either::Right)) }),
         };

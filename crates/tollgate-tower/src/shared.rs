@@ -43,16 +43,20 @@ impl Shared {
     /// verify refuses the request (401, before any store call).
     pub(crate) fn plan(
         &self,
-        method: &Method,
-        path: &str,
+        target: &Target,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
     ) -> Result<Option<Plan>, InvalidToken> {
+        let Target {
+            method,
+            path,
+            trusted,
+        } = target;
+        let (path, trusted) = (path.as_str(), *trusted);
         let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
         let mut plan = Plan::new();
         // `None` until a policy needs the claims; then the verified claims, if any.
         let mut claims: Option<Option<Claims>> = None;
-        let trusted = self.trusted(peer);
         for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
             if claims.is_none() && routed.reads_jwt(&self.identity.sources) {
                 claims = Some(self.claims(headers)?);
@@ -115,12 +119,14 @@ impl Shared {
                 return Ok(Target {
                     method,
                     path: self.normalize(path)?,
+                    trusted,
                 });
             }
         }
         Ok(Target {
             method: method.clone(),
             path: self.normalize(uri.path())?,
+            trusted,
         })
     }
 

@@ -50,6 +50,8 @@ impl std::error::Error for BadRequest {}
 pub(crate) struct Target {
     pub(crate) method: Method,
     pub(crate) path: String,
+    /// Whether the peer is a trusted proxy (found once, read again by the plan).
+    pub(crate) trusted: bool,
 }
 
 /// The one value of `name`, `None` when absent; twice is an error.
