@@ -63,6 +63,30 @@ impl fmt::Debug for RedisStore {
     }
 }
 
+/// A check whose (client, rule) an earlier check of the plan has too: compared by the rule's
+/// id first (an integer) and its name only then; with a set past 16 checks, so a plan of
+/// hundreds of items costs no quadratic scan.
+fn twice<'c, 'r>(checks: &'c [Check<'r>]) -> Option<&'c Check<'r>> {
+    let same = |a: &Check<'_>, b: &Check<'_>| {
+        a.client == b.client && a.rule.id() == b.rule.id() && a.rule.name() == b.rule.name()
+    };
+    if checks.len() <= 16 {
+        return checks
+            .iter()
+            .enumerate()
+            .find(|(i, c)| checks[..*i].iter().any(|o| same(o, c)))
+            .map(|(_, c)| c);
+    }
+    let mut seen: std::collections::HashMap<(ClientKey, u64), Vec<&str>> =
+        std::collections::HashMap::with_capacity(checks.len());
+    checks.iter().find(|c| {
+        let names = seen.entry((c.client, c.rule.id())).or_default();
+        let dup = names.contains(&c.rule.name());
+        names.push(c.rule.name());
+        dup
+    })
+}
+
 impl RedisStore {
     /// Connects (standalone: exactly one URL; cluster: seed URLs) and loads the script.
     /// Fails when the server cannot be reached now; afterwards the store reconnects by itself.
@@ -115,22 +139,18 @@ impl RedisStore {
                 decisions: Vec::new(),
             });
         }
-        for (i, c) in checks.iter().enumerate() {
-            if checks[..i]
-                .iter()
-                .any(|o| o.client == c.client && o.rule.name() == c.rule.name())
-            {
-                return Err(RedisStoreError::invalid(format!(
-                    "rule {:?} is checked twice for one client in one plan",
-                    c.rule.name()
-                )));
-            }
+        if let Some(c) = twice(checks) {
+            return Err(RedisStoreError::invalid(format!(
+                "rule {:?} is checked twice for one client in one plan",
+                c.rule.name()
+            )));
         }
         if let Connection::Cluster(_) = self.conn {
             let first = checks[0].client;
-            if checks
+            let slot = first.cluster_slot();
+            if checks[1..]
                 .iter()
-                .any(|c| c.client.cluster_slot() != first.cluster_slot())
+                .any(|c| c.client != first && c.client.cluster_slot() != slot)
             {
                 return self.check_across_slots(checks, now).await;
             }
@@ -519,4 +539,30 @@ fn verdict(checks: &[Check<'_>], decisions: Vec<tollgate_core::Decision>) -> Ver
         .zip(&decisions)
         .all(|(c, d)| d.allowed || !c.enforces());
     Verdict { allowed, decisions }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{Algorithm, Limit, Quota, Rule};
+
+    #[test]
+    fn a_rule_checked_twice_for_one_client_is_found_in_short_and_long_plans() {
+        let limit =
+            Limit::new(Algorithm::Gcra, Quota::per_minute(10).expect("quota")).expect("limit");
+        let rules: Vec<Rule> = (0..40).map(|i| Rule::new(format!("r{i}"), limit)).collect();
+        for n in [2, 16, 17, 40] {
+            let client = |i: usize| ClientKey([u8::try_from(i % 3).unwrap_or(0); 16]);
+            let mut checks: Vec<Check<'_>> = (0..n)
+                .map(|i| Check::new(client(i), &rules[i], 1))
+                .collect();
+            assert!(twice(&checks).is_none(), "{n} distinct checks");
+            // Another client under a rule already in the plan is no duplicate.
+            checks.push(Check::new(ClientKey([9; 16]), &rules[0], 1));
+            assert!(twice(&checks).is_none(), "{n}: another client");
+            checks.push(Check::new(client(n - 1), &rules[n - 1], 1));
+            let dup = twice(&checks).expect("the same client and rule again");
+            assert_eq!(dup.rule.name(), rules[n - 1].name(), "{n}");
+        }
+    }
 }
