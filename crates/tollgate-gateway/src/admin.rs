@@ -9,12 +9,10 @@
 
 use crate::http_util::{status_response, text_response, BoxBody};
 use crate::live::Live;
-use crate::metrics::HttpMetrics;
 use crate::status::History;
 use http::header::{HeaderName, HeaderValue, CACHE_CONTROL};
 use http::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
-use tollgate::Limiter;
 
 const PAGE_HTML: &str = include_str!("status/page.html");
 const PAGE_CSS: &str = include_str!("status/page.css");
@@ -27,13 +25,10 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; conn
 /// What the admin endpoints read.
 #[derive(Clone)]
 pub struct Admin {
-    /// The limiter (its metrics and readiness).
-    pub limiter: Limiter,
-    /// The gateway's HTTP metrics.
-    pub http: Arc<HttpMetrics>,
     /// Once-a-second readings of the limiter's counters, for the status page's rates.
     pub history: Arc<History>,
-    /// The serving config, for the admin API under `/v1/` and reloads.
+    /// The serving config, its limiter (metrics, readiness) and the gateway's HTTP metrics;
+    /// the admin API under `/v1/` and reloads.
     pub live: Arc<Live>,
 }
 
@@ -49,8 +44,8 @@ impl Admin {
         match req.uri().path() {
             "/metrics" => {
                 let mut out = String::with_capacity(8 * 1024);
-                self.limiter.render_metrics(&mut out);
-                self.http.render(&mut out);
+                self.live.limiter().render_metrics(&mut out);
+                self.live.http().render(&mut out);
                 self.live.render_metrics(&mut out);
                 text_response(
                     StatusCode::OK,
@@ -64,7 +59,7 @@ impl Admin {
             "/status.json" => {
                 let status = self
                     .history
-                    .status(&self.limiter, &self.http, self.live.status());
+                    .status(self.live.limiter(), self.live.http(), self.live.status());
                 match serde_json::to_string(&status) {
                     Ok(json) => no_store(text_response(StatusCode::OK, "application/json", json)),
                     Err(_) => status_response(
@@ -75,7 +70,7 @@ impl Admin {
             }
             "/healthz" => status_response(StatusCode::OK, "ok\n"),
             "/readyz" => {
-                if self.limiter.ready().await {
+                if self.live.limiter().ready().await {
                     status_response(StatusCode::OK, "ready\n")
                 } else {
                     status_response(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")

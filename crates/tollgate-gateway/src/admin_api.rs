@@ -146,18 +146,18 @@ async fn client<B>(live: &Live, policy: &str, req: &Request<B>, reset: bool) -> 
         Err(why) => return problem(StatusCode::BAD_REQUEST, "bad identity", &why),
     };
     // The rules that can apply: the client's override alone, or the policy's and its tiers'.
-    let candidates: Vec<(&Policy, Option<&str>, bool)> =
-        match rules.overrides.iter().find(|(k, _)| *k == client) {
-            Some((_, p)) => vec![(p, None, true)],
-            None => std::iter::once((&rules.policy, None, false))
-                .chain(
-                    rules
-                        .tiers
-                        .iter()
-                        .map(|(t, p)| (p, Some(t.as_str()), false)),
-                )
-                .collect(),
-        };
+    let overridden = rules.overrides.iter().find(|(k, _)| *k == client);
+    let candidates: Vec<(&Policy, Option<&str>, bool)> = match overridden {
+        Some((_, p)) => vec![(p, None, true)],
+        None => std::iter::once((&rules.policy, None, false))
+            .chain(
+                rules
+                    .tiers
+                    .iter()
+                    .map(|(t, p)| (p, Some(t.as_str()), false)),
+            )
+            .collect(),
+    };
     let source = identity.split_once('=').map_or("", |(s, _)| s);
     let mut out = Vec::with_capacity(candidates.len());
     for (p, tier, is_override) in candidates {
@@ -181,7 +181,7 @@ async fn client<B>(live: &Live, policy: &str, req: &Request<B>, reset: bool) -> 
         "client": client.to_string(),
     });
     body[key] = Value::Array(out);
-    if !reset && rules.overrides.iter().all(|(k, _)| *k != client) && !rules.tiers.is_empty() {
+    if !reset && overridden.is_none() && !rules.tiers.is_empty() {
         body["note"] = json!("a client's tier comes from each request (its token or header), so every tier's state is shown");
     }
     json_response(StatusCode::OK, &body)

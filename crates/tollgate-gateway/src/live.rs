@@ -16,7 +16,7 @@
 //! A reload is asked for by SIGHUP, `POST /v1/reload`, or a change to a watched file (polled:
 //! a change is applied once the file has been stable for one poll).
 
-use crate::config::{Config, ConfigErrors, PolicyConfig};
+use crate::config::{Config, ConfigErrors, PolicyConfig, Upstream};
 use crate::conn_limit::ConnLimits;
 use crate::http_util::BoxBody;
 use crate::metrics::HttpMetrics;
@@ -133,39 +133,31 @@ impl std::fmt::Display for ReloadError {
     }
 }
 
-/// The proxy settings a [`Target`] is built from: equal settings reuse the target (and its
-/// upstream connections).
+/// What a [`Target`] is built from: equal settings reuse the target (and its upstream
+/// connections).
 #[derive(PartialEq)]
 struct TargetSettings {
-    upstream: Option<(String, String)>,
-    timeout: Duration,
-    body_timeout: Duration,
-    trusted: Vec<ipnet::IpNet>,
+    upstream: Option<Upstream>,
+    limits: ProxyLimits,
 }
 
 impl TargetSettings {
     fn of(c: &Config) -> Self {
         Self {
-            upstream: c
-                .server
-                .upstream
-                .as_ref()
-                .map(|u| (u.authority.to_string(), u.base_path.clone())),
-            timeout: c.server.upstream_timeout,
-            body_timeout: c.server.body_timeout,
-            trusted: c.identity.trusted_proxies.clone(),
+            upstream: c.server.upstream.clone(),
+            limits: ProxyLimits {
+                timeout: c.server.upstream_timeout,
+                body_timeout: c.server.body_timeout,
+                trusted: c.identity.trusted_proxies.clone(),
+            },
         }
     }
 
-    fn target(c: &Config, http: &Arc<HttpMetrics>) -> Target {
-        match &c.server.upstream {
+    fn target(&self, http: &Arc<HttpMetrics>) -> Target {
+        match &self.upstream {
             Some(u) => Target::Proxy(Arc::new(Proxy::new(
                 u.clone(),
-                ProxyLimits {
-                    timeout: c.server.upstream_timeout,
-                    body_timeout: c.server.body_timeout,
-                    trusted: c.identity.trusted_proxies.clone(),
-                },
+                self.limits.clone(),
                 http.clone(),
             ))),
             None => Target::Decision,
@@ -237,7 +229,7 @@ impl Live {
         };
         let stamps = files.iter().map(|f| stamp(f)).collect();
         let settings = TargetSettings::of(&config);
-        let target = TargetSettings::target(&config, &http);
+        let target = settings.target(&http);
         let (layer, rules) = layer(&config, &limiter)?;
         let service = tower_layer::Layer::layer(&layer, target.clone());
         let rls = rls_service(&config, &limiter)?.map(LiveRls::new);
@@ -288,6 +280,11 @@ impl Live {
     /// The limiter (the same across reloads).
     pub fn limiter(&self) -> &Limiter {
         &self.limiter
+    }
+
+    /// The gateway's HTTP metrics.
+    pub fn http(&self) -> &HttpMetrics {
+        &self.http
     }
 
     /// Re-reads the config file and, when it validates, serves it from the next request.
@@ -364,7 +361,8 @@ impl Live {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let settings = TargetSettings::of(&config);
             if t.0 != settings {
-                *t = (settings, TargetSettings::target(&config, &self.http));
+                let target = settings.target(&self.http);
+                *t = (settings, target);
             }
             t.1.clone()
         };

@@ -66,6 +66,7 @@ pub struct Proxy {
 }
 
 /// The proxy's settings beside the upstream itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyLimits {
     /// How long to wait for the upstream's response headers.
     pub timeout: Duration,

@@ -276,8 +276,6 @@ pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Re
         stop_rx.clone(),
     ));
     let admin = Admin {
-        limiter: limiter.clone(),
-        http: http_metrics.clone(),
         history,
         live: live.clone(),
     };
