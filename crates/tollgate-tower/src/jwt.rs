@@ -54,6 +54,9 @@ pub struct JwtVerifier {
     keys: std::sync::Arc<Vec<Key>>,
     issuer: Option<String>,
     audience: Option<String>,
+    /// The claim checks of each algorithm the keys use, built when the settings are (not per
+    /// token: a `Validation` is a handful of allocations).
+    validations: std::sync::Arc<[(Algorithm, Validation)]>,
 }
 
 impl fmt::Debug for JwtVerifier {
@@ -140,7 +143,21 @@ impl JwtVerifier {
             keys: std::sync::Arc::new(keys),
             issuer: None,
             audience: None,
+            validations: std::sync::Arc::new([]),
         }
+        .validated()
+    }
+
+    /// Builds the claim checks for the current issuer and audience.
+    fn validated(mut self) -> Self {
+        let mut algs: Vec<Algorithm> = Vec::new();
+        for k in self.keys.iter() {
+            if !algs.contains(&k.alg) {
+                algs.push(k.alg);
+            }
+        }
+        self.validations = algs.into_iter().map(|a| (a, self.validation(a))).collect();
+        self
     }
 
     /// The header carrying `Bearer <token>` (default `authorization`).
@@ -152,13 +169,13 @@ impl JwtVerifier {
     /// `iss` must equal `issuer`.
     pub fn issuer(mut self, issuer: Option<String>) -> Self {
         self.issuer = issuer;
-        self
+        self.validated()
     }
 
     /// `aud` must contain `audience`.
     pub fn audience(mut self, audience: Option<String>) -> Self {
         self.audience = audience;
-        self
+        self.validated()
     }
 
     /// The required `iss`, if any.
@@ -213,7 +230,10 @@ impl JwtVerifier {
         let header = decode_header(token)
             .map_err(|e| InvalidToken(format!("unreadable token header: {e}")))?;
         let key = self.key_for(&header)?;
-        decode::<Claims>(token, &key.key, &self.validation(key.alg))
+        let Some((_, validation)) = self.validations.iter().find(|(a, _)| *a == key.alg) else {
+            return Err(InvalidToken(format!("no claim checks for {:?}", key.alg)));
+        };
+        decode::<Claims>(token, &key.key, validation)
             .map(|data| data.claims)
             .map_err(|e| InvalidToken(e.to_string()))
     }
