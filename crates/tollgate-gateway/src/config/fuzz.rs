@@ -223,6 +223,17 @@ proptest! {
     fn huge_values_are_cut_in_errors(len in 300..20_000usize, key in prop::sample::select(&["listen", "upstream", "upstream_timeout"][..])) {
         let text = format!("[server]\n{key} = \"{}\"\n", "z".repeat(len));
         check(&text)?;
+        // The value is echoed at most 200 characters long, whatever its length.
+        let env = |_: &str| None;
+        let errors = validate(FILE, &text, env).expect_err("not a valid value");
+        let longest = errors
+            .0
+            .iter()
+            .flat_map(|e| e.message.split(|c: char| c != 'z'))
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
+        prop_assert!(longest <= 200, "{longest} characters of the value echoed");
     }
 }
 

@@ -272,15 +272,20 @@ const MAX_HELP: usize = 300;
 pub fn cut(message: &str, head: usize, tail: usize) -> String {
     let chars: Vec<char> = message.chars().collect();
     let n = chars.len();
-    if n <= head + tail + 40 {
+    if n <= head + 40 {
         return message.to_string();
     }
     // The end of the last quoted value: a `"` followed by `;`, `:`, `,` or a space.
     let from = n.saturating_sub(tail);
-    let rest = (from.max(head)..n.saturating_sub(1))
+    let end = (from.max(head)..n.saturating_sub(1))
         .rev()
-        .find(|&i| chars[i] == '"' && matches!(chars[i + 1], ';' | ':' | ',' | ' '))
-        .map_or(n, |i| i);
+        .find(|&i| chars[i] == '"' && matches!(chars[i + 1], ';' | ':' | ',' | ' '));
+    let rest = match end {
+        Some(i) => i,
+        // No quoted value ends past `head`: a long help text alone is kept whole.
+        None if n <= head + tail + 40 => return message.to_string(),
+        None => n,
+    };
     let first: String = chars[..head].iter().collect();
     let last: String = chars[rest..].iter().collect();
     format!("{first}... ({} characters cut){last}", rest - head)
