@@ -1,7 +1,8 @@
 //! Decision mode behind a real nginx `auth_request`, configured as docs/forward-auth.md says:
 //! a client's own `X-Forwarded-Uri` and `X-Forwarded-For` no longer choose its policy or its
-//! identity. Needs the `nginx` binary (with the auth_request module, as Debian builds it); a
-//! machine without one skips this test and says so.
+//! identity. Needs the `nginx` binary (with the auth_request module, as Debian builds it):
+//! scripts/test installs it, and a machine without it fails this test unless
+//! `TOLLGATE_SKIP_MISSING` names nginx (the testkit's one skip rule).
 
 mod support;
 
@@ -23,14 +24,8 @@ impl Drop for Nginx {
     }
 }
 
-fn nginx_binary() -> Option<&'static str> {
-    ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-}
-
 /// The location blocks of docs/forward-auth.md, in front of `upstream`, asking `gateway`.
-fn start_nginx(bin: &str, gateway: u16, upstream: &str) -> Nginx {
+fn start_nginx(bin: &std::path::Path, gateway: u16, upstream: &str) -> Nginx {
     let dir = scratch("nginx");
     std::fs::create_dir_all(&dir).expect("nginx dir");
     let port = free_port();
@@ -75,8 +70,7 @@ fn start_nginx(bin: &str, gateway: u16, upstream: &str) -> Nginx {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_nginx_a_client_cannot_pick_its_path_or_its_address() {
-    let Some(bin) = nginx_binary() else {
-        eprintln!("skipped: no nginx binary on this machine");
+    let Some(bin) = tollgate_testkit::require_path(&tollgate_testkit::program::NGINX) else {
         return;
     };
     let up = Upstream::start().await;
@@ -86,7 +80,7 @@ async fn behind_nginx_a_client_cannot_pick_its_path_or_its_address() {
          [[policy]]\nname = \"api\"\nmatch = { path_prefix = \"/api\" }\n\
          algorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\n",
     );
-    let nginx = start_nginx(bin, gw.port, &up.url());
+    let nginx = start_nginx(&bin, gw.port, &up.url());
     let mut statuses = Vec::new();
     for i in 0..6 {
         let spoof = format!(

@@ -5,8 +5,8 @@
 //! open while the test's redis-server is down. A screenshot is written where the log says.
 //!
 //! `scripts/test` installs chromium (as root, with apt). Without chromium the browser test
-//! fails, unless `TOLLGATE_SKIP_BROWSER_TESTS=1` says to skip it (for a machine where it
-//! cannot be installed). `TOLLGATE_CHROMIUM` names another binary.
+//! fails, unless `TOLLGATE_SKIP_MISSING=chromium` says to skip it (the testkit's one skip
+//! rule, for a machine where it cannot be installed). `TOLLGATE_CHROMIUM` names another binary.
 
 mod support;
 
@@ -131,29 +131,9 @@ async fn the_page_and_its_files_come_from_the_admin_server_alone() {
     );
 }
 
-/// Debian's chromium (or `TOLLGATE_CHROMIUM`); `None` when skipping is allowed and it is
-/// missing. Panics with what to do when it is missing and skipping is not allowed.
+/// Debian's chromium (or `TOLLGATE_CHROMIUM`), under the testkit's one skip rule.
 fn chromium() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TOLLGATE_CHROMIUM") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path) {
-        for name in ["chromium", "chromium-browser"] {
-            let p = dir.join(name);
-            if p.is_file() {
-                return Some(p);
-            }
-        }
-    }
-    if std::env::var("TOLLGATE_SKIP_BROWSER_TESTS").as_deref() == Ok("1") {
-        eprintln!("skipping the browser test: chromium is not installed");
-        return None;
-    }
-    panic!(
-        "chromium is not installed: scripts/test installs it as root (apt-get install \
-         chromium); or set TOLLGATE_SKIP_BROWSER_TESTS=1 to skip this test on this machine"
-    );
+    tollgate_testkit::require_path(&tollgate_testkit::program::CHROMIUM)
 }
 
 /// Runs headless chromium on `url` with `args`, stdout to `out`, killed after 90 s.

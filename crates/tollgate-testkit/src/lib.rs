@@ -13,10 +13,12 @@
 
 mod cluster;
 mod process;
+pub mod program;
 mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
+pub use program::{require, require_path, Found, Program, SKIP_VAR};
 pub use sentinel::{RedisSentinels, DOWN_AFTER as SENTINEL_DOWN_AFTER};
 pub use server::RedisServer;
 
