@@ -38,12 +38,14 @@ mod decision;
 pub mod duration;
 mod key;
 mod quota;
+mod rate;
 mod time;
 
 pub use algorithms::{decide, Algorithm, Limit, LimitError, State, UnknownAlgorithm};
 pub use decision::{Decision, Verdict};
 pub use key::{Check, ClientKey, Mode, Rule};
 pub use quota::{Quota, QuotaError, MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
+pub use rate::{RateError, RateField};
 pub use time::{
     duration_to_micros, micros_to_duration, micros_to_secs_ceil, Clock, ManualClock, Micros,
     SystemClock,

@@ -129,7 +129,7 @@ async fn client<B>(live: &Live, policy: &str, req: &Request<B>, reset: bool) -> 
             .config
             .policies
             .iter()
-            .map(|p| p.name.as_str())
+            .map(|p| p.name())
             .collect();
         return problem(
             StatusCode::NOT_FOUND,

@@ -5,9 +5,11 @@
 
 pub mod admin;
 mod admin_api;
+pub mod assemble;
 pub mod check_config;
 pub mod client_body;
-pub mod config;
+/// The configuration, from its own crate (re-exported: `tollgate_gateway::config`).
+pub use tollgate_config as config;
 mod conn_limit;
 pub mod http_util;
 pub mod live;

@@ -16,12 +16,12 @@
 //! A reload is asked for by SIGHUP, `POST /v1/reload`, or a change to a watched file (polled:
 //! a change is applied once the file has been stable for one poll).
 
+use crate::assemble::{assemble, Assembled, PolicyRules};
 use crate::config::{Config, ConfigErrors, PolicyConfig, Upstream};
 use crate::conn_limit::ConnLimits;
 use crate::http_util::BoxBody;
 use crate::metrics::HttpMetrics;
-use crate::proxy::{Proxy, ProxyLimits};
-use crate::serve::{layer, rls_service, Target};
+use crate::proxy::{Proxy, ProxyLimits, Target};
 use crate::server::Answer;
 use arc_swap::ArcSwap;
 use http::Request;
@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
-use tollgate::{ClientKey, Limiter, Policy};
+use tollgate::Limiter;
 use tollgate_rls::LiveRls;
 use tollgate_tower::{RateLimit, ResponseFuture};
 use tower_service::Service;
@@ -65,17 +65,6 @@ impl Service<Request<Incoming>> for LiveService {
     }
 }
 
-/// One policy's rules as the admin API reads them: the policy's own, its tiers', and its
-/// overrides'.
-pub(crate) struct PolicyRules {
-    /// The policy's own rule (clients in no tier).
-    pub(crate) policy: Policy,
-    /// `(tier name, rule)`.
-    pub(crate) tiers: Vec<(String, Policy)>,
-    /// `(client, rule)`.
-    pub(crate) overrides: Vec<(ClientKey, Policy)>,
-}
-
 /// What one config turned into.
 pub(crate) struct Generation {
     /// The config.
@@ -93,7 +82,7 @@ pub(crate) struct Generation {
 impl Generation {
     /// The rules of the policy named `name`.
     pub(crate) fn policy(&self, name: &str) -> Option<(&PolicyConfig, &PolicyRules)> {
-        let config = self.config.policies.iter().find(|p| p.name == name)?;
+        let config = self.config.policies.iter().find(|p| p.name() == name)?;
         let rules = self.rules.iter().find(|(n, _)| n == name).map(|(_, r)| r)?;
         Some((config, rules))
     }
@@ -230,9 +219,9 @@ impl Live {
         let stamps = files.iter().map(|f| stamp(f)).collect();
         let settings = TargetSettings::of(&config);
         let target = settings.target(&http);
-        let (layer, rules) = layer(&config, &limiter)?;
+        let Assembled { layer, rules, rls } = assemble(&config, &limiter)?;
         let service = tower_layer::Layer::layer(&layer, target.clone());
-        let rls = rls_service(&config, &limiter)?.map(LiveRls::new);
+        let rls = rls.map(LiveRls::new);
         Ok(Self {
             path,
             limiter,
@@ -347,13 +336,10 @@ impl Live {
         if old.secret != config.secret {
             tracing::warn!("identity.secret changed: every client is keyed anew, so its counts start over (gateways sharing a store should change it together)");
         }
-        let (layer, rules) =
-            layer(&config, &self.limiter).map_err(|e| ReloadError::Build(format!("{e:#}")))?;
-        let rls = match (&self.rls, rls_service(&config, &self.limiter)) {
-            (_, Err(e)) => return Err(ReloadError::Build(format!("{e:#}"))),
-            (Some(_), Ok(new)) => new,
-            (None, Ok(_)) => None,
-        };
+        let Assembled { layer, rules, rls } =
+            assemble(&config, &self.limiter).map_err(|e| ReloadError::Build(e.to_string()))?;
+        // A listener started later has nothing to serve a new RLS config with (a restart key).
+        let rls = rls.filter(|_| self.rls.is_some());
         let target = {
             let mut t = self
                 .target
@@ -588,7 +574,8 @@ mod tests {
         let mut kept = same_keys.clone();
         assert!(keep_running(&a, &mut kept).is_empty());
         assert_eq!(
-            kept.policies[0].limit, same_keys.policies[0].limit,
+            kept.policies[0].limit(),
+            same_keys.policies[0].limit(),
             "applies"
         );
         let moved = parse("[server]\nlisten = \"127.0.0.1:2\"\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:2\"\ntimeout = \"1s\"\n");
@@ -606,7 +593,7 @@ mod tests {
     #[tokio::test]
     async fn the_built_in_defaults_have_no_file_to_reload() {
         let config = Config::builtin().expect("builtin");
-        let limiter = crate::serve::limiter(&config);
+        let limiter = crate::assemble::limiter(&config);
         let limits = ConnLimits::new(10, 10, Vec::new(), 64);
         let live = Live::new(
             None,

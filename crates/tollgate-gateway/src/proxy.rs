@@ -22,10 +22,16 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use ipnet::IpNet;
+use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tollgate_tower::PeerAddr;
+use tower_service::Service;
 
 /// Headers that describe one connection, never forwarded (plus those `Connection` names).
 /// `Upgrade` is hop-by-hop too; protocol upgrades are not proxied.
@@ -396,5 +402,41 @@ mod tests {
             "for=\"[::1]\";proto=http;host=\"example.com\""
         );
         assert_eq!(h["x-forwarded-host"], "example.com");
+    }
+}
+
+/// What the rate limiter wraps: the upstream, or the decision-mode 200.
+#[derive(Clone)]
+pub enum Target {
+    /// Behind an `Arc`: the proxy's HTTP client is large and the target is cloned per
+    /// connection.
+    Proxy(Arc<Proxy>),
+    /// Decision mode: 200, the request goes nowhere.
+    Decision,
+}
+
+impl Service<Request<Incoming>> for Target {
+    type Response = Response<BoxBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<BoxBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        match self {
+            Target::Proxy(p) => {
+                let p = p.clone();
+                let peer = req.extensions().get::<PeerAddr>().map(|a| a.0);
+                Box::pin(async move {
+                    let Some(peer) = peer else {
+                        return Ok(status_response(StatusCode::BAD_REQUEST, "no peer\n"));
+                    };
+                    Ok(p.forward(req, peer).await)
+                })
+            }
+            Target::Decision => Box::pin(async { Ok(status_response(StatusCode::OK, "")) }),
+        }
     }
 }

@@ -9,190 +9,16 @@
 use crate::admin::Admin;
 use crate::config::{Config, StoreBackend};
 use crate::conn_limit::ConnLimits;
-use crate::http_util::{status_response, BoxBody};
-use crate::live::{Hangup, Live, PolicyRules};
+use crate::live::{Hangup, Live};
 use crate::metrics::HttpMetrics;
-use crate::proxy::Proxy;
 use crate::server::{serve_admin, serve_gateway, ShutdownSignals, GRACE};
 use crate::status::{run_sampler, History};
 use anyhow::Context as _;
-use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tollgate::{
-    Backend, IdentityHasher, Limiter, LimiterConfig, MemoryConfig, PolicySpec, RedisConfig,
-    StoreClock,
-};
-use tollgate_rls::{LiveRls, RlsOptions, RlsService};
-use tollgate_tower::{PeerAddr, RateLimitLayer, RoutedPolicy};
-use tower_service::Service;
-
-/// What the rate limiter wraps: the upstream, or the decision-mode 200.
-#[derive(Clone)]
-pub(crate) enum Target {
-    /// Behind an `Arc`: the proxy's HTTP client is large and the target is cloned per
-    /// connection.
-    Proxy(Arc<Proxy>),
-    Decision,
-}
-
-impl Service<Request<Incoming>> for Target {
-    type Response = Response<BoxBody>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<BoxBody>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        match self {
-            Target::Proxy(p) => {
-                let p = p.clone();
-                let peer = req.extensions().get::<PeerAddr>().map(|a| a.0);
-                Box::pin(async move {
-                    let Some(peer) = peer else {
-                        return Ok(status_response(StatusCode::BAD_REQUEST, "no peer\n"));
-                    };
-                    Ok(p.forward(req, peer).await)
-                })
-            }
-            Target::Decision => Box::pin(async { Ok(status_response(StatusCode::OK, "")) }),
-        }
-    }
-}
-
-/// Builds the limiter described by `config`.
-pub fn limiter(config: &Config) -> Limiter {
-    let s = &config.store;
-    let clock = if s.clock_local {
-        StoreClock::Local
-    } else {
-        StoreClock::Store
-    };
-    let backend = match &s.backend {
-        StoreBackend::Memory { max_keys } => Backend::Memory(MemoryConfig {
-            max_keys: *max_keys,
-            ..MemoryConfig::default()
-        }),
-        StoreBackend::Redis { url } => Backend::Redis(
-            RedisConfig::standalone(url.clone())
-                .with_key_prefix(s.key_prefix.clone())
-                .with_clock(clock),
-        ),
-        StoreBackend::RedisCluster { urls } => Backend::Redis(
-            RedisConfig::cluster(urls.clone())
-                .with_key_prefix(s.key_prefix.clone())
-                .with_clock(clock),
-        ),
-        StoreBackend::RedisSentinel { urls, master_name } => Backend::Redis(
-            RedisConfig::sentinel(urls.clone(), master_name.clone())
-                .with_key_prefix(s.key_prefix.clone())
-                .with_clock(clock),
-        ),
-    };
-    let mut lc = LimiterConfig::new(backend);
-    lc.timeout = s.timeout;
-    lc.breaker = s.breaker;
-    Limiter::new(lc)
-}
-
-/// Builds the rate-limit layer (policies registered with `limiter`), and each policy's rules
-/// for the admin API.
-pub(crate) fn layer(
-    config: &Config,
-    limiter: &Limiter,
-) -> anyhow::Result<(RateLimitLayer, Vec<(String, PolicyRules)>)> {
-    let mut rules = Vec::with_capacity(config.policies.len());
-    let mut layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(&config.secret.0))
-        .identity(config.identity.clone())
-        .forward_auth(
-            config
-                .decision_mode()
-                .then(|| config.server.forward_auth.clone()),
-        )
-        .allow_ambiguous_paths(config.server.allow_ambiguous_paths);
-    for p in &config.policies {
-        // The policy, and its tiers' and overrides' policies: its settings, with their own
-        // name and limit.
-        let variant = |name: String, limit| {
-            limiter
-                .policy(PolicySpec {
-                    name: name.clone(),
-                    limit,
-                    cost: p.cost,
-                    on_failure: p.on_failure,
-                    local_divisor: p.local_divisor,
-                    shadow: p.shadow,
-                    sync: p.sync,
-                })
-                .with_context(|| format!("{}: policy {name:?}", config.origin))
-        };
-        let own = variant(p.name.clone(), p.limit)?;
-        let mut routed = RoutedPolicy::new(own.clone())
-            .path_prefix(p.path_prefix.clone())
-            .methods(p.methods.clone())
-            .case_insensitive(p.case_insensitive);
-        if let Some(sources) = &p.identity {
-            routed = routed.identity(sources.clone());
-        }
-        let mut tiers = Vec::new();
-        if let Some(source) = &p.tier {
-            for t in &p.tiers {
-                let policy = variant(p.tier_rule_name(&t.name), t.limit)?;
-                tiers.push((t.name.clone(), policy));
-            }
-            routed = routed.tiers(source.clone(), tiers.clone());
-        }
-        let mut overrides = Vec::new();
-        for o in config.overrides.iter().filter(|o| o.policy == p.name) {
-            overrides.push((o.client, variant(o.rule_name(), o.limit)?));
-        }
-        if !overrides.is_empty() {
-            routed = routed.overrides(overrides.clone());
-        }
-        layer = layer.policy(routed);
-        rules.push((
-            p.name.clone(),
-            PolicyRules {
-                policy: own,
-                tiers,
-                overrides,
-            },
-        ));
-    }
-    Ok((layer, rules))
-}
-
-/// Builds the Envoy rate limit service of `[rls]` (its rules registered with `limiter`).
-pub(crate) fn rls_service(
-    config: &Config,
-    limiter: &Limiter,
-) -> anyhow::Result<Option<RlsService>> {
-    let Some(rls) = &config.rls else {
-        return Ok(None);
-    };
-    let options = RlsOptions {
-        on_failure: config.store.on_failure,
-        local_divisor: config.store.local_divisor,
-        response_headers: rls.response_headers,
-    };
-    let service = RlsService::new(
-        limiter.clone(),
-        IdentityHasher::new(&config.secret.0),
-        rls.config.clone(),
-        options,
-    )
-    .with_context(|| format!("{}: [rls] config", rls.config_path.display()))?;
-    Ok(Some(service))
-}
+use tollgate_rls::LiveRls;
 
 /// Binds `[rls] listen` and serves the rate limit service there until `stop` changes.
 async fn spawn_rls(
@@ -233,7 +59,7 @@ const STARTUP_CONNECT: Duration = Duration::from_secs(2);
 /// (`None`: the built-in defaults), which a reload reads again.
 pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Result<()> {
     let hangup = Hangup::listen();
-    let limiter = limiter(&config);
+    let limiter = crate::assemble::limiter(&config);
     let http_metrics = Arc::new(HttpMetrics::default());
     let limits = ConnLimits::new(
         config.server.max_connections,
@@ -333,19 +159,23 @@ fn log_start(config: &Config, listener: &TcpListener, admin: &TcpListener) {
         .policies
         .iter()
         .map(|p| {
-            let q = p.limit.quota();
+            let q = p.limit().quota();
             format!(
                 "{}: {} {}/{:?} burst {} cost {} on {} {:?}{}{}",
-                p.name,
-                p.limit.algorithm(),
+                p.name(),
+                p.limit().algorithm(),
                 q.limit(),
                 q.period(),
                 q.burst(),
-                p.cost,
+                p.spec.cost,
                 p.path_prefix,
                 p.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
-                if p.shadow { " shadow" } else { "" },
-                format_args!(" on_failure={} sync={:?}", p.on_failure.as_str(), p.sync),
+                if p.spec.shadow { " shadow" } else { "" },
+                format_args!(
+                    " on_failure={} sync={:?}",
+                    p.spec.on_failure.as_str(),
+                    p.spec.sync
+                ),
             )
         })
         .collect();

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use tollgate::tollgate_core::micros_to_secs_ceil;
 use tollgate::{
     Action, Algorithm, ClientKey, FailurePolicy, IdentityHasher, Limit, LimitResult, Limiter,
-    Outcome, Plan, Policy, PolicySpec, Quota, SyncMode,
+    Outcome, Plan, Policy, PolicySpec, SyncMode,
 };
 use tonic::Status;
 
@@ -148,6 +148,27 @@ struct Item {
 }
 
 impl RlsService {
+    /// The policy each rule of `config` is enforced as, in rule order (`None`: unlimited).
+    /// [`RlsService::new`] registers exactly these, so a caller that checks them with
+    /// [`PolicySpec::validate`] knows `new` cannot fail.
+    pub fn specs<'a>(
+        config: &'a RlsConfig,
+        options: &'a RlsOptions,
+    ) -> impl Iterator<Item = Option<PolicySpec>> + 'a {
+        config.rules().iter().map(|rule| match rule.limit {
+            RuleLimit::Unlimited => None,
+            RuleLimit::Limited { limit, .. } => Some(PolicySpec {
+                name: rule.policy_name.clone(),
+                limit,
+                cost: 1,
+                on_failure: options.on_failure,
+                local_divisor: options.local_divisor,
+                shadow: rule.shadow,
+                sync: SyncMode::Exact,
+            }),
+        })
+    }
+
     /// Registers every rule of `config` with `limiter`.
     pub fn new(
         limiter: Limiter,
@@ -155,21 +176,9 @@ impl RlsService {
         config: RlsConfig,
         options: RlsOptions,
     ) -> Result<Self, tollgate::Error> {
-        let mut policies = Vec::with_capacity(config.rules().len());
-        for rule in config.rules() {
-            policies.push(match rule.limit {
-                RuleLimit::Unlimited => None,
-                RuleLimit::Limited { limit, .. } => Some(limiter.policy(PolicySpec {
-                    name: rule.policy_name.clone(),
-                    limit,
-                    cost: 1,
-                    on_failure: options.on_failure,
-                    local_divisor: options.local_divisor,
-                    shadow: rule.shadow,
-                    sync: SyncMode::Exact,
-                })?),
-            });
-        }
+        let policies = Self::specs(&config, &options)
+            .map(|spec| spec.map(|s| limiter.policy(s)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             inner: Arc::new(Inner {
                 limiter,
@@ -389,10 +398,14 @@ impl RlsService {
             Some(RuleLimit::Limited { limit, .. }) => limit.algorithm(),
             _ => Algorithm::FixedWindow,
         };
-        let limit = Quota::new(u64::from(o.requests_per_unit), unit.duration())
-            .map_err(|e| e.to_string())
-            .and_then(|q| Limit::new(algorithm, q).map_err(|e| e.to_string()))
-            .map_err(|e| Status::invalid_argument(format!("invalid limit override: {e}")))?;
+        let limit = Limit::checked(
+            algorithm,
+            u64::from(o.requests_per_unit),
+            unit.duration(),
+            None,
+            1,
+        )
+        .map_err(|e| Status::invalid_argument(format!("invalid limit override: {e}")))?;
         let current = RateLimit {
             name: configured.map(|r| r.name.clone()).unwrap_or_default(),
             requests_per_unit: o.requests_per_unit,
@@ -531,6 +544,7 @@ fn micros(us: u64) -> prost_types::Duration {
 mod tests {
     use super::*;
     use std::time::Duration;
+    use tollgate::Quota;
 
     fn key(n: u64) -> (Option<usize>, Limit) {
         let q = Quota::new(n, Duration::from_secs(60)).expect("quota");

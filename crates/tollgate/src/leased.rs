@@ -10,23 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{duration_to_micros, Algorithm, ClientKey, Decision, Micros};
 
-/// Checks a lease configuration: the algorithm must be one whose units can be given back
-/// exactly ([`Algorithm::is_leasable`]), the ttl positive, the maximum at least 1.
-pub(crate) fn validate(algorithm: Algorithm, ttl: Duration, max: u64) -> Result<(), String> {
-    if !algorithm.is_leasable() {
-        return Err(format!(
-            "sync = \"lease\" supports token_bucket, leaky_bucket, gcra and fixed_window, not {algorithm} (its state cannot give unused units back exactly)"
-        ));
-    }
-    if ttl < Duration::from_millis(1) {
-        return Err("lease_ttl must be at least 1ms".into());
-    }
-    if max == 0 {
-        return Err("lease_max must be at least 1".into());
-    }
-    Ok(())
-}
-
 impl Limiter {
     /// Whether `p` is decided through leases here (a lease policy on a shared store; on the
     /// memory store leasing would save nothing, so it is exact).

@@ -40,13 +40,13 @@ pub use metrics::Metrics;
 pub use operator::{ClientState, StoreUnavailable};
 pub use outcome::Outcome;
 pub use plan::Plan;
-pub use policy::{FailurePolicy, Policy, PolicySpec, SyncMode};
+pub use policy::{FailurePolicy, Policy, PolicyField, PolicySpec, SyncMode};
 pub use result::{Action, LimitResult, PolicyResult};
 pub use store::Backend;
 pub use tollgate_core;
 pub use tollgate_core::{
     Algorithm, ClientKey, Clock, Decision, Limit, LimitError, ManualClock, Micros, Quota,
-    QuotaError, SystemClock,
+    QuotaError, RateError, RateField, SystemClock,
 };
 pub use tollgate_memory::MemoryConfig;
 #[cfg(feature = "redis")]
@@ -63,14 +63,17 @@ use tollgate_core::{duration_to_micros, Check, Mode, Verdict};
 use tollgate_memory::MemoryStore;
 
 /// Errors building a limiter or a policy.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    /// A policy specification is invalid.
-    #[error("policy {name:?}: {reason}")]
+    /// A policy specification is invalid: `field` says which of its settings, so a caller
+    /// that read it from a file can point at where it was written.
+    #[error("policy {policy:?}: {field}: {reason}")]
     InvalidPolicy {
         /// The policy's name.
-        name: String,
-        /// What is wrong.
+        policy: String,
+        /// The setting that is wrong.
+        field: PolicyField,
+        /// What is wrong and what is allowed.
         reason: String,
     },
 }
@@ -185,24 +188,13 @@ impl Limiter {
         }
     }
 
-    /// Registers a policy (and its metrics) with this limiter.
+    /// Registers a policy (and its metrics) with this limiter. Fails only where
+    /// [`PolicySpec::validate`] does.
     pub fn policy(&self, spec: PolicySpec) -> Result<Policy, Error> {
-        let invalid = |reason: String| Error::InvalidPolicy {
-            name: spec.name.clone(),
-            reason,
-        };
-        if spec.name.is_empty() {
-            return Err(invalid("the name must not be empty".into()));
-        }
-        if let SyncMode::Lease { ttl, max } = spec.sync {
-            leased::validate(spec.limit.algorithm(), ttl, max).map_err(&invalid)?;
-        }
-
+        spec.validate()?;
         let stats = self.inner.metrics.policy(&spec.name);
-        let name = spec.name.clone();
         let spec_limit = spec.limit;
-        let policy =
-            Policy::build(spec, stats).map_err(|reason| Error::InvalidPolicy { name, reason })?;
+        let policy = Policy::build(spec, stats)?;
         if self.leases(&policy) {
             self.register_lease_policy(&policy);
         }

@@ -2,9 +2,11 @@
 //! shared store fails, whether it only observes (shadow), and how it synchronises.
 
 use crate::metrics::PolicyStats;
+use crate::Error;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{Limit, Quota, Rule};
+use tollgate_core::{Limit, RateError, RateField, Rule};
 
 /// What a policy does when the shared store cannot answer (error, timeout, open breaker).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +64,67 @@ pub struct PolicySpec {
     pub sync: SyncMode,
 }
 
+/// A setting of a [`PolicySpec`] that an [`Error::InvalidPolicy`] is about; its `Display` is
+/// the configuration key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyField {
+    /// `name`.
+    Name,
+    /// `limit` (or the algorithm's bounds on it).
+    Limit,
+    /// `period`.
+    Period,
+    /// `burst`.
+    Burst,
+    /// `cost`.
+    Cost,
+    /// `local_divisor`.
+    LocalDivisor,
+    /// `sync`.
+    Sync,
+    /// `lease_ttl`.
+    LeaseTtl,
+    /// `lease_max`.
+    LeaseMax,
+}
+
+impl PolicyField {
+    /// The configuration key of the setting.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyField::Name => "name",
+            PolicyField::Limit => "limit",
+            PolicyField::Period => "period",
+            PolicyField::Burst => "burst",
+            PolicyField::Cost => "cost",
+            PolicyField::LocalDivisor => "local_divisor",
+            PolicyField::Sync => "sync",
+            PolicyField::LeaseTtl => "lease_ttl",
+            PolicyField::LeaseMax => "lease_max",
+        }
+    }
+}
+
+impl From<RateField> for PolicyField {
+    fn from(f: RateField) -> Self {
+        match f {
+            RateField::Limit => PolicyField::Limit,
+            RateField::Period => PolicyField::Period,
+            RateField::Burst => PolicyField::Burst,
+            RateField::Cost => PolicyField::Cost,
+        }
+    }
+}
+
+impl fmt::Display for PolicyField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The shortest `lease_ttl`: a lease that expires sooner would cost a store call per request.
+pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
+
 impl PolicySpec {
     /// A policy enforcing `limit` with cost 1, failing open, exact, not shadow.
     pub fn new(name: impl Into<String>, limit: Limit) -> Self {
@@ -74,6 +137,48 @@ impl PolicySpec {
             shadow: false,
             sync: SyncMode::Exact,
         }
+    }
+
+    /// Every rule a policy obeys beyond its [`Limit`] (which cannot be built invalid): a
+    /// name, a cost the limit can admit, a local fallback that can be built, and a lease the
+    /// algorithm can give back. [`crate::Limiter::policy`] accepts exactly the specs this
+    /// accepts, so a configuration checked with it cannot fail when it is served.
+    pub fn validate(&self) -> Result<(), Error> {
+        let invalid = |field: PolicyField, reason: String| Error::InvalidPolicy {
+            policy: self.name.clone(),
+            field,
+            reason,
+        };
+        if self.name.is_empty() {
+            return Err(invalid(PolicyField::Name, "must not be empty".into()));
+        }
+        self.limit
+            .admits(self.cost)
+            .map_err(|e| invalid(e.field().into(), e.to_string()))?;
+        fallback_limit(&self.limit, self.local_divisor)
+            .map_err(|(field, reason)| invalid(field, reason))?;
+        if let SyncMode::Lease { ttl, max } = self.sync {
+            let algorithm = self.limit.algorithm();
+            if !algorithm.is_leasable() {
+                return Err(invalid(
+                    PolicyField::Sync,
+                    format!("\"lease\" is not supported by {algorithm} (its unused units cannot be given back exactly); use token_bucket, leaky_bucket, gcra or fixed_window, or sync = \"exact\""),
+                ));
+            }
+            if ttl < MIN_LEASE_TTL {
+                return Err(invalid(
+                    PolicyField::LeaseTtl,
+                    format!("{ttl:?} is too short; must be at least 1ms"),
+                ));
+            }
+            if max == 0 {
+                return Err(invalid(
+                    PolicyField::LeaseMax,
+                    "must be at least 1".to_string(),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -121,8 +226,16 @@ impl std::fmt::Debug for Policy {
 }
 
 impl Policy {
-    pub(crate) fn build(spec: PolicySpec, stats: Arc<PolicyStats>) -> Result<Self, String> {
-        let fallback = fallback_limit(&spec.limit, spec.local_divisor)?;
+    /// Builds a policy from a spec [`PolicySpec::validate`] accepted.
+    pub(crate) fn build(spec: PolicySpec, stats: Arc<PolicyStats>) -> Result<Self, Error> {
+        let fallback =
+            fallback_limit(&spec.limit, spec.local_divisor).map_err(|(field, reason)| {
+                Error::InvalidPolicy {
+                    policy: spec.name.clone(),
+                    field,
+                    reason,
+                }
+            })?;
         let rule = Rule::new(spec.name.clone(), spec.limit);
         Ok(Self {
             inner: Arc::new(PolicyInner {
@@ -207,13 +320,22 @@ impl Policy {
 /// The local fallback's limit: the same algorithm and period with limit and burst divided by
 /// `divisor` (rounded down, at least 1), so that N gateways deciding alone admit about the
 /// shared limit in total when N = divisor.
-fn fallback_limit(limit: &Limit, divisor: u64) -> Result<Limit, String> {
+fn fallback_limit(limit: &Limit, divisor: u64) -> Result<Limit, (PolicyField, String)> {
     if divisor == 0 {
-        return Err("local_divisor must be at least 1".to_string());
+        return Err((PolicyField::LocalDivisor, "must be at least 1".to_string()));
     }
     let q = limit.quota();
-    let quota = Quota::new((q.limit() / divisor).max(1), q.period())
-        .and_then(|nq| nq.with_burst((q.burst() / divisor).max(1)))
-        .map_err(|e| format!("local fallback quota: {e}"))?;
-    Limit::new(limit.algorithm(), quota).map_err(|e| format!("local fallback quota: {e}"))
+    Limit::checked(
+        limit.algorithm(),
+        (q.limit() / divisor).max(1),
+        q.period(),
+        Some((q.burst() / divisor).max(1)),
+        1,
+    )
+    .map_err(|e: RateError| {
+        (
+            PolicyField::LocalDivisor,
+            format!("the local fallback's quota (limit and burst divided by it): {e}"),
+        )
+    })
 }

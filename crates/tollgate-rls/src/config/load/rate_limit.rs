@@ -5,7 +5,7 @@ use super::{get, join, Loader};
 use crate::config::{Rule, RuleLimit, Unit};
 use crate::yaml::{Kind, Node, Pos};
 use std::time::Duration;
-use tollgate::{Algorithm, Limit, Quota};
+use tollgate::{Algorithm, Limit};
 
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
@@ -102,9 +102,9 @@ impl Loader<'_> {
             .map(Duration::from_secs);
         let limit = period
             .ok_or_else(|| "unit_multiplier is too large".to_string())
-            .and_then(|p| Quota::new(rpu, p).map_err(|e| e.to_string()))
-            .and_then(|q| q.with_burst(burst).map_err(|e| e.to_string()))
-            .and_then(|q| Limit::new(algorithm, q).map_err(|e| e.to_string()));
+            .and_then(|p| {
+                Limit::checked(algorithm, rpu, p, Some(burst), 1).map_err(|e| e.to_string())
+            });
         match limit {
             Ok(limit) => Some(Rule {
                 policy_name: policy_name.to_string(),

@@ -5,10 +5,10 @@
 //! this function. Errors name the overrides file and its lines.
 
 use super::error::Reporter;
-use super::fields::{duration, field, positive, variant_limit};
+use super::fields::{duration, field, positive, span_or, variant};
 use super::raw::{RawOverride, RawOverridesFile, RawOverridesRef};
 use super::rls::resolve;
-use super::{OverrideConfig, PolicyConfig, Secret};
+use super::{OverrideConfig, PolicyConfig};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use tollgate::IdentityHasher;
@@ -22,7 +22,7 @@ pub(super) fn overrides(
     raw: &Spanned<RawOverridesRef>,
     policies: &[PolicyConfig],
     identity: &IdentityConfig,
-    secret: &Secret,
+    hasher: &IdentityHasher,
 ) -> (Option<PathBuf>, Vec<OverrideConfig>) {
     let Some(file) = &raw.get_ref().file else {
         r.at(
@@ -49,7 +49,7 @@ pub(super) fn overrides(
     };
     let name = path.display().to_string();
     let mut o = Reporter::new(&name, &text);
-    let out = entries(&mut o, &text, policies, identity, secret);
+    let out = entries(&mut o, &text, policies, identity, hasher);
     r.errors.extend(o.errors);
     (Some(path), out)
 }
@@ -59,7 +59,7 @@ fn entries(
     text: &str,
     policies: &[PolicyConfig],
     identity: &IdentityConfig,
-    secret: &Secret,
+    hasher: &IdentityHasher,
 ) -> Vec<OverrideConfig> {
     let raw: RawOverridesFile = match toml::from_str(text) {
         Ok(raw) => raw,
@@ -68,7 +68,6 @@ fn entries(
             return Vec::new();
         }
     };
-    let hasher = IdentityHasher::new(&secret.0);
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for (i, entry) in raw.overrides.into_iter().enumerate() {
@@ -80,7 +79,7 @@ fn entries(
             entry.into_inner(),
             policies,
             identity,
-            &hasher,
+            hasher,
         ) {
             if !seen.insert((c.policy.clone(), c.client)) {
                 o.at(
@@ -117,9 +116,10 @@ fn entry_of(
             None
         }
         Some(p) => {
-            let found = policies.iter().find(|x| x.name == *p.get_ref());
+            let found = policies.iter().find(|x| x.name() == p.get_ref());
             if found.is_none() {
-                let names: Vec<String> = policies.iter().map(|x| format!("{:?}", x.name)).collect();
+                let names: Vec<String> =
+                    policies.iter().map(|x| format!("{:?}", x.name())).collect();
                 o.at(
                     p.span(),
                     k("policy"),
@@ -165,7 +165,7 @@ fn entry_of(
             .ok(),
     };
     let policy = policy?;
-    let base = policy.limit.quota();
+    let base = policy.limit().quota();
     let period = field(o, &k("period"), &raw.period, base.period(), |s| duration(s));
     let policy_burst = (base.burst() != base.limit()).then_some(base.burst());
     let burst = field(o, &k("burst"), &raw.burst, policy_burst, |v| {
@@ -175,25 +175,23 @@ fn entry_of(
     if o.errors.len() > before {
         return None;
     }
-    let shape = (limit_n, period, burst);
-    let built = variant_limit(
-        policy.limit.algorithm(),
-        shape,
-        policy.cost,
-        "under this override",
-    );
-    let limit = match built {
-        Ok(l) => l,
-        Err(m) => {
-            o.at(span, k("limit"), m);
-            return None;
+    let rule = OverrideConfig::rule_name_of(policy.name(), &client);
+    match variant(&policy.spec, rule, (limit_n, period, burst)) {
+        Ok(spec) => Some(OverrideConfig {
+            policy: policy.name().to_string(),
+            client,
+            spec,
+        }),
+        Err((field, m)) => {
+            let written = match field {
+                tollgate::PolicyField::Period => span_or(&raw.period, &span),
+                tollgate::PolicyField::Burst => span_or(&raw.burst, &span),
+                _ => span_or(&raw.limit, &span),
+            };
+            o.at(written, k(field.as_str()), m);
+            None
         }
-    };
-    Some(OverrideConfig {
-        policy: policy.name.clone(),
-        client,
-        limit,
-    })
+    }
 }
 
 /// The hashed client key of `SOURCE=VALUE`, as a request identified by that source would get.
@@ -224,7 +222,7 @@ pub(super) fn client_key(
                 .collect();
             return Err(format!(
                 "source {src:?} is not one policy {:?} identifies clients by (it uses {}), so this override could never apply",
-                p.name,
+                p.name(),
                 names.join(", ")
             ));
         }

@@ -2,15 +2,13 @@
 //! algorithm's own bounds, each error reported at the key that caused it), and its overrides.
 
 use super::error::Reporter;
-use super::fields::{
-    duration, failure_policy, field, one_of, positive, sources, span_or, variant_limit,
-};
+use super::fields::{duration, failure_policy, field, one_of, positive, sources, span_or, variant};
 use super::raw::RawPolicy;
 use super::{PolicyConfig, StoreConfig, TierConfig};
-use crate::config::duration::DURATION_HELP;
+use crate::duration::DURATION_HELP;
 use http::Method;
 use std::time::Duration;
-use tollgate::{Algorithm, Limit, Quota, SyncMode};
+use tollgate::{Algorithm, Limit, PolicyField, PolicySpec, SyncMode};
 use tollgate_tower::TierSource;
 
 fn valid_name(s: &str) -> bool {
@@ -190,73 +188,61 @@ pub(super) fn policy(
     } else {
         SyncMode::Exact
     };
-    // The quota: errors go to the key that caused them.
     let (Some(algorithm), Some(limit_n), Some(period)) = (algorithm, limit, period) else {
         return None;
     };
-    let quota = match Quota::new(limit_n, period) {
-        Ok(q) => q,
-        Err(e) => {
-            let (key, sp) = match e {
-                tollgate::QuotaError::ZeroLimit
-                | tollgate::QuotaError::LimitTooLarge
-                | tollgate::QuotaError::RateTooHigh => {
-                    ("limit", raw.limit.as_ref().map(|s| s.span()))
-                }
-                _ => ("period", raw.period.as_ref().map(|s| s.span())),
-            };
-            r.at(sp.unwrap_or(span), k(key), e.to_string());
-            return None;
-        }
-    };
-    let quota = match burst {
-        None => quota,
-        Some(b) => match quota.with_burst(b) {
-            Ok(q) => q,
-            Err(e) => {
-                r.at(span_or(&raw.burst, &span), k("burst"), e.to_string());
-                return None;
-            }
-        },
-    };
-    let limit = match Limit::new(algorithm, quota) {
-        Ok(l) => l,
-        Err(m) => {
-            r.at(span_or(&raw.limit, &span), k("limit"), m.to_string());
-            return None;
-        }
-    };
-    let capacity = algorithm.max_cost(&quota);
-    if cost > capacity {
-        r.at(
-            span_or(&raw.cost, &span),
-            k("cost"),
-            format!("{cost} can never be admitted; cost must be at most {capacity} (the burst of bucket algorithms, the limit of window algorithms)"),
-        );
-    }
-    if lease && !algorithm.is_leasable() {
-        r.at(
-            span_or(&raw.sync, &span),
-            k("sync"),
-            format!("\"lease\" is not supported by {algorithm} (its unused units cannot be given back exactly); use token_bucket, leaky_bucket, gcra or fixed_window, or sync = \"exact\""),
-        );
-    }
-    let (tier, tiers) = tiers(r, &k, &raw, algorithm, period, burst, cost);
     if r.errors.len() > before {
         return None;
     }
-    Some(PolicyConfig {
+    // The rules a policy obeys are the library's: its rate (tollgate_core::Limit::checked)
+    // and the rest of the spec (PolicySpec::validate). Each error names the field, which is
+    // put back at the key that set it.
+    let at = |field: PolicyField| -> (String, std::ops::Range<usize>) {
+        let written = match field {
+            PolicyField::Name => span_or(&raw.name, &span),
+            PolicyField::Limit => span_or(&raw.limit, &span),
+            PolicyField::Period => span_or(&raw.period, &span),
+            PolicyField::Burst => span_or(&raw.burst, &span),
+            PolicyField::Cost => span_or(&raw.cost, &span),
+            PolicyField::LocalDivisor => span_or(&raw.local_divisor, &span),
+            PolicyField::Sync => span_or(&raw.sync, &span),
+            PolicyField::LeaseTtl => span_or(&raw.lease_ttl, &span),
+            PolicyField::LeaseMax => span_or(&raw.lease_max, &span),
+        };
+        (k(field.as_str()), written)
+    };
+    let limit = match Limit::checked(algorithm, limit_n, period, burst, cost) {
+        Ok(l) => l,
+        Err(e) => {
+            let (key, sp) = at(e.field().into());
+            r.at(sp, key, e.to_string());
+            return None;
+        }
+    };
+    let spec = PolicySpec {
         name,
-        path_prefix,
-        methods,
-        case_insensitive,
         limit,
         cost,
-        identity,
         on_failure,
         local_divisor,
         shadow,
         sync,
+    };
+    if let Err(tollgate::Error::InvalidPolicy { field, reason, .. }) = spec.validate() {
+        let (key, sp) = at(field);
+        r.at(sp, key, reason);
+        return None;
+    }
+    let (tier, tiers) = tiers(r, &k, &raw, &spec, period, burst);
+    if r.errors.len() > before {
+        return None;
+    }
+    Some(PolicyConfig {
+        spec,
+        path_prefix,
+        methods,
+        case_insensitive,
+        identity,
         tier,
         tiers,
     })
@@ -265,15 +251,13 @@ pub(super) fn policy(
 /// `tier` and `tiers.<name> = { limit, period, burst }`: period and burst default to the
 /// policy's (burst to the tier's limit when the policy sets none); the algorithm and cost are
 /// the policy's.
-#[allow(clippy::too_many_arguments)]
 fn tiers(
     r: &mut Reporter<'_>,
     k: &impl Fn(&str) -> String,
     raw: &RawPolicy,
-    algorithm: Algorithm,
+    base: &PolicySpec,
     period: Duration,
     burst: Option<u64>,
-    cost: u64,
 ) -> (Option<TierSource>, Vec<TierConfig>) {
     let source = field(r, &k("tier"), &raw.tier, None, |s| {
         s.parse::<TierSource>().map(Some)
@@ -333,12 +317,20 @@ fn tiers(
         let tburst = field(r, &tk("burst"), &tr.burst, burst, |v| {
             positive(v, "burst").map(Some)
         });
-        match variant_limit(algorithm, (limit_n, tperiod, tburst), cost, "in this tier") {
-            Ok(limit) => out.push(TierConfig {
+        let rule = format!("{}.{name}", base.name);
+        match variant(base, rule, (limit_n, tperiod, tburst)) {
+            Ok(spec) => out.push(TierConfig {
                 name: name.clone(),
-                limit,
+                spec,
             }),
-            Err(m) => r.at(t.span(), k(&format!("tiers.{name}")), m),
+            Err((field, m)) => {
+                let written = match field {
+                    PolicyField::Period => span_or(&tr.period, &t.span()),
+                    PolicyField::Burst => span_or(&tr.burst, &t.span()),
+                    _ => t.span(),
+                };
+                r.at(written, tk(field.as_str()), m);
+            }
         }
     }
     (source, out)

@@ -49,7 +49,7 @@ fn the_builtin_defaults_are_valid() {
     assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
     assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9090");
     assert_eq!(c.policies.len(), 1);
-    assert_eq!(c.policies[0].limit.quota().limit(), 100);
+    assert_eq!(c.policies[0].limit().quota().limit(), 100);
     assert_eq!(
         c.store.backend,
         StoreBackend::Memory {
@@ -72,9 +72,9 @@ fn a_full_config_validates_into_typed_values() {
     assert_eq!(c.store.breaker.failures, 3);
     let p = &c.policies[0];
     assert_eq!(p.methods, vec![Method::GET, Method::POST]);
-    assert_eq!(p.limit.quota().burst(), 10);
-    assert!(p.shadow);
-    assert_eq!(p.on_failure, FailurePolicy::Local);
+    assert_eq!(p.limit().quota().burst(), 10);
+    assert!(p.spec.shadow);
+    assert_eq!(p.spec.on_failure, FailurePolicy::Local);
 }
 
 #[test]
@@ -154,7 +154,7 @@ fn bad_types_env_and_sections_are_errors() {
 
 #[test]
 fn the_documented_example_config_is_valid() {
-    let text = include_str!("../../../../docs/tollgate.example.toml");
+    let text = include_str!("../../../docs/tollgate.example.toml");
     // The real path: `[rls] config` is relative to the file.
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -183,6 +183,35 @@ fn lease_is_refused_for_the_sliding_algorithms_with_the_key_and_line() {
     assert!(errs[0].contains("sliding_window_log"), "{}", errs[0]);
     let ok = "[[policy]]\nname = \"a\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nsync = \"lease\"\nlease_ttl = \"100ms\"\nlease_max = 50\n";
     assert!(errors(ok).is_empty(), "{:?}", errors(ok));
+}
+
+#[test]
+fn a_lease_ttl_the_limiter_refuses_is_refused_at_its_line() {
+    // The limiter's rule (at least 1ms) is the config's: nothing check-config accepts fails
+    // when serve registers the policy.
+    let text = "[[policy]]\nname = \"api\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nsync = \"lease\"\nlease_ttl = \"500us\"\n";
+    let errs = errors(text);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("error: t.toml:7:13: policy[0].lease_ttl: "),
+        "{}",
+        errs[0]
+    );
+    assert!(errs[0].contains("at least 1ms"), "{}", errs[0]);
+}
+
+#[test]
+fn a_tier_whose_burst_cannot_pay_the_cost_is_refused_at_the_tier() {
+    let text = "[[policy]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 10\nperiod = \"1s\"\ncost = 5\ntier = \"header:x-plan\"\ntiers.small = { limit = 2 }\n";
+    let errs = errors(text);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].contains("t.toml:8:"), "{}", errs[0]);
+    assert!(
+        errs[0].contains("policy[0].tiers.small.cost"),
+        "{}",
+        errs[0]
+    );
+    assert!(errs[0].contains("can never be admitted"), "{}", errs[0]);
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Configuration in two stages, as ripgrep does it: [`raw`] is the file as written (parsed,
+//! tollgate's configuration in two stages, as ripgrep does it: [`raw`] is the file as written (parsed,
 //! spanned, unknown keys rejected), and [`Config`] is what it means, built only from values
 //! that were checked: a `Quota` that cannot be invalid, socket addresses, CIDRs, durations.
 //! Every problem is reported with its file, line and key; validation goes on after the first
@@ -25,7 +25,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
-use tollgate::{BreakerConfig, FailurePolicy, Limit, SyncMode};
+use tollgate::{BreakerConfig, FailurePolicy, IdentityHasher, Limit, PolicySpec};
 use tollgate_tower::{ForwardAuth, IdentityConfig, IdentitySource};
 
 /// A validated configuration.
@@ -41,6 +41,9 @@ pub struct Config {
     pub identity: IdentityConfig,
     /// `identity.secret`, expanded.
     pub secret: Secret,
+    /// The one identity hasher, keyed with `secret`: every client key (requests, overrides,
+    /// the admin API, RLS descriptors) is made with it.
+    pub hasher: IdentityHasher,
     /// `[[policy]]`, in file order.
     pub policies: Vec<PolicyConfig>,
     /// Things that are allowed but probably not meant (`warning: FILE: ...` lines).
@@ -62,16 +65,27 @@ pub struct OverrideConfig {
     pub policy: String,
     /// The client, hashed with the identity secret (the raw identity is not kept).
     pub client: tollgate::ClientKey,
-    /// The policy's algorithm with the override's quota.
-    pub limit: Limit,
+    /// The policy's settings with the override's quota, under the rule name
+    /// `<policy>.override-<12 hex digits of the hashed client>` (the same on every gateway
+    /// sharing the secret); checked by the library's rules.
+    pub spec: PolicySpec,
 }
 
 impl OverrideConfig {
-    /// The rule (store key, metric label, header) name: `<policy>.override-<12 hex digits
-    /// of the hashed client>`, the same on every gateway sharing the secret.
-    pub fn rule_name(&self) -> String {
-        let hex = self.client.to_string();
-        format!("{}.override-{}", self.policy, &hex[..12.min(hex.len())])
+    /// The rule (store key, metric label, header) name.
+    pub fn rule_name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The override's algorithm and quota.
+    pub fn limit(&self) -> &Limit {
+        &self.spec.limit
+    }
+
+    /// The rule name of the override of `client` under `policy`.
+    pub(crate) fn rule_name_of(policy: &str, client: &tollgate::ClientKey) -> String {
+        let hex = client.to_string();
+        format!("{policy}.override-{}", &hex[..12.min(hex.len())])
     }
 }
 
@@ -84,8 +98,9 @@ pub struct RlsSettings {
     pub config_path: std::path::PathBuf,
     /// The descriptor rules read from `config_path`.
     pub config: tollgate_rls::RlsConfig,
+    /// How the service answers: `store.on_failure`, `store.local_divisor`, and
     /// `response_headers = "draft"` (true) or `"off"`.
-    pub response_headers: bool,
+    pub options: tollgate_rls::RlsOptions,
 }
 
 /// `[server]`.
@@ -214,28 +229,18 @@ impl fmt::Debug for Secret {
 /// One validated `[[policy]]`.
 #[derive(Debug, Clone)]
 pub struct PolicyConfig {
-    /// Unique, `[A-Za-z0-9_-]+`.
-    pub name: String,
+    /// What the limiter enforces: name (unique, `[A-Za-z0-9_-]+`), algorithm and quota, cost,
+    /// failure policy, local divisor, shadow, sync; accepted by [`PolicySpec::validate`], so
+    /// registering it cannot fail.
+    pub spec: PolicySpec,
     /// Path prefix (starts with `/`).
     pub path_prefix: String,
     /// Methods (empty = all).
     pub methods: Vec<Method>,
     /// Match the path prefix ignoring ASCII case.
     pub case_insensitive: bool,
-    /// Algorithm and quota.
-    pub limit: Limit,
-    /// Units per request.
-    pub cost: u64,
     /// Identity override.
     pub identity: Option<Vec<IdentitySource>>,
-    /// Failure policy.
-    pub on_failure: FailurePolicy,
-    /// Local fallback divisor.
-    pub local_divisor: u64,
-    /// Dry run.
-    pub shadow: bool,
-    /// Exact or lease.
-    pub sync: SyncMode,
     /// `tier`: where a client's tier name comes from.
     pub tier: Option<tollgate_tower::TierSource>,
     /// `tiers.<name>`: each its own rule, named `<policy>.<tier>`.
@@ -247,14 +252,19 @@ pub struct PolicyConfig {
 pub struct TierConfig {
     /// The tier name a client's JWT claim or header must equal.
     pub name: String,
-    /// The policy's algorithm with the tier's quota.
-    pub limit: Limit,
+    /// The policy's settings with the tier's quota, named `<policy>.<tier>`.
+    pub spec: PolicySpec,
 }
 
 impl PolicyConfig {
-    /// The rule (store key, metric label, header) name of tier `tier`: `<policy>.<tier>`.
-    pub fn tier_rule_name(&self, tier: &str) -> String {
-        format!("{}.{tier}", self.name)
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The policy's algorithm and quota.
+    pub fn limit(&self) -> &Limit {
+        &self.spec.limit
     }
 }
 
@@ -321,8 +331,7 @@ impl Config {
         policy: &PolicyConfig,
         spec: &str,
     ) -> Result<tollgate::ClientKey, String> {
-        let hasher = tollgate::IdentityHasher::new(&self.secret.0);
-        overrides::client_key(spec, Some(policy), &self.identity, &hasher)
+        overrides::client_key(spec, Some(policy), &self.identity, &self.hasher)
     }
 
     /// Whether the gateway answers itself (no upstream).

@@ -6,10 +6,16 @@ use super::error::Reporter;
 use super::fields::{field, one_of};
 use super::raw::RawRls;
 use super::validate::addr;
-use super::{RlsSettings, ServerConfig};
+use super::{RlsSettings, ServerConfig, StoreConfig};
 use std::path::{Path, PathBuf};
+use tollgate_rls::{RlsOptions, RlsService};
 
-pub(super) fn rls(r: &mut Reporter<'_>, raw: RawRls, server: &ServerConfig) -> Option<RlsSettings> {
+pub(super) fn rls(
+    r: &mut Reporter<'_>,
+    raw: RawRls,
+    server: &ServerConfig,
+    store: &StoreConfig,
+) -> Option<RlsSettings> {
     let listen = field(r, "rls.listen", &raw.listen, None, |s| addr(s).map(Some));
     if let (Some(l), Some(s)) = (listen, &raw.listen) {
         if l == server.listen || l == server.admin_listen {
@@ -49,18 +55,31 @@ pub(super) fn rls(r: &mut Reporter<'_>, raw: RawRls, server: &ServerConfig) -> O
         );
         return None;
     }
-    match tollgate_rls::config::load_dir_or_file(&path) {
-        Ok(config) => Some(RlsSettings {
-            listen,
-            config_path: path,
-            config,
-            response_headers,
-        }),
+    let rules = match tollgate_rls::config::load_dir_or_file(&path) {
+        Ok(rules) => rules,
         Err(errors) => {
             r.errors.extend(errors.0);
-            None
+            return None;
+        }
+    };
+    let options = RlsOptions {
+        on_failure: store.on_failure,
+        local_divisor: store.local_divisor,
+        response_headers,
+    };
+    // The policies the service will register, checked by the library's rules now.
+    for spec in RlsService::specs(&rules, &options).flatten() {
+        if let Err(e) = spec.validate() {
+            r.at(config.span(), "rls.config", e.to_string());
+            return None;
         }
     }
+    Some(RlsSettings {
+        listen,
+        config_path: path,
+        config: rules,
+        options,
+    })
 }
 
 /// A relative path is relative to the directory of the TOML file naming it.

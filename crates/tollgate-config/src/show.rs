@@ -29,34 +29,34 @@ fn failure(f: FailurePolicy) -> &'static str {
 }
 
 fn policy(p: &PolicyConfig) -> Value {
-    let sync = match p.sync {
+    let sync = match p.spec.sync {
         SyncMode::Exact => json!("exact"),
         SyncMode::Lease { ttl, max } => {
             json!({"mode": "lease", "lease_ttl_seconds": ttl.as_secs_f64(), "lease_max": max})
         }
     };
     let mut v = json!({
-        "name": p.name,
+        "name": p.spec.name,
         "match": {
             "path_prefix": p.path_prefix,
             "methods": p.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
             "case_insensitive": p.case_insensitive,
         },
-        "cost": p.cost,
+        "cost": p.spec.cost,
         "identity": p.identity.as_ref().map(|s| s.iter().map(ToString::to_string).collect::<Vec<_>>()),
-        "on_failure": failure(p.on_failure),
-        "local_divisor": p.local_divisor,
-        "shadow": p.shadow,
+        "on_failure": failure(p.spec.on_failure),
+        "local_divisor": p.spec.local_divisor,
+        "shadow": p.spec.shadow,
         "sync": sync,
         "tier": p.tier.as_ref().map(ToString::to_string),
         "tiers": p.tiers.iter().map(|t| {
-            let mut v = limit(&t.limit);
+            let mut v = limit(&t.spec.limit);
             v["name"] = json!(t.name);
-            v["rule"] = json!(p.tier_rule_name(&t.name));
+            v["rule"] = json!(t.spec.name);
             v
         }).collect::<Vec<_>>(),
     });
-    if let (Value::Object(m), Value::Object(l)) = (&mut v, limit(&p.limit)) {
+    if let (Value::Object(m), Value::Object(l)) = (&mut v, limit(&p.spec.limit)) {
         m.extend(l);
     }
     v
@@ -136,7 +136,7 @@ pub fn effective(c: &Config) -> Value {
         "overrides": {
             "file": c.overrides_path.as_ref().map(|p| p.display().to_string()),
             "override": c.overrides.iter().map(|o| {
-                let mut v = limit(&o.limit);
+                let mut v = limit(o.limit());
                 v["policy"] = json!(o.policy);
                 v["rule"] = json!(o.rule_name());
                 v
@@ -148,7 +148,7 @@ pub fn effective(c: &Config) -> Value {
             "files": r.config.files(),
             "domains": r.config.domains().collect::<Vec<_>>(),
             "rules": r.config.rules().len(),
-            "response_headers": if r.response_headers { "draft" } else { "off" },
+            "response_headers": if r.options.response_headers { "draft" } else { "off" },
         })),
     })
 }

@@ -30,7 +30,7 @@ fn check(text: &str) -> Result<(), TestCaseError> {
         Ok(c) => {
             prop_assert_eq!(c.origin.as_str(), FILE);
             for p in &c.policies {
-                prop_assert!(p.cost >= 1);
+                prop_assert!(p.spec.cost >= 1);
                 prop_assert!(p.path_prefix.starts_with('/'));
             }
         }
@@ -155,7 +155,7 @@ fn token_text() -> impl Strategy<Value = String> {
 }
 
 const VALID: &[&str] = &[
-    include_str!("../../../../docs/tollgate.example.toml"),
+    include_str!("../../../docs/tollgate.example.toml"),
     "[store]\nbackend = \"redis-sentinel\"\nurls = [\"redis://a:1\", \"redis://:p@b:2\"]\nmaster_name = \"m\"\n[identity]\ntrusted_proxies = [\"10.0.0.0/8\"]\nsecret = \"${SET}\"\n[[policy]]\nname = \"a\"\nalgorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1s\"\ncost = 2\n",
 ];
 

@@ -4,7 +4,7 @@
 
 use super::error::Reporter;
 use super::raw::S;
-use crate::config::duration::{parse_duration, DURATION_HELP};
+use crate::duration::{parse_duration, DURATION_HELP};
 use std::ops::Range;
 use std::time::Duration;
 use tollgate::FailurePolicy;
@@ -116,26 +116,32 @@ pub(super) fn expand_env(s: &str, env: &impl Fn(&str) -> Option<String>) -> Resu
     Ok(out)
 }
 
-/// A tier's or an override's limit: `limit` units per `period` (burst when given) under the
-/// policy's `algorithm`, which must still admit the policy's `cost` (`within` names where, e.g.
-/// "in this tier").
-pub(super) fn variant_limit(
-    algorithm: tollgate::Algorithm,
+/// A tier's or an override's policy: `base` (its algorithm, cost, failure policy, sync ...)
+/// under the rule name `name` with `limit` units per `period` (burst when given), checked by
+/// the library's own rules; an error names the field that is wrong.
+pub(super) fn variant(
+    base: &tollgate::PolicySpec,
+    name: String,
     (limit, period, burst): (u64, Duration, Option<u64>),
-    cost: u64,
-    within: &str,
-) -> Result<tollgate::Limit, String> {
-    let quota = tollgate::Quota::new(limit, period).map_err(|e| e.to_string())?;
-    let quota = match burst {
-        None => quota,
-        Some(b) => quota.with_burst(b).map_err(|e| e.to_string())?,
+) -> Result<tollgate::PolicySpec, (tollgate::PolicyField, String)> {
+    let built = tollgate::Limit::checked(base.limit.algorithm(), limit, period, burst, base.cost)
+        .map_err(|e| {
+        let field = e.field().into();
+        let reason = match e {
+            tollgate::RateError::CostTooLarge { cost, max } => {
+                format!("the policy's cost {cost} can never be admitted (at most {max})")
+            }
+            other => other.to_string(),
+        };
+        (field, reason)
+    })?;
+    let spec = tollgate::PolicySpec {
+        name,
+        limit: built,
+        ..base.clone()
     };
-    let limit = tollgate::Limit::new(algorithm, quota).map_err(|e| e.to_string())?;
-    let capacity = limit.max_cost();
-    if cost > capacity {
-        return Err(format!(
-            "the policy's cost {cost} can never be admitted {within} (at most {capacity})"
-        ));
+    match spec.validate() {
+        Ok(()) => Ok(spec),
+        Err(tollgate::Error::InvalidPolicy { field, reason, .. }) => Err((field, reason)),
     }
-    Ok(limit)
 }

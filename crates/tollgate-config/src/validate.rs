@@ -63,23 +63,24 @@ pub(crate) fn validate(
                     "a jwt:<claim> identity or tier needs [identity.jwt] (hs256_secret or jwks_file) to verify the token",
                 );
             }
-            if !names.insert(p.name.clone()) {
+            if !names.insert(p.name().to_string()) {
                 r.at(
                     span,
                     format!("policy[{i}].name"),
-                    format!("duplicate policy name {:?}; names must be unique", p.name),
+                    format!("duplicate policy name {:?}; names must be unique", p.name()),
                 );
             }
             policies.push(p);
         }
     }
+    let hasher = IdentityHasher::new(&secret.0);
     let (overrides_path, overrides) = match &raw.overrides {
         None => (None, Vec::new()),
-        Some(o) => super::overrides::overrides(&mut r, o, &policies, &identity, &secret),
+        Some(o) => super::overrides::overrides(&mut r, o, &policies, &identity, &hasher),
     };
     let rls = raw
         .rls
-        .and_then(|rls| super::rls::rls(&mut r, rls.into_inner(), &server));
+        .and_then(|rls| super::rls::rls(&mut r, rls.into_inner(), &server, &store));
     if server.listen == server.admin_listen {
         r.at(
             0..0,
@@ -100,6 +101,7 @@ pub(crate) fn validate(
             store,
             identity,
             secret,
+            hasher,
             policies,
             warnings,
             rls,
