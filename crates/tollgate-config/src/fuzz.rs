@@ -1,13 +1,19 @@
 //! Property-based fuzzing of the config parser and validator: arbitrary text and mutated valid
 //! files never panic, and every error carries the file, a line inside the text, a column, a
 //! key and a bounded message. 256 cases per property in the normal suite; more with
-//! `PROPTEST_CASES=100000 cargo nextest run -p tollgate-gateway config::fuzz`.
+//! `PROPTEST_CASES=100000 cargo nextest run -p tollgate-config fuzz`.
+//!
+//! The generators are public behind the `fuzz` feature: the gateway runs the same corpus
+//! through `assemble` to show that whatever `check-config` accepts, `serve` can build.
 
+#[cfg(test)]
 use super::error::ConfigError;
+#[cfg(test)]
 use super::validate::validate;
 use proptest::prelude::*;
 
-fn cases() -> ProptestConfig {
+/// The number of cases per property: 256, or `PROPTEST_CASES`.
+pub fn cases() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -20,12 +26,21 @@ fn cases() -> ProptestConfig {
 
 /// A file beside docs/tollgate.example.toml, so that its `[rls] config` (relative to the file)
 /// resolves to docs/ratelimit.example.yaml.
-const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/fuzz.toml");
+pub const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/fuzz.toml");
+
+/// The environment the corpus is validated in: `SET` (and the example's variables) set.
+pub fn env(name: &str) -> Option<String> {
+    match name {
+        "SET" | "TOLLGATE_SECRET" => Some("v".to_string()),
+        "ADMIN_TOKEN" => Some("an-admin-token-of-some-length".to_string()),
+        _ => None,
+    }
+}
 
 /// Validates `text` and checks the shape of the outcome.
+#[cfg(test)]
 fn check(text: &str) -> Result<(), TestCaseError> {
     let lines = text.split('\n').count();
-    let env = |name: &str| (name == "SET").then(|| "v".to_string());
     match validate(FILE, text, env) {
         Ok(c) => {
             prop_assert_eq!(c.origin.as_str(), FILE);
@@ -44,6 +59,7 @@ fn check(text: &str) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+#[cfg(test)]
 fn check_error(e: &ConfigError, lines: usize) -> Result<(), TestCaseError> {
     if e.file != FILE {
         // An error inside a file the config names (the [rls] YAML, the overrides file) carries
@@ -71,8 +87,9 @@ fn check_error(e: &ConfigError, lines: usize) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Pieces that TOML and our keys are made of, to build near-valid files.
-const TOKENS: &[&str] = &[
+/// Pieces that TOML is made of and values that probe the rules; the key names come from the
+/// schema ([`crate::schema::words`]), so a new key is fuzzed without touching this list.
+const PIECES: &[&str] = &[
     "[server]",
     "[store]",
     "[identity]",
@@ -93,36 +110,6 @@ const TOKENS: &[&str] = &[
     ",",
     "#",
     "\"\"\"",
-    "listen",
-    "admin_listen",
-    "admin_token",
-    "upstream",
-    "backend",
-    "url",
-    "urls",
-    "master_name",
-    "timeout",
-    "breaker",
-    "failures",
-    "open_for",
-    "sources",
-    "trusted_proxies",
-    "allow_any_proxy",
-    "secret",
-    "name",
-    "match",
-    "path_prefix",
-    "methods",
-    "algorithm",
-    "limit",
-    "period",
-    "burst",
-    "cost",
-    "identity",
-    "sync",
-    "lease_ttl",
-    "lease_max",
-    "on_failure",
     "\"redis-sentinel\"",
     "\"redis://h:1\"",
     "\"redis://%%%\"",
@@ -148,39 +135,61 @@ const TOKENS: &[&str] = &[
     "\\",
     "\r\n",
     "\t",
+    "\"lease\"",
+    "\"500us\"",
+    "\"1us\"",
+    "\"local\"",
+    "\"header:x-plan\"",
+    "\"sliding_window_log\"",
+    "[rls]",
+    "[overrides]",
+    "tiers.pro",
+    "{ limit = 1 }",
 ];
 
-fn token_text() -> impl Strategy<Value = String> {
-    prop::collection::vec(prop::sample::select(TOKENS), 0..80).prop_map(|t| t.concat())
+/// The fuzzer's tokens: [`PIECES`] and every word of the schema's keys.
+pub fn tokens() -> Vec<&'static str> {
+    let mut out = PIECES.to_vec();
+    out.extend(crate::schema::words());
+    out
 }
 
-const VALID: &[&str] = &[
+/// Text made of [`tokens`].
+pub fn token_text() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(tokens()), 0..80).prop_map(|t| t.concat())
+}
+
+/// Valid files the mutations start from.
+pub const VALID: &[&str] = &[
     include_str!("../../../docs/tollgate.example.toml"),
+    "[[policy]]\nname = \"l\"\nalgorithm = \"gcra\"\nlimit = 50\nperiod = \"1s\"\nburst = 10\ncost = 2\nsync = \"lease\"\nlease_ttl = \"2ms\"\nlease_max = 5\non_failure = \"local\"\nlocal_divisor = 3\ntier = \"header:x-plan\"\ntiers.pro = { limit = 500, burst = 40 }\n",
     "[store]\nbackend = \"redis-sentinel\"\nurls = [\"redis://a:1\", \"redis://:p@b:2\"]\nmaster_name = \"m\"\n[identity]\ntrusted_proxies = [\"10.0.0.0/8\"]\nsecret = \"${SET}\"\n[[policy]]\nname = \"a\"\nalgorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1s\"\ncost = 2\n",
 ];
 
 /// One edit of a valid file: at a position (a fraction of its length), delete some
 /// characters, insert a token, or both.
 #[derive(Debug, Clone)]
-struct Edit {
+pub struct Edit {
     at: f64,
     delete: usize,
     insert: Option<&'static str>,
 }
 
-fn edits() -> impl Strategy<Value = Vec<Edit>> {
+/// A few edits.
+pub fn edits() -> impl Strategy<Value = Vec<Edit>> {
     prop::collection::vec(
         (
             0.0..1.0f64,
             0..6usize,
-            prop::option::of(prop::sample::select(TOKENS)),
+            prop::option::of(prop::sample::select(tokens())),
         )
             .prop_map(|(at, delete, insert)| Edit { at, delete, insert }),
         1..6,
     )
 }
 
-fn apply(base: &str, edits: &[Edit]) -> String {
+/// `base` with `edits` applied.
+pub fn apply(base: &str, edits: &[Edit]) -> String {
     let mut chars: Vec<char> = base.chars().collect();
     for e in edits {
         // Truncation is the point: a fraction of the length picks the position.
@@ -198,6 +207,17 @@ fn apply(base: &str, edits: &[Edit]) -> String {
     chars.into_iter().collect()
 }
 
+/// Valid files with a few edits: most stay near validity, where the rules are probed.
+pub fn near_valid() -> impl Strategy<Value = String> {
+    (prop::sample::select(VALID), edits()).prop_map(|(base, e)| apply(base, &e))
+}
+
+/// The whole corpus: near-valid files and token soup.
+pub fn corpus() -> impl Strategy<Value = String> {
+    prop_oneof![near_valid(), token_text()]
+}
+
+#[cfg(test)]
 proptest! {
     #![proptest_config(cases())]
 
@@ -240,11 +260,7 @@ proptest! {
 #[test]
 fn the_valid_bases_are_valid() {
     for text in VALID {
-        let env = |name: &str| match name {
-            "SET" | "TOLLGATE_SECRET" => Some("v".to_string()),
-            "ADMIN_TOKEN" => Some("an-admin-token-of-some-length".to_string()),
-            _ => None,
-        };
-        assert!(validate(FILE, text, env).is_ok(), "{text}");
+        let v = validate(FILE, text, env);
+        assert!(v.is_ok(), "{text}: {:?}", v.err());
     }
 }

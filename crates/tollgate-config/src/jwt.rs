@@ -7,6 +7,7 @@ use super::error::Reporter;
 use super::fields::{expand_env, field};
 use super::raw::RawJwt;
 use super::rls::resolve;
+use crate::schema as key;
 use http::HeaderName;
 use tollgate_tower::JwtVerifier;
 use toml::Spanned;
@@ -20,7 +21,7 @@ pub(super) fn jwt(
     let raw = raw.get_ref();
     let header = field(
         r,
-        "identity.jwt.header",
+        key::IDENTITY_JWT_HEADER,
         &raw.header,
         http::header::AUTHORIZATION,
         |s| {
@@ -37,21 +38,21 @@ pub(super) fn jwt(
             }
         })
     };
-    let issuer = non_empty("identity.jwt.issuer", &raw.issuer, r);
-    let audience = non_empty("identity.jwt.audience", &raw.audience, r);
+    let issuer = non_empty(key::IDENTITY_JWT_ISSUER, &raw.issuer, r);
+    let audience = non_empty(key::IDENTITY_JWT_AUDIENCE, &raw.audience, r);
     let toml_file = r.file.to_string();
     let verifier = match (&raw.hs256_secret, &raw.jwks_file) {
         (Some(_), Some(_)) | (None, None) => {
             r.at(
                 span,
-                "identity.jwt",
+                key::IDENTITY_JWT,
                 "expected exactly one of hs256_secret (\"${ENV_VAR}\" is expanded) or jwks_file",
             );
             None
         }
         (Some(_), None) => field(
             r,
-            "identity.jwt.hs256_secret",
+            key::IDENTITY_JWT_HS256_SECRET,
             &raw.hs256_secret,
             None,
             |s| {
@@ -67,7 +68,7 @@ pub(super) fn jwt(
                     .map_err(|e| e.to_string())
             },
         ),
-        (None, Some(_)) => field(r, "identity.jwt.jwks_file", &raw.jwks_file, None, |s| {
+        (None, Some(_)) => field(r, key::IDENTITY_JWT_JWKS_FILE, &raw.jwks_file, None, |s| {
             let path = resolve(&toml_file, s);
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 format!("cannot read {}: {e}; expected a JWKS file", path.display())

@@ -12,6 +12,7 @@ mod overrides;
 mod policy;
 mod raw;
 mod rls;
+pub mod schema;
 mod show;
 mod store;
 mod validate;
@@ -299,7 +300,17 @@ impl Config {
 
     /// Validates `text`, naming `file` in errors.
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
-        validate::validate(file, text, |name| std::env::var(name).ok())
+        Self::parse_with_env(file, text, |name| std::env::var(name).ok())
+    }
+
+    /// Validates `text` with `${NAME}` expanded by `env` (tests, and callers with their own
+    /// environment).
+    pub fn parse_with_env(
+        file: &str,
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigErrors> {
+        validate::validate(file, text, env)
     }
 
     /// The files this configuration was read from, for a reload to watch: the TOML file (none
@@ -358,8 +369,8 @@ limit = 100
 period = "1m"
 "#;
 
-#[cfg(test)]
-mod fuzz;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod fuzz;
 #[cfg(test)]
 mod server_tests;
 #[cfg(test)]

@@ -9,6 +9,7 @@ use super::fields::{duration, field, positive, span_or, variant};
 use super::raw::{RawOverride, RawOverridesFile, RawOverridesRef};
 use super::rls::resolve;
 use super::{OverrideConfig, PolicyConfig};
+use crate::schema as key;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use tollgate::IdentityHasher;
@@ -27,7 +28,7 @@ pub(super) fn overrides(
     let Some(file) = &raw.get_ref().file else {
         r.at(
             raw.span(),
-            "overrides.file",
+            key::OVERRIDES_FILE,
             "is missing; expected the path of a TOML file of [[override]] entries",
         );
         return (None, Vec::new());
@@ -38,7 +39,7 @@ pub(super) fn overrides(
         Err(e) => {
             r.at(
                 file.span(),
-                "overrides.file",
+                key::OVERRIDES_FILE,
                 format!(
                     "cannot read {}: {e}; expected a TOML file of [[override]] entries",
                     path.display()

@@ -7,6 +7,7 @@ use super::fields::{field, one_of};
 use super::raw::RawRls;
 use super::validate::addr;
 use super::{RlsSettings, ServerConfig, StoreConfig};
+use crate::schema as key;
 use std::path::{Path, PathBuf};
 use tollgate_rls::{RlsOptions, RlsService};
 
@@ -16,19 +17,19 @@ pub(super) fn rls(
     server: &ServerConfig,
     store: &StoreConfig,
 ) -> Option<RlsSettings> {
-    let listen = field(r, "rls.listen", &raw.listen, None, |s| addr(s).map(Some));
+    let listen = field(r, key::RLS_LISTEN, &raw.listen, None, |s| addr(s).map(Some));
     if let (Some(l), Some(s)) = (listen, &raw.listen) {
         if l == server.listen || l == server.admin_listen {
             r.at(
                 s.span(),
-                "rls.listen",
+                key::RLS_LISTEN,
                 "must differ from server.listen and server.admin_listen",
             );
         }
     }
     let response_headers = field(
         r,
-        "rls.response_headers",
+        key::RLS_RESPONSE_HEADERS,
         &raw.response_headers,
         true,
         |s| one_of(s, &[("draft", true), ("off", false)]),
@@ -36,7 +37,7 @@ pub(super) fn rls(
     let Some(config) = &raw.config else {
         r.at(
             0..0,
-            "rls.config",
+            key::RLS_CONFIG,
             "missing; expected the path of envoyproxy/ratelimit YAML file or a directory of them",
         );
         return None;
@@ -47,7 +48,7 @@ pub(super) fn rls(
     if !path.exists() {
         r.at(
             config.span(),
-            "rls.config",
+            key::RLS_CONFIG,
             format!(
                 "{:?} does not exist; expected an envoyproxy/ratelimit YAML file or a directory of them (a relative path is relative to this file)",
                 path.display().to_string()
@@ -70,7 +71,7 @@ pub(super) fn rls(
     // The policies the service will register, checked by the library's rules now.
     for spec in RlsService::specs(&rules, &options).flatten() {
         if let Err(e) = spec.validate() {
-            r.at(config.span(), "rls.config", e.to_string());
+            r.at(config.span(), key::RLS_CONFIG, e.to_string());
             return None;
         }
     }

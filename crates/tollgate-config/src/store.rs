@@ -7,6 +7,7 @@ use super::error::Reporter;
 use super::fields::{duration, expand_env, failure_policy, field, one_of, positive};
 use super::raw::RawStore;
 use super::{redact_url, StoreBackend, StoreConfig};
+use crate::schema as key;
 use std::time::Duration;
 use tollgate::{BreakerConfig, FailurePolicy};
 
@@ -33,7 +34,7 @@ pub(super) fn store(
         Cluster,
         Sentinel,
     }
-    let kind = field(r, "store.backend", &raw.backend, Kind::Memory, |s| {
+    let kind = field(r, key::STORE_BACKEND, &raw.backend, Kind::Memory, |s| {
         one_of(
             s,
             &[
@@ -44,11 +45,11 @@ pub(super) fn store(
             ],
         )
     });
-    let max_keys = field(r, "store.max_keys", &raw.max_keys, 1_000_000, |v| {
+    let max_keys = field(r, key::STORE_MAX_KEYS, &raw.max_keys, 1_000_000, |v| {
         positive(v, "max_keys").map(|n| usize::try_from(n).unwrap_or(usize::MAX))
     });
     // `${REDIS_PASSWORD}` keeps the password out of the file.
-    let url = field(r, "store.url", &raw.url, None, |s| {
+    let url = field(r, key::STORE_URL, &raw.url, None, |s| {
         redis_url(&expand_env(s, env)?).map(Some)
     });
     let mut urls = Vec::new();
@@ -56,7 +57,7 @@ pub(super) fn store(
         for u in list.get_ref() {
             match expand_env(u.get_ref(), env).and_then(|s| redis_url(&s)) {
                 Ok(u) => urls.push(u),
-                Err(m) => r.at(u.span(), "store.urls", m),
+                Err(m) => r.at(u.span(), key::STORE_URLS, m),
             }
         }
     }
@@ -66,7 +67,7 @@ pub(super) fn store(
             if let Some(list) = &raw.urls {
                 r.at(
                     list.span(),
-                    "store.urls",
+                    key::STORE_URLS,
                     "is for backends \"redis-cluster\" and \"redis-sentinel\"; backend \"redis\" takes url = \"redis://...\"",
                 );
             }
@@ -89,21 +90,21 @@ pub(super) fn store(
         if let Some(m) = &raw.master_name {
             r.at(
                 m.span(),
-                "store.master_name",
+                key::STORE_MASTER_NAME,
                 "only applies with backend = \"redis-sentinel\"",
             );
         }
     }
     let timeout = field(
         r,
-        "store.timeout",
+        key::STORE_TIMEOUT,
         &raw.timeout,
         Duration::from_millis(20),
         |s| duration(s),
     );
     let key_prefix = field(
         r,
-        "store.key_prefix",
+        key::STORE_KEY_PREFIX,
         &raw.key_prefix,
         "tollgate".to_string(),
         |s| {
@@ -116,17 +117,17 @@ pub(super) fn store(
             }
         },
     );
-    let clock_local = field(r, "store.clock", &raw.clock, false, |s| {
+    let clock_local = field(r, key::STORE_CLOCK, &raw.clock, false, |s| {
         one_of(s, &[("store", false), ("local", true)])
     });
     let on_failure = field(
         r,
-        "store.on_failure",
+        key::STORE_ON_FAILURE,
         &raw.on_failure,
         FailurePolicy::Open,
         |s| failure_policy(s),
     );
-    let local_divisor = field(r, "store.local_divisor", &raw.local_divisor, 20, |v| {
+    let local_divisor = field(r, key::STORE_LOCAL_DIVISOR, &raw.local_divisor, 20, |v| {
         positive(v, "local_divisor")
     });
     let mut breaker = BreakerConfig {
@@ -135,14 +136,14 @@ pub(super) fn store(
     };
     if let Some(b) = &raw.breaker {
         let b = b.get_ref();
-        breaker.failures = field(r, "store.breaker.failures", &b.failures, 5, |v| {
+        breaker.failures = field(r, key::STORE_BREAKER_FAILURES, &b.failures, 5, |v| {
             positive(v, "failures").and_then(|n| {
                 u32::try_from(n).map_err(|_| "failures must be at most 4294967295".to_string())
             })
         });
         breaker.open_for = field(
             r,
-            "store.breaker.open_for",
+            key::STORE_BREAKER_OPEN_FOR,
             &b.open_for,
             breaker.open_for,
             |s| duration(s),
@@ -163,10 +164,10 @@ pub(super) fn store(
 /// `urls` with at least one node (`needs` says so, at the `backend` key).
 fn several_urls(r: &mut Reporter<'_>, raw: &RawStore, takes: &str, needs: &str) {
     if let Some(u) = &raw.url {
-        r.at(u.span(), "store.url", takes);
+        r.at(u.span(), key::STORE_URL, takes);
     } else if raw.urls.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
         let backend_span = raw.backend.as_ref().map_or(0..0, |b| b.span());
-        r.at(backend_span, "store.urls", needs);
+        r.at(backend_span, key::STORE_URLS, needs);
     }
 }
 
@@ -185,7 +186,7 @@ fn sentinel(r: &mut Reporter<'_>, raw: &RawStore, urls: Vec<String>) -> StoreBac
         Some(m) => {
             r.at(
                 m.span(),
-                "store.master_name",
+                key::STORE_MASTER_NAME,
                 "is empty or has spaces; expected the name the sentinels monitor (sentinel monitor NAME ...)",
             );
             String::new()
@@ -193,7 +194,7 @@ fn sentinel(r: &mut Reporter<'_>, raw: &RawStore, urls: Vec<String>) -> StoreBac
         None => {
             r.at(
                 backend_span,
-                "store.master_name",
+                key::STORE_MASTER_NAME,
                 "is missing; backend \"redis-sentinel\" needs the name the sentinels monitor the master under",
             );
             String::new()

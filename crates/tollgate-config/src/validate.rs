@@ -7,6 +7,7 @@ use super::policy::policy;
 use super::raw::{RawConfig, RawForwardAuth, RawIdentity, RawServer};
 use super::store::store;
 use super::*;
+use crate::schema as key;
 use ipnet::IpNet;
 use std::collections::HashSet;
 use tollgate_tower::{ForwardAuth, ForwardHeader};
@@ -55,7 +56,10 @@ pub(crate) fn validate(
                 || matches!(p.tier, Some(tollgate_tower::TierSource::Jwt(_)));
             if jwt_source
                 && identity.jwt.is_none()
-                && !r.errors.iter().any(|e| e.key.starts_with("identity.jwt"))
+                && !r
+                    .errors
+                    .iter()
+                    .any(|e| e.key.starts_with(key::IDENTITY_JWT))
             {
                 r.at(
                     span.clone(),
@@ -84,7 +88,7 @@ pub(crate) fn validate(
     if server.listen == server.admin_listen {
         r.at(
             0..0,
-            "server.admin_listen",
+            key::SERVER_ADMIN_LISTEN,
             "must differ from server.listen",
         );
     }
@@ -126,24 +130,24 @@ fn server(
 ) -> ServerConfig {
     let listen = field(
         r,
-        "server.listen",
+        key::SERVER_LISTEN,
         &raw.listen,
         ([127, 0, 0, 1], 8080).into(),
         |s| addr(s),
     );
     let admin_listen = field(
         r,
-        "server.admin_listen",
+        key::SERVER_ADMIN_LISTEN,
         &raw.admin_listen,
         ([127, 0, 0, 1], 9090).into(),
         |s| addr(s),
     );
-    let upstream = field(r, "server.upstream", &raw.upstream, None, |s| {
+    let upstream = field(r, key::SERVER_UPSTREAM, &raw.upstream, None, |s| {
         upstream(s).map(Some)
     });
     let upstream_timeout = field(
         r,
-        "server.upstream_timeout",
+        key::SERVER_UPSTREAM_TIMEOUT,
         &raw.upstream_timeout,
         Duration::from_secs(30),
         |s| duration(s),
@@ -154,7 +158,7 @@ fn server(
             if upstream.is_some() {
                 r.at(
                     fa.span(),
-                    "server.forward_auth",
+                    key::SERVER_FORWARD_AUTH,
                     "is for decision mode; remove it or server.upstream",
                 );
             }
@@ -163,7 +167,7 @@ fn server(
     };
     let allow_ambiguous_paths = field(
         r,
-        "server.ambiguous_paths",
+        key::SERVER_AMBIGUOUS_PATHS,
         &raw.ambiguous_paths,
         false,
         |s| one_of(s, &[("reject", false), ("allow", true)]),
@@ -172,33 +176,33 @@ fn server(
         |v: &i64, what: &str| positive(v, what).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let max_connections = field(
         r,
-        "server.max_connections",
+        key::SERVER_MAX_CONNECTIONS,
         &raw.max_connections,
         10_000,
         |v| count(v, "max_connections"),
     );
     let max_connections_per_ip = field(
         r,
-        "server.max_connections_per_ip",
+        key::SERVER_MAX_CONNECTIONS_PER_IP,
         &raw.max_connections_per_ip,
         256,
         |v| count(v, "max_connections_per_ip"),
     );
     let body_timeout = field(
         r,
-        "server.body_timeout",
+        key::SERVER_BODY_TIMEOUT,
         &raw.body_timeout,
         Duration::from_secs(30),
         |s| duration(s),
     );
-    let admin_token = field(r, "server.admin_token", &raw.admin_token, None, |s| {
+    let admin_token = field(r, key::SERVER_ADMIN_TOKEN, &raw.admin_token, None, |s| {
         admin_token(s, env).map(Some)
     });
     if raw.admin_token.is_none() && !admin_listen.ip().is_loopback() {
         if let Some(at) = &raw.admin_listen {
             r.at(
                 at.span(),
-                "server.admin_listen",
+                key::SERVER_ADMIN_LISTEN,
                 format!(
                     "{admin_listen} is not a loopback address and server.admin_token is not set; the admin API resets clients and reloads the config, so set admin_token = \"${{ADMIN_TOKEN}}\" or listen on 127.0.0.1"
                 ),
@@ -249,14 +253,14 @@ fn forward_auth(r: &mut Reporter<'_>, raw: &RawForwardAuth) -> ForwardAuth {
     ForwardAuth {
         method_header: field(
             r,
-            "server.forward_auth.method_header",
+            key::SERVER_FORWARD_AUTH_METHOD_HEADER,
             &raw.method_header,
             default.method_header,
             header,
         ),
         uri_header: field(
             r,
-            "server.forward_auth.uri_header",
+            key::SERVER_FORWARD_AUTH_URI_HEADER,
             &raw.uri_header,
             default.uri_header,
             header,
@@ -310,7 +314,7 @@ fn identity(
 ) -> (IdentityConfig, Secret) {
     let mut id = IdentityConfig::default();
     if let Some(list) = &raw.sources {
-        let s = sources(r, "identity.sources", list);
+        let s = sources(r, key::IDENTITY_SOURCES, list);
         if !s.is_empty() {
             id.sources = s;
         }
@@ -326,7 +330,7 @@ fn identity(
                 Ok(n) => id.trusted_proxies.push(n.trunc()),
                 Err(_) => r.at(
                     p.span(),
-                    "identity.trusted_proxies",
+                    key::IDENTITY_TRUSTED_PROXIES,
                     format!(
                         "{s:?} is not allowed; expected an IP address or CIDR like \"10.0.0.0/8\""
                     ),
@@ -338,7 +342,7 @@ fn identity(
             if let Some(all) = catch_all(&id.trusted_proxies[before..]) {
                 r.at(
                     list.span(),
-                    "identity.trusted_proxies",
+                    key::IDENTITY_TRUSTED_PROXIES,
                     format!("covers every {all} address, so any client could pick its own identity with a forwarding header; list your proxies' addresses, or set allow_any_proxy = true if every peer really is a proxy"),
                 );
             }
@@ -346,7 +350,7 @@ fn identity(
     }
     id.client_ip_header = field(
         r,
-        "identity.client_ip_header",
+        key::IDENTITY_CLIENT_IP_HEADER,
         &raw.client_ip_header,
         ForwardHeader::XForwardedFor,
         |s| {
@@ -359,7 +363,7 @@ fn identity(
             )
         },
     );
-    id.ipv6_prefix = field(r, "identity.ipv6_prefix", &raw.ipv6_prefix, 64, |v| {
+    id.ipv6_prefix = field(r, key::IDENTITY_IPV6_PREFIX, &raw.ipv6_prefix, 64, |v| {
         u8::try_from(*v)
             .ok()
             .filter(|n| (1..=128).contains(n))
@@ -372,14 +376,14 @@ fn identity(
         if raw.jwt.is_none() && id.sources.iter().any(is_jwt) {
             r.at(
                 list.span(),
-                "identity.sources",
+                key::IDENTITY_SOURCES,
                 "a jwt:<claim> source needs [identity.jwt] (hs256_secret or jwks_file) to verify the token",
             );
         }
     }
     let secret = field(
         r,
-        "identity.secret",
+        key::IDENTITY_SECRET,
         &raw.secret,
         Secret(DEFAULT_SECRET.as_bytes().to_vec()),
         |s| {

@@ -521,40 +521,65 @@ fn stamp(path: &Path) -> Stamp {
 }
 
 /// Puts the running values of the restart-only keys into `new` (so the served config says
-/// what is in effect), and names the keys whose value the files changed.
+/// what is in effect), and names the keys whose value the files changed. The keys are the
+/// schema's restart-only ones; a key inside another (a store URL inside `store.backend`, the
+/// breaker's fields inside `store.breaker`) is reported as the one that holds it.
 fn keep_running(old: &Config, new: &mut Config) -> Vec<&'static str> {
+    use crate::config::schema as key;
+    /// Gives `new` the running value; whether it differed.
+    fn keep<T: PartialEq + Clone>(new: &mut T, old: &T) -> bool {
+        let differs = new != old;
+        if differs {
+            *new = old.clone();
+        }
+        differs
+    }
     let mut changed = Vec::new();
-    // One line a key: noted when the files changed it, then given its running value back.
-    macro_rules! keep {
-        ($key:literal, $($field:tt)+) => {
-            if new.$($field)+ != old.$($field)+ {
-                changed.push($key);
-                new.$($field)+ = old.$($field)+.clone();
+    for k in key::restart_only() {
+        let differs = match k {
+            key::SERVER_LISTEN => keep(&mut new.server.listen, &old.server.listen),
+            key::SERVER_ADMIN_LISTEN => {
+                keep(&mut new.server.admin_listen, &old.server.admin_listen)
+            }
+            key::SERVER_MAX_CONNECTIONS => {
+                keep(&mut new.server.max_connections, &old.server.max_connections)
+            }
+            key::SERVER_MAX_CONNECTIONS_PER_IP => keep(
+                &mut new.server.max_connections_per_ip,
+                &old.server.max_connections_per_ip,
+            ),
+            key::STORE_BACKEND => keep(&mut new.store.backend, &old.store.backend),
+            key::STORE_TIMEOUT => keep(&mut new.store.timeout, &old.store.timeout),
+            key::STORE_KEY_PREFIX => keep(&mut new.store.key_prefix, &old.store.key_prefix),
+            key::STORE_CLOCK => keep(&mut new.store.clock_local, &old.store.clock_local),
+            key::STORE_BREAKER => keep(&mut new.store.breaker, &old.store.breaker),
+            // Held by store.backend and store.breaker, reported as those.
+            key::STORE_URL
+            | key::STORE_URLS
+            | key::STORE_MASTER_NAME
+            | key::STORE_MAX_KEYS
+            | key::STORE_BREAKER_FAILURES
+            | key::STORE_BREAKER_OPEN_FOR => false,
+            key::RLS_LISTEN => {
+                let listen = |c: &Config| c.rls.as_ref().map(|r| r.listen);
+                let differs = listen(old) != listen(new);
+                match (&old.rls, &mut new.rls) {
+                    (Some(o), Some(n)) => n.listen = o.listen,
+                    (None, Some(n)) => n.listen = None,
+                    // No listener to stop: the old rules keep serving until a restart.
+                    (Some(o), None) => new.rls = Some(o.clone()),
+                    (None, None) => {}
+                }
+                differs
+            }
+            other => {
+                debug_assert!(false, "restart-only key {other} is not kept on reload");
+                false
             }
         };
-    }
-    keep!("server.listen", server.listen);
-    keep!("server.admin_listen", server.admin_listen);
-    keep!("server.max_connections", server.max_connections);
-    keep!(
-        "server.max_connections_per_ip",
-        server.max_connections_per_ip
-    );
-    keep!("store.backend", store.backend);
-    keep!("store.timeout", store.timeout);
-    keep!("store.key_prefix", store.key_prefix);
-    keep!("store.clock", store.clock_local);
-    keep!("store.breaker", store.breaker);
-    let listen = |c: &Config| c.rls.as_ref().map(|r| r.listen);
-    if listen(old) != listen(new) {
-        changed.push("rls.listen");
-    }
-    match (&old.rls, &mut new.rls) {
-        (Some(o), Some(n)) => n.listen = o.listen,
-        (None, Some(n)) => n.listen = None,
-        // No listener to stop: the old rules keep serving until a restart.
-        (Some(o), None) => new.rls = Some(o.clone()),
-        (None, None) => {}
+        if differs {
+            changed.push(k);
+        }
     }
     changed
 }
