@@ -12,7 +12,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tollgate_gateway::http_util::status_response;
+use tollgate_gateway::http::util::status_response;
 
 fn main() -> std::process::ExitCode {
     let Some(addr) = std::env::args().nth(1) else {

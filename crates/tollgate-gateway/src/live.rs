@@ -18,11 +18,11 @@
 
 use crate::assemble::{assemble, Assembled, PolicyRules};
 use crate::config::{Config, ConfigErrors, PolicyConfig, Upstream};
-use crate::conn_limit::ConnLimits;
-use crate::http_util::BoxBody;
-use crate::metrics::HttpMetrics;
+use crate::http::conn_limit::ConnLimits;
+use crate::http::metrics::HttpMetrics;
+use crate::http::util::Answer;
+use crate::http::util::BoxBody;
 use crate::proxy::{Proxy, ProxyLimits, Target};
-use crate::server::Answer;
 use arc_swap::ArcSwap;
 use http::Request;
 use hyper::body::Incoming;

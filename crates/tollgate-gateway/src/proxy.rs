@@ -8,10 +8,10 @@
 //! 400 and one whose body takes longer than `body_timeout` a 408, neither counted as an
 //! upstream error. The client is never left hanging and never sees a 500.
 
-use crate::client_body::{BodyFault, ClientBody};
 use crate::config::Upstream;
-use crate::http_util::{status_response, BoxBody};
-use crate::metrics::HttpMetrics;
+use crate::http::client_body::{BodyFault, ClientBody};
+use crate::http::metrics::HttpMetrics;
+use crate::http::util::{status_response, BoxBody};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
 use http::uri::PathAndQuery;

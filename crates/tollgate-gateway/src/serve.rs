@@ -6,13 +6,13 @@
 //! gracefully: on SIGTERM or SIGINT it stops accepting, lets in-flight requests finish for
 //! up to [`GRACE`], then exits.
 
+use crate::admin::status::{run_sampler, History};
 use crate::admin::Admin;
 use crate::config::{Config, StoreBackend};
-use crate::conn_limit::ConnLimits;
+use crate::http::conn_limit::ConnLimits;
+use crate::http::metrics::HttpMetrics;
+use crate::http::server::{serve_admin, serve_gateway, ShutdownSignals, GRACE};
 use crate::live::{Hangup, Live};
-use crate::metrics::HttpMetrics;
-use crate::server::{serve_admin, serve_gateway, ShutdownSignals, GRACE};
-use crate::status::{run_sampler, History};
 use anyhow::Context as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,7 +105,11 @@ pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Re
         history,
         live: live.clone(),
     };
-    let admin_task = tokio::spawn(serve_admin(admin_listener, admin, stop_rx.clone()));
+    let answer = move |req| {
+        let admin = admin.clone();
+        async move { admin.handle(req).await }
+    };
+    let admin_task = tokio::spawn(serve_admin(admin_listener, answer, stop_rx.clone()));
     let sighup = tokio::spawn(live.clone().on_sighup(hangup, stop_rx.clone()));
     let watcher = tokio::spawn(live.clone().watch_files(stop_rx.clone()));
     let rls_task = spawn_rls(&config, rls, stop_rx.clone()).await?;

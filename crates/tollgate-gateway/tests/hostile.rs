@@ -241,8 +241,8 @@ async fn connections_past_the_per_address_bound_are_closed_at_once() {
 async fn the_admin_port_holds_a_bounded_number_of_connections() {
     let gw = Gateway::start("", "");
     // All from one address: its share of the admin port's connections.
-    let bound = tollgate_gateway::server::MAX_ADMIN_CONNECTIONS_PER_IP;
-    assert!(bound < tollgate_gateway::server::MAX_ADMIN_CONNECTIONS);
+    let bound = tollgate_gateway::http::MAX_ADMIN_CONNECTIONS_PER_IP;
+    assert!(bound < tollgate_gateway::http::MAX_ADMIN_CONNECTIONS);
     let mut held = Vec::new();
     for _ in 0..bound {
         held.push(
@@ -410,7 +410,7 @@ fn with_headers(n: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_than_max_headers_is_431() {
     let gw = Gateway::start("", "");
-    let max = tollgate_gateway::server::MAX_HEADERS;
+    let max = tollgate_gateway::http::MAX_HEADERS;
     expect_raw(&gw, &with_headers(max), 200).await;
     expect_raw(&gw, &with_headers(max + 1), 431).await;
     let m = metrics(&gw).await;

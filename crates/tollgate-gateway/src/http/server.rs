@@ -5,11 +5,10 @@
 //! signal ends the wait at once.
 //! Requests HTTP/1.1 forbids are refused before any policy sees them (see `refusal.rs`).
 
-use crate::admin::Admin;
-use crate::conn_limit::ConnLimits;
-use crate::http_util::BoxBody;
-use crate::metrics::HttpMetrics;
-use crate::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
+use crate::http::conn_limit::ConnLimits;
+use crate::http::metrics::HttpMetrics;
+use crate::http::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
+use crate::http::util::BoxBody;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
@@ -37,13 +36,9 @@ pub const MAX_ADMIN_CONNECTIONS_PER_IP: usize = 16;
 pub const GRACE: Duration = Duration::from_secs(30);
 /// Most headers a request may have.
 pub const MAX_HEADERS: usize = 100;
-/// Most bytes of a request head (request line and headers).
-pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// How long a client may take to send a request head.
-pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What the rate-limited service answers.
-pub(crate) type Answer = Response<tollgate_tower::RateLimitBody<BoxBody>>;
+use crate::http::refusal::HEADER_READ_TIMEOUT;
+pub use crate::http::refusal::MAX_HEAD_BYTES;
+use crate::http::util::Answer;
 
 /// The rate-limited service the gateway runs for every request: cloned per connection and
 /// per request, its futures sent to the runtime.
@@ -185,12 +180,15 @@ fn builder() -> http1::Builder {
     b
 }
 
-/// Serves the admin endpoints until `stop` changes.
-pub(crate) async fn serve_admin(
+/// Serves the admin endpoints (each request answered by `handle`) until `stop` changes.
+pub(crate) async fn serve_admin<H, F>(
     listener: TcpListener,
-    admin: Admin,
+    handle: H,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<BoxBody>> + Send + 'static,
+{
     let graceful = GracefulShutdown::new();
     // The gateway's own connection bounds, with the admin port's numbers (no address exempt).
     let limits = ConnLimits::new(
@@ -211,10 +209,10 @@ pub(crate) async fn serve_admin(
                     tracing::debug!("admin connection limit reached; closing");
                     continue;
                 };
-                let admin = admin.clone();
+                let handle = handle.clone();
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let admin = admin.clone();
-                    async move { Ok::<_, Infallible>(admin.handle(req).await) }
+                    let answer = handle(req);
+                    async move { Ok::<_, Infallible>(answer.await) }
                 });
                 let conn = graceful.watch(builder().serve_connection(TokioIo::new(stream), svc));
                 tokio::spawn(async move {

@@ -5,11 +5,14 @@
 //! The page's files are compiled into the binary and served with a content security policy
 //! that allows nothing but this server: no CDN, no external font, no inline script.
 //!
-//! Under `/v1/`, the admin API (see [`crate::admin_api`]), behind `[server] admin_token`.
+//! Under `/v1/`, the admin API (see [`crate::admin::api`]), behind `[server] admin_token`.
 
-use crate::http_util::{status_response, text_response, BoxBody};
+pub(crate) mod api;
+pub mod status;
+
+use crate::admin::status::History;
+use crate::http::util::{status_response, text_response, BoxBody};
 use crate::live::Live;
-use crate::status::History;
 use http::header::{HeaderName, HeaderValue, CACHE_CONTROL};
 use http::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
@@ -36,7 +39,7 @@ impl Admin {
     /// Answers one admin request.
     pub async fn handle<B>(&self, req: Request<B>) -> Response<BoxBody> {
         if req.uri().path().starts_with("/v1/") {
-            return crate::admin_api::handle(&self.live, &req).await;
+            return crate::admin::api::handle(&self.live, &req).await;
         }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return status_response(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");

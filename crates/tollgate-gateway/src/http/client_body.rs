@@ -7,7 +7,7 @@
 //! [`BodyFault`] and answers 400 or 408 instead of a 502 counted as an upstream error (which
 //! would let any client fake an outage alert).
 
-use crate::http_util::BoxError;
+use crate::http::util::BoxError;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;

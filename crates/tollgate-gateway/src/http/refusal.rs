@@ -4,12 +4,16 @@
 //! HTTP/2 preface on this HTTP/1 port (a plain 505 rather than a bare close). The answers
 //! hyper writes itself for heads it cannot parse (400, 414, 431) are counted like ours.
 
-use crate::http_util::{status_response, BoxBody};
-use crate::server::{HEADER_READ_TIMEOUT, MAX_HEAD_BYTES};
+use crate::http::util::{status_response, BoxBody};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// Most bytes of a request head (request line and headers).
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// How long a client may take to send a request head.
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The answer to a request refused before the rate limiter, if it is one.
 pub(crate) fn refusal<B>(req: &Request<B>) -> Option<Response<BoxBody>> {

@@ -5,8 +5,8 @@
 use super::quantile::quantile_ms;
 use super::PolicyCounts;
 use super::Snapshot;
+use crate::http::metrics::HttpMetrics;
 use crate::live::ConfigStatus;
-use crate::metrics::HttpMetrics;
 use serde::Serialize;
 use tollgate::metrics::{LimitedClient, LATENCY_BUCKETS_US};
 use tollgate::Outcome;

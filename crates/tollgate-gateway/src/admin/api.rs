@@ -12,7 +12,7 @@
 //! `[server] admin_token`, `/v1/` answers 403 to everyone.
 
 use crate::config::effective;
-use crate::http_util::{text_response, BoxBody};
+use crate::http::util::{text_response, BoxBody};
 use crate::live::{Live, ReloadError};
 use http::header::{HeaderValue, ALLOW, AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};

@@ -12,7 +12,7 @@ mod quantile;
 
 pub use document::Status;
 
-use crate::metrics::HttpMetrics;
+use crate::http::metrics::HttpMetrics;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -31,3 +31,6 @@ pub fn text_response(
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
+
+/// What the rate-limited service answers.
+pub(crate) type Answer = Response<tollgate_tower::RateLimitBody<BoxBody>>;
