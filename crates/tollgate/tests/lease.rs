@@ -247,7 +247,9 @@ async fn lease_mode_rejects_algorithms_it_cannot_give_back_to() {
         let mut spec = PolicySpec::new("s", limit(alg, 10, Duration::from_secs(1)));
         spec.sync = SyncMode::Lease { ttl: TTL, max: 10 };
         let err = l.policy(spec).expect_err("not leasable");
-        assert!(err.to_string().contains("supports token_bucket"), "{err}");
+        let tollgate::Error::InvalidPolicy { field, reason, .. } = &err;
+        assert_eq!(*field, tollgate::PolicyField::Sync, "{err}");
+        assert!(reason.contains("use token_bucket"), "{err}");
     }
 }
 

@@ -134,9 +134,26 @@ async fn several_policies_are_all_or_nothing() {
 async fn a_cost_beyond_capacity_is_rejected_without_retry_time() {
     let clock = ManualClock::new(T0);
     let l = limiter(&clock);
+    // A fixed cost the limit can never admit is refused when the policy is made, naming the
+    // field; a request that asks for such a cost on its own (an RLS hits_addend) is denied
+    // with no retry time.
     let mut s = spec("api", Algorithm::TokenBucket, 5, Duration::from_secs(1));
     s.cost = 6;
-    let p = l.policy(s).expect("policy");
+    let err = l
+        .policy(s.clone())
+        .expect_err("cost 6 never fits a burst of 5");
+    assert!(
+        matches!(
+            &err,
+            tollgate::Error::InvalidPolicy {
+                field: tollgate::PolicyField::Cost,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    s.cost = 1;
+    let p = l.policy(s).expect("policy").with_cost(6);
     let r = l.check(&tollgate::Plan::for_client(client(1), [&p])).await;
     assert_eq!(r.action, Action::Limit { retry_after: None });
 }
