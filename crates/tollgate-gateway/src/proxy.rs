@@ -10,12 +10,12 @@
 
 use crate::client_body::{BodyFault, ClientBody};
 use crate::config::Upstream;
-use crate::http_util::{status_response, BoxBody};
+use crate::http_util::{problem_response, BoxBody};
 use crate::metrics::HttpMetrics;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
 use http::uri::PathAndQuery;
-use http::{HeaderMap, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -26,6 +26,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate_tower::{Problem, ProblemKind};
 
 /// Headers that describe one connection, never forwarded (plus those `Connection` names).
 /// `Upgrade` is hop-by-hop too; protocol upgrades are not proxied.
@@ -101,7 +102,9 @@ impl Proxy {
     pub async fn forward(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<BoxBody> {
         let (mut parts, body) = req.into_parts();
         let Some(uri) = self.upstream_uri(&parts.uri) else {
-            return status_response(StatusCode::BAD_REQUEST, "malformed request target\n");
+            return problem_response(
+                Problem::new(ProblemKind::BadRequest).detail("malformed request target"),
+            );
         };
         let host = parts.headers.get(HOST).cloned();
         strip_hop_by_hop(&mut parts.headers);
@@ -119,12 +122,14 @@ impl Proxy {
         let answer = tokio::time::timeout(self.timeout, self.client.request(req)).await;
         match fault.get() {
             Some(BodyFault::Broken) => {
-                return status_response(StatusCode::BAD_REQUEST, "malformed request body\n")
+                return problem_response(
+                    Problem::new(ProblemKind::BadRequest).detail("malformed request body"),
+                )
             }
             Some(BodyFault::Timeout) => {
-                return status_response(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "the request body did not arrive in time\n",
+                return problem_response(
+                    Problem::new(ProblemKind::RequestTimeout)
+                        .detail("the request body did not arrive within body_timeout"),
                 )
             }
             None => {}
@@ -143,12 +148,18 @@ impl Proxy {
                 };
                 self.metrics.upstream_error(kind);
                 tracing::warn!(error = %e, kind, "upstream request failed");
-                status_response(StatusCode::BAD_GATEWAY, "upstream unavailable\n")
+                problem_response(
+                    Problem::new(ProblemKind::UpstreamUnavailable)
+                        .detail("the upstream could not be reached or broke off its answer"),
+                )
             }
             Err(_) => {
                 self.metrics.upstream_error("timeout");
                 tracing::warn!(timeout = ?self.timeout, "upstream timed out");
-                status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
+                problem_response(
+                    Problem::new(ProblemKind::UpstreamTimeout)
+                        .detail("the upstream did not answer within upstream_timeout"),
+                )
             }
         }
     }

@@ -9,7 +9,7 @@
 use crate::admin::Admin;
 use crate::config::{Config, StoreBackend};
 use crate::conn_limit::ConnLimits;
-use crate::http_util::{status_response, BoxBody};
+use crate::http_util::{problem_response, status_response, BoxBody};
 use crate::live::{Hangup, Live, PolicyRules};
 use crate::metrics::HttpMetrics;
 use crate::proxy::Proxy;
@@ -31,7 +31,7 @@ use tollgate::{
     StoreClock,
 };
 use tollgate_rls::{LiveRls, RlsOptions, RlsService};
-use tollgate_tower::{PeerAddr, RateLimitLayer, RoutedPolicy};
+use tollgate_tower::{PeerAddr, Problem, ProblemKind, RateLimitLayer, RoutedPolicy};
 use tower_service::Service;
 
 /// What the rate limiter wraps: the upstream, or the decision-mode 200.
@@ -59,7 +59,12 @@ impl Service<Request<Incoming>> for Target {
                 let peer = req.extensions().get::<PeerAddr>().map(|a| a.0);
                 Box::pin(async move {
                     let Some(peer) = peer else {
-                        return Ok(status_response(StatusCode::BAD_REQUEST, "no peer\n"));
+                        // The server names the peer of every request it serves, so this
+                        // is tollgate's fault, never the client's: a 500.
+                        return Ok(problem_response(
+                            Problem::new(ProblemKind::Internal)
+                                .detail("the connection's peer address is unknown"),
+                        ));
                     };
                     Ok(p.forward(req, peer).await)
                 })
