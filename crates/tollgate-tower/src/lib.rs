@@ -43,7 +43,7 @@ pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
 pub use jwt::{InvalidToken, JwtVerifier};
 pub use layer::{RateLimitLayer, Refused};
 pub use path::{normalize_path, normalize_strict, AmbiguousPath};
-pub use problem::{Member, Problem, ProblemKind};
+pub use problem::{Problem, ProblemKind};
 pub use route::{RoutedPolicy, TierSource};
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
 pub use shared::{PeerAddr, PeerFn};

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use http_body_util::Full;
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 /// `application/problem+json`, the media type of every problem.
@@ -226,7 +227,8 @@ const STANDARD: [&str; 5] = ["type", "title", "status", "detail", "instance"];
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     kind: ProblemKind,
-    detail: Option<String>,
+    /// Mostly a fixed sentence: borrowed, so the 429 path copies nothing.
+    detail: Option<Cow<'static, str>>,
     members: Vec<(&'static str, Member)>,
 }
 
@@ -242,7 +244,7 @@ impl Problem {
 
     /// With `detail`: what happened this time and what the client can do. It may carry text
     /// from the request; the writer escapes it.
-    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+    pub fn detail(mut self, detail: impl Into<Cow<'static, str>>) -> Self {
         self.detail = Some(detail.into());
         self
     }

@@ -89,7 +89,7 @@ pub fn unavailable(result: &LimitResult, retry_after: Micros) -> Response<Full<B
 /// The 400 for a request that could be read two ways (see [`crate::BadRequest`]).
 pub fn bad_request(why: &crate::BadRequest) -> Response<Full<Bytes>> {
     Problem::new(ProblemKind::BadRequest)
-        .detail(why.0.as_str())
+        .detail(why.0.clone())
         .into_response()
 }
 
