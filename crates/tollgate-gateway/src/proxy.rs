@@ -11,11 +11,11 @@
 use crate::config::Upstream;
 use crate::http::client_body::{BodyFault, ClientBody};
 use crate::http::metrics::HttpMetrics;
-use crate::http::util::{status_response, BoxBody};
+use crate::http::util::{problem_response, status_response, BoxBody};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
 use http::uri::PathAndQuery;
-use http::{HeaderMap, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -30,7 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tollgate_tower::PeerAddr;
+use tollgate_tower::{PeerAddr, Problem, ProblemKind};
 use tower_service::Service;
 
 /// Headers that describe one connection, never forwarded (plus those `Connection` names).
@@ -107,7 +107,9 @@ impl Proxy {
     pub async fn forward(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<BoxBody> {
         let (mut parts, body) = req.into_parts();
         let Some(uri) = self.upstream_uri(&parts.uri) else {
-            return status_response(StatusCode::BAD_REQUEST, "malformed request target\n");
+            return problem_response(
+                Problem::new(ProblemKind::BadRequest).detail("malformed request target"),
+            );
         };
         let host = parts.headers.get(HOST).cloned();
         strip_hop_by_hop(&mut parts.headers);
@@ -125,12 +127,14 @@ impl Proxy {
         let answer = tokio::time::timeout(self.timeout, self.client.request(req)).await;
         match fault.get() {
             Some(BodyFault::Broken) => {
-                return status_response(StatusCode::BAD_REQUEST, "malformed request body\n")
+                return problem_response(
+                    Problem::new(ProblemKind::BadRequest).detail("malformed request body"),
+                )
             }
             Some(BodyFault::Timeout) => {
-                return status_response(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "the request body did not arrive in time\n",
+                return problem_response(
+                    Problem::new(ProblemKind::RequestTimeout)
+                        .detail("the request body did not arrive within body_timeout"),
                 )
             }
             None => {}
@@ -149,12 +153,18 @@ impl Proxy {
                 };
                 self.metrics.upstream_error(kind);
                 tracing::warn!(error = %e, kind, "upstream request failed");
-                status_response(StatusCode::BAD_GATEWAY, "upstream unavailable\n")
+                problem_response(
+                    Problem::new(ProblemKind::UpstreamUnavailable)
+                        .detail("the upstream could not be reached or broke off its answer"),
+                )
             }
             Err(_) => {
                 self.metrics.upstream_error("timeout");
                 tracing::warn!(timeout = ?self.timeout, "upstream timed out");
-                status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
+                problem_response(
+                    Problem::new(ProblemKind::UpstreamTimeout)
+                        .detail("the upstream did not answer within upstream_timeout"),
+                )
             }
         }
     }
@@ -431,12 +441,17 @@ impl Service<Request<Incoming>> for Target {
                 let peer = req.extensions().get::<PeerAddr>().map(|a| a.0);
                 Box::pin(async move {
                     let Some(peer) = peer else {
-                        return Ok(status_response(StatusCode::BAD_REQUEST, "no peer\n"));
+                        // The server names the peer of every request it serves, so this
+                        // is tollgate's fault, never the client's: a 500.
+                        return Ok(problem_response(
+                            Problem::new(ProblemKind::Internal)
+                                .detail("the connection's peer address is unknown"),
+                        ));
                     };
                     Ok(p.forward(req, peer).await)
                 })
             }
-            Target::Decision => Box::pin(async { Ok(status_response(StatusCode::OK, "")) }),
+            Target::Decision => Box::pin(async { Ok(status_response(http::StatusCode::OK, "")) }),
         }
     }
 }

@@ -9,6 +9,7 @@ use http::{Method, StatusCode};
 use serde_json::Value;
 use support::*;
 use tollgate_testkit::RedisServer;
+use tollgate_tower::ProblemKind;
 
 const TOKEN: &str = "admin-api-test-token-51c9e0";
 
@@ -49,6 +50,7 @@ async fn without_a_configured_token_v1_is_forbidden_and_the_rest_stays_open() {
         let a = admin(&g, method, path, Some(&format!("Bearer {TOKEN}"))).await;
         assert_eq!(a.status, StatusCode::FORBIDDEN, "{path}");
         assert!(a.text().contains("admin_token"), "{}", a.text());
+        assert_eq!(a.problem_type(), ProblemKind::AdminDisabled.type_uri());
     }
     for path in ["/metrics", "/healthz", "/readyz", "/"] {
         let a = admin(&g, Method::GET, path, None).await;
@@ -75,7 +77,7 @@ async fn the_token_is_required_and_compared_exactly() {
             a.header("www-authenticate").starts_with("Bearer"),
             "{auth:?}"
         );
-        assert_eq!(a.header("content-type"), "application/problem+json");
+        assert_eq!(a.problem_type(), ProblemKind::AdminTokenRequired.type_uri());
     }
     // Two Authorization headers: refused, even if one is right.
     let right = format!("Bearer {TOKEN}");
@@ -109,6 +111,7 @@ async fn the_token_is_required_and_compared_exactly() {
     let a = admin(&g, Method::GET, "/v1/reload", Some(&right)).await;
     assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(a.header("allow"), "POST");
+    assert_eq!(a.problem_type(), "about:blank");
     let a = admin(
         &g,
         Method::PUT,
@@ -117,12 +120,17 @@ async fn the_token_is_required_and_compared_exactly() {
     )
     .await;
     assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
-    assert_eq!(
-        admin(&g, Method::GET, "/v1/nothing", Some(&right))
-            .await
-            .status,
-        StatusCode::NOT_FOUND
-    );
+    let a = admin(&g, Method::GET, "/v1/nothing", Some(&right)).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.problem_type(), ProblemKind::NotFound.type_uri());
+    // Outside /v1/ too: the admin server's own refusals are problems.
+    let a = admin(&g, Method::GET, "/nothing", None).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.problem_type(), "about:blank");
+    let a = admin(&g, Method::POST, "/metrics", None).await;
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(a.header("allow"), "GET, HEAD");
+    assert_eq!(a.problem_type(), "about:blank");
 }
 
 /// Limits client `k`, reads it, resets it, and checks it passes again while a bystander
@@ -196,7 +204,17 @@ async fn a_reset_makes_a_limited_client_pass_again_on_the_memory_store() {
     ] {
         let a = admin(&g, Method::GET, path, Some(&auth)).await;
         assert_eq!(a.status, status, "{path}: {}", a.text());
-        assert!(!a.text().is_empty());
+        let kind = if status == StatusCode::NOT_FOUND {
+            ProblemKind::NotFound
+        } else {
+            ProblemKind::BadRequest
+        };
+        assert_eq!(a.problem_type(), kind.type_uri(), "{path}");
+        let v: Value = serde_json::from_slice(&a.body).expect("json");
+        assert!(
+            v["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{path}: a reason"
+        );
     }
 }
 

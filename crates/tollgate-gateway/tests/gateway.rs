@@ -5,6 +5,7 @@ mod support;
 use http::{Method, StatusCode};
 use std::time::Duration;
 use support::*;
+use tollgate_tower::ProblemKind;
 
 const API_POLICY: &str = r#"
 [[policy]]
@@ -71,6 +72,13 @@ async fn allowed_requests_reach_the_upstream_intact_and_limited_ones_do_not() {
     assert!(text.contains("\"status\":429"), "{text}");
     assert!(text.contains("\"violated-policies\":[\"api\"]"), "{text}");
     assert!(text.contains(&format!("\"retry_after\":{retry}")), "{text}");
+    // The body README.md shows, byte for byte: the contract.
+    assert_eq!(
+        text,
+        format!(
+            "{{\"type\":\"https://tollgate.dev/problems#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit exceeded; retry after the number of seconds in Retry-After.\",\"violated-policies\":[\"api\"],\"retry_after\":{retry}}}"
+        )
+    );
     assert_eq!(a.header("ratelimit-policy"), "\"api\";q=3;w=3600");
     assert!(a.header("ratelimit").starts_with("\"api\";r=0;t="));
     assert_eq!(
@@ -113,10 +121,15 @@ async fn an_unreachable_upstream_is_502_and_a_slow_one_504() {
     let c = client();
     let a = get(&c, &gw.url("/x"), &[]).await;
     assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        a.problem_type(),
+        ProblemKind::UpstreamUnavailable.type_uri()
+    );
     let up = Upstream::start().await;
     let gw = Gateway::proxy(&up, "upstream_timeout = \"300ms\"", "");
     let a = get(&c, &gw.url("/slow"), &[]).await;
     assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(a.problem_type(), ProblemKind::UpstreamTimeout.type_uri());
     let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
     assert!(
         m.contains("tollgate_http_upstream_errors_total{kind=\"timeout\"} 1"),
@@ -225,8 +238,13 @@ async fn decision_mode_behind_forward_auth_matches_the_original_request() {
     assert_eq!(a.header("ratelimit-policy"), "\"writes\";q=1;w=3600");
     let a = get(&c, &gw.url("/auth"), &fwd(b"POST", b"/api/other")).await;
     assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(a.problem_type(), ProblemKind::QuotaExceeded.type_uri());
     let a = get(&c, &gw.url("/auth"), &fwd(b"POST", b"/public")).await;
     assert_eq!(a.status, StatusCode::OK);
+    // A forward-auth URI that is not a path: the same 400 problem as any ambiguous request.
+    let a = get(&c, &gw.url("/auth"), &fwd(b"POST", b"api/items")).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    assert_eq!(a.problem_type(), ProblemKind::BadRequest.type_uri());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,7 +387,7 @@ async fn a_dead_store_is_503_for_closed_policies_and_allowed_for_open_ones_never
         assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.text());
         let retry: u64 = a.header("retry-after").parse().expect("Retry-After");
         assert!(retry >= 1);
-        assert_eq!(a.header("content-type"), "application/problem+json");
+        assert_eq!(a.problem_type(), ProblemKind::StoreUnavailable.type_uri());
         let a = get(&c, &gw.url("/read"), &[]).await;
         assert_eq!(a.status, StatusCode::OK);
     }

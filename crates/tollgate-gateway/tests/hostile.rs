@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tollgate_tower::ProblemKind;
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -168,6 +169,10 @@ async fn an_identity_header_sent_twice_is_400() {
     ] {
         let answer = expect_status(&gw, "/", twice, 400).await;
         assert!(answer.contains("present more than once"), "{answer}");
+        assert_eq!(
+            raw_problem_type(&answer),
+            ProblemKind::BadRequest.type_uri()
+        );
     }
     expect_status(&gw, "/", "x-api-key: real\r\n", 200).await;
     expect_status(&gw, "/", "x-api-key: real\r\n", 429).await;
@@ -293,6 +298,20 @@ async fn trusted_proxies_pass_the_per_address_bound_but_not_the_total() {
     }
 }
 
+/// Whether `got` holds an answer's head and as much body as its `content-length` says.
+fn whole_answer(got: &[u8]) -> bool {
+    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+    let length = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    got.len() >= end + 4 + length
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickled_body_is_cut_at_body_timeout_and_is_not_an_upstream_error() {
     let up = Upstream::start().await;
@@ -320,7 +339,7 @@ async fn a_trickled_body_is_cut_at_body_timeout_and_is_not_an_upstream_error() {
                 break;
             }
             got.extend_from_slice(&buf[..n]);
-            if got.windows(4).any(|w| w == b"\r\n\r\n") {
+            if whole_answer(&got) {
                 break;
             }
         }
@@ -328,6 +347,10 @@ async fn a_trickled_body_is_cut_at_body_timeout_and_is_not_an_upstream_error() {
     .await;
     let text = String::from_utf8_lossy(&got);
     assert!(status_line(&text).starts_with("HTTP/1.1 408"), "{text}");
+    assert_eq!(
+        raw_problem_type(&text),
+        ProblemKind::RequestTimeout.type_uri()
+    );
     assert!(!trickle.is_finished(), "cut before the trickle ended");
     trickle.abort();
     let m = metrics(&gw).await;
@@ -367,14 +390,27 @@ async fn malformed_chunks_connect_and_options_star_are_client_errors_not_upstrea
     let up = Upstream::start().await;
     let gw = Gateway::proxy(&up, "", "");
     let chunked = b"POST /up HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nxx\r\n0\r\n\r\n";
-    expect_raw(&gw, chunked, 400).await;
+    let answer = expect_raw(&gw, chunked, 400).await;
+    assert_eq!(
+        raw_problem_type(&answer),
+        ProblemKind::BadRequest.type_uri()
+    );
     // The asterisk form on another method names no path to forward.
-    expect_raw(&gw, b"PRI * HTTP/1.1\r\nhost: x\r\n\r\n", 400).await;
+    let answer = expect_raw(&gw, b"PRI * HTTP/1.1\r\nhost: x\r\n\r\n", 400).await;
+    assert_eq!(
+        raw_problem_type(&answer),
+        ProblemKind::BadRequest.type_uri()
+    );
     for req in [
         &b"OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n"[..],
         b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n",
     ] {
-        expect_raw(&gw, req, 405).await;
+        let answer = expect_raw(&gw, req, 405).await;
+        assert_eq!(raw_problem_type(&answer), "about:blank");
+        assert!(
+            answer.contains("\r\nallow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n"),
+            "{answer}"
+        );
     }
     let m = metrics(&gw).await;
     for kind in ["connect", "response", "timeout"] {
@@ -428,7 +464,12 @@ async fn the_head_limit_is_exact_and_refusals_are_counted() {
         &b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n"[..],
         b"GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\nconnection: close\r\n\r\n",
     ] {
-        expect_raw(&gw, req, 400).await;
+        let answer = expect_raw(&gw, req, 400).await;
+        assert_eq!(
+            raw_problem_type(&answer),
+            ProblemKind::BadRequest.type_uri()
+        );
+        assert!(answer.contains("exactly one Host header"), "{answer}");
     }
     let old = exchange(gw.port, b"GET / HTTP/1.0\r\n\r\n", WAIT).await;
     assert!(status_line(&old).contains(" 200 "), "{old}");
@@ -461,7 +502,9 @@ async fn the_head_limit_is_exact_and_refusals_are_counted() {
 async fn http2_prior_knowledge_gets_a_clean_505() {
     let gw = Gateway::start("", "");
     let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
-    expect_raw(&gw, preface, 505).await;
+    let answer = expect_raw(&gw, preface, 505).await;
+    assert_eq!(raw_problem_type(&answer), "about:blank");
+    assert!(answer.contains("use HTTP/1.1"), "{answer}");
     let m = metrics(&gw).await;
     assert_eq!(responses(&m, 505), 1, "{m}");
     // An ordinary request that starts like the preface is unaffected.

@@ -166,7 +166,12 @@ async fn reloads_by_file_sighup_and_api_apply_within_two_seconds_and_fail_no_req
     g.rewrite(&body(7).replace("limit = 10", "limit = -10"));
     let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
     assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", a.text());
+    assert_eq!(
+        a.problem_type(),
+        tollgate_tower::ProblemKind::ConfigRefused.type_uri()
+    );
     let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+    assert_eq!(v["result"], "error", "{v}");
     let detail = v["detail"].as_str().unwrap_or_default();
     let file = g.config.display().to_string();
     assert!(

@@ -7,7 +7,9 @@
 //! checked in one all-or-nothing limiter call. A limited request gets `429` with
 //! `Retry-After` and a problem+json body; an allowed one goes on and its response carries
 //! `RateLimit-Policy` and `RateLimit`. The service is always ready and never queues: load
-//! shedding beats waiting for capacity that a limited client must not get.
+//! shedding beats waiting for capacity that a limited client must not get. Every error
+//! answer is a [`Problem`] (RFC 9457), so an application built on the layer can answer its
+//! own errors in the same format.
 //!
 //! ```
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,6 +31,7 @@ pub mod identity;
 pub mod jwt;
 mod layer;
 pub mod path;
+pub mod problem;
 pub mod response;
 mod route;
 mod service;
@@ -40,6 +43,7 @@ pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
 pub use jwt::{InvalidToken, JwtVerifier};
 pub use layer::{RateLimitLayer, Refused};
 pub use path::{normalize_path, normalize_strict, AmbiguousPath};
+pub use problem::{Problem, ProblemKind};
 pub use route::{RoutedPolicy, TierSource};
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
 pub use shared::{PeerAddr, PeerFn};

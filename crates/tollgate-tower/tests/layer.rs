@@ -8,7 +8,7 @@ use std::future::{ready, Ready};
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
 use tollgate::{Algorithm, IdentityHasher, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
-use tollgate_tower::{PeerAddr, RateLimit, RateLimitLayer, RoutedPolicy};
+use tollgate_tower::{PeerAddr, ProblemKind, RateLimit, RateLimitLayer, RoutedPolicy};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -76,6 +76,22 @@ async fn send(
     )
 }
 
+/// Checks that an answer is an `application/problem+json` body of `kind`, and returns it.
+fn expect_problem(
+    status: StatusCode,
+    h: &http::HeaderMap,
+    body: &str,
+    kind: ProblemKind,
+) -> serde_json::Value {
+    assert_eq!(status, kind.status(), "{body}");
+    assert_eq!(h["content-type"], "application/problem+json");
+    let v: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(v["type"], kind.type_uri(), "{body}");
+    assert_eq!(v["status"], status.as_u16(), "{body}");
+    assert_eq!(v["title"], kind.title(), "{body}");
+    v
+}
+
 #[tokio::test]
 async fn remaining_counts_down_then_429_with_problem_json() {
     let mut svc =
@@ -104,6 +120,8 @@ async fn remaining_counts_down_then_429_with_problem_json() {
         body.contains(&format!("\"retry_after\":{retry}}}")),
         "{body}"
     );
+    let v = expect_problem(status, &h, &body, ProblemKind::QuotaExceeded);
+    assert_eq!(v["type"], "https://tollgate.dev/problems#quota-exceeded");
     // Unmatched paths pass untouched, without headers.
     let (status, h, _) = send(&mut svc, "/other", None).await;
     assert_eq!(status, StatusCode::OK);
@@ -162,6 +180,20 @@ async fn a_cost_above_capacity_is_429_without_retry_after() {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(!h.contains_key("retry-after"));
     assert!(body.contains("\"retry_after\":null"), "{body}");
+    let v = expect_problem(status, &h, &body, ProblemKind::QuotaExceeded);
+    assert_eq!(v["violated-policies"], serde_json::json!(["big"]));
+}
+
+#[tokio::test]
+async fn an_ambiguous_path_is_a_bad_request_problem() {
+    let mut svc =
+        service(|l| vec![RoutedPolicy::new(policy(l, "api", 5, false)).path_prefix("/api")]);
+    let (status, h, body) = send(&mut svc, "/api/a%2Fb", None).await;
+    let v = expect_problem(status, &h, &body, ProblemKind::BadRequest);
+    assert!(
+        v["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "{body}"
+    );
 }
 
 /// The bearer token is verified only when a matched policy reads a JWT claim: an invalid
@@ -205,4 +237,23 @@ async fn a_bad_token_is_refused_only_where_a_policy_reads_it() {
         Ok(None)
     ));
     assert!(layer.check_request(&request("/api/x")).await.is_err());
+    // Through the service: a 401 problem with the bearer challenge, nothing charged.
+    let resp = layer
+        .layer(Ok200)
+        .call(request("/api/x"))
+        .await
+        .expect("infallible");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    expect_problem(
+        parts.status,
+        &parts.headers,
+        &body,
+        ProblemKind::InvalidToken,
+    );
+    assert_eq!(
+        parts.headers["www-authenticate"],
+        "Bearer error=\"invalid_token\""
+    );
 }

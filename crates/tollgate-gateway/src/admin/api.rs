@@ -9,10 +9,11 @@
 //! - `GET /v1/config`: the effective config, secrets redacted.
 //!
 //! Every call needs `Authorization: Bearer <admin_token>`, compared in constant time. Without
-//! `[server] admin_token`, `/v1/` answers 403 to everyone.
+//! `[server] admin_token`, `/v1/` answers 403 to everyone. Errors are problems
+//! (`tollgate_tower::problem`), the format of every error answer tollgate writes.
 
 use crate::config::effective;
-use crate::http::util::{text_response, BoxBody};
+use crate::http::util::{problem_response, text_response, BoxBody};
 use crate::live::{Live, ReloadError};
 use http::header::{HeaderValue, ALLOW, AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};
@@ -20,6 +21,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tollgate::{ClientKey, Micros, Policy, StoreUnavailable};
+use tollgate_tower::{Problem, ProblemKind};
 
 /// Answers one request under `/v1/`.
 pub(crate) async fn handle<B>(live: &Live, req: &Request<B>) -> Response<BoxBody> {
@@ -46,11 +48,9 @@ pub(crate) async fn handle<B>(live: &Live, req: &Request<B>) -> Response<BoxBody
                 _ => not_allowed("GET, HEAD, DELETE"),
             }
         }
-        _ => problem(
-            StatusCode::NOT_FOUND,
-            "no such admin call",
-            "try GET /v1/clients/<policy>?identity=SRC=VALUE, DELETE of the same, POST /v1/reload or GET /v1/config",
-        ),
+        _ => problem(Problem::new(ProblemKind::NotFound).detail(
+            "no such admin call; try GET /v1/clients/<policy>?identity=SRC=VALUE, DELETE of the same, POST /v1/reload or GET /v1/config",
+        )),
     }
 }
 
@@ -59,11 +59,9 @@ pub(crate) async fn handle<B>(live: &Live, req: &Request<B>) -> Response<BoxBody
 fn refuse<B>(live: &Live, req: &Request<B>) -> Option<Response<BoxBody>> {
     let config = live.config();
     let Some(token) = &config.server.admin_token else {
-        return Some(problem(
-            StatusCode::FORBIDDEN,
-            "the admin API is disabled",
+        return Some(problem(Problem::new(ProblemKind::AdminDisabled).detail(
             "set [server] admin_token (\"${ADMIN_TOKEN}\" is expanded) to enable /v1/",
-        ));
+        )));
     };
     let mut values = req.headers().get_all(AUTHORIZATION).iter();
     let given = match (values.next(), values.next()) {
@@ -80,9 +78,8 @@ fn refuse<B>(live: &Live, req: &Request<B>) -> Option<Response<BoxBody>> {
         return None;
     }
     let mut resp = problem(
-        StatusCode::UNAUTHORIZED,
-        "a valid admin token is required",
-        "send Authorization: Bearer <admin_token>",
+        Problem::new(ProblemKind::AdminTokenRequired)
+            .detail("send Authorization: Bearer <admin_token>"),
     );
     resp.headers_mut().insert(
         WWW_AUTHENTICATE,
@@ -104,19 +101,12 @@ async fn reload(live: &Live) -> Response<BoxBody> {
             &json!({"result": "ok", "changed": r.changed, "restart_required": r.restart_required}),
         ),
         Err(ReloadError::NoFile) => problem(
-            StatusCode::CONFLICT,
-            "nothing to reload",
-            &ReloadError::NoFile.to_string(),
+            Problem::new(ProblemKind::NothingToReload).detail(ReloadError::NoFile.to_string()),
         ),
-        Err(e) => problem_json(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            json!({
-                "type": "about:blank",
-                "title": "the new config was refused; the old one keeps serving",
-                "status": 422,
-                "detail": e.to_string(),
-                "result": "error",
-            }),
+        Err(e) => problem(
+            Problem::new(ProblemKind::ConfigRefused)
+                .detail(e.to_string())
+                .member("result", "error"),
         ),
     }
 }
@@ -132,18 +122,21 @@ async fn client<B>(live: &Live, policy: &str, req: &Request<B>, reset: bool) -> 
             .map(|p| p.name())
             .collect();
         return problem(
-            StatusCode::NOT_FOUND,
-            "no such policy",
-            &format!("policies: {}", names.join(", ")),
+            Problem::new(ProblemKind::NotFound)
+                .detail(format!("no such policy; policies: {}", names.join(", "))),
         );
     };
     let identity = match one_param(req.uri().query().unwrap_or(""), "identity") {
         Ok(v) => v,
-        Err(why) => return problem(StatusCode::BAD_REQUEST, "bad query", &why),
+        Err(why) => return problem(Problem::new(ProblemKind::BadRequest).detail(why)),
     };
     let client = match generation.config.client_key(config, &identity) {
         Ok(k) => k,
-        Err(why) => return problem(StatusCode::BAD_REQUEST, "bad identity", &why),
+        Err(why) => {
+            return problem(
+                Problem::new(ProblemKind::BadRequest).detail(format!("bad identity: {why}")),
+            )
+        }
     };
     // The rules that can apply: the client's override alone, or the policy's and its tiers'.
     let overridden = rules.overrides.iter().find(|(k, _)| *k == client);
@@ -232,39 +225,25 @@ fn one_param(query: &str, name: &str) -> Result<String, String> {
 
 fn store_failed(e: &StoreUnavailable) -> Response<BoxBody> {
     problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the store did not answer",
-        &e.to_string(),
+        Problem::new(ProblemKind::StoreUnavailable)
+            .detail(format!("the store did not answer: {e}")),
     )
 }
 
 fn not_allowed(allow: &'static str) -> Response<BoxBody> {
-    let mut resp = problem(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method not allowed",
-        &format!("use {allow}"),
-    );
+    let mut resp =
+        problem(Problem::new(ProblemKind::MethodNotAllowed).detail(format!("use {allow}")));
     resp.headers_mut()
         .insert(ALLOW, HeaderValue::from_static(allow));
     resp
 }
 
-/// An `application/problem+json` answer.
-fn problem(status: StatusCode, title: &str, detail: &str) -> Response<BoxBody> {
-    let body = json!({
-        "type": "about:blank",
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    problem_json(status, body)
-}
-
-fn problem_json(status: StatusCode, body: Value) -> Response<BoxBody> {
-    let mut resp = json_response(status, &body);
+/// An error answer, not to be cached (like every admin answer).
+fn problem(p: Problem) -> Response<BoxBody> {
+    let mut resp = problem_response(p);
     resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
     );
     resp
 }

@@ -11,15 +11,19 @@ pub(crate) mod api;
 pub mod status;
 
 use crate::admin::status::History;
-use crate::http::util::{status_response, text_response, BoxBody};
+use crate::http::util::{problem_response, status_response, text_response, BoxBody};
 use crate::live::Live;
-use http::header::{HeaderName, HeaderValue, CACHE_CONTROL};
+use http::header::{HeaderName, HeaderValue, ALLOW, CACHE_CONTROL};
 use http::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
+use tollgate_tower::{Problem, ProblemKind};
 
 const PAGE_HTML: &str = include_str!("status/page.html");
 const PAGE_CSS: &str = include_str!("status/page.css");
 const PAGE_JS: &str = include_str!("status/page.js");
+
+/// What a 404 on the admin port suggests.
+const PATHS: &str = "try /, /status.json, /metrics, /healthz, /readyz or the admin API under /v1/";
 
 /// Only this server: the page's own stylesheet, script and JSON; SVG built by the script.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
@@ -42,7 +46,12 @@ impl Admin {
             return crate::admin::api::handle(&self.live, &req).await;
         }
         if req.method() != Method::GET && req.method() != Method::HEAD {
-            return status_response(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
+            let mut resp = problem_response(
+                Problem::new(ProblemKind::MethodNotAllowed).detail("use GET or HEAD"),
+            );
+            resp.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return resp;
         }
         match req.uri().path() {
             "/metrics" => {
@@ -60,15 +69,12 @@ impl Admin {
             "/status.css" => page("text/css; charset=utf-8", PAGE_CSS),
             "/status.js" => page("text/javascript; charset=utf-8", PAGE_JS),
             "/status.json" => {
-                let status = self
-                    .history
-                    .status(self.live.limiter(), self.live.http(), self.live.status());
+                let status =
+                    self.history
+                        .status(self.live.limiter(), self.live.http(), self.live.status());
                 match serde_json::to_string(&status) {
                     Ok(json) => no_store(text_response(StatusCode::OK, "application/json", json)),
-                    Err(_) => status_response(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "the status could not be encoded\n",
-                    ),
+                    Err(e) => internal(&e),
                 }
             }
             "/healthz" => status_response(StatusCode::OK, "ok\n"),
@@ -79,12 +85,16 @@ impl Admin {
                     status_response(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
                 }
             }
-            _ => status_response(
-                StatusCode::NOT_FOUND,
-                "not found; try /, /status.json, /metrics, /healthz, /readyz or the admin API under /v1/\n",
-            ),
+            _ => problem_response(Problem::new(ProblemKind::NotFound).detail(PATHS)),
         }
     }
+}
+
+/// The status page's data could not be encoded: tollgate's fault, a 500.
+fn internal(e: &serde_json::Error) -> Response<BoxBody> {
+    problem_response(
+        Problem::new(ProblemKind::Internal).detail(format!("the status could not be encoded: {e}")),
+    )
 }
 
 /// One of the page's files, with the headers that keep it to itself.

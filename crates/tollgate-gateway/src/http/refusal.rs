@@ -1,14 +1,17 @@
 //! What a client may not send, answered before any policy or upstream sees it: a request
 //! HTTP/1.1 forbids or that a proxy would pass on wrongly (a missing or doubled `Host`, a
 //! target that is not a path, `CONNECT` and `OPTIONS *`, a head over the exact 64 KiB), and an
-//! HTTP/2 preface on this HTTP/1 port (a plain 505 rather than a bare close). The answers
-//! hyper writes itself for heads it cannot parse (400, 414, 431) are counted like ours.
+//! HTTP/2 preface on this HTTP/1 port (a 505 rather than a bare close). Each is a problem
+//! (see `tollgate_tower::problem`), like every other error answer. The answers hyper writes
+//! itself for heads it cannot parse (400, 414, 431) are counted like ours; they have no body,
+//! since hyper offers no hook to write one.
 
-use crate::http::util::{status_response, BoxBody};
-use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
+use crate::http::util::{problem_response, BoxBody};
+use http::{HeaderValue, Method, Request, Response, Version};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tollgate_tower::{Problem, ProblemKind};
 
 /// Most bytes of a request head (request line and headers).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -17,38 +20,38 @@ pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The answer to a request refused before the rate limiter, if it is one.
 pub(crate) fn refusal<B>(req: &Request<B>) -> Option<Response<BoxBody>> {
-    let (status, text) = if req.method() == Method::CONNECT
+    let (kind, detail) = if req.method() == Method::CONNECT
         || (req.method() == Method::OPTIONS && req.uri() == "*")
     {
         (
-            StatusCode::METHOD_NOT_ALLOWED,
-            "CONNECT and OPTIONS * are not served\n",
+            ProblemKind::MethodNotAllowed,
+            "CONNECT and OPTIONS * are not served",
         )
     } else if !req.uri().path().starts_with('/') {
         // Asterisk and authority forms belong to OPTIONS and CONNECT only.
         (
-            StatusCode::BAD_REQUEST,
-            "the request target must be a path or an absolute URI\n",
+            ProblemKind::BadRequest,
+            "the request target must be a path or an absolute URI",
         )
     } else if req.version() == Version::HTTP_11
         && req.headers().get_all(http::header::HOST).iter().count() != 1
     {
         (
-            StatusCode::BAD_REQUEST,
-            "an HTTP/1.1 request needs exactly one Host header\n",
+            ProblemKind::BadRequest,
+            "an HTTP/1.1 request needs exactly one Host header",
         )
     } else if head_len(req) > MAX_HEAD_BYTES {
         (
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "the request head is larger than 64 KiB\n",
+            ProblemKind::HeadTooLarge,
+            "the request head is larger than 64 KiB",
         )
     } else {
         return None;
     };
-    let mut resp = status_response(status, text);
+    let mut resp = problem_response(Problem::new(kind).detail(detail));
     let h = resp.headers_mut();
     h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    if status == StatusCode::METHOD_NOT_ALLOWED {
+    if kind == ProblemKind::MethodNotAllowed {
         h.insert(
             http::header::ALLOW,
             HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
@@ -129,15 +132,14 @@ pub(crate) async fn opening(stream: &TcpStream) -> Opening {
     }
 }
 
-/// Answers an HTTP/2 prior-knowledge client with a plain 505 and closes.
+/// Answers an HTTP/2 prior-knowledge client with a 505 in HTTP/1.1 (no HTTP/2 parser reads
+/// the connection) and closes.
 pub(crate) async fn refuse_h2(mut stream: TcpStream) {
-    const BODY: &str = "HTTP/2 is not served on this port; use HTTP/1.1\n";
-    let head = format!(
-        "HTTP/1.1 505 HTTP Version Not Supported\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
-        BODY.len()
-    );
+    let answer = Problem::new(ProblemKind::HttpVersionNotSupported)
+        .detail("HTTP/2 is not served on this port; use HTTP/1.1")
+        .to_http1_close();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(&answer).await?;
         stream.shutdown().await?;
         // Read what the client already sent so the close is not a reset that discards the
         // answer before the client reads it.
@@ -165,6 +167,27 @@ mod tests {
         let r = req("GET", "/a?b=1", &[("host", "x"), ("x-k", "vv")]);
         let written = "GET /a?b=1 HTTP/1.1\r\nhost: x\r\nx-k: vv\r\n\r\n";
         assert_eq!(head_len(&r), written.len());
+    }
+
+    #[test]
+    fn refusals_are_problems_that_close_the_connection() {
+        for (r, kind) in [
+            (req("GET", "/", &[]), ProblemKind::BadRequest),
+            (
+                req("OPTIONS", "*", &[("host", "x")]),
+                ProblemKind::MethodNotAllowed,
+            ),
+        ] {
+            let resp = refusal(&r).expect("refused");
+            assert_eq!(resp.status(), kind.status());
+            let h = resp.headers();
+            assert_eq!(h[http::header::CONTENT_TYPE], "application/problem+json");
+            assert_eq!(h[http::header::CONNECTION], "close");
+            assert_eq!(
+                h.contains_key(http::header::ALLOW),
+                kind == ProblemKind::MethodNotAllowed
+            );
+        }
     }
 
     #[test]

@@ -309,6 +309,47 @@ impl Answer {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
+
+    /// The `type` of an error answer's problem, after checking that it is
+    /// `application/problem+json` and that its `status` member is the answer's status.
+    pub fn problem_type(&self) -> String {
+        assert_eq!(
+            self.header("content-type"),
+            "application/problem+json",
+            "{}",
+            self.text()
+        );
+        problem_type_of(&self.text(), self.status.as_u16())
+    }
+}
+
+/// The `type` of a raw answer's problem (head and body as read from the socket), after the
+/// same checks as [`Answer::problem_type`].
+pub fn raw_problem_type(answer: &str) -> String {
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of head in {answer:?}"));
+    let code: u16 = status_line(head)
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {answer:?}"));
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("content-type: application/problem+json")),
+        "{answer}"
+    );
+    problem_type_of(body, code)
+}
+
+fn problem_type_of(body: &str, code: u16) -> String {
+    let v: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: not JSON: {body:?}"));
+    assert_eq!(v["status"], code, "{body}");
+    assert!(v["title"].is_string(), "{body}");
+    v["type"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no type in {body}"))
+        .to_owned()
 }
 
 /// Sends one request (bounded by 20 s).
