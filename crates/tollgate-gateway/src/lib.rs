@@ -18,3 +18,4 @@ pub mod runtime;
 pub mod serve;
 pub mod server;
 pub mod status;
+pub mod telemetry;

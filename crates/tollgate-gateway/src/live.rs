@@ -559,6 +559,8 @@ fn keep_running(old: &Config, new: &mut Config) -> Vec<&'static str> {
     keep!("store.key_prefix", store.key_prefix);
     keep!("store.clock", store.clock_local);
     keep!("store.breaker", store.breaker);
+    // The span exporter is installed with the process's subscriber, once.
+    keep!("telemetry", telemetry);
     let listen = |c: &Config| c.rls.as_ref().map(|r| r.listen);
     if listen(old) != listen(new) {
         changed.push("rls.listen");

@@ -34,6 +34,7 @@ mod route;
 mod service;
 mod shared;
 mod target;
+mod trace;
 
 pub use forwarded::ForwardHeader;
 pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
@@ -44,3 +45,4 @@ pub use route::{RoutedPolicy, TierSource};
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
 pub use shared::{PeerAddr, PeerFn};
 pub use target::{BadRequest, ForwardAuth};
+pub use trace::DECISION_TARGET;

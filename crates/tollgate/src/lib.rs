@@ -199,6 +199,7 @@ impl Limiter {
         }
 
         let stats = self.inner.metrics.policy(&spec.name);
+        stats.set_quota(spec.limit.quota());
         let name = spec.name.clone();
         let spec_limit = spec.limit;
         let policy =
@@ -383,11 +384,15 @@ impl Limiter {
         now: Micros,
     ) -> Result<Verdict, Micros> {
         let i = &self.inner;
-        if !i.store.is_remote() {
-            return i.store.check(checks, now, i.timeout).await.map_err(|_| 0);
-        }
-        self.guarded(client, now, i.store.check(checks, now, i.timeout))
-            .await
+        let started = Instant::now();
+        let result = if i.store.is_remote() {
+            self.guarded(client, now, i.store.check(checks, now, i.timeout))
+                .await
+        } else {
+            i.store.check(checks, now, i.timeout).await.map_err(|_| 0)
+        };
+        trace_store_call(started.elapsed(), checks.len());
+        result
     }
 
     /// Runs a remote store call behind the client's breaker, timing it and counting its
@@ -517,4 +522,21 @@ impl Limiter {
             (false, None) => Action::Allow,
         }
     }
+}
+
+/// Puts one store call on the span of the decision being traced, when one is: its latency
+/// and what it carried (the plans in the call, one per call as each plan is its own call, and
+/// the plan's checks). The span is the caller's (the tower layer opens one per decision);
+/// without a subscriber that records it this is one thread-local read.
+fn trace_store_call(elapsed: Duration, checks: usize) {
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    span.record(
+        "store_latency_us",
+        u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+    );
+    span.record("batch_size", 1_u64);
+    span.record("store_checks", checks as u64);
 }
