@@ -71,6 +71,22 @@ fn podman(bin: &Path, conf: &Path) -> Command {
     c
 }
 
+/// The binary to package: `TOLLGATE_IMAGE_BINARY`, else target/release/tollgate (scripts/test
+/// builds it), else the test suite's own.
+fn image_binary() -> PathBuf {
+    if let Some(b) = std::env::var_os("TOLLGATE_IMAGE_BINARY") {
+        return PathBuf::from(b);
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo().join("target"), PathBuf::from);
+    let release = target.join("release/tollgate");
+    if release.is_file() {
+        return release;
+    }
+    eprintln!("no target/release/tollgate: packaging the test build's binary");
+    PathBuf::from(env!("CARGO_BIN_EXE_tollgate"))
+}
+
 /// Removes the container when the test ends, however it ends.
 struct Container<'a> {
     name: String,
@@ -96,12 +112,14 @@ async fn the_image_limits_requests_as_a_non_root_user_on_a_read_only_root() {
     let version = env!("CARGO_PKG_VERSION");
     let image = format!("tollgate:{version}");
 
-    // scripts/image builds the release binary (or reuses target/release) and the image.
+    // scripts/image packages the release binary scripts/test built before the suite (a cargo
+    // build inside a test would run past nextest's timeout on a small machine); without one,
+    // the binary this test suite built goes through the same steps.
     let mut build = Command::new(repo().join("scripts/image"));
-    build.env("CONTAINERS_CONF", &conf);
-    if let Some(b) = std::env::var_os("TOLLGATE_IMAGE_BINARY") {
-        build.arg("--binary").arg(b);
-    }
+    build
+        .env("CONTAINERS_CONF", &conf)
+        .arg("--binary")
+        .arg(image_binary());
     let built = stdout(&run(&mut build));
     eprintln!("{built}");
     assert!(
@@ -387,4 +405,59 @@ fn the_systemd_unit_verifies_and_its_exposure_is_below_two() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no exposure level in\n{report}"));
     assert!(score < 2.0, "exposure {score}\n{report}");
+}
+
+/// Every series the dashboard queries is one the gateway's /metrics serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grafana_dashboard_queries_only_metrics_the_gateway_serves() {
+    let text =
+        std::fs::read_to_string(repo().join("deploy/grafana/tollgate.json")).expect("dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
+    let gw = Gateway::start(
+        "",
+        "[[policy]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1s\"\n",
+    );
+    let metrics = get(&client(), &gw.admin_url("/metrics"), &[]).await.text();
+    let families: Vec<&str> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 8);
+    let mut queried = 0;
+    for panel in panels {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            for name in metric_names(expr) {
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|f| families.contains(f)))
+                    .unwrap_or(&name);
+                assert!(
+                    families.contains(&family),
+                    "{:?} queries {name}, which /metrics does not serve ({families:?})",
+                    panel["title"]
+                );
+                queried += 1;
+            }
+        }
+    }
+    assert!(queried >= 10);
+    assert!(metric_names(&text).contains(&"tollgate_limit".to_string()));
+}
+
+/// The `tollgate_*` names in a PromQL expression (or any text).
+fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("tollgate_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
 }

@@ -207,7 +207,15 @@ async fn every_decision_is_an_otlp_span_with_its_policy_outcome_and_the_callers_
         "each request starts its own trace"
     );
 
-    let metrics = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+    // The exporter counts a batch once the collector's answer is back, just after it arrived.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut metrics = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+    while !metrics.contains("tollgate_trace_spans_total{result=\"exported\"} 3\n")
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        metrics = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+    }
     assert!(
         metrics.contains("tollgate_trace_spans_total{result=\"exported\"} 3\n"),
         "{metrics}"
@@ -287,6 +295,78 @@ async fn a_collector_that_never_answers_does_not_hold_requests_and_its_spans_are
         "{}",
         gw.log_text()
     );
+}
+
+/// Envoy's rate limit calls are decisions too: the span carries the descriptor's rule name
+/// (never the descriptor's value) and joins the trace Envoy sent as gRPC metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_rate_limit_call_is_a_span_in_envoys_trace() {
+    use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use tollgate_rls::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    let (collector, endpoint, _task) = Collector::start().await;
+    let yaml = scratch("rls.yaml");
+    std::fs::write(
+        &yaml,
+        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: hour\n      requests_per_unit: 1\n",
+    )
+    .expect("write yaml");
+    let rls_port = free_port();
+    let gw = Gateway::start(
+        "",
+        &format!(
+            "[telemetry]\notlp_endpoint = \"{endpoint}\"\n[rls]\nlisten = \"127.0.0.1:{rls_port}\"\nconfig = \"{}\"\n",
+            yaml.display()
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let channel = loop {
+        let e = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{rls_port}"))
+            .expect("uri");
+        match e.connect().await {
+            Ok(c) => break c,
+            Err(e) if Instant::now() > deadline => panic!("no RLS listener: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let mut rls = RateLimitServiceClient::new(channel);
+    for _ in 0..2 {
+        let mut req = tonic::Request::new(RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "tenant".into(),
+                    value: API_KEY.into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        });
+        let tp = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+        req.metadata_mut()
+            .insert("traceparent", tp.parse().expect("metadata value"));
+        rls.should_rate_limit(req).await.expect("ShouldRateLimit");
+    }
+    let spans = collector.wait_for(2).await;
+    assert_eq!(spans.len(), 2, "{}", gw.log_text());
+    let mut outcomes = Vec::new();
+    for s in &spans {
+        assert_eq!(hex(&s.trace_id), TRACE_ID);
+        assert_eq!(hex(&s.parent_span_id), PARENT_ID);
+        assert_eq!(int_attr(&s.attributes, "tollgate.plan_size"), Some(1));
+        let policy = string_attr(&s.attributes, "tollgate.policy").unwrap_or_default();
+        assert!(policy.starts_with("edge."), "{policy}");
+        for kv in &s.attributes {
+            if let Some(Value::StringValue(v)) = kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                assert!(!v.contains(API_KEY), "{}: {v}", kv.key);
+            }
+        }
+        outcomes.push(string_attr(&s.attributes, "tollgate.outcome").unwrap_or_default());
+    }
+    outcomes.sort();
+    assert_eq!(outcomes, ["allowed", "limited"]);
 }
 
 fn metric_value(metrics: &str, series: &str) -> u64 {

@@ -34,7 +34,6 @@ mod route;
 mod service;
 mod shared;
 mod target;
-mod trace;
 
 pub use forwarded::ForwardHeader;
 pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
@@ -45,4 +44,3 @@ pub use route::{RoutedPolicy, TierSource};
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
 pub use shared::{PeerAddr, PeerFn};
 pub use target::{BadRequest, ForwardAuth};
-pub use trace::DECISION_TARGET;

@@ -98,11 +98,13 @@ impl Shared {
     }
 
     /// Decides a plan: every matched policy, under every identity, in one limiter call
-    /// (all-or-nothing), inside the decision's span (see `crate::trace`).
+    /// (all-or-nothing), inside the decision's span (see `tollgate::trace`).
     pub(crate) async fn check(&self, plan: &Plan, headers: &HeaderMap) -> LimitResult {
-        let span = crate::trace::decision_span(plan, headers);
+        let span = tollgate::trace::decision_span(|| {
+            headers.get("traceparent").and_then(|v| v.to_str().ok())
+        });
         let result = self.limiter.check(plan).instrument(span.clone()).await;
-        crate::trace::record_result(&span, &result);
+        tollgate::trace::record_decision(&span, plan, &result);
         result
     }
 

@@ -33,6 +33,7 @@ mod policy;
 mod result;
 mod store;
 mod top_limited;
+pub mod trace;
 
 pub use breaker::BreakerConfig;
 pub use identity::IdentityHasher;
@@ -391,7 +392,7 @@ impl Limiter {
         } else {
             i.store.check(checks, now, i.timeout).await.map_err(|_| 0)
         };
-        trace_store_call(started.elapsed(), checks.len());
+        trace::record_store_call(started.elapsed(), checks.len());
         result
     }
 
@@ -522,21 +523,4 @@ impl Limiter {
             (false, None) => Action::Allow,
         }
     }
-}
-
-/// Puts one store call on the span of the decision being traced, when one is: its latency
-/// and what it carried (the plans in the call, one per call as each plan is its own call, and
-/// the plan's checks). The span is the caller's (the tower layer opens one per decision);
-/// without a subscriber that records it this is one thread-local read.
-fn trace_store_call(elapsed: Duration, checks: usize) {
-    let span = tracing::Span::current();
-    if span.is_disabled() {
-        return;
-    }
-    span.record(
-        "store_latency_us",
-        u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
-    );
-    span.record("batch_size", 1_u64);
-    span.record("store_checks", checks as u64);
 }

@@ -2,7 +2,7 @@
 //!
 //! Logs go to stderr as text or as JSON lines (`--log-format`), filtered by `TOLLGATE_LOG`.
 //! Traces: with `[telemetry] otlp_endpoint`, every decision span the tower layer opens (see
-//! `tollgate_tower::DECISION_TARGET`) becomes one OpenTelemetry span sent over OTLP/gRPC.
+//! `tollgate::trace::DECISION_TARGET`) becomes one OpenTelemetry span sent over OTLP/gRPC.
 //! The request path only builds the span and offers it to a bounded queue; a separate task
 //! sends batches. When the collector is slow or gone the queue fills and further spans are
 //! dropped and counted (`tollgate_trace_spans_total{result="dropped"}`), so a request never
@@ -125,7 +125,7 @@ pub fn install(format: LogFormat, telemetry: &TelemetryConfig) -> Option<Exporte
             let (tx, rx) = tokio::sync::mpsc::channel(QUEUE_CAPACITY);
             let layer = span::DecisionSpans::new(tx, telemetry.sample_ratio).with_filter(
                 tracing_subscriber::filter::Targets::new()
-                    .with_target(tollgate_tower::DECISION_TARGET, tracing::Level::TRACE),
+                    .with_target(tollgate::trace::DECISION_TARGET, tracing::Level::TRACE),
             );
             let exporter = Exporter::new(rx, endpoint.clone(), &telemetry.service_name);
             (Some(layer), Some(exporter))

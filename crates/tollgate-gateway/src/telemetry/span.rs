@@ -249,7 +249,7 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             for _ in 0..3 {
                 let span = tracing::trace_span!(
-                    target: tollgate_tower::DECISION_TARGET,
+                    target: tollgate::trace::DECISION_TARGET,
                     "tollgate.decision",
                     outcome = tracing::field::Empty,
                     plan_size = 2_u64,
