@@ -224,7 +224,10 @@ async fn the_image_limits_requests_as_a_non_root_user_on_a_read_only_root() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut health = String::new();
     while Instant::now() < deadline {
-        health = blocking_status_line(admin_port, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n");
+        health = blocking_status_line(
+            admin_port,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        );
         if health.starts_with("HTTP/1.1 200") {
             break;
         }

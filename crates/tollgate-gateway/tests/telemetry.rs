@@ -401,14 +401,18 @@ fn serve(args: &[&str], env: &[(&str, &str)], admin_port: u16) -> (Child, std::p
                 std::fs::read_to_string(&log).unwrap_or_default()
             );
         }
-        if blocking_status_line(admin_port, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-            .starts_with("HTTP/1.1 200")
+        if blocking_status_line(
+            admin_port,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .starts_with("HTTP/1.1 200")
         {
             return (child, log);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
+    let _ = child.wait();
     panic!(
         "not healthy: {}",
         std::fs::read_to_string(&log).unwrap_or_default()
@@ -515,7 +519,10 @@ fn serve_without_config_reads_the_file_tollgate_config_names() {
     let config = config_file(port, admin_port);
     let config = config.to_str().expect("utf-8 path");
     let (child, _log) = serve(&[], &[("TOLLGATE_CONFIG", config)], admin_port);
-    let line = blocking_status_line(port, b"GET / HTTP/1.1\r\nhost: x\r\nx-api-key: k\r\n\r\n");
+    let line = blocking_status_line(
+        port,
+        b"GET / HTTP/1.1\r\nhost: x\r\nx-api-key: k\r\nconnection: close\r\n\r\n",
+    );
     stop(child);
     assert!(line.starts_with("HTTP/1.1 200"), "{line}");
 
