@@ -15,11 +15,13 @@ mod rls;
 pub mod schema;
 mod show;
 mod store;
+mod telemetry;
 mod validate;
 
 pub use duration::parse_duration;
 pub use error::{ConfigError, ConfigErrors};
 pub use show::effective;
+pub use telemetry::TelemetryConfig;
 
 use http::Method;
 use std::fmt;
@@ -57,6 +59,8 @@ pub struct Config {
     pub overrides: Vec<OverrideConfig>,
     /// `identity.jwt.jwks_file`, resolved against the TOML file's directory.
     pub jwks_path: Option<std::path::PathBuf>,
+    /// `[telemetry]`: where decision spans are sent (nowhere by default).
+    pub telemetry: TelemetryConfig,
 }
 
 /// One `[[override]]`: a named client's own quota under a policy.

@@ -17,6 +17,15 @@ pub(crate) struct RawConfig {
     pub policy: Vec<Spanned<RawPolicy>>,
     pub rls: S<RawRls>,
     pub overrides: S<RawOverridesRef>,
+    pub telemetry: S<RawTelemetry>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTelemetry {
+    pub otlp_endpoint: S<String>,
+    pub sample_ratio: S<toml::Value>,
+    pub service_name: S<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -106,6 +106,14 @@ pub const RLS_LISTEN: &str = "rls.listen";
 pub const RLS_CONFIG: &str = "rls.config";
 /// `rls.response_headers`.
 pub const RLS_RESPONSE_HEADERS: &str = "rls.response_headers";
+/// `telemetry`.
+pub const TELEMETRY: &str = "telemetry";
+/// `telemetry.otlp_endpoint`.
+pub const TELEMETRY_OTLP_ENDPOINT: &str = "telemetry.otlp_endpoint";
+/// `telemetry.sample_ratio`.
+pub const TELEMETRY_SAMPLE_RATIO: &str = "telemetry.sample_ratio";
+/// `telemetry.service_name`.
+pub const TELEMETRY_SERVICE_NAME: &str = "telemetry.service_name";
 /// `overrides.file`.
 pub const OVERRIDES_FILE: &str = "overrides.file";
 
@@ -152,6 +160,10 @@ pub const KEYS: &[Key] = &[
     key(RLS_CONFIG, false, false, false),
     key(RLS_RESPONSE_HEADERS, false, false, false),
     key(OVERRIDES_FILE, false, false, false),
+    key(TELEMETRY, true, false, true),
+    key(TELEMETRY_OTLP_ENDPOINT, true, false, false),
+    key(TELEMETRY_SAMPLE_RATIO, true, false, false),
+    key(TELEMETRY_SERVICE_NAME, true, false, false),
 ];
 
 /// The keys of each `[[policy]]`, relative to it (`tiers.NAME.limit`: NAME is the tier's).

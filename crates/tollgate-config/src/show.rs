@@ -142,6 +142,11 @@ pub fn effective(c: &Config) -> Value {
                 v
             }).collect::<Vec<_>>(),
         },
+        "telemetry": {
+            "otlp_endpoint": c.telemetry.otlp_endpoint,
+            "sample_ratio": c.telemetry.sample_ratio,
+            "service_name": c.telemetry.service_name,
+        },
         "rls": c.rls.as_ref().map(|r| json!({
             "listen": r.listen.map(|l| l.to_string()),
             "config": r.config_path.display().to_string(),

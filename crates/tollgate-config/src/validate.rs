@@ -82,6 +82,11 @@ pub(crate) fn validate(
         None => (None, Vec::new()),
         Some(o) => super::overrides::overrides(&mut r, o, &policies, &identity, &hasher),
     };
+    let telemetry = super::telemetry::telemetry(
+        &mut r,
+        raw.telemetry.map(Spanned::into_inner).unwrap_or_default(),
+        &env,
+    );
     let rls = raw
         .rls
         .and_then(|rls| super::rls::rls(&mut r, rls.into_inner(), &server, &store));
@@ -112,6 +117,7 @@ pub(crate) fn validate(
             overrides_path,
             overrides,
             jwks_path,
+            telemetry,
         })
     } else {
         Err(ConfigErrors(r.errors))

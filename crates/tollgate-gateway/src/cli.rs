@@ -23,9 +23,13 @@ struct Cli {
 enum Command {
     /// Run the gateway (no config: memory store, decision mode, token_bucket 100/min per IP).
     Serve {
-        /// The TOML configuration file.
+        /// The TOML configuration file [default: $TOLLGATE_CONFIG when set, else the built-in
+        /// defaults].
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// How log lines are written to stderr [default: $TOLLGATE_LOG_FORMAT, else text].
+        #[arg(long, value_enum, value_name = "FORMAT")]
+        log_format: Option<tollgate_gateway::telemetry::LogFormat>,
     },
     /// Validate a configuration file; exit 0 when valid, 2 when not.
     CheckConfig {
@@ -42,7 +46,10 @@ enum Command {
 impl Command {
     fn run(self) -> anyhow::Result<ExitCode> {
         match self {
-            Command::Serve { config } => Ok(code(tollgate_gateway::serve::main(config.as_deref()))),
+            Command::Serve { config, log_format } => Ok(code(tollgate_gateway::serve::main(
+                config.as_deref(),
+                log_format,
+            ))),
             Command::CheckConfig { file } => Ok(code(tollgate_gateway::check_config::main(&file))),
             Command::Simulate(args) => simulate::run(&args).map(|()| ExitCode::SUCCESS),
             Command::Bench(args) => tollgate_bench::run(*args).map(|()| ExitCode::SUCCESS),

@@ -20,3 +20,4 @@ pub mod live;
 pub mod proxy;
 pub mod runtime;
 pub mod serve;
+pub mod telemetry;

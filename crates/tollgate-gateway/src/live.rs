@@ -553,13 +553,18 @@ fn keep_running(old: &Config, new: &mut Config) -> Vec<&'static str> {
             key::STORE_KEY_PREFIX => keep(&mut new.store.key_prefix, &old.store.key_prefix),
             key::STORE_CLOCK => keep(&mut new.store.clock_local, &old.store.clock_local),
             key::STORE_BREAKER => keep(&mut new.store.breaker, &old.store.breaker),
+            // The span exporter is installed with the process's subscriber, once.
+            key::TELEMETRY => keep(&mut new.telemetry, &old.telemetry),
             // Held by store.backend and store.breaker, reported as those.
             key::STORE_URL
             | key::STORE_URLS
             | key::STORE_MASTER_NAME
             | key::STORE_MAX_KEYS
             | key::STORE_BREAKER_FAILURES
-            | key::STORE_BREAKER_OPEN_FOR => false,
+            | key::STORE_BREAKER_OPEN_FOR
+            | key::TELEMETRY_OTLP_ENDPOINT
+            | key::TELEMETRY_SAMPLE_RATIO
+            | key::TELEMETRY_SERVICE_NAME => false,
             key::RLS_LISTEN => {
                 let listen = |c: &Config| c.rls.as_ref().map(|r| r.listen);
                 let differs = listen(old) != listen(new);

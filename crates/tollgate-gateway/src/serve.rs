@@ -13,6 +13,7 @@ use crate::http::conn_limit::ConnLimits;
 use crate::http::metrics::HttpMetrics;
 use crate::http::server::{serve_admin, serve_gateway, ShutdownSignals, GRACE};
 use crate::live::{Hangup, Live};
+use crate::telemetry::LogFormat;
 use anyhow::Context as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -194,6 +195,7 @@ fn log_start(config: &Config, listener: &TcpListener, admin: &TcpListener) {
         trusted_proxies = ?config.identity.trusted_proxies,
         secret = "<redacted>",
         ?policies,
+        otlp_endpoint = config.telemetry.otlp_endpoint.as_deref().unwrap_or("none"),
         "tollgate started"
     );
     let default_secret = config.secret.0 == crate::config::DEFAULT_SECRET.as_bytes();
@@ -204,14 +206,32 @@ fn log_start(config: &Config, listener: &TcpListener, admin: &TcpListener) {
     }
 }
 
-/// `tollgate serve [--config FILE]`: load (or use the defaults), then run. Exit code 2 on a
-/// bad config, 1 on a runtime error.
-pub fn main(config_path: Option<&std::path::Path>) -> i32 {
-    let config = match config_path {
+/// The config file `serve` reads: `--config`, else `$TOLLGATE_CONFIG` (when set and not
+/// empty; what a container image or a unit sets), else none (the built-in defaults).
+pub fn config_path(flag: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
+    flag.map(std::path::Path::to_path_buf).or_else(|| {
+        std::env::var_os("TOLLGATE_CONFIG")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    })
+}
+
+/// The log format: `--log-format`, else `TOLLGATE_LOG_FORMAT=json|text`, else text.
+fn log_format(flag: Option<LogFormat>) -> LogFormat {
+    flag.unwrap_or_else(|| match std::env::var("TOLLGATE_LOG_FORMAT").as_deref() {
+        Ok("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    })
+}
+
+/// `tollgate serve [--config FILE] [--log-format text|json]`: load (or use the defaults),
+/// then run. Exit code 2 on a bad config, 1 on a runtime error.
+pub fn main(config_flag: Option<&std::path::Path>, format: Option<LogFormat>) -> i32 {
+    let path = config_path(config_flag);
+    let config = match &path {
         Some(p) => Config::load(p),
         None => Config::builtin(),
     };
-    let path = config_path.map(std::path::Path::to_path_buf);
     let config = match config {
         Ok(c) => c,
         Err(errors) => {
@@ -222,7 +242,7 @@ pub fn main(config_path: Option<&std::path::Path>) -> i32 {
     for w in &config.warnings {
         eprintln!("{w}");
     }
-    init_tracing();
+    let exporter = crate::telemetry::install(log_format(format), &config.telemetry);
     let rt = match crate::runtime::build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -230,26 +250,19 @@ pub fn main(config_path: Option<&std::path::Path>) -> i32 {
             return 1;
         }
     };
-    match rt.block_on(run(path, config)) {
+    let served = rt.block_on(async move {
+        let exporter = exporter.map(crate::telemetry::Exporter::spawn);
+        let served = run(path, config).await;
+        if let Some(e) = exporter {
+            e.shutdown().await;
+        }
+        served
+    });
+    match served {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e:#}");
             1
         }
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let json = std::env::var("TOLLGATE_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
 }

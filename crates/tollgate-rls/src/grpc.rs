@@ -23,6 +23,7 @@ use tokio::net::TcpListener;
 use tollgate::tollgate_core::duration_to_micros;
 use tollgate::{Clock, Micros, SystemClock};
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 /// The largest request message accepted (Envoy's are a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -78,7 +79,18 @@ impl RateLimitService for LiveRls {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let service = self.current.load_full();
-        service.decide(request.get_ref()).await.map(Response::new)
+        // Envoy forwards the request's trace context as gRPC metadata.
+        let span = tollgate::trace::decision_span(|| {
+            request
+                .metadata()
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+        });
+        service
+            .decide(request.get_ref())
+            .instrument(span)
+            .await
+            .map(Response::new)
     }
 }
 

@@ -257,6 +257,7 @@ impl RlsService {
         } else {
             i.limiter.check(&plan).await
         };
+        tollgate::trace::record_decision(&tracing::Span::current(), &plan, &result);
         self.respond(&slots, &items, &policies, &result)
     }
 

@@ -116,7 +116,7 @@ impl RateLimitLayer {
         let Some(plan) = self.shared.plan(&target, req.headers(), peer)? else {
             return Ok(None);
         };
-        Ok(Some(self.shared.check(&plan).await))
+        Ok(Some(self.shared.check(&plan, req.headers()).await))
     }
 }
 

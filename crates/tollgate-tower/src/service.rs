@@ -94,7 +94,7 @@ where
                 std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
                 return Ok(inner.call(req).await?.map(Either::Left));
             };
-            let result = shared.check(&plan).await;
+            let result = shared.check(&plan, req.headers()).await;
             match result.action {
                 Action::Allow => {
                     std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;

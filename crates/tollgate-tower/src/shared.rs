@@ -10,6 +10,7 @@ use crate::target::{original_request, single, BadRequest, ForwardAuth, Target};
 use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
 use std::net::{IpAddr, SocketAddr};
 use tollgate::{ClientKey, IdentityHasher, LimitResult, Limiter, Plan};
+use tracing::Instrument as _;
 
 /// The socket peer of a request, put into its extensions by the server (the gateway does;
 /// an axum app can use [`crate::RateLimitLayer::peer_addr_with`] to read `ConnectInfo` instead).
@@ -97,9 +98,14 @@ impl Shared {
     }
 
     /// Decides a plan: every matched policy, under every identity, in one limiter call
-    /// (all-or-nothing).
-    pub(crate) async fn check(&self, plan: &Plan) -> LimitResult {
-        self.limiter.check(plan).await
+    /// (all-or-nothing), inside the decision's span (see `tollgate::trace`).
+    pub(crate) async fn check(&self, plan: &Plan, headers: &HeaderMap) -> LimitResult {
+        let span = tollgate::trace::decision_span(|| {
+            headers.get("traceparent").and_then(|v| v.to_str().ok())
+        });
+        let result = self.limiter.check(plan).instrument(span.clone()).await;
+        tollgate::trace::record_decision(&span, plan, &result);
+        result
     }
 
     /// The request's target, or why it is refused.

@@ -33,6 +33,7 @@ mod policy;
 mod result;
 mod store;
 mod top_limited;
+pub mod trace;
 
 pub use breaker::BreakerConfig;
 pub use identity::IdentityHasher;
@@ -193,6 +194,7 @@ impl Limiter {
     pub fn policy(&self, spec: PolicySpec) -> Result<Policy, Error> {
         spec.validate()?;
         let stats = self.inner.metrics.policy(&spec.name);
+        stats.set_quota(spec.limit.quota());
         let spec_limit = spec.limit;
         let policy = Policy::build(spec, stats)?;
         if self.leases(&policy) {
@@ -375,11 +377,15 @@ impl Limiter {
         now: Micros,
     ) -> Result<Verdict, Micros> {
         let i = &self.inner;
-        if !i.store.is_remote() {
-            return i.store.check(checks, now, i.timeout).await.map_err(|_| 0);
-        }
-        self.guarded(client, now, i.store.check(checks, now, i.timeout))
-            .await
+        let started = Instant::now();
+        let result = if i.store.is_remote() {
+            self.guarded(client, now, i.store.check(checks, now, i.timeout))
+                .await
+        } else {
+            i.store.check(checks, now, i.timeout).await.map_err(|_| 0)
+        };
+        trace::record_store_call(started.elapsed(), checks.len());
+        result
     }
 
     /// Runs a remote store call behind the client's breaker, timing it and counting its

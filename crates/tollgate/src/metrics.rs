@@ -35,6 +35,9 @@ pub struct PolicyStats {
     decisions: [AtomicU64; 7],
     deny_cache_hits: AtomicU64,
     lease: [AtomicU64; 3],
+    /// The configured quota (`tollgate_limit`): limit, period in microseconds, burst. The
+    /// last policy registered under this name sets it, so after a reload it is the new quota.
+    quota: [AtomicU64; 3],
     /// The limiter's summary of limited clients, shared by all its policies.
     top_limited: Arc<TopLimited>,
 }
@@ -46,6 +49,7 @@ impl PolicyStats {
             decisions: Default::default(),
             deny_cache_hits: AtomicU64::new(0),
             lease: Default::default(),
+            quota: Default::default(),
             top_limited,
         }
     }
@@ -66,6 +70,24 @@ impl PolicyStats {
         if outcome == Outcome::Limited {
             self.top_limited.record(client, &self.name, now);
         }
+    }
+
+    /// Sets the configured quota that `tollgate_limit` reports.
+    pub(crate) fn set_quota(&self, quota: &tollgate_core::Quota) {
+        let values = [quota.limit(), quota.period_micros(), quota.burst()];
+        for (slot, v) in self.quota.iter().zip(values) {
+            slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// The configured quota: (limit, period in microseconds, burst); zeros before one is set.
+    pub fn quota(&self) -> (u64, u64, u64) {
+        let [l, p, b] = &self.quota;
+        (
+            l.load(Ordering::Relaxed),
+            p.load(Ordering::Relaxed),
+            b.load(Ordering::Relaxed),
+        )
     }
 
     pub(crate) fn deny_cache_hit(&self) {
@@ -250,6 +272,29 @@ impl Metrics {
         }
         family(
             out,
+            "tollgate_limit",
+            "gauge",
+            "The configured quota by policy: limit (units per period), period_seconds, burst.",
+        );
+        for p in &policies {
+            let (limit, period_us, burst) = p.quota();
+            let name = escape(&p.name);
+            let _ = writeln!(
+                out,
+                "tollgate_limit{{policy=\"{name}\",kind=\"limit\"}} {limit}"
+            );
+            let _ = writeln!(
+                out,
+                "tollgate_limit{{policy=\"{name}\",kind=\"period_seconds\"}} {}",
+                seconds(period_us)
+            );
+            let _ = writeln!(
+                out,
+                "tollgate_limit{{policy=\"{name}\",kind=\"burst\"}} {burst}"
+            );
+        }
+        family(
+            out,
             "tollgate_store_duration_seconds",
             "histogram",
             "Latency of store calls.",
@@ -397,6 +442,30 @@ mod tests {
         assert!(s.contains("tollgate_decisions_total{policy=\"a\\\"b\",outcome=\"limited\"} 1\n"));
         assert!(s.contains("tollgate_breaker_open 1\n"));
         assert!(s.contains("tollgate_memory_keys 7\n"));
+    }
+
+    #[test]
+    fn the_configured_quota_is_a_gauge_per_policy_and_kind() {
+        let m = Metrics::default();
+        let quota = tollgate_core::Quota::new(100, Duration::from_secs(60))
+            .and_then(|q| q.with_burst(150))
+            .expect("quota");
+        m.policy("api").set_quota(&quota);
+        let mut s = String::new();
+        m.render(&mut s, false, 0);
+        assert!(s.contains("# TYPE tollgate_limit gauge\n"), "{s}");
+        assert!(
+            s.contains("tollgate_limit{policy=\"api\",kind=\"limit\"} 100\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("tollgate_limit{policy=\"api\",kind=\"period_seconds\"} 60.000000\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("tollgate_limit{policy=\"api\",kind=\"burst\"} 150\n"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -59,6 +59,7 @@ impl Admin {
                 self.live.limiter().render_metrics(&mut out);
                 self.live.http().render(&mut out);
                 self.live.render_metrics(&mut out);
+                crate::telemetry::render_metrics(&mut out);
                 text_response(
                     StatusCode::OK,
                     "text/plain; version=0.0.4; charset=utf-8",
