@@ -126,9 +126,9 @@ pub fn effective(c: &Config) -> Value {
         "store": store(c),
         "identity": {
             "sources": id.sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "trusted_proxies": id.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "trusted_proxies": id.trust.proxies().iter().map(ToString::to_string).collect::<Vec<_>>(),
             "client_ip_header": id.client_ip_header.name(),
-            "ipv6_prefix": id.ipv6_prefix,
+            "ipv6_prefix": id.trust.ipv6_prefix(),
             "secret": REDACTED,
             "jwt": jwt,
         },

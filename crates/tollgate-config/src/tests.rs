@@ -68,7 +68,7 @@ fn a_full_config_validates_into_typed_values() {
     assert_eq!(up.authority.as_str(), "127.0.0.1:3000");
     assert_eq!(up.base_path, "/base");
     assert_eq!(c.secret.0, b"pre-s3");
-    assert_eq!(c.identity.ipv6_prefix, 56);
+    assert_eq!(c.identity.trust.ipv6_prefix(), 56);
     assert_eq!(c.store.breaker.failures, 3);
     let p = &c.policies[0];
     assert_eq!(p.methods, vec![Method::GET, Method::POST]);

@@ -325,15 +325,15 @@ fn identity(
             id.sources = s;
         }
     }
+    let mut proxies = Vec::new();
     if let Some(list) = &raw.trusted_proxies {
-        let before = id.trusted_proxies.len();
         for p in list.get_ref() {
             let s = p.get_ref();
             let net = s
                 .parse::<IpNet>()
                 .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from));
             match net {
-                Ok(n) => id.trusted_proxies.push(n.trunc()),
+                Ok(n) => proxies.push(n.trunc()),
                 Err(_) => r.at(
                     p.span(),
                     key::IDENTITY_TRUSTED_PROXIES,
@@ -345,7 +345,7 @@ fn identity(
         }
         let allow_any = raw.allow_any_proxy.as_ref().is_some_and(|a| *a.get_ref());
         if !allow_any {
-            if let Some(all) = catch_all(&id.trusted_proxies[before..]) {
+            if let Some(all) = catch_all(&proxies) {
                 r.at(
                     list.span(),
                     key::IDENTITY_TRUSTED_PROXIES,
@@ -369,12 +369,15 @@ fn identity(
             )
         },
     );
-    id.ipv6_prefix = field(r, key::IDENTITY_IPV6_PREFIX, &raw.ipv6_prefix, 64, |v| {
+    let ipv6_prefix = field(r, key::IDENTITY_IPV6_PREFIX, &raw.ipv6_prefix, 64, |v| {
         u8::try_from(*v)
             .ok()
             .filter(|n| (1..=128).contains(n))
             .ok_or_else(|| format!("{v} is not allowed; expected a prefix length from 1 to 128"))
     });
+    // The one trust list: identities, the proxy's forwarding headers and the connection
+    // bounds all ask it.
+    id.trust = tollgate_tower::Trust::new(proxies, ipv6_prefix);
     if let Some(j) = &raw.jwt {
         id.jwt = super::jwt::jwt(r, j, env);
     }

@@ -137,7 +137,7 @@ impl TargetSettings {
             limits: ProxyLimits {
                 timeout: c.server.upstream_timeout,
                 body_timeout: c.server.body_timeout,
-                trusted: c.identity.trusted_proxies.clone(),
+                trusted: c.identity.trust.clone(),
             },
         }
     }
@@ -361,10 +361,7 @@ impl Live {
         if let (Some(live), Some(new)) = (&self.rls, rls) {
             live.replace(new);
         }
-        self.conn_limits.update(
-            config.identity.trusted_proxies.clone(),
-            config.identity.ipv6_prefix,
-        );
+        self.conn_limits.update(config.identity.trust.clone());
         self.generation.store(Arc::new(Generation {
             config: Arc::new(config),
             rules,
@@ -624,7 +621,7 @@ mod tests {
     async fn the_built_in_defaults_have_no_file_to_reload() {
         let config = Config::builtin().expect("builtin");
         let limiter = crate::assemble::limiter(&config);
-        let limits = ConnLimits::new(10, 10, Vec::new(), 64);
+        let limits = ConnLimits::new(10, 10, tollgate_tower::Trust::default());
         let live = Live::new(
             None,
             config,

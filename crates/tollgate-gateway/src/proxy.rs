@@ -21,7 +21,6 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use ipnet::IpNet;
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::future::Future;
@@ -30,7 +29,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tollgate_tower::{PeerAddr, Problem, ProblemKind};
+use tollgate_tower::{PeerAddr, Problem, ProblemKind, Trust};
 use tower_service::Service;
 
 /// Headers that describe one connection, never forwarded (plus those `Connection` names).
@@ -67,7 +66,7 @@ pub struct Proxy {
     upstream: Arc<Upstream>,
     timeout: Duration,
     body_timeout: Duration,
-    trusted: Arc<[IpNet]>,
+    trusted: Trust,
     metrics: Arc<HttpMetrics>,
 }
 
@@ -79,7 +78,7 @@ pub struct ProxyLimits {
     /// The most time a request body may take to arrive.
     pub body_timeout: Duration,
     /// Peers whose forwarding headers are extended rather than replaced.
-    pub trusted: Vec<IpNet>,
+    pub trusted: Trust,
 }
 
 impl Proxy {
@@ -98,7 +97,7 @@ impl Proxy {
             upstream: Arc::new(upstream),
             timeout,
             body_timeout: limits.body_timeout,
-            trusted: limits.trusted.into(),
+            trusted: limits.trusted,
             metrics,
         }
     }
@@ -116,7 +115,7 @@ impl Proxy {
         let ip = tollgate_tower::forwarded::canonical(peer.ip());
         // The peer's address as header text, written once for the headers that carry it.
         let ip_text = Bytes::from(ip.to_string());
-        if !tollgate_tower::forwarded::is_trusted(ip, &self.trusted) {
+        if !self.trusted.is_trusted(ip) {
             drop_forwarding(&mut parts.headers, &ip_text);
         }
         add_forwarding(&mut parts.headers, ip, &ip_text, host.as_ref());
@@ -307,7 +306,7 @@ mod tests {
         let limits = ProxyLimits {
             timeout: Duration::from_secs(1),
             body_timeout: Duration::from_secs(1),
-            trusted: Vec::new(),
+            trusted: Trust::default(),
         };
         Proxy::new(upstream, limits, Arc::new(HttpMetrics::default()))
     }

@@ -65,8 +65,7 @@ pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Re
     let limits = ConnLimits::new(
         config.server.max_connections,
         config.server.max_connections_per_ip,
-        config.identity.trusted_proxies.clone(),
-        config.identity.ipv6_prefix,
+        config.identity.trust.clone(),
     );
     let live = Arc::new(Live::new(
         path,
@@ -192,7 +191,7 @@ fn log_start(config: &Config, listener: &TcpListener, admin: &TcpListener) {
         store = ?config.store.backend,
         store_timeout = ?config.store.timeout,
         identity = ?config.identity.sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        trusted_proxies = ?config.identity.trusted_proxies,
+        trusted_proxies = ?config.identity.trust.proxies(),
         secret = "<redacted>",
         ?policies,
         otlp_endpoint = config.telemetry.otlp_endpoint.as_deref().unwrap_or("none"),

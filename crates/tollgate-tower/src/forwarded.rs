@@ -6,8 +6,8 @@
 //! that is not one. An entry that does not parse ends the walk: the last address we could
 //! verify is used instead of guessing past garbage.
 
+use crate::trust::Trust;
 use http::HeaderMap;
-use ipnet::IpNet;
 use std::net::IpAddr;
 
 /// Which forwarding header carries the client address (only that one is read).
@@ -36,10 +36,10 @@ pub fn client_ip(
     peer: IpAddr,
     headers: &HeaderMap,
     header: ForwardHeader,
-    trusted: &[IpNet],
+    trust: &Trust,
 ) -> IpAddr {
     let peer = canonical(peer);
-    if !is_trusted(peer, trusted) {
+    if !trust.is_trusted(peer) {
         return peer;
     }
     let mut hops: Vec<Option<IpAddr>> = Vec::new();
@@ -60,7 +60,7 @@ pub fn client_ip(
         match hop {
             Some(ip) => {
                 client = canonical(ip);
-                if !is_trusted(client, trusted) {
+                if !trust.is_trusted(client) {
                     return client;
                 }
             }
@@ -79,13 +79,6 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
         },
         v4 => v4,
     }
-}
-
-/// Whether `ip` (an IPv4-mapped IPv6 address counts as its IPv4 address) lies in one of the
-/// trusted networks.
-pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
-    let ip = canonical(ip);
-    trusted.iter().any(|net| net.contains(&ip))
 }
 
 /// The `for=` parameter of one `Forwarded` element.
@@ -124,8 +117,11 @@ mod tests {
         s.parse().expect("test ip")
     }
 
-    fn nets(list: &[&str]) -> Vec<IpNet> {
-        list.iter().map(|s| s.parse().expect("test net")).collect()
+    fn nets(list: &[&str]) -> Trust {
+        Trust::new(
+            list.iter().map(|s| s.parse().expect("test net")).collect(),
+            64,
+        )
     }
 
     fn headers(name: &'static str, values: &[&str]) -> HeaderMap {
@@ -139,7 +135,12 @@ mod tests {
     #[test]
     fn untrusted_peer_cannot_spoof_its_address() {
         let h = headers("x-forwarded-for", &["9.9.9.9"]);
-        let got = client_ip(ip("1.2.3.4"), &h, ForwardHeader::XForwardedFor, &[]);
+        let got = client_ip(
+            ip("1.2.3.4"),
+            &h,
+            ForwardHeader::XForwardedFor,
+            &Trust::default(),
+        );
         assert_eq!(got, ip("1.2.3.4"));
     }
 
@@ -177,9 +178,9 @@ mod tests {
     fn mapped_ipv4_is_ipv4() {
         assert_eq!(canonical(ip("::ffff:1.2.3.4")), ip("1.2.3.4"));
         // A trusted IPv4 network trusts the same peer seen on a dual-stack socket.
-        let nets = ["10.0.0.0/8".parse().expect("net")];
-        assert!(is_trusted(ip("::ffff:10.1.2.3"), &nets));
-        assert!(!is_trusted(ip("::ffff:11.1.2.3"), &nets));
+        let nets = nets(&["10.0.0.0/8"]);
+        assert!(nets.is_trusted(ip("::ffff:10.1.2.3")));
+        assert!(!nets.is_trusted(ip("::ffff:11.1.2.3")));
         assert_eq!(parse_node("1.2.3.4:80"), Some(ip("1.2.3.4")));
         assert_eq!(parse_node("unknown"), None);
     }

@@ -8,8 +8,8 @@
 
 use crate::forwarded::{client_ip, ForwardHeader};
 use crate::jwt::{claim_value, Claims, JwtVerifier};
+use crate::trust::Trust;
 use http::{HeaderMap, HeaderName};
-use ipnet::{IpNet, Ipv6Net};
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -91,12 +91,11 @@ impl FromStr for IdentitySource {
 pub struct IdentityConfig {
     /// Tried in order; the first present wins. Default: `["ip"]`.
     pub sources: Vec<IdentitySource>,
-    /// Peers whose forwarding header is believed.
-    pub trusted_proxies: Vec<IpNet>,
+    /// Peers whose forwarding header is believed, and the prefix IPv6 clients are grouped by
+    /// (default: none, /64).
+    pub trust: Trust,
     /// The only forwarding header read.
     pub client_ip_header: ForwardHeader,
-    /// IPv6 client addresses are aggregated to this prefix length (0..=128). Default 64.
-    pub ipv6_prefix: u8,
     /// Verifies the bearer token that `jwt:<claim>` sources read; without it they are
     /// never present.
     pub jwt: Option<JwtVerifier>,
@@ -106,9 +105,8 @@ impl Default for IdentityConfig {
     fn default() -> Self {
         Self {
             sources: vec![IdentitySource::Ip],
-            trusted_proxies: Vec::new(),
+            trust: Trust::default(),
             client_ip_header: ForwardHeader::XForwardedFor,
-            ipv6_prefix: 64,
             jwt: None,
         }
     }
@@ -118,11 +116,12 @@ impl IdentityConfig {
     /// The client address of a request from `peer`, aggregated for IPv6, as it is hashed.
     pub fn client_addr(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<String> {
         let peer = peer?;
-        let ip = client_ip(peer, headers, self.client_ip_header, &self.trusted_proxies);
-        Some(match ip {
+        let ip = client_ip(peer, headers, self.client_ip_header, &self.trust);
+        Some(match self.trust.group(ip) {
             IpAddr::V4(v4) => v4.to_string(),
-            IpAddr::V6(v6) => match Ipv6Net::new(v6, self.ipv6_prefix.min(128)) {
-                Ok(net) => net.trunc().to_string(),
+            IpAddr::V6(v6) => match ipnet::Ipv6Net::new(v6, self.trust.ipv6_prefix()) {
+                // The form the keys were always hashed in: `network/prefix`.
+                Ok(net) => net.to_string(),
                 Err(_) => v6.to_string(),
             },
         })

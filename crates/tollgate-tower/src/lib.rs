@@ -37,6 +37,7 @@ mod route;
 mod service;
 mod shared;
 mod target;
+mod trust;
 
 pub use forwarded::ForwardHeader;
 pub use identity::{BadIdentitySource, IdentityConfig, IdentitySource};
@@ -48,3 +49,4 @@ pub use route::{RoutedPolicy, TierSource};
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
 pub use shared::{PeerAddr, PeerFn};
 pub use target::{BadRequest, ForwardAuth};
+pub use trust::Trust;

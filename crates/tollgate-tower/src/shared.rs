@@ -138,7 +138,7 @@ impl Shared {
 
     /// Whether `peer` is a trusted proxy.
     pub(crate) fn trusted(&self, peer: Option<IpAddr>) -> bool {
-        peer.is_some_and(|ip| crate::forwarded::is_trusted(ip, &self.identity.trusted_proxies))
+        peer.is_some_and(|ip| self.identity.trust.is_trusted(ip))
     }
 
     fn normalize(&self, path: &str) -> Result<String, BadRequest> {

@@ -128,7 +128,7 @@ proptest! {
         } else {
             Vec::new()
         };
-        let got = client_ip(peer, &h, header, &trusted);
+        let got = client_ip(peer, &h, header, &tollgate_tower::Trust::new(trusted, 64));
         if !peer_trusted {
             prop_assert_eq!(got, peer);
         } else if got != peer {
@@ -179,7 +179,7 @@ fn layer() -> RateLimitLayer {
                 "header:x-api-key".parse().expect("source"),
                 IdentitySource::Ip,
             ],
-            trusted_proxies: vec!["127.0.0.0/8".parse().expect("net")],
+            trust: tollgate_tower::Trust::new(vec!["127.0.0.0/8".parse().expect("net")], 64),
             ..IdentityConfig::default()
         })
         .forward_auth(Some(ForwardAuth {

@@ -5,17 +5,17 @@
 //! are counted by prefix (`identity.ipv6_prefix`, /64 by default), as identities are: one host
 //! owns a whole /64 and could otherwise open 256 connections from each of its addresses.
 
-use ipnet::{IpNet, Ipv6Net};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use tollgate_tower::Trust;
 
 /// The bounds and the current counts.
 pub(crate) struct ConnLimits {
     max: usize,
     max_per_ip: usize,
     /// The trusted proxies and the IPv6 prefix, replaced by a reload.
-    who: arc_swap::ArcSwap<(Vec<IpNet>, u8)>,
+    who: arc_swap::ArcSwap<Trust>,
     open: Mutex<Counts>,
 }
 
@@ -32,37 +32,26 @@ pub(crate) struct ConnSlot {
 }
 
 impl ConnLimits {
-    pub(crate) fn new(
-        max: usize,
-        max_per_ip: usize,
-        trusted: Vec<IpNet>,
-        ipv6_prefix: u8,
-    ) -> Arc<Self> {
+    pub(crate) fn new(max: usize, max_per_ip: usize, trust: Trust) -> Arc<Self> {
         Arc::new(Self {
             max,
             max_per_ip,
-            who: arc_swap::ArcSwap::from_pointee((trusted, ipv6_prefix)),
+            who: arc_swap::ArcSwap::from_pointee(trust),
             open: Mutex::new(Counts::default()),
         })
     }
 
     /// New trusted proxies and IPv6 prefix (a reload), for the connections accepted from now
     /// on; an open connection keeps the place it was counted in.
-    pub(crate) fn update(&self, trusted: Vec<IpNet>, ipv6_prefix: u8) {
-        self.who.store(Arc::new((trusted, ipv6_prefix)));
+    pub(crate) fn update(&self, trust: Trust) {
+        self.who.store(Arc::new(trust));
     }
 
     /// A slot for a connection from `ip`, or `None` when it would pass a bound.
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
-        let ip = tollgate_tower::forwarded::canonical(ip);
-        let who = self.who.load();
-        let (trusted, ipv6_prefix) = &**who;
-        let exempt = tollgate_tower::forwarded::is_trusted(ip, trusted);
-        let ip = match ip {
-            IpAddr::V6(v6) => Ipv6Net::new(v6, (*ipv6_prefix).min(128))
-                .map_or(ip, |net| IpAddr::V6(net.network())),
-            v4 => v4,
-        };
+        let trust = self.who.load();
+        let exempt = trust.is_trusted(ip);
+        let ip = trust.group(ip);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if open.total >= self.max {
             return None;
@@ -104,7 +93,7 @@ mod tests {
     #[test]
     fn slots_are_bounded_per_address_and_in_all_and_freed_on_drop() {
         let trusted = vec!["10.0.0.0/8".parse().expect("net")];
-        let limits = ConnLimits::new(4, 2, trusted, 64);
+        let limits = ConnLimits::new(4, 2, Trust::new(trusted, 64));
         let a: IpAddr = "192.0.2.1".parse().expect("ip");
         let proxy: IpAddr = "10.0.0.1".parse().expect("ip");
         let a1 = limits.admit(a).expect("first");
@@ -122,17 +111,17 @@ mod tests {
 
     #[test]
     fn an_update_applies_to_the_next_connections() {
-        let limits = ConnLimits::new(100, 1, Vec::new(), 64);
+        let limits = ConnLimits::new(100, 1, Trust::new(Vec::new(), 64));
         let a: IpAddr = "192.0.2.1".parse().expect("ip");
         let _a1 = limits.admit(a).expect("first");
         assert!(limits.admit(a).is_none());
-        limits.update(vec!["192.0.2.0/24".parse().expect("net")], 64);
+        limits.update(Trust::new(vec!["192.0.2.0/24".parse().expect("net")], 64));
         assert!(limits.admit(a).is_some(), "now a trusted proxy");
     }
 
     #[test]
     fn ipv6_peers_are_counted_by_prefix() {
-        let limits = ConnLimits::new(100, 1, Vec::new(), 64);
+        let limits = ConnLimits::new(100, 1, Trust::new(Vec::new(), 64));
         let one: IpAddr = "2001:db8::1".parse().expect("ip");
         let same_64: IpAddr = "2001:db8::ffff:2".parse().expect("ip");
         let other_64: IpAddr = "2001:db8:0:1::1".parse().expect("ip");

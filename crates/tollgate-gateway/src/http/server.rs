@@ -194,8 +194,7 @@ pub(crate) async fn serve_admin<H, F>(
     let limits = ConnLimits::new(
         MAX_ADMIN_CONNECTIONS,
         MAX_ADMIN_CONNECTIONS_PER_IP,
-        Vec::new(),
-        64,
+        tollgate_tower::Trust::default(),
     );
     loop {
         tokio::select! {
