@@ -171,8 +171,13 @@ async fn a_cost_above_capacity_is_429_without_retry_after() {
         "big",
         Limit::new(Algorithm::TokenBucket, Quota::per_hour(2).expect("quota")).expect("limit"),
     );
+    // A fixed cost of 3 on a burst of 2 is refused when the policy is made; a request that
+    // costs more than the capacity on its own (a per-request cost) gets the 429 without a
+    // retry time.
     spec.cost = 3;
-    let p = limiter.policy(spec).expect("policy");
+    assert!(limiter.policy(spec.clone()).is_err());
+    spec.cost = 1;
+    let p = limiter.policy(spec).expect("policy").with_cost(3);
     let mut svc = RateLimitLayer::new(limiter, IdentityHasher::new(b"t"))
         .policy(RoutedPolicy::new(p))
         .layer(Ok200);
