@@ -18,8 +18,10 @@ use http::header::{HeaderValue, ALLOW, AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use std::time::Duration;
 use subtle::ConstantTimeEq;
-use tollgate::{ClientKey, Micros, Policy, StoreUnavailable};
+use tollgate::operator::StoreUnavailable;
+use tollgate::{ClientKey, Policy};
 
 /// Answers one request under `/v1/`.
 pub(crate) async fn handle<B>(live: &Live, req: &Request<B>) -> Response<BoxBody> {
@@ -213,9 +215,9 @@ async fn state(
     }))
 }
 
-fn seconds(us: Micros) -> f64 {
+fn seconds(d: Duration) -> f64 {
     // Display only: microseconds to seconds, exact to well below a millisecond.
-    us as f64 / 1e6
+    d.as_micros() as f64 / 1e6
 }
 
 /// The one value of `name` in a query string (percent-decoded).

@@ -26,10 +26,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tollgate::{
-    Backend, IdentityHasher, Limiter, LimiterConfig, MemoryConfig, PolicySpec, RedisConfig,
-    StoreClock,
-};
+use tollgate::store::{MemoryConfig, RedisConfig, StoreClock};
+use tollgate::{Backend, IdentityHasher, Limiter, LimiterConfig, PolicySpec};
 use tollgate_rls::{LiveRls, RlsOptions, RlsService};
 use tollgate_tower::{PeerAddr, RateLimitLayer, RoutedPolicy};
 use tower_service::Service;

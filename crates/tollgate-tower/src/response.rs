@@ -11,8 +11,9 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 use std::fmt::Write;
-use tollgate::tollgate_core::micros_to_secs_ceil;
-use tollgate::{LimitResult, Micros};
+use std::time::Duration;
+use tollgate::headers::retry_after_secs;
+use tollgate::LimitResult;
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -55,12 +56,12 @@ fn header_value(s: String) -> Result<HeaderValue, http::header::InvalidHeaderVal
 /// The 429 for `result`; `retry_after` is `None` when some policy can never admit the cost.
 pub fn too_many_requests(
     result: &LimitResult,
-    retry_after: Option<Micros>,
+    retry_after: Option<Duration>,
 ) -> Response<Full<Bytes>> {
     let violated: Vec<String> = result.violated().map(json_string).collect();
     let (retry_json, detail) = match retry_after {
-        Some(us) => (
-            micros_to_secs_ceil(us, 1).to_string(),
+        Some(wait) => (
+            retry_after_secs(wait).to_string(),
             "Rate limit exceeded; retry after the number of seconds in Retry-After.".to_string(),
         ),
         None => (
@@ -76,17 +77,17 @@ pub fn too_many_requests(
         retry_json
     );
     let mut resp = problem(StatusCode::TOO_MANY_REQUESTS, body);
-    if let Some(us) = retry_after {
+    if let Some(wait) = retry_after {
         resp.headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(micros_to_secs_ceil(us, 1)));
+            .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
     }
     add_headers(resp.headers_mut(), result);
     resp
 }
 
 /// The 503 when the store fails and a policy fails closed.
-pub fn unavailable(result: &LimitResult, retry_after: Micros) -> Response<Full<Bytes>> {
-    let secs = micros_to_secs_ceil(retry_after, 1);
+pub fn unavailable(result: &LimitResult, retry_after: Duration) -> Response<Full<Bytes>> {
+    let secs = retry_after_secs(retry_after);
     let body = format!(
         "{{\"type\":\"{STORE_UNAVAILABLE}\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"The rate-limit store is unavailable and this policy fails closed.\",\"retry_after\":{secs}}}"
     );

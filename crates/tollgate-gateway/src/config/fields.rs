@@ -7,7 +7,7 @@ use super::raw::S;
 use crate::config::duration::{parse_duration, DURATION_HELP};
 use std::ops::Range;
 use std::time::Duration;
-use tollgate::FailurePolicy;
+use tollgate::policy::FailurePolicy;
 use tollgate_tower::IdentitySource;
 use toml::Spanned;
 
@@ -120,17 +120,17 @@ pub(super) fn expand_env(s: &str, env: &impl Fn(&str) -> Option<String>) -> Resu
 /// policy's `algorithm`, which must still admit the policy's `cost` (`within` names where, e.g.
 /// "in this tier").
 pub(super) fn variant_limit(
-    algorithm: tollgate::Algorithm,
+    algorithm: tollgate::quota::Algorithm,
     (limit, period, burst): (u64, Duration, Option<u64>),
     cost: u64,
     within: &str,
-) -> Result<tollgate::Limit, String> {
-    let quota = tollgate::Quota::new(limit, period).map_err(|e| e.to_string())?;
+) -> Result<tollgate::quota::Limit, String> {
+    let quota = tollgate::quota::Quota::new(limit, period).map_err(|e| e.to_string())?;
     let quota = match burst {
         None => quota,
         Some(b) => quota.with_burst(b).map_err(|e| e.to_string())?,
     };
-    let limit = tollgate::Limit::new(algorithm, quota).map_err(|e| e.to_string())?;
+    let limit = tollgate::quota::Limit::new(algorithm, quota).map_err(|e| e.to_string())?;
     let capacity = limit.max_cost();
     if cost > capacity {
         return Err(format!(

@@ -25,7 +25,9 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
-use tollgate::{BreakerConfig, FailurePolicy, Limit, SyncMode};
+use tollgate::policy::{FailurePolicy, SyncMode};
+use tollgate::quota::Limit;
+use tollgate::store::BreakerConfig;
 use tollgate_tower::{ForwardAuth, IdentityConfig, IdentitySource};
 
 /// A validated configuration.

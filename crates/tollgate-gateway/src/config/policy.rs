@@ -10,7 +10,8 @@ use super::{PolicyConfig, StoreConfig, TierConfig};
 use crate::config::duration::DURATION_HELP;
 use http::Method;
 use std::time::Duration;
-use tollgate::{Algorithm, Limit, Quota, SyncMode};
+use tollgate::policy::SyncMode;
+use tollgate::quota::{Algorithm, Limit, Quota};
 use tollgate_tower::TierSource;
 
 fn valid_name(s: &str) -> bool {
@@ -198,9 +199,9 @@ pub(super) fn policy(
         Ok(q) => q,
         Err(e) => {
             let (key, sp) = match e {
-                tollgate::QuotaError::ZeroLimit
-                | tollgate::QuotaError::LimitTooLarge
-                | tollgate::QuotaError::RateTooHigh => {
+                tollgate::quota::QuotaError::ZeroLimit
+                | tollgate::quota::QuotaError::LimitTooLarge
+                | tollgate::quota::QuotaError::RateTooHigh => {
                     ("limit", raw.limit.as_ref().map(|s| s.span()))
                 }
                 _ => ("period", raw.period.as_ref().map(|s| s.span())),
