@@ -11,7 +11,7 @@
 use crate::client_body::{BodyFault, ClientBody};
 use crate::config::Upstream;
 use crate::http_util::{status_response, BoxBody};
-use crate::metrics::HttpMetrics;
+use crate::metrics::{HttpMetrics, UpstreamError};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
 use http::uri::PathAndQuery;
@@ -137,16 +137,16 @@ impl Proxy {
             }
             Ok(Err(e)) => {
                 let kind = if e.is_connect() {
-                    "connect"
+                    UpstreamError::Connect
                 } else {
-                    "response"
+                    UpstreamError::Response
                 };
                 self.metrics.upstream_error(kind);
-                tracing::warn!(error = %e, kind, "upstream request failed");
+                tracing::warn!(error = %e, kind = kind.as_str(), "upstream request failed");
                 status_response(StatusCode::BAD_GATEWAY, "upstream unavailable\n")
             }
             Err(_) => {
-                self.metrics.upstream_error("timeout");
+                self.metrics.upstream_error(UpstreamError::Timeout);
                 tracing::warn!(timeout = ?self.timeout, "upstream timed out");
                 status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
             }
