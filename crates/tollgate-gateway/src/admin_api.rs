@@ -13,7 +13,7 @@
 
 use crate::config::effective;
 use crate::http_util::{text_response, BoxBody};
-use crate::live::{Live, ReloadError};
+use crate::live::{Live, ReloadError, ReloadTrigger};
 use http::header::{HeaderValue, ALLOW, AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
@@ -100,7 +100,7 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 }
 
 async fn reload(live: &Live) -> Response<BoxBody> {
-    match live.reload("api").await {
+    match live.reload(ReloadTrigger::Api).await {
         Ok(r) => json_response(
             StatusCode::OK,
             &json!({"result": "ok", "changed": r.changed, "restart_required": r.restart_required}),
