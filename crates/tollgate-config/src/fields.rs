@@ -7,7 +7,7 @@ use super::raw::S;
 use crate::duration::{parse_duration, DURATION_HELP};
 use std::ops::Range;
 use std::time::Duration;
-use tollgate::FailurePolicy;
+use tollgate::policy::FailurePolicy;
 use tollgate_tower::IdentitySource;
 use toml::Spanned;
 
@@ -124,17 +124,18 @@ pub(super) fn variant(
     name: String,
     (limit, period, burst): (u64, Duration, Option<u64>),
 ) -> Result<tollgate::PolicySpec, (tollgate::PolicyField, String)> {
-    let built = tollgate::Limit::checked(base.limit.algorithm(), limit, period, burst, base.cost)
-        .map_err(|e| {
-        let field = e.field().into();
-        let reason = match e {
-            tollgate::RateError::CostTooLarge { cost, max } => {
-                format!("the policy's cost {cost} can never be admitted (at most {max})")
-            }
-            other => other.to_string(),
-        };
-        (field, reason)
-    })?;
+    let built =
+        tollgate::quota::Limit::checked(base.limit.algorithm(), limit, period, burst, base.cost)
+            .map_err(|e| {
+                let field = e.field().into();
+                let reason = match e {
+                    tollgate::quota::RateError::CostTooLarge { cost, max } => {
+                        format!("the policy's cost {cost} can never be admitted (at most {max})")
+                    }
+                    other => other.to_string(),
+                };
+                (field, reason)
+            })?;
     let spec = tollgate::PolicySpec {
         name,
         limit: built,

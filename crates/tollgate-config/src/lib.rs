@@ -28,7 +28,10 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
-use tollgate::{BreakerConfig, FailurePolicy, IdentityHasher, Limit, PolicySpec};
+use tollgate::policy::FailurePolicy;
+use tollgate::quota::Limit;
+use tollgate::store::BreakerConfig;
+use tollgate::{IdentityHasher, PolicySpec};
 use tollgate_tower::{ForwardAuth, IdentityConfig, IdentitySource};
 
 /// A validated configuration.

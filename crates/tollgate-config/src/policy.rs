@@ -8,7 +8,9 @@ use super::{PolicyConfig, StoreConfig, TierConfig};
 use crate::duration::DURATION_HELP;
 use http::Method;
 use std::time::Duration;
-use tollgate::{Algorithm, Limit, PolicyField, PolicySpec, SyncMode};
+use tollgate::policy::SyncMode;
+use tollgate::quota::{Algorithm, Limit};
+use tollgate::{PolicyField, PolicySpec};
 use tollgate_tower::TierSource;
 
 fn valid_name(s: &str) -> bool {

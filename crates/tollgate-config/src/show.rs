@@ -6,7 +6,8 @@
 use super::{Config, PolicyConfig, StoreBackend};
 use serde_json::{json, Value};
 use std::time::Duration;
-use tollgate::{FailurePolicy, Limit, SyncMode};
+use tollgate::policy::{FailurePolicy, SyncMode};
+use tollgate::quota::Limit;
 
 const REDACTED: &str = "<redacted>";
 

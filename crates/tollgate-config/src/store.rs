@@ -9,7 +9,8 @@ use super::raw::RawStore;
 use super::{redact_url, StoreBackend, StoreConfig};
 use crate::schema as key;
 use std::time::Duration;
-use tollgate::{BreakerConfig, FailurePolicy};
+use tollgate::policy::FailurePolicy;
+use tollgate::store::BreakerConfig;
 
 /// A URL the Redis client can connect with; the error quotes it without its secrets.
 fn redis_url(s: &str) -> Result<String, String> {

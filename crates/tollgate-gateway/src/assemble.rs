@@ -6,8 +6,8 @@
 //! errors below can only be a bug, and a test holds that over the config fuzz corpus.
 
 use crate::config::{Config, StoreBackend};
-use tollgate::{Backend, ClientKey, Limiter, LimiterConfig, MemoryConfig, Policy, RedisConfig};
-use tollgate::{PolicySpec, StoreClock};
+use tollgate::store::{MemoryConfig, RedisConfig, StoreClock};
+use tollgate::{Backend, ClientKey, Limiter, LimiterConfig, Policy, PolicySpec};
 use tollgate_rls::RlsService;
 use tollgate_tower::{RateLimitLayer, RoutedPolicy};
 

@@ -88,11 +88,40 @@ impl Generation {
     }
 }
 
+/// What asked for a reload: its value in logs, in `POST /v1/reload`'s answer and on the
+/// status page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadTrigger {
+    /// The process got SIGHUP (`systemctl reload`).
+    Sighup,
+    /// `POST /v1/reload` on the admin port.
+    Api,
+    /// The file watch saw a config file change.
+    File,
+}
+
+impl ReloadTrigger {
+    /// The name written to logs and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReloadTrigger::Sighup => "sighup",
+            ReloadTrigger::Api => "api",
+            ReloadTrigger::File => "file",
+        }
+    }
+}
+
+impl serde::Serialize for ReloadTrigger {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 /// How a reload ended, as `POST /v1/reload` reports it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Reloaded {
-    /// What asked for it: `sighup`, `api`, `file`.
-    pub trigger: &'static str,
+    /// What asked for it.
+    pub trigger: ReloadTrigger,
     /// Whether anything in the files changed since the config serving now was read.
     pub changed: bool,
     /// Keys that changed but apply only after a restart (the old values keep serving).
@@ -179,7 +208,7 @@ pub struct LastReload {
     /// When it ended (milliseconds since the epoch).
     pub at_ms: u64,
     /// What asked for it.
-    pub trigger: &'static str,
+    pub trigger: ReloadTrigger,
     /// Whether the new config serves now.
     pub ok: bool,
     /// Why it was refused: the first problem, cut to 300 characters.
@@ -278,7 +307,7 @@ impl Live {
 
     /// Re-reads the config file and, when it validates, serves it from the next request.
     /// Counted in `tollgate_config_reloads_total{result}` and logged either way.
-    pub async fn reload(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
+    pub async fn reload(&self, trigger: ReloadTrigger) -> Result<Reloaded, ReloadError> {
         let _one = self.reloading.lock().await;
         let result = self.try_reload(trigger).await;
         let error = result.as_ref().err().map(|e| {
@@ -301,20 +330,24 @@ impl Live {
             Ok(r) => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
                 if r.restart_required.is_empty() {
-                    tracing::info!(trigger, changed = r.changed, "config reloaded");
+                    tracing::info!(
+                        trigger = trigger.as_str(),
+                        changed = r.changed,
+                        "config reloaded"
+                    );
                 } else {
-                    tracing::warn!(trigger, restart_required = ?r.restart_required, "config reloaded; these keys changed but apply only after a restart (their old values keep serving)");
+                    tracing::warn!(trigger = trigger.as_str(), restart_required = ?r.restart_required, "config reloaded; these keys changed but apply only after a restart (their old values keep serving)");
                 }
             }
             Err(e) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(trigger, error = %e, "config reload refused; the old config keeps serving");
+                tracing::error!(trigger = trigger.as_str(), error = %e, "config reload refused; the old config keeps serving");
             }
         }
         result
     }
 
-    async fn try_reload(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
+    async fn try_reload(&self, trigger: ReloadTrigger) -> Result<Reloaded, ReloadError> {
         let Some(path) = self.path.clone() else {
             return Err(ReloadError::NoFile);
         };
@@ -424,7 +457,7 @@ impl Live {
                         if r.is_none() {
                             return;
                         }
-                        let _ = self.reload("sighup").await;
+                        let _ = self.reload(ReloadTrigger::Sighup).await;
                     }
                     _ = stop.changed() => return,
                 }
@@ -472,7 +505,7 @@ impl Live {
                 continue;
             }
             pending = None;
-            if self.reload("file").await.is_err() {
+            if self.reload(ReloadTrigger::File).await.is_err() {
                 refused = Some((g.files.clone(), now));
             }
         }
@@ -590,6 +623,26 @@ fn keep_running(old: &Config, new: &mut Config) -> Vec<&'static str> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_trigger_reads_as_its_name_in_json() {
+        let names = [
+            ReloadTrigger::Sighup,
+            ReloadTrigger::Api,
+            ReloadTrigger::File,
+        ]
+        .map(|t| serde_json::to_string(&t).unwrap_or_default());
+        assert_eq!(names, ["\"sighup\"", "\"api\"", "\"file\""]);
+        let r = Reloaded {
+            trigger: ReloadTrigger::Api,
+            changed: false,
+            restart_required: Vec::new(),
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap_or_default(),
+            r#"{"trigger":"api","changed":false,"restart_required":[]}"#
+        );
+    }
+
     fn parse(text: &str) -> Config {
         Config::parse("t.toml", text).expect("valid")
     }
@@ -630,7 +683,10 @@ mod tests {
             limits,
         )
         .expect("live");
-        assert!(matches!(live.reload("api").await, Err(ReloadError::NoFile)));
+        assert!(matches!(
+            live.reload(ReloadTrigger::Api).await,
+            Err(ReloadError::NoFile)
+        ));
         let mut out = String::new();
         live.render_metrics(&mut out);
         assert!(

@@ -10,7 +10,7 @@
 
 use crate::config::Upstream;
 use crate::http::client_body::{BodyFault, ClientBody};
-use crate::http::metrics::HttpMetrics;
+use crate::http::metrics::{HttpMetrics, UpstreamError};
 use crate::http::util::{problem_response, status_response, BoxBody};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
@@ -146,19 +146,19 @@ impl Proxy {
             }
             Ok(Err(e)) => {
                 let kind = if e.is_connect() {
-                    "connect"
+                    UpstreamError::Connect
                 } else {
-                    "response"
+                    UpstreamError::Response
                 };
                 self.metrics.upstream_error(kind);
-                tracing::warn!(error = %e, kind, "upstream request failed");
+                tracing::warn!(error = %e, kind = kind.as_str(), "upstream request failed");
                 problem_response(
                     Problem::new(ProblemKind::UpstreamUnavailable)
                         .detail("the upstream could not be reached or broke off its answer"),
                 )
             }
             Err(_) => {
-                self.metrics.upstream_error("timeout");
+                self.metrics.upstream_error(UpstreamError::Timeout);
                 tracing::warn!(timeout = ?self.timeout, "upstream timed out");
                 problem_response(
                     Problem::new(ProblemKind::UpstreamTimeout)

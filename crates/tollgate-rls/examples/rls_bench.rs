@@ -16,10 +16,9 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate::{
-    Algorithm, Backend, ClientKey, IdentityHasher, Limit, Limiter, LimiterConfig, Plan, PolicySpec,
-    Quota, RedisConfig,
-};
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::store::RedisConfig;
+use tollgate::{Backend, ClientKey, IdentityHasher, Limiter, LimiterConfig, Plan, PolicySpec};
 use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;

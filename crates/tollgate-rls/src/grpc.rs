@@ -20,8 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tollgate::tollgate_core::duration_to_micros;
-use tollgate::{Clock, Micros, SystemClock};
+use tollgate::clock::{Clock, SystemClock};
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
@@ -107,7 +106,8 @@ pub struct HealthService {
 /// One health answer: when, what, and the store errors counted then.
 #[derive(Clone, Copy)]
 struct Ready {
-    at: Micros,
+    /// The clock's reading then (microseconds since the epoch).
+    at: u64,
     ready: bool,
     errors: u64,
 }
@@ -134,7 +134,7 @@ impl HealthService {
         let now = self.clock.now();
         if let Some(c) = *cache {
             let age = now.saturating_sub(c.at);
-            if c.errors == errors && now >= c.at && age < duration_to_micros(READY_CACHE) {
+            if c.errors == errors && now >= c.at && u128::from(age) < READY_CACHE.as_micros() {
                 return c.ready;
             }
         }

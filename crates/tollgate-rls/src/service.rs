@@ -16,10 +16,10 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use tollgate::tollgate_core::micros_to_secs_ceil;
+use tollgate::policy::{FailurePolicy, SyncMode};
+use tollgate::quota::{Algorithm, Limit};
 use tollgate::{
-    Action, Algorithm, ClientKey, FailurePolicy, IdentityHasher, Limit, LimitResult, Limiter,
-    Outcome, Plan, Policy, PolicySpec, SyncMode,
+    Action, ClientKey, IdentityHasher, LimitResult, Limiter, Outcome, Plan, Policy, PolicySpec,
 };
 use tonic::Status;
 
@@ -239,7 +239,7 @@ impl RlsService {
         let policies: Vec<Policy> = items
             .iter()
             .map(|it| {
-                if it.cost == it.policy.cost() && shared.insert(it.policy.rule().id()) {
+                if it.cost == it.policy.cost() && shared.insert(it.policy.id()) {
                     it.policy.clone()
                 } else {
                     it.policy.with_cost(it.cost)
@@ -344,7 +344,7 @@ impl RlsService {
         current: RateLimit,
     ) -> Slot {
         let next = items.list.len();
-        match items.index.entry((client, policy.rule().id())) {
+        match items.index.entry((client, policy.id())) {
             std::collections::hash_map::Entry::Occupied(e) => {
                 let k = *e.get();
                 items.list[k].cost = items.list[k].cost.saturating_add(cost);
@@ -494,7 +494,7 @@ impl RlsService {
                         current_limit: Some(items[*k].current.clone()),
                         limit_remaining: d
                             .map_or(0, |d| u32::try_from(d.remaining).unwrap_or(u32::MAX)),
-                        duration_until_reset: d.map(|d| micros(d.reset_after)),
+                        duration_until_reset: d.map(|d| proto_duration(d.reset_after)),
                     }
                 }
             })
@@ -508,12 +508,12 @@ impl RlsService {
                 response_headers_to_add.push(header("ratelimit", v));
             }
             if let Action::Limit {
-                retry_after: Some(us),
+                retry_after: Some(wait),
             } = result.action
             {
                 response_headers_to_add.push(header(
                     "retry-after",
-                    micros_to_secs_ceil(us, 1).to_string(),
+                    tollgate::headers::retry_after_secs(wait).to_string(),
                 ));
             }
         }
@@ -534,10 +534,10 @@ fn header(key: &str, value: String) -> HeaderValue {
     }
 }
 
-fn micros(us: u64) -> prost_types::Duration {
+fn proto_duration(d: std::time::Duration) -> prost_types::Duration {
     prost_types::Duration {
-        seconds: i64::try_from(us / 1_000_000).unwrap_or(i64::MAX),
-        nanos: i32::try_from((us % 1_000_000) * 1_000).unwrap_or(0),
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
     }
 }
 
@@ -545,7 +545,7 @@ fn micros(us: u64) -> prost_types::Duration {
 mod tests {
     use super::*;
     use std::time::Duration;
-    use tollgate::Quota;
+    use tollgate::quota::Quota;
 
     fn key(n: u64) -> (Option<usize>, Limit) {
         let q = Quota::new(n, Duration::from_secs(60)).expect("quota");

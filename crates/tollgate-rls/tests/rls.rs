@@ -369,9 +369,9 @@ async fn each_value_of_a_key_only_descriptor_counts_on_its_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_policies_apply_per_rule_and_health_follows_the_store() {
     let mut redis = RedisServer::start();
-    let clock = tollgate::ManualClock::new(T0);
+    let clock = tollgate::clock::ManualClock::new(T0);
     let closed = RlsOptions {
-        on_failure: tollgate::FailurePolicy::Closed,
+        on_failure: tollgate::policy::FailurePolicy::Closed,
         ..RlsOptions::default()
     };
     let l = limiter(&redis.url(), "fail", &clock, Duration::from_millis(100));
@@ -536,7 +536,7 @@ async fn more_distinct_overrides_than_the_cache_holds_stay_correct_and_bounded()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_reuses_an_answer_for_a_second_unless_the_store_failed_since() {
     let mut redis = RedisServer::start();
-    let clock = tollgate::ManualClock::new(T0);
+    let clock = tollgate::clock::ManualClock::new(T0);
     let l = limiter(&redis.url(), "hc", &clock, Duration::from_millis(100));
     let health = tollgate_rls::HealthService::with_clock(l.clone(), Arc::new(clock.clone()));
     assert!(health.ready().await);

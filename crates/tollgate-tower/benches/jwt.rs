@@ -13,7 +13,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::Request;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use std::hint::black_box;
-use tollgate::{IdentityHasher, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
+use tollgate::quota::{Limit, Quota};
+use tollgate::{IdentityHasher, Limiter, LimiterConfig, PolicySpec};
 use tollgate_tower::{
     IdentityConfig, IdentitySource, JwtVerifier, PeerAddr, RateLimitLayer, RoutedPolicy,
 };
@@ -27,7 +28,7 @@ const FIXTURES: &str = concat!(
 fn layer(source: IdentitySource, jwt: Option<JwtVerifier>) -> RateLimitLayer {
     let limiter = Limiter::new(LimiterConfig::default());
     let quota = Quota::per_hour(1_000_000_000).expect("quota");
-    let limit = Limit::new(tollgate::Algorithm::TokenBucket, quota).expect("limit");
+    let limit = Limit::new(tollgate::quota::Algorithm::TokenBucket, quota).expect("limit");
     let policy = limiter
         .policy(PolicySpec::new("api", limit))
         .expect("policy");

@@ -10,7 +10,8 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
 use std::net::SocketAddr;
-use tollgate::{Algorithm, IdentityHasher, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::{IdentityHasher, Limiter, LimiterConfig, PolicySpec};
 use tollgate_tower::{RateLimitLayer, RoutedPolicy};
 
 #[tokio::main]

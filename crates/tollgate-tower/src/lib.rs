@@ -13,7 +13,8 @@
 //!
 //! ```
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use tollgate::{Algorithm, IdentityHasher, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
+//! use tollgate::quota::{Algorithm, Limit, Quota};
+//! use tollgate::{IdentityHasher, Limiter, LimiterConfig, PolicySpec};
 //! use tollgate_tower::{RateLimitLayer, RoutedPolicy};
 //! let limiter = Limiter::new(LimiterConfig::default());
 //! let api = limiter.policy(PolicySpec::new(

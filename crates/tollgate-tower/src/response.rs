@@ -12,8 +12,9 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response};
 use http_body_util::Full;
-use tollgate::tollgate_core::micros_to_secs_ceil;
-use tollgate::{LimitResult, Micros};
+use std::time::Duration;
+use tollgate::headers::retry_after_secs;
+use tollgate::LimitResult;
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -47,12 +48,12 @@ fn header_value(s: String) -> Result<HeaderValue, http::header::InvalidHeaderVal
 /// The 429 for `result`; `retry_after` is `None` when some policy can never admit the cost.
 pub fn too_many_requests(
     result: &LimitResult,
-    retry_after: Option<Micros>,
+    retry_after: Option<Duration>,
 ) -> Response<Full<Bytes>> {
     let violated: Vec<String> = result.violated().map(str::to_owned).collect();
     let (retry_secs, detail) = match retry_after {
-        Some(us) => (
-            Some(micros_to_secs_ceil(us, 1)),
+        Some(wait) => (
+            Some(retry_after_secs(wait)),
             "Rate limit exceeded; retry after the number of seconds in Retry-After.",
         ),
         None => (
@@ -65,17 +66,17 @@ pub fn too_many_requests(
         .member("violated-policies", violated)
         .member("retry_after", retry_secs)
         .into_response();
-    if let Some(us) = retry_after {
+    if let Some(wait) = retry_after {
         resp.headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(micros_to_secs_ceil(us, 1)));
+            .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
     }
     add_headers(resp.headers_mut(), result);
     resp
 }
 
 /// The 503 when the store fails and a policy fails closed.
-pub fn unavailable(result: &LimitResult, retry_after: Micros) -> Response<Full<Bytes>> {
-    let secs = micros_to_secs_ceil(retry_after, 1);
+pub fn unavailable(result: &LimitResult, retry_after: Duration) -> Response<Full<Bytes>> {
+    let secs = retry_after_secs(retry_after);
     let mut resp = Problem::new(ProblemKind::StoreUnavailable)
         .detail("The rate-limit store is unavailable and this policy fails closed.")
         .member("retry_after", secs)

@@ -213,9 +213,9 @@ mod tests {
     fn a_header_tier_is_read_once_trimmed_and_only_from_a_trusted_peer() {
         let limiter = tollgate::Limiter::new(tollgate::LimiterConfig::default());
         let policy = |name: &str| {
-            let quota = tollgate::Quota::per_minute(10).expect("quota");
-            let limit =
-                tollgate::Limit::new(tollgate::Algorithm::TokenBucket, quota).expect("limit");
+            let quota = tollgate::quota::Quota::per_minute(10).expect("quota");
+            let limit = tollgate::quota::Limit::new(tollgate::quota::Algorithm::TokenBucket, quota)
+                .expect("limit");
             limiter
                 .policy(tollgate::PolicySpec::new(name, limit))
                 .expect("policy")

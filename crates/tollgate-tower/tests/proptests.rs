@@ -6,7 +6,8 @@
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use proptest::prelude::*;
 use std::net::{IpAddr, SocketAddr};
-use tollgate::{Algorithm, IdentityHasher, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::{IdentityHasher, Limiter, LimiterConfig, PolicySpec};
 use tollgate_tower::forwarded::client_ip;
 use tollgate_tower::{
     normalize_path, normalize_strict, ForwardAuth, ForwardHeader, IdentityConfig, IdentitySource,

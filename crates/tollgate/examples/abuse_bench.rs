@@ -20,10 +20,9 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate::{
-    Action, Algorithm, Backend, ClientKey, Limit, Limiter, LimiterConfig, Policy, PolicySpec,
-    Quota, RedisConfig,
-};
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::store::RedisConfig;
+use tollgate::{Action, Backend, ClientKey, Limiter, LimiterConfig, Policy, PolicySpec};
 use tollgate_testkit::RedisServer;
 
 /// Worker tasks per traffic class, so one slow call does not stall the whole schedule.

@@ -22,10 +22,10 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate::{
-    Action, Algorithm, Backend, ClientKey, Limit, Limiter, LimiterConfig, Policy, PolicySpec,
-    Quota, RedisConfig, SyncMode,
-};
+use tollgate::policy::SyncMode;
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::store::RedisConfig;
+use tollgate::{Action, Backend, ClientKey, Limiter, LimiterConfig, Policy, PolicySpec};
 use tollgate_testkit::RedisServer;
 
 const GATEWAYS: usize = 20;

@@ -3,11 +3,13 @@
 //! response headers and the Envoy RLS `response_headers_to_add`.
 //!
 //! Shadow policies are never advertised. `r` is what remains after this request; `t` and `w`
-//! are whole seconds (rounded up; a window is at least 1 s).
+//! are whole seconds (rounded up; a window is at least 1 s), and so is `Retry-After`
+//! ([`retry_after_secs`]): a client that waits the whole seconds it is told never comes back
+//! early.
 
 use crate::LimitResult;
 use std::fmt::Write;
-use tollgate_core::micros_to_secs_ceil;
+use std::time::Duration;
 
 /// Most policies `RateLimit-Policy` lists: the most constrained one first, then others in
 /// configuration order. A request matched by thousands of policies must not get a header of
@@ -33,7 +35,7 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
             out.push_str(", ");
         }
         let q = r.policy.limit().quota();
-        let w = micros_to_secs_ceil(q.period_micros(), 1);
+        let w = secs_ceil(q.period(), 1);
         let _ = write!(out, "\"{}\";q={};w={}", r.policy.name(), q.limit(), w);
     }
     (!out.is_empty()).then_some(out)
@@ -44,6 +46,44 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
 pub fn ratelimit(result: &LimitResult) -> Option<String> {
     let r = result.most_constrained()?;
     let d = r.decision?;
-    let t = micros_to_secs_ceil(d.reset_after, 0);
+    let t = secs_ceil(d.reset_after, 0);
     Some(format!("\"{}\";r={};t={}", r.policy.name(), d.remaining, t))
+}
+
+/// The value of `Retry-After` (and of a problem body's `retry_after`) for a wait of `wait`:
+/// whole seconds, rounded up, at least 1 (a `0` would invite a retry at once).
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    secs_ceil(wait, 1)
+}
+
+/// `d` in whole seconds, rounded up from its whole microseconds (the unit every time of the
+/// limiter comes in), never below `min`.
+fn secs_ceil(d: Duration, min: u64) -> u64 {
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    us.div_ceil(1_000_000).max(min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds_and_is_never_zero() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_micros(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_micros(1_000_001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(18)), 18);
+        assert_eq!(
+            retry_after_secs(Duration::MAX),
+            u64::MAX.div_ceil(1_000_000)
+        );
+    }
+
+    #[test]
+    fn a_reset_may_be_zero_seconds_but_a_window_is_at_least_one() {
+        assert_eq!(secs_ceil(Duration::ZERO, 0), 0);
+        assert_eq!(secs_ceil(Duration::from_micros(17_500_000), 0), 18);
+        assert_eq!(secs_ceil(Duration::from_millis(500), 1), 1);
+    }
 }

@@ -4,11 +4,12 @@
 
 use crate::lease::{self, Leases, Take};
 use crate::metrics::LeaseKind;
+use crate::policy::SyncMode;
 use crate::store::LeaseCall;
-use crate::{Action, Limiter, Outcome, Policy, PolicyResult, SyncMode};
+use crate::{Action, Decision, Limiter, Outcome, Policy, PolicyResult};
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{duration_to_micros, Algorithm, ClientKey, Decision, Micros};
+use tollgate_core::{duration_to_micros, micros_to_duration, Algorithm, ClientKey, Micros};
 
 impl Limiter {
     /// Whether `p` is decided through leases here (a lease policy on a shared store; on the
@@ -143,8 +144,12 @@ impl Limiter {
                 allowed,
                 limit,
                 remaining,
-                reset_after: retry.unwrap_or(0),
-                retry_after: if allowed { None } else { retry },
+                reset_after: micros_to_duration(retry.unwrap_or(0)),
+                retry_after: if allowed {
+                    None
+                } else {
+                    retry.map(micros_to_duration)
+                },
             };
             let outcome = if allowed {
                 Outcome::Allowed
@@ -155,7 +160,7 @@ impl Limiter {
             let action = if allowed {
                 Action::Allow
             } else {
-                Action::Limit { retry_after: retry }
+                Action::limit_micros(retry)
             };
             (
                 PolicyResult {

@@ -12,8 +12,40 @@
 //! 5. when the store fails, each policy's **failure policy**: allow (`open`), reject with 503
 //!    (`closed`), or decide with an in-process **local fallback** at `limit / local_divisor`.
 //!
-//! Every step is counted in [`Metrics`], rendered for Prometheus by
-//! [`Limiter::render_metrics`]. The pure algorithms are re-exported from `tollgate-core`.
+//! Every step is counted, rendered for Prometheus by [`Limiter::render_metrics`] and read by
+//! programs through [`Limiter::metrics`] (a [`metrics::Snapshot`]).
+//!
+//! Every time the limiter takes or gives is a [`std::time::Duration`]; the algorithms and
+//! stores below count microseconds, and the conversion happens here, once. The root holds
+//! what every user names; the rest is grouped by what it configures or reads: [`quota`]
+//! (algorithms and quotas), [`clock`], [`store`] (backend settings), [`policy`] (a policy's
+//! options), [`operator`] (state reads and resets), [`metrics`] (the read side) and
+//! [`headers`] (the `RateLimit` header values).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::quota::{Algorithm, Limit, Quota};
+//! use tollgate::{Action, ClientKey, Limiter, LimiterConfig, Outcome, Plan, PolicySpec};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::new(LimiterConfig::default());
+//! let api = limiter.policy(PolicySpec::new(
+//!     "api",
+//!     Limit::new(Algorithm::Gcra, Quota::per_minute(2)?)?,
+//! ))?;
+//! let plan = Plan::for_client(ClientKey([7; 16]), [&api]);
+//! assert!(limiter.check(&plan).await.is_allowed());
+//! assert!(limiter.check(&plan).await.is_allowed());
+//! let third = limiter.check(&plan).await;
+//! // Denied until the next unit of the quota: at most half a minute away.
+//! let Action::Limit { retry_after: Some(wait) } = third.action else {
+//!     panic!("the third request of a 2/min quota passed: {third:?}");
+//! };
+//! assert!(wait > Duration::ZERO && wait <= Duration::from_secs(30));
+//! let limited = limiter.metrics().policy("api").map(|p| p.decisions(Outcome::Limited));
+//! assert_eq!(limited, Some(1));
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
 
 #[cfg(not(any(feature = "memory", feature = "redis")))]
@@ -26,41 +58,48 @@ mod identity;
 mod lease;
 mod leased;
 pub mod metrics;
-mod operator;
+pub mod operator;
 mod outcome;
 mod plan;
-mod policy;
+pub mod policy;
 mod result;
-mod store;
+pub mod store;
 mod top_limited;
 pub mod trace;
 
-pub use breaker::BreakerConfig;
 pub use identity::IdentityHasher;
-pub use metrics::Metrics;
-pub use operator::{ClientState, StoreUnavailable};
 pub use outcome::Outcome;
 pub use plan::Plan;
-pub use policy::{FailurePolicy, Policy, PolicyField, PolicySpec, SyncMode};
-pub use result::{Action, LimitResult, PolicyResult};
+pub use policy::{Policy, PolicyField, PolicySpec};
+pub use result::{Action, Decision, LimitResult, PolicyResult};
 pub use store::Backend;
-pub use tollgate_core;
-pub use tollgate_core::{
-    Algorithm, ClientKey, Clock, Decision, Limit, LimitError, ManualClock, Micros, Quota,
-    QuotaError, RateError, RateField, SystemClock,
-};
-pub use tollgate_memory::MemoryConfig;
-#[cfg(feature = "redis")]
-pub use tollgate_redis::{RedisConfig, StoreClock};
+pub use tollgate_core::ClientKey;
+
+/// Algorithms and quotas: what a policy enforces ([`PolicySpec::limit`]).
+pub mod quota {
+    pub use tollgate_core::{
+        Algorithm, Limit, LimitError, Quota, QuotaError, RateError, RateField, UnknownAlgorithm,
+        MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD,
+    };
+}
+
+/// Where the limiter's `now` comes from ([`LimiterConfig::clock`]). Wall time in whole
+/// microseconds since the Unix epoch, the instant the stores and their scripts share; tests
+/// drive a [`ManualClock`](clock::ManualClock) and never sleep.
+pub mod clock {
+    pub use tollgate_core::{Clock, ManualClock, SystemClock};
+}
 
 use breaker::{Breakers, Permit};
+use clock::{Clock, SystemClock};
 use deny_cache::DenyCache;
 use lease::Leases;
-use metrics::StoreErrorKind;
+use metrics::{Metrics, StoreErrorKind};
+use policy::FailurePolicy;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use store::{Store, StoreFailure};
-use tollgate_core::{duration_to_micros, Check, Mode, Verdict};
+use store::{BreakerConfig, Store, StoreFailure};
+use tollgate_core::{duration_to_micros, micros_to_duration, Check, Micros, Mode, Verdict};
 use tollgate_memory::MemoryStore;
 
 /// Errors building a limiter or a policy.
@@ -214,9 +253,21 @@ impl Limiter {
         Ok(policy)
     }
 
-    /// The limiter's counters.
-    pub fn metrics(&self) -> &Metrics {
-        &self.inner.metrics
+    /// The limiter's counters as they are now: what `/metrics` renders, as values to compute
+    /// with (rates from two snapshots, latency quantiles from their histograms).
+    pub fn metrics(&self) -> metrics::Snapshot {
+        self.inner
+            .metrics
+            .snapshot(self.breaker_open(), self.memory_keys())
+    }
+
+    /// The `k` most limited (client, policy) pairs of the last five minutes on this limiter's
+    /// clock (the current minute and the four before it), most limited first, and how many
+    /// limited requests that window saw in all. Bounded memory (a space-saving summary): a
+    /// count is never below the true one and at most its `error` above. Clients appear as
+    /// their keyed hash only.
+    pub fn top_limited(&self, k: usize) -> metrics::MostLimited {
+        self.inner.metrics.top_limited(k, self.inner.clock.now())
     }
 
     /// Appends every `tollgate_*` metric family in the Prometheus text format.
@@ -316,6 +367,7 @@ impl Limiter {
                 p.inner.stats.deny_cache_hit();
                 p.inner.stats.record(Outcome::Limited);
                 p.inner.stats.record_limited(client, Outcome::Limited, now);
+                let retry = micros_to_duration(retry);
                 results.push(PolicyResult {
                     policy: p.clone(),
                     outcome: Outcome::Limited,
@@ -330,9 +382,7 @@ impl Limiter {
             }
         }
         (!results.is_empty()).then_some(LimitResult {
-            action: Action::Limit {
-                retry_after: Some(wait),
-            },
+            action: Action::limit_micros(Some(wait)),
             results,
         })
     }
@@ -431,9 +481,7 @@ impl Limiter {
         let action = if verdict.allowed {
             Action::Allow
         } else {
-            Action::Limit {
-                retry_after: verdict.retry_after(checks),
-            }
+            Action::limit_micros(verdict.retry_after(checks))
         };
         for ((client, p), d) in items.iter().zip(verdict.decisions) {
             let outcome = match (d.allowed, p.is_shadow()) {
@@ -457,7 +505,7 @@ impl Limiter {
             results.push(PolicyResult {
                 policy: (*p).clone(),
                 outcome,
-                decision: Some(d),
+                decision: Some(d.into()),
             });
         }
         action
@@ -494,8 +542,8 @@ impl Limiter {
                 (false, FailurePolicy::Local) => {
                     let d = local_decisions.as_mut().and_then(|it| it.next());
                     match d {
-                        Some(d) if d.allowed => (Outcome::FallbackAllowed, Some(d)),
-                        Some(d) => (Outcome::FallbackLimited, Some(d)),
+                        Some(d) if d.allowed => (Outcome::FallbackAllowed, Some(d.into())),
+                        Some(d) => (Outcome::FallbackLimited, Some(d.into())),
                         None => (Outcome::FailedOpen, None),
                     }
                 }
@@ -509,9 +557,9 @@ impl Limiter {
         }
         match (closed, limited) {
             (true, _) => Action::Unavailable {
-                retry_after: skip_for.max(1),
+                retry_after: micros_to_duration(skip_for.max(1)),
             },
-            (false, Some(retry_after)) => Action::Limit { retry_after },
+            (false, Some(retry_after)) => Action::limit_micros(retry_after),
             (false, None) => Action::Allow,
         }
     }

@@ -1,5 +1,9 @@
 //! Counters the limiter keeps for operators, rendered in the Prometheus text format. Plain
 //! atomics, no registry crate: the hot path pays one relaxed increment per counter it touches.
+//!
+//! Only the limiter writes them. Programs read them as values: a [`Snapshot`] from
+//! [`crate::Limiter::metrics`] (what `/metrics` renders, for rates and quantiles of their own),
+//! and the most limited clients from [`crate::Limiter::top_limited`].
 
 use crate::outcome::Outcome;
 pub use crate::top_limited::LimitedClient;
@@ -10,15 +14,29 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tollgate_core::{ClientKey, Micros};
 
-/// Upper bounds of the store latency histogram, in microseconds. Steps of 10 us up to 100 us
-/// then widening, so p50/p99/p999 of a loopback Redis (tens of microseconds) are resolved.
-pub const LATENCY_BUCKETS_US: [u64; 30] = [
+/// Upper bounds of the store latency histogram, in microseconds (what the hot path compares
+/// against). Steps of 10 us up to 100 us then widening, so p50/p99/p999 of a loopback Redis
+/// (tens of microseconds) are resolved.
+const LATENCY_BUCKETS_US: [u64; 30] = [
     10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 125, 150, 200, 250, 300, 400, 500, 750, 1_000, 1_500,
     2_000, 3_000, 5_000, 10_000, 20_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
 ];
 
+/// Upper bounds of the store latency histogram (`tollgate_store_duration_seconds`), one per
+/// bucket of [`Snapshot::store_latency`]. Steps of 10 us up to 100 us then widening, so
+/// p50/p99/p999 of a loopback Redis (tens of microseconds) are resolved.
+pub const LATENCY_BUCKETS: [Duration; LATENCY_BUCKETS_US.len()] = {
+    let mut out = [Duration::ZERO; LATENCY_BUCKETS_US.len()];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = Duration::from_micros(LATENCY_BUCKETS_US[i]);
+        i += 1;
+    }
+    out
+};
+
 /// Kinds of lease unit movements (`tollgate_lease_units_total{kind}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LeaseKind {
     /// Units taken from the shared store.
     Granted,
@@ -28,9 +46,23 @@ pub enum LeaseKind {
     Returned,
 }
 
+impl LeaseKind {
+    /// Every kind, in metric order.
+    pub const ALL: [LeaseKind; 3] = [LeaseKind::Granted, LeaseKind::Used, LeaseKind::Returned];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseKind::Granted => "granted",
+            LeaseKind::Used => "used",
+            LeaseKind::Returned => "returned",
+        }
+    }
+}
+
 /// Per-policy counters.
 #[derive(Debug)]
-pub struct PolicyStats {
+pub(crate) struct PolicyStats {
     name: Arc<str>,
     decisions: [AtomicU64; 7],
     deny_cache_hits: AtomicU64,
@@ -56,11 +88,6 @@ impl PolicyStats {
 
     pub(crate) fn record(&self, outcome: Outcome) {
         self.decisions[outcome.index()].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The policy's name (the `policy` label).
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     /// Counts `client` among the most limited clients of the last minutes when `outcome` is
@@ -95,23 +122,32 @@ impl PolicyStats {
     }
 
     /// Adds `units` to a lease counter.
-    pub fn lease(&self, kind: LeaseKind, units: u64) {
+    pub(crate) fn lease(&self, kind: LeaseKind, units: u64) {
         self.lease[kind as usize].fetch_add(units, Ordering::Relaxed);
     }
 
     /// The count of decisions with `outcome`.
-    pub fn decisions(&self, outcome: Outcome) -> u64 {
+    pub(crate) fn decisions(&self, outcome: Outcome) -> u64 {
         self.decisions[outcome.index()].load(Ordering::Relaxed)
     }
 
     /// Requests rejected by the deny cache without a store call.
-    pub fn deny_cache_hits(&self) -> u64 {
+    pub(crate) fn deny_cache_hits(&self) -> u64 {
         self.deny_cache_hits.load(Ordering::Relaxed)
     }
 
     /// Lease units of a kind.
-    pub fn lease_units(&self, kind: LeaseKind) -> u64 {
+    pub(crate) fn lease_units(&self, kind: LeaseKind) -> u64 {
         self.lease[kind as usize].load(Ordering::Relaxed)
+    }
+
+    fn counts(&self) -> PolicyCounts {
+        PolicyCounts {
+            name: Arc::clone(&self.name),
+            decisions: Outcome::ALL.map(|o| self.decisions(o)),
+            deny_cache_hits: self.deny_cache_hits(),
+            lease: LeaseKind::ALL.map(|k| self.lease_units(k)),
+        }
     }
 }
 
@@ -164,9 +200,15 @@ impl StoreErrorKind {
     }
 }
 
+impl std::fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The limiter's counters.
 #[derive(Debug, Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     policies: Mutex<Vec<Arc<PolicyStats>>>,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
     latency_count: AtomicU64,
@@ -190,34 +232,32 @@ impl Metrics {
         s
     }
 
-    /// The `k` most limited (client, policy) pairs of the last five minutes at `now` (the
-    /// current minute and the four before it), most limited first, and how many limited
-    /// requests that window saw in all. Bounded memory (a space-saving summary): a count is
-    /// never below the true one and at most its `error` above. Clients appear as their keyed
-    /// hash only.
-    pub fn top_limited(&self, k: usize, now: Micros) -> (Vec<LimitedClient>, u64) {
-        self.top_limited.top(k, now)
+    /// The most limited (client, policy) pairs of the five minutes up to `now` (see
+    /// [`crate::Limiter::top_limited`]).
+    pub(crate) fn top_limited(&self, k: usize, now: Micros) -> MostLimited {
+        let (clients, limited) = self.top_limited.top(k, now);
+        MostLimited { clients, limited }
     }
 
-    /// Store errors of every kind so far, as (kind, count).
-    pub fn store_errors_by_kind(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        StoreErrorKind::ALL
-            .into_iter()
-            .map(|k| (k.as_str(), self.store_errors(k)))
-    }
-
-    /// The store latency histogram: per-bucket (not cumulative) counts, one for each of
-    /// [`LATENCY_BUCKETS_US`], and the count of all calls (those above the last bound too).
-    pub fn store_latency(&self) -> ([u64; LATENCY_BUCKETS_US.len()], u64) {
-        let mut buckets = [0; LATENCY_BUCKETS_US.len()];
-        for (b, c) in buckets.iter_mut().zip(&self.latency_buckets) {
+    /// Every counter as it is now, with the two gauges the limiter knows.
+    pub(crate) fn snapshot(&self, breaker_open: bool, memory_keys: usize) -> Snapshot {
+        let mut latency = [0; LATENCY_BUCKETS_US.len()];
+        for (b, c) in latency.iter_mut().zip(&self.latency_buckets) {
             *b = c.load(Ordering::Relaxed);
         }
-        (buckets, self.latency_count.load(Ordering::Relaxed))
+        Snapshot {
+            policies: self.policies().iter().map(|p| p.counts()).collect(),
+            latency,
+            latency_count: self.latency_count.load(Ordering::Relaxed),
+            store_calls: self.store_calls(),
+            errors: StoreErrorKind::ALL.map(|k| self.store_errors(k)),
+            breaker_open,
+            memory_keys,
+        }
     }
 
     /// Records one store call's latency.
-    pub fn observe_store(&self, d: Duration) {
+    pub(crate) fn observe_store(&self, d: Duration) {
         let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         self.store_calls.fetch_add(1, Ordering::Relaxed);
         self.latency_count.fetch_add(1, Ordering::Relaxed);
@@ -233,17 +273,17 @@ impl Metrics {
     }
 
     /// Store errors of `kind` so far.
-    pub fn store_errors(&self, kind: StoreErrorKind) -> u64 {
+    pub(crate) fn store_errors(&self, kind: StoreErrorKind) -> u64 {
         self.errors[kind as usize].load(Ordering::Relaxed)
     }
 
     /// Store calls made so far (each a round trip for a remote store).
-    pub fn store_calls(&self) -> u64 {
+    pub(crate) fn store_calls(&self) -> u64 {
         self.store_calls.load(Ordering::Relaxed)
     }
 
     /// The stats of every registered policy.
-    pub fn policies(&self) -> Vec<Arc<PolicyStats>> {
+    pub(crate) fn policies(&self) -> Vec<Arc<PolicyStats>> {
         self.policies
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -368,15 +408,12 @@ impl Metrics {
             "Lease units granted by the store, used by requests and returned.",
         );
         for p in &policies {
-            for (kind, name) in [
-                (LeaseKind::Granted, "granted"),
-                (LeaseKind::Used, "used"),
-                (LeaseKind::Returned, "returned"),
-            ] {
+            for kind in LeaseKind::ALL {
                 let _ = writeln!(
                     out,
-                    "tollgate_lease_units_total{{policy=\"{}\",kind=\"{name}\"}} {}",
+                    "tollgate_lease_units_total{{policy=\"{}\",kind=\"{}\"}} {}",
                     escape(&p.name),
+                    kind.as_str(),
                     p.lease_units(kind)
                 );
             }
@@ -389,6 +426,105 @@ impl Metrics {
         );
         let _ = writeln!(out, "tollgate_store_calls_total {}", self.store_calls());
     }
+}
+
+/// Every counter of a limiter at one instant (each read on its own: a snapshot taken while
+/// requests run may count a request in one family and not yet in another).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    policies: Vec<PolicyCounts>,
+    latency: [u64; LATENCY_BUCKETS_US.len()],
+    latency_count: u64,
+    store_calls: u64,
+    errors: [u64; StoreErrorKind::ALL.len()],
+    breaker_open: bool,
+    memory_keys: usize,
+}
+
+impl Snapshot {
+    /// The counters of every registered policy, in registration order (a limiter only adds
+    /// policies, so an older snapshot's list is a prefix of a newer one's).
+    pub fn policies(&self) -> &[PolicyCounts] {
+        &self.policies
+    }
+
+    /// The counters of the policy named `name`.
+    pub fn policy(&self, name: &str) -> Option<&PolicyCounts> {
+        self.policies.iter().find(|p| p.name() == name)
+    }
+
+    /// The store latency histogram: per-bucket (not cumulative) counts, one for each bound
+    /// of [`LATENCY_BUCKETS`], and the count of all calls (those above the last bound too).
+    pub fn store_latency(&self) -> ([u64; LATENCY_BUCKETS.len()], u64) {
+        (self.latency, self.latency_count)
+    }
+
+    /// Store calls made (each a round trip for a remote store).
+    pub fn store_calls(&self) -> u64 {
+        self.store_calls
+    }
+
+    /// Store errors of `kind` (`tollgate_store_errors_total{kind}`).
+    pub fn store_errors(&self, kind: StoreErrorKind) -> u64 {
+        self.errors[kind as usize]
+    }
+
+    /// Store errors of every kind, in metric order.
+    pub fn store_errors_by_kind(&self) -> impl Iterator<Item = (StoreErrorKind, u64)> + '_ {
+        StoreErrorKind::ALL.into_iter().zip(self.errors)
+    }
+
+    /// Whether a circuit breaker was open (`tollgate_breaker_open`).
+    pub fn breaker_open(&self) -> bool {
+        self.breaker_open
+    }
+
+    /// Keys tracked in process, by the memory store and the local fallback
+    /// (`tollgate_memory_keys`).
+    pub fn memory_keys(&self) -> usize {
+        self.memory_keys
+    }
+}
+
+/// One policy's counters in a [`Snapshot`]. Two policies with one name share counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyCounts {
+    name: Arc<str>,
+    decisions: [u64; Outcome::ALL.len()],
+    deny_cache_hits: u64,
+    lease: [u64; LeaseKind::ALL.len()],
+}
+
+impl PolicyCounts {
+    /// The policy's name (the `policy` label).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Decisions with `outcome` (`tollgate_decisions_total`).
+    pub fn decisions(&self, outcome: Outcome) -> u64 {
+        self.decisions[outcome.index()]
+    }
+
+    /// Requests rejected by the deny cache without a store call
+    /// (`tollgate_deny_cache_hits_total`).
+    pub fn deny_cache_hits(&self) -> u64 {
+        self.deny_cache_hits
+    }
+
+    /// Lease units of `kind` (`tollgate_lease_units_total`).
+    pub fn lease_units(&self, kind: LeaseKind) -> u64 {
+        self.lease[kind as usize]
+    }
+}
+
+/// The most limited clients of the last minutes ([`crate::Limiter::top_limited`]).
+#[derive(Debug, Clone)]
+pub struct MostLimited {
+    /// The most limited (client, policy) pairs, most limited first.
+    pub clients: Vec<LimitedClient>,
+    /// Limited requests in the window, all clients.
+    pub limited: u64,
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -466,6 +602,52 @@ mod tests {
             s.contains("tollgate_limit{policy=\"api\",kind=\"burst\"} 150\n"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn a_snapshot_reads_the_counters_the_render_shows() {
+        let m = Metrics::default();
+        let p = m.policy("api");
+        p.record(Outcome::Allowed);
+        p.record(Outcome::Allowed);
+        p.record(Outcome::Limited);
+        p.deny_cache_hit();
+        p.lease(LeaseKind::Granted, 10);
+        p.lease(LeaseKind::Used, 4);
+        m.store_error(StoreErrorKind::Auth);
+        m.observe_store(Duration::from_micros(45));
+        m.observe_store(Duration::from_secs(5));
+        let s = m.snapshot(true, 3);
+        let api = s.policy("api").expect("registered");
+        assert_eq!(api.decisions(Outcome::Allowed), 2);
+        assert_eq!(api.decisions(Outcome::Limited), 1);
+        assert_eq!(api.deny_cache_hits(), 1);
+        assert_eq!(api.lease_units(LeaseKind::Granted), 10);
+        assert_eq!(api.lease_units(LeaseKind::Used), 4);
+        assert_eq!(api.lease_units(LeaseKind::Returned), 0);
+        assert_eq!(s.store_errors(StoreErrorKind::Auth), 1);
+        assert_eq!(
+            s.store_errors_by_kind().map(|(_, n)| n).sum::<u64>(),
+            1,
+            "every other kind is zero"
+        );
+        assert_eq!(s.store_calls(), 2);
+        let (buckets, count) = s.store_latency();
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|b| *b == Duration::from_micros(50))
+            .expect("a 50 us bound");
+        assert_eq!((buckets[i], buckets.iter().sum::<u64>(), count), (1, 1, 2));
+        assert!(s.breaker_open());
+        assert_eq!(s.memory_keys(), 3);
+    }
+
+    #[test]
+    fn the_duration_bounds_are_the_rendered_buckets() {
+        for (d, us) in LATENCY_BUCKETS.iter().zip(LATENCY_BUCKETS_US) {
+            assert_eq!(d.as_micros(), u128::from(us));
+        }
+        assert!(LATENCY_BUCKETS.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! What an operator does to one client, outside the request path: read its state under a
 //! policy without charging it, and reset it.
 
+use crate::metrics::StoreErrorKind;
 use crate::store::StoreFailure;
 use crate::{ClientKey, Decision, Limiter, Policy};
 use std::time::Duration;
-use tollgate_core::{Check, Micros};
+use tollgate_core::{micros_to_duration, Check};
 
 /// The least time an operator's store call is given (the request path's `store.timeout` is
 /// sized for traffic, not for an occasional call that must not fail on a busy store).
@@ -15,7 +16,7 @@ const OPERATOR_TIMEOUT: Duration = Duration::from_secs(1);
 #[error("the store failed ({kind}): {message}")]
 pub struct StoreUnavailable {
     /// The `tollgate_store_errors_total` kind it would count as.
-    pub kind: &'static str,
+    pub kind: StoreErrorKind,
     /// What went wrong.
     pub message: String,
 }
@@ -23,7 +24,7 @@ pub struct StoreUnavailable {
 impl From<StoreFailure> for StoreUnavailable {
     fn from(f: StoreFailure) -> Self {
         Self {
-            kind: f.kind.as_str(),
+            kind: f.kind,
             message: f.message,
         }
     }
@@ -37,7 +38,7 @@ pub struct ClientState {
     pub decision: Decision,
     /// How long this process's deny cache still answers 429 for the client without asking the
     /// store.
-    pub denied_here_for: Option<Micros>,
+    pub denied_here_for: Option<Duration>,
 }
 
 impl Limiter {
@@ -58,15 +59,16 @@ impl Limiter {
             .decisions
             .first()
             .copied()
+            .map(Decision::from)
             .ok_or_else(|| StoreUnavailable {
-                kind: "protocol",
+                kind: StoreErrorKind::Protocol,
                 message: "the store answered no decision".to_string(),
             })?;
         let denied_here_for = i
             .deny_cache
             .as_ref()
             .and_then(|c| c.peek(client, policy.inner.deny_key, now))
-            .map(|until| until - now);
+            .map(|until| micros_to_duration(until - now));
         Ok(ClientState {
             decision,
             denied_here_for,

@@ -80,7 +80,8 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, Limit, Limiter, LimiterConfig, PolicySpec, Quota};
+    use crate::quota::{Algorithm, Limit, Quota};
+    use crate::{Limiter, LimiterConfig, PolicySpec};
 
     #[test]
     fn a_pair_is_kept_once_below_and_above_the_scan_bound() {

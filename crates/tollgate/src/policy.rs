@@ -257,8 +257,14 @@ impl Policy {
     }
 
     /// The rule the shared store enforces.
-    pub fn rule(&self) -> &Rule {
+    pub(crate) fn rule(&self) -> &Rule {
         &self.inner.rule
+    }
+
+    /// The identity of the policy's state: equal for the policies of one name (and their
+    /// [`Policy::with_cost`] copies), which share counts in the store.
+    pub fn id(&self) -> u64 {
+        self.inner.rule.id()
     }
 
     /// Algorithm and quota.
@@ -287,7 +293,7 @@ impl Policy {
     }
 
     /// The rule the local fallback enforces (limit and burst divided by the divisor).
-    pub fn fallback_rule(&self) -> &Rule {
+    pub(crate) fn fallback_rule(&self) -> &Rule {
         &self.inner.fallback
     }
 

@@ -1,9 +1,67 @@
 //! What the limiter decided for one request, per policy and as a whole.
+//!
+//! Times here are [`Duration`]s: the algorithms and stores count whole microseconds (so the
+//! Rust and Lua definitions agree), and the limiter converts at this boundary, once, so users
+//! never handle a raw microsecond count.
 
 use crate::outcome::Outcome;
 use crate::policy::Policy;
 use std::time::Duration;
-use tollgate_core::{micros_to_duration, Decision, Micros};
+use tollgate_core::micros_to_duration;
+
+/// The answer of one policy's algorithm for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request is admitted (and, when committed, charged).
+    pub allowed: bool,
+    /// The quota's limit (units per period), for `RateLimit-Policy: q=`.
+    pub limit: u64,
+    /// Units left after this request (after charging it when allowed).
+    pub remaining: u64,
+    /// How long until the state is back to fresh (a new client's).
+    pub reset_after: Duration,
+    /// When denied: how long until the same request would pass if nothing else happened.
+    /// `None` when allowed, and when denied because the cost exceeds what the algorithm can
+    /// ever admit (see [`Decision::exceeds_capacity`]).
+    pub retry_after: Option<Duration>,
+}
+
+impl Decision {
+    /// Denied because the cost is larger than anything this quota can ever admit: retrying
+    /// never helps.
+    pub fn exceeds_capacity(&self) -> bool {
+        !self.allowed && self.retry_after.is_none()
+    }
+
+    /// How constrained this decision is, as an ordering key (greater = more constrained): a
+    /// denial over an allowance, then the longer wait (never passing longest), then the
+    /// fewer remaining units, then the later reset. What `RateLimit` reports is the maximum.
+    pub fn constraint(&self) -> impl Ord {
+        let wait = match (self.allowed, self.retry_after) {
+            (true, _) => Duration::ZERO,
+            (false, Some(r)) => r,
+            (false, None) => Duration::MAX,
+        };
+        (
+            !self.allowed,
+            wait,
+            u64::MAX - self.remaining,
+            self.reset_after,
+        )
+    }
+}
+
+impl From<tollgate_core::Decision> for Decision {
+    fn from(d: tollgate_core::Decision) -> Self {
+        Self {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after: micros_to_duration(d.reset_after),
+            retry_after: d.retry_after.map(micros_to_duration),
+        }
+    }
+}
 
 /// One policy's part of a [`LimitResult`].
 #[derive(Debug, Clone)]
@@ -24,14 +82,23 @@ pub enum Action {
     /// Reject with 429. `retry_after` is `None` when the cost exceeds what a policy can ever
     /// admit.
     Limit {
-        /// Microseconds until the same request would pass.
-        retry_after: Option<Micros>,
+        /// How long until the same request would pass.
+        retry_after: Option<Duration>,
     },
     /// Reject with 503: the store failed and a policy fails closed.
     Unavailable {
-        /// Microseconds after which trying again makes sense (the breaker's next probe).
-        retry_after: Micros,
+        /// How long until trying again makes sense (the breaker's next probe).
+        retry_after: Duration,
     },
+}
+
+impl Action {
+    /// A 429 whose wait the limiter computed in microseconds.
+    pub(crate) fn limit_micros(retry_after: Option<tollgate_core::Micros>) -> Self {
+        Action::Limit {
+            retry_after: retry_after.map(micros_to_duration),
+        }
+    }
 }
 
 /// The limiter's answer for one request.
@@ -61,8 +128,8 @@ impl LimitResult {
     pub fn retry_after(&self) -> Option<Duration> {
         match self.action {
             Action::Allow => None,
-            Action::Limit { retry_after } => retry_after.map(micros_to_duration),
-            Action::Unavailable { retry_after } => Some(micros_to_duration(retry_after)),
+            Action::Limit { retry_after } => retry_after,
+            Action::Unavailable { retry_after } => Some(retry_after),
         }
     }
 

@@ -1,5 +1,12 @@
-//! The store behind a limiter, chosen at run time: an enum of concrete stores, so the hot path
-//! is a match and a direct call, not a boxed future behind a trait object.
+//! The store behind a limiter and its settings (the `[store]` section of a config).
+//!
+//! Chosen at run time: an enum of concrete stores, so the hot path is a match and a direct
+//! call, not a boxed future behind a trait object.
+
+pub use crate::breaker::BreakerConfig;
+pub use tollgate_memory::{MemoryConfig, WhenFull};
+#[cfg(feature = "redis")]
+pub use tollgate_redis::StoreClock;
 
 use crate::metrics::StoreErrorKind;
 use std::time::Duration;
@@ -7,7 +14,9 @@ use tollgate_core::{Check, ClientKey, Micros, Verdict};
 #[cfg(feature = "memory")]
 use tollgate_memory::MemoryStore;
 #[cfg(feature = "redis")]
-use tollgate_redis::{RedisConfig, RedisStore, RedisStoreError};
+pub use tollgate_redis::RedisConfig;
+#[cfg(feature = "redis")]
+use tollgate_redis::{RedisStore, RedisStoreError};
 
 /// Which store a limiter uses.
 #[derive(Debug, Clone)]

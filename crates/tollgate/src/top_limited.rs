@@ -84,7 +84,7 @@ fn same_policy(a: &Arc<str>, b: &Arc<str>) -> bool {
     Arc::ptr_eq(a, b) || a == b
 }
 
-/// One row of [`TopLimited::top`].
+/// One row of [`MostLimited`](crate::metrics::MostLimited): a client the limiter rejected often.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitedClient {
     /// The client's key (the keyed hash of its identity; never the identity).

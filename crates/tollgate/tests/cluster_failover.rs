@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate::{
-    Action, Algorithm, Backend, BreakerConfig, ClientKey, FailurePolicy, Limit, Limiter,
-    LimiterConfig, ManualClock, Outcome, PolicySpec, Quota, RedisConfig, StoreClock,
-};
+use tollgate::clock::ManualClock;
+use tollgate::policy::FailurePolicy;
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::store::{BreakerConfig, RedisConfig, StoreClock};
+use tollgate::{Action, Backend, ClientKey, Limiter, LimiterConfig, Outcome, PolicySpec};
 use tollgate_testkit::RedisCluster;
 
 const T0: u64 = 1_800_000_000_000_000;

@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate::clock::ManualClock;
 use tollgate::metrics::LeaseKind;
-use tollgate::tollgate_core::{Check, Rule};
-use tollgate::{
-    Action, Algorithm, Backend, ClientKey, Limit, Limiter, LimiterConfig, ManualClock, Policy,
-    PolicySpec, Quota, RedisConfig, StoreClock, SyncMode,
-};
+use tollgate::policy::SyncMode;
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::store::{RedisConfig, StoreClock};
+use tollgate::{Action, Backend, ClientKey, Limiter, LimiterConfig, Policy, PolicySpec};
+use tollgate_core::{Check, Rule};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
@@ -201,19 +202,17 @@ async fn a_killed_limiter_loses_at_most_its_lease() {
 async fn expired_leases_go_back_without_further_requests() {
     let t = Leasing::start(T0, limit(Algorithm::TokenBucket, 1000, HOUR), 50);
     t.admitted(10).await;
-    let stats = t.limiter.metrics().policies()[0].clone();
-    assert!(
-        stats.lease_units(LeaseKind::Granted) > 10,
-        "no lease was taken"
-    );
+    let lease_units = |kind| t.limiter.metrics().policies()[0].lease_units(kind);
+    assert!(lease_units(LeaseKind::Granted) > 10, "no lease was taken");
     t.clock.advance(TTL + Duration::from_millis(1));
     // The sweeper runs every 50 ms of real time; wait for it, bounded.
     for _ in 0..100 {
-        if stats.lease_units(LeaseKind::Returned) > 0 {
+        if lease_units(LeaseKind::Returned) > 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let stats = t.limiter.metrics().policies()[0].clone();
     let returned = stats.lease_units(LeaseKind::Returned);
     assert_eq!(returned, stats.lease_units(LeaseKind::Granted) - 10);
     // The clock moved 201 ms: 0.2 units of refill at 1000/hour, none whole.

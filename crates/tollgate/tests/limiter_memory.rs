@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate::{
-    Action, Algorithm, ClientKey, Clock, Limit, Limiter, LimiterConfig, ManualClock, Outcome,
-    Policy, PolicySpec, Quota,
-};
+use tollgate::clock::ManualClock;
+use tollgate::metrics::MostLimited;
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::{Action, ClientKey, Limiter, LimiterConfig, Outcome, Policy, PolicySpec};
 
 const T0: u64 = 1_800_000_000_000_000;
 
@@ -53,7 +53,7 @@ async fn admits_the_limit_then_rejects_with_the_exact_retry_time() {
     assert_eq!(
         r.action,
         Action::Limit {
-            retry_after: Some(12_000_000)
+            retry_after: Some(Duration::from_secs(12))
         }
     );
     assert_eq!(r.results[0].outcome, Outcome::Limited);
@@ -61,7 +61,8 @@ async fn admits_the_limit_then_rejects_with_the_exact_retry_time() {
     clock.advance(Duration::from_secs(12));
     assert_eq!(action(&l, 1, &[&p]).await, Action::Allow);
     assert_eq!(p.name(), "api");
-    let stats = &l.metrics().policies()[0];
+    let metrics = l.metrics();
+    let stats = &metrics.policies()[0];
     assert_eq!(stats.decisions(Outcome::Allowed), 6);
     assert_eq!(stats.decisions(Outcome::Limited), 1);
 }
@@ -87,7 +88,8 @@ async fn shadow_policies_count_but_never_reject() {
     for _ in 0..5 {
         assert_eq!(action(&l, 1, &[&api, &dry]).await, Action::Allow);
     }
-    let stats = l.metrics().policies();
+    let metrics = l.metrics();
+    let stats = metrics.policies();
     let dry_stats = stats
         .iter()
         .find(|s| s.decisions(Outcome::ShadowLimited) > 0);
@@ -220,7 +222,10 @@ async fn limited_decisions_and_only_they_count_a_client_among_the_most_limited()
         l.check(&tollgate::Plan::for_client(client(2), [&api]))
             .await;
     }
-    let (top, limited) = l.metrics().top_limited(10, clock.now());
+    let MostLimited {
+        clients: top,
+        limited,
+    } = l.top_limited(10);
     assert_eq!(
         limited, 7,
         "client 1's 7 rejections; shadow denials are not limits"
@@ -230,5 +235,5 @@ async fn limited_decisions_and_only_they_count_a_client_among_the_most_limited()
     assert_eq!((top[0].count, top[0].error), (7, 0));
     // Five minutes later the list has moved on.
     clock.advance(Duration::from_secs(300));
-    assert!(l.metrics().top_limited(10, clock.now()).0.is_empty());
+    assert!(l.top_limited(10).clients.is_empty());
 }

@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate::{
-    Action, Algorithm, Backend, ClientKey, FailurePolicy, Limit, Limiter, LimiterConfig,
-    ManualClock, Plan, Policy, PolicySpec, Quota, RedisConfig, StoreClock,
-};
+use tollgate::clock::ManualClock;
+use tollgate::policy::FailurePolicy;
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::store::{RedisConfig, StoreClock};
+use tollgate::{Action, Backend, ClientKey, Limiter, LimiterConfig, Plan, Policy, PolicySpec};
 use tollgate_testkit::RedisServer;
 
 const T0: u64 = 1_800_000_000_000_000;
@@ -65,7 +66,7 @@ async fn peek_and_reset(l: &Limiter, p: &Policy, what: &str) {
     assert!(!allowed(l, c, p).await, "{what}");
     let spent = l.peek(&c, p).await.expect("peek");
     assert_eq!(spent.decision.remaining, 0, "{what}");
-    assert!(spent.decision.reset_after > 0, "{what}");
+    assert!(spent.decision.reset_after > Duration::ZERO, "{what}");
     // Peeking charges nothing.
     for _ in 0..5 {
         assert_eq!(l.peek(&c, p).await.expect("peek").decision.remaining, 0);

@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate::{
-    Action, Algorithm, Backend, BreakerConfig, ClientKey, FailurePolicy, Limit, Limiter,
-    LimiterConfig, ManualClock, Outcome, Policy, PolicySpec, Quota, RedisConfig, StoreClock,
-};
+use tollgate::clock::ManualClock;
+use tollgate::policy::FailurePolicy;
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::store::{BreakerConfig, RedisConfig, StoreClock};
+use tollgate::{Action, Backend, ClientKey, Limiter, LimiterConfig, Outcome, Policy, PolicySpec};
 use tollgate_testkit::RedisServer;
 
 const T0: u64 = 1_800_000_000_000_000;
@@ -105,7 +106,9 @@ async fn each_policy_follows_its_failure_policy_while_redis_is_down() {
         assert_eq!(r.results[0].outcome, Outcome::FailedOpen);
     }
     let r = timed_check(&l, &client(1), &[&closed]).await;
-    assert!(matches!(r.action, Action::Unavailable { retry_after } if retry_after > 0));
+    assert!(
+        matches!(r.action, Action::Unavailable { retry_after } if retry_after > Duration::ZERO)
+    );
     assert_eq!(r.results[0].outcome, Outcome::FailedClosed);
     // The local fallback admits limit / divisor = 2, then limits: a real rate limit, a 429.
     for _ in 0..2 {
@@ -262,7 +265,7 @@ async fn abuse(l: &Limiter, p: &Policy, clock: &ManualClock, n: usize) -> Vec<Ac
         retry_after: Some(r),
     }) = actions.last().copied()
     {
-        clock.advance(Duration::from_micros(r));
+        clock.advance(r);
     }
     actions.push(
         l.check(&tollgate::Plan::for_client(client(7), [p]))
@@ -322,7 +325,7 @@ async fn connecting_at_startup_keeps_the_first_requests_off_the_breaker() {
     let limit = Limit::new(Algorithm::TokenBucket, Quota::per_hour(10).expect("quota"));
     let sha = tollgate_redis::plan_script_sha(&[tollgate_redis::RuleShape {
         limit: limit.expect("limit"),
-        mode: tollgate::tollgate_core::Mode::Enforce,
+        mode: tollgate_core::Mode::Enforce,
     }])
     .expect("script");
     assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "0");

@@ -8,10 +8,10 @@ mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
-use tollgate::{
-    Algorithm, Backend, BreakerConfig, ClientKey, FailurePolicy, Limit, Limiter, LimiterConfig,
-    Outcome, PolicySpec, Quota, RedisConfig,
-};
+use tollgate::policy::FailurePolicy;
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::store::{BreakerConfig, RedisConfig};
+use tollgate::{Backend, ClientKey, Limiter, LimiterConfig, Outcome, PolicySpec};
 use tollgate_testkit::RedisSentinels;
 
 const OPEN_FOR: Duration = Duration::from_millis(500);

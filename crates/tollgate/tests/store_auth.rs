@@ -6,10 +6,10 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use tollgate::{
-    Algorithm, Backend, ClientKey, FailurePolicy, Limit, Limiter, LimiterConfig, Outcome,
-    PolicySpec, Quota, RedisConfig,
-};
+use tollgate::policy::FailurePolicy;
+use tollgate::quota::{Algorithm, Limit, Quota};
+use tollgate::store::RedisConfig;
+use tollgate::{Backend, ClientKey, Limiter, LimiterConfig, Outcome, PolicySpec};
 use tollgate_testkit::RedisServer;
 
 async fn failed_checks(url: String) -> Limiter {

@@ -14,13 +14,15 @@
 
 use crate::config::effective;
 use crate::http::util::{problem_response, text_response, BoxBody};
-use crate::live::{Live, ReloadError};
+use crate::live::{Live, ReloadError, ReloadTrigger};
 use http::header::{HeaderValue, ALLOW, AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use std::time::Duration;
 use subtle::ConstantTimeEq;
-use tollgate::{ClientKey, Micros, Policy, StoreUnavailable};
+use tollgate::operator::StoreUnavailable;
+use tollgate::{ClientKey, Policy};
 use tollgate_tower::{Problem, ProblemKind};
 
 /// Answers one request under `/v1/`.
@@ -95,7 +97,7 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 }
 
 async fn reload(live: &Live) -> Response<BoxBody> {
-    match live.reload("api").await {
+    match live.reload(ReloadTrigger::Api).await {
         Ok(r) => json_response(
             StatusCode::OK,
             &json!({"result": "ok", "changed": r.changed, "restart_required": r.restart_required}),
@@ -206,9 +208,9 @@ async fn state(
     }))
 }
 
-fn seconds(us: Micros) -> f64 {
+fn seconds(d: Duration) -> f64 {
     // Display only: microseconds to seconds, exact to well below a millisecond.
-    us as f64 / 1e6
+    d.as_micros() as f64 / 1e6
 }
 
 /// The one value of `name` in a query string (percent-decoded).

@@ -17,8 +17,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
-use tollgate::metrics::{LeaseKind, LATENCY_BUCKETS_US};
-use tollgate::{Clock, Limiter, Metrics, Outcome, SystemClock};
+use tollgate::metrics::{LeaseKind, LATENCY_BUCKETS};
+use tollgate::{Limiter, Outcome};
 
 /// Snapshots kept: one a second for five minutes.
 pub const RING: usize = 301;
@@ -26,8 +26,6 @@ pub const RING: usize = 301;
 pub const INTERVAL: Duration = Duration::from_secs(1);
 /// Rows of the most limited clients.
 const TOP_K: usize = 10;
-
-const LEASE_KINDS: [LeaseKind; 3] = [LeaseKind::Granted, LeaseKind::Used, LeaseKind::Returned];
 
 /// One reading of one policy's counters.
 #[derive(Debug, Clone)]
@@ -43,7 +41,7 @@ struct PolicyCounts {
 struct Snapshot {
     at_ms: u64,
     policies: Vec<PolicyCounts>,
-    latency: [u64; LATENCY_BUCKETS_US.len()],
+    latency: [u64; LATENCY_BUCKETS.len()],
     latency_count: u64,
     store_calls: u64,
     errors: Vec<(&'static str, u64)>,
@@ -53,7 +51,7 @@ struct Snapshot {
 
 impl Snapshot {
     fn take(limiter: &Limiter, at_ms: u64) -> Self {
-        let m: &Metrics = limiter.metrics();
+        let m = limiter.metrics();
         let policies = m
             .policies()
             .iter()
@@ -61,20 +59,22 @@ impl Snapshot {
                 name: p.name().to_string(),
                 decisions: Outcome::ALL.map(|o| p.decisions(o)),
                 deny_cache_hits: p.deny_cache_hits(),
-                lease: LEASE_KINDS.map(|k| p.lease_units(k)),
+                lease: LeaseKind::ALL.map(|k| p.lease_units(k)),
             })
             .collect();
         let (latency, latency_count) = m.store_latency();
-        let (breaker_open, memory_keys) = (limiter.breaker_open(), limiter.memory_keys() as u64);
         Self {
             at_ms,
             policies,
             latency,
             latency_count,
             store_calls: m.store_calls(),
-            errors: m.store_errors_by_kind().collect(),
-            breaker_open,
-            memory_keys,
+            errors: m
+                .store_errors_by_kind()
+                .map(|(kind, n)| (kind.as_str(), n))
+                .collect(),
+            breaker_open: m.breaker_open(),
+            memory_keys: m.memory_keys() as u64,
         }
     }
 
@@ -139,10 +139,8 @@ impl History {
             .iter()
             .cloned()
             .collect();
-        // The limiter's clock is the system clock: its minutes are the ones the top list
-        // was recorded in.
-        let (top, limited) = limiter.metrics().top_limited(TOP_K, SystemClock.now());
-        document::build(&live, &ring, self.started_ms, (top, limited), http, config)
+        let top = limiter.top_limited(TOP_K);
+        document::build(&live, &ring, self.started_ms, top, http, config)
     }
 }
 

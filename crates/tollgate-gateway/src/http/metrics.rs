@@ -7,10 +7,38 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Response counts by status code and upstream failures by kind.
 pub struct HttpMetrics {
     by_status: Vec<AtomicU64>,
-    upstream: [AtomicU64; 3],
+    upstream: [AtomicU64; UpstreamError::ALL.len()],
 }
 
-const UPSTREAM_KINDS: [&str; 3] = ["connect", "response", "timeout"];
+/// Why a proxied request got no answer from the upstream: the `kind` label of
+/// `tollgate_http_upstream_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamError {
+    /// No connection to the upstream (refused, unreachable): a 502.
+    Connect,
+    /// Connected, but the exchange broke before a response head arrived: a 502.
+    Response,
+    /// No response head within `upstream_timeout`: a 504.
+    Timeout,
+}
+
+impl UpstreamError {
+    /// Every kind, in metric order.
+    pub const ALL: [UpstreamError; 3] = [
+        UpstreamError::Connect,
+        UpstreamError::Response,
+        UpstreamError::Timeout,
+    ];
+
+    /// The metric label (and the log field).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamError::Connect => "connect",
+            UpstreamError::Response => "response",
+            UpstreamError::Timeout => "timeout",
+        }
+    }
+}
 
 impl Default for HttpMetrics {
     fn default() -> Self {
@@ -36,11 +64,9 @@ impl HttpMetrics {
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
-    /// Counts one upstream failure (`connect`, `response` or `timeout`).
-    pub fn upstream_error(&self, kind: &str) {
-        if let Some(i) = UPSTREAM_KINDS.iter().position(|k| *k == kind) {
-            self.upstream[i].fetch_add(1, Ordering::Relaxed);
-        }
+    /// Counts one upstream failure.
+    pub fn upstream_error(&self, kind: UpstreamError) {
+        self.upstream[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Appends the Prometheus text of both families.
@@ -59,12 +85,31 @@ impl HttpMetrics {
             "# HELP tollgate_http_upstream_errors_total Failed upstream requests, by kind.\n",
         );
         out.push_str("# TYPE tollgate_http_upstream_errors_total counter\n");
-        for (kind, c) in UPSTREAM_KINDS.iter().zip(&self.upstream) {
+        for (kind, c) in UpstreamError::ALL.iter().zip(&self.upstream) {
             let _ = writeln!(
                 out,
-                "tollgate_http_upstream_errors_total{{kind=\"{kind}\"}} {}",
+                "tollgate_http_upstream_errors_total{{kind=\"{}\"}} {}",
+                kind.as_str(),
                 c.load(Ordering::Relaxed)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_upstream_error_counts_under_its_own_label() {
+        let m = HttpMetrics::default();
+        m.upstream_error(UpstreamError::Timeout);
+        m.upstream_error(UpstreamError::Timeout);
+        m.upstream_error(UpstreamError::Connect);
+        let mut out = String::new();
+        m.render(&mut out);
+        assert!(out.contains("tollgate_http_upstream_errors_total{kind=\"connect\"} 1\n"));
+        assert!(out.contains("tollgate_http_upstream_errors_total{kind=\"response\"} 0\n"));
+        assert!(out.contains("tollgate_http_upstream_errors_total{kind=\"timeout\"} 2\n"));
     }
 }

@@ -17,7 +17,7 @@ pub use load::{load_dir_or_file, load_str};
 use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
-use tollgate::Limit;
+use tollgate::quota::Limit;
 
 /// A time unit of `rate_limit.unit` (and of a request's limit override).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

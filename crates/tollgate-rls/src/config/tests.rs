@@ -118,7 +118,7 @@ fn tollgate_keys_set_the_algorithm_window_and_burst() {
     let RuleLimit::Limited { limit, .. } = c.rules()[0].limit else {
         panic!("limited expected")
     };
-    assert_eq!(limit.algorithm(), tollgate::Algorithm::TokenBucket);
+    assert_eq!(limit.algorithm(), tollgate::quota::Algorithm::TokenBucket);
     assert_eq!(limit.quota().period(), Duration::from_secs(30));
     assert_eq!(limit.quota().burst(), 40);
 }
@@ -129,7 +129,7 @@ fn the_default_algorithm_is_a_fixed_window_of_one_unit() {
     let RuleLimit::Limited { limit, .. } = c.rules()[0].limit else {
         panic!("limited expected")
     };
-    assert_eq!(limit.algorithm(), tollgate::Algorithm::FixedWindow);
+    assert_eq!(limit.algorithm(), tollgate::quota::Algorithm::FixedWindow);
     assert_eq!(limit.quota().period(), Duration::from_secs(60));
 }
 

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
-use tollgate::{
-    Backend, IdentityHasher, Limiter, LimiterConfig, ManualClock, RedisConfig, StoreClock,
-};
+use tollgate::clock::ManualClock;
+use tollgate::store::{RedisConfig, StoreClock};
+use tollgate::{Backend, IdentityHasher, Limiter, LimiterConfig};
 use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };

@@ -8,7 +8,7 @@ use super::Snapshot;
 use crate::http::metrics::HttpMetrics;
 use crate::live::ConfigStatus;
 use serde::Serialize;
-use tollgate::metrics::{LimitedClient, LATENCY_BUCKETS_US};
+use tollgate::metrics::{MostLimited, LATENCY_BUCKETS};
 use tollgate::Outcome;
 
 /// The headline rates average over this many seconds.
@@ -16,7 +16,7 @@ const RATE_WINDOW_S: u64 = 5;
 /// The headline latency quantiles are over this many seconds.
 const LATENCY_WINDOW_S: u64 = 10;
 /// The window of the most limited clients: the current minute and the four before it (see
-/// `Metrics::top_limited`), so between four and five minutes.
+/// `Limiter::top_limited`), so between four and five minutes.
 const TOP_WINDOW_S: u64 = 300;
 
 /// The document from the counters as of now (`live`), the ring of readings, the process's
@@ -26,7 +26,7 @@ pub(super) fn build(
     live: &Snapshot,
     ring: &[Snapshot],
     started_ms: u64,
-    (top, limited): (Vec<LimitedClient>, u64),
+    top: MostLimited,
     http: &HttpMetrics,
     config: ConfigStatus,
 ) -> Status {
@@ -53,8 +53,9 @@ pub(super) fn build(
         config,
         top_limited: TopLimited {
             window_s: TOP_WINDOW_S,
-            limited,
+            limited: top.limited,
             clients: top
+                .clients
                 .into_iter()
                 .map(|c| LimitedRow {
                     client: c.client.to_string(),
@@ -211,8 +212,8 @@ fn store_status(live: &Snapshot, ring: &[Snapshot], rates: &Rates<'_>) -> StoreS
     }
 }
 
-fn bucket_delta(new: &Snapshot, old: &Snapshot) -> [u64; LATENCY_BUCKETS_US.len()] {
-    let mut d = [0; LATENCY_BUCKETS_US.len()];
+fn bucket_delta(new: &Snapshot, old: &Snapshot) -> [u64; LATENCY_BUCKETS.len()] {
+    let mut d = [0; LATENCY_BUCKETS.len()];
     for (i, v) in d.iter_mut().enumerate() {
         *v = new.latency[i].saturating_sub(old.latency[i]);
     }
@@ -300,7 +301,7 @@ mod tests {
     use super::*;
 
     fn reading(at_ms: u64, policies: &[(&str, u64, u64)], calls_at_45us: u64) -> Snapshot {
-        let mut latency = [0; LATENCY_BUCKETS_US.len()];
+        let mut latency = [0; LATENCY_BUCKETS.len()];
         // 45 us falls in the (40, 50] us bucket.
         latency[4] = calls_at_45us;
         Snapshot {

@@ -1,20 +1,21 @@
 //! Quantiles from the store latency histogram, the way Prometheus' `histogram_quantile`
 //! estimates them: find the bucket holding the rank, interpolate linearly inside it.
 
-use tollgate::metrics::LATENCY_BUCKETS_US;
+use tollgate::metrics::LATENCY_BUCKETS;
 
 /// The `q` quantile (0..=1) in milliseconds of `count` observations spread over `buckets`
-/// (per-bucket counts for [`LATENCY_BUCKETS_US`]; observations above the last bound are in
+/// (per-bucket counts for [`LATENCY_BUCKETS`]; observations above the last bound are in
 /// `count` only). `None` without observations. A rank above the last bound reports the last
 /// bound, as `histogram_quantile` does.
-pub fn quantile_ms(buckets: &[u64; LATENCY_BUCKETS_US.len()], count: u64, q: f64) -> Option<f64> {
+pub fn quantile_ms(buckets: &[u64; LATENCY_BUCKETS.len()], count: u64, q: f64) -> Option<f64> {
     if count == 0 {
         return None;
     }
     let rank = q.clamp(0.0, 1.0) * count as f64;
     let mut below = 0u64;
     let mut lower_us = 0u64;
-    for (&n, &upper_us) in buckets.iter().zip(LATENCY_BUCKETS_US.iter()) {
+    for (&n, upper) in buckets.iter().zip(LATENCY_BUCKETS) {
+        let upper_us = u64::try_from(upper.as_micros()).unwrap_or(u64::MAX);
         let through = below + n;
         if n > 0 && through as f64 >= rank {
             let inside = (rank - below as f64) / n as f64;
@@ -36,12 +37,13 @@ fn round_ms(us: f64) -> f64 {
 mod tests {
     use super::*;
 
-    fn hist(points: &[(u64, u64)]) -> ([u64; LATENCY_BUCKETS_US.len()], u64) {
-        let mut b = [0; LATENCY_BUCKETS_US.len()];
+    fn hist(points: &[(u64, u64)]) -> ([u64; LATENCY_BUCKETS.len()], u64) {
+        let mut b = [0; LATENCY_BUCKETS.len()];
         let mut count = 0;
         for &(us, n) in points {
             count += n;
-            if let Some(i) = LATENCY_BUCKETS_US.iter().position(|&u| us <= u) {
+            let d = std::time::Duration::from_micros(us);
+            if let Some(i) = LATENCY_BUCKETS.iter().position(|&u| d <= u) {
                 b[i] += n;
             }
         }

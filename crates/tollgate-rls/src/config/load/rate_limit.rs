@@ -5,7 +5,7 @@ use super::{get, join, Loader};
 use crate::config::{Rule, RuleLimit, Unit};
 use crate::yaml::{Kind, Node, Pos};
 use std::time::Duration;
-use tollgate::{Algorithm, Limit};
+use tollgate::quota::{Algorithm, Limit};
 
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
