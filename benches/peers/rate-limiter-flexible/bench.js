@@ -1,4 +1,4 @@
-// rate-limiter-flexible's RateLimiterRedis (ioredis client) under the load scripts/bench gives
+// rate-limiter-flexible's RateLimiterRedis (ioredis client) under the load `cargo xtask bench` gives
 // tollgate's RedisStore: `callers` concurrent callers, each request for a random one of
 // `clients` clients, 100 points per 60 s per client, for `seconds`. Prints one JSON line:
 // decisions/s, p50/p99 latency in microseconds.

@@ -47,6 +47,30 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 /// Runs the bench: sends the load, prints the report, writes the files asked for.
 pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
+    let (report, answered) = execute(args).await?;
+    std::io::stdout()
+        .write_all(report.to_table().as_bytes())
+        .context("cannot write the report to stdout")?;
+    answered
+}
+
+/// Runs the bench like [`run`], on a runtime of its own, but returns the report (the object
+/// `--json` writes) instead of printing it: for a program that drives many runs and
+/// tabulates them itself (the workspace's `cargo xtask bench`). The files asked for are
+/// written as with [`run`].
+pub fn measure(args: BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let (report, answered) = runtime.block_on(execute(args))?;
+    answered?;
+    serde_json::to_value(&report).context("cannot encode the report")
+}
+
+/// Sends the load and writes the files asked for. The second value is the verdict on
+/// whether anything answered, kept apart so that the report is still shown when nothing did.
+async fn execute(args: BenchArgs) -> anyhow::Result<(output::Report, anyhow::Result<()>)> {
     let plan = plan_from(&args)?;
     let flagged_limit = limit_from(&args);
     // Open the output files first: a long run must not end in "cannot write".
@@ -76,9 +100,6 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
         }
     };
     let report = output::Report::build(settings, &finished, limits, source, args.algorithm);
-    std::io::stdout()
-        .write_all(report.to_table().as_bytes())
-        .context("cannot write the report to stdout")?;
     if let Some(output) = json_file {
         let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
         output.write(json + "\n")?;
@@ -86,7 +107,8 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(output) = svg_file {
         output.write(timeline::render(&report)?)?;
     }
-    no_answer_is_failure(&finished.recorder)
+    let answered = no_answer_is_failure(&finished.recorder);
+    Ok((report, answered))
 }
 
 /// A run in which no request got an HTTP answer (a refused or unreachable target) measured

@@ -1,6 +1,6 @@
 //! The floor under the gateway's CPU per request: the same HTTP/1 server (hyper with the
 //! gateway's connection settings, the gateway's runtime) answering every request with the
-//! decision-mode 200, with no limiter at all. `scripts/bench.d/gateway_cpu.py --floor` runs it
+//! decision-mode 200, with no limiter at all. `cargo xtask bench` (section gateway) runs it
 //! pinned beside the gateways, so docs/benchmarks.md can say how much of a request is the
 //! limiter and how much the server under it.
 //!

@@ -1,6 +1,7 @@
 //! ns per check: the memory store against governor's `DefaultKeyedRateLimiter`, side by side,
 //! on the same quota (GCRA, 1,000,000 per second, burst 2^32 - 1, so every check in the run is
-//! admitted) and the same 16-byte client keys. Run with `scripts/bench-memory`.
+//! admitted) and the same 16-byte client keys. `cargo xtask bench --only memory` runs it with
+//! `bytes_per_key`; alone: `cargo bench -p tollgate-memory --bench vs_governor`.
 //!
 //! What each pays per check: governor reads its quanta clock (TSC), hashes the key with
 //! SipHash (std `RandomState`), takes a DashMap shard read lock and runs a CAS loop on the

@@ -1,4 +1,4 @@
--- floor_gcra.lua: a reference point for scripts/bench-redis, NOT used by tollgate: the
+-- floor_gcra.lua: a reference point for `cargo xtask bench` (section redis), NOT used by tollgate: the
 -- cheapest GCRA a script can be (TIME, GET, arithmetic, SET PX; no argument validation, no
 -- multi-policy driver). The distance between it and tollgate's script is what validation and
 -- all-or-nothing cost; the distance between it and a no-op script is what Redis itself

@@ -1,5 +1,5 @@
--- naive_token_bucket.lua: the baseline scripts/bench-redis compares against, NOT used by
--- tollgate. A token bucket the way it is commonly written: a hash with a float token count
+-- naive_token_bucket.lua: the baseline `cargo xtask bench` (section redis) compares against,
+-- NOT used by tollgate. A token bucket the way it is commonly written: a hash with a float token count
 -- and a float timestamp, HMGET + HSET + PEXPIRE on every call, refill in floating point.
 --
 -- KEYS[1]  the bucket

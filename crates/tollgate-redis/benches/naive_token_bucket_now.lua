@@ -1,6 +1,6 @@
 -- naive_token_bucket_now.lua: naive_token_bucket.lua with the caller's clock, NOT used by
 -- tollgate: the same HMGET + HSET + PEXPIRE with floats, but now (seconds, a float) comes
--- from ARGV[4] instead of Redis TIME, as many published versions take it. scripts/bench-redis
+-- from ARGV[4] instead of Redis TIME, as many published versions take it. `cargo xtask bench`
 -- compares it with tollgate's script under clock = local.
 --
 -- KEYS[1]  the bucket

@@ -1,7 +1,7 @@
 //! Decisions per second and latency of `RedisStore::check` against a running Redis: `callers`
 //! concurrent tasks, each request for a random one of `clients` clients, one policy
-//! (100 per minute) of the chosen algorithm, store clock. `scripts/bench-redis` runs it beside
-//! redis-benchmark; see docs/benchmarks.md.
+//! (100 per minute) of the chosen algorithm, store clock. `cargo xtask bench` (sections redis
+//! and peers) runs it beside redis-benchmark; see docs/benchmarks.md.
 //!
 //! ```text
 //! redis_bench --url redis://127.0.0.1:PORT --algorithm gcra [--requests 200000]

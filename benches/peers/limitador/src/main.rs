@@ -1,5 +1,5 @@
 //! limitador's Redis storage (AsyncRateLimiter + AsyncRedisStorage) under the load
-//! scripts/bench gives tollgate's RedisStore: `callers` concurrent tasks, each request for a
+//! `cargo xtask bench` gives tollgate's RedisStore: `callers` concurrent tasks, each request for a
 //! random one of `clients` clients, 100 per 60 s per client (limitador counts fixed windows),
 //! for `seconds`. Prints one JSON line: decisions/s, p50/p99 latency in microseconds.
 //!

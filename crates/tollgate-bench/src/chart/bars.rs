@@ -1,6 +1,5 @@
 //! A horizontal bar chart: one bar per name, its value printed at its end, the value axis
-//! with round ticks and its unit. `scripts/bench` draws docs/bench/gateway.svg with it
-//! (through the `bar_chart` example).
+//! with round ticks and its unit. `cargo xtask bench` draws docs/bench/gateway.svg with it.
 
 use anyhow::anyhow;
 use plotters::prelude::*;

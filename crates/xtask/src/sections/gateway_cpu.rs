@@ -1,0 +1,180 @@
+//! gateway, first table: the CPU each gateway spends per request, pinned alone to one core,
+//! tollgate (decision and proxy mode, memory and Redis store) against nginx `limit_req` in the
+//! same mode. wrk, the upstream and redis-server share the other core. CPU per request is the
+//! gateway's utime + stime over the wrk run divided by the requests completed: what a request
+//! costs the gateway whatever the load generator's own speed.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use tollgate_testkit::RedisServer;
+
+use super::servers::{self, flush, Store, Wrk};
+use super::{log, Ctx};
+use crate::markdown::Table;
+use crate::procs::{self, Proc};
+use crate::stats::{ratios, spread, Digits};
+
+const GATEWAY_CPU: u32 = 1;
+const LOAD_CPU: u32 = 0;
+
+/// One gateway under test.
+#[derive(Debug, Clone, Copy)]
+enum Case {
+    Nginx,
+    Floor,
+    Tollgate(Store),
+}
+
+#[derive(Debug, Default)]
+struct Runs {
+    rps: Vec<f64>,
+    p99_ms: Vec<f64>,
+    cpu_us: Vec<f64>,
+    errors: u64,
+}
+
+pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
+    let title = "### Gateway: CPU per request, each gateway alone on one core\n\n";
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return Ok(format!("{title}Not measured: this needs two CPUs (one for the gateway, one for wrk and the upstream).\n"));
+    }
+    let dir = ctx.dir("gateway-cpu")?;
+    let up = procs::free_port()?;
+    let _upstream = servers::nginx(
+        &dir,
+        "upstream",
+        &servers::upstream_body(up),
+        up,
+        Some(LOAD_CPU),
+    )?;
+    let redis = RedisServer::start();
+    servers::pin_running(redis.pid().unwrap_or(0), LOAD_CPU)?;
+    let store_redis = Store::Redis(redis.port());
+    let mut cases: Vec<(String, bool, Case)> = Vec::new();
+    for proxy in [false, true] {
+        let mode = if proxy { "proxy" } else { "decision" };
+        cases.push((format!("nginx {mode}"), proxy, Case::Nginx));
+        if !proxy {
+            cases.push(("http floor (no limiter)".into(), proxy, Case::Floor));
+        }
+        cases.push((
+            format!("tollgate {mode} memory"),
+            proxy,
+            Case::Tollgate(Store::Memory),
+        ));
+        cases.push((
+            format!("tollgate {mode} redis"),
+            proxy,
+            Case::Tollgate(store_redis),
+        ));
+    }
+    let wrk = Wrk {
+        threads: 1,
+        connections: 64,
+        seconds,
+        cpu: Some(LOAD_CPU),
+    };
+    let tick_us = 1e6 / procs::ticks_per_second() as f64;
+    let mut runs: BTreeMap<String, Runs> = BTreeMap::new();
+    for rep in 1..=ctx.reps {
+        for (name, proxy, case) in &cases {
+            log(&format!("gateway cpu rep {rep}/{}: {name}", ctx.reps));
+            flush(&redis);
+            let upstream = proxy.then_some(up);
+            let (proc, port) = start(ctx, &dir, *case, upstream)?;
+            std::thread::sleep(Duration::from_millis(300));
+            let c0 = procs::cpu_ticks(proc.pid())?;
+            let w = wrk.run(&dir, port, &ctx.logs.join("gateway-cpu-wrk.txt"))?;
+            let c1 = procs::cpu_ticks(proc.pid())?;
+            drop(proc);
+            let cpu_us = (c1 - c0) as f64 * tick_us / w.requests.max(1) as f64;
+            let r = runs.entry(name.clone()).or_default();
+            r.rps.push(w.rps());
+            r.p99_ms.push(w.p99_us as f64 / 1000.0);
+            r.cpu_us.push(cpu_us);
+            r.errors += w.status_errors + w.socket_errors;
+            ctx.emit(
+                "gateway_cpu",
+                json!({"name": name, "rep": rep, "requests": w.requests,
+                "requests_per_s": w.rps(), "p50_us": w.p50_us, "p99_us": w.p99_us,
+                "cpu_us_per_request": cpu_us, "status_errors": w.status_errors,
+                "socket_errors": w.socket_errors}),
+            )?;
+        }
+    }
+    let sig = Digits::Significant;
+    let mut t = Table::new(&[
+        "gateway on one core",
+        "requests/s",
+        "p99 ms",
+        "CPU µs per request",
+        "vs nginx, same mode",
+        "errors",
+    ]);
+    let empty = Runs::default();
+    for (name, proxy, _) in &cases {
+        let r = runs.get(name).unwrap_or(&empty);
+        let base = runs
+            .get(if *proxy {
+                "nginx proxy"
+            } else {
+                "nginx decision"
+            })
+            .unwrap_or(&empty);
+        t.row(&[
+            name.clone(),
+            spread(&r.rps, Digits::Fixed(0)),
+            spread(&r.p99_ms, sig),
+            spread(&r.cpu_us, sig),
+            spread(&ratios(&r.cpu_us, &base.cpu_us), Digits::Fixed(2)),
+            r.errors.to_string(),
+        ]);
+    }
+    Ok(format!(
+        "{title}Each gateway pinned alone to CPU {GATEWAY_CPU} (taskset); wrk (1 thread, 64 \
+         connections, {seconds} s), the upstream (an nginx answering 200) and redis-server share \
+         CPU {LOAD_CPU}. Every request carries one of 100,000 random API keys, limit 100/min per \
+         key (tollgate: token_bucket; nginx: `limit_req rate=100r/m burst=100 nodelay`), so \
+         almost every request is allowed and is one store call. Decision mode answers 200 \
+         itself (nginx: `return 200`); proxy mode forwards to the upstream (nginx: `proxy_pass` \
+         with upstream keepalive). CPU per request is the gateway's utime + stime during the \
+         wrk run divided by the requests completed. min / median / max of {} interleaved \
+         repetition(s); the ratio is to nginx in the same mode and repetition. \"http floor\" \
+         is the example `http_floor`: the gateway's HTTP server and runtime answering the same \
+         200 with no limiter, the floor under decision mode. Errors: answers of 400 or more \
+         and socket errors, over all repetitions.\n\n{}",
+        ctx.reps,
+        t.render()
+    ))
+}
+
+/// Starts one case pinned to the gateway CPU; returns it with its port.
+fn start(ctx: &Ctx, dir: &Path, case: Case, upstream: Option<u16>) -> anyhow::Result<(Proc, u16)> {
+    let cpu = Some(GATEWAY_CPU);
+    match case {
+        Case::Nginx => {
+            let port = procs::free_port()?;
+            let body = servers::nginx_limit_body(port, upstream);
+            Ok((servers::nginx(dir, "gateway", &body, port, cpu)?, port))
+        }
+        Case::Floor => {
+            let port = procs::free_port()?;
+            let mut cmd = servers::pinned(&ctx.bins.http_floor, cpu);
+            cmd.arg(format!("127.0.0.1:{port}"));
+            let mut p = Proc::spawn("http_floor", cmd, &dir.join("http_floor.log"))?;
+            p.wait_port(port, Duration::from_secs(15))?;
+            Ok((p, port))
+        }
+        Case::Tollgate(store) => {
+            let name = match store {
+                Store::Memory => "tollgate-memory",
+                Store::Redis(_) => "tollgate-redis",
+            };
+            let g = servers::serve(&ctx.bins.tollgate, dir, name, upstream, store, cpu)?;
+            Ok((g.proc, g.port))
+        }
+    }
+}
