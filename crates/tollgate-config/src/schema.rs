@@ -1,7 +1,8 @@
 //! The schema: every key of the configuration, named once. The validators report errors at
 //! these names, the restart-only list of a reload is the keys marked here, secrets are marked
 //! for redaction, and the config fuzzer builds its files from these names; a test writes each
-//! key with a value of the wrong type and checks the error names that very key.
+//! key with a value of the wrong type and checks the error names that very key, and another
+//! (in `show`) that `GET /v1/config` shows these keys and no others.
 
 /// One key of `tollgate.toml` (or of the overrides file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -84,7 +84,10 @@ fn store(c: &Config) -> Value {
         "clock": if s.clock_local { "local" } else { "store" },
         "on_failure": failure(s.on_failure),
         "local_divisor": s.local_divisor,
-        "breaker": format!("{:?}", s.breaker),
+        "breaker": {
+            "failures": s.breaker.failures,
+            "open_for_seconds": secs(s.breaker.open_for),
+        },
     });
     if let (Value::Object(m), Value::Object(b)) = (&mut v, backend) {
         m.extend(b);
@@ -157,4 +160,80 @@ pub fn effective(c: &Config) -> Value {
             "response_headers": if r.options.response_headers { "draft" } else { "off" },
         })),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema;
+
+    /// Dotted paths of every key `v` shows, `_seconds` folded back to the key it renders.
+    fn paths(prefix: &str, v: &Value, out: &mut Vec<String>) {
+        if let Value::Object(m) = v {
+            for (k, v) in m {
+                let k = k.strip_suffix("_seconds").unwrap_or(k);
+                let p = if prefix.is_empty() {
+                    k.to_string()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                if v.is_object() {
+                    paths(&p, v, out);
+                }
+                out.push(p);
+            }
+        }
+    }
+
+    #[test]
+    fn get_v1_config_shows_the_schema_keys_and_only_those() {
+        let text = "[server]\nadmin_token = \"0123456789abcdef\"\n[store]\nbackend = \"redis-sentinel\"\nurls = [\"redis://:pw@a:1\"]\nmaster_name = \"m\"\n[identity]\nsecret = \"s\"\n[identity.jwt]\nhs256_secret = \"0123456789abcdef0123\"\nissuer = \"i\"\naudience = \"a\"\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:4317\"\n";
+        let c = crate::validate::validate("t.toml", text, |_| None).expect("valid");
+        let shown = effective(&c);
+        let mut got = Vec::new();
+        paths("", &shown, &mut got);
+        // Shown but not keys: what the config derived, for an operator to read.
+        let derived = [
+            "server",
+            "store",
+            "identity",
+            "overrides",
+            "telemetry",
+            "origin",
+            "policy",
+            "rls",
+            "server.forward_auth.required",
+            "identity.jwt.algorithms",
+            "overrides.override",
+        ];
+        for p in &got {
+            let top = p.split('.').next().unwrap_or_default();
+            assert!(
+                schema::get(p).is_some() || derived.contains(&p.as_str()) || top == "rls",
+                "/v1/config shows {p:?}, which the schema does not name"
+            );
+        }
+        // Keys not shown: the other store backends' settings, the other JWT key source,
+        // and allow_any_proxy (a check on trusted_proxies, not a value that serves).
+        let unshown = [
+            schema::STORE_URL,
+            schema::IDENTITY_ALLOW_ANY_PROXY,
+            schema::IDENTITY_JWT_JWKS_FILE,
+            schema::STORE_MAX_KEYS,
+        ];
+        for k in schema::KEYS.iter().filter(|k| !k.path.starts_with("rls.")) {
+            if unshown.contains(&k.path) {
+                continue;
+            }
+            assert!(
+                got.iter().any(|p| p == k.path),
+                "/v1/config does not show {}",
+                k.path
+            );
+        }
+        let text = shown.to_string();
+        for secret in ["0123456789abcdef", "pw@", "\"s\""] {
+            assert!(!text.contains(secret), "{secret} shown in {text}");
+        }
+    }
 }
