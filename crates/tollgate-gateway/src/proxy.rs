@@ -115,7 +115,12 @@ impl Proxy {
         let ip = tollgate_tower::forwarded::canonical(peer.ip());
         // The peer's address as header text, written once for the headers that carry it.
         let ip_text = Bytes::from(ip.to_string());
-        if !self.trusted.is_trusted(ip) {
+        let trusted = parts
+            .extensions
+            .get::<tollgate_tower::TrustedPeer>()
+            .and_then(|d| d.under(&self.trusted))
+            .unwrap_or_else(|| self.trusted.is_trusted(ip));
+        if !trusted {
             drop_forwarding(&mut parts.headers, &ip_text);
         }
         add_forwarding(&mut parts.headers, ip, &ip_text, host.as_ref());

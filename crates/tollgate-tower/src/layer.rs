@@ -110,9 +110,13 @@ impl RateLimitLayer {
     /// when the request is one to refuse (400, or 401 for an invalid token).
     pub async fn check_request<B>(&self, req: &Request<B>) -> Result<Option<LimitResult>, Refused> {
         let peer = (self.shared.peer)(req.extensions());
-        let target = self
-            .shared
-            .resolve(req.method(), req.uri(), req.headers(), peer)?;
+        let target = self.shared.resolve(
+            req.method(),
+            req.uri(),
+            req.headers(),
+            peer,
+            req.extensions().get::<crate::TrustedPeer>(),
+        )?;
         let Some(plan) = self.shared.plan(&target, req.headers(), peer)? else {
             return Ok(None);
         };

@@ -50,4 +50,4 @@ pub use route::{RoutedPolicy, TierSource};
 pub use service::{RateLimit, RateLimitBody, ResponseFuture};
 pub use shared::{PeerAddr, PeerFn};
 pub use target::{BadRequest, ForwardAuth};
-pub use trust::Trust;
+pub use trust::{Trust, TrustedPeer};

@@ -77,10 +77,13 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let peer = (self.shared.peer)(req.extensions());
-        let target = match self
-            .shared
-            .resolve(req.method(), req.uri(), req.headers(), peer)
-        {
+        let target = match self.shared.resolve(
+            req.method(),
+            req.uri(),
+            req.headers(),
+            peer,
+            req.extensions().get::<crate::TrustedPeer>(),
+        ) {
             Ok(t) => t,
             Err(e) => return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) }),
         };

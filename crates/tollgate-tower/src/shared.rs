@@ -115,11 +115,16 @@ impl Shared {
         uri: &Uri,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
+        decided: Option<&crate::TrustedPeer>,
     ) -> Result<Target, BadRequest> {
         for name in &self.identity_headers {
             single(headers, name)?;
         }
-        let trusted = self.trusted(peer);
+        // Decided once for the connection by the server when it is still the same trust
+        // list; else (another server, or a reload since) judged here.
+        let trusted = decided
+            .and_then(|d| d.under(&self.identity.trust))
+            .unwrap_or_else(|| self.trusted(peer));
         if let (Some(fa), true) = (&self.forward_auth, trusted) {
             if let Some((method, path)) = original_request(fa, headers)? {
                 return Ok(Target {

@@ -60,6 +60,35 @@ impl Trust {
     }
 }
 
+/// Whether a connection's peer is a trusted proxy, decided once when the connection was
+/// accepted and carried in each of its requests' extensions. It answers only for the trust
+/// list it was decided with: after a reload changed the list, [`TrustedPeer::under`] says
+/// nothing and the request is judged again, so an open keep-alive connection never keeps a
+/// trust the operator took away.
+#[derive(Debug, Clone)]
+pub struct TrustedPeer {
+    trust: Trust,
+    trusted: bool,
+}
+
+impl TrustedPeer {
+    /// Decides for `peer` under `trust`.
+    pub fn of(trust: &Trust, peer: IpAddr) -> Self {
+        Self {
+            trusted: trust.is_trusted(peer),
+            trust: trust.clone(),
+        }
+    }
+
+    /// The decision, when it was made under this very `trust` (the same list, not an equal
+    /// copy: a comparison of two pointers).
+    pub fn under(&self, trust: &Trust) -> Option<bool> {
+        (Arc::ptr_eq(&self.trust.proxies, &trust.proxies)
+            && self.trust.ipv6_prefix == trust.ipv6_prefix)
+            .then_some(self.trusted)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,5 +113,21 @@ mod tests {
         assert_eq!(t.group(ip("192.0.2.7")), ip("192.0.2.7"));
         assert_eq!(t.group(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
         assert_eq!(Trust::new(Vec::new(), 200).ipv6_prefix(), 128);
+    }
+
+    #[test]
+    fn a_connection_s_decision_holds_only_under_the_list_it_was_made_with() {
+        let t = Trust::new(vec!["127.0.0.1/32".parse().expect("net")], 64);
+        let peer = TrustedPeer::of(&t, ip("127.0.0.1"));
+        assert_eq!(peer.under(&t), Some(true));
+        assert_eq!(
+            peer.under(&t.clone()),
+            Some(true),
+            "a clone is the same list"
+        );
+        // A reload builds a new list, even an equal one: the request is judged again.
+        let reloaded = Trust::new(vec!["127.0.0.1/32".parse().expect("net")], 64);
+        assert_eq!(peer.under(&reloaded), None);
+        assert_eq!(TrustedPeer::of(&t, ip("10.0.0.1")).under(&t), Some(false));
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use tollgate_tower::Trust;
+use tollgate_tower::{Trust, TrustedPeer};
 
 /// The bounds and the current counts.
 pub(crate) struct ConnLimits {
@@ -29,6 +29,9 @@ struct Counts {
 pub(crate) struct ConnSlot {
     limits: Arc<ConnLimits>,
     ip: Option<IpAddr>,
+    /// Whether the peer is a trusted proxy, decided once for the connection (and carried
+    /// with each of its requests).
+    pub(crate) peer: TrustedPeer,
 }
 
 impl ConnLimits {
@@ -50,7 +53,8 @@ impl ConnLimits {
     /// A slot for a connection from `ip`, or `None` when it would pass a bound.
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
         let trust = self.who.load();
-        let exempt = trust.is_trusted(ip);
+        let peer = TrustedPeer::of(&trust, ip);
+        let exempt = peer.under(&trust).unwrap_or(false);
         let ip = trust.group(ip);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if open.total >= self.max {
@@ -67,6 +71,7 @@ impl ConnLimits {
         Some(ConnSlot {
             limits: self.clone(),
             ip: (!exempt).then_some(ip),
+            peer,
         })
     }
 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tollgate_tower::PeerAddr;
+use tollgate_tower::{PeerAddr, TrustedPeer};
 use tower_service::Service;
 
 /// Most connections the admin server holds open at once (operators, Prometheus, status pages);
@@ -90,7 +90,7 @@ where
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let conn = connection(stream, peer, service.clone(), metrics.clone());
+                let conn = connection(stream, peer, slot.peer.clone(), service.clone(), metrics.clone());
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let _slot = slot;
@@ -116,6 +116,7 @@ where
 fn connection<S>(
     stream: TcpStream,
     peer: SocketAddr,
+    trusted: TrustedPeer,
     service: S,
     metrics: Arc<HttpMetrics>,
 ) -> impl FnOnce(Watcher) -> Pin<Box<dyn Future<Output = ()> + Send>>
@@ -125,6 +126,7 @@ where
     let conn_metrics = metrics.clone();
     let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(PeerAddr(peer));
+        req.extensions_mut().insert(trusted.clone());
         let mut svc = service.clone();
         let metrics = metrics.clone();
         async move {
