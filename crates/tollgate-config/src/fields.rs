@@ -146,3 +146,40 @@ pub(super) fn variant(
         Err(tollgate::Error::InvalidPolicy { field, reason, .. }) => Err((field, reason)),
     }
 }
+
+/// An `http://HOST[:PORT]...` URL someone wrote (the upstream, the OTLP collector: `what`,
+/// plural), with `help` saying what is expected and `no_https` why TLS is not spoken there. User info is
+/// refused first and the value is then never echoed: it would be a credential.
+pub(super) fn http_url(
+    s: &str,
+    what: &str,
+    help: &str,
+    no_https: &str,
+) -> Result<http::Uri, String> {
+    let after_scheme = s.split_once("://").map_or(s, |(_, rest)| rest);
+    if after_scheme
+        .split(['/', '?', '#'])
+        .next()
+        .is_some_and(|a| a.contains('@'))
+    {
+        return Err(format!(
+            "has user info (USER:PASSWORD@), which the gateway would never send; remove it; {help}"
+        ));
+    }
+    let uri: http::Uri = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a URL; {help}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(format!(
+                "{s:?}: https {what} are not supported; {help} ({no_https})"
+            ))
+        }
+        _ => return Err(format!("{s:?} has no http:// scheme; {help}")),
+    }
+    if uri.authority().is_none() {
+        return Err(format!("{s:?} has no host; {help}"));
+    }
+    Ok(uri)
+}

@@ -97,24 +97,15 @@ pub(super) fn telemetry(
 fn endpoint(s: &str) -> Result<String, String> {
     const HELP: &str =
         "expected the OTLP/gRPC collector as \"http://HOST:PORT\" (e.g. \"http://127.0.0.1:4317\")";
-    let uri: http::Uri = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a URL; {HELP}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!(
-                "https is not supported; {HELP} (a collector on the same host or node, which forwards over TLS)"
-            ))
-        }
-        _ => return Err(format!("{s:?} has no http:// scheme; {HELP}")),
-    }
+    let uri = super::fields::http_url(
+        s,
+        "collectors",
+        HELP,
+        "a collector on the same host or node, which forwards over TLS",
+    )?;
     let Some(authority) = uri.authority() else {
         return Err(format!("{s:?} has no host; {HELP}"));
     };
-    if authority.as_str().contains('@') {
-        return Err(format!("has user info (USER:PASSWORD@); {HELP}"));
-    }
     if authority.port_u16().is_none() {
         return Err(format!("{s:?} has no port; {HELP}"));
     }

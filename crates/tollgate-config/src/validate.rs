@@ -277,29 +277,7 @@ fn forward_auth(r: &mut Reporter<'_>, raw: &RawForwardAuth) -> ForwardAuth {
 
 fn upstream(s: &str) -> Result<Upstream, String> {
     const HELP: &str = "expected \"http://HOST:PORT\" optionally followed by a base path";
-    // Checked first, and the value not echoed: user info would be a credential.
-    let after_scheme = s.split_once("://").map_or(s, |(_, rest)| rest);
-    if after_scheme
-        .split(['/', '?', '#'])
-        .next()
-        .is_some_and(|a| a.contains('@'))
-    {
-        return Err(format!(
-            "has user info (USER:PASSWORD@), which the gateway would never send; remove it; {HELP}"
-        ));
-    }
-    let uri: http::Uri = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a URL; {HELP}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!(
-                "{s:?}: https upstreams are not supported; {HELP} (terminate TLS in front)"
-            ))
-        }
-        _ => return Err(format!("{s:?} has no http:// scheme; {HELP}")),
-    }
+    let uri = super::fields::http_url(s, "upstreams", HELP, "terminate TLS in front")?;
     let authority = uri
         .authority()
         .cloned()

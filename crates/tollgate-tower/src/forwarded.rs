@@ -6,6 +6,7 @@
 //! that is not one. An entry that does not parse ends the walk: the last address we could
 //! verify is used instead of guessing past garbage.
 
+pub use crate::trust::canonical;
 use crate::trust::Trust;
 use http::HeaderMap;
 use std::net::IpAddr;
@@ -68,17 +69,6 @@ pub fn client_ip(
         }
     }
     client
-}
-
-/// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are the IPv4 address they carry.
-pub fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
 }
 
 /// The `for=` parameter of one `Forwarded` element.

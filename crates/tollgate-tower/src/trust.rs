@@ -3,7 +3,6 @@
 //! asks (the identity of a request, the forwarding headers the proxy keeps, the connection
 //! bounds that exempt proxies and count IPv6 hosts by prefix), so they cannot disagree.
 
-use crate::forwarded::canonical;
 use ipnet::{IpNet, Ipv6Net};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -86,6 +85,17 @@ impl TrustedPeer {
         (Arc::ptr_eq(&self.trust.proxies, &trust.proxies)
             && self.trust.ipv6_prefix == trust.ipv6_prefix)
             .then_some(self.trusted)
+    }
+}
+
+/// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are the IPv4 address they carry.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
     }
 }
 

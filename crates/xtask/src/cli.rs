@@ -2,7 +2,7 @@
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::sections::Section;
+use crate::sections::{Section, Settings};
 
 /// The workspace's own tasks.
 #[derive(Debug, Parser)]
@@ -41,17 +41,6 @@ pub struct BenchArgs {
 /// The sections `--only` names (one value, so clap does not take it for a list of values).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Only(pub Vec<Section>);
-
-/// What a bench run was asked to do, with the defaults applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    /// Short runs.
-    pub quick: bool,
-    /// Repetitions of every measurement.
-    pub reps: u32,
-    /// The sections to run, in document order.
-    pub sections: Vec<Section>,
-}
 
 impl BenchArgs {
     /// The settings these arguments ask for.

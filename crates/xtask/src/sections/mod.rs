@@ -20,10 +20,20 @@ use anyhow::Context;
 use serde_json::json;
 
 use crate::build::{self, Binaries, Peers};
-use crate::cli::Settings;
 use crate::document::{self, RunInfo};
 use crate::results::Results;
 use crate::tools;
+
+/// What a bench run was asked to do, with the defaults applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Short runs.
+    pub quick: bool,
+    /// Repetitions of every measurement.
+    pub reps: u32,
+    /// The sections to run, in document order.
+    pub sections: Vec<Section>,
+}
 
 /// One section of the document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
