@@ -147,15 +147,10 @@ pub(super) fn variant(
     }
 }
 
-/// An `http://HOST[:PORT]...` URL someone wrote (the upstream, the OTLP collector: `what`,
-/// plural), with `help` saying what is expected and `no_https` why TLS is not spoken there. User info is
+/// An `http://HOST[:PORT]...` URL someone wrote (the upstream, the OTLP collector), with
+/// `help` saying what is expected and `https` the answer to an `https://` one. User info is
 /// refused first and the value is then never echoed: it would be a credential.
-pub(super) fn http_url(
-    s: &str,
-    what: &str,
-    help: &str,
-    no_https: &str,
-) -> Result<http::Uri, String> {
+pub(super) fn http_url(s: &str, help: &str, https: &str) -> Result<http::Uri, String> {
     let after_scheme = s.split_once("://").map_or(s, |(_, rest)| rest);
     if after_scheme
         .split(['/', '?', '#'])
@@ -171,11 +166,7 @@ pub(super) fn http_url(
         .map_err(|_| format!("{s:?} is not a URL; {help}"))?;
     match uri.scheme_str() {
         Some("http") => {}
-        Some("https") => {
-            return Err(format!(
-                "{s:?}: https {what} are not supported; {help} ({no_https})"
-            ))
-        }
+        Some("https") => return Err(https.to_string()),
         _ => return Err(format!("{s:?} has no http:// scheme; {help}")),
     }
     if uri.authority().is_none() {

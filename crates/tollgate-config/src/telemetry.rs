@@ -99,9 +99,8 @@ fn endpoint(s: &str) -> Result<String, String> {
         "expected the OTLP/gRPC collector as \"http://HOST:PORT\" (e.g. \"http://127.0.0.1:4317\")";
     let uri = super::fields::http_url(
         s,
-        "collectors",
         HELP,
-        "a collector on the same host or node, which forwards over TLS",
+        &format!("https is not supported; {HELP} (a collector on the same host or node, which forwards over TLS)"),
     )?;
     let Some(authority) = uri.authority() else {
         return Err(format!("{s:?} has no host; {HELP}"));

@@ -277,7 +277,11 @@ fn forward_auth(r: &mut Reporter<'_>, raw: &RawForwardAuth) -> ForwardAuth {
 
 fn upstream(s: &str) -> Result<Upstream, String> {
     const HELP: &str = "expected \"http://HOST:PORT\" optionally followed by a base path";
-    let uri = super::fields::http_url(s, "upstreams", HELP, "terminate TLS in front")?;
+    let uri = super::fields::http_url(
+        s,
+        HELP,
+        &format!("{s:?}: https upstreams are not supported; {HELP} (terminate TLS in front)"),
+    )?;
     let authority = uri
         .authority()
         .cloned()
