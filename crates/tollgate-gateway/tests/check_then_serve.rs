@@ -58,3 +58,26 @@ fn a_lease_ttl_below_the_limiters_minimum_is_refused_by_the_check_not_by_serve()
         "{shown}"
     );
 }
+
+/// The property above holds only as far as the corpus reaches valid files: with a fixed seed,
+/// a fair share of the mutated files must validate (and each of them must assemble), or the
+/// property would pass on a corpus of nothing but errors.
+#[test]
+fn the_corpus_reaches_valid_configs_and_each_assembles() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config as RunnerConfig, TestRng, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        RunnerConfig::default(),
+        TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha),
+    );
+    let strategy = fuzz::near_valid();
+    let mut valid = 0;
+    for _ in 0..200 {
+        let text = strategy.new_tree(&mut runner).expect("a sample").current();
+        if Config::parse_with_env(fuzz::FILE, &text, fuzz::env).is_ok() {
+            valid += 1;
+            assembles(&text).expect("assembles");
+        }
+    }
+    assert!(valid >= 10, "only {valid} of 200 mutated files validate");
+}
