@@ -79,6 +79,11 @@ impl TrustedPeer {
         }
     }
 
+    /// The decision as it was made (for the server that made it).
+    pub fn is_trusted(&self) -> bool {
+        self.trusted
+    }
+
     /// The decision, when it was made under this very `trust` (the same list, not an equal
     /// copy: a comparison of two pointers).
     pub fn under(&self, trust: &Trust) -> Option<bool> {

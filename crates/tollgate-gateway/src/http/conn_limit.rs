@@ -54,7 +54,7 @@ impl ConnLimits {
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
         let trust = self.who.load();
         let peer = TrustedPeer::of(&trust, ip);
-        let exempt = peer.under(&trust).unwrap_or(false);
+        let exempt = peer.is_trusted();
         let ip = trust.group(ip);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if open.total >= self.max {
