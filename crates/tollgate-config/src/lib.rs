@@ -107,8 +107,11 @@ pub struct RlsSettings {
     /// The descriptor rules read from `config_path`.
     pub config: tollgate_rls::RlsConfig,
     /// How the service answers: `store.on_failure`, `store.local_divisor`, and
-    /// `response_headers = "draft"` (true) or `"off"`.
+    /// `response_headers = "draft"` (true) or `"off"`, and the global quota, shadow and
+    /// dynamic metadata modes.
     pub options: tollgate_rls::RlsOptions,
+    /// How the YAML files combine (`merge_domains`).
+    pub load: tollgate_rls::config::LoadOptions,
 }
 
 /// `[server]`.

@@ -58,6 +58,10 @@ pub(crate) struct RawRls {
     pub listen: S<String>,
     pub config: S<String>,
     pub response_headers: S<String>,
+    pub quota_mode: S<bool>,
+    pub shadow_mode: S<bool>,
+    pub merge_domains: S<bool>,
+    pub dynamic_metadata: S<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -56,7 +56,11 @@ pub(super) fn rls(
         );
         return None;
     }
-    let rules = match tollgate_rls::config::load_dir_or_file(&path) {
+    let flag = |f: &super::raw::S<bool>| f.as_ref().is_some_and(|s| *s.get_ref());
+    let load = tollgate_rls::config::LoadOptions {
+        merge_domains: flag(&raw.merge_domains),
+    };
+    let rules = match tollgate_rls::config::load_dir_or_file_with(&path, load) {
         Ok(rules) => rules,
         Err(errors) => {
             r.errors.extend(errors.0);
@@ -67,6 +71,9 @@ pub(super) fn rls(
         on_failure: store.on_failure,
         local_divisor: store.local_divisor,
         response_headers,
+        quota_mode: flag(&raw.quota_mode),
+        shadow_mode: flag(&raw.shadow_mode),
+        dynamic_metadata: flag(&raw.dynamic_metadata),
     };
     // The policies the service will register, checked by the library's rules now.
     for spec in RlsService::specs(&rules, &options).flatten() {
@@ -80,6 +87,7 @@ pub(super) fn rls(
         config_path: path,
         config: rules,
         options,
+        load,
     })
 }
 

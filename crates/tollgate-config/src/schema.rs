@@ -107,6 +107,14 @@ pub const RLS_LISTEN: &str = "rls.listen";
 pub const RLS_CONFIG: &str = "rls.config";
 /// `rls.response_headers`.
 pub const RLS_RESPONSE_HEADERS: &str = "rls.response_headers";
+/// `rls.quota_mode`.
+pub const RLS_QUOTA_MODE: &str = "rls.quota_mode";
+/// `rls.shadow_mode`.
+pub const RLS_SHADOW_MODE: &str = "rls.shadow_mode";
+/// `rls.merge_domains`.
+pub const RLS_MERGE_DOMAINS: &str = "rls.merge_domains";
+/// `rls.dynamic_metadata`.
+pub const RLS_DYNAMIC_METADATA: &str = "rls.dynamic_metadata";
 /// `telemetry`.
 pub const TELEMETRY: &str = "telemetry";
 /// `telemetry.otlp_endpoint`.
@@ -160,6 +168,10 @@ pub const KEYS: &[Key] = &[
     key(RLS_LISTEN, true, false, false),
     key(RLS_CONFIG, false, false, false),
     key(RLS_RESPONSE_HEADERS, false, false, false),
+    key(RLS_QUOTA_MODE, false, false, false),
+    key(RLS_SHADOW_MODE, false, false, false),
+    key(RLS_MERGE_DOMAINS, false, false, false),
+    key(RLS_DYNAMIC_METADATA, false, false, false),
     key(OVERRIDES_FILE, false, false, false),
     key(TELEMETRY, true, false, true),
     key(TELEMETRY_OTLP_ENDPOINT, true, false, false),

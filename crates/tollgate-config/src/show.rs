@@ -158,6 +158,10 @@ pub fn effective(c: &Config) -> Value {
             "domains": r.config.domains().collect::<Vec<_>>(),
             "rules": r.config.rules().len(),
             "response_headers": if r.options.response_headers { "draft" } else { "off" },
+            "quota_mode": r.options.quota_mode,
+            "shadow_mode": r.options.shadow_mode,
+            "merge_domains": r.load.merge_domains,
+            "dynamic_metadata": r.options.dynamic_metadata,
         })),
     })
 }

@@ -56,23 +56,27 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// When denied: the earliest time all enforced checks would pass together (the largest
-    /// of their denials' retry times), or `None` when one can never pass or nothing was
-    /// denied. `checks` are the checks this verdict answers, in order.
+    /// When denied: the earliest time the plan would pass (the largest of the enforced
+    /// denials' retry times and, when every quota check denied, the earliest of theirs), or
+    /// `None` when it can never pass or nothing was denied. `checks` are the checks this
+    /// verdict answers, in order.
     pub fn retry_after(&self, checks: &[crate::Check<'_>]) -> Option<Micros> {
         if self.allowed {
             return None;
         }
-        let mut worst: Micros = 0;
-        for (d, _) in self
+        let worst = worst_of_enforced(self, checks)?;
+        let mut quota = self
             .decisions
             .iter()
             .zip(checks)
-            .filter(|(d, c)| !d.allowed && c.enforces())
-        {
-            worst = worst.max(d.retry_after?);
+            .filter(|(_, c)| c.mode == crate::Mode::Quota)
+            .peekable();
+        if quota.peek().is_none() || quota.clone().any(|(d, _)| d.allowed) {
+            return Some(worst);
         }
-        Some(worst)
+        // Every quota check denied: the plan passes when the first of them does.
+        let earliest = quota.filter_map(|(d, _)| d.retry_after).min()?;
+        Some(worst.max(earliest))
     }
 
     /// The index of the most constrained decision: the denial with the longest wait, or, when
@@ -80,4 +84,18 @@ impl Verdict {
     pub fn most_constrained(&self) -> Option<usize> {
         (0..self.decisions.len()).max_by_key(|&i| self.decisions[i].constraint())
     }
+}
+
+/// The largest retry time of the enforced denials (`None`: one can never pass).
+fn worst_of_enforced(v: &Verdict, checks: &[crate::Check<'_>]) -> Option<Micros> {
+    let mut worst: Micros = 0;
+    for (d, _) in v
+        .decisions
+        .iter()
+        .zip(checks)
+        .filter(|(d, c)| !d.allowed && c.enforces())
+    {
+        worst = worst.max(d.retry_after?);
+    }
+    Some(worst)
 }

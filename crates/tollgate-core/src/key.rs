@@ -125,6 +125,27 @@ pub enum Mode {
     /// Dry run: decided and charged like an enforced rule, but a would-be denial denies
     /// nothing (and charges that rule nothing).
     Shadow,
+    /// envoyproxy/ratelimit's quota mode: a quota rule over its limit charges nothing and
+    /// denies the request only when every quota rule of the plan is over its limit (enforced
+    /// rules deny as usual). A plan's quota rules are alternatives: one that allows is enough.
+    Quota,
+}
+
+/// Whether a plan is allowed, from each check's mode and whether it allowed alone: every
+/// enforced check allowed, and, when the plan has quota checks, at least one of them did.
+pub fn plan_allows(checks: impl IntoIterator<Item = (Mode, bool)>) -> bool {
+    let (mut quota, mut quota_ok) = (false, false);
+    for (mode, allowed) in checks {
+        match mode {
+            Mode::Enforce if !allowed => return false,
+            Mode::Enforce | Mode::Shadow => {}
+            Mode::Quota => {
+                quota = true;
+                quota_ok |= allowed;
+            }
+        }
+    }
+    !quota || quota_ok
 }
 
 /// One item of a request's plan: a client's state under a rule, the units this request costs
@@ -161,9 +182,18 @@ impl<'a> Check<'a> {
         }
     }
 
-    /// Whether this check may deny the request.
+    /// Whether this check denies the request alone when it denies (quota checks deny only
+    /// together, see [`plan_allows`]).
     pub fn enforces(&self) -> bool {
         self.mode == Mode::Enforce
+    }
+
+    /// The same check in quota mode.
+    pub fn quota(self) -> Self {
+        Self {
+            mode: Mode::Quota,
+            ..self
+        }
     }
 }
 

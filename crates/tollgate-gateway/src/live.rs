@@ -427,6 +427,9 @@ impl Live {
 
     /// Appends `tollgate_config_reloads_total{result}`.
     pub fn render_metrics(&self, out: &mut String) {
+        if let Some(rls) = &self.rls {
+            rls.current().render_metrics(out);
+        }
         out.push_str("# HELP tollgate_config_reloads_total Config reloads, by result (error: refused, the old config kept serving).\n");
         out.push_str("# TYPE tollgate_config_reloads_total counter\n");
         for (result, n) in [("ok", &self.ok), ("error", &self.failed)] {

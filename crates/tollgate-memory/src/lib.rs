@@ -201,7 +201,7 @@ impl MemoryStore {
             let d = self.check_one(one, now);
             decisions.push(d);
             return Verdict {
-                allowed: d.allowed || !one.enforces(),
+                allowed: tollgate_core::plan_allows([(one.mode, d.allowed)]),
                 decisions,
             };
         }

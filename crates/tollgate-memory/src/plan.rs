@@ -37,10 +37,12 @@ pub(crate) fn decide<G: std::ops::DerefMut<Target = Shard>>(
         .zip(&owner)
         .map(|(c, &o)| c.rule.limit().check(&mut states[o], now, c.cost, true))
         .collect();
-    let allowed = checks
-        .iter()
-        .zip(&decisions)
-        .all(|(c, d)| d.allowed || !c.enforces());
+    let allowed = tollgate_core::plan_allows(
+        checks
+            .iter()
+            .zip(&decisions)
+            .map(|(c, d)| (c.mode, d.allowed)),
+    );
     if !allowed {
         for ((c, &o), d) in checks.iter().zip(&owner).zip(decisions.iter_mut()) {
             if d.allowed {

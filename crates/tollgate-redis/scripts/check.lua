@@ -8,7 +8,7 @@
 --          read Redis TIME (clock = store: the gateways' clocks do not matter).
 -- ARGV[6i-4 .. 6i+1]  rule i: algorithm name (fixed_window, sliding_window_log,
 --          sliding_window_counter, token_bucket, leaky_bucket, gcra), limit, period (us),
---          burst, cost, mode (0: enforced, 1: shadow). The quota bounds of tollgate-core are
+--          burst, cost, mode (0: enforced, 1: shadow, 2: quota). The quota bounds of tollgate-core are
 --          checked here again.
 -- ARGV[6n+2] (optional): a floor in milliseconds for every PX (tests that drive a local clock
 --          at another pace than Redis' own; a key that outlives its idle instant changes no
@@ -17,7 +17,8 @@
 -- Reply: the format of every tollgate script, struct '>I7' .. n x 'BI7I7I7': now (us), then
 --        per rule allowed (1/0), remaining, reset_after (us), retry_after + 1 (us; 0: allowed,
 --        or retrying never helps). The plan is allowed when every enforced rule allows; then
---        every rule that allowed is charged, else none is (shadow rules never deny).
+--        every rule that allowed is charged, else none is (shadow rules never deny; quota rules
+--        deny only when every quota rule of the plan denies).
 --
 -- Why Lua and not MULTI/EXEC: a decision reads the state, computes and writes only when
 -- every rule allows. MULTI cannot branch on what it read, and WATCH + retry loops collapse
@@ -63,12 +64,12 @@ local function rule(i)
   if alg == sliding_window_counter and limit * p > MAX_INT then
     fail('rule ' .. i .. ': sliding_window_counter needs limit x period <= 2^53')
   end
-  return alg, limit, p, burst, t, int(b + 4, 0, MAX_INT, 'cost'), int(b + 5, 0, 1, 'mode') == 1
+  return alg, limit, p, burst, t, int(b + 4, 0, MAX_INT, 'cost'), int(b + 5, 0, 2, 'mode')
 end
 
-local algs, limits, periods, bursts, intervals, costs, shadows = {}, {}, {}, {}, {}, {}, {}
+local algs, limits, periods, bursts, intervals, costs, modes = {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  algs[i], limits[i], periods[i], bursts[i], intervals[i], costs[i], shadows[i] = rule(i)
+  algs[i], limits[i], periods[i], bursts[i], intervals[i], costs[i], modes[i] = rule(i)
 end
 
 -- 2. Read every key (one slot: MGET is valid in a cluster).
@@ -76,13 +77,21 @@ local raws = redis.call('MGET', unpack(KEYS))
 
 -- 3. Decide every rule without writing.
 local oks, remainings, resets, retries, values, idles = {}, {}, {}, {}, {}, {}
-local all = true
+local all, quotas, quota_oks = true, 0, 0
 for i = 1, n do
   oks[i], remainings[i], resets[i], retries[i], values[i], idles[i] =
     algs[i](raws[i], now, limits[i], periods[i], bursts[i], intervals[i], costs[i])
-  if not oks[i] and not shadows[i] then
+  if modes[i] == 2 then
+    quotas = quotas + 1
+    if oks[i] then
+      quota_oks = quota_oks + 1
+    end
+  elseif not oks[i] and modes[i] == 0 then
     all = false
   end
+end
+if quotas > 0 and quota_oks == 0 then
+  all = false
 end
 
 -- 4. Charge every rule that allowed, or none: a denied plan reports the uncharged state of the

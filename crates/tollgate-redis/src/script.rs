@@ -85,8 +85,8 @@ impl Shape {
             *slot = rule;
         }
         if n == 1 {
-            // One rule: a shadow rule runs the enforced rule's script (the verdict is the
-            // caller's).
+            // One rule: a shadow or quota rule runs the enforced rule's script (the verdict
+            // is the caller's; a quota rule alone denies when it denies).
             all = [RuleShape {
                 mode: Mode::Enforce,
                 ..first
@@ -336,7 +336,12 @@ fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) -> u64 {
 /// A plan of 2 to [`MAX_INLINE_RULES`] rules: every rule decided (suffixed locals), then all
 /// charged or none.
 fn several_rules(lua: &mut String, rules: &[RuleShape]) {
+    let quota = rules.iter().any(|r| r.mode == Mode::Quota);
     lua.push_str("local denied = 0\nlocal raws = redis.call('MGET', unpack(keys))\n");
+    if quota {
+        // The quota rules are alternatives: the plan is denied when none of them allows.
+        lua.push_str("local quota_ok = 0\n");
+    }
     for (i, rule) in rules.iter().enumerate() {
         let i = i + 1;
         let _ = writeln!(
@@ -346,8 +351,10 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
         );
         cost(lua, i);
         decide(lua, rule, i, None, "  ");
-        if rule.mode == Mode::Enforce {
-            lua.push_str("  if not ok then\n    denied = denied + 1\n  end\n");
+        match rule.mode {
+            Mode::Enforce => lua.push_str("  if not ok then\n    denied = denied + 1\n  end\n"),
+            Mode::Quota => lua.push_str("  if ok then\n    quota_ok = quota_ok + 1\n  end\n"),
+            Mode::Shadow => {}
         }
         let _ = writeln!(
             lua,
@@ -357,6 +364,9 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
         );
     }
     // All or nothing: charge every rule that allowed (an enforced one always did), or none.
+    if quota {
+        lua.push_str("if quota_ok == 0 then\n  denied = denied + 1\nend\n");
+    }
     lua.push_str("if denied == 0 then\n");
     for (i, rule) in rules.iter().enumerate() {
         let i = i + 1;
@@ -364,7 +374,7 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
             Mode::Enforce => {
                 let _ = writeln!(lua, "  if cost_{i} > 0 then");
             }
-            Mode::Shadow => {
+            Mode::Shadow | Mode::Quota => {
                 let _ = writeln!(lua, "  if ok_{i} and cost_{i} > 0 then");
             }
         }

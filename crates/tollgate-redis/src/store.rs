@@ -243,7 +243,16 @@ impl RedisStore {
         let mut charged: Vec<(usize, Micros)> = Vec::new();
         let mut denied = false;
         for (_, members) in &groups {
-            let part: Vec<Check<'_>> = members.iter().map(|&i| checks[i]).collect();
+            // A slot's script sees only its own quota checks, and the plan's quota checks are
+            // alternatives across every slot: each slot runs them as shadow checks (charged
+            // when they allow) and the plan's verdict is taken below, over every slot.
+            let part: Vec<Check<'_>> = members
+                .iter()
+                .map(|&i| match checks[i].mode {
+                    Mode::Quota => checks[i].shadow(),
+                    _ => checks[i],
+                })
+                .collect();
             let reply = self.run_plan(&part, now, false).await?;
             let allowed = part
                 .iter()
@@ -264,11 +273,20 @@ impl RedisStore {
             }
         }
         if !denied {
-            let decisions = decisions.into_iter().flatten().collect();
-            return Ok(Verdict {
-                allowed: true,
-                decisions,
-            });
+            let quota_ok = tollgate_core::plan_allows(
+                checks
+                    .iter()
+                    .zip(&decisions)
+                    .map(|(c, d)| (c.mode, d.is_some_and(|d| d.allowed))),
+            );
+            if quota_ok {
+                let decisions = decisions.into_iter().flatten().collect();
+                return Ok(Verdict {
+                    allowed: true,
+                    decisions,
+                });
+            }
+            // Every quota check denied: the plan is denied and what was charged goes back.
         }
         // Give back, then report every charged rule as uncharged (what it would allow now).
         for &(i, at) in &charged {
@@ -438,7 +456,11 @@ impl RedisStore {
                 .arg(q.period_micros())
                 .arg(q.burst())
                 .arg(c.cost.min(MAX_COST))
-                .arg(u8::from(c.mode == Mode::Shadow));
+                .arg(match c.mode {
+                    Mode::Enforce => 0u8,
+                    Mode::Shadow => 1,
+                    Mode::Quota => 2,
+                });
         }
         if let Some(ms) = self.ttl_floor_ms {
             cmd.arg(ms);
@@ -534,10 +556,12 @@ async fn connect_cluster(urls: &[String]) -> Result<ClusterConnection, RedisStor
 
 /// The verdict of a plan from its decisions: allowed when every enforced rule allowed.
 fn verdict(checks: &[Check<'_>], decisions: Vec<tollgate_core::Decision>) -> Verdict {
-    let allowed = checks
-        .iter()
-        .zip(&decisions)
-        .all(|(c, d)| d.allowed || !c.enforces());
+    let allowed = tollgate_core::plan_allows(
+        checks
+            .iter()
+            .zip(&decisions)
+            .map(|(c, d)| (c.mode, d.allowed)),
+    );
     Verdict { allowed, decisions }
 }
 

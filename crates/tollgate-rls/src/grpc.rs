@@ -55,7 +55,8 @@ impl LiveRls {
     }
 
     /// Serves `service` from the next call on; calls in flight finish with the old one.
-    pub fn replace(&self, service: RlsService) {
+    pub fn replace(&self, mut service: RlsService) {
+        service.keep_metrics_of(&self.current.load());
         self.current.store(Arc::new(service));
     }
 

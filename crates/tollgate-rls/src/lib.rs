@@ -13,6 +13,7 @@
 pub mod config;
 mod grpc;
 mod incoming;
+pub mod metrics;
 pub mod proto;
 mod service;
 mod yaml;

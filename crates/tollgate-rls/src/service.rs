@@ -7,7 +7,8 @@
 //! values. A request descriptor's client key is the keyed hash of the domain and its entries:
 //! each distinct value counts on its own, and raw values never reach the store.
 
-use crate::config::{RlsConfig, RuleLimit, Unit};
+use crate::config::{Found, RlsConfig, RuleLimit, Unit};
+use crate::metrics::DescriptorMetrics;
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -45,6 +46,13 @@ pub struct RlsOptions {
     /// `[rls] response_headers = "draft"`: RateLimit-Policy and RateLimit in
     /// `response_headers_to_add`.
     pub response_headers: bool,
+    /// `[rls] quota_mode`: every rule in quota mode (envoyproxy's global quota mode).
+    pub quota_mode: bool,
+    /// `[rls] shadow_mode`: no answer is ever OVER_LIMIT (envoyproxy's global shadow mode);
+    /// each descriptor still reports its own code.
+    pub shadow_mode: bool,
+    /// `[rls] dynamic_metadata`: the response carries envoyproxy's dynamic metadata.
+    pub dynamic_metadata: bool,
 }
 
 impl Default for RlsOptions {
@@ -53,6 +61,9 @@ impl Default for RlsOptions {
             on_failure: FailurePolicy::Open,
             local_divisor: 1,
             response_headers: true,
+            quota_mode: false,
+            shadow_mode: false,
+            dynamic_metadata: false,
         }
     }
 }
@@ -71,6 +82,9 @@ struct Inner {
     policies: Vec<Option<Policy>>,
     options: RlsOptions,
     overrides: Mutex<OverrideCache<Policy>>,
+    /// The series `detailed_metric` and `value_to_metric` ask for (bounded; carried over
+    /// from one service generation to the next, see [`RlsService::keep_metrics_of`]).
+    metrics: Arc<DescriptorMetrics>,
 }
 
 /// The policies of limit overrides by (matched rule, limit): a bounded LRU.
@@ -135,6 +149,16 @@ enum Slot {
     NoLimit,
     /// An unlimited rule.
     Unlimited,
+    /// `requests_per_unit: 0` (or a limit override of 0): over the limit, nothing stored.
+    Blocked {
+        current: RateLimit,
+        unit: Unit,
+        /// The rule's own `shadow_mode`: reported OK.
+        shadow: bool,
+        /// In quota mode (and not a shadow).
+        quota: bool,
+        metadata: Option<usize>,
+    },
     /// Checked as plan item `item`.
     Item(usize),
 }
@@ -145,25 +169,32 @@ struct Item {
     policy: Policy,
     cost: u64,
     current: RateLimit,
+    /// In quota mode (and not a shadow).
+    quota: bool,
+    /// The rule's own `shadow_mode` (a descriptor of it never reports OVER_LIMIT).
+    rule_shadow: bool,
+    /// The rule whose `metadata` the item passes on when it passes.
+    rule: Option<usize>,
 }
 
 impl RlsService {
-    /// The policy each rule of `config` is enforced as, in rule order (`None`: unlimited).
-    /// [`RlsService::new`] registers exactly these, so a caller that checks them with
-    /// [`PolicySpec::validate`] knows `new` cannot fail.
+    /// The policy each rule of `config` is enforced as, in rule order (`None`: unlimited or
+    /// blocked, which never reach the store). [`RlsService::new`] registers exactly these, so a
+    /// caller that checks them with [`PolicySpec::validate`] knows `new` cannot fail.
     pub fn specs<'a>(
         config: &'a RlsConfig,
         options: &'a RlsOptions,
     ) -> impl Iterator<Item = Option<PolicySpec>> + 'a {
         config.rules().iter().map(|rule| match rule.limit {
-            RuleLimit::Unlimited => None,
+            RuleLimit::Unlimited | RuleLimit::Blocked { .. } => None,
             RuleLimit::Limited { limit, .. } => Some(PolicySpec {
                 name: rule.policy_name.clone(),
                 limit,
                 cost: 1,
                 on_failure: options.on_failure,
                 local_divisor: options.local_divisor,
-                shadow: rule.shadow,
+                // The global shadow mode: every rule decided and charged, none denying.
+                shadow: rule.shadow || options.shadow_mode,
                 sync: SyncMode::Exact,
             }),
         })
@@ -187,6 +218,7 @@ impl RlsService {
                 policies,
                 options,
                 overrides: Mutex::new(OverrideCache::new(MAX_OVERRIDES)),
+                metrics: Arc::default(),
             }),
         })
     }
@@ -194,6 +226,20 @@ impl RlsService {
     /// The limiter the service decides with.
     pub fn limiter(&self) -> &Limiter {
         &self.inner.limiter
+    }
+
+    /// Counts on in `old`'s descriptor series (a reload keeps the counters), when this
+    /// service is not shared yet.
+    pub fn keep_metrics_of(&mut self, old: &RlsService) {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.metrics = Arc::clone(&old.inner.metrics);
+        }
+    }
+
+    /// `tollgate_rls_descriptor_decisions_total` (the series `detailed_metric` and
+    /// `value_to_metric` ask for) in the Prometheus text format.
+    pub fn render_metrics(&self, out: &mut String) {
+        self.inner.metrics.render(out);
     }
 
     /// Decides one request. Errors are the gRPC statuses Envoy sees: `INVALID_ARGUMENT` for a
@@ -217,32 +263,46 @@ impl RlsService {
             )));
         }
         let request_hits = u64::from(req.hits_addend.max(1));
-        let rules: Vec<Option<usize>> = req
+        let found: Vec<Option<Found>> = req
             .descriptors
             .iter()
             .map(|d| self.rule_of(&req.domain, d))
             .collect::<Result<_, _>>()?;
+        let rules: Vec<Option<usize>> = found.iter().map(|f| f.map(|f| f.rule)).collect();
         let replaced = self.replaced(&rules);
-        let mut slots = Vec::with_capacity(rules.len());
+        let mut slots = Vec::with_capacity(found.len());
         let mut items = Items::default();
-        for (d, rule) in req.descriptors.iter().zip(&rules) {
+        for (d, f) in req.descriptors.iter().zip(&found) {
             let cost = d.hits_addend.unwrap_or(request_hits);
-            let rule = rule.filter(|r| !replaced.contains(r));
-            slots.push(self.slot(&req.domain, d, rule, cost, &mut items)?);
+            let f = f.filter(|f| !replaced.contains(&f.rule));
+            slots.push(self.slot(&req.domain, d, f, cost, &mut items)?);
         }
-        let items = items.list;
+        let mut items = items.list;
+        // A blocked descriptor denies the request (nothing is charged): the store is asked
+        // only for what the others have left, at cost 0.
+        let blocked = self.blocked_denies(&slots, &items);
+        if blocked {
+            for it in &mut items {
+                it.cost = 0;
+            }
+        }
         let mut plan = Plan::new();
         // Each item's policy must be a distinct value (results are matched back by identity):
         // the registered policy itself for the first item of its rule at its own cost, a copy
-        // with the item's cost otherwise.
+        // with the item's cost (or in quota mode) otherwise.
         let mut shared = HashSet::with_capacity(items.len());
         let policies: Vec<Policy> = items
             .iter()
             .map(|it| {
-                if it.cost == it.policy.cost() && shared.insert(it.policy.id()) {
+                let p = if it.cost == it.policy.cost() && shared.insert(it.policy.id()) {
                     it.policy.clone()
                 } else {
                     it.policy.with_cost(it.cost)
+                };
+                if it.quota {
+                    p.in_quota_mode()
+                } else {
+                    p
                 }
             })
             .collect();
@@ -258,31 +318,97 @@ impl RlsService {
             i.limiter.check(&plan).await
         };
         tollgate::trace::record_decision(&tracing::Span::current(), &plan, &result);
-        self.respond(&slots, &items, &policies, &result)
+        let answer = Answer {
+            slots: &slots,
+            items: &items,
+            policies: &policies,
+            result: &result,
+            blocked,
+        };
+        self.respond(req, &found, &answer)
+    }
+
+    /// Whether a blocked descriptor denies the request: an enforced one (not in quota mode),
+    /// or quota descriptors that are all blocked. The global shadow mode denies nothing.
+    fn blocked_denies(&self, slots: &[Slot], items: &[Item]) -> bool {
+        if self.inner.options.shadow_mode {
+            return false;
+        }
+        let mut quota = 0usize;
+        let mut quota_blocked = 0usize;
+        for slot in slots {
+            match slot {
+                Slot::Blocked {
+                    shadow: false,
+                    quota: false,
+                    ..
+                } => return true,
+                Slot::Blocked {
+                    shadow: false,
+                    quota: true,
+                    ..
+                } => {
+                    quota += 1;
+                    quota_blocked += 1;
+                }
+                Slot::Item(k) if items[*k].quota => quota += 1,
+                _ => {}
+            }
+        }
+        quota > 0 && quota == quota_blocked
     }
 
     /// What one request descriptor needs: a plan item (added to `items`), or an answer
-    /// without the store. `rule` is its rule after `replaces`; a limit override (in a known
+    /// without the store. `found` is its rule after `replaces`; a limit override (in a known
     /// domain) wins over it.
     fn slot(
         &self,
         domain: &str,
         d: &RateLimitDescriptor,
-        rule: Option<usize>,
+        found: Option<Found>,
         cost: u64,
         items: &mut Items,
     ) -> Result<Slot, Status> {
         let i = &self.inner;
+        let rule = found.map(|f| f.rule);
+        let configured = rule.map(|r| &i.config.rules()[r]);
+        let rule_shadow = configured.is_some_and(|r| r.shadow) || i.options.shadow_mode;
+        let quota = (configured.is_some_and(|r| r.quota) || i.options.quota_mode) && !rule_shadow;
         if let Some(o) = d.limit.as_ref().filter(|_| i.config.has_domain(domain)) {
+            if o.requests_per_unit == 0 {
+                let unit = Unit::from_proto(o.unit).ok_or_else(|| {
+                    Status::invalid_argument("the limit override needs a unit (SECOND to WEEK)")
+                })?;
+                return Ok(Slot::Blocked {
+                    current: RateLimit {
+                        name: configured.map(|r| r.name.clone()).unwrap_or_default(),
+                        requests_per_unit: 0,
+                        unit: unit.proto(),
+                    },
+                    unit,
+                    shadow: false,
+                    quota: false,
+                    metadata: None,
+                });
+            }
+            // As envoyproxy: an override is never in shadow or quota mode.
             let (policy, current, salt) = self.override_policy(domain, rule, o)?;
-            let client = self.client(domain, d, Some(&salt));
-            return Ok(Self::add(items, client, policy, cost, current));
+            let client = self.client(domain, d, None, Some(&salt));
+            let item = Item {
+                client,
+                policy,
+                cost,
+                current,
+                quota: false,
+                rule_shadow: false,
+                rule: None,
+            };
+            return Ok(Self::add(items, item));
         }
-        let Some(r) = rule else {
+        let (Some(f), Some(configured)) = (found, configured) else {
             return Ok(Slot::NoLimit);
         };
-        let configured = &i.config.rules()[r];
-        match (&i.policies[r], configured.limit) {
+        match (&i.policies[f.rule], configured.limit) {
             (
                 Some(policy),
                 RuleLimit::Limited {
@@ -296,15 +422,35 @@ impl RlsService {
                     requests_per_unit,
                     unit: unit.proto(),
                 };
-                let client = self.client(domain, d, None);
-                Ok(Self::add(items, client, policy.clone(), cost, current))
+                let client = self.client(domain, d, Some(f), None);
+                let item = Item {
+                    client,
+                    policy: policy.clone(),
+                    cost,
+                    current,
+                    quota,
+                    rule_shadow: configured.shadow,
+                    rule: Some(f.rule),
+                };
+                Ok(Self::add(items, item))
             }
+            (_, RuleLimit::Blocked { unit }) => Ok(Slot::Blocked {
+                current: RateLimit {
+                    name: configured.name.clone(),
+                    requests_per_unit: 0,
+                    unit: unit.proto(),
+                },
+                unit,
+                shadow: rule_shadow,
+                quota,
+                metadata: Some(f.rule),
+            }),
             _ => Ok(Slot::Unlimited),
         }
     }
 
     /// The rule of one request descriptor (before `replaces`).
-    fn rule_of(&self, domain: &str, d: &RateLimitDescriptor) -> Result<Option<usize>, Status> {
+    fn rule_of(&self, domain: &str, d: &RateLimitDescriptor) -> Result<Option<Found>, Status> {
         if d.entries.len() > MAX_ENTRIES {
             return Err(Status::invalid_argument(format!(
                 "at most {MAX_ENTRIES} entries per descriptor"
@@ -336,28 +482,17 @@ impl RlsService {
     }
 
     /// Adds a plan item, or charges an identical one of the same request again.
-    fn add(
-        items: &mut Items,
-        client: ClientKey,
-        policy: Policy,
-        cost: u64,
-        current: RateLimit,
-    ) -> Slot {
+    fn add(items: &mut Items, item: Item) -> Slot {
         let next = items.list.len();
-        match items.index.entry((client, policy.id())) {
+        match items.index.entry((item.client, item.policy.id())) {
             std::collections::hash_map::Entry::Occupied(e) => {
                 let k = *e.get();
-                items.list[k].cost = items.list[k].cost.saturating_add(cost);
+                items.list[k].cost = items.list[k].cost.saturating_add(item.cost);
                 Slot::Item(k)
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(next);
-                items.list.push(Item {
-                    client,
-                    policy,
-                    cost,
-                    current,
-                });
+                items.list.push(item);
                 Slot::Item(next)
             }
         }
@@ -365,16 +500,42 @@ impl RlsService {
 
     /// The keyed hash of the domain and the entries (and an override's quota, which counts on
     /// its own): lengths delimit every part, so no two descriptors share a key by accident.
-    fn client(&self, domain: &str, d: &RateLimitDescriptor, salt: Option<&str>) -> ClientKey {
+    /// An entry matched by a `share_threshold` wildcard counts as the pattern, so every value
+    /// matching it shares one counter.
+    fn client(
+        &self,
+        domain: &str,
+        d: &RateLimitDescriptor,
+        found: Option<Found>,
+        salt: Option<&str>,
+    ) -> ClientKey {
         let mut bytes = Vec::with_capacity(64);
         let mut part = |s: &[u8]| {
             bytes.extend_from_slice(&(s.len() as u64).to_le_bytes());
             bytes.extend_from_slice(s);
         };
         part(domain.as_bytes());
-        for e in &d.entries {
+        let shared = found.map_or(0, |f| f.shared);
+        for (n, e) in d.entries.iter().enumerate() {
             part(e.key.as_bytes());
-            part(e.value.as_bytes());
+            let pattern = if n < 64 && shared >> n & 1 == 1 {
+                self.inner.config.shared_pattern(
+                    domain,
+                    d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
+                    n,
+                )
+            } else {
+                None
+            };
+            match pattern {
+                // The marker is not UTF-8, so no request value (a string) can stand where
+                // it does: a pattern never hashes like a request value equal to it.
+                Some(p) => {
+                    part(b"\xff*share");
+                    part(p.as_bytes());
+                }
+                None => part(e.value.as_bytes()),
+            }
         }
         if let Some(s) = salt {
             part(s.as_bytes());
@@ -443,25 +604,27 @@ impl RlsService {
 
     fn respond(
         &self,
-        slots: &[Slot],
-        items: &[Item],
-        policies: &[Policy],
-        result: &LimitResult,
+        req: &RateLimitRequest,
+        found: &[Option<Found>],
+        a: &Answer<'_>,
     ) -> Result<RateLimitResponse, Status> {
+        let i = &self.inner;
+        let result = a.result;
         let overall = match result.action {
-            Action::Allow => Code::Ok,
-            Action::Limit { .. } => Code::OverLimit,
             Action::Unavailable { .. } => {
                 return Err(Status::unavailable(
                     "the rate limit store is unavailable and a matched rule fails closed",
                 ))
             }
+            _ if a.blocked => Code::OverLimit,
+            Action::Allow => Code::Ok,
+            Action::Limit { .. } => Code::OverLimit,
         };
-        // Each item's result: the limiter answers in plan order (a subsequence of it when the
-        // deny cache answers), so the next unmatched result is nearly always the one; a search
-        // only when it is not.
+        // Each item's result: the limiter answers in plan order, so the next unmatched result
+        // is nearly always the one; a search only when it is not.
         let mut next = 0;
-        let by_item: Vec<Option<&tollgate::PolicyResult>> = policies
+        let by_item: Vec<Option<&tollgate::PolicyResult>> = a
+            .policies
             .iter()
             .map(|p| match result.results.get(next) {
                 Some(r) if r.policy.is(p) => {
@@ -471,59 +634,278 @@ impl RlsService {
                 _ => result.results.iter().find(|r| r.policy.is(p)),
             })
             .collect();
-        let statuses = slots
-            .iter()
-            .map(|slot| match slot {
-                Slot::NoLimit => DescriptorStatus {
-                    code: Code::Ok.into(),
-                    ..Default::default()
-                },
-                Slot::Unlimited => DescriptorStatus {
-                    code: Code::Ok.into(),
-                    limit_remaining: UNLIMITED_REMAINING,
-                    ..Default::default()
-                },
-                Slot::Item(k) => {
-                    let r = by_item[*k];
-                    let limited = r.is_some_and(|r| {
-                        matches!(r.outcome, Outcome::Limited | Outcome::FallbackLimited)
-                    });
-                    let d = r.and_then(|r| r.decision);
+        let mut statuses = Vec::with_capacity(a.slots.len());
+        // Which descriptors passed, with the rule whose metadata they pass on.
+        let mut passed: Vec<Option<usize>> = Vec::new();
+        for (n, slot) in a.slots.iter().enumerate() {
+            let (status, outcome, meta) = match slot {
+                Slot::NoLimit => (
                     DescriptorStatus {
-                        code: if limited { Code::OverLimit } else { Code::Ok }.into(),
-                        current_limit: Some(items[*k].current.clone()),
-                        limit_remaining: d
-                            .map_or(0, |d| u32::try_from(d.remaining).unwrap_or(u32::MAX)),
-                        duration_until_reset: d.map(|d| proto_duration(d.reset_after)),
+                        code: Code::Ok.into(),
+                        ..Default::default()
+                    },
+                    None,
+                    Some(None),
+                ),
+                Slot::Unlimited => (
+                    DescriptorStatus {
+                        code: Code::Ok.into(),
+                        limit_remaining: UNLIMITED_REMAINING,
+                        ..Default::default()
+                    },
+                    None,
+                    None,
+                ),
+                Slot::Blocked {
+                    current,
+                    unit,
+                    shadow,
+                    metadata,
+                    ..
+                } => {
+                    let own_shadow = *shadow && !i.options.shadow_mode;
+                    let code = if own_shadow {
+                        Code::Ok
+                    } else {
+                        Code::OverLimit
+                    };
+                    let status = DescriptorStatus {
+                        code: code.into(),
+                        current_limit: Some(current.clone()),
+                        limit_remaining: 0,
+                        duration_until_reset: Some(proto_duration(until_window_end(*unit))),
+                    };
+                    let outcome = if *shadow {
+                        Outcome::ShadowLimited
+                    } else {
+                        Outcome::Limited
+                    };
+                    (status, Some(outcome), own_shadow.then_some(*metadata))
+                }
+                Slot::Item(k) => {
+                    let it = &a.items[*k];
+                    let r = by_item[*k];
+                    let outcome = r.map(|r| r.outcome);
+                    let over = match outcome {
+                        Some(Outcome::Limited | Outcome::FallbackLimited) => true,
+                        // Shadow under the global shadow mode only: reported over, never
+                        // denied (envoyproxy's global shadow changes only the overall code).
+                        Some(Outcome::ShadowLimited) => !it.rule_shadow,
+                        _ => false,
+                    };
+                    let status = match r.and_then(|r| r.decision) {
+                        Some(d) => DescriptorStatus {
+                            code: if over { Code::OverLimit } else { Code::Ok }.into(),
+                            current_limit: Some(it.current.clone()),
+                            limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+                            duration_until_reset: Some(proto_duration(d.reset_after)),
+                        },
+                        // The store did not answer and the rule failed open: nothing was
+                        // charged and nothing is known to be used.
+                        None => DescriptorStatus {
+                            code: if over { Code::OverLimit } else { Code::Ok }.into(),
+                            current_limit: Some(it.current.clone()),
+                            limit_remaining: it.current.requests_per_unit,
+                            duration_until_reset: None,
+                        },
+                    };
+                    (status, outcome, (!over).then_some(it.rule))
+                }
+            };
+            if let (Some(outcome), Some(f)) = (outcome, found[n]) {
+                let rule = &i.config.rules()[f.rule];
+                if rule.detailed_metric || rule.value_to_metric {
+                    let d = &req.descriptors[n];
+                    let entries: Vec<(&str, &str)> = d
+                        .entries
+                        .iter()
+                        .map(|e| (e.key.as_str(), e.value.as_str()))
+                        .collect();
+                    if let Some(key) = i.config.metric_key(&req.domain, &entries) {
+                        i.metrics.record(&key, outcome);
                     }
                 }
-            })
-            .collect();
-        let mut response_headers_to_add = Vec::new();
-        if self.inner.options.response_headers {
-            if let Some(v) = tollgate::headers::ratelimit_policy(result) {
-                response_headers_to_add.push(header("ratelimit-policy", v));
             }
-            if let Some(v) = tollgate::headers::ratelimit(result) {
-                response_headers_to_add.push(header("ratelimit", v));
+            if let Some(m) = meta {
+                passed.push(m);
             }
-            if let Action::Limit {
-                retry_after: Some(wait),
-            } = result.action
-            {
-                response_headers_to_add.push(header(
-                    "retry-after",
-                    tollgate::headers::retry_after_secs(wait).to_string(),
-                ));
-            }
+            statuses.push(status);
         }
+        let mut response_headers_to_add = Vec::new();
+        if i.options.response_headers {
+            self.headers(a, &mut response_headers_to_add);
+        }
+        let dynamic_metadata = i
+            .options
+            .dynamic_metadata
+            .then(|| self.dynamic_metadata(req, &passed));
         Ok(RateLimitResponse {
             overall_code: overall.into(),
             statuses,
             response_headers_to_add,
+            dynamic_metadata,
             ..Default::default()
         })
     }
+
+    /// RateLimit-Policy, RateLimit and Retry-After for Envoy to add to the response. A blocked
+    /// descriptor that denied is the most constrained: it leads, with nothing remaining and no
+    /// Retry-After (waiting never helps).
+    fn headers(&self, a: &Answer<'_>, out: &mut Vec<HeaderValue>) {
+        let blocked = a.blocked.then(|| {
+            a.slots.iter().find_map(|s| match s {
+                Slot::Blocked {
+                    current,
+                    unit,
+                    shadow: false,
+                    ..
+                } => Some((current, *unit)),
+                _ => None,
+            })
+        });
+        let mut policy = tollgate::headers::ratelimit_policy(a.result);
+        let mut remaining = tollgate::headers::ratelimit(a.result);
+        if let Some(Some((current, unit))) = blocked {
+            let name = if current.name.is_empty() {
+                "blocked"
+            } else {
+                current.name.as_str()
+            };
+            let name = tollgate::headers::sf_string(name);
+            let own = format!("{name};q=0;w={}", unit.seconds());
+            policy = Some(match policy {
+                Some(p) => format!("{own}, {p}"),
+                None => own,
+            });
+            remaining = Some(format!(
+                "{name};r=0;t={}",
+                until_window_end(unit).as_secs().max(1)
+            ));
+        }
+        if let Some(v) = policy {
+            out.push(header("ratelimit-policy", v));
+        }
+        if let Some(v) = remaining {
+            out.push(header("ratelimit", v));
+        }
+        if let (
+            Action::Limit {
+                retry_after: Some(wait),
+            },
+            false,
+        ) = (a.result.action, a.blocked)
+        {
+            out.push(header(
+                "retry-after",
+                tollgate::headers::retry_after_secs(wait).to_string(),
+            ));
+        }
+    }
+
+    /// envoyproxy/ratelimit's response dynamic metadata: the domain, every descriptor (its
+    /// entries as `key=value`, its limit override, its hits), the request's hits, and the
+    /// configured `metadata` of the rules of the descriptors that passed, merged.
+    fn dynamic_metadata(
+        &self,
+        req: &RateLimitRequest,
+        passed: &[Option<usize>],
+    ) -> prost_types::Struct {
+        use prost_types::value::Kind;
+        let text = |s: String| prost_types::Value {
+            kind: Some(Kind::StringValue(s)),
+        };
+        let number = |n: f64| prost_types::Value {
+            kind: Some(Kind::NumberValue(n)),
+        };
+        let descriptors = req
+            .descriptors
+            .iter()
+            .map(|d| {
+                let mut fields = std::collections::BTreeMap::new();
+                let entries = d
+                    .entries
+                    .iter()
+                    .map(|e| text(format!("{}={}", e.key, e.value)))
+                    .collect();
+                fields.insert(
+                    "entries".to_string(),
+                    prost_types::Value {
+                        kind: Some(Kind::ListValue(prost_types::ListValue { values: entries })),
+                    },
+                );
+                if let Some(o) = &d.limit {
+                    let unit = Unit::from_proto(o.unit)
+                        .map_or_else(|| "UNKNOWN".to_string(), |u| u.name().to_uppercase());
+                    fields.insert(
+                        "limit".to_string(),
+                        text(format!(
+                            "requests_per_unit:{} unit:{unit}",
+                            o.requests_per_unit
+                        )),
+                    );
+                }
+                if let Some(h) = d.hits_addend {
+                    fields.insert("hitsAddend".to_string(), number(h as f64));
+                }
+                prost_types::Value {
+                    kind: Some(Kind::StructValue(prost_types::Struct { fields })),
+                }
+            })
+            .collect();
+        let mut fields = std::collections::BTreeMap::new();
+        fields.insert("domain".to_string(), text(req.domain.clone()));
+        fields.insert(
+            "descriptors".to_string(),
+            prost_types::Value {
+                kind: Some(Kind::ListValue(prost_types::ListValue {
+                    values: descriptors,
+                })),
+            },
+        );
+        if req.hits_addend != 0 {
+            fields.insert("hitsAddend".to_string(), number(f64::from(req.hits_addend)));
+        }
+        let mut merged = prost_types::Struct::default();
+        let rules = self.inner.config.rules();
+        for meta in passed
+            .iter()
+            .flatten()
+            .filter_map(|&r| rules[r].metadata.as_ref())
+        {
+            crate::config::merge_metadata(&mut merged, meta);
+        }
+        if !merged.fields.is_empty() {
+            fields.insert(
+                "metadata".to_string(),
+                prost_types::Value {
+                    kind: Some(Kind::StructValue(merged)),
+                },
+            );
+        }
+        prost_types::Struct { fields }
+    }
+}
+
+/// A decided request, as [`RlsService::respond`] reads it.
+struct Answer<'a> {
+    slots: &'a [Slot],
+    items: &'a [Item],
+    policies: &'a [Policy],
+    result: &'a LimitResult,
+    /// A blocked descriptor denied the request.
+    blocked: bool,
+}
+
+/// How long until the current window of `unit` ends (windows aligned to the Unix epoch, as
+/// envoyproxy/ratelimit's fixed windows are).
+fn until_window_end(unit: Unit) -> std::time::Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let len = unit.seconds().max(1);
+    std::time::Duration::from_secs(len - now.as_secs() % len).saturating_sub(
+        std::time::Duration::from_nanos(u64::from(now.subsec_nanos())),
+    )
 }
 
 fn header(key: &str, value: String) -> HeaderValue {

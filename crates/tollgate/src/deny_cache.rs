@@ -20,7 +20,7 @@ const SHARDS: usize = 32;
 /// Keys are already uniform (a keyed hash of the client, an FNV hash of the policy name):
 /// mixing them once is enough.
 #[derive(Default)]
-struct PrehashedHasher(u64);
+pub(crate) struct PrehashedHasher(u64);
 
 impl Hasher for PrehashedHasher {
     fn finish(&self) -> u64 {

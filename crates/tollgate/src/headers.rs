@@ -36,7 +36,13 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
         }
         let q = r.policy.limit().quota();
         let w = secs_ceil(q.period(), 1);
-        let _ = write!(out, "\"{}\";q={};w={}", r.policy.name(), q.limit(), w);
+        let _ = write!(
+            out,
+            "{};q={};w={}",
+            sf_string(r.policy.name()),
+            q.limit(),
+            w
+        );
     }
     (!out.is_empty()).then_some(out)
 }
@@ -47,7 +53,32 @@ pub fn ratelimit(result: &LimitResult) -> Option<String> {
     let r = result.most_constrained()?;
     let d = r.decision?;
     let t = secs_ceil(d.reset_after, 0);
-    Some(format!("\"{}\";r={};t={}", r.policy.name(), d.remaining, t))
+    Some(format!(
+        "{};r={};t={}",
+        sf_string(r.policy.name()),
+        d.remaining,
+        t
+    ))
+}
+
+/// `text` as a structured-field string (RFC 9651 3.3.3): quoted, `"` and `\\` escaped, and
+/// every character a string may not hold (controls, DEL, anything past ASCII) written as `?`,
+/// so a name from a configuration file can never end the header or start another.
+pub fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// The value of `Retry-After` (and of a problem body's `retry_after`) for a wait of `wait`:
@@ -66,6 +97,14 @@ fn secs_ceil(d: Duration, min: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_written_as_structured_field_strings() {
+        assert_eq!(sf_string("api"), "\"api\"");
+        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(sf_string("x\r\nSet-Cookie: y"), "\"x??Set-Cookie: y\"");
+        assert_eq!(sf_string("é\u{7f}"), "\"??\"");
+    }
 
     #[test]
     fn retry_after_rounds_up_to_whole_seconds_and_is_never_zero() {

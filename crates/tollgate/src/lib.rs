@@ -55,6 +55,7 @@ mod breaker;
 mod deny_cache;
 pub mod headers;
 mod identity;
+mod last_answer;
 mod lease;
 mod leased;
 pub mod metrics;
@@ -93,6 +94,7 @@ pub mod clock {
 use breaker::{Breakers, Permit};
 use clock::{Clock, SystemClock};
 use deny_cache::DenyCache;
+use last_answer::{Known, LastAnswers};
 use lease::Leases;
 use metrics::{Metrics, StoreErrorKind};
 use policy::FailurePolicy;
@@ -176,6 +178,8 @@ struct Inner {
     timeout: Duration,
     breakers: Breakers,
     deny_cache: Option<DenyCache>,
+    /// The store's last answers for the other rules of plans the deny cache answers.
+    last: Option<LastAnswers>,
     leases: Option<Leases>,
     lease_policies: std::sync::Mutex<Vec<Policy>>,
     /// The limits of the policies made so far, for `connect` to load their scripts.
@@ -219,6 +223,9 @@ impl Limiter {
                 timeout: config.timeout,
                 breakers: Breakers::new(config.breaker, cluster),
                 leases: can_lease.then(|| Leases::new(config.deny_cache_capacity.max(1024))),
+                last: deny_cache
+                    .as_ref()
+                    .map(|_| LastAnswers::new(config.deny_cache_capacity)),
                 deny_cache,
                 lease_policies: std::sync::Mutex::new(Vec::new()),
                 limits: std::sync::Mutex::new(Vec::new()),
@@ -338,7 +345,7 @@ impl Limiter {
         let mut taken = Vec::new();
         let (leased, exact): (Vec<_>, Vec<_>) = plan
             .iter()
-            .partition(|(_, p)| !p.is_shadow() && self.leases(p));
+            .partition(|(_, p)| p.mode() == Mode::Enforce && self.leases(p));
         if !leased.is_empty() {
             let action = self
                 .decide_leased(&leased, now, &mut results, &mut taken)
@@ -355,33 +362,106 @@ impl Limiter {
     }
 
     /// The deny cache's answer: a 429 when an enforced policy of the plan denied its client
-    /// until later than now (exact: denials consume nothing).
+    /// until later than now, or when every quota-mode policy of the plan did (exact: denials
+    /// consume nothing). Every other policy of the plan reports the store's last answer for
+    /// it; when one has none, the store answers instead.
     fn deny_cached(&self, plan: &Plan, now: Micros) -> Option<LimitResult> {
         let cache = self.inner.deny_cache.as_ref()?;
-        let mut results = Vec::new();
+        let mut until: Vec<Option<Micros>> = Vec::with_capacity(plan.len());
+        let (mut enforced, mut quota, mut quota_denied) = (false, 0usize, 0usize);
+        for (client, p) in plan.iter() {
+            let u = match p.mode() {
+                Mode::Shadow => None,
+                mode => {
+                    let u = cache.denied_until(client, p.inner.deny_key, now, p.cost());
+                    match mode {
+                        Mode::Quota => {
+                            quota += 1;
+                            quota_denied += usize::from(u.is_some());
+                        }
+                        _ => enforced |= u.is_some(),
+                    }
+                    u
+                }
+            };
+            until.push(u);
+        }
+        let quota_blocks = quota > 0 && quota_denied == quota;
+        if !enforced && !quota_blocks {
+            return None;
+        }
+        // The plan is denied. Which denials decide the wait: the enforced ones, and the
+        // earliest quota one when the quota policies deny together.
         let mut wait = 0;
-        for (client, p) in plan.iter().filter(|(_, p)| !p.is_shadow()) {
-            if let Some(until) = cache.denied_until(client, p.inner.deny_key, now, p.cost()) {
-                let retry = until - now;
-                wait = wait.max(retry);
-                p.inner.stats.deny_cache_hit();
-                p.inner.stats.record(Outcome::Limited);
-                p.inner.stats.record_limited(client, Outcome::Limited, now);
-                let retry = micros_to_duration(retry);
-                results.push(PolicyResult {
-                    policy: p.clone(),
-                    outcome: Outcome::Limited,
-                    decision: Some(Decision {
+        let mut earliest_quota: Option<Micros> = None;
+        for ((_, p), u) in plan.iter().zip(&until) {
+            if let Some(u) = *u {
+                match p.mode() {
+                    Mode::Quota => {
+                        earliest_quota = Some(earliest_quota.map_or(u, |e: Micros| e.min(u)))
+                    }
+                    _ => wait = wait.max(u - now),
+                }
+            }
+        }
+        if quota_blocks {
+            wait = wait.max(earliest_quota.map_or(0, |u| u - now));
+        }
+        // The others: what the store last said of them, or no local answer at all.
+        let mut others = Vec::new();
+        for ((client, p), u) in plan.iter().zip(&until) {
+            if u.is_none() {
+                let known = self
+                    .inner
+                    .last
+                    .as_ref()?
+                    .known(client, p.inner.deny_key, now)?;
+                others.push(known);
+            }
+        }
+        let mut others = others.into_iter();
+        let mut results = Vec::with_capacity(plan.len());
+        for ((client, p), u) in plan.iter().zip(&until) {
+            let limit = p.limit().quota().limit();
+            let (outcome, decision) = match *u {
+                Some(until) => {
+                    p.inner.stats.deny_cache_hit();
+                    let retry = micros_to_duration(until - now);
+                    let d = Decision {
                         allowed: false,
-                        limit: p.limit().quota().limit(),
+                        limit,
                         remaining: 0,
                         reset_after: retry,
                         retry_after: Some(retry),
-                    }),
-                });
-            }
+                    };
+                    (Outcome::Limited, d)
+                }
+                None => {
+                    let Some(k) = others.next() else { continue };
+                    let d = Decision {
+                        allowed: k.allowed,
+                        limit,
+                        remaining: k.remaining,
+                        reset_after: micros_to_duration(k.reset_at.saturating_sub(now)),
+                        retry_after: None,
+                    };
+                    let outcome = if k.allowed {
+                        Outcome::Allowed
+                    } else {
+                        Outcome::ShadowLimited
+                    };
+                    (outcome, d)
+                }
+            };
+            p.inner.stats.record(outcome);
+            p.inner.stats.record_limited(client, outcome, now);
+            results.push(PolicyResult {
+                policy: p.clone(),
+                outcome,
+                decision: Some(decision),
+            });
         }
-        (!results.is_empty()).then_some(LimitResult {
+        Some(LimitResult {
             action: Action::limit_micros(Some(wait)),
             results,
         })
@@ -404,11 +484,7 @@ impl Limiter {
                 client: **client,
                 rule: p.rule(),
                 cost: p.cost(),
-                mode: if p.is_shadow() {
-                    Mode::Shadow
-                } else {
-                    Mode::Enforce
-                },
+                mode: p.mode(),
             })
             .collect();
         match self.call_store(first, &checks, now).await {
@@ -483,11 +559,31 @@ impl Limiter {
         } else {
             Action::limit_micros(verdict.retry_after(checks))
         };
+        // The store's answers for the deny cache's later local answers of plans of several
+        // policies: remembered when the plan was denied, refreshed whenever held.
+        let last = self
+            .inner
+            .last
+            .as_ref()
+            .filter(|l| items.len() > 1 && (!verdict.allowed || !l.is_empty()));
         for ((client, p), d) in items.iter().zip(verdict.decisions) {
-            let outcome = match (d.allowed, p.is_shadow()) {
+            if let Some(last) = last {
+                let known = Known {
+                    allowed: d.allowed,
+                    remaining: d.remaining,
+                    reset_at: now.saturating_add(d.reset_after),
+                };
+                if verdict.allowed {
+                    last.refresh(client, p.inner.deny_key, known);
+                } else if d.allowed || p.is_shadow() {
+                    // (The others are in the deny cache.)
+                    last.remember(client, p.inner.deny_key, known, now);
+                }
+            }
+            let outcome = match (d.allowed, p.mode()) {
                 (true, _) => Outcome::Allowed,
-                (false, true) => Outcome::ShadowLimited,
-                (false, false) => Outcome::Limited,
+                (false, Mode::Shadow) => Outcome::ShadowLimited,
+                (false, _) => Outcome::Limited,
             };
             if let (Outcome::Limited, Some(r), Some(cache)) =
                 (outcome, d.retry_after, &self.inner.deny_cache)

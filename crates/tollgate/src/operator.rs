@@ -90,6 +90,9 @@ impl Limiter {
             if let Some(cache) = &i.deny_cache {
                 cache.forget(client, policy.inner.deny_key);
             }
+            if let Some(last) = &i.last {
+                last.forget(client, policy.inner.deny_key);
+            }
         };
         forget();
         if let Some(leases) = &i.leases {

@@ -6,7 +6,7 @@ use crate::Error;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{Limit, RateError, RateField, Rule};
+use tollgate_core::{Limit, Mode, RateError, RateField, Rule};
 
 /// What a policy does when the shared store cannot answer (error, timeout, open breaker).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,7 +187,8 @@ pub(crate) struct PolicyInner {
     pub(crate) fallback: Rule,
     pub(crate) cost: u64,
     pub(crate) on_failure: FailurePolicy,
-    pub(crate) shadow: bool,
+    /// Enforced, shadow (`PolicySpec::shadow`) or quota ([`Policy::in_quota_mode`]).
+    pub(crate) mode: Mode,
     pub(crate) sync: SyncMode,
     pub(crate) stats: Arc<PolicyStats>,
     /// The deny cache's key of this rule: its name and its quota, so a denial decided under
@@ -219,7 +220,7 @@ impl std::fmt::Debug for Policy {
             .field("limit", self.inner.rule.limit())
             .field("cost", &self.inner.cost)
             .field("on_failure", &self.inner.on_failure)
-            .field("shadow", &self.inner.shadow)
+            .field("mode", &self.inner.mode)
             .field("sync", &self.inner.sync)
             .finish()
     }
@@ -244,7 +245,11 @@ impl Policy {
                 rule,
                 cost: spec.cost,
                 on_failure: spec.on_failure,
-                shadow: spec.shadow,
+                mode: if spec.shadow {
+                    Mode::Shadow
+                } else {
+                    Mode::Enforce
+                },
                 sync: spec.sync,
                 stats,
             }),
@@ -279,7 +284,17 @@ impl Policy {
 
     /// Whether the policy only observes.
     pub fn is_shadow(&self) -> bool {
-        self.inner.shadow
+        self.inner.mode == Mode::Shadow
+    }
+
+    /// Whether the policy is in quota mode (see [`Policy::in_quota_mode`]).
+    pub fn is_quota(&self) -> bool {
+        self.inner.mode == Mode::Quota
+    }
+
+    /// How the policy's checks count in a plan.
+    pub(crate) fn mode(&self) -> Mode {
+        self.inner.mode
     }
 
     /// What the policy does when the store fails.
@@ -302,6 +317,22 @@ impl Policy {
     /// charging). The copy is distinct: [`Policy::is`] tells it from the original, so a
     /// caller can find its own plan items in a [`crate::LimitResult`].
     pub fn with_cost(&self, cost: u64) -> Policy {
+        self.copy(cost, self.inner.mode)
+    }
+
+    /// The same policy (same rule, state and metrics) in envoyproxy/ratelimit's quota mode:
+    /// over its limit it charges nothing and denies the request only when every quota-mode
+    /// policy of the plan is over its limit; the plan's enforced policies deny as usual. A
+    /// shadow policy stays a shadow. The copy is distinct, as [`Policy::with_cost`]'s is.
+    pub fn in_quota_mode(&self) -> Policy {
+        let mode = match self.inner.mode {
+            Mode::Shadow => Mode::Shadow,
+            Mode::Enforce | Mode::Quota => Mode::Quota,
+        };
+        self.copy(self.inner.cost, mode)
+    }
+
+    fn copy(&self, cost: u64, mode: Mode) -> Policy {
         let i = &self.inner;
         Policy {
             inner: Arc::new(PolicyInner {
@@ -309,7 +340,7 @@ impl Policy {
                 fallback: i.fallback.clone(),
                 cost,
                 on_failure: i.on_failure,
-                shadow: i.shadow,
+                mode,
                 sync: i.sync,
                 stats: Arc::clone(&i.stats),
                 deny_key: i.deny_key,

@@ -283,9 +283,10 @@ impl Limit {
 
 /// Decides the rules of one request's plan together, as every store must:
 /// - every rule is decided as if it were charged alone, in order;
-/// - the request is allowed when every **enforced** rule allows; shadow rules never deny;
-/// - allowed: every rule that allowed is charged (enforced and shadow alike); a shadow rule
-///   that would have denied is charged nothing;
+/// - the request is allowed when every **enforced** rule allows and, if the plan has quota
+///   rules, one of them allows ([`crate::plan_allows`]); shadow rules never deny;
+/// - allowed: every rule that allowed is charged (enforced, shadow and quota alike); a shadow
+///   or quota rule that would have denied is charged nothing;
 /// - denied: nothing is charged, and the rules that would have allowed report their
 ///   uncharged state.
 ///
@@ -299,10 +300,12 @@ where
         .iter_mut()
         .map(|(limit, state, cost, _)| limit.check(state, now, *cost, false))
         .collect();
-    let allowed = items
-        .iter()
-        .zip(&decisions)
-        .all(|(it, d)| d.allowed || it.3 == Mode::Shadow);
+    let allowed = crate::plan_allows(
+        items
+            .iter()
+            .zip(&decisions)
+            .map(|(it, d)| (it.3, d.allowed)),
+    );
     if allowed {
         for ((limit, state, cost, _), d) in items.iter_mut().zip(decisions.iter_mut()) {
             if d.allowed {

@@ -6,13 +6,18 @@
 //! cannot be invalid, reporting every problem with file, line and key.
 //!
 //! Matching follows envoyproxy/ratelimit: the request's entries are walked level by level;
-//! at each level an exact `key`+`value` wins over a `value` ending in `*` (a prefix; the
-//! longest prefix wins), which wins over a `key` with no `value` (any value). A rule applies
-//! when the walk ends on the request's last entry at a descriptor that has a `rate_limit`.
+//! at each level an exact `key`+`value` wins over a `value` with `*` wildcards (anywhere in
+//! the value; the first such descriptor in file order that matches wins, see
+//! [`Pattern`]), which wins over a `key` with no `value` (any value). A rule applies when the
+//! walk ends on the request's last entry at a descriptor that has a `rate_limit`.
 
 mod load;
+mod meta;
+mod pattern;
 
-pub use load::{load_dir_or_file, load_str};
+pub use load::{load_dir_or_file, load_dir_or_file_with, load_str, load_str_with, LoadOptions};
+pub use meta::{merge as merge_metadata, struct_of, Meta, MAX_METADATA_DEPTH, MAX_METADATA_VALUES};
+pub use pattern::Pattern;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -109,6 +114,11 @@ impl Unit {
 pub enum RuleLimit {
     /// `unlimited: true`: always OK, never counted.
     Unlimited,
+    /// `requests_per_unit: 0`: every request OVER_LIMIT (a ban list); nothing is stored.
+    Blocked {
+        /// `unit`.
+        unit: Unit,
+    },
     /// A quota: `requests_per_unit` per `unit_multiplier` x `unit`, by `algorithm`.
     Limited {
         /// `requests_per_unit`.
@@ -131,10 +141,45 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// `shadow_mode`.
     pub shadow: bool,
+    /// `quota_mode`: over its limit, it denies only when every quota descriptor of the
+    /// request is over its limit.
+    pub quota: bool,
+    /// `detailed_metric`: its metric series is named after the request's entries.
+    pub detailed_metric: bool,
+    /// Some descriptor on its path has `value_to_metric`: its series name carries request
+    /// values at those levels.
+    pub value_to_metric: bool,
+    /// The descriptor's `metadata` (a mapping), as a protobuf struct.
+    pub metadata: Option<prost_types::Struct>,
     /// The quota, or unlimited.
     pub limit: RuleLimit,
     /// Where the descriptor is written (`file:line`).
     pub source: String,
+}
+
+impl Rule {
+    /// A rule with the flags off and no metadata (the loader sets them).
+    pub(crate) fn new(
+        policy_name: &str,
+        name: String,
+        replaces: Vec<String>,
+        shadow: bool,
+        limit: RuleLimit,
+        source: String,
+    ) -> Self {
+        Self {
+            policy_name: policy_name.to_string(),
+            name,
+            replaces,
+            shadow,
+            quota: false,
+            detailed_metric: false,
+            value_to_metric: false,
+            metadata: None,
+            limit,
+            source,
+        }
+    }
 }
 
 /// A validated RLS configuration: domains, their descriptor trees and the rules.
@@ -154,8 +199,8 @@ pub(crate) struct Level {
 #[derive(Debug, Clone, Default)]
 struct KeyEntries {
     exact: HashMap<String, Descriptor>,
-    /// Values ending in `*`, as (prefix, descriptor), longest prefix first.
-    prefixes: Vec<(String, Descriptor)>,
+    /// Values with `*`, in file order (the first that matches wins).
+    wildcards: Vec<(Pattern, Descriptor)>,
     /// The descriptor without a value.
     any: Option<Box<Descriptor>>,
 }
@@ -164,19 +209,52 @@ struct KeyEntries {
 struct Descriptor {
     rule: Option<usize>,
     children: Level,
+    /// `share_threshold`: every value matching this wildcard counts in one counter.
+    share: bool,
+    /// `value_to_metric`.
+    value_to_metric: bool,
+}
+
+/// How a request entry matched a level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Matched<'c> {
+    /// Its key and value, written in the configuration.
+    Exact,
+    /// A wildcard value, with the pattern and whether it has `share_threshold`.
+    Wildcard(&'c Pattern, bool),
+    /// The key alone (any value).
+    Any,
+}
+
+/// One level of a walk: how the entry matched and whether the descriptor has
+/// `value_to_metric`.
+#[derive(Debug, Clone, Copy)]
+pub struct Step<'c> {
+    /// How it matched.
+    pub matched: Matched<'c>,
+    /// `value_to_metric` of the matched descriptor.
+    pub value_to_metric: bool,
+}
+
+/// A request descriptor's rule, as [`RlsConfig::find`] returns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    /// The index into [`RlsConfig::rules`].
+    pub rule: usize,
+    /// Bit `i` set: entry `i` matched a wildcard with `share_threshold`, so the value counts
+    /// as its pattern (every value matching it shares one counter).
+    pub shared: u64,
 }
 
 impl KeyEntries {
-    fn find(&self, value: &str) -> Option<&Descriptor> {
-        self.exact
-            .get(value)
-            .or_else(|| {
-                self.prefixes
-                    .iter()
-                    .find(|(p, _)| value.starts_with(p.as_str()))
-                    .map(|(_, d)| d)
-            })
-            .or(self.any.as_deref())
+    fn find(&self, value: &str) -> Option<(&Descriptor, Matched<'_>)> {
+        if let Some(d) = self.exact.get(value) {
+            return Some((d, Matched::Exact));
+        }
+        if let Some((p, d)) = self.wildcards.iter().find(|(p, _)| p.matches(value)) {
+            return Some((d, Matched::Wildcard(p, d.share)));
+        }
+        self.any.as_deref().map(|d| (d, Matched::Any))
     }
 }
 
@@ -201,18 +279,44 @@ impl RlsConfig {
         &self.files
     }
 
-    /// The rule that a request descriptor of `entries` (key, value) matches in `domain`, as
-    /// an index into [`RlsConfig::rules`]; `None` for an unknown domain or no match.
+    /// The rule that a request descriptor of `entries` (key, value) matches in `domain`;
+    /// `None` for an unknown domain or no match.
     pub fn find<'a>(
         &self,
         domain: &str,
         entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    ) -> Option<Found> {
+        let mut shared = 0u64;
+        let rule = self.walk(domain, entries, |i, step| {
+            if let Matched::Wildcard(_, true) = step.matched {
+                if i < 64 {
+                    shared |= 1 << i;
+                }
+            }
+        })?;
+        Some(Found { rule, shared })
+    }
+
+    /// Walks `entries` down `domain`'s descriptors, calling `visit` with each level matched
+    /// (entry index and how it matched); the rule found, as [`RlsConfig::find`].
+    pub fn walk<'a, 'c>(
+        &'c self,
+        domain: &str,
+        entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+        mut visit: impl FnMut(usize, Step<'c>),
     ) -> Option<usize> {
         let mut level = self.domains.get(domain)?;
         let last = entries.len().checked_sub(1)?;
         let mut found = None;
         for (i, (key, value)) in entries.enumerate() {
-            let d = level.keys.get(key)?.find(value)?;
+            let (d, matched) = level.keys.get(key)?.find(value)?;
+            visit(
+                i,
+                Step {
+                    matched,
+                    value_to_metric: d.value_to_metric,
+                },
+            );
             if i == last {
                 found = d.rule;
             }
@@ -222,6 +326,64 @@ impl RlsConfig {
             level = &d.children;
         }
         found
+    }
+
+    /// The name envoyproxy/ratelimit gives the metric series of a request descriptor whose
+    /// rule has `detailed_metric` or `value_to_metric` on its path (request values in it, as
+    /// the operator asked): `None` for any other rule, whose series is its policy name.
+    pub fn metric_key<'a>(
+        &self,
+        domain: &str,
+        entries: &'a [(&'a str, &'a str)],
+    ) -> Option<String> {
+        let mut steps: Vec<Step<'_>> = Vec::with_capacity(entries.len());
+        let rule = self.walk(domain, entries.iter().copied(), |_, s| steps.push(s))?;
+        let r = &self.rules[rule];
+        if !r.detailed_metric && !r.value_to_metric {
+            return None;
+        }
+        let any_shared = steps
+            .iter()
+            .any(|s| matches!(s.matched, Matched::Wildcard(_, true)));
+        let mut key = String::from(domain);
+        for ((k, v), step) in entries.iter().zip(&steps) {
+            key.push('.');
+            key.push_str(k);
+            // envoyproxy's three namings: detailed (every value; `key_` for an empty one),
+            // detailed with shared wildcards (their patterns), and value_to_metric.
+            let value: Option<&str> = match (step.matched, r.detailed_metric) {
+                (Matched::Wildcard(p, true), _) => Some(p.as_str()),
+                (_, true) if any_shared => Some(*v).filter(|v| !v.is_empty()),
+                (_, true) => Some(*v),
+                (Matched::Wildcard(_, false), false) if step.value_to_metric => Some(*v),
+                (Matched::Wildcard(p, false), false) => Some(p.as_str()),
+                (Matched::Exact, false) => Some(*v),
+                (Matched::Any, false) if step.value_to_metric => Some(*v),
+                (Matched::Any, false) => None,
+            };
+            if let Some(value) = value.filter(|v| !v.is_empty() || r.detailed_metric) {
+                key.push('_');
+                key.push_str(value);
+            }
+        }
+        Some(key)
+    }
+
+    /// The pattern that counts instead of entry `index`'s value (its `share_threshold`
+    /// wildcard), for a descriptor [`RlsConfig::find`] marked shared there.
+    pub fn shared_pattern<'a>(
+        &self,
+        domain: &str,
+        entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+        index: usize,
+    ) -> Option<&str> {
+        let mut out = None;
+        self.walk(domain, entries, |i, s| {
+            if let (true, Matched::Wildcard(p, true)) = (i == index, s.matched) {
+                out = Some(p.as_str());
+            }
+        });
+        out
     }
 }
 

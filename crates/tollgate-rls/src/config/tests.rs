@@ -13,7 +13,7 @@ fn errors(text: &str) -> Vec<RlsConfigError> {
 
 fn find(c: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Option<String> {
     c.find(domain, entries.iter().copied())
-        .map(|i| c.rules()[i].policy_name.clone())
+        .map(|f| c.rules()[f.rule].policy_name.clone())
 }
 
 const NESTED: &str = "\
@@ -54,11 +54,23 @@ fn exact_value_wins_over_a_key_without_value() {
 }
 
 #[test]
-fn the_longest_wildcard_prefix_wins() {
+fn the_first_matching_wildcard_in_file_order_wins_as_in_envoyproxy() {
     let c = load(NESTED).expect("ok");
+    // `/api/*` is written before `/api/v2/*`, and envoyproxy/ratelimit tries wildcards in
+    // the order they are written.
     assert_eq!(
         find(&c, "mongo_cps", &[("path", "/api/v2/x")]).as_deref(),
-        Some("mongo_cps.path_/api/v2/*")
+        Some("mongo_cps.path_/api/*")
+    );
+    let swapped = NESTED
+        .replace("/api/*", "/api/TMP*")
+        .replace("/api/v2/*", "/api/*")
+        .replace("/api/TMP*", "/api/v2/*");
+    let swapped = load(&swapped).expect("ok");
+    assert_eq!(
+        find(&swapped, "mongo_cps", &[("path", "/api/v2/x")]).as_deref(),
+        Some("mongo_cps.path_/api/v2/*"),
+        "written first now"
     );
     assert_eq!(
         find(&c, "mongo_cps", &[("path", "/api/v1")]).as_deref(),
@@ -201,7 +213,7 @@ fn replaces_and_names_are_read() {
 fn a_quota_out_of_bounds_is_an_error_not_a_panic() {
     let e = errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 2}\n");
     assert!(e[0].message.contains("invalid quota"), "{}", e[0].message);
-    let e = errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0}\n");
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n");
     assert_eq!(e[0].key, "descriptors[0].rate_limit.requests_per_unit");
 }
 

@@ -1,6 +1,7 @@
 //! YAML tree -> [`RlsConfig`]: every key checked, every problem recorded with its line.
 
-use super::{Descriptor, Level, RlsConfig, RlsConfigError, RlsConfigErrors, Rule};
+use super::meta::{Meta, MAX_METADATA_DEPTH, MAX_METADATA_VALUES};
+use super::{Descriptor, Level, Pattern, RlsConfig, RlsConfigError, RlsConfigErrors, Rule};
 use crate::yaml::{self, Kind, Node, Pos};
 use std::collections::HashMap;
 use std::path::Path;
@@ -14,12 +15,33 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "descriptors",
     "rate_limit",
     "shadow_mode",
+    "quota_mode",
     "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
 ];
+
+/// How files are combined.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// `[rls] merge_domains`: a domain in several files is one domain (envoyproxy/ratelimit's
+    /// `MERGE_DOMAIN_CONFIG`); a descriptor configured twice across them is still an error.
+    /// Off: one domain per file.
+    pub merge_domains: bool,
+}
 
 /// Loads one YAML file, or every `*.yaml` / `*.yml` file of a directory (in name order; one
 /// domain per file, a domain in two files is an error).
 pub fn load_dir_or_file(path: &Path) -> Result<RlsConfig, RlsConfigErrors> {
+    load_dir_or_file_with(path, LoadOptions::default())
+}
+
+/// [`load_dir_or_file`] with `options`.
+pub fn load_dir_or_file_with(
+    path: &Path,
+    options: LoadOptions,
+) -> Result<RlsConfig, RlsConfigErrors> {
     let shown = path.display().to_string();
     let read_error = |e: std::io::Error, what: &str| {
         RlsConfigErrors(vec![RlsConfigError {
@@ -62,43 +84,112 @@ pub fn load_dir_or_file(path: &Path) -> Result<RlsConfig, RlsConfigErrors> {
             message: "the directory holds no .yaml or .yml file".into(),
         }]));
     }
-    load_str(texts.iter().map(|(f, t)| (f.as_str(), t.as_str())))
+    load_str_with(texts.iter().map(|(f, t)| (f.as_str(), t.as_str())), options)
 }
 
-/// Loads configurations from (file name, text) pairs.
+/// Loads configurations from (file name, text) pairs, one domain per file.
 pub fn load_str<'a>(
     files: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<RlsConfig, RlsConfigErrors> {
+    load_str_with(files, LoadOptions::default())
+}
+
+/// [`load_str`] with `options`.
+pub fn load_str_with<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a str)>,
+    options: LoadOptions,
+) -> Result<RlsConfig, RlsConfigErrors> {
     let mut config = RlsConfig::default();
     let mut errors = Vec::new();
+    // Each domain's policy names so far (with where each is written), across its files.
+    let mut names: HashMap<String, HashMap<String, (Pos, String)>> = HashMap::new();
     for (file, text) in files {
         config.files.push(file.to_string());
+        let Some((domain, pos, root)) = parse_root(file, text, &mut errors) else {
+            continue;
+        };
+        let merging = config.domains.contains_key(&domain);
+        if merging && !options.merge_domains {
+            let message = format!(
+                "the domain {domain:?} is already configured by another file; one domain per \
+                 file (or [rls] merge_domains = true)"
+            );
+            errors.push(RlsConfigError::at(
+                file, pos.line, pos.col, "domain", message,
+            ));
+            continue;
+        }
+        let mut level = config.domains.remove(&domain).unwrap_or_default();
         let mut l = Loader {
             file,
             errors: &mut errors,
             rules: &mut config.rules,
-            names: HashMap::new(),
+            names: names.remove(&domain).unwrap_or_default(),
         };
-        if let Some((domain, pos, level)) = l.file(text) {
-            match config.domains.entry(domain) {
-                std::collections::hash_map::Entry::Occupied(e) => {
-                    let message = format!(
-                        "the domain {:?} is already configured by another file; one domain per file",
-                        e.key()
-                    );
-                    l.err(pos, "domain", message);
-                }
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(level);
-                }
-            }
-        }
+        l.file_descriptors(&root, &domain, &mut level);
+        names.insert(domain.clone(), l.names);
+        config.domains.insert(domain, level);
     }
     if errors.is_empty() {
         Ok(config)
     } else {
         Err(RlsConfigErrors(errors))
     }
+}
+
+/// Parses one file to its root mapping and its non-empty `domain` (every problem reported).
+fn parse_root(
+    file: &str,
+    text: &str,
+    errors: &mut Vec<RlsConfigError>,
+) -> Option<(String, Pos, Node)> {
+    let mut rules = Vec::new();
+    let mut l = Loader {
+        file,
+        errors,
+        rules: &mut rules,
+        names: HashMap::new(),
+    };
+    let root = match yaml::parse(text) {
+        Ok(Some(root)) => root,
+        Ok(None) => {
+            l.err(
+                Pos { line: 1, col: 1 },
+                "(file)",
+                "the file is empty; expected `domain` and `descriptors`",
+            );
+            return None;
+        }
+        Err(e) => {
+            l.err(e.pos, "(syntax)", format!("not valid YAML: {}", e.message));
+            return None;
+        }
+    };
+    let entries = l.map(&root, "", ROOT_KEYS)?;
+    let domain = match get(entries, "domain") {
+        Some((pos, n)) if n.is_null() => {
+            l.err(
+                pos,
+                "domain",
+                "must not be empty; every file names its domain",
+            );
+            None
+        }
+        Some((pos, n)) => match l.string(n, "domain") {
+            Some(d) if !d.is_empty() => Some((d, pos)),
+            Some(_) => {
+                l.err(pos, "domain", "must not be empty");
+                None
+            }
+            None => None,
+        },
+        None => {
+            l.err(root.pos, "domain", "missing; every file names its domain");
+            None
+        }
+    };
+    let (domain, pos) = domain?;
+    Some((domain, pos, root))
 }
 
 pub(super) struct Loader<'a> {
@@ -146,48 +237,26 @@ impl Loader<'_> {
         Some(entries)
     }
 
-    fn file(&mut self, text: &str) -> Option<(String, Pos, Level)> {
-        let root = match yaml::parse(text) {
-            Ok(Some(root)) => root,
-            Ok(None) => {
-                self.err(
-                    Pos { line: 1, col: 1 },
-                    "(file)",
-                    "the file is empty; expected `domain` and `descriptors`",
-                );
-                return None;
-            }
-            Err(e) => {
-                self.err(e.pos, "(syntax)", format!("not valid YAML: {}", e.message));
-                return None;
-            }
+    /// The file's descriptors into its domain's `level` (empty, or another file's when
+    /// domains merge).
+    fn file_descriptors(&mut self, root: &Node, domain: &str, level: &mut Level) {
+        let Kind::Map(entries) = &root.kind else {
+            return;
         };
-        let entries = self.map(&root, "", ROOT_KEYS)?;
-        let domain = match get(entries, "domain") {
-            Some((pos, n)) => match self.string(n, "domain") {
-                Some(d) if !d.is_empty() => Some((d, pos)),
-                Some(_) => {
-                    self.err(pos, "domain", "must not be empty");
-                    None
-                }
-                None => None,
-            },
-            None => {
-                self.err(root.pos, "domain", "missing; every file names its domain");
-                None
-            }
-        };
-        let mut level = Level::default();
-        if let Some((domain, _)) = &domain {
-            if let Some((_, list)) = get(entries, "descriptors") {
-                self.descriptors(list, "descriptors", domain, &mut level);
-            }
-            self.override_clashes(domain);
+        if let Some((_, list)) = get(entries, "descriptors") {
+            self.descriptors(list, "descriptors", domain, false, level);
         }
-        domain.map(|(d, pos)| (d, pos, level))
+        self.override_clashes(domain);
     }
 
-    fn descriptors(&mut self, list: &Node, path: &str, parent: &str, level: &mut Level) {
+    fn descriptors(
+        &mut self,
+        list: &Node,
+        path: &str,
+        parent: &str,
+        value_to_metric: bool,
+        level: &mut Level,
+    ) {
         if list.is_null() {
             return;
         }
@@ -201,11 +270,18 @@ impl Loader<'_> {
         };
         for (i, item) in items.iter().enumerate() {
             let path = format!("{path}[{i}]");
-            self.descriptor(item, &path, parent, level);
+            self.descriptor(item, &path, parent, value_to_metric, level);
         }
     }
 
-    fn descriptor(&mut self, node: &Node, path: &str, parent: &str, level: &mut Level) {
+    fn descriptor(
+        &mut self,
+        node: &Node,
+        path: &str,
+        parent: &str,
+        value_to_metric: bool,
+        level: &mut Level,
+    ) {
         let Some(entries) = self.map(node, path, DESCRIPTOR_KEYS) else {
             return;
         };
@@ -239,19 +315,47 @@ impl Loader<'_> {
         };
         let name = format!("{parent}.{composite}");
         let shadow = self.flag(entries, path, "shadow_mode");
-        // Accepted for compatibility: metric labels never carry request values here.
-        let _ = self.flag(entries, path, "detailed_metric");
+        let quota = self.flag(entries, path, "quota_mode");
+        let detailed_metric = self.flag(entries, path, "detailed_metric");
+        let own_value_to_metric = self.flag(entries, path, "value_to_metric");
+        let value_to_metric = value_to_metric || own_value_to_metric;
+        let share = self.flag(entries, path, "share_threshold");
+        if share && !composite.contains('*') {
+            if let Some((pos, _)) = get(entries, "share_threshold") {
+                self.err(
+                    pos,
+                    join(path, "share_threshold"),
+                    "share_threshold applies only to a value with a `*` wildcard",
+                );
+            }
+        }
+        let metadata = get(entries, "metadata").and_then(|(_, n)| {
+            let meta_path = join(path, "metadata");
+            self.metadata(n, &meta_path)
+        });
         let rule = get(entries, "rate_limit").and_then(|(_, n)| {
-            let limit = self.rate_limit(n, &join(path, "rate_limit"), &name, shadow)?;
-            self.rules.push(limit);
+            let mut rule = self.rate_limit(n, &join(path, "rate_limit"), &name, shadow)?;
+            rule.quota = quota;
+            rule.detailed_metric = detailed_metric;
+            rule.value_to_metric = value_to_metric;
+            rule.metadata = metadata.as_ref().map(|m| super::meta::struct_of(m));
+            self.rules.push(rule);
             Some(self.rules.len() - 1)
         });
         let mut d = Descriptor {
             rule,
             children: Level::default(),
+            share,
+            value_to_metric: own_value_to_metric,
         };
         if let Some((_, list)) = get(entries, "descriptors") {
-            self.descriptors(list, &join(path, "descriptors"), &name, &mut d.children);
+            self.descriptors(
+                list,
+                &join(path, "descriptors"),
+                &name,
+                value_to_metric,
+                &mut d.children,
+            );
         }
         let slot = level.keys.entry(key.clone()).or_default();
         let duplicate = match value {
@@ -260,22 +364,19 @@ impl Loader<'_> {
                 slot.any = Some(Box::new(d));
                 false
             }
-            Some(v) if v.ends_with('*') => {
-                let prefix = v.trim_end_matches('*').to_string();
-                if slot.prefixes.iter().any(|(p, _)| *p == prefix) {
-                    true
-                } else {
-                    slot.prefixes.push((prefix, d));
-                    slot.prefixes.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
+            Some(v) => match Pattern::new(&v) {
+                Some(p) if slot.wildcards.iter().any(|(q, _)| *q == p) => true,
+                Some(p) => {
+                    slot.wildcards.push((p, d));
                     false
                 }
-            }
-            Some(v) => match slot.exact.entry(v) {
-                std::collections::hash_map::Entry::Occupied(_) => true,
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(d);
-                    false
-                }
+                None => match slot.exact.entry(v) {
+                    std::collections::hash_map::Entry::Occupied(_) => true,
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(d);
+                        false
+                    }
+                },
             },
         };
         if duplicate {
@@ -337,6 +438,30 @@ impl Loader<'_> {
         }
     }
 
+    /// A descriptor's `metadata`: a mapping of any YAML values, bounded in depth and size.
+    fn metadata(&mut self, node: &Node, path: &str) -> Option<Vec<(String, Meta)>> {
+        if node.is_null() {
+            return None;
+        }
+        if !matches!(node.kind, Kind::Map(_)) {
+            self.err(
+                node.pos,
+                path,
+                format!("expected a mapping, found {}", node.type_name()),
+            );
+            return None;
+        }
+        let mut budget = MAX_METADATA_VALUES;
+        match meta_value(node, 1, &mut budget) {
+            Ok(Meta::Map(entries)) => Some(entries),
+            Ok(_) => None,
+            Err((pos, message)) => {
+                self.err(pos, path, message);
+                None
+            }
+        }
+    }
+
     fn string(&mut self, n: &Node, key: &str) -> Option<String> {
         match &n.kind {
             Kind::Scalar { text, .. } => Some(text.clone()),
@@ -388,4 +513,37 @@ fn display(path: &str) -> String {
     } else {
         path.to_string()
     }
+}
+
+/// The metadata value of `node` at nesting `depth`, spending one of `budget` per value.
+fn meta_value(node: &Node, depth: usize, budget: &mut usize) -> Result<Meta, (Pos, String)> {
+    if depth > MAX_METADATA_DEPTH {
+        return Err((
+            node.pos,
+            format!("nested deeper than {MAX_METADATA_DEPTH} levels"),
+        ));
+    }
+    if *budget == 0 {
+        return Err((
+            node.pos,
+            format!("holds more than {MAX_METADATA_VALUES} values"),
+        ));
+    }
+    *budget -= 1;
+    Ok(match &node.kind {
+        Kind::Scalar { text, plain: true } => Meta::plain(text),
+        Kind::Scalar { text, plain: false } => Meta::Text(text.clone()),
+        Kind::Seq(items) => Meta::List(
+            items
+                .iter()
+                .map(|n| meta_value(n, depth + 1, budget))
+                .collect::<Result<_, _>>()?,
+        ),
+        Kind::Map(entries) => Meta::Map(
+            entries
+                .iter()
+                .map(|(k, _, n)| Ok((k.clone(), meta_value(n, depth + 1, budget)?)))
+                .collect::<Result<_, _>>()?,
+        ),
+    })
 }

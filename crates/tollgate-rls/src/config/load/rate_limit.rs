@@ -44,14 +44,14 @@ impl Loader<'_> {
                 );
                 return None;
             }
-            return Some(Rule {
-                policy_name: policy_name.to_string(),
+            return Some(Rule::new(
+                policy_name,
                 name,
                 replaces,
                 shadow,
-                limit: RuleLimit::Unlimited,
+                RuleLimit::Unlimited,
                 source,
-            });
+            ));
         }
         let unit = match unit {
             None => {
@@ -69,6 +69,17 @@ impl Loader<'_> {
                 }
             }
         };
+        if self.is_zero(entries, "requests_per_unit") {
+            // envoyproxy/ratelimit's ban list: every request over the limit.
+            return Some(Rule::new(
+                policy_name,
+                name,
+                replaces,
+                shadow,
+                RuleLimit::Blocked { unit },
+                source,
+            ));
+        }
         let rpu = self.positive(entries, path, "requests_per_unit", node.pos, None)?;
         let requests_per_unit = match u32::try_from(rpu) {
             Ok(v) => v,
@@ -106,18 +117,18 @@ impl Loader<'_> {
                 Limit::checked(algorithm, rpu, p, Some(burst), 1).map_err(|e| e.to_string())
             });
         match limit {
-            Ok(limit) => Some(Rule {
-                policy_name: policy_name.to_string(),
+            Ok(limit) => Some(Rule::new(
+                policy_name,
                 name,
                 replaces,
                 shadow,
-                limit: RuleLimit::Limited {
+                RuleLimit::Limited {
                     requests_per_unit,
                     unit,
                     limit,
                 },
                 source,
-            }),
+            )),
             Err(e) => {
                 self.err(node.pos, path.to_string(), format!("invalid quota: {e}"));
                 None
@@ -167,6 +178,11 @@ impl Loader<'_> {
         out
     }
 
+    /// Whether `key` is the integer 0.
+    fn is_zero(&self, entries: &[(String, Pos, Node)], key: &str) -> bool {
+        matches!(get(entries, key), Some((_, Node { kind: Kind::Scalar { text, plain: true }, .. })) if text.parse::<u64>() == Ok(0))
+    }
+
     /// A positive integer at `key`; `default` when absent (`None`: required).
     fn positive(
         &mut self,
@@ -193,7 +209,7 @@ impl Loader<'_> {
                 _ => n.type_name().to_string(),
             };
             let hint = if key == "requests_per_unit" {
-                " (a descriptor that admits nothing is not supported; use a limit of 1 or shadow_mode)"
+                " (or 0: every request over the limit)"
             } else {
                 ""
             };
