@@ -560,12 +560,13 @@ impl Limiter {
             Action::limit_micros(verdict.retry_after(checks))
         };
         // The store's answers for the deny cache's later local answers of plans of several
-        // policies: remembered when the plan was denied, refreshed whenever held.
+        // policies: remembered when such a plan was denied, refreshed by every store answer
+        // while held (one relaxed load when nothing is held).
         let last = self
             .inner
             .last
             .as_ref()
-            .filter(|l| items.len() > 1 && (!verdict.allowed || !l.is_empty()));
+            .filter(|l| (items.len() > 1 && !verdict.allowed) || !l.is_empty());
         for ((client, p), d) in items.iter().zip(verdict.decisions) {
             if let Some(last) = last {
                 let known = Known {
@@ -573,7 +574,7 @@ impl Limiter {
                     remaining: d.remaining,
                     reset_at: now.saturating_add(d.reset_after),
                 };
-                if verdict.allowed {
+                if verdict.allowed || items.len() == 1 {
                     last.refresh(client, p.inner.deny_key, known);
                 } else if d.allowed || p.is_shadow() {
                     // (The others are in the deny cache.)

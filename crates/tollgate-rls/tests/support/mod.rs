@@ -29,6 +29,7 @@ pub struct Rls {
     pub client: RateLimitServiceClient<Channel>,
     pub health: HealthClient<Channel>,
     pub limiter: Limiter,
+    pub service: RlsService,
     pub clock: ManualClock,
     pub addr: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
@@ -70,6 +71,30 @@ pub async fn start_with(
     options: RlsOptions,
 ) -> Rls {
     let config = tollgate_rls::config::load_str([("test.yaml", yaml)]).expect("valid yaml");
+    serve_config(limiter, clock, config, options).await
+}
+
+/// Serves several YAML files (name, text), loaded with `load`.
+pub async fn start_files(
+    url: &str,
+    prefix: &str,
+    files: &[(&str, &str)],
+    load: tollgate_rls::config::LoadOptions,
+    options: RlsOptions,
+) -> Rls {
+    let clock = ManualClock::new(T0);
+    let limiter = limiter(url, prefix, &clock, Duration::from_millis(500));
+    let config =
+        tollgate_rls::config::load_str_with(files.iter().copied(), load).expect("valid yaml");
+    serve_config(limiter, clock, config, options).await
+}
+
+pub async fn serve_config(
+    limiter: Limiter,
+    clock: ManualClock,
+    config: tollgate_rls::RlsConfig,
+    options: RlsOptions,
+) -> Rls {
     let service = RlsService::new(
         limiter.clone(),
         IdentityHasher::new(b"test secret"),
@@ -83,6 +108,7 @@ pub async fn start_with(
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (tx, rx) = oneshot::channel::<()>();
+    let served = service.clone();
     let task = tokio::spawn(async move {
         let _ = tollgate_rls::serve(listener, service, async {
             let _ = rx.await;
@@ -100,6 +126,7 @@ pub async fn start_with(
         client: RateLimitServiceClient::new(channel.clone()),
         health: HealthClient::new(channel),
         limiter,
+        service: served,
         clock,
         addr,
         stop: Some(tx),
