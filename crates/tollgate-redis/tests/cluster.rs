@@ -172,3 +172,53 @@ async fn a_plan_across_two_slots_gives_back_the_first_slot_when_the_second_denie
         );
     }
 }
+
+/// Quota checks in several slots are alternatives across them: while one of them allows, the
+/// plan is allowed (the over one charged nothing); when every one is over, the plan is denied
+/// and what the other slots charged is given back.
+#[tokio::test]
+async fn quota_checks_across_slots_deny_only_together_and_give_back_the_rest() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
+    let slot = |key: &str| cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
+    let user = rule("user", Algorithm::FixedWindow, 10, HOUR);
+    let qa = rule("quota-a", Algorithm::FixedWindow, 2, HOUR);
+    let qb = rule("quota-b", Algorithm::TokenBucket, 1, HOUR);
+    let u = client(90_001);
+    let mut slots = HashSet::new();
+    slots.insert(slot(&store.key(&u, user.name())));
+    let mut other = |name: &str, from: u128| {
+        (0..1000u128)
+            .map(|n| client(from + n))
+            .find(|c| slots.insert(slot(&store.key(c, name))))
+            .expect("a client in another slot")
+    };
+    let a = other(qa.name(), 91_000);
+    let b = other(qb.name(), 92_000);
+    let plan = [
+        Check::new(u, &user, 1),
+        Check::new(a, &qa, 1).quota(),
+        Check::new(b, &qb, 1).quota(),
+    ];
+    let first = store.check(&plan, 0).await.expect("check");
+    assert!(first.allowed);
+    // quota-b is over, quota-a is not: allowed, quota-b charged nothing.
+    let second = store.check(&plan, 0).await.expect("check");
+    assert!(second.allowed && !second.decisions[2].allowed);
+    assert_eq!(second.decisions[1].remaining, 0);
+    let query = [Check::new(u, &user, 0)];
+    let before = store.check(&query, 0).await.expect("query").decisions[0];
+    assert_eq!(before.remaining, 8);
+    // Both over: denied, with a retry time, and the user's slot given back.
+    for n in 0..3 {
+        let v = store.check(&plan, 0).await.expect("check");
+        assert!(!v.allowed, "request {n}");
+        assert!(v.retry_after(&plan).is_some(), "request {n}");
+        assert_eq!(
+            v.decisions[0].remaining, 8,
+            "request {n}: reported uncharged"
+        );
+    }
+    let after = store.check(&query, 0).await.expect("query").decisions[0];
+    assert_eq!(after.remaining, before.remaining, "given back");
+}

@@ -111,10 +111,11 @@ async fn run_trace(
                     _ => rng.range(1, (cap / 4).max(1)),
                 };
                 let client = common::client(*rng.pick(&clients));
-                let mode = if rng.chance(25) {
-                    Mode::Shadow
-                } else {
-                    Mode::Enforce
+                // A quarter shadow, a fifth quota (the plan's quota checks are alternatives).
+                let mode = match rng.range(0, 19) {
+                    0..=4 => Mode::Shadow,
+                    5..=8 => Mode::Quota,
+                    _ => Mode::Enforce,
                 };
                 Check {
                     client,
