@@ -348,3 +348,90 @@ async fn a_changed_rls_yaml_is_served_within_two_seconds_and_a_broken_one_is_ref
     );
     assert!(gw.log_text().contains("config reload refused"));
 }
+
+/// `[rls] merge_domains`, `quota_mode`, `dynamic_metadata` through `tollgate serve`: a domain
+/// split across two files of a directory is served merged, every rule is in quota mode, the
+/// answer carries dynamic metadata, and `/metrics` shows the detailed series. Without
+/// `merge_domains`, check-config refuses the directory at the second file's `domain`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_merges_domains_in_quota_mode_with_dynamic_metadata_and_detailed_series() {
+    let redis = RedisServer::start();
+    let dir = scratch("rls-merged");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(
+        dir.join("a.yaml"),
+        "domain: shop\ndescriptors:\n  - key: a\n    detailed_metric: true\n    metadata: {team: one}\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .expect("a.yaml");
+    std::fs::write(
+        dir.join("b.yaml"),
+        "domain: shop\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+    )
+    .expect("b.yaml");
+    let toml = scratch("rls-merged.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[rls]\nlisten = \"127.0.0.1:18099\"\nconfig = \"{}\"\n",
+            dir.display()
+        ),
+    )
+    .expect("toml");
+    let (ok, out) = run_check_config(&toml);
+    assert!(!ok, "a split domain without merge_domains");
+    assert!(
+        out.contains(&format!("{}:1:", dir.join("b.yaml").display()))
+            && out.contains(": domain:")
+            && out.contains("merge_domains"),
+        "{out}"
+    );
+
+    let rls_port = free_port();
+    let body = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\n[identity]\nsecret = \"s\"\n\
+         [rls]\nlisten = \"127.0.0.1:{rls_port}\"\nconfig = \"{}\"\nmerge_domains = true\n\
+         quota_mode = true\ndynamic_metadata = true\n",
+        redis.url(),
+        dir.display()
+    );
+    let gw = Gateway::start("", &body);
+    let mut client = RateLimitServiceClient::new(channel(rls_port).await);
+    let d = |k: &str| RateLimitDescriptor {
+        entries: vec![Entry {
+            key: k.into(),
+            value: "v".into(),
+        }],
+        ..Default::default()
+    };
+    let req = RateLimitRequest {
+        domain: "shop".into(),
+        descriptors: vec![d("a"), d("b")],
+        hits_addend: 0,
+    };
+    let r = client
+        .should_rate_limit(req.clone())
+        .await
+        .expect("answer")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let meta = r.dynamic_metadata.expect("dynamic_metadata");
+    assert!(meta.fields.contains_key("metadata"), "{meta:?}");
+    // `a` is now over, but both are quota descriptors and `b` is not: OK.
+    let r = client
+        .should_rate_limit(req)
+        .await
+        .expect("answer")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[1].limit_remaining, 3);
+    let http = support::client();
+    let metrics = get(&http, &gw.admin_url("/metrics"), &[]).await.text();
+    assert!(
+        metrics.contains(
+            "tollgate_rls_descriptor_decisions_total{key=\"shop.a_v\",outcome=\"limited\"} 1"
+        ),
+        "{metrics}"
+    );
+}
