@@ -531,3 +531,29 @@ async fn a_request_the_deny_cache_answers_reports_the_others_real_remaining() {
         Some(HOUR)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_key_with_quotes_or_newlines_is_escaped_in_the_headers() {
+    let redis = RedisServer::start();
+    let yaml = "domain: inj\ndescriptors:\n  - key: \"a\\\"b\\r\\nSet-Cookie: x\"\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let mut rls = start(&redis.url(), "inj", yaml, RlsOptions::default()).await;
+    for _ in 0..2 {
+        let r = rls.one("inj", &[("a\"b\r\nSet-Cookie: x", "v")]).await;
+        assert!(!r.response_headers_to_add.is_empty());
+        for h in &r.response_headers_to_add {
+            assert!(
+                h.value.bytes().all(|b| (0x20..0x7f).contains(&b)),
+                "{}: {:?}",
+                h.key,
+                h.value
+            );
+            if h.key == "ratelimit-policy" {
+                assert!(
+                    h.value.starts_with("\"inj.a\\\"b??Set-Cookie: x\";q=1"),
+                    "{}",
+                    h.value
+                );
+            }
+        }
+    }
+}

@@ -293,3 +293,51 @@ fn a_rule_named_like_an_override_policy_is_an_error() {
     // A child `override` under a descriptor without a rule clashes with nothing.
     assert!(load("domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: override\n        rate_limit: {unit: second, requests_per_unit: 1}\n").is_ok());
 }
+
+#[test]
+fn metadata_is_bounded_in_depth_and_size_and_reported_at_its_line() {
+    let mut deep = String::from("domain: d\ndescriptors:\n  - key: k\n    metadata:\n");
+    for i in 0..(MAX_METADATA_DEPTH + 2) {
+        deep.push_str(&format!("{}l{i}:\n", "  ".repeat(i + 3)));
+    }
+    deep.push_str(&format!("{}x: 1\n", "  ".repeat(MAX_METADATA_DEPTH + 5)));
+    deep.push_str("    rate_limit: {unit: hour, requests_per_unit: 1}\n");
+    let e = errors(&deep);
+    assert_eq!(e[0].key, "descriptors[0].metadata");
+    assert!(e[0].message.contains("deeper"), "{}", e[0].message);
+    assert!(
+        e[0].line > 4,
+        "the line of the value too deep: {}",
+        e[0].line
+    );
+    let mut wide =
+        String::from("domain: d\ndescriptors:\n  - key: k\n    metadata:\n      list: [");
+    wide.push_str(&vec!["1"; MAX_METADATA_VALUES + 1].join(", "));
+    wide.push_str("]\n");
+    let e = errors(&wide);
+    assert!(e[0].message.contains("more than"), "{}", e[0].message);
+    // Within the bounds, any YAML value; a scalar instead of a mapping is refused.
+    let ok = "domain: d\ndescriptors:\n  - key: k\n    metadata: {a: [1, two, {b: null}], c: true}\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let c = load(ok).expect("ok");
+    assert_eq!(
+        c.rules()[0].metadata.as_ref().map(|m| m.fields.len()),
+        Some(2)
+    );
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    metadata: text\n");
+    assert!(e[0].message.contains("mapping"), "{}", e[0].message);
+}
+
+#[test]
+fn share_threshold_is_refused_on_a_value_without_a_wildcard() {
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    value: plain\n    share_threshold: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n");
+    assert_eq!(
+        (e[0].line, e[0].key.as_str()),
+        (5, "descriptors[0].share_threshold")
+    );
+    let e = errors("domain: d\ndescriptors:\n  - key: k\n    share_threshold: true\n");
+    assert_eq!(e[0].key, "descriptors[0].share_threshold");
+    assert!(load(
+        "domain: d\ndescriptors:\n  - key: k\n    value: a*\n    share_threshold: true\n"
+    )
+    .is_ok());
+}
