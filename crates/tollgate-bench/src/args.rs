@@ -31,11 +31,11 @@ pub struct BenchArgs {
     /// `--rls`: the domain of every request.
     #[arg(long, default_value = "bench", value_name = "DOMAIN")]
     pub domain: String,
-    /// `--rls`: the descriptor of every request; `{client}` in a value is the virtual
-    /// client's key.
+    /// `--rls`: a descriptor of every request; `{client}` in a value is the virtual
+    /// client's key. Repeat the flag for a request of several descriptors, in order.
     #[arg(long, default_value = "client={client}", value_name = "KEY=VALUE[,...]",
           value_parser = super::rls::parse_descriptor)]
-    pub descriptor: super::rls::Descriptor,
+    pub descriptor: Vec<super::rls::Descriptor>,
     /// Virtual clients, each with its own identity (1 to 1000000).
     #[arg(long, default_value_t = 10, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
@@ -158,6 +158,7 @@ fn parse_identity(text: &str) -> Result<HeaderName, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rls::Descriptor;
     use clap::Parser;
 
     #[derive(Debug, Parser)]
@@ -192,6 +193,38 @@ mod tests {
         assert_eq!(args.identity.as_str(), "x-api-key");
         assert_eq!(args.connections, 16);
         assert_eq!(args.algorithm, Algorithm::TokenBucket);
+    }
+
+    #[test]
+    fn each_descriptor_flag_is_one_descriptor_of_the_request() {
+        let rls = "--rls http://127.0.0.1:1";
+        let one = parse(rls).expect("valid");
+        assert_eq!(
+            one.descriptor,
+            vec![Descriptor(vec![("client".into(), "{client}".into())])]
+        );
+        let given = parse(&format!("{rls} --descriptor a=1")).expect("valid");
+        assert_eq!(
+            given.descriptor,
+            vec![Descriptor(vec![("a".into(), "1".into())])]
+        );
+        let three = parse(&format!(
+            "{rls} --descriptor d0={{client}} --descriptor t=x,p=/api/v1 --descriptor d2=z"
+        ))
+        .expect("valid");
+        assert_eq!(
+            three.descriptor,
+            vec![
+                Descriptor(vec![("d0".into(), "{client}".into())]),
+                Descriptor(vec![
+                    ("t".into(), "x".into()),
+                    ("p".into(), "/api/v1".into())
+                ]),
+                Descriptor(vec![("d2".into(), "z".into())]),
+            ]
+        );
+        let error = parse(&format!("{rls} --descriptor a=1 --descriptor nope")).expect_err("bad");
+        assert_eq!(error.exit_code(), 2);
     }
 
     #[test]

@@ -164,7 +164,7 @@ fn plan_from(args: &BenchArgs) -> anyhow::Result<Plan> {
         .context("--key-prefix: not a valid header value")?;
     let rls = (!args.rls.is_empty()).then(|| rls::RlsPlan {
         domain: args.domain.clone(),
-        entries: args.descriptor.0.clone(),
+        descriptors: args.descriptor.iter().map(|d| d.0.clone()).collect(),
     });
     Ok(Plan {
         targets: if rls.is_some() {

@@ -1,9 +1,9 @@
 //! `tollgate bench --rls URL`: the same load, accuracy and report against Envoy's rate limit
 //! service (gRPC `ShouldRateLimit`) instead of HTTP.
 //!
-//! Each request is one descriptor built from `--descriptor key=value[,key=value...]`, where
-//! `{client}` in a value is the virtual client's key (so each client counts on its own, as an
-//! API key does over HTTP). The answer is mapped onto the HTTP report: `OK` counts as a 2xx,
+//! Each request carries one descriptor per `--descriptor key=value[,key=value...]` (one by
+//! default), in order, where `{client}` in a value is the virtual client's key (so each client
+//! counts on its own, as an API key does over HTTP). The answer is mapped onto the HTTP report: `OK` counts as a 2xx,
 //! `OVER_LIMIT` as a 429, a gRPC `UNAVAILABLE` as a 503 and any other gRPC error as an error.
 //! The first `ratelimit-policy` in `response_headers_to_add` gives the limit to check against,
 //! as the HTTP header does.
@@ -26,8 +26,9 @@ use super::report::{ErrorKind, Outcome};
 pub struct RlsPlan {
     /// `--domain`.
     pub domain: String,
-    /// `--descriptor`, in order; `{client}` in a value is replaced by the client's key.
-    pub entries: Vec<(String, String)>,
+    /// One entry list per `--descriptor`, in order; `{client}` in a value is replaced by the
+    /// client's key.
+    pub descriptors: Vec<Vec<(String, String)>>,
 }
 
 /// One gRPC client (one HTTP/2 connection, multiplexed) per target.
@@ -49,7 +50,7 @@ impl RlsClients {
     }
 }
 
-/// `--descriptor`: the entries of the one descriptor each request carries.
+/// One `--descriptor`: the entries of one descriptor of each request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Descriptor(pub Vec<(String, String)>);
 
@@ -84,17 +85,20 @@ pub async fn exchange(
     };
     let request = RateLimitRequest {
         domain: plan.domain.clone(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: plan
-                .entries
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: k.clone(),
-                    value: v.replace("{client}", key),
-                })
-                .collect(),
-            ..Default::default()
-        }],
+        descriptors: plan
+            .descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| Entry {
+                        key: k.clone(),
+                        value: v.replace("{client}", key),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
         hits_addend: 0,
     };
     let mut client = client.clone();

@@ -1,4 +1,7 @@
-//! The command line: `cargo xtask bench [--quick] [--reps N] [--only SECTIONS]`.
+//! The command line: `cargo xtask bench [--quick] [--reps N] [--only SECTIONS]
+//! [--baseline TOLLGATE_BIN]`.
+
+use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -32,10 +35,14 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=20))]
     pub reps: Option<u32>,
     /// Run only these sections (comma- or space-separated): memory, redis, peers, lease,
-    /// abuse, gateway, reference. The others keep the figures already in the document, marked
-    /// as not rerun.
+    /// abuse, gateway, rls, reference. The others keep the figures already in the document,
+    /// marked as not rerun.
     #[arg(long, value_name = "SECTIONS", value_parser = parse_sections)]
     pub only: Option<Only>,
+    /// A `tollgate` binary (e.g. the previous commit's release build) that the rls section
+    /// measures side by side with this build, alternating runs, and reports ratios against.
+    #[arg(long, value_name = "TOLLGATE_BIN", value_parser = parse_binary)]
+    pub baseline: Option<PathBuf>,
 }
 
 /// The sections `--only` names (one value, so clap does not take it for a list of values).
@@ -57,8 +64,18 @@ impl BenchArgs {
             quick: self.quick,
             reps,
             sections,
+            baseline: self.baseline.clone(),
         }
     }
+}
+
+/// An executable file, made absolute (the sections run from other directories).
+fn parse_binary(text: &str) -> Result<PathBuf, String> {
+    let path = std::path::absolute(text).map_err(|e| format!("{text:?}: {e}"))?;
+    if !path.is_file() {
+        return Err(format!("{} is not a file", path.display()));
+    }
+    Ok(path)
 }
 
 fn parse_sections(text: &str) -> Result<Only, String> {
@@ -113,6 +130,20 @@ mod tests {
         assert_eq!(s.reps, 3);
         assert!(!s.quick);
         assert_eq!(s.sections, Section::ALL.to_vec());
+        assert_eq!(s.baseline, None);
+    }
+
+    #[test]
+    fn a_baseline_is_an_existing_file_made_absolute() {
+        let file = std::env::temp_dir().join(format!("xtask-baseline-{}", std::process::id()));
+        std::fs::write(&file, "").expect("write");
+        let s = settings(&format!("--only rls --baseline {}", file.display())).expect("valid");
+        assert_eq!(s.sections, vec![Section::Rls]);
+        assert_eq!(s.baseline.as_deref(), Some(file.as_path()));
+        let _ = std::fs::remove_file(&file);
+        let e = settings("--baseline /nonexistent/tollgate").expect_err("missing");
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("is not a file"), "{e}");
     }
 
     #[test]
@@ -159,7 +190,7 @@ mod tests {
         let e = settings("--help").expect_err("help exits");
         assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
         let help = e.to_string();
-        for flag in ["--quick", "--reps", "--only"] {
+        for flag in ["--quick", "--reps", "--only", "--baseline"] {
             assert!(help.contains(flag), "{help}");
         }
     }

@@ -9,6 +9,7 @@ mod memory;
 mod peers;
 mod redis;
 mod reference;
+mod rls;
 mod servers;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -33,6 +34,8 @@ pub struct Settings {
     pub reps: u32,
     /// The sections to run, in document order.
     pub sections: Vec<Section>,
+    /// `--baseline`: a `tollgate` binary measured side by side with this build (rls).
+    pub baseline: Option<PathBuf>,
 }
 
 /// One section of the document.
@@ -50,19 +53,22 @@ pub enum Section {
     Abuse,
     /// `tollgate serve` against nginx `limit_req`.
     Gateway,
+    /// `tollgate serve`'s Envoy rate limit service against its HTTP decision mode.
+    Rls,
     /// The reference deployment: 20 gateways, one Redis.
     Reference,
 }
 
 impl Section {
     /// Every section, in document order.
-    pub const ALL: [Section; 7] = [
+    pub const ALL: [Section; 8] = [
         Section::Memory,
         Section::Redis,
         Section::Peers,
         Section::Lease,
         Section::Abuse,
         Section::Gateway,
+        Section::Rls,
         Section::Reference,
     ];
 
@@ -75,6 +81,7 @@ impl Section {
             Section::Lease => "lease",
             Section::Abuse => "abuse",
             Section::Gateway => "gateway",
+            Section::Rls => "rls",
             Section::Reference => "reference",
         }
     }
@@ -87,6 +94,7 @@ impl Section {
             Section::Lease => lease::run(ctx),
             Section::Abuse => abuse::run(ctx),
             Section::Gateway => gateway::run(ctx),
+            Section::Rls => rls::run(ctx),
             Section::Reference => reference::run(ctx),
         }
     }
@@ -109,6 +117,8 @@ pub struct Ctx {
     pub bins: Binaries,
     /// The peers, when the peers section runs.
     pub peers: Option<Peers>,
+    /// A `tollgate` binary to measure side by side with this build's (`--baseline`).
+    pub baseline: Option<PathBuf>,
     /// bench-out/results.jsonl.
     pub results: Results,
 }
@@ -174,6 +184,7 @@ pub fn run_all(settings: &Settings) -> anyhow::Result<bool> {
         quick: settings.quick,
         bins,
         peers,
+        baseline: settings.baseline.clone(),
         results,
     };
 
