@@ -113,18 +113,14 @@ impl<V: Clone> OverrideCache<V> {
         })
     }
 
-    /// Keeps `policy`, evicting the least recently used entry when full. A scan of at most
-    /// `bound` entries, on a miss only.
+    /// Keeps `value`. When full, the least recently used eighth goes in one pass, so a
+    /// request that brings many new quotas costs a scan per `bound / 8` misses, not per miss.
     fn insert(&mut self, key: (Option<usize>, Limit), value: V) {
         if self.map.len() >= self.bound && !self.map.contains_key(&key) {
-            let oldest = self
-                .map
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| *k);
-            if let Some(k) = oldest {
-                self.map.remove(&k);
-            }
+            let mut stamps: Vec<u64> = self.map.values().map(|(_, used)| *used).collect();
+            let drop = (self.bound / 8).max(1).min(stamps.len());
+            let (_, &mut cut, _) = stamps.select_nth_unstable(drop - 1);
+            self.map.retain(|_, (_, used)| *used > cut);
         }
         self.clock += 1;
         self.map.insert(key, (value, self.clock));
@@ -962,5 +958,25 @@ mod tests {
         assert_eq!(c.len(), 4);
         assert_eq!(c.get(&key(97)), Some(97));
         assert_eq!(c.get(&key(100)), Some(1000));
+    }
+
+    #[test]
+    fn a_full_override_cache_evicts_the_oldest_eighth_at_once() {
+        // A request with hundreds of new quotas must not scan the cache once per quota.
+        let mut c = OverrideCache::new(64);
+        for n in 1..=64 {
+            c.insert(key(n), n);
+        }
+        assert_eq!(c.get(&key(1)), Some(1), "1 is the most recently used now");
+        c.insert(key(65), 65);
+        assert_eq!(c.len(), 57, "8 gone in one pass");
+        assert_eq!(c.get(&key(1)), Some(1));
+        assert_eq!(c.get(&key(2)), None, "2..=9 were the oldest");
+        assert_eq!(c.get(&key(9)), None);
+        assert_eq!(c.get(&key(10)), Some(10));
+        for n in 66..=72 {
+            c.insert(key(n), n);
+        }
+        assert_eq!(c.len(), 64, "no eviction until full again");
     }
 }

@@ -98,6 +98,7 @@ use last_answer::{Known, LastAnswers};
 use lease::Leases;
 use metrics::{Metrics, StoreErrorKind};
 use policy::FailurePolicy;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store::{BreakerConfig, Store, StoreFailure};
@@ -183,7 +184,9 @@ struct Inner {
     leases: Option<Leases>,
     lease_policies: std::sync::Mutex<Vec<Policy>>,
     /// The limits of the policies made so far, for `connect` to load their scripts.
-    limits: std::sync::Mutex<Vec<tollgate_core::Limit>>,
+    /// (A set beside the list: a program that makes policies at run time, an RLS limit
+    /// override per request, must not pay a scan of the list for each.)
+    limits: std::sync::Mutex<(Vec<tollgate_core::Limit>, HashSet<tollgate_core::Limit>)>,
     sweeper: std::sync::OnceLock<()>,
     metrics: Metrics,
 }
@@ -228,7 +231,7 @@ impl Limiter {
                     .map(|_| LastAnswers::new(config.deny_cache_capacity)),
                 deny_cache,
                 lease_policies: std::sync::Mutex::new(Vec::new()),
-                limits: std::sync::Mutex::new(Vec::new()),
+                limits: std::sync::Mutex::new((Vec::new(), HashSet::new())),
                 sweeper: std::sync::OnceLock::new(),
                 metrics: Metrics::default(),
             }),
@@ -253,8 +256,9 @@ impl Limiter {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Bounded like the store's own cache of policy shapes: past it, policies still work
         // and load their script on first use.
-        if limits.len() < 1024 && !limits.contains(&spec_limit) {
-            limits.push(spec_limit);
+        let (list, seen) = &mut *limits;
+        if list.len() < 1024 && seen.insert(spec_limit) {
+            list.push(spec_limit);
         }
         drop(limits);
         Ok(policy)
@@ -307,6 +311,7 @@ impl Limiter {
             .limits
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
             .clone();
         match self.inner.store.connect(within, &limits).await {
             Ok(()) => true,
