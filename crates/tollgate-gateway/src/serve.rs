@@ -46,8 +46,25 @@ async fn spawn_rls(
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
+    // The gRPC port's own connection bounds, with the HTTP port's numbers
+    // (`server.max_connections`, `server.max_connections_per_ip`; trusted proxies exempt from
+    // the per-address one): a host that opens connections until the process runs out of file
+    // descriptors would otherwise starve every port.
+    let limits = ConnLimits::new(
+        config.server.max_connections,
+        config.server.max_connections_per_ip,
+        config.identity.trust.clone(),
+    );
+    let admit: tollgate_rls::Admit = Arc::new(move |ip| {
+        let slot = limits.admit(ip);
+        if slot.is_none() {
+            tracing::debug!("rls connection limit reached; closing");
+        }
+        slot.map(|s| Box::new(s) as tollgate_rls::Admitted)
+    });
     Ok(Some(tokio::spawn(async move {
-        if let Err(e) = tollgate_rls::serve(listener, service, shutdown).await {
+        if let Err(e) = tollgate_rls::serve_bounded(listener, service, Some(admit), shutdown).await
+        {
             tracing::error!(error = %e, "rls listener failed");
         }
     })))

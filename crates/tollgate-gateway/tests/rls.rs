@@ -31,6 +31,10 @@ descriptors:
 
 /// A gateway whose `[rls]` serves `YAML`; returns it with its gRPC port.
 fn start_gateway(store: &str, policies: &str) -> (Gateway, u16) {
+    start_gateway_with("", store, policies)
+}
+
+fn start_gateway_with(server_extra: &str, store: &str, policies: &str) -> (Gateway, u16) {
     let yaml = scratch("rls.yaml");
     std::fs::write(&yaml, YAML).expect("write yaml");
     let rls_port = free_port();
@@ -39,7 +43,7 @@ fn start_gateway(store: &str, policies: &str) -> (Gateway, u16) {
          [rls]\nlisten = \"127.0.0.1:{rls_port}\"\nconfig = \"{}\"\n{policies}",
         yaml.display()
     );
-    (Gateway::start("", &body), rls_port)
+    (Gateway::start(server_extra, &body), rls_port)
 }
 
 async fn channel(port: u16) -> Channel {
@@ -251,7 +255,12 @@ fn check_config_reports_yaml_errors_with_the_yaml_file_line_and_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_rls_loads_the_grpc_service_and_checks_its_accounting() {
     let redis = RedisServer::start();
-    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"", redis.url());
+    // A store timeout far above a loaded machine's latency: the accounting is the point here,
+    // and an answer failed open would be admitted past the limit.
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"",
+        redis.url()
+    );
     let (_gw, port) = start_gateway(&store, "");
     // Wait until the gRPC listener answers.
     let mut c = RateLimitServiceClient::new(channel(port).await);
@@ -434,4 +443,67 @@ async fn serve_merges_domains_in_quota_mode_with_dynamic_metadata_and_detailed_s
         ),
         "{metrics}"
     );
+}
+
+/// The gRPC port has the HTTP port's connection bounds: past `max_connections_per_ip` from
+/// one address, a new connection is closed before a byte is read, another address is still
+/// served, and a freed place is taken again (#26: the RLS listener had no bound at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_port_bounds_connections_per_address() {
+    let redis = RedisServer::start();
+    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"\n", redis.url());
+    let (_gw, rls_port) = start_gateway_with("max_connections_per_ip = 4", &store, "");
+    // Wait until the port answers gRPC, then hold the per-address places with idle
+    // connections that sent the preface.
+    drop(channel(rls_port).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", rls_port))
+            .await
+            .expect("connect");
+        s.write_all(preface).await.expect("preface");
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A fifth from 127.0.0.1: closed at once (EOF, or a reset, before any answer).
+    let mut fifth = tokio::net::TcpStream::connect(("127.0.0.1", rls_port))
+        .await
+        .expect("connect");
+    let _ = fifth.write_all(preface).await;
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), fifth.read(&mut buf))
+        .await
+        .expect("the fifth is closed within 5 s");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed, not served: {read:?}"
+    );
+    // Another loopback address is its own: served.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.2:0".parse().expect("addr"))
+        .expect("bind 127.0.0.2");
+    let mut other = socket
+        .connect(([127, 0, 0, 1], rls_port).into())
+        .await
+        .expect("connect from 127.0.0.2");
+    other.write_all(preface).await.expect("preface");
+    // The server's SETTINGS frame answers the preface.
+    let n = tokio::time::timeout(Duration::from_secs(5), other.read(&mut buf))
+        .await
+        .expect("an answer within 5 s")
+        .expect("read");
+    assert!(n > 0, "127.0.0.2 is served");
+    // A freed place is taken again: a gRPC call from 127.0.0.1 succeeds.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut client = RateLimitServiceClient::new(channel(rls_port).await);
+    let r = client
+        .should_rate_limit(tenant("t"))
+        .await
+        .expect("served again")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
 }

@@ -3,10 +3,10 @@
 //!
 //! Bad input never takes the listener down: a connection that sends garbage or stops
 //! half-way through the HTTP/2 preface is that connection's problem only (and is closed after
-//! [`PREFACE_TIMEOUT`]), a message larger than [`MAX_MESSAGE_BYTES`] is refused with
+//! [`crate::PREFACE_TIMEOUT`]), a message larger than [`MAX_MESSAGE_BYTES`] is refused with
 //! `OUT_OF_RANGE`, and each call has a deadline.
 
-use crate::incoming::{PrefaceDeadline, PREFACE_TIMEOUT};
+use crate::incoming::Admit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -198,18 +198,21 @@ pub async fn serve(
     service: impl Into<LiveRls>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    serve_bounded(listener, service, None, shutdown).await
+}
+
+/// [`serve`], each connection first admitted by `admit` (the caller's connection bounds, in
+/// all and per address; `None`: unbounded).
+pub async fn serve_bounded(
+    listener: TcpListener,
+    service: impl Into<LiveRls>,
+    admit: Option<Admit>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
     let service = service.into();
     let health = HealthService::new(service.current().limiter().clone());
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
-        |accepted| {
-            accepted.map(|stream| {
-                let _ = stream.set_nodelay(true);
-                PrefaceDeadline::new(stream, PREFACE_TIMEOUT)
-            })
-        },
-    );
+    let incoming = crate::incoming::accepted(listener, admit);
     tonic::transport::Server::builder()
         .timeout(CALL_TIMEOUT)
         .max_concurrent_streams(MAX_STREAMS)

@@ -2,10 +2,17 @@
 //! sends nothing, or stops half-way through the 24-byte preface, is disconnected after
 //! [`PREFACE_TIMEOUT`] instead of holding a connection (and its task) for ever. HTTP/2's own
 //! keep-alive pings take over once the connection is established.
+//!
+//! Each accepted connection first asks the caller's [`Admit`] (the gateway's connection
+//! bounds, in all and per address): refused, it is closed before a byte is read; admitted, it
+//! holds what `admit` gave until it closes. A failed accept (the process out of file
+//! descriptors) waits [`ACCEPT_BACKOFF`] before the next, instead of spinning.
 
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -19,21 +26,71 @@ pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The length of the client connection preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE_LEN: usize = 24;
 
+/// How long a failed accept waits before the next.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+
+/// What an admitted connection holds until it closes (a place in the caller's bounds).
+pub type Admitted = Box<dyn Send + Sync>;
+
+/// Admits a connection from an address, or refuses it (`None`).
+pub type Admit = Arc<dyn Fn(IpAddr) -> Option<Admitted> + Send + Sync>;
+
 /// A TCP stream whose first [`PREFACE_LEN`] bytes must arrive before a deadline.
 pub(crate) struct PrefaceDeadline {
     stream: TcpStream,
     received: usize,
     deadline: Option<Pin<Box<Sleep>>>,
+    /// The place the connection holds in the bounds, freed when it closes.
+    _admitted: Option<Admitted>,
 }
 
 impl PrefaceDeadline {
-    pub(crate) fn new(stream: TcpStream, timeout: Duration) -> Self {
+    pub(crate) fn new(stream: TcpStream, timeout: Duration, admitted: Option<Admitted>) -> Self {
         Self {
             stream,
             received: 0,
             deadline: Some(Box::pin(tokio::time::sleep(timeout))),
+            _admitted: admitted,
         }
     }
+}
+
+/// The accepted, admitted connections of `listener`, as a stream for tonic. The accept loop
+/// runs on its own task and ends when the stream is dropped (the server stopped).
+pub(crate) fn accepted(
+    listener: tokio::net::TcpListener,
+    admit: Option<Admit>,
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<PrefaceDeadline>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = tx.closed() => return,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(_) => {
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            };
+            let admitted = match &admit {
+                Some(admit) => match admit(peer.ip()) {
+                    Some(a) => Some(a),
+                    // Past a bound: closed at once, before any read.
+                    None => continue,
+                },
+                None => None,
+            };
+            let _ = stream.set_nodelay(true);
+            let conn = PrefaceDeadline::new(stream, PREFACE_TIMEOUT, admitted);
+            if tx.send(Ok(conn)).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 impl AsyncRead for PrefaceDeadline {

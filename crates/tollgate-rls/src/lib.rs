@@ -20,7 +20,8 @@ mod yaml;
 
 pub use config::{RlsConfig, RlsConfigError, RlsConfigErrors};
 pub use grpc::{
-    serve, HealthService, LiveRls, CALL_TIMEOUT, MAX_MESSAGE_BYTES, READY_CACHE, SERVICE_NAME,
+    serve, serve_bounded, HealthService, LiveRls, CALL_TIMEOUT, MAX_MESSAGE_BYTES, READY_CACHE,
+    SERVICE_NAME,
 };
-pub use incoming::PREFACE_TIMEOUT;
+pub use incoming::{Admit, Admitted, ACCEPT_BACKOFF, PREFACE_TIMEOUT};
 pub use service::{RlsOptions, RlsService, MAX_DESCRIPTORS, MAX_ENTRIES, UNLIMITED_REMAINING};
