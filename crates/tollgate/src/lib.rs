@@ -372,9 +372,11 @@ impl Limiter {
     /// it; when one has none, the store answers instead.
     fn deny_cached(&self, plan: &Plan, now: Micros) -> Option<LimitResult> {
         let cache = self.inner.deny_cache.as_ref()?;
-        let mut until: Vec<Option<Micros>> = Vec::with_capacity(plan.len());
+        // Filled from the first denial on (nothing allocated for a plan with none: the
+        // common case, checked on every request).
+        let mut until: Vec<Option<Micros>> = Vec::new();
         let (mut enforced, mut quota, mut quota_denied) = (false, 0usize, 0usize);
-        for (client, p) in plan.iter() {
+        for (i, (client, p)) in plan.iter().enumerate() {
             let u = match p.mode() {
                 Mode::Shadow => None,
                 mode => {
@@ -389,7 +391,16 @@ impl Limiter {
                     u
                 }
             };
-            until.push(u);
+            if until.is_empty() && u.is_some() {
+                until.reserve(plan.len());
+                until.resize(i, None);
+            }
+            if !until.is_empty() || u.is_some() {
+                until.push(u);
+            }
+        }
+        if until.is_empty() {
+            return None;
         }
         let quota_blocks = quota > 0 && quota_denied == quota;
         if !enforced && !quota_blocks {
