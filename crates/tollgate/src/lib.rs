@@ -199,6 +199,18 @@ impl std::fmt::Debug for Limiter {
     }
 }
 
+/// Counts the leased admissions of a plan (`leased`: the results of its leased rules) now
+/// that the whole plan is decided: `allowed` when the request passed, else `not_charged` (the
+/// units went back), which the result then says too. Their denials were counted as decided.
+fn count_leased(leased: &mut [PolicyResult], passed: bool) {
+    for r in leased.iter_mut().filter(|r| r.outcome == Outcome::Allowed) {
+        if !passed {
+            r.outcome = Outcome::NotCharged;
+        }
+        r.policy.inner.stats.record(r.outcome);
+    }
+}
+
 impl Limiter {
     /// Builds a limiter. A remote store is connected on first use, so this succeeds while
     /// Redis is down (requests then follow their failure policies).
@@ -345,12 +357,20 @@ impl Limiter {
                 .await;
             if action != Action::Allow {
                 self.settle(&taken, false);
+                for (_, p) in &exact {
+                    p.inner.stats.record(Outcome::NotCharged);
+                }
+                count_leased(&mut results, false);
                 return LimitResult { action, results };
             }
         }
+        let n_leased = results.len();
         let action = self.decide(&exact, now, &mut results).await;
         // All-or-nothing: lease units taken by a rejected request go back to the lease.
         self.settle(&taken, action == Action::Allow);
+        if let Some(leased) = results.get_mut(..n_leased) {
+            count_leased(leased, action == Action::Allow);
+        }
         LimitResult { action, results }
     }
 
@@ -360,7 +380,12 @@ impl Limiter {
         let cache = self.inner.deny_cache.as_ref()?;
         let mut results = Vec::new();
         let mut wait = 0;
-        for (client, p) in plan.iter().filter(|(_, p)| !p.is_shadow()) {
+        let mut passed = Vec::new();
+        for (client, p) in plan.iter() {
+            if p.is_shadow() {
+                passed.push(p);
+                continue;
+            }
             if let Some(until) = cache.denied_until(client, p.inner.deny_key, now, p.cost()) {
                 let retry = until - now;
                 wait = wait.max(retry);
@@ -379,9 +404,18 @@ impl Limiter {
                         retry_after: Some(retry),
                     }),
                 });
+            } else {
+                passed.push(p);
             }
         }
-        (!results.is_empty()).then_some(LimitResult {
+        if results.is_empty() {
+            return None;
+        }
+        // The rest of the plan was not even asked: denied, so charged nothing.
+        for p in passed {
+            p.inner.stats.record(Outcome::NotCharged);
+        }
+        Some(LimitResult {
             action: Action::limit_micros(Some(wait)),
             results,
         })
@@ -485,6 +519,8 @@ impl Limiter {
         };
         for ((client, p), d) in items.iter().zip(verdict.decisions) {
             let outcome = match (d.allowed, p.is_shadow()) {
+                // Another rule denied: this one was decided but not charged.
+                (true, _) if !verdict.allowed => Outcome::NotCharged,
                 (true, _) => Outcome::Allowed,
                 (false, true) => Outcome::ShadowLimited,
                 (false, false) => Outcome::Limited,

@@ -31,7 +31,7 @@ const TOP_K: usize = 10;
 #[derive(Debug, Clone)]
 struct PolicyCounts {
     name: String,
-    decisions: [u64; 7],
+    decisions: [u64; Outcome::ALL.len()],
     deny_cache_hits: u64,
     lease: [u64; 3],
 }

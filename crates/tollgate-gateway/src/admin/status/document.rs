@@ -112,7 +112,7 @@ pub struct Status {
     now_ms: u64,
     uptime_s: u64,
     breaker_open: bool,
-    outcomes: [&'static str; 7],
+    outcomes: [&'static str; Outcome::ALL.len()],
     rate_window_s: u64,
     policies: Vec<PolicyStatus>,
     store: StoreStatus,
