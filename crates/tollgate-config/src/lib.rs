@@ -130,6 +130,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Most open connections from one address (trusted proxies exempt).
     pub max_connections_per_ip: usize,
+    /// Most open connections to the admin port.
+    pub admin_max_connections: usize,
+    /// Most open connections to the admin port from one address.
+    pub admin_max_connections_per_ip: usize,
     /// The most time a request body may take to arrive in full.
     pub body_timeout: Duration,
     /// `admin_token`, expanded: the bearer token of the admin API under `/v1/` (none: `/v1/`

@@ -124,11 +124,7 @@ fn entry_of(
                 o.at(
                     p.span(),
                     k("policy"),
-                    format!(
-                        "{:?} is not a policy; expected one of {}",
-                        p.get_ref(),
-                        names.join(", ")
-                    ),
+                    format!("is not a policy; expected one of {}", names.join(", ")),
                 );
             }
             found

@@ -71,6 +71,8 @@ pub(crate) struct RawServer {
     pub ambiguous_paths: S<String>,
     pub max_connections: S<i64>,
     pub max_connections_per_ip: S<i64>,
+    pub admin_max_connections: S<i64>,
+    pub admin_max_connections_per_ip: S<i64>,
     pub body_timeout: S<String>,
     pub admin_token: S<String>,
 }

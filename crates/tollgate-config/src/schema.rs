@@ -47,6 +47,10 @@ pub const SERVER_AMBIGUOUS_PATHS: &str = "server.ambiguous_paths";
 pub const SERVER_MAX_CONNECTIONS: &str = "server.max_connections";
 /// `server.max_connections_per_ip`.
 pub const SERVER_MAX_CONNECTIONS_PER_IP: &str = "server.max_connections_per_ip";
+/// `server.admin_max_connections`.
+pub const SERVER_ADMIN_MAX_CONNECTIONS: &str = "server.admin_max_connections";
+/// `server.admin_max_connections_per_ip`.
+pub const SERVER_ADMIN_MAX_CONNECTIONS_PER_IP: &str = "server.admin_max_connections_per_ip";
 /// `server.body_timeout`.
 pub const SERVER_BODY_TIMEOUT: &str = "server.body_timeout";
 /// `server.admin_token`.
@@ -130,6 +134,8 @@ pub const KEYS: &[Key] = &[
     key(SERVER_AMBIGUOUS_PATHS, false, false, false),
     key(SERVER_MAX_CONNECTIONS, true, false, false),
     key(SERVER_MAX_CONNECTIONS_PER_IP, true, false, false),
+    key(SERVER_ADMIN_MAX_CONNECTIONS, true, false, false),
+    key(SERVER_ADMIN_MAX_CONNECTIONS_PER_IP, true, false, false),
     key(SERVER_BODY_TIMEOUT, false, false, false),
     key(SERVER_ADMIN_TOKEN, false, true, false),
     key(STORE_BACKEND, true, false, false),

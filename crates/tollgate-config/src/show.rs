@@ -125,6 +125,8 @@ pub fn effective(c: &Config) -> Value {
             "ambiguous_paths": if s.allow_ambiguous_paths { "allow" } else { "reject" },
             "max_connections": s.max_connections,
             "max_connections_per_ip": s.max_connections_per_ip,
+            "admin_max_connections": s.admin_max_connections,
+            "admin_max_connections_per_ip": s.admin_max_connections_per_ip,
             "body_timeout_seconds": secs(s.body_timeout),
         },
         "store": store(c),

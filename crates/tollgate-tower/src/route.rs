@@ -34,7 +34,7 @@ impl std::fmt::Display for TierSource {
 impl std::str::FromStr for TierSource {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("{s:?} is not allowed; expected \"jwt:CLAIM\" or \"header:NAME\"");
+        let bad = || "is not allowed; expected \"jwt:CLAIM\" or \"header:NAME\"".to_string();
         match s.parse::<IdentitySource>().map_err(|_| bad())? {
             IdentitySource::Jwt(c) => Ok(TierSource::Jwt(c)),
             IdentitySource::Header(h) => Ok(TierSource::Header(h)),

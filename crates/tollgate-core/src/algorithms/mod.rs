@@ -135,12 +135,8 @@ pub struct UnknownAlgorithm(pub String);
 impl fmt::Display for UnknownAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-        write!(
-            f,
-            "unknown algorithm {:?}; expected one of {}",
-            self.0,
-            names.join(", ")
-        )
+        // The name written is not repeated: an error never echoes what a key held.
+        write!(f, "is not an algorithm; expected one of {}", names.join(", "))
     }
 }
 

@@ -310,7 +310,7 @@ mod tests {
                 .iter()
                 .map(|&(name, allowed, limited)| PolicyCounts {
                     name: name.to_string(),
-                    decisions: [allowed, limited, 0, 0, 0, 0, 0],
+                    decisions: [allowed, limited, 0, 0, 0, 0, 0, 0],
                     deny_cache_hits: 0,
                     lease: [0; 3],
                 })
