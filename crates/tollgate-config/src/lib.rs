@@ -7,6 +7,7 @@
 mod duration;
 mod error;
 mod fields;
+mod header_tiers;
 mod jwt;
 mod overrides;
 mod policy;
@@ -47,6 +48,9 @@ pub struct Config {
     pub identity: IdentityConfig,
     /// `identity.secret`, expanded.
     pub secret: Secret,
+    /// `identity.proxy_set_headers`: the headers every trusted proxy sets itself (a header
+    /// tier not among them draws a warning: clients can reach it).
+    pub proxy_set_headers: Vec<http::HeaderName>,
     /// The one identity hasher, keyed with `secret`: every client key (requests, overrides,
     /// the admin API, RLS descriptors) is made with it.
     pub hasher: IdentityHasher,

@@ -116,6 +116,7 @@ pub(crate) struct RawIdentity {
     pub client_ip_header: S<String>,
     pub ipv6_prefix: S<i64>,
     pub secret: S<String>,
+    pub proxy_set_headers: S<Vec<Spanned<String>>>,
     pub jwt: S<RawJwt>,
 }
 

@@ -93,6 +93,8 @@ pub const IDENTITY_CLIENT_IP_HEADER: &str = "identity.client_ip_header";
 pub const IDENTITY_IPV6_PREFIX: &str = "identity.ipv6_prefix";
 /// `identity.secret`.
 pub const IDENTITY_SECRET: &str = "identity.secret";
+/// `identity.proxy_set_headers`.
+pub const IDENTITY_PROXY_SET_HEADERS: &str = "identity.proxy_set_headers";
 /// `identity.jwt`.
 pub const IDENTITY_JWT: &str = "identity.jwt";
 /// `identity.jwt.header`.
@@ -157,6 +159,7 @@ pub const KEYS: &[Key] = &[
     key(IDENTITY_CLIENT_IP_HEADER, false, false, false),
     key(IDENTITY_IPV6_PREFIX, false, false, false),
     key(IDENTITY_SECRET, false, true, false),
+    key(IDENTITY_PROXY_SET_HEADERS, false, false, false),
     key(IDENTITY_JWT, false, false, true),
     key(IDENTITY_JWT_HEADER, false, false, false),
     key(IDENTITY_JWT_JWKS_FILE, false, false, false),

@@ -136,6 +136,7 @@ pub fn effective(c: &Config) -> Value {
             "client_ip_header": id.client_ip_header.name(),
             "ipv6_prefix": id.trust.ipv6_prefix(),
             "secret": REDACTED,
+            "proxy_set_headers": c.proxy_set_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
             "jwt": jwt,
         },
         "policy": c.policies.iter().map(policy).collect::<Vec<_>>(),

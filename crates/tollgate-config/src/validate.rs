@@ -42,6 +42,9 @@ pub(crate) fn validate(
         raw.store.map(Spanned::into_inner).unwrap_or_default(),
         &env,
     );
+    let proxy_set = raw.identity.as_ref().map_or(Vec::new(), |i| {
+        super::header_tiers::proxy_set_headers(&mut r, &i.get_ref().proxy_set_headers)
+    });
     let (identity, secret) = identity(
         &mut r,
         raw.identity.map(Spanned::into_inner).unwrap_or_default(),
@@ -103,6 +106,12 @@ pub(crate) fn validate(
             "warning: {file}: no [[policy]]: every request passes unlimited; add a [[policy]] with name, algorithm, limit and period"
         ));
     }
+    warnings.extend(super::header_tiers::warnings(
+        file,
+        &policies,
+        &identity.trust,
+        &proxy_set,
+    ));
     if r.errors.is_empty() {
         Ok(Config {
             origin: file.to_string(),
@@ -110,6 +119,7 @@ pub(crate) fn validate(
             store,
             identity,
             secret,
+            proxy_set_headers: proxy_set,
             hasher,
             policies,
             warnings,
