@@ -355,7 +355,7 @@ impl Config {
     pub fn client_key(
         &self,
         policy: &PolicyConfig,
-        spec: &str,
+        spec: &[u8],
     ) -> Result<tollgate::ClientKey, String> {
         overrides::client_key(spec, Some(policy), &self.identity, &self.hasher)
     }
