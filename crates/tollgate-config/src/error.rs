@@ -155,7 +155,8 @@ mod tests {
 
     #[test]
     fn every_array_of_tables_is_counted_on_its_own() {
-        let text = "[[override]]\nlimit = 1\n[[override]]\nlimit = 2\n[[override]]\nlimit = \"x\"\n";
+        let text =
+            "[[override]]\nlimit = 1\n[[override]]\nlimit = 2\n[[override]]\nlimit = \"x\"\n";
         let at = text.find("\"x\"").unwrap_or(0);
         assert_eq!(key_at(text, at..at + 3), "override[2].limit");
     }
@@ -168,6 +169,9 @@ mod tests {
         assert_eq!(m, "invalid type: string, expected a boolean");
         let m = without_value("unknown variant `s3cr3t`, expected one of `a`, `b`");
         assert_eq!(m, "unknown variant, expected one of `a`, `b`");
-        assert_eq!(without_value("missing field `name`"), "missing field `name`");
+        assert_eq!(
+            without_value("missing field `name`"),
+            "missing field `name`"
+        );
     }
 }

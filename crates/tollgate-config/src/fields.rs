@@ -161,9 +161,7 @@ pub(super) fn http_url(s: &str, help: &str, https: &str) -> Result<http::Uri, St
             "has user info (USER:PASSWORD@), which the gateway would never send; remove it; {help}"
         ));
     }
-    let uri: http::Uri = s
-        .parse()
-        .map_err(|_| format!("is not a URL; {help}"))?;
+    let uri: http::Uri = s.parse().map_err(|_| format!("is not a URL; {help}"))?;
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => return Err(https.to_string()),

@@ -109,7 +109,10 @@ pub(super) fn store(
         "tollgate".to_string(),
         |s| {
             if s.is_empty() || s.contains(['{', '}']) || s.chars().any(char::is_whitespace) {
-                Err("is not allowed; expected a non-empty prefix without braces or spaces".to_string())
+                Err(
+                    "is not allowed; expected a non-empty prefix without braces or spaces"
+                        .to_string(),
+                )
             } else {
                 Ok(s.clone())
             }

@@ -394,7 +394,11 @@ async fn an_api_key_that_is_not_utf8_is_addressed_by_its_own_bytes() {
     assert_eq!(v["rules"][0]["limited"], true, "{v}");
     let v = admin_json(&g, Method::DELETE, path).await;
     assert_eq!(v["reset"][0]["had_state"], true, "{v}");
-    assert_eq!(call_raw().await, StatusCode::OK, "passes again after the reset");
+    assert_eq!(
+        call_raw().await,
+        StatusCode::OK,
+        "passes again after the reset"
+    );
     // The other client was not touched: one of its two left.
     assert_eq!(call(&g, "\u{FFFD}\u{FFFD}").await, StatusCode::OK);
     assert_eq!(

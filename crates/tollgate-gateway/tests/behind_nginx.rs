@@ -133,7 +133,8 @@ async fn behind_nginx_a_client_cannot_pick_its_own_tier() {
         return;
     };
     let up = Upstream::start().await;
-    let identity = "[identity]\nsources = [\"header:x-api-key\", \"ip\"]\ntrusted_proxies = [\"127.0.0.1\"]\n";
+    let identity =
+        "[identity]\nsources = [\"header:x-api-key\", \"ip\"]\ntrusted_proxies = [\"127.0.0.1\"]\n";
     let policy = "[[policy]]\nname = \"api\"\nmatch = { path_prefix = \"/api\" }\n\
          algorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\ntier = \"header:x-plan\"\n\
          tiers.enterprise = { limit = 1000 }\n";
@@ -168,14 +169,19 @@ async fn behind_nginx_a_client_cannot_pick_its_own_tier() {
     }
     // check-config says nothing about this config, and warns about it without the list.
     let path = scratch("tiers.toml");
-    std::fs::write(&path, format!("{identity}proxy_set_headers = [\"x-plan\"]\n{policy}")).expect("write");
+    std::fs::write(
+        &path,
+        format!("{identity}proxy_set_headers = [\"x-plan\"]\n{policy}"),
+    )
+    .expect("write");
     let (ok, out) = run_check_config(&path);
     assert!(ok && !out.contains("warning"), "{out}");
     std::fs::write(&path, format!("{identity}{policy}")).expect("write");
     let (ok, out) = run_check_config(&path);
     assert!(ok, "{out}");
     assert!(
-        out.contains("policy[0].tier: clients can choose their tier") && out.contains("identity.proxy_set_headers"),
+        out.contains("policy[0].tier: clients can choose their tier")
+            && out.contains("identity.proxy_set_headers"),
         "{out}"
     );
 }

@@ -293,7 +293,9 @@ async fn partial_request_from(host: u8, port: u16) -> Option<TcpStream> {
         .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
         .await
         .expect("connect");
-    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n").await.ok()?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .ok()?;
     let mut buf = [0u8; 1];
     match tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await {
         Err(_) => Some(s),
@@ -303,7 +305,11 @@ async fn partial_request_from(host: u8, port: u16) -> Option<TcpStream> {
 
 /// Opens, from each of `hosts`, as many idle partial requests as `port` takes (up to
 /// `per_host` each), and returns them.
-async fn hold_partial_requests(hosts: std::ops::RangeInclusive<u8>, per_host: usize, port: u16) -> Vec<TcpStream> {
+async fn hold_partial_requests(
+    hosts: std::ops::RangeInclusive<u8>,
+    per_host: usize,
+    port: u16,
+) -> Vec<TcpStream> {
     let mut held = Vec::new();
     for host in hosts {
         for _ in 0..per_host {

@@ -241,7 +241,10 @@ fn check_config_reports_jwt_mistakes_with_lines() {
 
 #[tokio::test]
 async fn forged_tokens_are_charged_to_the_per_ip_policy_and_limited_like_any_request() {
-    let jwks = format!("jwks_file = {:?}", fixture("jwks.json").display().to_string());
+    let jwks = format!(
+        "jwks_file = {:?}",
+        fixture("jwks.json").display().to_string()
+    );
     let per_ip = "[[policy]]\nname = \"per_ip\"\nidentity = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\n";
     let g = Gateway::start("", &format!("{}{per_ip}", body(&jwks)));
     // Signed by no configured key, naming a key id of the attacker's choosing.
@@ -258,7 +261,10 @@ async fn forged_tokens_are_charged_to_the_per_ip_policy_and_limited_like_any_req
         let a = with_token(&g, &forged).await;
         if a.status == StatusCode::UNAUTHORIZED {
             let text = a.text();
-            assert!(!text.contains("attacker-chosen-kid"), "echoes the kid: {text}");
+            assert!(
+                !text.contains("attacker-chosen-kid"),
+                "echoes the kid: {text}"
+            );
         }
         statuses.push(a.status.as_u16());
     }

@@ -151,7 +151,10 @@ async fn reloads_of_changing_overrides_drop_the_series_of_the_removed_ones() {
         std::fs::write(&file, text).expect("write overrides");
     };
     write(0);
-    let g = Gateway::start("admin_token = \"overrides-test-admin-token\"", &config(&file));
+    let g = Gateway::start(
+        "admin_token = \"overrides-test-admin-token\"",
+        &config(&file),
+    );
     let series = |m: &str| {
         m.lines()
             .filter(|l| l.starts_with("tollgate_decisions_total{policy=\"api.override-"))
@@ -166,7 +169,10 @@ async fn reloads_of_changing_overrides_drop_the_series_of_the_removed_ones() {
             &client(),
             http::Method::POST,
             &g.admin_url("/v1/reload"),
-            &[("authorization", b"Bearer overrides-test-admin-token".as_slice())],
+            &[(
+                "authorization",
+                b"Bearer overrides-test-admin-token".as_slice(),
+            )],
             "",
         )
         .await;
@@ -174,7 +180,14 @@ async fn reloads_of_changing_overrides_drop_the_series_of_the_removed_ones() {
         assert_eq!(admitted(&g, &format!("round-{round}-key-7"), 6).await, 5);
     }
     let m = metrics().await;
-    assert_eq!(series(&m), first, "the series of removed overrides stay: {} lines", m.lines().count());
-    let status = get(&client(), &g.admin_url("/status.json"), &[]).await.text();
+    assert_eq!(
+        series(&m),
+        first,
+        "the series of removed overrides stay: {} lines",
+        m.lines().count()
+    );
+    let status = get(&client(), &g.admin_url("/status.json"), &[])
+        .await
+        .text();
     assert!(!status.contains("round-0"), "raw keys never appear");
 }

@@ -327,7 +327,11 @@ async fn a_reload_never_replaces_a_working_config_by_one_that_limits_nothing_or_
         if reloads(&m, "error") >= 1 {
             break;
         }
-        assert!(Instant::now() < deadline, "SIGHUP not refused: {}", g.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP not refused: {}",
+            g.log_text()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(limited().await, StatusCode::TOO_MANY_REQUESTS);
@@ -360,8 +364,11 @@ async fn a_reload_never_replaces_a_working_config_by_one_that_limits_nothing_or_
     assert_eq!(limited().await, StatusCode::TOO_MANY_REQUESTS);
 
     // The same config with a new limit still reloads.
-    std::fs::write(&g.config, format!("{}{}", g.head, keyed_body(Some("first-secret"), 5)))
-        .expect("write");
+    std::fs::write(
+        &g.config,
+        format!("{}{}", g.head, keyed_body(Some("first-secret"), 5)),
+    )
+    .expect("write");
     let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
 }
@@ -371,13 +378,21 @@ async fn a_refused_reload_names_the_key_and_never_echoes_its_value() {
     let up = Upstream::start().await;
     let g = Gateway::proxy(&up, &server_extra(), &body(3));
     let digits = "98765432109876543";
-    let head = g.head.replace(&server_extra(), &format!("admin_token = {digits}\n"));
+    let head = g
+        .head
+        .replace(&server_extra(), &format!("admin_token = {digits}\n"));
     std::fs::write(&g.config, format!("{head}{}", body(3))).expect("write");
     let detail = refused_reload(&g).await;
     assert!(detail.contains("server.admin_token"), "{detail}");
     assert!(detail.contains("integer"), "{detail}");
-    let status = get(&client(), &g.admin_url("/status.json"), &[]).await.text();
-    for (what, text) in [("detail", detail), ("status.json", status), ("log", g.log_text())] {
+    let status = get(&client(), &g.admin_url("/status.json"), &[])
+        .await
+        .text();
+    for (what, text) in [
+        ("detail", detail),
+        ("status.json", status),
+        ("log", g.log_text()),
+    ] {
         assert!(!text.contains(digits), "{what} echoes the value: {text}");
     }
 }

@@ -147,8 +147,8 @@ fn denying(max_keys: usize) -> MemoryStore {
 }
 
 #[test]
-fn a_table_full_of_limited_keys_admits_new_clients_by_forgetting_the_limited_key_closest_to_fresh(
-) {
+fn a_table_full_of_limited_keys_admits_new_clients_by_forgetting_the_limited_key_closest_to_fresh()
+{
     let store = small(64);
     let r = rule(Algorithm::Gcra, 2, Duration::from_secs(3600));
     // A spray of keys, one a microsecond, each spending its whole hour's quota.

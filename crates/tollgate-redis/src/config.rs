@@ -185,9 +185,7 @@ pub fn check_url(url: &str) -> Result<(), String> {
     if let Some(p) = port {
         match p.parse::<u32>() {
             Ok(n) if (1..=65535).contains(&n) => {}
-            _ => {
-                return Err("the port is not a number from 1 to 65535".to_string())
-            }
+            _ => return Err("the port is not a number from 1 to 65535".to_string()),
         }
     }
     url.into_connection_info()

@@ -300,7 +300,10 @@ impl<'de> serde::Deserialize<'de> for UniqueClaims {
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object of claims")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<Self::Value, A::Error> {
                 let mut claims = Claims::new();
                 while let Some((k, v)) = a.next_entry::<String, serde_json::Value>()? {
                     if claims.contains_key(&k) {
@@ -404,7 +407,10 @@ mod tests {
         let token = jsonwebtoken::encode(&header, &TwoPlans, &key).expect("sign");
         let e = v.verify_token(&token).expect_err("two plans");
         assert!(e.0.contains("twice"), "{e}");
-        let once = hs256_token(b"0123456789abcdef0123", serde_json::json!({ "sub": "a", "exp": 9_999_999_999u64, "plan": "free" }));
+        let once = hs256_token(
+            b"0123456789abcdef0123",
+            serde_json::json!({ "sub": "a", "exp": 9_999_999_999u64, "plan": "free" }),
+        );
         assert!(v.verify_token(&once).is_ok());
     }
 

@@ -101,7 +101,7 @@ where
                         }
                     }
                     Ok(unauthorized(&u.why).map(Either::Right))
-                })
+                });
             }
         };
         Box::pin(async move {

@@ -144,7 +144,12 @@ async fn a_policy_not_charged_because_another_denied_counts_not_charged() {
     let r = l
         .check(&tollgate::Plan::for_client(client(1), [&per_key, &per_ip]))
         .await;
-    let outcome = |name: &str| r.results.iter().find(|x| x.policy.name() == name).map(|x| x.outcome);
+    let outcome = |name: &str| {
+        r.results
+            .iter()
+            .find(|x| x.policy.name() == name)
+            .map(|x| x.outcome)
+    };
     assert_eq!(outcome("per_ip"), Some(Outcome::NotCharged));
     let m = l.metrics();
     let count = |name: &str, o: Outcome| m.policy(name).map(|p| p.decisions(o));

@@ -222,12 +222,10 @@ fn seconds(d: Duration) -> f64 {
 /// be UTF-8 (a header may hold any bytes), and a lossy decoding would name another client
 /// (every invalid sequence reads as U+FFFD).
 fn one_param(query: &str, name: &str) -> Result<Vec<u8>, String> {
-    let mut found = query
-        .split('&')
-        .filter_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (form_decode(k) == name.as_bytes()).then(|| form_decode(v))
-        });
+    let mut found = query.split('&').filter_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (form_decode(k) == name.as_bytes()).then(|| form_decode(v))
+    });
     match (found.next(), found.next()) {
         (Some(v), None) => Ok(v),
         (None, _) => Err(format!(
@@ -241,7 +239,11 @@ fn one_param(query: &str, name: &str) -> Result<Vec<u8>, String> {
 /// anything else (a `%` not followed by two hex digits too) itself.
 fn form_decode(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
-    let hex = |c: u8| char::from(c).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let hex = |c: u8| {
+        char::from(c)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while let Some(&c) = b.get(i) {
@@ -307,7 +309,10 @@ mod tests {
 
     #[test]
     fn a_query_value_decodes_to_its_bytes_not_a_lossy_string() {
-        assert_eq!(form_decode("header:x-api-key=%FF%FE"), b"header:x-api-key=\xff\xfe");
+        assert_eq!(
+            form_decode("header:x-api-key=%FF%FE"),
+            b"header:x-api-key=\xff\xfe"
+        );
         assert_eq!(form_decode("a+b%2Bc%zz%4"), b"a b+c%zz%4");
         assert_eq!(
             one_param("x=1&identity=ip%3D192.0.2.7", "identity"),

@@ -146,13 +146,20 @@ mod tests {
             }
         }
         assert_eq!(held.len(), 14, "the reserve held");
-        let newcomer = limits.admit(IpAddr::from([127, 0, 0, 9])).expect("a newcomer gets in");
+        let newcomer = limits
+            .admit(IpAddr::from([127, 0, 0, 9]))
+            .expect("a newcomer gets in");
         assert!(
             limits.admit(IpAddr::from([127, 0, 0, 9])).is_none(),
             "but only one place of the reserve"
         );
-        let _other = limits.admit(IpAddr::from([127, 0, 0, 10])).expect("another newcomer");
-        assert!(limits.admit(IpAddr::from([127, 0, 0, 11])).is_none(), "all full");
+        let _other = limits
+            .admit(IpAddr::from([127, 0, 0, 10]))
+            .expect("another newcomer");
+        assert!(
+            limits.admit(IpAddr::from([127, 0, 0, 11])).is_none(),
+            "all full"
+        );
         drop(newcomer);
         assert!(limits.admit(IpAddr::from([127, 0, 0, 12])).is_some());
     }
