@@ -560,8 +560,10 @@ fn unsafe_change(old: &Config, new: &Config) -> Result<(), String> {
             old.policies.len()
         ));
     }
-    let rls_rules = |c: &Config| c.rls.as_ref().is_some_and(|r| !r.config.rules().is_empty());
-    if rls_rules(old) && !rls_rules(new) {
+    // An [rls] table removed whole needs a restart (its listener stays, see keep_running); one
+    // left with no rule at all is the RLS form of an empty file.
+    let rls_rules = |c: &Config| c.rls.as_ref().map(|r| !r.config.rules().is_empty());
+    if rls_rules(old) == Some(true) && rls_rules(new) == Some(false) {
         return Err(format!(
             "the new config has no [rls] descriptors where the running one has some; {restart}"
         ));
@@ -743,6 +745,33 @@ mod tests {
         assert_eq!(kept.server.listen, a.server.listen);
         assert_eq!(kept.store.backend, a.store.backend);
         assert_eq!(kept.store.timeout, a.store.timeout);
+    }
+
+    #[test]
+    fn a_config_that_limits_nothing_or_locks_the_operator_out_is_unsafe_and_says_why() {
+        let policy = "[[policy]]\nname = \"p\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n";
+        let token = "[server]\nadmin_token = \"0123456789abcdef\"\n";
+        let secret = "[identity]\nsecret = \"s-one\"\n";
+        let running = parse(&format!("{token}{secret}{policy}"));
+        let why = |text: String| {
+            unsafe_change(&running, &parse(&text))
+                .err()
+                .unwrap_or_default()
+        };
+        assert!(why(format!("{token}{secret}")).contains("no [[policy]]"));
+        assert!(why(format!("{secret}{policy}")).contains("server.admin_token"));
+        assert!(why(format!("{token}{policy}")).contains("identity.secret"));
+        let other = why(format!("{token}[identity]\nsecret = \"s-two\"\n{policy}"));
+        assert!(
+            other.contains("identity.secret") && !other.contains("s-two"),
+            "{other}"
+        );
+        // A new limit or a new token is an ordinary change.
+        let changed = format!(
+            "[server]\nadmin_token = \"fedcba9876543210\"\n{secret}{}",
+            policy.replace("limit = 1", "limit = 9")
+        );
+        assert_eq!(unsafe_change(&running, &parse(&changed)), Ok(()));
     }
 
     #[tokio::test]

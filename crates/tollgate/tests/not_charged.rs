@@ -26,7 +26,10 @@ async fn a_policy_another_rule_denied_counts_not_charged_on_redis_and_in_the_den
     let l = Limiter::new(cfg);
     let spec = |name: &str, limit: u64| {
         let quota = Quota::new(limit, Duration::from_secs(3600)).expect("quota");
-        PolicySpec::new(name, Limit::new(Algorithm::FixedWindow, quota).expect("limit"))
+        PolicySpec::new(
+            name,
+            Limit::new(Algorithm::FixedWindow, quota).expect("limit"),
+        )
     };
     let per_key = l.policy(spec("per_key", 1)).expect("policy");
     let per_ip = l.policy(spec("per_ip", 1000)).expect("policy");
