@@ -34,9 +34,32 @@ impl<'a> Reporter<'a> {
     pub fn parse_error(&mut self, err: &toml::de::Error) {
         let span = err.span().unwrap_or(0..0);
         let key = key_at(self.text, span.clone());
-        let message = err.message().trim().replace('\n', " ");
+        let message = without_value(&err.message().trim().replace('\n', " "));
         self.at(span, key, message);
     }
+}
+
+/// A deserializer's message without the value it quotes: serde says `invalid type: integer
+/// `98765432109876543`, expected a string`, and the key may be a secret (`admin_token`), so
+/// only the kind of value written is kept. Errors name the key and say what is allowed; they
+/// never repeat what the key held.
+pub(crate) fn without_value(message: &str) -> String {
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = message.strip_prefix(prefix) {
+            let kind = rest.split(['`', '"', ',']).next().unwrap_or("").trim();
+            return match rest.rsplit_once(", expected ") {
+                Some((_, expected)) => format!("{prefix}{kind}, expected {expected}"),
+                None => format!("{prefix}{kind}"),
+            };
+        }
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        return match rest.rsplit_once(", expected ") {
+            Some((_, expected)) => format!("unknown variant, expected {expected}"),
+            None => "unknown variant".to_string(),
+        };
+    }
+    message.to_string()
 }
 
 /// 1-based line and column of byte `offset`.
@@ -65,15 +88,23 @@ pub(crate) fn key_at(text: &str, span: Range<usize>) -> String {
         .map_or(text.len(), |i| start + i);
     let line = text.get(line_start..line_end).unwrap_or("").trim();
     let mut table = String::new();
-    let mut policy_index: i64 = -1;
+    // How many entries of each array of tables (`[[policy]]`, `[[override]]`) came so far.
+    let mut seen: Vec<(String, usize)> = Vec::new();
     for l in text.get(..line_end).unwrap_or("").lines() {
         let t = l.trim();
         if let Some(name) = t.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
             let name = name.trim();
-            if name == "policy" {
-                policy_index += 1;
-            }
-            table = format!("{name}[{}]", policy_index.max(0));
+            let index = match seen.iter_mut().find(|(n, _)| n == name) {
+                Some((_, count)) => {
+                    *count += 1;
+                    *count - 1
+                }
+                None => {
+                    seen.push((name.to_string(), 1));
+                    0
+                }
+            };
+            table = format!("{name}[{index}]");
         } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.split(']').next()) {
             table = name.trim().to_string();
         }
@@ -120,5 +151,27 @@ mod tests {
         assert_eq!(key_at(text, at..at + 4), "policy[1].limt");
         let at = text.find('1').unwrap_or(0);
         assert_eq!(key_at(text, at..at + 1), "server.listen");
+    }
+
+    #[test]
+    fn every_array_of_tables_is_counted_on_its_own() {
+        let text =
+            "[[override]]\nlimit = 1\n[[override]]\nlimit = 2\n[[override]]\nlimit = \"x\"\n";
+        let at = text.find("\"x\"").unwrap_or(0);
+        assert_eq!(key_at(text, at..at + 3), "override[2].limit");
+    }
+
+    #[test]
+    fn a_type_error_names_the_kind_of_value_never_the_value() {
+        let m = without_value("invalid type: integer `98765432109876543`, expected a string");
+        assert_eq!(m, "invalid type: integer, expected a string");
+        let m = without_value("invalid type: string \"hunter2, expected x\", expected a boolean");
+        assert_eq!(m, "invalid type: string, expected a boolean");
+        let m = without_value("unknown variant `s3cr3t`, expected one of `a`, `b`");
+        assert_eq!(m, "unknown variant, expected one of `a`, `b`");
+        assert_eq!(
+            without_value("missing field `name`"),
+            "missing field `name`"
+        );
     }
 }

@@ -40,7 +40,7 @@ pub(super) fn positive(v: &i64, what: &str) -> Result<u64, String> {
     u64::try_from(*v)
         .ok()
         .filter(|n| *n >= 1)
-        .ok_or_else(|| format!("{v} is not allowed; {what} must be a positive integer"))
+        .ok_or_else(|| format!("must be a positive integer ({what} counts at least 1)"))
 }
 
 pub(super) fn duration(s: &str) -> Result<Duration, String> {
@@ -58,7 +58,7 @@ pub(super) fn one_of<T: Copy>(s: &str, options: &[(&str, T)]) -> Result<T, Strin
         .map(|(_, v)| *v)
         .ok_or_else(|| {
             let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
-            format!("{s:?} is not allowed; expected one of {}", names.join(", "))
+            format!("is not allowed; expected one of {}", names.join(", "))
         })
 }
 
@@ -161,16 +161,14 @@ pub(super) fn http_url(s: &str, help: &str, https: &str) -> Result<http::Uri, St
             "has user info (USER:PASSWORD@), which the gateway would never send; remove it; {help}"
         ));
     }
-    let uri: http::Uri = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a URL; {help}"))?;
+    let uri: http::Uri = s.parse().map_err(|_| format!("is not a URL; {help}"))?;
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => return Err(https.to_string()),
-        _ => return Err(format!("{s:?} has no http:// scheme; {help}")),
+        _ => return Err(format!("has no http:// scheme; {help}")),
     }
     if uri.authority().is_none() {
-        return Err(format!("{s:?} has no host; {help}"));
+        return Err(format!("has no host; {help}"));
     }
     Ok(uri)
 }

@@ -26,7 +26,7 @@ pub(super) fn jwt(
         http::header::AUTHORIZATION,
         |s| {
             HeaderName::from_bytes(s.as_bytes())
-                .map_err(|_| format!("{s:?} is not a header name; expected e.g. \"authorization\""))
+                .map_err(|_| "is not a header name; expected e.g. \"authorization\"".to_string())
         },
     );
     let non_empty = |key: &str, v: &Option<Spanned<String>>, r: &mut Reporter<'_>| {

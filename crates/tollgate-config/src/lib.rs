@@ -7,6 +7,7 @@
 mod duration;
 mod error;
 mod fields;
+mod header_tiers;
 mod jwt;
 mod overrides;
 mod policy;
@@ -47,6 +48,9 @@ pub struct Config {
     pub identity: IdentityConfig,
     /// `identity.secret`, expanded.
     pub secret: Secret,
+    /// `identity.proxy_set_headers`: the headers every trusted proxy sets itself (a header
+    /// tier not among them draws a warning: clients can reach it).
+    pub proxy_set_headers: Vec<http::HeaderName>,
     /// The one identity hasher, keyed with `secret`: every client key (requests, overrides,
     /// the admin API, RLS descriptors) is made with it.
     pub hasher: IdentityHasher,
@@ -133,6 +137,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Most open connections from one address (trusted proxies exempt).
     pub max_connections_per_ip: usize,
+    /// Most open connections to the admin port.
+    pub admin_max_connections: usize,
+    /// Most open connections to the admin port from one address.
+    pub admin_max_connections_per_ip: usize,
     /// The most time a request body may take to arrive in full.
     pub body_timeout: Duration,
     /// `admin_token`, expanded: the bearer token of the admin API under `/v1/` (none: `/v1/`
@@ -350,7 +358,7 @@ impl Config {
     pub fn client_key(
         &self,
         policy: &PolicyConfig,
-        spec: &str,
+        spec: &[u8],
     ) -> Result<tollgate::ClientKey, String> {
         overrides::client_key(spec, Some(policy), &self.identity, &self.hasher)
     }

@@ -124,11 +124,7 @@ fn entry_of(
                 o.at(
                     p.span(),
                     k("policy"),
-                    format!(
-                        "{:?} is not a policy; expected one of {}",
-                        p.get_ref(),
-                        names.join(", ")
-                    ),
+                    format!("is not a policy; expected one of {}", names.join(", ")),
                 );
             }
             found
@@ -143,7 +139,7 @@ fn entry_of(
             );
             None
         }
-        Some(id) => match client_key(id.get_ref(), policy, identity, hasher) {
+        Some(id) => match client_key(id.get_ref().as_bytes(), policy, identity, hasher) {
             Ok(c) => Some(c),
             Err(m) => {
                 // The message never repeats the value: it may be a secret API key.
@@ -196,18 +192,20 @@ fn entry_of(
 }
 
 /// The hashed client key of `SOURCE=VALUE`, as a request identified by that source would get.
+/// The value is bytes: a header may carry any (an API key that is not UTF-8 is a client of
+/// its own, never the one its lossy reading names).
 pub(super) fn client_key(
-    spec: &str,
+    spec: &[u8],
     policy: Option<&PolicyConfig>,
     identity: &IdentityConfig,
     hasher: &IdentityHasher,
 ) -> Result<tollgate::ClientKey, String> {
-    let Some((src, value)) = spec.split_once('=') else {
-        return Err(
-            "expected \"SOURCE=VALUE\", e.g. \"header:x-api-key=KEY\" or \"ip=192.0.2.7\""
-                .to_string(),
-        );
+    let expected = || {
+        "expected \"SOURCE=VALUE\", e.g. \"header:x-api-key=KEY\" or \"ip=192.0.2.7\"".to_string()
     };
+    let eq = spec.iter().position(|b| *b == b'=').ok_or_else(expected)?;
+    let (src, value) = (&spec[..eq], &spec[eq + 1..]);
+    let src = std::str::from_utf8(src).map_err(|_| expected())?;
     let source: IdentitySource = src
         .parse()
         .map_err(|e: tollgate_tower::BadIdentitySource| e.to_string())?;
@@ -230,14 +228,15 @@ pub(super) fn client_key(
     }
     Ok(match source {
         IdentitySource::Ip => {
-            let ip: std::net::IpAddr = value
-                .parse()
-                .map_err(|_| "the ip value is not an IP address".to_string())?;
+            let ip: std::net::IpAddr = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| "the ip value is not an IP address".to_string())?;
             let addr = identity
                 .client_addr(Some(ip), &http::HeaderMap::new())
                 .ok_or_else(|| "the ip value is not an IP address".to_string())?;
             hasher.client_key("ip", addr.as_bytes())
         }
-        other => hasher.client_key(&other.name(), value.as_bytes()),
+        other => hasher.client_key(&other.name(), value),
     })
 }

@@ -43,10 +43,7 @@ pub(super) fn policy(
                 r.at(
                     n.span(),
                     k("name"),
-                    format!(
-                        "{:?} is not allowed; expected 1 to 64 characters from [A-Za-z0-9_-]",
-                        n.get_ref()
-                    ),
+                    "is not allowed; expected 1 to 64 characters from [A-Za-z0-9_-]",
                 );
             }
             n.get_ref().clone()
@@ -65,9 +62,7 @@ pub(super) fn policy(
                     if s.starts_with('/') {
                         Ok(s.clone())
                     } else {
-                        Err(format!(
-                            "{s:?} is not allowed; expected a path starting with \"/\""
-                        ))
+                        Err("is not allowed; expected a path starting with \"/\"".to_string())
                     }
                 },
             );
@@ -83,10 +78,7 @@ pub(super) fn policy(
                     Err(_) => r.at(
                         mth.span(),
                         k("match.methods"),
-                        format!(
-                            "{:?} is not an HTTP method; expected e.g. \"GET\", \"POST\"",
-                            mth.get_ref()
-                        ),
+                        "is not an HTTP method; expected e.g. \"GET\", \"POST\"",
                     ),
                 }
             }

@@ -75,6 +75,8 @@ pub(crate) struct RawServer {
     pub ambiguous_paths: S<String>,
     pub max_connections: S<i64>,
     pub max_connections_per_ip: S<i64>,
+    pub admin_max_connections: S<i64>,
+    pub admin_max_connections_per_ip: S<i64>,
     pub body_timeout: S<String>,
     pub admin_token: S<String>,
 }
@@ -118,6 +120,7 @@ pub(crate) struct RawIdentity {
     pub client_ip_header: S<String>,
     pub ipv6_prefix: S<i64>,
     pub secret: S<String>,
+    pub proxy_set_headers: S<Vec<Spanned<String>>>,
     pub jwt: S<RawJwt>,
 }
 

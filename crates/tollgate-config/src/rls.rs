@@ -49,10 +49,7 @@ pub(super) fn rls(
         r.at(
             config.span(),
             key::RLS_CONFIG,
-            format!(
-                "{:?} does not exist; expected an envoyproxy/ratelimit YAML file or a directory of them (a relative path is relative to this file)",
-                path.display().to_string()
-            ),
+            "does not exist; expected an envoyproxy/ratelimit YAML file or a directory of them (a relative path is relative to this file)",
         );
         return None;
     }

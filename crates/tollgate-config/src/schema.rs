@@ -47,6 +47,10 @@ pub const SERVER_AMBIGUOUS_PATHS: &str = "server.ambiguous_paths";
 pub const SERVER_MAX_CONNECTIONS: &str = "server.max_connections";
 /// `server.max_connections_per_ip`.
 pub const SERVER_MAX_CONNECTIONS_PER_IP: &str = "server.max_connections_per_ip";
+/// `server.admin_max_connections`.
+pub const SERVER_ADMIN_MAX_CONNECTIONS: &str = "server.admin_max_connections";
+/// `server.admin_max_connections_per_ip`.
+pub const SERVER_ADMIN_MAX_CONNECTIONS_PER_IP: &str = "server.admin_max_connections_per_ip";
 /// `server.body_timeout`.
 pub const SERVER_BODY_TIMEOUT: &str = "server.body_timeout";
 /// `server.admin_token`.
@@ -89,6 +93,8 @@ pub const IDENTITY_CLIENT_IP_HEADER: &str = "identity.client_ip_header";
 pub const IDENTITY_IPV6_PREFIX: &str = "identity.ipv6_prefix";
 /// `identity.secret`.
 pub const IDENTITY_SECRET: &str = "identity.secret";
+/// `identity.proxy_set_headers`.
+pub const IDENTITY_PROXY_SET_HEADERS: &str = "identity.proxy_set_headers";
 /// `identity.jwt`.
 pub const IDENTITY_JWT: &str = "identity.jwt";
 /// `identity.jwt.header`.
@@ -138,6 +144,8 @@ pub const KEYS: &[Key] = &[
     key(SERVER_AMBIGUOUS_PATHS, false, false, false),
     key(SERVER_MAX_CONNECTIONS, true, false, false),
     key(SERVER_MAX_CONNECTIONS_PER_IP, true, false, false),
+    key(SERVER_ADMIN_MAX_CONNECTIONS, true, false, false),
+    key(SERVER_ADMIN_MAX_CONNECTIONS_PER_IP, true, false, false),
     key(SERVER_BODY_TIMEOUT, false, false, false),
     key(SERVER_ADMIN_TOKEN, false, true, false),
     key(STORE_BACKEND, true, false, false),
@@ -159,6 +167,7 @@ pub const KEYS: &[Key] = &[
     key(IDENTITY_CLIENT_IP_HEADER, false, false, false),
     key(IDENTITY_IPV6_PREFIX, false, false, false),
     key(IDENTITY_SECRET, false, true, false),
+    key(IDENTITY_PROXY_SET_HEADERS, false, false, false),
     key(IDENTITY_JWT, false, false, true),
     key(IDENTITY_JWT_HEADER, false, false, false),
     key(IDENTITY_JWT_JWKS_FILE, false, false, false),

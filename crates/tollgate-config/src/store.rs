@@ -6,7 +6,7 @@
 use super::error::Reporter;
 use super::fields::{duration, expand_env, failure_policy, field, one_of, positive};
 use super::raw::RawStore;
-use super::{redact_url, StoreBackend, StoreConfig};
+use super::{StoreBackend, StoreConfig};
 use crate::schema as key;
 use std::time::Duration;
 use tollgate::policy::FailurePolicy;
@@ -17,8 +17,7 @@ fn redis_url(s: &str) -> Result<String, String> {
     match tollgate_redis::check_url(s) {
         Ok(()) => Ok(s.to_string()),
         Err(why) => Err(format!(
-            "{:?} is not a usable Redis URL: {why}; expected redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://...",
-            redact_url(s)
+            "is not a usable Redis URL: {why}; expected redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://..."
         )),
     }
 }
@@ -110,9 +109,10 @@ pub(super) fn store(
         "tollgate".to_string(),
         |s| {
             if s.is_empty() || s.contains(['{', '}']) || s.chars().any(char::is_whitespace) {
-                Err(format!(
-                    "{s:?} is not allowed; expected a non-empty prefix without braces or spaces"
-                ))
+                Err(
+                    "is not allowed; expected a non-empty prefix without braces or spaces"
+                        .to_string(),
+                )
             } else {
                 Ok(s.clone())
             }

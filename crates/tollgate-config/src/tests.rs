@@ -117,13 +117,20 @@ fn every_value_error_is_reported_at_once() {
     let says: [&[&str]; 4] = [
         &["policy[0].name", "[A-Za-z0-9_-]"],
         &["policy[0].algorithm", "token_bucket"],
-        &["t.toml:6:9: policy[0].limit: -5 is not allowed"],
+        &["t.toml:6:9: policy[0].limit: must be a positive integer"],
         &["policy[0].period", "\"1m\""],
     ];
     for (error, parts) in e[1..].iter().zip(says) {
         for part in parts {
             assert!(error.contains(part), "{part:?} in {e:?}");
         }
+    }
+    // Each names its key; none repeats what the key held.
+    for written in ["nope", "bad name", "token_buckit", "-5", "1 minute"] {
+        assert!(
+            e.iter().all(|m| !m.contains(written)),
+            "{written:?} echoed in {e:?}"
+        );
     }
 }
 

@@ -42,6 +42,9 @@ pub(crate) fn validate(
         raw.store.map(Spanned::into_inner).unwrap_or_default(),
         &env,
     );
+    let proxy_set = raw.identity.as_ref().map_or(Vec::new(), |i| {
+        super::header_tiers::proxy_set_headers(&mut r, &i.get_ref().proxy_set_headers)
+    });
     let (identity, secret) = identity(
         &mut r,
         raw.identity.map(Spanned::into_inner).unwrap_or_default(),
@@ -103,6 +106,12 @@ pub(crate) fn validate(
             "warning: {file}: no [[policy]]: every request passes unlimited; add a [[policy]] with name, algorithm, limit and period"
         ));
     }
+    warnings.extend(super::header_tiers::warnings(
+        file,
+        &policies,
+        &identity.trust,
+        &proxy_set,
+    ));
     if r.errors.is_empty() {
         Ok(Config {
             origin: file.to_string(),
@@ -110,6 +119,7 @@ pub(crate) fn validate(
             store,
             identity,
             secret,
+            proxy_set_headers: proxy_set,
             hasher,
             policies,
             warnings,
@@ -126,7 +136,7 @@ pub(crate) fn validate(
 
 pub(super) fn addr(s: &str) -> Result<SocketAddr, String> {
     s.parse()
-        .map_err(|_| format!("{s:?} is not an address; expected IP:PORT like \"127.0.0.1:8080\""))
+        .map_err(|_| "is not an address; expected IP:PORT like \"127.0.0.1:8080\"".to_string())
 }
 
 fn server(
@@ -194,6 +204,20 @@ fn server(
         256,
         |v| count(v, "max_connections_per_ip"),
     );
+    let admin_max_connections = field(
+        r,
+        key::SERVER_ADMIN_MAX_CONNECTIONS,
+        &raw.admin_max_connections,
+        64,
+        |v| count(v, "admin_max_connections"),
+    );
+    let admin_max_connections_per_ip = field(
+        r,
+        key::SERVER_ADMIN_MAX_CONNECTIONS_PER_IP,
+        &raw.admin_max_connections_per_ip,
+        16,
+        |v| count(v, "admin_max_connections_per_ip"),
+    );
     let body_timeout = field(
         r,
         key::SERVER_BODY_TIMEOUT,
@@ -225,6 +249,8 @@ fn server(
         allow_ambiguous_paths,
         max_connections,
         max_connections_per_ip,
+        admin_max_connections,
+        admin_max_connections_per_ip,
         body_timeout,
     }
 }
@@ -254,7 +280,7 @@ fn forward_auth(r: &mut Reporter<'_>, raw: &RawForwardAuth) -> ForwardAuth {
     let default = ForwardAuth::default();
     let header = |s: &String| {
         http::HeaderName::from_bytes(s.as_bytes())
-            .map_err(|_| format!("{s:?} is not a header name; expected e.g. \"x-original-uri\""))
+            .map_err(|_| "is not a header name; expected e.g. \"x-original-uri\"".to_string())
     };
     ForwardAuth {
         method_header: field(
@@ -285,9 +311,9 @@ fn upstream(s: &str) -> Result<Upstream, String> {
     let authority = uri
         .authority()
         .cloned()
-        .ok_or_else(|| format!("{s:?} has no host; {HELP}"))?;
+        .ok_or_else(|| format!("has no host; {HELP}"))?;
     if uri.query().is_some() {
-        return Err(format!("{s:?} has a query string; {HELP}"));
+        return Err(format!("has a query string; {HELP}"));
     }
     Ok(Upstream {
         authority,
@@ -319,9 +345,7 @@ fn identity(
                 Err(_) => r.at(
                     p.span(),
                     key::IDENTITY_TRUSTED_PROXIES,
-                    format!(
-                        "{s:?} is not allowed; expected an IP address or CIDR like \"10.0.0.0/8\""
-                    ),
+                    "is not allowed; expected an IP address or CIDR like \"10.0.0.0/8\"",
                 ),
             }
         }
@@ -355,7 +379,7 @@ fn identity(
         u8::try_from(*v)
             .ok()
             .filter(|n| (1..=128).contains(n))
-            .ok_or_else(|| format!("{v} is not allowed; expected a prefix length from 1 to 128"))
+            .ok_or_else(|| "is not allowed; expected a prefix length from 1 to 128".to_string())
     });
     // The one trust list: identities, the proxy's forwarding headers and the connection
     // bounds all ask it.

@@ -15,11 +15,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     if num.is_empty() {
-        return Err(format!("{s:?} is not a duration; {DURATION_HELP}"));
+        return Err(format!("is not a duration; {DURATION_HELP}"));
     }
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("{s:?} is too large; {DURATION_HELP}"))?;
+        .map_err(|_| format!("is too large; {DURATION_HELP}"))?;
     let micros_per = match unit {
         "us" => 1,
         "ms" => 1_000,
@@ -27,11 +27,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" => 60_000_000,
         "h" => 3_600_000_000,
         "d" => 86_400_000_000,
-        _ => return Err(format!("{s:?} has no valid unit; {DURATION_HELP}")),
+        _ => return Err(format!("has no valid unit; {DURATION_HELP}")),
     };
     n.checked_mul(micros_per)
         .map(Duration::from_micros)
-        .ok_or_else(|| format!("{s:?} is too large; {DURATION_HELP}"))
+        .ok_or_else(|| format!("is too large; {DURATION_HELP}"))
 }
 
 #[cfg(test)]

@@ -14,7 +14,12 @@
 //! its log): the listen addresses, connection bounds and the store settings.
 //!
 //! A reload is asked for by SIGHUP, `POST /v1/reload`, or a change to a watched file (polled:
-//! a change is applied once the file has been stable for one poll).
+//! a change is applied once the files have stopped changing for [`SETTLE`]).
+//!
+//! Whatever asks, a reload never replaces a working config by one that limits nothing or
+//! locks the operator out: an empty file, no policy (or RLS rule) where there were some, the
+//! admin token removed, or `identity.secret` changed is refused with the reason
+//! ([`ReloadError::Unsafe`]); a restart serves such a config when it is meant.
 
 use crate::assemble::{assemble, Assembled, PolicyRules};
 use crate::config::{Config, ConfigErrors, PolicyConfig, Upstream};
@@ -40,6 +45,9 @@ use tower_service::Service;
 
 /// How often watched files are looked at.
 pub const WATCH_EVERY: Duration = Duration::from_millis(250);
+/// How long watched files must look the same before a change is applied: an editor or a
+/// config manager that writes a file in pieces is done by then.
+pub const SETTLE: Duration = Duration::from_millis(750);
 
 /// The gateway's service as of the last reload.
 type Current = RateLimit<Target>;
@@ -137,6 +145,10 @@ pub enum ReloadError {
     Invalid(ConfigErrors),
     /// The config validates but could not be built (a policy the limiter refuses).
     Build(String),
+    /// The config validates but would leave the gateway limiting nothing or lock the operator
+    /// out (an empty or truncated file, every policy gone, the admin token removed, the
+    /// identity secret changed); a restart serves it, deliberately.
+    Unsafe(String),
 }
 
 impl std::fmt::Display for ReloadError {
@@ -146,7 +158,7 @@ impl std::fmt::Display for ReloadError {
                 "started with the built-in defaults (no --config FILE): there is no file to reload",
             ),
             ReloadError::Invalid(e) => write!(f, "{e}"),
-            ReloadError::Build(e) => f.write_str(e),
+            ReloadError::Build(e) | ReloadError::Unsafe(e) => f.write_str(e),
         }
     }
 }
@@ -353,22 +365,27 @@ impl Live {
         };
         // The files' stamps are taken right after they are read: a later edit is seen as one.
         let loaded = tokio::task::spawn_blocking(move || {
+            if is_blank(&path) {
+                return Ok(None);
+            }
             Config::load(&path).map(|c| {
                 let files = c.files();
                 let stamps: Vec<Stamp> = files.iter().map(|f| stamp(f)).collect();
-                (c, files, stamps)
+                Some((c, files, stamps))
             })
         })
         .await
         .map_err(|e| ReloadError::Build(format!("the reload task failed: {e}")))?;
-        let (mut config, files, stamps) = loaded.map_err(ReloadError::Invalid)?;
+        let Some((mut config, files, stamps)) = loaded.map_err(ReloadError::Invalid)? else {
+            return Err(ReloadError::Unsafe(
+                "the config file is empty (caught while being written?); a reload never replaces a working config by an empty one".to_string(),
+            ));
+        };
         let current = self.generation();
         let old = &current.config;
         let changed = files != current.files || stamps != current.stamps;
+        unsafe_change(old, &config).map_err(ReloadError::Unsafe)?;
         let restart_required = keep_running(old, &mut config);
-        if old.secret != config.secret {
-            tracing::warn!("identity.secret changed: every client is keyed anew, so its counts start over (gateways sharing a store should change it together)");
-        }
         let Assembled { layer, rules, rls } =
             assemble(&config, &self.limiter).map_err(|e| ReloadError::Build(e.to_string()))?;
         // A listener started later has nothing to serve a new RLS config with (a restart key).
@@ -475,13 +492,15 @@ impl Live {
 
     /// Reloads when a watched file (the config's [`Config::files`]) changes, until `stop`
     /// changes. The files are compared with how they looked right after the serving config was
-    /// read (whatever reloaded it); a change is applied once they read the same on two polls in
-    /// a row, so a file caught half-written is not loaded; a refused version is not tried again.
+    /// read (whatever reloaded it); a change is applied once they have read the same for
+    /// [`SETTLE`], so a file caught half-written is not loaded; a refused version is not tried
+    /// again.
     pub(crate) async fn watch_files(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
         if self.path.is_none() {
             return;
         }
-        let mut pending: Option<Vec<Stamp>> = None;
+        // The changed stamps, and since when they have looked like that.
+        let mut pending: Option<(Vec<Stamp>, std::time::Instant)> = None;
         let mut refused: Option<(Vec<PathBuf>, Vec<Stamp>)> = None;
         let mut tick = tokio::time::interval(WATCH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -502,10 +521,17 @@ impl Live {
             {
                 continue;
             }
-            if pending.as_ref() != Some(&now) {
-                // Changed since the last poll: wait for it to settle.
-                pending = Some(now);
-                continue;
+            match &pending {
+                Some((stamps, since)) if *stamps == now => {
+                    if since.elapsed() < SETTLE {
+                        continue;
+                    }
+                }
+                _ => {
+                    // Changed since the last poll: wait for it to settle.
+                    pending = Some((now, std::time::Instant::now()));
+                    continue;
+                }
             }
             pending = None;
             if self.reload(ReloadTrigger::File).await.is_err() {
@@ -513,6 +539,49 @@ impl Live {
             }
         }
     }
+}
+
+/// Whether the file at `path` holds nothing but blanks and comments (an empty or truncated
+/// write). An unreadable file is left to the loader, which says why.
+fn is_blank(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| {
+        text.lines()
+            .map(str::trim)
+            .all(|l| l.is_empty() || l.starts_with('#'))
+    })
+}
+
+/// Why `new` must not replace `old` on a reload, though it validates: it would limit nothing
+/// where `old` limited something, lock the operator out of the admin API, or re-key every
+/// client. A file caught half-written, or cut short, reads like that; a restart serves such a
+/// config when it is meant. The reason names keys, never their values.
+fn unsafe_change(old: &Config, new: &Config) -> Result<(), String> {
+    let restart = "the old config keeps serving; restart tollgate to serve this one on purpose";
+    if !old.policies.is_empty() && new.policies.is_empty() {
+        return Err(format!(
+            "the new config has no [[policy]] where the running one has {} (a truncated file?); {restart}",
+            old.policies.len()
+        ));
+    }
+    // An [rls] table removed whole needs a restart (its listener stays, see keep_running); one
+    // left with no rule at all is the RLS form of an empty file.
+    let rls_rules = |c: &Config| c.rls.as_ref().map(|r| !r.config.rules().is_empty());
+    if rls_rules(old) == Some(true) && rls_rules(new) == Some(false) {
+        return Err(format!(
+            "the new config has no [rls] descriptors where the running one has some; {restart}"
+        ));
+    }
+    if old.server.admin_token.is_some() && new.server.admin_token.is_none() {
+        return Err(format!(
+            "server.admin_token is gone: the admin API would answer 403 and POST /v1/reload could not repair it; {restart}"
+        ));
+    }
+    if old.secret != new.secret {
+        return Err(format!(
+            "identity.secret changed (absent means the built-in default): every client would be keyed anew and its counts start over; {restart} (gateways sharing a store should change it together)"
+        ));
+    }
+    Ok(())
 }
 
 /// SIGHUP, listened to from startup on.
@@ -580,6 +649,14 @@ fn keep_running(old: &Config, new: &mut Config) -> Vec<&'static str> {
             key::SERVER_MAX_CONNECTIONS_PER_IP => keep(
                 &mut new.server.max_connections_per_ip,
                 &old.server.max_connections_per_ip,
+            ),
+            key::SERVER_ADMIN_MAX_CONNECTIONS => keep(
+                &mut new.server.admin_max_connections,
+                &old.server.admin_max_connections,
+            ),
+            key::SERVER_ADMIN_MAX_CONNECTIONS_PER_IP => keep(
+                &mut new.server.admin_max_connections_per_ip,
+                &old.server.admin_max_connections_per_ip,
             ),
             key::STORE_BACKEND => keep(&mut new.store.backend, &old.store.backend),
             key::STORE_TIMEOUT => keep(&mut new.store.timeout, &old.store.timeout),
@@ -671,6 +748,33 @@ mod tests {
         assert_eq!(kept.server.listen, a.server.listen);
         assert_eq!(kept.store.backend, a.store.backend);
         assert_eq!(kept.store.timeout, a.store.timeout);
+    }
+
+    #[test]
+    fn a_config_that_limits_nothing_or_locks_the_operator_out_is_unsafe_and_says_why() {
+        let policy = "[[policy]]\nname = \"p\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n";
+        let token = "[server]\nadmin_token = \"0123456789abcdef\"\n";
+        let secret = "[identity]\nsecret = \"s-one\"\n";
+        let running = parse(&format!("{token}{secret}{policy}"));
+        let why = |text: String| {
+            unsafe_change(&running, &parse(&text))
+                .err()
+                .unwrap_or_default()
+        };
+        assert!(why(format!("{token}{secret}")).contains("no [[policy]]"));
+        assert!(why(format!("{secret}{policy}")).contains("server.admin_token"));
+        assert!(why(format!("{token}{policy}")).contains("identity.secret"));
+        let other = why(format!("{token}[identity]\nsecret = \"s-two\"\n{policy}"));
+        assert!(
+            other.contains("identity.secret") && !other.contains("s-two"),
+            "{other}"
+        );
+        // A new limit or a new token is an ordinary change.
+        let changed = format!(
+            "[server]\nadmin_token = \"fedcba9876543210\"\n{secret}{}",
+            policy.replace("limit = 1", "limit = 9")
+        );
+        assert_eq!(unsafe_change(&running, &parse(&changed)), Ok(()));
     }
 
     #[tokio::test]

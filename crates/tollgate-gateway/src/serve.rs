@@ -126,7 +126,17 @@ pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Re
         let admin = admin.clone();
         async move { admin.handle(req).await }
     };
-    let admin_task = tokio::spawn(serve_admin(admin_listener, answer, stop_rx.clone()));
+    let admin_limits = ConnLimits::new(
+        config.server.admin_max_connections,
+        config.server.admin_max_connections_per_ip,
+        tollgate_tower::Trust::default(),
+    );
+    let admin_task = tokio::spawn(serve_admin(
+        admin_listener,
+        answer,
+        admin_limits,
+        stop_rx.clone(),
+    ));
     let sighup = tokio::spawn(live.clone().on_sighup(hangup, stop_rx.clone()));
     let watcher = tokio::spawn(live.clone().watch_files(stop_rx.clone()));
     let rls_task = spawn_rls(&config, rls, stop_rx.clone()).await?;

@@ -373,3 +373,36 @@ fn an_admin_listen_off_loopback_without_a_token_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("server.admin_token"));
 }
+
+#[tokio::test]
+async fn an_api_key_that_is_not_utf8_is_addressed_by_its_own_bytes() {
+    let g = Gateway::start(&with_token(), LIMITED);
+    let raw_key: &[u8] = b"\xff\xfe";
+    let call_raw = || async {
+        get(&client(), &g.url("/"), &[("x-api-key", raw_key)])
+            .await
+            .status
+    };
+    assert_eq!(call_raw().await, StatusCode::OK);
+    assert_eq!(call_raw().await, StatusCode::OK);
+    assert_eq!(call_raw().await, StatusCode::TOO_MANY_REQUESTS);
+    // What a lossy reading of %FF%FE would name: another client, who spent one.
+    assert_eq!(call(&g, "\u{FFFD}\u{FFFD}").await, StatusCode::OK);
+    let path = "/v1/clients/api?identity=header:x-api-key=%FF%FE";
+    let v = admin_json(&g, Method::GET, path).await;
+    assert_eq!(v["rules"][0]["remaining"], 0, "{v}");
+    assert_eq!(v["rules"][0]["limited"], true, "{v}");
+    let v = admin_json(&g, Method::DELETE, path).await;
+    assert_eq!(v["reset"][0]["had_state"], true, "{v}");
+    assert_eq!(
+        call_raw().await,
+        StatusCode::OK,
+        "passes again after the reset"
+    );
+    // The other client was not touched: one of its two left.
+    assert_eq!(call(&g, "\u{FFFD}\u{FFFD}").await, StatusCode::OK);
+    assert_eq!(
+        call(&g, "\u{FFFD}\u{FFFD}").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -24,8 +24,24 @@ impl Drop for Nginx {
     }
 }
 
+/// The tier lines of docs/forward-auth.md: the plan comes from a `map` on the API key (where a
+/// real deployment has its own source), and the client's own `X-Plan` is overwritten.
+const TIER_MAP: &str = "map $http_x_api_key $plan {\n default \"\";\n \"key-of-an-enterprise-customer\" enterprise;\n}\n";
+const TIER_HEADER: &str = "   proxy_set_header X-Plan $plan;\n";
+
 /// The location blocks of docs/forward-auth.md, in front of `upstream`, asking `gateway`.
 fn start_nginx(bin: &std::path::Path, gateway: u16, upstream: &str) -> Nginx {
+    start_nginx_with(bin, gateway, upstream, "", "")
+}
+
+/// [`start_nginx`] with `http_extra` in the `http` block and `auth_extra` in `location = /auth`.
+fn start_nginx_with(
+    bin: &std::path::Path,
+    gateway: u16,
+    upstream: &str,
+    http_extra: &str,
+    auth_extra: &str,
+) -> Nginx {
     let dir = scratch("nginx");
     std::fs::create_dir_all(&dir).expect("nginx dir");
     let port = free_port();
@@ -35,14 +51,14 @@ fn start_nginx(bin: &std::path::Path, gateway: u16, upstream: &str) -> Nginx {
          error_log {d}/error.log;\nevents {{ worker_connections 64; }}\nhttp {{\n\
          access_log off;\nclient_body_temp_path {d}/body;\nproxy_temp_path {d}/proxy;\n\
          fastcgi_temp_path {d}/fastcgi;\nuwsgi_temp_path {d}/uwsgi;\nscgi_temp_path {d}/scgi;\n\
-         server {{\n listen 127.0.0.1:{port};\n\
+         {http_extra}server {{\n listen 127.0.0.1:{port};\n\
           location / {{ auth_request /auth; proxy_pass {upstream}; }}\n\
           location = /auth {{\n   internal;\n   proxy_pass http://127.0.0.1:{gateway};\n\
            proxy_pass_request_body off;\n   proxy_set_header Content-Length \"\";\n\
            proxy_set_header X-Original-URI $request_uri;\n\
            proxy_set_header X-Forwarded-Method $request_method;\n\
            proxy_set_header X-Forwarded-For $remote_addr;\n\
-           proxy_set_header X-Forwarded-Uri \"\";\n  }}\n }}\n}}\n"
+           proxy_set_header X-Forwarded-Uri \"\";\n{auth_extra}  }}\n }}\n}}\n"
     );
     let path = dir.join("nginx.conf");
     std::fs::write(&path, conf).expect("write nginx.conf");
@@ -108,5 +124,64 @@ async fn behind_nginx_a_client_cannot_pick_its_path_or_its_address() {
     assert!(
         m.contains("tollgate_decisions_total{policy=\"api\",outcome=\"limited\"} 4"),
         "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_nginx_a_client_cannot_pick_its_own_tier() {
+    let Some(bin) = tollgate_testkit::require_path(&tollgate_testkit::program::NGINX) else {
+        return;
+    };
+    let up = Upstream::start().await;
+    let identity =
+        "[identity]\nsources = [\"header:x-api-key\", \"ip\"]\ntrusted_proxies = [\"127.0.0.1\"]\n";
+    let policy = "[[policy]]\nname = \"api\"\nmatch = { path_prefix = \"/api\" }\n\
+         algorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\ntier = \"header:x-plan\"\n\
+         tiers.enterprise = { limit = 1000 }\n";
+    let gw = Gateway::start(
+        "forward_auth = { uri_header = \"x-original-uri\" }",
+        &format!("{identity}proxy_set_headers = [\"x-plan\"]\n{policy}"),
+    );
+    let nginx = start_nginx_with(&bin, gw.port, &up.url(), TIER_MAP, TIER_HEADER);
+    let ask = |headers: &'static str| {
+        let req = format!("GET /api/n HTTP/1.1\r\nhost: x\r\n{headers}connection: close\r\n\r\n");
+        let port = nginx.port;
+        async move {
+            let answer = exchange(port, req.as_bytes(), Duration::from_secs(5)).await;
+            status_line(&answer).contains(" 200 ")
+        }
+    };
+    // A client claiming the enterprise tier gets the base quota: 3 of 20.
+    let mut admitted = 0;
+    for _ in 0..20 {
+        if ask("x-plan: enterprise\r\nx-api-key: mine\r\n").await {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3, "{}", gw.log_text());
+    // The customer nginx maps to the enterprise tier gets it.
+    for i in 0..10 {
+        assert!(
+            ask("x-api-key: key-of-an-enterprise-customer\r\n").await,
+            "enterprise request {i}: {}",
+            gw.log_text()
+        );
+    }
+    // check-config says nothing about this config, and warns about it without the list.
+    let path = scratch("tiers.toml");
+    std::fs::write(
+        &path,
+        format!("{identity}proxy_set_headers = [\"x-plan\"]\n{policy}"),
+    )
+    .expect("write");
+    let (ok, out) = run_check_config(&path);
+    assert!(ok && !out.contains("warning"), "{out}");
+    std::fs::write(&path, format!("{identity}{policy}")).expect("write");
+    let (ok, out) = run_check_config(&path);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("policy[0].tier: clients can choose their tier")
+            && out.contains("identity.proxy_set_headers"),
+        "{out}"
     );
 }

@@ -55,19 +55,21 @@ fn unusable_store_urls_are_refused_with_line_and_key() {
     let text = format!(
         "[store]\nbackend = \"redis-cluster\"\nurls = [\"redis://a:7000\",\n  \"redis://b:70000\"]\n{POLICY}"
     );
-    let err = refused(&text, "\"70000\" is not a number");
+    let err = refused(&text, "is not a number from 1 to 65535");
     assert!(err.starts_with("error: FILE:4:3: store.urls: "), "{err}");
-    // The URL is quoted without its password.
+    // No part of the URL is repeated, least of all its user and password.
     let text = format!("[store]\nbackend = \"redis\"\nurl = \"redis://app:hunter2@host:notaport/0?password=s3cret\"\n{POLICY}");
-    let err = refused(&text, "app:***@host");
-    assert!(!err.contains("hunter2") && !err.contains("s3cret"), "{err}");
+    let err = refused(&text, "store.url: is not a usable Redis URL");
+    for part in ["app", "hunter2", "s3cret", "notaport"] {
+        assert!(!err.contains(part), "{part}: {err}");
+    }
 }
 
 #[test]
 fn a_zero_cost_is_refused() {
     let err = refused(
         &format!("{POLICY}cost = 0\n"),
-        "policy[0].cost: 0 is not allowed",
+        "policy[0].cost: must be a positive integer",
     );
     assert!(err.starts_with("error: FILE:6:8: "), "{err}");
 }
@@ -107,17 +109,18 @@ fn a_config_without_policies_is_valid_with_a_warning() {
 }
 
 #[test]
-fn a_huge_value_is_not_echoed_whole() {
+fn a_huge_value_is_not_echoed_at_all() {
     let huge = "x".repeat(5_000_000);
     let err = refused(
         &format!("[server]\nlisten = \"{huge}\"\n{POLICY}"),
-        "characters cut",
+        "server.listen",
     );
     assert!(err.len() < 1_000, "{} bytes of error", err.len());
     assert!(
-        err.starts_with("error: FILE:2:10: server.listen: \"xxx"),
+        err.starts_with("error: FILE:2:10: server.listen: is not an address"),
         "{err}"
     );
+    assert!(!err.contains("xxx"), "{err}");
     assert!(err.contains("expected IP:PORT"), "{err}");
     // The same through serve, before it binds anything.
     let (code, _, err) = run(

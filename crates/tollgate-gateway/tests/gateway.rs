@@ -341,7 +341,7 @@ fn check_config_names_file_line_and_key_and_exits_2() {
     );
     assert_eq!(code, 2);
     assert!(
-        err.contains("FILE:4:9: policy[0].limit: -1 is not allowed"),
+        err.contains("FILE:4:9: policy[0].limit: must be a positive integer"),
         "{err}"
     );
     let (code, err) = check_config(
@@ -349,9 +349,7 @@ fn check_config_names_file_line_and_key_and_exits_2() {
     );
     assert_eq!(code, 2);
     assert!(
-        err.contains(
-            "FILE:3:13: policy[0].algorithm: unknown algorithm \"sliding_door\"; expected one of"
-        ),
+        err.contains("FILE:3:13: policy[0].algorithm: is not an algorithm; expected one of"),
         "{err}"
     );
     let (code, _) = check_config(

@@ -245,9 +245,9 @@ async fn connections_past_the_per_address_bound_are_closed_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_port_holds_a_bounded_number_of_connections() {
     let gw = Gateway::start("", "");
-    // All from one address: its share of the admin port's connections.
-    let bound = tollgate_gateway::http::MAX_ADMIN_CONNECTIONS_PER_IP;
-    assert!(bound < tollgate_gateway::http::MAX_ADMIN_CONNECTIONS);
+    // All from one address: its share of the admin port's connections (the defaults of
+    // server.admin_max_connections_per_ip and server.admin_max_connections: 16 of 64).
+    let bound = 16;
     let mut held = Vec::new();
     for _ in 0..bound {
         held.push(
@@ -280,6 +280,85 @@ async fn the_admin_port_holds_a_bounded_number_of_connections() {
         }
     }
     assert!(ok, "the admin port serves again");
+}
+
+/// A connection to `port` from the loopback address `127.0.0.<host>`, holding a request
+/// head it never finishes (`None` when the server closed it at once).
+async fn partial_request_from(host: u8, port: u16) -> Option<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, host], 0)))
+        .expect("bind a loopback address");
+    let mut s = socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("connect");
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .ok()?;
+    let mut buf = [0u8; 1];
+    match tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await {
+        Err(_) => Some(s),
+        Ok(_) => None,
+    }
+}
+
+/// Opens, from each of `hosts`, as many idle partial requests as `port` takes (up to
+/// `per_host` each), and returns them.
+async fn hold_partial_requests(
+    hosts: std::ops::RangeInclusive<u8>,
+    per_host: usize,
+    port: u16,
+) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for host in hosts {
+        for _ in 0..per_host {
+            if let Some(s) = partial_request_from(host, port).await {
+                held.push(s);
+            }
+        }
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_host_on_four_addresses_cannot_keep_healthz_from_answering() {
+    let gw = Gateway::start("", "");
+    // 16 idle partial requests from each of 4 addresses: 64, the admin port's whole bound.
+    let held = hold_partial_requests(2..=5, 16, gw.admin_port).await;
+    assert_eq!(held.len(), 56, "the last eighth is kept for new addresses");
+    for _ in 0..3 {
+        let answer = raw(
+            gw.admin_port,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    }
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_port_keeps_a_reserve_for_new_addresses_and_its_bounds_are_settings() {
+    let gw = Gateway::start(
+        "max_connections = 16\nmax_connections_per_ip = 4\n\
+         admin_max_connections = 8\nadmin_max_connections_per_ip = 2",
+        "[[policy]]\nname = \"p\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\n",
+    );
+    let held = hold_partial_requests(2..=5, 4, gw.port).await;
+    assert_eq!(held.len(), 14, "16 places, 2 kept for new addresses");
+    let mut newcomer = connect(&gw).await;
+    assert!(serves(&mut newcomer).await, "a new address is served");
+    // The admin port's settings apply: 2 per address, 8 in all with 1 kept.
+    let admin = hold_partial_requests(2..=5, 4, gw.admin_port).await;
+    assert_eq!(admin.len(), 7, "{} admin connections held", admin.len());
+    let answer = raw(
+        gw.admin_port,
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    drop((held, admin));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

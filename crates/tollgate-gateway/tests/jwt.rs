@@ -238,3 +238,47 @@ fn check_config_reports_jwt_mistakes_with_lines() {
         assert!(err.contains(key), "{text:?}: {key} not in {err}");
     }
 }
+
+#[tokio::test]
+async fn forged_tokens_are_charged_to_the_per_ip_policy_and_limited_like_any_request() {
+    let jwks = format!(
+        "jwks_file = {:?}",
+        fixture("jwks.json").display().to_string()
+    );
+    let per_ip = "[[policy]]\nname = \"per_ip\"\nidentity = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\n";
+    let g = Gateway::start("", &format!("{}{per_ip}", body(&jwks)));
+    // Signed by no configured key, naming a key id of the attacker's choosing.
+    let mut header = Header::new(Algorithm::HS256);
+    header.kid = Some("attacker-chosen-kid-5d2e".to_string());
+    let forged = encode(
+        &header,
+        &claims("mallory", ISSUER, AUDIENCE, now() + 600),
+        &EncodingKey::from_secret(b"not the key").expect("key"),
+    )
+    .expect("sign");
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let a = with_token(&g, &forged).await;
+        if a.status == StatusCode::UNAUTHORIZED {
+            let text = a.text();
+            assert!(
+                !text.contains("attacker-chosen-kid"),
+                "echoes the kid: {text}"
+            );
+        }
+        statuses.push(a.status.as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [401, 401, 401, 429, 429, 429, 429, 429, 429, 429],
+        "{}",
+        g.log_text()
+    );
+    let m = get(&client(), &g.admin_url("/metrics"), &[]).await.text();
+    assert!(
+        m.contains("tollgate_decisions_total{policy=\"per_ip\",outcome=\"limited\"} 7"),
+        "{m}"
+    );
+    // The policy keyed by the token's subject was charged nothing.
+    assert_eq!(decided(&g).await, 0, "{m}");
+}

@@ -69,6 +69,8 @@ fn check_config_reports_override_mistakes_with_the_overrides_files_lines() {
         ("[[override]]\npolicy = \"api\"\nidentity = \"header:x-api-key=k\"\nlimit = 3\nperiod = \"x\"\n", "override[0].period", 5),
         ("[[override]]\npolicy = \"api\"\nidentity = \"header:x-api-key=k\"\nlimit = 3\ncolour = 1\n", "colour", 5),
         ("[[override]]\npolicy = \"api\"\nidentity = \"header:x-api-key=k\"\nlimit = 3\n[[override]]\npolicy = \"api\"\nidentity = \"header:x-api-key=k\"\nlimit = 4\n", "override[1].identity", 5),
+        // A type error names its own entry (the deserializer's, not override[0]).
+        ("[[override]]\npolicy = \"api\"\nidentity = \"header:x-api-key=a\"\nlimit = 3\n[[override]]\npolicy = \"api\"\nidentity = \"header:x-api-key=b\"\nlimit = 3\n[[override]]\npolicy = \"api\"\nidentity = \"header:x-api-key=c\"\nlimit = \"lots\"\n", "override[2].limit", 12),
     ];
     for (text, key, line) in cases {
         let file = scratch("bad-overrides.toml");
@@ -134,4 +136,73 @@ async fn an_edited_overrides_file_applies_without_a_restart() {
     // a fresh state, one already used by the probe that saw it.
     assert_eq!(admitted(&g, "new-customer", 8).await, 4);
     assert_eq!(admitted(&g, "someone-else", 4).await, 2);
+}
+
+#[tokio::test]
+async fn reloads_of_changing_overrides_drop_the_series_of_the_removed_ones() {
+    let file = scratch("overrides.toml");
+    let write = |round: usize| {
+        let mut text = String::new();
+        for i in 0..200 {
+            text.push_str(&format!(
+                "[[override]]\npolicy = \"api\"\nidentity = \"header:x-api-key=round-{round}-key-{i}\"\nlimit = 5\n"
+            ));
+        }
+        std::fs::write(&file, text).expect("write overrides");
+    };
+    write(0);
+    let g = Gateway::start(
+        "admin_token = \"overrides-test-admin-token\"",
+        &config(&file),
+    );
+    let series = |m: &str| {
+        m.lines()
+            .filter(|l| l.starts_with("tollgate_decisions_total{policy=\"api.override-"))
+            .count()
+    };
+    let metrics = || async { get(&client(), &g.admin_url("/metrics"), &[]).await.text() };
+    let first = series(&metrics().await);
+    assert_eq!(first, 200 * tollgate::Outcome::ALL.len());
+    for round in 1..=5 {
+        write(round);
+        let a = send(
+            &client(),
+            http::Method::POST,
+            &g.admin_url("/v1/reload"),
+            &[(
+                "authorization",
+                b"Bearer overrides-test-admin-token".as_slice(),
+            )],
+            "",
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+        assert_eq!(admitted(&g, &format!("round-{round}-key-7"), 6).await, 5);
+    }
+    let m = metrics().await;
+    assert_eq!(
+        series(&m),
+        first,
+        "the series of removed overrides stay: {} lines",
+        m.lines().count()
+    );
+    // The status page shows the overrides as one row of their policy, whatever their number
+    // (it samples once a second).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let status = loop {
+        let status = get(&client(), &g.admin_url("/status.json"), &[])
+            .await
+            .text();
+        if status.contains("api.overrides") || std::time::Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let v: serde_json::Value = serde_json::from_str(&status).expect("status json");
+    let rows: Vec<&str> = v["policies"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| p["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(rows, ["api", "api.overrides"], "{status}");
+    assert!(!status.contains("round-0"), "raw keys never appear");
 }

@@ -183,7 +183,7 @@ async fn reloads_by_file_sighup_and_api_apply_within_two_seconds_and_fail_no_req
         "names the key: {detail}"
     );
     // The watcher sees the broken file too, and refuses it as well.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     wait_for_quota(&g, 7, Duration::from_millis(200)).await;
     assert_eq!(steady_remaining(&g, "steady-client").await, 4);
     let metrics = get(&client(), &g.admin_url("/metrics"), &[]).await.text();
@@ -293,4 +293,106 @@ async fn on_redis_a_raised_quota_applies_to_a_client_the_deny_cache_remembers() 
     assert_eq!(status("k").await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(status("fresh").await, StatusCode::OK);
     assert_eq!(status("fresh").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// What the operator's reload of `g` answered: the status and the problem's detail.
+async fn refused_reload(g: &Gateway) -> String {
+    let a = admin(g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", a.text());
+    let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+    v["detail"].as_str().unwrap_or_default().to_string()
+}
+
+/// [`body`] with `identity.secret` set (`None`: left out, the built-in default).
+fn keyed_body(secret: Option<&str>, n: u64) -> String {
+    let line = secret.map_or(String::new(), |s| format!("secret = \"{s}\"\n"));
+    body(n).replacen("[identity]\n", &format!("[identity]\n{line}"), 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_never_replaces_a_working_config_by_one_that_limits_nothing_or_locks_the_operator_out(
+) {
+    let up = Upstream::start().await;
+    let g = Gateway::proxy(&up, &server_extra(), &keyed_body(Some("first-secret"), 1));
+    assert_eq!(hit(&g, "/change", "k").await.status, StatusCode::OK);
+    let limited = || async { hit(&g, "/change", "k").await.status };
+    assert_eq!(limited().await, StatusCode::TOO_MANY_REQUESTS);
+
+    // An empty file (`: > tollgate.toml; kill -HUP`): refused, the limits and the token stay.
+    std::fs::write(&g.config, "").expect("truncate");
+    g.hangup();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = get(&client(), &g.admin_url("/metrics"), &[]).await.text();
+        if reloads(&m, "error") >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP not refused: {}",
+            g.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(limited().await, StatusCode::TOO_MANY_REQUESTS);
+    let detail = refused_reload(&g).await;
+    assert!(detail.contains("empty"), "{detail}");
+    // The watcher saw it too, waited for it to settle, and refused it as well.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(limited().await, StatusCode::TOO_MANY_REQUESTS);
+
+    // Cut before its [[policy]]: the server table alone.
+    std::fs::write(&g.config, &g.head).expect("write");
+    let detail = refused_reload(&g).await;
+    assert!(detail.contains("no [[policy]]"), "{detail}");
+    // The admin token removed: the operator could not reload again.
+    let without_token = g.head.replace(&server_extra(), "");
+    std::fs::write(
+        &g.config,
+        format!("{without_token}{}", keyed_body(Some("first-secret"), 1)),
+    )
+    .expect("write");
+    let detail = refused_reload(&g).await;
+    assert!(detail.contains("server.admin_token"), "{detail}");
+    // The identity secret left out (the built-in default) or changed: every client re-keyed.
+    for other in [None, Some("second-secret")] {
+        std::fs::write(&g.config, format!("{}{}", g.head, keyed_body(other, 1))).expect("write");
+        let detail = refused_reload(&g).await;
+        assert!(detail.contains("identity.secret"), "{detail}");
+        assert!(!detail.contains("-secret"), "{detail}");
+    }
+    assert_eq!(limited().await, StatusCode::TOO_MANY_REQUESTS);
+
+    // The same config with a new limit still reloads.
+    std::fs::write(
+        &g.config,
+        format!("{}{}", g.head, keyed_body(Some("first-secret"), 5)),
+    )
+    .expect("write");
+    let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reload_names_the_key_and_never_echoes_its_value() {
+    let up = Upstream::start().await;
+    let g = Gateway::proxy(&up, &server_extra(), &body(3));
+    let digits = "98765432109876543";
+    let head = g
+        .head
+        .replace(&server_extra(), &format!("admin_token = {digits}\n"));
+    std::fs::write(&g.config, format!("{head}{}", body(3))).expect("write");
+    let detail = refused_reload(&g).await;
+    assert!(detail.contains("server.admin_token"), "{detail}");
+    assert!(detail.contains("integer"), "{detail}");
+    let status = get(&client(), &g.admin_url("/status.json"), &[])
+        .await
+        .text();
+    for (what, text) in [
+        ("detail", detail),
+        ("status.json", status),
+        ("log", g.log_text()),
+    ] {
+        assert!(!text.contains(digits), "{what} echoes the value: {text}");
+    }
 }

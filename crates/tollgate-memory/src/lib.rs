@@ -51,27 +51,31 @@
 //! the number of keys.
 //!
 //! When a new key arrives at a full shard, the shard samples up to 32 keys from its clock hand
-//! and evicts, in this order:
+//! and evicts the state that costs least to forget, in this order:
 //! 1. the first idle key found: forgetting it changes no decision;
 //! 2. else the sampled key **closest to fresh** (earliest `idle_at`) among those that are
-//!    **not limited**, i.e. would still admit a one-unit request now.
+//!    **not limited**, i.e. would still admit a one-unit request now;
+//! 3. else (every sampled key is limited: an attacker spraying keys at a strict policy fills
+//!    a table with them) the **limited** key closest to fresh, under the default
+//!    [`WhenFull::EvictLimited`].
 //!
-//! A **limited** key is never evicted, so a flood of new keys can never turn a client's
-//! denial into an admission. A key of the requesting client is never the victim either.
-//! Evicting a key that is not limited does forgive what it has used (its next requests see a
-//! fresh state); choosing the one closest to fresh makes that the usage that was about to
-//! expire anyway, and under a flood of one-request keys those flood keys, not a client that
-//! has spent most of its quota, are the ones closest to fresh.
+//! A key of the requesting client is never the victim. Evicting a key that is not limited
+//! forgives what it has used (its next requests see a fresh state); choosing the one closest
+//! to fresh makes that the usage that was about to expire anyway, and under a flood of
+//! one-request keys those flood keys, not a client that has spent most of its quota, are the
+//! ones closest to fresh.
 //!
-//! When every sampled key is limited (an attacker holding the whole table at its limits), the
-//! new key cannot be recorded, and [`WhenFull`] decides: by default the request is **denied**,
-//! charging nothing, with a retry time of when the first sampled key stops being limited (as
-//! nginx's `limit_req` refuses a request whose state it cannot store). The alternative,
-//! `AdmitUntracked`, decides it as a fresh client's and admits it unrecorded: it fails open,
-//! and a new key stays unlimited for as long as the table stays pinned, which is why it is not
-//! the default. Either way limited keys stay limited; [`MemoryStore::untracked`] counts these
-//! requests. For a multi-rule request the room for all new keys is made before anything is
-//! charged, so this too is all-or-nothing.
+//! Evicting a limited key is the error a full table allows: that client is admitted again
+//! (up to one burst) before its retry time. It happens only when every sampled key is limited,
+//! and the victim is the limited key closest to fresh, which under a spray of one-request
+//! keys is the oldest spray key, not a real client's; a client whose state is evicted this
+//! way gets at most one extra burst per eviction. Denying every new client instead (as
+//! nginx's `limit_req` refuses a request whose state it cannot store) hands an attacker who
+//! fills the table a denial of service against everyone else; [`WhenFull::Deny`] keeps that
+//! behaviour for those who prefer it, and `AdmitUntracked` admits the new key unrecorded.
+//! [`MemoryStore::untracked`] counts the requests a full table could not record. For a
+//! multi-rule request the room for all new keys is made before anything is charged, so this
+//! too is all-or-nothing.
 //!
 //! Cost-0 checks (pure queries) and denied requests never create an entry.
 #![deny(missing_docs)]
@@ -105,13 +109,18 @@ pub struct MemoryConfig {
     pub when_full: WhenFull,
 }
 
-/// What a full table answers a new key when it cannot evict anything (every sampled key is
-/// limited, and limited keys are never evicted). See the crate docs.
+/// What a full table does for a new key when every sampled key is limited. See the crate
+/// docs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum WhenFull {
-    /// Deny the new key's request, charging nothing, with a retry time of when a sampled key
-    /// stops being limited (and so becomes evictable). Fails closed for new keys only.
+    /// Evict the sampled limited key closest to fresh and record the new key. The new client
+    /// is decided like any other; the evicted one forgets its state (see the crate docs for
+    /// the error this allows).
     #[default]
+    EvictLimited,
+    /// Deny the new key's request, charging nothing, with a retry time of when a sampled key
+    /// stops being limited (and so becomes evictable). Fails closed for new keys only: an
+    /// attacker that fills the table with limited keys denies every new client.
     Deny,
     /// Decide the new key's request against a fresh state and admit it without recording it.
     /// Fails open for new keys only: while the table stays full of limited keys, a new key is
@@ -125,7 +134,7 @@ impl Default for MemoryConfig {
             max_keys: 1_000_000,
             shards: 0,
             idle_grace: Duration::from_secs(1),
-            when_full: WhenFull::Deny,
+            when_full: WhenFull::EvictLimited,
         }
     }
 }

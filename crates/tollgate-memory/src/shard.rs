@@ -167,14 +167,17 @@ impl Shard {
     /// when the shard is full of keys it must keep.
     ///
     /// Victims, in order: an idle key (forgetting it changes no decision); else, among the
-    /// sampled keys that are not limited, the one closest to fresh (earliest `idle_at`). A
-    /// limited key is never evicted, and neither is a key of the requesting client.
+    /// sampled keys that are not limited, the one closest to fresh (earliest `idle_at`); else,
+    /// under [`WhenFull::EvictLimited`], the limited key closest to fresh (the cheapest state
+    /// to forget: its client may be admitted once more, at most a burst, sooner than its
+    /// retry time). A key of the requesting client is never the victim.
     fn make_room(&mut self, now: Micros, spare: &[(u64, u64)]) -> Result<(), Micros> {
         self.sweep(now, SWEEP_ON_INSERT, spare);
         if self.table.len() < self.bound {
             return Ok(());
         }
         let mut best: Option<(usize, Micros)> = None;
+        let mut best_limited: Option<(usize, Micros)> = None;
         let mut wait = Micros::MAX;
         let (mut seen, mut steps) = (0, 0);
         while seen < EVICTION_SAMPLE && steps < self.table.capacity() {
@@ -198,10 +201,16 @@ impl Shard {
             }
             match self.limited_for(i, now) {
                 None => best = Some((i, idle_at)),
-                Some(w) => wait = wait.min(w),
+                Some(w) => {
+                    wait = wait.min(w);
+                    if best_limited.is_none_or(|(_, b)| idle_at < b) {
+                        best_limited = Some((i, idle_at));
+                    }
+                }
             }
         }
-        match best {
+        let limited = best_limited.filter(|_| self.when_full == WhenFull::EvictLimited);
+        match best.or(limited) {
             Some((i, _)) => {
                 self.evict(i);
                 Ok(())
@@ -222,7 +231,9 @@ impl Shard {
         self.untracked += 1;
         match self.when_full {
             WhenFull::AdmitUntracked => fresh,
-            WhenFull::Deny => denial(fresh, wait),
+            // Under EvictLimited only when nothing could be evicted at all (every sampled key
+            // was the requesting client's own).
+            WhenFull::Deny | WhenFull::EvictLimited => denial(fresh, wait),
         }
     }
 
@@ -376,7 +387,7 @@ impl Shard {
             if let Err(wait) = self.make_room(now, spare) {
                 self.untracked += 1;
                 return match self.when_full {
-                    WhenFull::Deny => Err(wait),
+                    WhenFull::Deny | WhenFull::EvictLimited => Err(wait),
                     WhenFull::AdmitUntracked => Ok(false),
                 };
             }

@@ -138,9 +138,38 @@ fn assert_limited_keys_kept(store: &MemoryStore, r: &Rule) {
     }
 }
 
+fn denying(max_keys: usize) -> MemoryStore {
+    MemoryStore::new(MemoryConfig {
+        max_keys,
+        when_full: WhenFull::Deny,
+        ..MemoryConfig::default()
+    })
+}
+
 #[test]
-fn a_table_full_of_limited_keys_denies_new_keys_by_default() {
+fn a_table_full_of_limited_keys_admits_new_clients_by_forgetting_the_limited_key_closest_to_fresh()
+{
     let store = small(64);
+    let r = rule(Algorithm::Gcra, 2, Duration::from_secs(3600));
+    // A spray of keys, one a microsecond, each spending its whole hour's quota.
+    for n in 0..64 {
+        assert!(check(&store, &client(n), &r, 2, T0 + n));
+    }
+    let now = T0 + 1_000;
+    for n in 0..20 {
+        let newcomer = client(10_000 + n);
+        assert!(check(&store, &newcomer, &r, 1, now), "new client {n}");
+        // Recorded like any other client: its second unit is its last.
+        assert!(check(&store, &newcomer, &r, 1, now), "new client {n}");
+        assert!(!check(&store, &newcomer, &r, 1, now), "new client {n}");
+    }
+    assert_eq!(store.len(), 64);
+    assert_eq!(store.untracked(), 0);
+}
+
+#[test]
+fn under_deny_a_table_full_of_limited_keys_denies_new_keys() {
+    let store = denying(64);
     let r = rule(Algorithm::Gcra, 2, Duration::from_secs(3600));
     fill_with_limited_keys(&store, &r);
     let checks = [Check::new(client(1_000), &r, 1)];
@@ -161,8 +190,8 @@ fn a_table_full_of_limited_keys_denies_new_keys_by_default() {
 }
 
 #[test]
-fn a_full_table_refuses_a_multi_rule_request_without_charging_it() {
-    let store = small(64);
+fn under_deny_a_full_table_refuses_a_multi_rule_request_without_charging_it() {
+    let store = denying(64);
     let r = rule(Algorithm::Gcra, 2, Duration::from_secs(3600));
     let r2 = rule(Algorithm::FixedWindow, 2, Duration::from_secs(3600));
     let c = client(7);

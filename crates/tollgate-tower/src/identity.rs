@@ -49,10 +49,9 @@ pub struct BadIdentitySource(pub String);
 
 impl fmt::Display for BadIdentitySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown identity source {:?}; expected \"ip\", \"header:NAME\" with a valid header name or \"jwt:CLAIM\"",
-            self.0
+        // The value is not repeated: an error never echoes what a key held.
+        f.write_str(
+            "is not an identity source; expected \"ip\", \"header:NAME\" with a valid header name or \"jwt:CLAIM\"",
         )
     }
 }

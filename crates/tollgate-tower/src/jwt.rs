@@ -233,8 +233,8 @@ impl JwtVerifier {
         let Some((_, validation)) = self.validations.iter().find(|(a, _)| *a == key.alg) else {
             return Err(InvalidToken(format!("no claim checks for {:?}", key.alg)));
         };
-        decode::<Claims>(token, &key.key, validation)
-            .map(|data| data.claims)
+        decode::<UniqueClaims>(token, &key.key, validation)
+            .map(|data| data.claims.0)
             .map_err(|e| InvalidToken(e.to_string()))
     }
 
@@ -284,6 +284,37 @@ impl JwtVerifier {
             None => v.validate_aud = false,
         }
         v
+    }
+}
+
+/// The claims of a token in which no claim is present twice: a duplicate `plan` would be read
+/// one way here and maybe another by the service behind (as a duplicate `sub` or `exp` is,
+/// which the JWT library refuses too), so the token is refused.
+struct UniqueClaims(Claims);
+
+impl<'de> serde::Deserialize<'de> for UniqueClaims {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = UniqueClaims;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object of claims")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut claims = Claims::new();
+                while let Some((k, v)) = a.next_entry::<String, serde_json::Value>()? {
+                    if claims.contains_key(&k) {
+                        return Err(serde::de::Error::custom("a claim is present twice"));
+                    }
+                    claims.insert(k, v);
+                }
+                Ok(UniqueClaims(claims))
+            }
+        }
+        d.deserialize_map(Visit)
     }
 }
 
@@ -352,6 +383,35 @@ mod tests {
         assert!(JwtVerifier::from_jwks("{\"keys\":[]}").is_err());
         let oct = r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#;
         assert!(JwtVerifier::from_jwks(oct).is_err());
+    }
+
+    /// Claims with `plan` written twice (serde_json writes what it is given).
+    struct TwoPlans;
+    impl serde::Serialize for TwoPlans {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut m = s.serialize_map(None)?;
+            m.serialize_entry("sub", "a")?;
+            m.serialize_entry("exp", &9_999_999_999u64)?;
+            m.serialize_entry("plan", "free")?;
+            m.serialize_entry("plan", "enterprise")?;
+            m.end()
+        }
+    }
+
+    #[test]
+    fn a_claim_present_twice_is_refused_like_a_duplicate_sub() {
+        let v = JwtVerifier::hs256(b"0123456789abcdef0123").expect("verifier");
+        let header = jsonwebtoken::Header::new(Algorithm::HS256);
+        let key = jsonwebtoken::EncodingKey::from_secret(b"0123456789abcdef0123").expect("key");
+        let token = jsonwebtoken::encode(&header, &TwoPlans, &key).expect("sign");
+        let e = v.verify_token(&token).expect_err("two plans");
+        assert!(e.0.contains("twice"), "{e}");
+        let once = hs256_token(
+            b"0123456789abcdef0123",
+            serde_json::json!({ "sub": "a", "exp": 9_999_999_999u64, "plan": "free" }),
+        );
+        assert!(v.verify_token(&once).is_ok());
     }
 
     #[test]

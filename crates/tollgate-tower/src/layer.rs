@@ -117,8 +117,19 @@ impl RateLimitLayer {
             peer,
             req.extensions().get::<crate::TrustedPeer>(),
         )?;
-        let Some(plan) = self.shared.plan(&target, req.headers(), peer)? else {
-            return Ok(None);
+        let plan = match self.shared.plan(&target, req.headers(), peer) {
+            Ok(Some(plan)) => plan,
+            Ok(None) => return Ok(None),
+            Err(u) => {
+                // Charged to what can count it; limited like any request, else refused.
+                if let Some(rest) = &u.rest {
+                    let result = self.shared.check(rest, req.headers()).await;
+                    if matches!(result.action, tollgate::Action::Limit { .. }) {
+                        return Ok(Some(result));
+                    }
+                }
+                return Err(Refused::InvalidToken(u.why));
+            }
         };
         Ok(Some(self.shared.check(&plan, req.headers()).await))
     }

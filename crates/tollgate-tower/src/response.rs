@@ -94,10 +94,14 @@ pub fn bad_request(why: &crate::BadRequest) -> Response<Full<Bytes>> {
         .into_response()
 }
 
-/// The 401 for a present bearer token that does not verify (nothing was charged).
+/// The 401 for a present bearer token that does not verify (charged only to the policies
+/// that do not count clients by a claim). The body says no more than that: why it failed (a
+/// `kid` the client chose, the parser's view of its bytes) is for the debug log, not for
+/// whoever sent it.
 pub fn unauthorized(why: &crate::InvalidToken) -> Response<Full<Bytes>> {
+    tracing::debug!(reason = %why, "bearer token refused");
     let mut resp = Problem::new(ProblemKind::InvalidToken)
-        .detail(why.to_string())
+        .detail("the bearer token does not verify (expired, not yet valid, not signed by a configured key, or not a JWT)")
         .into_response();
     resp.headers_mut().insert(
         http::header::WWW_AUTHENTICATE,

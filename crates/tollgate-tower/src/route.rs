@@ -34,7 +34,7 @@ impl std::fmt::Display for TierSource {
 impl std::str::FromStr for TierSource {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("{s:?} is not allowed; expected \"jwt:CLAIM\" or \"header:NAME\"");
+        let bad = || "is not allowed; expected \"jwt:CLAIM\" or \"header:NAME\"".to_string();
         match s.parse::<IdentitySource>().map_err(|_| bad())? {
             IdentitySource::Jwt(c) => Ok(TierSource::Jwt(c)),
             IdentitySource::Header(h) => Ok(TierSource::Header(h)),
@@ -158,12 +158,17 @@ impl RoutedPolicy {
     /// Whether deciding this policy reads a claim of the bearer token: its identity sources
     /// (its own, else `defaults`) or its tier.
     pub(crate) fn reads_jwt(&self, defaults: &[IdentitySource]) -> bool {
-        matches!(self.tier, Some(TierSource::Jwt(_)))
-            || self
-                .identity_sources()
-                .unwrap_or(defaults)
-                .iter()
-                .any(|s| matches!(s, IdentitySource::Jwt(_)))
+        matches!(self.tier, Some(TierSource::Jwt(_))) || self.keyed_by_jwt(defaults)
+    }
+
+    /// Whether the client this policy counts is named by a claim of the bearer token (an
+    /// identity source `jwt:CLAIM`, its own or `defaults`). A policy that is not can still
+    /// count a request whose token does not verify (under its base tier).
+    pub(crate) fn keyed_by_jwt(&self, defaults: &[IdentitySource]) -> bool {
+        self.identity_sources()
+            .unwrap_or(defaults)
+            .iter()
+            .any(|s| matches!(s, IdentitySource::Jwt(_)))
     }
 
     /// The identity override, if any.

@@ -87,11 +87,23 @@ where
             Ok(t) => t,
             Err(e) => return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) }),
         };
+        let shared = self.shared.clone();
         let plan = match self.shared.plan(&target, req.headers(), peer) {
             Ok(plan) => plan,
-            Err(e) => return Box::pin(async move { Ok(unauthorized(&e).map(Either::Right)) }),
+            Err(u) => {
+                return Box::pin(async move {
+                    // The policies that can count it without the token charge it: a flood of
+                    // forged tokens is limited (429) like any other traffic, else it is 401.
+                    if let Some(rest) = &u.rest {
+                        let result = shared.check(rest, req.headers()).await;
+                        if let Action::Limit { retry_after } = result.action {
+                            return Ok(too_many_requests(&result, retry_after).map(Either::Right));
+                        }
+                    }
+                    Ok(unauthorized(&u.why).map(Either::Right))
+                });
+            }
         };
-        let shared = self.shared.clone();
         Box::pin(async move {
             let Some(plan) = plan else {
                 std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;

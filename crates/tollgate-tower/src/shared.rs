@@ -24,6 +24,14 @@ pub(crate) fn peer_from_extension(ext: &Extensions) -> Option<IpAddr> {
     ext.get::<PeerAddr>().map(|p| p.0.ip())
 }
 
+/// A request whose bearer token does not verify: answered 401, after `rest` (the matched
+/// policies that do not count clients by a claim, such as a per-IP one) is charged, so a
+/// flood of forged tokens is limited like any other traffic.
+pub(crate) struct Unverified {
+    pub(crate) why: InvalidToken,
+    pub(crate) rest: Option<Plan>,
+}
+
 pub(crate) struct Shared {
     pub(crate) limiter: Limiter,
     pub(crate) hasher: IdentityHasher,
@@ -41,13 +49,14 @@ impl Shared {
     /// resolves identities (each distinct identity source list once): the request's plan,
     /// `None` when no policy matches. The bearer token is verified only when a matched policy
     /// reads a JWT claim (identity or tier), and at most once; a present token that does not
-    /// verify refuses the request (401, before any store call).
+    /// verify refuses the request (401) with the plan of the policies that can count it
+    /// without the token ([`Unverified`]).
     pub(crate) fn plan(
         &self,
         target: &Target,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
-    ) -> Result<Option<Plan>, InvalidToken> {
+    ) -> Result<Option<Plan>, Unverified> {
         let Target {
             method,
             path,
@@ -58,9 +67,16 @@ impl Shared {
         let mut plan = Plan::new();
         // `None` until a policy needs the claims; then the verified claims, if any.
         let mut claims: Option<Option<Claims>> = None;
+        let mut refused: Option<InvalidToken> = None;
         for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
-            if claims.is_none() && routed.reads_jwt(&self.identity.sources) {
-                claims = Some(self.claims(headers)?);
+            if claims.is_none() && refused.is_none() && routed.reads_jwt(&self.identity.sources) {
+                match self.claims(headers) {
+                    Ok(c) => claims = Some(c),
+                    Err(e) => refused = Some(e),
+                }
+            }
+            if refused.is_some() && routed.keyed_by_jwt(&self.identity.sources) {
+                continue;
             }
             let verified = claims.as_ref().and_then(Option::as_ref);
             let sources = routed.identity_sources();
@@ -85,7 +101,11 @@ impl Shared {
             };
             plan.push(key, routed.policy_for(&key, &tier).clone());
         }
-        Ok((!plan.is_empty()).then_some(plan))
+        let plan = (!plan.is_empty()).then_some(plan);
+        match refused {
+            Some(why) => Err(Unverified { why, rest: plan }),
+            None => Ok(plan),
+        }
     }
 
     /// The claims of the request's bearer token when `[identity.jwt]` is configured and a

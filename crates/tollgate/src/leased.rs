@@ -156,7 +156,11 @@ impl Limiter {
             } else {
                 Outcome::Limited
             };
-            p.inner.stats.record(outcome);
+            // An admission is counted once the whole plan is decided (`Limiter::check`): a
+            // later rule may deny the request, and then this one charged nothing.
+            if !allowed {
+                p.inner.stats.record(outcome);
+            }
             let action = if allowed {
                 Action::Allow
             } else {

@@ -206,6 +206,18 @@ impl std::fmt::Debug for Limiter {
     }
 }
 
+/// Counts the leased admissions of a plan (`leased`: the results of its leased rules) now
+/// that the whole plan is decided: `allowed` when the request passed, else `not_charged` (the
+/// units went back), which the result then says too. Their denials were counted as decided.
+fn count_leased(leased: &mut [PolicyResult], passed: bool) {
+    for r in leased.iter_mut().filter(|r| r.outcome == Outcome::Allowed) {
+        if !passed {
+            r.outcome = Outcome::NotCharged;
+        }
+        r.policy.inner.stats.record(r.outcome);
+    }
+}
+
 impl Limiter {
     /// Builds a limiter. A remote store is connected on first use, so this succeeds while
     /// Redis is down (requests then follow their failure policies).
@@ -357,12 +369,20 @@ impl Limiter {
                 .await;
             if action != Action::Allow {
                 self.settle(&taken, false);
+                for (_, p) in &exact {
+                    p.inner.stats.record(Outcome::NotCharged);
+                }
+                count_leased(&mut results, false);
                 return LimitResult { action, results };
             }
         }
+        let n_leased = results.len();
         let action = self.decide(&exact, now, &mut results).await;
         // All-or-nothing: lease units taken by a rejected request go back to the lease.
         self.settle(&taken, action == Action::Allow);
+        if let Some(leased) = results.get_mut(..n_leased) {
+            count_leased(leased, action == Action::Allow);
+        }
         LimitResult { action, results }
     }
 
@@ -461,8 +481,9 @@ impl Limiter {
                         reset_after: micros_to_duration(k.reset_at.saturating_sub(now)),
                         retry_after: None,
                     };
+                    // Not even asked: the plan is denied, so it is charged nothing.
                     let outcome = if k.allowed {
-                        Outcome::Allowed
+                        Outcome::NotCharged
                     } else {
                         Outcome::ShadowLimited
                     };
@@ -598,6 +619,8 @@ impl Limiter {
                 }
             }
             let outcome = match (d.allowed, p.mode()) {
+                // Another rule denied: this one was decided but not charged.
+                (true, _) if !verdict.allowed => Outcome::NotCharged,
                 (true, _) => Outcome::Allowed,
                 (false, Mode::Shadow) => Outcome::ShadowLimited,
                 (false, _) => Outcome::Limited,

@@ -10,7 +10,7 @@ pub use crate::top_limited::LimitedClient;
 use crate::top_limited::TopLimited;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tollgate_core::{ClientKey, Micros};
 
@@ -64,7 +64,7 @@ impl LeaseKind {
 #[derive(Debug)]
 pub(crate) struct PolicyStats {
     name: Arc<str>,
-    decisions: [AtomicU64; 7],
+    decisions: [AtomicU64; Outcome::ALL.len()],
     deny_cache_hits: AtomicU64,
     lease: [AtomicU64; 3],
     /// The configured quota (`tollgate_limit`): limit, period in microseconds, burst. The
@@ -209,7 +209,11 @@ impl std::fmt::Display for StoreErrorKind {
 /// The limiter's counters.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
-    policies: Mutex<Vec<Arc<PolicyStats>>>,
+    /// Each policy's stats, held by its [`crate::Policy`] values: a rule that no policy holds
+    /// any more (an override or a tier removed by a reload, once the requests still under the
+    /// old config are done) has its series dropped, so reloads of changing rules do not
+    /// grow `/metrics` and the status page without bound.
+    policies: Mutex<Vec<Weak<PolicyStats>>>,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -224,11 +228,21 @@ impl Metrics {
     /// share counters).
     pub(crate) fn policy(&self, name: &str) -> Arc<PolicyStats> {
         let mut list = self.policies.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = list.iter().find(|s| &*s.name == name) {
-            return s.clone();
+        let mut found = None;
+        list.retain(|w| match w.upgrade() {
+            Some(s) => {
+                if found.is_none() && &*s.name == name {
+                    found = Some(s);
+                }
+                true
+            }
+            None => false,
+        });
+        if let Some(s) = found {
+            return s;
         }
         let s = Arc::new(PolicyStats::new(name, self.top_limited.clone()));
-        list.push(s.clone());
+        list.push(Arc::downgrade(&s));
         s
     }
 
@@ -282,12 +296,18 @@ impl Metrics {
         self.store_calls.load(Ordering::Relaxed)
     }
 
-    /// The stats of every registered policy.
+    /// The stats of every policy still held (see [`Metrics::policies`]'s field).
     pub(crate) fn policies(&self) -> Vec<Arc<PolicyStats>> {
-        self.policies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let mut list = self.policies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(list.len());
+        list.retain(|w| match w.upgrade() {
+            Some(s) => {
+                out.push(s);
+                true
+            }
+            None => false,
+        });
+        out
     }
 
     /// Appends every `tollgate_*` family in the Prometheus text format.
@@ -572,7 +592,8 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         let m = Metrics::default();
-        m.policy("a\"b").record(Outcome::Limited);
+        let p = m.policy("a\"b");
+        p.record(Outcome::Limited);
         let mut s = String::new();
         m.render(&mut s, true, 7);
         assert!(s.contains("tollgate_decisions_total{policy=\"a\\\"b\",outcome=\"limited\"} 1\n"));
@@ -586,7 +607,8 @@ mod tests {
         let quota = tollgate_core::Quota::new(100, Duration::from_secs(60))
             .and_then(|q| q.with_burst(150))
             .expect("quota");
-        m.policy("api").set_quota(&quota);
+        let api = m.policy("api");
+        api.set_quota(&quota);
         let mut s = String::new();
         m.render(&mut s, false, 0);
         assert!(s.contains("# TYPE tollgate_limit gauge\n"), "{s}");
@@ -602,6 +624,23 @@ mod tests {
             s.contains("tollgate_limit{policy=\"api\",kind=\"burst\"} 150\n"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn a_series_is_dropped_once_no_policy_holds_its_rule() {
+        let m = Metrics::default();
+        let kept = m.policy("api");
+        let removed = m.policy("api.override-1234");
+        removed.record(Outcome::Allowed);
+        // Registered again (a reload that keeps it): the same counters.
+        assert_eq!(m.policy("api.override-1234").decisions(Outcome::Allowed), 1);
+        drop(removed);
+        let mut s = String::new();
+        m.render(&mut s, false, 0);
+        assert!(!s.contains("override-1234"), "{s}");
+        assert!(s.contains("policy=\"api\""), "{s}");
+        assert_eq!(m.snapshot(false, 0).policies().len(), 1);
+        drop(kept);
     }
 
     #[test]

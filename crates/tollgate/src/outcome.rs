@@ -19,11 +19,14 @@ pub enum Outcome {
     FallbackAllowed,
     /// The store failed and the local fallback rejected it.
     FallbackLimited,
+    /// The policy allowed, but another rule of the plan denied the request, so nothing was
+    /// charged (all-or-nothing).
+    NotCharged,
 }
 
 impl Outcome {
     /// Every outcome, in metric order.
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Allowed,
         Outcome::Limited,
         Outcome::ShadowLimited,
@@ -31,6 +34,7 @@ impl Outcome {
         Outcome::FailedClosed,
         Outcome::FallbackAllowed,
         Outcome::FallbackLimited,
+        Outcome::NotCharged,
     ];
 
     /// The metric label.
@@ -43,6 +47,7 @@ impl Outcome {
             Outcome::FailedClosed => "failed_closed",
             Outcome::FallbackAllowed => "fallback_allowed",
             Outcome::FallbackLimited => "fallback_limited",
+            Outcome::NotCharged => "not_charged",
         }
     }
 

@@ -168,7 +168,7 @@ impl PolicySpec {
             if ttl < MIN_LEASE_TTL {
                 return Err(invalid(
                     PolicyField::LeaseTtl,
-                    format!("{ttl:?} is too short; must be at least 1ms"),
+                    "is too short; must be at least 1ms".to_string(),
                 ));
             }
             if max == 0 {

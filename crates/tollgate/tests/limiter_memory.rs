@@ -133,6 +133,39 @@ async fn several_policies_are_all_or_nothing() {
 }
 
 #[tokio::test]
+async fn a_policy_not_charged_because_another_denied_counts_not_charged() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let per_key = policy(&l, "per_key", Algorithm::TokenBucket, 1, 3600);
+    let per_ip = policy(&l, "per_ip", Algorithm::TokenBucket, 100, 3600);
+    for _ in 0..5 {
+        action(&l, 1, &[&per_key, &per_ip]).await;
+    }
+    let r = l
+        .check(&tollgate::Plan::for_client(client(1), [&per_key, &per_ip]))
+        .await;
+    let outcome = |name: &str| {
+        r.results
+            .iter()
+            .find(|x| x.policy.name() == name)
+            .map(|x| x.outcome)
+    };
+    assert_eq!(outcome("per_ip"), Some(Outcome::NotCharged));
+    let m = l.metrics();
+    let count = |name: &str, o: Outcome| m.policy(name).map(|p| p.decisions(o));
+    // One admission, five denials: per_ip was charged once, and says so.
+    assert_eq!(count("per_key", Outcome::Limited), Some(5));
+    assert_eq!(count("per_ip", Outcome::Allowed), Some(1));
+    assert_eq!(count("per_ip", Outcome::NotCharged), Some(5));
+    let mut text = String::new();
+    l.render_metrics(&mut text);
+    assert!(
+        text.contains("tollgate_decisions_total{policy=\"per_ip\",outcome=\"not_charged\"} 5"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn a_cost_beyond_capacity_is_rejected_without_retry_time() {
     let clock = ManualClock::new(T0);
     let l = limiter(&clock);

@@ -277,20 +277,20 @@ async fn abuse(l: &Limiter, p: &Policy, clock: &ManualClock, n: usize) -> Vec<Ac
 
 /// `n` requests of the abusive client through a new limiter (keys under `prefix`, a deny
 /// cache of `deny_cache` entries) on a clock at T0: the limiter, its decisions and the
-/// EVALSHA calls they cost.
+/// EVALSHA calls they cost, and the policy (whose metrics last as long as it is held).
 async fn abuse_with(
     server: &RedisServer,
     prefix: &str,
     deny_cache: usize,
     n: usize,
-) -> (Limiter, Vec<Action>, u64) {
+) -> (Limiter, Vec<Action>, u64, Policy) {
     let clock = ManualClock::new(T0);
     let l = limiter_with(&server.url(), &clock, prefix, deny_cache);
     let p = policy(&l, "api", 10, FailurePolicy::Open, 1);
     let before = evalsha_calls(server);
     let actions = abuse(&l, &p, &clock, n).await;
     let calls = evalsha_calls(server) - before;
-    (l, actions, calls)
+    (l, actions, calls, p)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,8 +298,8 @@ async fn the_deny_cache_keeps_an_abusive_client_off_redis_with_the_same_decision
     let server = RedisServer::start();
     let n = 10_010;
 
-    let (cached, with_cache, calls_with_cache) = abuse_with(&server, "cached", 10_000, n).await;
-    let (_, without_cache, calls_without_cache) = abuse_with(&server, "uncached", 0, n).await;
+    let (cached, with_cache, calls_with_cache, _p) = abuse_with(&server, "cached", 10_000, n).await;
+    let (_, without_cache, calls_without_cache, _) = abuse_with(&server, "uncached", 0, n).await;
 
     assert_eq!(with_cache, without_cache, "the cache changed a decision");
     assert_eq!(

@@ -135,10 +135,10 @@ pub struct UnknownAlgorithm(pub String);
 impl fmt::Display for UnknownAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        // The name written is not repeated: an error never echoes what a key held.
         write!(
             f,
-            "unknown algorithm {:?}; expected one of {}",
-            self.0,
+            "is not an algorithm; expected one of {}",
             names.join(", ")
         )
     }

@@ -153,7 +153,11 @@ async fn client<B>(live: &Live, policy: &str, req: &Request<B>, reset: bool) -> 
             )
             .collect(),
     };
-    let source = identity.split_once('=').map_or("", |(s, _)| s);
+    let source = identity
+        .iter()
+        .position(|b| *b == b'=')
+        .and_then(|i| std::str::from_utf8(&identity[..i]).ok())
+        .unwrap_or("");
     let mut out = Vec::with_capacity(candidates.len());
     for (p, tier, is_override) in candidates {
         let item = if reset {
@@ -214,15 +218,55 @@ fn seconds(d: Duration) -> f64 {
 }
 
 /// The one value of `name` in a query string (percent-decoded).
-fn one_param(query: &str, name: &str) -> Result<String, String> {
-    let mut found = form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == name);
+/// The one value of `?name=` in `query`, percent-decoded to bytes: an identity value need not
+/// be UTF-8 (a header may hold any bytes), and a lossy decoding would name another client
+/// (every invalid sequence reads as U+FFFD).
+fn one_param(query: &str, name: &str) -> Result<Vec<u8>, String> {
+    let mut found = query.split('&').filter_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (form_decode(k) == name.as_bytes()).then(|| form_decode(v))
+    });
     match (found.next(), found.next()) {
-        (Some((_, v)), None) => Ok(v.into_owned()),
+        (Some(v), None) => Ok(v),
         (None, _) => Err(format!(
             "missing ?{name}=SOURCE=VALUE, e.g. ?{name}=header:x-api-key=KEY or ?{name}=ip=192.0.2.7"
         )),
         (Some(_), Some(_)) => Err(format!("?{name} given twice; give it once")),
     }
+}
+
+/// `application/x-www-form-urlencoded` decoding to bytes: `+` is a space, `%XX` a byte, and
+/// anything else (a `%` not followed by two hex digits too) itself.
+fn form_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let hex = |c: u8| {
+        char::from(c)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while let Some(&c) = b.get(i) {
+        let escaped = match (c, b.get(i + 1), b.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) => hex(h).zip(hex(l)).map(|(h, l)| h * 16 + l),
+            _ => None,
+        };
+        match (c, escaped) {
+            (_, Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', None) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (other, None) => {
+                out.push(other);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 fn store_failed(e: &StoreUnavailable) -> Response<BoxBody> {
@@ -257,4 +301,24 @@ fn json_response(status: StatusCode, body: &Value) -> Response<BoxBody> {
         HeaderValue::from_static("no-store"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_value_decodes_to_its_bytes_not_a_lossy_string() {
+        assert_eq!(
+            form_decode("header:x-api-key=%FF%FE"),
+            b"header:x-api-key=\xff\xfe"
+        );
+        assert_eq!(form_decode("a+b%2Bc%zz%4"), b"a b+c%zz%4");
+        assert_eq!(
+            one_param("x=1&identity=ip%3D192.0.2.7", "identity"),
+            Ok(b"ip=192.0.2.7".to_vec())
+        );
+        assert!(one_param("identity=a&identity=b", "identity").is_err());
+        assert!(one_param("x=1", "identity").is_err());
+    }
 }

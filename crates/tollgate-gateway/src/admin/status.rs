@@ -31,7 +31,7 @@ const TOP_K: usize = 10;
 #[derive(Debug, Clone)]
 struct PolicyCounts {
     name: String,
-    decisions: [u64; 7],
+    decisions: [u64; Outcome::ALL.len()],
     deny_cache_hits: u64,
     lease: [u64; 3],
 }
@@ -52,16 +52,36 @@ struct Snapshot {
 impl Snapshot {
     fn take(limiter: &Limiter, at_ms: u64) -> Self {
         let m = limiter.metrics();
-        let policies = m
-            .policies()
-            .iter()
-            .map(|p| PolicyCounts {
-                name: p.name().to_string(),
-                decisions: Outcome::ALL.map(|o| p.decisions(o)),
-                deny_cache_hits: p.deny_cache_hits(),
-                lease: LeaseKind::ALL.map(|k| p.lease_units(k)),
-            })
-            .collect();
+        // Every override of a policy is one row, the policy's `overrides`: the page (kept for
+        // minutes, served to anyone on the admin port) stays the size of the config's
+        // policies, not of its overrides file. /metrics keeps one series per override.
+        let mut policies: Vec<PolicyCounts> = Vec::new();
+        for p in m.policies() {
+            let name = match p.name().split_once(".override-") {
+                Some((policy, _)) => format!("{policy}.overrides"),
+                None => p.name().to_string(),
+            };
+            let row = match policies.iter().position(|r| r.name == name) {
+                Some(i) => &mut policies[i],
+                None => {
+                    policies.push(PolicyCounts {
+                        name,
+                        decisions: [0; Outcome::ALL.len()],
+                        deny_cache_hits: 0,
+                        lease: [0; 3],
+                    });
+                    let last = policies.len() - 1;
+                    &mut policies[last]
+                }
+            };
+            for (slot, o) in row.decisions.iter_mut().zip(Outcome::ALL) {
+                *slot += p.decisions(o);
+            }
+            row.deny_cache_hits += p.deny_cache_hits();
+            for (slot, k) in row.lease.iter_mut().zip(LeaseKind::ALL) {
+                *slot += p.lease_units(k);
+            }
+        }
         let (latency, latency_count) = m.store_latency();
         Self {
             at_ms,

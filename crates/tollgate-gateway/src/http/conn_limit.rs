@@ -4,6 +4,12 @@
 //! proxies are exempt from the per-address bound: one proxy carries many clients. IPv6 peers
 //! are counted by prefix (`identity.ipv6_prefix`, /64 by default), as identities are: one host
 //! owns a whole /64 and could otherwise open 256 connections from each of its addresses.
+//!
+//! A reserve: the last eighth of the places ([`reserve_for`]) goes only to an address that
+//! holds no connection yet (or to a trusted proxy). A host that fills its share from a few
+//! addresses, each under its own bound, still leaves room for a newcomer: the health check,
+//! Prometheus, an operator's curl. Only many distinct addresses, each taking one place of the
+//! reserve, can fill it.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -14,6 +20,8 @@ use tollgate_tower::{Trust, TrustedPeer};
 pub(crate) struct ConnLimits {
     max: usize,
     max_per_ip: usize,
+    /// The last places, kept for addresses with no connection open.
+    reserve: usize,
     /// The trusted proxies and the IPv6 prefix, replaced by a reload.
     who: arc_swap::ArcSwap<Trust>,
     open: Mutex<Counts>,
@@ -39,6 +47,7 @@ impl ConnLimits {
         Arc::new(Self {
             max,
             max_per_ip,
+            reserve: reserve_for(max),
             who: arc_swap::ArcSwap::from_pointee(trust),
             open: Mutex::new(Counts::default()),
         })
@@ -60,9 +69,13 @@ impl ConnLimits {
         if open.total >= self.max {
             return None;
         }
+        let in_reserve = open.total >= self.max - self.reserve;
         if !exempt {
             let n = open.per_ip.entry(ip).or_insert(0);
-            if *n >= self.max_per_ip {
+            if *n >= self.max_per_ip || (in_reserve && *n > 0) {
+                if *n == 0 {
+                    open.per_ip.remove(&ip);
+                }
                 return None;
             }
             *n += 1;
@@ -74,6 +87,12 @@ impl ConnLimits {
             peer,
         })
     }
+}
+
+/// How many of `max` places are kept for addresses with no connection open: an eighth (the
+/// HTTP port's default 10,000 keep 1,250; the admin port's 64 keep 8), none below 8.
+pub(crate) fn reserve_for(max: usize) -> usize {
+    max / 8
 }
 
 impl Drop for ConnSlot {
@@ -112,6 +131,37 @@ mod tests {
         );
         drop(a1);
         assert!(limits.admit(a).is_some(), "a dropped slot is free again");
+    }
+
+    #[test]
+    fn the_reserve_goes_only_to_addresses_without_a_connection() {
+        // 16 places, 2 kept: a host on four addresses fills 14, never the last 2.
+        let limits = ConnLimits::new(16, 4, Trust::default());
+        let mut held = Vec::new();
+        for host in 1..=4u8 {
+            for _ in 0..4 {
+                if let Some(s) = limits.admit(IpAddr::from([127, 0, 0, host])) {
+                    held.push(s);
+                }
+            }
+        }
+        assert_eq!(held.len(), 14, "the reserve held");
+        let newcomer = limits
+            .admit(IpAddr::from([127, 0, 0, 9]))
+            .expect("a newcomer gets in");
+        assert!(
+            limits.admit(IpAddr::from([127, 0, 0, 9])).is_none(),
+            "but only one place of the reserve"
+        );
+        let _other = limits
+            .admit(IpAddr::from([127, 0, 0, 10]))
+            .expect("another newcomer");
+        assert!(
+            limits.admit(IpAddr::from([127, 0, 0, 11])).is_none(),
+            "all full"
+        );
+        drop(newcomer);
+        assert!(limits.admit(IpAddr::from([127, 0, 0, 12])).is_some());
     }
 
     #[test]

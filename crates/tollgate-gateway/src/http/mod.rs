@@ -10,6 +10,4 @@ pub(crate) mod refusal;
 pub mod server;
 pub mod util;
 
-pub use server::{
-    MAX_ADMIN_CONNECTIONS, MAX_ADMIN_CONNECTIONS_PER_IP, MAX_HEADERS, MAX_HEAD_BYTES,
-};
+pub use server::{MAX_HEADERS, MAX_HEAD_BYTES};

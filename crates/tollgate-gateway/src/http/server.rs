@@ -26,12 +26,6 @@ use tokio::sync::watch;
 use tollgate_tower::{PeerAddr, TrustedPeer};
 use tower_service::Service;
 
-/// Most connections the admin server holds open at once (operators, Prometheus, status pages);
-/// one more is closed as soon as it is accepted.
-pub const MAX_ADMIN_CONNECTIONS: usize = 64;
-/// Most of those from one client address, so one client holding its share open leaves room
-/// for Prometheus and the health checks.
-pub const MAX_ADMIN_CONNECTIONS_PER_IP: usize = 16;
 /// How long in-flight requests may take to finish after a shutdown signal.
 pub const GRACE: Duration = Duration::from_secs(30);
 /// Most headers a request may have.
@@ -183,21 +177,18 @@ fn builder() -> http1::Builder {
 }
 
 /// Serves the admin endpoints (each request answered by `handle`) until `stop` changes.
+/// `limits` bounds its connections (`server.admin_max_connections`, `..._per_ip`; no address
+/// exempt), with the reserve that keeps `/healthz` reachable from a new address.
 pub(crate) async fn serve_admin<H, F>(
     listener: TcpListener,
     handle: H,
+    limits: Arc<ConnLimits>,
     mut stop: watch::Receiver<bool>,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<BoxBody>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
-    // The gateway's own connection bounds, with the admin port's numbers (no address exempt).
-    let limits = ConnLimits::new(
-        MAX_ADMIN_CONNECTIONS,
-        MAX_ADMIN_CONNECTIONS_PER_IP,
-        tollgate_tower::Trust::default(),
-    );
     loop {
         tokio::select! {
             accepted = listener.accept() => {

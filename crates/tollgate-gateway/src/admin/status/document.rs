@@ -112,7 +112,7 @@ pub struct Status {
     now_ms: u64,
     uptime_s: u64,
     breaker_open: bool,
-    outcomes: [&'static str; 7],
+    outcomes: [&'static str; Outcome::ALL.len()],
     rate_window_s: u64,
     policies: Vec<PolicyStatus>,
     store: StoreStatus,
@@ -310,7 +310,7 @@ mod tests {
                 .iter()
                 .map(|&(name, allowed, limited)| PolicyCounts {
                     name: name.to_string(),
-                    decisions: [allowed, limited, 0, 0, 0, 0, 0],
+                    decisions: [allowed, limited, 0, 0, 0, 0, 0, 0],
                     deny_cache_hits: 0,
                     lease: [0; 3],
                 })
