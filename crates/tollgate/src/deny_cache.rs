@@ -43,6 +43,27 @@ impl Hasher for PrehashedHasher {
     }
 }
 
+/// Makes room for `key` in a shard holding at most `per_shard` entries: when it is full and
+/// `key` is new, the entries that expired go, then (still full) the one that expires soonest.
+/// `expires` is when an entry stops meaning anything.
+pub(crate) fn make_room<V, H: std::hash::BuildHasher>(
+    map: &mut HashMap<(u128, u64), V, H>,
+    per_shard: usize,
+    key: &(u128, u64),
+    now: Micros,
+    expires: impl Fn(&V) -> Micros,
+) {
+    if map.len() < per_shard || map.contains_key(key) {
+        return;
+    }
+    map.retain(|_, v| expires(v) > now);
+    if map.len() >= per_shard {
+        if let Some(k) = map.iter().min_by_key(|(_, v)| expires(v)).map(|(k, _)| *k) {
+            map.remove(&k);
+        }
+    }
+}
+
 /// (client, policy) -> (denied until, the cost that was denied).
 type Map = HashMap<(u128, u64), (Micros, u64), BuildHasherDefault<PrehashedHasher>>;
 
@@ -110,14 +131,7 @@ impl DenyCache {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let key = (client.as_u128(), policy);
-        if map.len() >= self.per_shard && !map.contains_key(&key) {
-            map.retain(|_, (u, _)| *u > now);
-            if map.len() >= self.per_shard {
-                if let Some(k) = map.iter().min_by_key(|(_, (u, _))| *u).map(|(k, _)| *k) {
-                    map.remove(&k);
-                }
-            }
-        }
+        make_room(&mut map, self.per_shard, &key, now, |(u, _)| *u);
         map.insert(key, (until, cost));
     }
 

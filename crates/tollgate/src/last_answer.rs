@@ -9,7 +9,7 @@
 //! entries whose reset passed, then the one that resets soonest. A rule it does not know sends
 //! the plan to the store (which answers, and so fills it).
 
-use crate::deny_cache::PrehashedHasher;
+use crate::deny_cache::{make_room, PrehashedHasher};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,14 +68,7 @@ impl LastAnswers {
             .unwrap_or_else(|e| e.into_inner());
         let key = (client.as_u128(), policy);
         let before = map.len();
-        if before >= self.per_shard && !map.contains_key(&key) {
-            map.retain(|_, k| k.reset_at > now);
-            if map.len() >= self.per_shard {
-                if let Some(k) = map.iter().min_by_key(|(_, k)| k.reset_at).map(|(k, _)| *k) {
-                    map.remove(&k);
-                }
-            }
-        }
+        make_room(&mut map, self.per_shard, &key, now, |k| k.reset_at);
         map.insert(key, known);
         self.adjust(before, map.len());
     }
