@@ -1,4 +1,5 @@
-//! envoyproxy/ratelimit's own configuration files (`../shared/fixtures/envoyproxy/`, unchanged):
+//! envoyproxy/ratelimit's own configuration files (copied unchanged from the workspace's
+//! `../shared/fixtures/envoyproxy/` into `tests/fixtures/envoyproxy/`):
 //! every one gets envoyproxy's verdict (what its test/config/config_test.go expects), a
 //! refusal names the file, the line and the key, and the accepted ones mean what envoyproxy's
 //! tests say they mean (which rule a descriptor finds, and the stat key it counts under).
@@ -8,13 +9,7 @@ use tollgate_rls::config::{load_str, load_str_with, LoadOptions};
 use tollgate_rls::{RlsConfig, RlsConfigErrors};
 
 fn dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/envoyproxy");
-    assert!(
-        d.is_dir(),
-        "the fixtures are missing: {} (the workspace's ../shared)",
-        d.display()
-    );
-    d
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/envoyproxy")
 }
 
 fn read(name: &str) -> String {
@@ -133,6 +128,28 @@ fn every_fixture_gets_envoyproxys_verdict_with_file_line_and_key() {
             (Err(e), None) => panic!("{name}: refused, envoyproxy accepts it: {e}"),
         }
     }
+}
+
+/// The copies are the shared originals, byte for byte, wherever the workspace has them.
+#[test]
+fn the_copies_equal_the_shared_fixtures() {
+    let shared =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/envoyproxy");
+    let Ok(entries) = std::fs::read_dir(&shared) else {
+        return; // A checkout without the workspace's shared folder: the copies stand alone.
+    };
+    let mut compared = 0;
+    for e in entries.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".yaml") {
+            continue;
+        }
+        let original = std::fs::read(e.path()).expect("read the shared fixture");
+        let copy = std::fs::read(dir().join(&name)).unwrap_or_else(|_| panic!("{name} not copied"));
+        assert_eq!(original, copy, "{name} differs from the shared one");
+        compared += 1;
+    }
+    assert_eq!(compared, VERDICTS.len());
 }
 
 #[test]
