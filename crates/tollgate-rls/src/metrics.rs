@@ -44,6 +44,13 @@ impl DescriptorMetrics {
             if let Some(c) = map.get(key) {
                 return Arc::clone(c);
             }
+            // Full: a flood of new keys counts under the overflow key without taking the
+            // write lock (each would, and contend with every counted request).
+            if map.len() >= MAX_SERIES_KEYS {
+                if let Some(c) = map.get(OVERFLOW_KEY) {
+                    return Arc::clone(c);
+                }
+            }
         }
         let mut map = self.series.write().unwrap_or_else(|e| e.into_inner());
         let key = if map.len() >= MAX_SERIES_KEYS && !map.contains_key(key) {
@@ -85,7 +92,7 @@ impl DescriptorMetrics {
                     let _ = writeln!(
                         out,
                         "tollgate_rls_descriptor_decisions_total{{key=\"{}\",outcome=\"{}\"}} {n}",
-                        escape(key),
+                        tollgate::metrics::escape_label(key),
                         o.as_str()
                     );
                 }
@@ -104,20 +111,6 @@ fn cut(key: &str) -> &str {
         end -= 1;
     }
     &key[..end]
-}
-
-/// A Prometheus label value: `\`, `"` and newlines escaped.
-fn escape(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -114,7 +114,16 @@ fn every_fixture_gets_envoyproxys_verdict_with_file_line_and_key() {
     assert_eq!(on_disk, listed, "every fixture has a verdict here");
     for (name, verdict) in VERDICTS {
         match (load(name), verdict) {
-            (Ok(c), None) => assert!(c.has_domain(c.domains().next().unwrap_or("")), "{name}"),
+            (Ok(c), None) => {
+                // One domain per file, the one it names.
+                let domains: Vec<&str> = c.domains().collect();
+                assert_eq!(domains.len(), 1, "{name}");
+                let named = read(name)
+                    .lines()
+                    .find_map(|l| l.strip_prefix("domain:").map(|d| d.trim().to_string()))
+                    .unwrap_or_default();
+                assert_eq!(domains[0], named, "{name}");
+            }
             (Err(e), Some((line, key))) => {
                 let first = &e.0[0];
                 assert_eq!(first.file, *name);

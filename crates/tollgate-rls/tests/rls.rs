@@ -407,10 +407,12 @@ async fn failure_policies_apply_per_rule_and_health_follows_the_store() {
 
     let l = limiter(&redis.url(), "fail", &clock, Duration::from_millis(100));
     let mut open = start_with(l, clock, BASIC, RlsOptions::default()).await;
+    let r = open.one("basic", &[("key1", "x")]).await;
+    assert_eq!(overall(&r), Code::Ok, "open: allowed");
+    // Nothing was charged and nothing is known to be used: the whole limit, never 0.
     assert_eq!(
-        overall(&open.one("basic", &[("key1", "x")]).await),
-        Code::Ok,
-        "open: allowed"
+        r.statuses[0].limit_remaining, 50,
+        "open: reports the whole limit"
     );
 }
 

@@ -557,3 +557,38 @@ async fn a_descriptor_key_with_quotes_or_newlines_is_escaped_in_the_headers() {
         }
     }
 }
+
+/// A reload (a new service behind the same `LiveRls`) keeps the detailed series' counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_detailed_series_counts() {
+    let build = || {
+        let config = tollgate_rls::config::load_str([("dm.yaml", DETAILED)]).expect("yaml");
+        tollgate_rls::RlsService::new(
+            tollgate::Limiter::new(tollgate::LimiterConfig::default()),
+            tollgate::IdentityHasher::new(b"s"),
+            config,
+            RlsOptions::default(),
+        )
+        .expect("service")
+    };
+    let live = tollgate_rls::LiveRls::new(build());
+    let r = live
+        .current()
+        .decide(&request("dm", vec![desc(&[("user", "bob")])]))
+        .await
+        .expect("decided");
+    assert_eq!(overall(&r), Code::Ok);
+    live.replace(build());
+    let r = live
+        .current()
+        .decide(&request("dm", vec![desc(&[("user", "bob")])]))
+        .await
+        .expect("decided");
+    assert_eq!(overall(&r), Code::Ok);
+    let mut text = String::new();
+    live.current().render_metrics(&mut text);
+    assert!(
+        text.contains("key=\"dm.user_bob\",outcome=\"allowed\"} 2"),
+        "{text}"
+    );
+}

@@ -324,7 +324,7 @@ impl Metrics {
                 let _ = writeln!(
                     out,
                     "tollgate_decisions_total{{policy=\"{}\",outcome=\"{}\"}} {}",
-                    escape(&p.name),
+                    escape_label(&p.name),
                     o.as_str(),
                     p.decisions(o)
                 );
@@ -338,7 +338,7 @@ impl Metrics {
         );
         for p in &policies {
             let (limit, period_us, burst) = p.quota();
-            let name = escape(&p.name);
+            let name = escape_label(&p.name);
             let _ = writeln!(
                 out,
                 "tollgate_limit{{policy=\"{name}\",kind=\"limit\"}} {limit}"
@@ -410,7 +410,7 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "tollgate_deny_cache_hits_total{{policy=\"{}\"}} {}",
-                escape(&p.name),
+                escape_label(&p.name),
                 p.deny_cache_hits()
             );
         }
@@ -432,7 +432,7 @@ impl Metrics {
                 let _ = writeln!(
                     out,
                     "tollgate_lease_units_total{{policy=\"{}\",kind=\"{}\"}} {}",
-                    escape(&p.name),
+                    escape_label(&p.name),
                     kind.as_str(),
                     p.lease_units(kind)
                 );
@@ -556,8 +556,9 @@ fn seconds(us: u64) -> String {
     format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
 }
 
-/// Escapes a label value (backslash, quote, newline).
-fn escape(s: &str) -> String {
+/// Escapes a Prometheus label value (backslash, quote, newline): for every front end that
+/// renders series of its own (the RLS's descriptor series).
+pub fn escape_label(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
