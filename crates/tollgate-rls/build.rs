@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Small per-call buffers (src/codec.rs): a stream held open by the peer keeps less.
+        .codec_path("crate::codec::SmallCodec")
         .compile_fds(descriptors)?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())

@@ -205,8 +205,9 @@ pub struct Live {
     rls: Option<LiveRls>,
     /// The target serving now, with its settings.
     target: std::sync::Mutex<(TargetSettings, Target)>,
-    /// The connection bounds (their trusted proxies and IPv6 prefix follow reloads).
-    conn_limits: Arc<ConnLimits>,
+    /// The connection bounds of the HTTP and gRPC ports (their trusted proxies and IPv6
+    /// prefix follow reloads).
+    conn_limits: Vec<Arc<ConnLimits>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
     ok: AtomicU64,
@@ -250,7 +251,7 @@ impl Live {
         config: Config,
         limiter: Limiter,
         http: Arc<HttpMetrics>,
-        conn_limits: Arc<ConnLimits>,
+        conn_limits: Vec<Arc<ConnLimits>>,
     ) -> anyhow::Result<Self> {
         let files = if path.is_some() {
             config.files()
@@ -411,7 +412,9 @@ impl Live {
         if let (Some(live), Some(new)) = (&self.rls, rls) {
             live.replace(new);
         }
-        self.conn_limits.update(config.identity.trust.clone());
+        for limits in &self.conn_limits {
+            limits.update(config.identity.trust.clone());
+        }
         self.generation.store(Arc::new(Generation {
             config: Arc::new(config),
             rules,
@@ -787,7 +790,7 @@ mod tests {
             config,
             limiter,
             Arc::new(HttpMetrics::default()),
-            limits,
+            vec![limits],
         )
         .expect("live");
         assert!(matches!(

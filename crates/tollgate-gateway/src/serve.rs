@@ -25,6 +25,7 @@ use tollgate_rls::LiveRls;
 async fn spawn_rls(
     config: &Config,
     service: Option<LiveRls>,
+    limits: Arc<ConnLimits>,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let (Some(service), Some(addr)) = (service, config.rls.as_ref().and_then(|r| r.listen)) else {
@@ -46,15 +47,6 @@ async fn spawn_rls(
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    // The gRPC port's own connection bounds, with the HTTP port's numbers
-    // (`server.max_connections`, `server.max_connections_per_ip`; trusted proxies exempt from
-    // the per-address one): a host that opens connections until the process runs out of file
-    // descriptors would otherwise starve every port.
-    let limits = ConnLimits::new(
-        config.server.max_connections,
-        config.server.max_connections_per_ip,
-        config.identity.trust.clone(),
-    );
     let admit: tollgate_rls::Admit = Arc::new(move |ip| {
         let slot = limits.admit(ip);
         if slot.is_none() {
@@ -84,12 +76,21 @@ pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Re
         config.server.max_connections_per_ip,
         config.identity.trust.clone(),
     );
+    // The gRPC port's own connection bounds, with the HTTP port's numbers
+    // (`server.max_connections`, `server.max_connections_per_ip`; trusted proxies exempt from
+    // the per-address one): a host that opens connections until the process runs out of file
+    // descriptors would otherwise starve every port. Both follow a reload's trust list.
+    let rls_limits = ConnLimits::new(
+        config.server.max_connections,
+        config.server.max_connections_per_ip,
+        config.identity.trust.clone(),
+    );
     let live = Arc::new(Live::new(
         path,
         config.clone(),
         limiter.clone(),
         http_metrics.clone(),
-        limits.clone(),
+        vec![limits.clone(), rls_limits.clone()],
     )?);
     let rls = live.rls();
     // Connect to a shared store before taking traffic, so a cold start does not spend the
@@ -139,7 +140,7 @@ pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Re
     ));
     let sighup = tokio::spawn(live.clone().on_sighup(hangup, stop_rx.clone()));
     let watcher = tokio::spawn(live.clone().watch_files(stop_rx.clone()));
-    let rls_task = spawn_rls(&config, rls, stop_rx.clone()).await?;
+    let rls_task = spawn_rls(&config, rls, rls_limits, stop_rx.clone()).await?;
     let force = async {
         let _ = force_rx.await;
     };

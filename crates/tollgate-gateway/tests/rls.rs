@@ -507,3 +507,61 @@ async fn the_grpc_port_bounds_connections_per_address() {
         .into_inner();
     assert_eq!(r.overall_code, Code::Ok as i32);
 }
+
+/// A connection to the gRPC port that sent the preface: `true` when the server answers it
+/// (its SETTINGS frame), `false` when the connection is closed unanswered.
+async fn preface_answered(port: u16) -> (bool, tokio::net::TcpStream) {
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let _ = s.write_all(preface).await;
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+    (matches!(read, Ok(Ok(n)) if n > 0), s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_port_follows_a_reloads_trusted_proxies() {
+    let yaml = scratch("rls.yaml");
+    std::fs::write(&yaml, YAML).expect("write yaml");
+    let rls_port = free_port();
+    let body = |trusted: &str| {
+        format!(
+            "[identity]\nsources = [\"header:x-api-key\"]\nsecret = \"rls-secret\"\n{trusted}\
+             [rls]\nlisten = \"127.0.0.1:{rls_port}\"\nconfig = \"{}\"\n",
+            yaml.display()
+        )
+    };
+    let gw = Gateway::start("max_connections_per_ip = 2", &body(""));
+    drop(channel(rls_port).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (answered, s) = preface_answered(rls_port).await;
+        assert!(answered, "within the per-address bound");
+        held.push(s);
+    }
+    let (answered, _third) = preface_answered(rls_port).await;
+    assert!(!answered, "a third from an untrusted address is closed");
+
+    // 127.0.0.1 becomes a trusted proxy: exempt from the per-address bound from then on.
+    gw.rewrite(&body("trusted_proxies = [\"127.0.0.1\"]\n"));
+    gw.hangup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (answered, s) = preface_answered(rls_port).await;
+        if answered {
+            held.push(s);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reload's trusted proxies never reached the gRPC port; log:\n{}",
+            gw.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (answered, _fourth) = preface_answered(rls_port).await;
+    assert!(answered, "a trusted proxy keeps being admitted");
+}

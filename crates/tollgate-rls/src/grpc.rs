@@ -6,6 +6,8 @@
 //! [`crate::PREFACE_TIMEOUT`]), a message larger than [`MAX_MESSAGE_BYTES`] is refused with
 //! `OUT_OF_RANGE`, and each call has a deadline.
 
+use crate::budget::{Budget, BudgetLayer};
+pub use crate::budget::{MAX_CALLS, MAX_CALLS_PER_ADDRESS};
 use crate::incoming::Admit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
@@ -26,8 +28,9 @@ use tracing::Instrument as _;
 
 /// The largest request message accepted (Envoy's are a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
-/// The most concurrent calls on one HTTP/2 connection.
-pub const MAX_STREAMS: u32 = 1024;
+/// The most concurrent calls on one HTTP/2 connection (a client that needs more opens
+/// another connection, as Envoy's pool does when a server's SETTINGS say so).
+pub const MAX_STREAMS: u32 = 256;
 /// How long one call may take at most (the store call has its own, shorter, timeout).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -202,22 +205,61 @@ pub async fn serve(
 }
 
 /// [`serve`], each connection first admitted by `admit` (the caller's connection bounds, in
-/// all and per address; `None`: unbounded).
+/// all and per address; `None`: unbounded), and calls in progress bounded per address and in
+/// all ([`MAX_CALLS_PER_ADDRESS`], [`MAX_CALLS`]).
 pub async fn serve_bounded(
     listener: TcpListener,
     service: impl Into<LiveRls>,
     admit: Option<Admit>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    let bounds = Bounds {
+        admit,
+        ..Bounds::default()
+    };
+    serve_with(listener, service, bounds, shutdown).await
+}
+
+/// What a listener bounds: connections (through the caller's [`Admit`]) and calls in progress.
+#[derive(Clone)]
+pub struct Bounds {
+    /// Admits or refuses each new connection by its address (`None`: every one admitted).
+    pub admit: Option<Admit>,
+    /// The most calls in progress from one address, over all its connections; a call holds
+    /// its place until its answer has left or its stream is gone.
+    pub calls_per_address: usize,
+    /// The most calls in progress on the listener.
+    pub calls: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            admit: None,
+            calls_per_address: MAX_CALLS_PER_ADDRESS,
+            calls: MAX_CALLS,
+        }
+    }
+}
+
+/// [`serve`] within `bounds`: a call past them is answered `RESOURCE_EXHAUSTED` at once.
+pub async fn serve_with(
+    listener: TcpListener,
+    service: impl Into<LiveRls>,
+    bounds: Bounds,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
     let service = service.into();
     let health = HealthService::new(service.current().limiter().clone());
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let incoming = crate::incoming::accepted(listener, admit);
+    let incoming = crate::incoming::accepted(listener, bounds.admit);
+    let budget = Budget::new(bounds.calls_per_address, bounds.calls);
     tonic::transport::Server::builder()
         .timeout(CALL_TIMEOUT)
         .max_concurrent_streams(MAX_STREAMS)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .layer(BudgetLayer::new(budget))
         .add_service(rls)
         .add_service(HealthServer::new(health))
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -10,6 +10,8 @@
 //! - [`serve`]: the gRPC listener (tonic, HTTP/2 cleartext).
 #![deny(missing_docs)]
 
+mod budget;
+mod codec;
 pub mod config;
 mod grpc;
 mod incoming;
@@ -20,8 +22,8 @@ mod yaml;
 
 pub use config::{RlsConfig, RlsConfigError, RlsConfigErrors};
 pub use grpc::{
-    serve, serve_bounded, HealthService, LiveRls, CALL_TIMEOUT, MAX_MESSAGE_BYTES, READY_CACHE,
-    SERVICE_NAME,
+    serve, serve_bounded, serve_with, Bounds, HealthService, LiveRls, CALL_TIMEOUT, MAX_CALLS,
+    MAX_CALLS_PER_ADDRESS, MAX_MESSAGE_BYTES, MAX_STREAMS, READY_CACHE, SERVICE_NAME,
 };
 pub use incoming::{Admit, Admitted, ACCEPT_BACKOFF, PREFACE_TIMEOUT};
 pub use service::{RlsOptions, RlsService, MAX_DESCRIPTORS, MAX_ENTRIES, UNLIMITED_REMAINING};
