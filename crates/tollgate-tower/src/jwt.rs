@@ -57,6 +57,8 @@ pub struct JwtVerifier {
     /// The claim checks of each algorithm the keys use, built when the settings are (not per
     /// token: a `Validation` is a handful of allocations).
     validations: std::sync::Arc<[(Algorithm, Validation)]>,
+    /// Signature checks done (shared by clones).
+    signatures: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl fmt::Debug for JwtVerifier {
@@ -144,6 +146,7 @@ impl JwtVerifier {
             issuer: None,
             audience: None,
             validations: std::sync::Arc::new([]),
+            signatures: Default::default(),
         }
         .validated()
     }
@@ -200,6 +203,12 @@ impl JwtVerifier {
         algs
     }
 
+    /// How many signatures this verifier (and its clones) checked: the costly part of a
+    /// token, counted so that skipping it can be seen.
+    pub fn signatures_checked(&self) -> u64 {
+        self.signatures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The header read.
     pub fn header_name(&self) -> &HeaderName {
         &self.header
@@ -233,6 +242,8 @@ impl JwtVerifier {
         let Some((_, validation)) = self.validations.iter().find(|(a, _)| *a == key.alg) else {
             return Err(InvalidToken(format!("no claim checks for {:?}", key.alg)));
         };
+        self.signatures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         decode::<UniqueClaims>(token, &key.key, validation)
             .map(|data| data.claims.0)
             .map_err(|e| InvalidToken(e.to_string()))

@@ -88,6 +88,16 @@ where
             Err(e) => return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) }),
         };
         let shared = self.shared.clone();
+        if let Some(result) = self
+            .shared
+            .denied_before_token(&target, req.headers(), peer)
+        {
+            if let Action::Limit { retry_after } = result.action {
+                return Box::pin(async move {
+                    Ok(too_many_requests(&result, retry_after).map(Either::Right))
+                });
+            }
+        }
         let plan = match self.shared.plan(&target, req.headers(), peer) {
             Ok(plan) => plan,
             Err(u) => {

@@ -108,6 +108,55 @@ impl Shared {
         }
     }
 
+    /// Before a bearer token's signature is checked (tens to hundreds of microseconds for
+    /// RS256 and ES256): the deny cache's answer for the matched policies that do not read
+    /// the token at all (neither identity nor tier), such as a per-IP one. When they deny the
+    /// request, it is denied whatever the token holds, so a flood of forged tokens past its
+    /// per-IP limit costs a cache lookup, not a signature check each. `None` without a token,
+    /// without a policy that reads one, or when nothing denies locally.
+    pub(crate) fn denied_before_token(
+        &self,
+        target: &Target,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Option<LimitResult> {
+        let jwt = self.identity.jwt.as_ref()?;
+        if !headers.contains_key(jwt.header_name()) {
+            return None;
+        }
+        let (method, path) = (&target.method, target.path.as_str());
+        let defaults = &self.identity.sources;
+        let matched = || self.policies.iter().filter(|p| p.matches(method, path));
+        if !matched().any(|p| p.reads_jwt(defaults)) {
+            return None;
+        }
+        let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
+        let mut plan = Plan::new();
+        for routed in matched().filter(|p| !p.reads_jwt(defaults)) {
+            let sources = routed.identity_sources();
+            let key = match keys.iter().find(|k| k.0 == sources) {
+                Some(k) => k.1,
+                None => {
+                    let key =
+                        self.identity
+                            .client_key_with(&self.hasher, sources, peer, headers, None);
+                    keys.push((sources, key));
+                    key
+                }
+            };
+            let tier = TierInput {
+                headers,
+                claims: None,
+                trusted: target.trusted,
+            };
+            plan.push(key, routed.policy_for(&key, &tier).clone());
+        }
+        if plan.is_empty() {
+            return None;
+        }
+        self.limiter.denied_locally(&plan)
+    }
+
     /// The claims of the request's bearer token when `[identity.jwt]` is configured and a
     /// token is present; a present token that does not verify is refused (401, no store call).
     fn claims(&self, headers: &HeaderMap) -> Result<Option<Claims>, InvalidToken> {

@@ -263,3 +263,64 @@ async fn a_bad_token_is_refused_only_where_a_policy_reads_it() {
         "Bearer error=\"invalid_token\""
     );
 }
+
+/// A flood of forged tokens (well-formed, wrong signature) on a path with a per-IP policy,
+/// on a shared store: once the per-IP policy denies the address, its further requests are
+/// answered 429 from the deny cache without their signatures being checked.
+#[tokio::test]
+async fn forged_tokens_past_the_per_ip_limit_cost_no_signature_check() {
+    let redis = tollgate_testkit::RedisServer::start();
+    let mut config = LimiterConfig::new(tollgate::Backend::Redis(
+        tollgate::store::RedisConfig::standalone(redis.url()),
+    ));
+    config.timeout = std::time::Duration::from_secs(2);
+    let limiter = Limiter::new(config);
+    let verifier = tollgate_tower::JwtVerifier::hs256(b"0123456789abcdef").expect("key");
+    let identity = tollgate_tower::IdentityConfig {
+        jwt: Some(verifier.clone()),
+        ..Default::default()
+    };
+    let by_user = RoutedPolicy::new(policy(&limiter, "users", 100, false))
+        .path_prefix("/api")
+        .identity(vec!["jwt:sub".parse().expect("source")]);
+    let by_ip = RoutedPolicy::new(policy(&limiter, "per-ip", 3, false))
+        .path_prefix("/api")
+        .identity(vec!["ip".parse().expect("source")]);
+    let mut svc = RateLimitLayer::new(limiter, IdentityHasher::new(b"t"))
+        .identity(identity)
+        .policy(by_user)
+        .policy(by_ip)
+        .layer(Ok200);
+    let claims = serde_json::json!({"sub": "mallory", "exp": 4_000_000_000u64});
+    let forged = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(b"not the configured key").expect("key"),
+    )
+    .expect("token");
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let mut req = Request::builder()
+            .uri("/api/x")
+            .header("authorization", format!("Bearer {forged}"))
+            .body(())
+            .expect("request");
+        req.extensions_mut()
+            .insert(PeerAddr(SocketAddr::from(([192, 0, 2, 7], 9))));
+        std::future::poll_fn(|cx| svc.poll_ready(cx))
+            .await
+            .expect("ready");
+        let resp = svc.call(req).await.expect("infallible");
+        statuses.push(resp.status().as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [401, 401, 401, 429, 429, 429, 429, 429, 429, 429],
+        "three charged to the per-IP policy and refused, then limited"
+    );
+    assert_eq!(
+        verifier.signatures_checked(),
+        4,
+        "the requests the deny cache answers check no signature"
+    );
+}

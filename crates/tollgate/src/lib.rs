@@ -386,6 +386,14 @@ impl Limiter {
         LimitResult { action, results }
     }
 
+    /// The answer [`Limiter::check`] would give `plan` from the deny cache alone, without a
+    /// store call: `Some` (a denial, exact) when a policy of the plan is still denied to its
+    /// client, else `None`. For a caller that can skip costly work (a token's signature
+    /// check) for a request that these policies deny whatever that work would find.
+    pub fn denied_locally(&self, plan: &Plan) -> Option<LimitResult> {
+        self.deny_cached(plan, self.inner.clock.now())
+    }
+
     /// The deny cache's answer: a 429 when an enforced policy of the plan denied its client
     /// until later than now, or when every quota-mode policy of the plan did (exact: denials
     /// consume nothing). Every other policy of the plan reports the store's last answer for

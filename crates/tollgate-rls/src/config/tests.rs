@@ -184,7 +184,32 @@ fn an_unknown_unit_is_an_error() {
     assert_eq!(e.len(), 1, "{e:?}");
     assert_eq!(e[0].line, 5);
     assert_eq!(e[0].key, "descriptors[0].rate_limit.unit");
-    assert!(e[0].message.contains("fortnight"), "{}", e[0].message);
+    assert!(e[0].message.contains("not a unit"), "{}", e[0].message);
+}
+
+/// A refused value is named by its file, line and key, never echoed (a reload's error is
+/// logged and answered to whoever asked for it).
+#[test]
+fn a_refused_value_is_never_echoed() {
+    for (field, value) in [
+        ("unit", "s3cr3t-unit-98765"),
+        ("requests_per_unit", "s3cr3t-98765"),
+        ("requests_per_unit", "\"s3cr3t-98765\""),
+        ("unit_multiplier", "s3cr3t-98765"),
+    ] {
+        let mut lines = vec!["unit: second", "requests_per_unit: 3"];
+        lines.retain(|l| !l.starts_with(field));
+        let refused = format!("{field}: {value}");
+        lines.push(&refused);
+        let block = lines.join("\n      ");
+        let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {block}\n");
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{field}: {e:?}");
+        assert_eq!(e[0].line, 4 + lines.len(), "{field}: {e:?}");
+        assert_eq!(e[0].key, format!("descriptors[0].rate_limit.{field}"));
+        let shown = e[0].to_string();
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+    }
 }
 
 #[test]

@@ -63,7 +63,7 @@ impl Loader<'_> {
                 match Unit::from_name(&s) {
                     Some(u) => u,
                     None => {
-                        self.err(pos, join(path, "unit"), format!("{s:?} is not a unit; expected one of second, minute, hour, day, week, month, year"));
+                        self.err(pos, join(path, "unit"), "not a unit; expected one of second, minute, hour, day, week, month, year");
                         return None;
                     }
                 }
@@ -204,9 +204,11 @@ impl Loader<'_> {
             _ => None,
         };
         if parsed.is_none() {
+            // The kind of value, never the value (an error is logged and shown to whoever
+            // reloads: it says which key, not what it held).
             let shown = match &n.kind {
-                Kind::Scalar { text, .. } => format!("{text:?}"),
-                _ => n.type_name().to_string(),
+                Kind::Scalar { .. } => "this value",
+                _ => n.type_name(),
             };
             let hint = if key == "requests_per_unit" {
                 " (or 0: every request over the limit)"
