@@ -26,10 +26,7 @@ impl Limiter {
             .unwrap_or_else(|e| e.into_inner());
         // The newest registration of a name wins: after a reload changed its quota, expired
         // units go back under the quota they are now counted by.
-        match list.iter_mut().find(|q| q.rule().id() == p.rule().id()) {
-            Some(q) => *q = p.clone(),
-            None => list.push(p.clone()),
-        }
+        list.insert(p);
         drop(list);
         self.start_sweeper();
     }
@@ -67,14 +64,17 @@ impl Limiter {
         if drained.is_empty() {
             return;
         }
-        let policies = self
-            .inner
-            .lease_policies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        for (client, id, units, window) in drained {
-            let Some(p) = policies.iter().find(|p| p.rule().id() == id) else {
+        let found: Vec<Option<Policy>> = {
+            let list = self
+                .inner
+                .lease_policies
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            drained.iter().map(|(_, id, _, _)| list.get(*id)).collect()
+        };
+        for ((client, _, units, window), p) in drained.into_iter().zip(found) {
+            // A policy no longer configured: its units stay charged until its window ends.
+            let Some(p) = p else {
                 continue;
             };
             let call = LeaseCall {
@@ -276,3 +276,35 @@ pub(crate) fn worse(a: Action, b: Action) -> Action {
         _ => Action::Allow,
     }
 }
+
+/// The leased policies by rule id, held weakly (a policy lives as long as a config or an
+/// override cache holds it), with dead entries swept as the map grows.
+#[derive(Default)]
+pub(crate) struct LeasePolicies {
+    by_id: std::collections::HashMap<u64, std::sync::Weak<crate::policy::PolicyInner>>,
+    /// The size at which dead entries are next swept out.
+    sweep_at: usize,
+}
+
+impl LeasePolicies {
+    /// The size below which no sweep is done.
+    const SWEEP_FLOOR: usize = 1024;
+
+    pub(crate) fn insert(&mut self, p: &Policy) {
+        self.by_id
+            .insert(p.rule().id(), std::sync::Arc::downgrade(&p.inner));
+        if self.by_id.len() >= self.sweep_at.max(Self::SWEEP_FLOOR) {
+            self.by_id.retain(|_, w| w.strong_count() > 0);
+            // Amortised: the next sweep waits for as many new entries as are live now.
+            self.sweep_at = self.by_id.len() * 2;
+        }
+    }
+
+    pub(crate) fn get(&self, id: u64) -> Option<Policy> {
+        self.by_id
+            .get(&id)
+            .and_then(std::sync::Weak::upgrade)
+            .map(|inner| Policy { inner })
+    }
+}
+

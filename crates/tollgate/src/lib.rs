@@ -182,7 +182,9 @@ struct Inner {
     /// The store's last answers for the other rules of plans the deny cache answers.
     last: Option<LastAnswers>,
     leases: Option<Leases>,
-    lease_policies: std::sync::Mutex<Vec<Policy>>,
+    /// The leased policies by rule id, for giving back expired units. Weak: a policy a reload
+    /// dropped (an override, say) takes its metric series with it.
+    lease_policies: std::sync::Mutex<leased::LeasePolicies>,
     /// The limits of the policies made so far, for `connect` to load their scripts.
     /// (A set beside the list: a program that makes policies at run time, an RLS limit
     /// override per request, must not pay a scan of the list for each.)
@@ -242,7 +244,7 @@ impl Limiter {
                     .as_ref()
                     .map(|_| LastAnswers::new(config.deny_cache_capacity)),
                 deny_cache,
-                lease_policies: std::sync::Mutex::new(Vec::new()),
+                lease_policies: std::sync::Mutex::new(leased::LeasePolicies::default()),
                 limits: std::sync::Mutex::new((Vec::new(), HashSet::new())),
                 sweeper: std::sync::OnceLock::new(),
                 metrics: Metrics::default(),

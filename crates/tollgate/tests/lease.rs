@@ -270,3 +270,30 @@ async fn a_fixed_window_lease_never_outlives_its_window() {
     assert_eq!(first, 10, "{first} then {second}");
     assert_eq!(second, 10, "units of the old window blocked the new one");
 }
+
+/// Leased policies a reload drops (overrides, say) take their metric series with them: the
+/// limiter's lease bookkeeping holds no policy alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_leased_policies_leave_no_metric_series() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let l = limiter(&redis.url(), &clock);
+    let kept = lease_policy(&l, limit(Algorithm::TokenBucket, 100, HOUR), 10);
+    let mut dropped = Vec::new();
+    for i in 0..3000 {
+        let mut spec = PolicySpec::new(
+            format!("hot.override-{i}"),
+            limit(Algorithm::TokenBucket, 50, HOUR),
+        );
+        spec.sync = SyncMode::Lease { ttl: TTL, max: 10 };
+        dropped.push(l.policy(spec).expect("policy"));
+    }
+    assert!(allowed(&l, &dropped[0]).await, "a leased override serves");
+    assert!(allowed(&l, &kept).await);
+    drop(dropped);
+    let mut text = String::new();
+    l.render_metrics(&mut text);
+    assert!(!text.contains("override-"), "series of dropped policies remain");
+    assert!(text.contains("policy=\"hot\""), "the kept policy's series stays");
+    assert!(allowed(&l, &kept).await, "the kept policy still leases");
+}
