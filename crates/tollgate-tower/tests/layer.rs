@@ -265,16 +265,20 @@ async fn a_bad_token_is_refused_only_where_a_policy_reads_it() {
 }
 
 /// A flood of forged tokens (well-formed, wrong signature) on a path with a per-IP policy,
-/// on a shared store: once the per-IP policy denies the address, its further requests are
-/// answered 429 from the deny cache without their signatures being checked.
+/// on the memory store and on Redis: once the per-IP policy denies the address, its further
+/// requests are answered 429 from the deny cache without their signatures being checked.
 #[tokio::test]
 async fn forged_tokens_past_the_per_ip_limit_cost_no_signature_check() {
+    forged_token_flood(Limiter::new(LimiterConfig::default())).await;
     let redis = tollgate_testkit::RedisServer::start();
     let mut config = LimiterConfig::new(tollgate::Backend::Redis(
         tollgate::store::RedisConfig::standalone(redis.url()),
     ));
     config.timeout = std::time::Duration::from_secs(2);
-    let limiter = Limiter::new(config);
+    forged_token_flood(Limiter::new(config)).await;
+}
+
+async fn forged_token_flood(limiter: Limiter) {
     let verifier = tollgate_tower::JwtVerifier::hs256(b"0123456789abcdef").expect("key");
     let identity = tollgate_tower::IdentityConfig {
         jwt: Some(verifier.clone()),

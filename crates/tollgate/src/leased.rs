@@ -307,4 +307,3 @@ impl LeasePolicies {
             .map(|inner| Policy { inner })
     }
 }
-

@@ -130,7 +130,8 @@ pub struct LimiterConfig {
     pub timeout: Duration,
     /// Circuit breaker settings (`store.breaker`).
     pub breaker: BreakerConfig,
-    /// Entries the deny cache holds at most (0 disables it). Used with remote stores only.
+    /// Entries the deny cache holds at most (0 disables it). Asked on the request path with
+    /// remote stores only; with the memory store it serves [`Limiter::denied_locally`].
     pub deny_cache_capacity: usize,
     /// Keys the local fallback store tracks at most.
     pub fallback_max_keys: usize,
@@ -227,8 +228,13 @@ impl Limiter {
         let cluster = store::is_cluster(&config.backend);
         let store = Store::new(config.backend);
         let can_lease = store.can_lease();
-        let deny_cache = (store.is_remote() && config.deny_cache_capacity > 0)
-            .then(|| DenyCache::new(config.deny_cache_capacity));
+        // A shared store's denials are answered here until their retry time, keeping abusive
+        // traffic off the store. The in-process store answers as fast as the cache would, so
+        // its denials are remembered only for `denied_locally` (a caller skipping costly
+        // work, such as a forged token's signature check), never asked on the request path.
+        let deny_cache =
+            (config.deny_cache_capacity > 0).then(|| DenyCache::new(config.deny_cache_capacity));
+        let remote = store.is_remote();
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -240,9 +246,8 @@ impl Limiter {
                 timeout: config.timeout,
                 breakers: Breakers::new(config.breaker, cluster),
                 leases: can_lease.then(|| Leases::new(config.deny_cache_capacity.max(1024))),
-                last: deny_cache
-                    .as_ref()
-                    .map(|_| LastAnswers::new(config.deny_cache_capacity)),
+                last: (remote && deny_cache.is_some())
+                    .then(|| LastAnswers::new(config.deny_cache_capacity)),
                 deny_cache,
                 lease_policies: std::sync::Mutex::new(leased::LeasePolicies::default()),
                 limits: std::sync::Mutex::new((Vec::new(), HashSet::new())),
@@ -357,8 +362,10 @@ impl Limiter {
     /// policy's failure outcome.
     pub async fn check(&self, plan: &Plan) -> LimitResult {
         let now = self.inner.clock.now();
-        if let Some(result) = self.deny_cached(plan, now) {
-            return result;
+        if self.inner.store.is_remote() {
+            if let Some(result) = self.deny_cached(plan, now) {
+                return result;
+            }
         }
         let mut results = Vec::with_capacity(plan.len());
         let mut taken = Vec::new();

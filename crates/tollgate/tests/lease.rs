@@ -293,7 +293,13 @@ async fn dropped_leased_policies_leave_no_metric_series() {
     drop(dropped);
     let mut text = String::new();
     l.render_metrics(&mut text);
-    assert!(!text.contains("override-"), "series of dropped policies remain");
-    assert!(text.contains("policy=\"hot\""), "the kept policy's series stays");
+    assert!(
+        !text.contains("override-"),
+        "series of dropped policies remain"
+    );
+    assert!(
+        text.contains("policy=\"hot\""),
+        "the kept policy's series stays"
+    );
     assert!(allowed(&l, &kept).await, "the kept policy still leases");
 }
