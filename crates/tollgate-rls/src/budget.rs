@@ -14,12 +14,11 @@
 
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use tollgate::places::{Place, Places};
 use tonic::transport::server::TcpConnectInfo;
 
 /// The most calls in progress from one address, over all its connections.
@@ -27,95 +26,18 @@ pub const MAX_CALLS_PER_ADDRESS: usize = 1024;
 /// The most calls in progress on one listener.
 pub const MAX_CALLS: usize = 16_384;
 
-/// The bounds and what each address holds now.
-#[derive(Debug)]
-pub(crate) struct Budget {
-    per_address: usize,
-    total: usize,
-    reserve: usize,
-    held: Mutex<Held>,
-}
-
-#[derive(Debug, Default)]
-struct Held {
-    total: usize,
-    per_address: HashMap<IpAddr, usize>,
-}
-
-/// One call's place; dropping it frees the place.
-#[derive(Debug)]
-pub(crate) struct Place {
-    budget: Arc<Budget>,
-    address: Option<IpAddr>,
-}
-
-impl Budget {
-    pub(crate) fn new(per_address: usize, total: usize) -> Arc<Self> {
-        let total = total.max(1);
-        Arc::new(Self {
-            per_address: per_address.max(1),
-            total,
-            reserve: total / 8,
-            held: Mutex::new(Held::default()),
-        })
-    }
-
-    /// A place for a call from `address` (`None`: the peer's address is unknown, counted in
-    /// the listener's bound only), or `None` past a bound.
-    pub(crate) fn take(self: &Arc<Self>, address: Option<IpAddr>) -> Option<Place> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if held.total >= self.total {
-            return None;
-        }
-        let in_reserve = held.total >= self.total - self.reserve;
-        if let Some(ip) = address {
-            let n = held.per_address.entry(ip).or_insert(0);
-            if *n >= self.per_address || (in_reserve && *n > 0) {
-                if *n == 0 {
-                    held.per_address.remove(&ip);
-                }
-                return None;
-            }
-            *n += 1;
-        }
-        held.total += 1;
-        Some(Place {
-            budget: self.clone(),
-            address,
-        })
-    }
-
-    #[cfg(test)]
-    fn held(&self) -> (usize, usize) {
-        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        (held.total, held.per_address.len())
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        let mut held = self.budget.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.total = held.total.saturating_sub(1);
-        if let Some(ip) = self.address {
-            if let Some(n) = held.per_address.get_mut(&ip) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    held.per_address.remove(&ip);
-                }
-            }
-        }
-    }
-}
-
-/// The tower layer that makes every call take a place in a [`Budget`].
+/// The tower layer that makes every call take a place in a pool of [`Places`].
 #[derive(Clone, Debug)]
 pub(crate) struct BudgetLayer {
-    budget: Arc<Budget>,
+    budget: Arc<Places>,
 }
 
 impl BudgetLayer {
-    pub(crate) fn new(budget: Arc<Budget>) -> Self {
-        Self { budget }
+    /// Calls bounded to `per_address` from one address and `total` in all.
+    pub(crate) fn new(per_address: usize, total: usize) -> Self {
+        Self {
+            budget: Places::new(total, per_address),
+        }
     }
 }
 
@@ -134,7 +56,7 @@ impl<S> tower_layer::Layer<S> for BudgetLayer {
 #[derive(Clone, Debug)]
 pub(crate) struct Budgeted<S> {
     inner: S,
-    budget: Arc<Budget>,
+    budget: Arc<Places>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -207,47 +129,5 @@ impl Body for PlacedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn places_are_bounded_per_address_and_in_all_with_a_reserve_and_freed_on_drop() {
-        let budget = Budget::new(3, 16);
-        let a: IpAddr = "192.0.2.1".parse().expect("ip");
-        let b: IpAddr = "192.0.2.2".parse().expect("ip");
-        let a_places: Vec<_> = (0..3).filter_map(|_| budget.take(Some(a))).collect();
-        assert_eq!(a_places.len(), 3);
-        assert!(budget.take(Some(a)).is_none(), "a fourth from one address");
-        let b1 = budget.take(Some(b)).expect("another address");
-        assert_eq!(budget.held(), (4, 2));
-        drop(a_places);
-        assert!(budget.take(Some(a)).is_some(), "freed when dropped");
-        drop(b1);
-        assert_eq!(budget.held(), (0, 0), "nothing left behind");
-
-        // Fill to the reserve (16 - 16/8 = 14) from many addresses holding 1 or 2.
-        let mut kept = Vec::new();
-        for i in 0..7u8 {
-            let ip = IpAddr::from([198, 51, 100, i]);
-            kept.push(budget.take(Some(ip)).expect("first"));
-            kept.push(budget.take(Some(ip)).expect("second"));
-        }
-        let holder = IpAddr::from([198, 51, 100, 0]);
-        assert!(
-            budget.take(Some(holder)).is_none(),
-            "in the reserve, an address holding places gets no more"
-        );
-        let newcomer = IpAddr::from([203, 0, 113, 9]);
-        kept.push(budget.take(Some(newcomer)).expect("reserve for a newcomer"));
-        kept.push(
-            budget
-                .take(None)
-                .expect("unknown peer, listener bound only"),
-        );
-        assert!(budget.take(None).is_none(), "the listener's bound holds");
     }
 }

@@ -6,7 +6,7 @@
 //! [`crate::PREFACE_TIMEOUT`]), a message larger than [`MAX_MESSAGE_BYTES`] is refused with
 //! `OUT_OF_RANGE`, and each call has a deadline.
 
-use crate::budget::{Budget, BudgetLayer};
+use crate::budget::BudgetLayer;
 pub use crate::budget::{MAX_CALLS, MAX_CALLS_PER_ADDRESS};
 use crate::incoming::Admit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
@@ -253,13 +253,12 @@ pub async fn serve_with(
     let health = HealthService::new(service.current().limiter().clone());
     let rls = RateLimitServiceServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let incoming = crate::incoming::accepted(listener, bounds.admit);
-    let budget = Budget::new(bounds.calls_per_address, bounds.calls);
     tonic::transport::Server::builder()
         .timeout(CALL_TIMEOUT)
         .max_concurrent_streams(MAX_STREAMS)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .layer(BudgetLayer::new(budget))
+        .layer(BudgetLayer::new(bounds.calls_per_address, bounds.calls))
         .add_service(rls)
         .add_service(HealthServer::new(health))
         .serve_with_incoming_shutdown(incoming, shutdown)

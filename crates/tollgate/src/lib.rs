@@ -61,6 +61,7 @@ mod leased;
 pub mod metrics;
 pub mod operator;
 mod outcome;
+pub mod places;
 mod plan;
 pub mod policy;
 mod result;

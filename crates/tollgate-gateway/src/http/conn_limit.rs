@@ -5,38 +5,27 @@
 //! are counted by prefix (`identity.ipv6_prefix`, /64 by default), as identities are: one host
 //! owns a whole /64 and could otherwise open 256 connections from each of its addresses.
 //!
-//! A reserve: the last eighth of the places ([`reserve_for`]) goes only to an address that
+//! A reserve: the last eighth of the places ([`tollgate::places`]) goes only to an address that
 //! holds no connection yet (or to a trusted proxy). A host that fills its share from a few
 //! addresses, each under its own bound, still leaves room for a newcomer: the health check,
 //! Prometheus, an operator's curl. Only many distinct addresses, each taking one place of the
 //! reserve, can fill it.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use tollgate::places::{Place, Places};
 use tollgate_tower::{Trust, TrustedPeer};
 
 /// The bounds and the current counts.
 pub(crate) struct ConnLimits {
-    max: usize,
-    max_per_ip: usize,
-    /// The last places, kept for addresses with no connection open.
-    reserve: usize,
+    places: Arc<Places>,
     /// The trusted proxies and the IPv6 prefix, replaced by a reload.
     who: arc_swap::ArcSwap<Trust>,
-    open: Mutex<Counts>,
-}
-
-#[derive(Default)]
-struct Counts {
-    total: usize,
-    per_ip: HashMap<IpAddr, usize>,
 }
 
 /// One admitted connection; dropping it frees its place.
 pub(crate) struct ConnSlot {
-    limits: Arc<ConnLimits>,
-    ip: Option<IpAddr>,
+    _place: Place,
     /// Whether the peer is a trusted proxy, decided once for the connection (and carried
     /// with each of its requests).
     pub(crate) peer: TrustedPeer,
@@ -45,11 +34,8 @@ pub(crate) struct ConnSlot {
 impl ConnLimits {
     pub(crate) fn new(max: usize, max_per_ip: usize, trust: Trust) -> Arc<Self> {
         Arc::new(Self {
-            max,
-            max_per_ip,
-            reserve: reserve_for(max),
+            places: Places::new(max, max_per_ip),
             who: arc_swap::ArcSwap::from_pointee(trust),
-            open: Mutex::new(Counts::default()),
         })
     }
 
@@ -63,50 +49,13 @@ impl ConnLimits {
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
         let trust = self.who.load();
         let peer = TrustedPeer::of(&trust, ip);
-        let exempt = peer.is_trusted();
-        let ip = trust.group(ip);
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if open.total >= self.max {
-            return None;
-        }
-        let in_reserve = open.total >= self.max - self.reserve;
-        if !exempt {
-            let n = open.per_ip.entry(ip).or_insert(0);
-            if *n >= self.max_per_ip || (in_reserve && *n > 0) {
-                if *n == 0 {
-                    open.per_ip.remove(&ip);
-                }
-                return None;
-            }
-            *n += 1;
-        }
-        open.total += 1;
+        // Trusted proxies count in the total only; others by address (IPv6: by prefix).
+        let counted = (!peer.is_trusted()).then(|| trust.group(ip));
+        let place = self.places.take(counted)?;
         Some(ConnSlot {
-            limits: self.clone(),
-            ip: (!exempt).then_some(ip),
+            _place: place,
             peer,
         })
-    }
-}
-
-/// How many of `max` places are kept for addresses with no connection open: an eighth (the
-/// HTTP port's default 10,000 keep 1,250; the admin port's 64 keep 8), none below 8.
-pub(crate) fn reserve_for(max: usize) -> usize {
-    max / 8
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        let mut open = self.limits.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.total = open.total.saturating_sub(1);
-        if let Some(ip) = self.ip {
-            if let Some(n) = open.per_ip.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    open.per_ip.remove(&ip);
-                }
-            }
-        }
     }
 }
 
