@@ -38,8 +38,17 @@ static FORWARDING: [&HeaderName; 5] = [
 
 /// Removes hop-by-hop headers, including every header `Connection` lists. Most requests
 /// carry none: one pass over the names finds that without a lookup per hop-by-hop name.
+/// Most responses carry only `Connection: keep-alive` (or `close`), which names nothing
+/// beyond the fixed list: that costs no allocation either.
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+    // Bit i: HOP_BY_HOP[i] is present.
+    let mut present = 0u16;
+    for k in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == k) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
         return;
     }
     let listed: Vec<HeaderName> = headers
@@ -47,13 +56,23 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|name| {
+            !name.is_empty()
+                && !name.eq_ignore_ascii_case("close")
+                && !HOP_BY_HOP
+                    .iter()
+                    .any(|h| h.as_str().eq_ignore_ascii_case(name))
+        })
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for name in listed {
         headers.remove(name);
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
 }
 
