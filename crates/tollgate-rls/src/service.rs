@@ -15,7 +15,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tollgate::policy::{FailurePolicy, SyncMode};
 use tollgate::quota::{Algorithm, Limit};
@@ -132,11 +132,12 @@ impl<V: Clone> OverrideCache<V> {
     }
 }
 
-/// A request's plan items, and where each (client, rule) sits among them.
+/// A request's plan items, and the bytes of the client key being built (one buffer for all
+/// the request's descriptors).
 #[derive(Default)]
 struct Items {
     list: Vec<Item>,
-    index: HashMap<(ClientKey, u64), usize>,
+    key: Vec<u8>,
 }
 
 /// A request descriptor's answer before the store call.
@@ -286,11 +287,19 @@ impl RlsService {
         // Each item's policy must be a distinct value (results are matched back by identity):
         // the registered policy itself for the first item of its rule at its own cost, a copy
         // with the item's cost (or in quota mode) otherwise.
-        let mut shared = HashSet::with_capacity(items.len());
+        let own_cost = |it: &Item| it.cost == it.policy.cost();
         let policies: Vec<Policy> = items
             .iter()
-            .map(|it| {
-                let p = if it.cost == it.policy.cost() && shared.insert(it.policy.id()) {
+            .enumerate()
+            .map(|(k, it)| {
+                // A linear look back: requests carry a few descriptors (at most
+                // MAX_DESCRIPTORS), and a set would cost more than the scan.
+                let first_of_rule = || {
+                    !items[..k]
+                        .iter()
+                        .any(|e| e.policy.id() == it.policy.id() && own_cost(e))
+                };
+                let p = if own_cost(it) && first_of_rule() {
                     it.policy.clone()
                 } else {
                     it.policy.with_cost(it.cost)
@@ -389,7 +398,7 @@ impl RlsService {
             }
             // As envoyproxy: an override is never in shadow or quota mode.
             let (policy, current, salt) = self.override_policy(domain, rule, o)?;
-            let client = self.client(domain, d, None, Some(&salt));
+            let client = self.client(domain, d, None, Some(&salt), &mut items.key);
             let item = Item {
                 client,
                 policy,
@@ -418,7 +427,7 @@ impl RlsService {
                     requests_per_unit,
                     unit: unit.proto(),
                 };
-                let client = self.client(domain, d, Some(f), None);
+                let client = self.client(domain, d, Some(f), None, &mut items.key);
                 let item = Item {
                     client,
                     policy: policy.clone(),
@@ -477,19 +486,23 @@ impl RlsService {
             .collect()
     }
 
-    /// Adds a plan item, or charges an identical one of the same request again.
+    /// Adds a plan item, or charges an identical one of the same request again. A linear
+    /// search: a request has a few descriptors (at most [`MAX_DESCRIPTORS`]), where a map
+    /// would cost an allocation and a hash per descriptor.
     fn add(items: &mut Items, item: Item) -> Slot {
-        let next = items.list.len();
-        match items.index.entry((item.client, item.policy.id())) {
-            std::collections::hash_map::Entry::Occupied(e) => {
-                let k = *e.get();
+        let id = item.policy.id();
+        match items
+            .list
+            .iter()
+            .position(|it| it.client == item.client && it.policy.id() == id)
+        {
+            Some(k) => {
                 items.list[k].cost = items.list[k].cost.saturating_add(item.cost);
                 Slot::Item(k)
             }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(next);
+            None => {
                 items.list.push(item);
-                Slot::Item(next)
+                Slot::Item(items.list.len() - 1)
             }
         }
     }
@@ -497,15 +510,16 @@ impl RlsService {
     /// The keyed hash of the domain and the entries (and an override's quota, which counts on
     /// its own): lengths delimit every part, so no two descriptors share a key by accident.
     /// An entry matched by a `share_threshold` wildcard counts as the pattern, so every value
-    /// matching it shares one counter.
+    /// matching it shares one counter. `bytes` is scratch space (its contents are replaced).
     fn client(
         &self,
         domain: &str,
         d: &RateLimitDescriptor,
         found: Option<Found>,
         salt: Option<&str>,
+        bytes: &mut Vec<u8>,
     ) -> ClientKey {
-        let mut bytes = Vec::with_capacity(64);
+        bytes.clear();
         let mut part = |s: &[u8]| {
             bytes.extend_from_slice(&(s.len() as u64).to_le_bytes());
             bytes.extend_from_slice(s);
@@ -536,7 +550,7 @@ impl RlsService {
         if let Some(s) = salt {
             part(s.as_bytes());
         }
-        self.inner.hasher.client_key("rls", &bytes)
+        self.inner.hasher.client_key("rls", bytes)
     }
 
     /// The policy of a request's limit override: the matched rule's algorithm (fixed_window

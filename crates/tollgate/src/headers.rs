@@ -8,7 +8,6 @@
 //! early.
 
 use crate::LimitResult;
-use std::fmt::Write;
 use std::time::Duration;
 
 /// Most policies `RateLimit-Policy` lists: the most constrained one first, then others in
@@ -20,29 +19,28 @@ pub const MAX_ADVERTISED_POLICIES: usize = 16;
 /// constrained first, at most [`MAX_ADVERTISED_POLICIES`]), comma-separated; `None` when
 /// every policy is a shadow one.
 pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
-    let mut out = String::new();
     let first = result.most_constrained();
     let others = result
         .results
         .iter()
         .filter(|r| !r.policy.is_shadow() && !first.is_some_and(|f| std::ptr::eq(*r, f)));
-    for r in first
+    let listed = first
         .into_iter()
         .chain(others)
-        .take(MAX_ADVERTISED_POLICIES)
-    {
+        .take(MAX_ADVERTISED_POLICIES);
+    // Written straight into one string (no formatting machinery, no string per name): one
+    // line per decision, and the RLS writes it for every request with ten or more rules.
+    let mut out = String::with_capacity(48 * result.results.len().min(MAX_ADVERTISED_POLICIES));
+    for r in listed {
         if !out.is_empty() {
             out.push_str(", ");
         }
         let q = r.policy.limit().quota();
-        let w = secs_ceil(q.period(), 1);
-        let _ = write!(
-            out,
-            "{};q={};w={}",
-            sf_string(r.policy.name()),
-            q.limit(),
-            w
-        );
+        push_sf_string(&mut out, r.policy.name());
+        out.push_str(";q=");
+        push_u64(&mut out, q.limit());
+        out.push_str(";w=");
+        push_u64(&mut out, secs_ceil(q.period(), 1));
     }
     (!out.is_empty()).then_some(out)
 }
@@ -52,13 +50,13 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
 pub fn ratelimit(result: &LimitResult) -> Option<String> {
     let r = result.most_constrained()?;
     let d = r.decision?;
-    let t = secs_ceil(d.reset_after, 0);
-    Some(format!(
-        "{};r={};t={}",
-        sf_string(r.policy.name()),
-        d.remaining,
-        t
-    ))
+    let mut out = String::with_capacity(r.policy.name().len() + 32);
+    push_sf_string(&mut out, r.policy.name());
+    out.push_str(";r=");
+    push_u64(&mut out, d.remaining);
+    out.push_str(";t=");
+    push_u64(&mut out, secs_ceil(d.reset_after, 0));
+    Some(out)
 }
 
 /// `text` as a structured-field string (RFC 9651 3.3.3): quoted, `"` and `\\` escaped, and
@@ -66,19 +64,49 @@ pub fn ratelimit(result: &LimitResult) -> Option<String> {
 /// so a name from a configuration file can never end the header or start another.
 pub fn sf_string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
+    push_sf_string(&mut out, text);
+    out
+}
+
+/// Appends [`sf_string`]`(text)` to `out`.
+fn push_sf_string(out: &mut String, text: &str) {
     out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
+    if text
+        .bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push_str(text);
+    } else {
+        for c in text.chars() {
+            match c {
+                '"' | '\\' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                ' '..='~' => out.push(c),
+                _ => out.push('?'),
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
         }
     }
     out.push('"');
-    out
+}
+
+/// Appends `n` in decimal to `out`.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // ASCII digits: always UTF-8.
+    if let Ok(text) = std::str::from_utf8(&digits[start..]) {
+        out.push_str(text);
+    }
 }
 
 /// The value of `Retry-After` (and of a problem body's `retry_after`) for a wait of `wait`:
@@ -104,6 +132,15 @@ mod tests {
         assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
         assert_eq!(sf_string("x\r\nSet-Cookie: y"), "\"x??Set-Cookie: y\"");
         assert_eq!(sf_string("é\u{7f}"), "\"??\"");
+    }
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        for n in [0, 7, 10, 42, 1_000_000_007, u64::MAX] {
+            let mut s = String::new();
+            push_u64(&mut s, n);
+            assert_eq!(s, n.to_string());
+        }
     }
 
     #[test]

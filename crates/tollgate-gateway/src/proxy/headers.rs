@@ -1,0 +1,228 @@
+//! What the proxy changes in the headers it passes on: the hop-by-hop ones (RFC 9110 section
+//! 7.6.1) are removed both ways, and the forwarding headers are ours to write. The upstream
+//! believes `X-Forwarded-For` and its kin, so an untrusted client's copies are dropped and a
+//! trusted proxy's are extended.
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONNECTION};
+use http::HeaderMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+/// Headers that describe one connection, never forwarded (plus those `Connection` names).
+/// `Upgrade` is hop-by-hop too; protocol upgrades are not proxied.
+static HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
+];
+
+/// The forwarding headers a client names itself in (dropped unless it is a trusted proxy).
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static FORWARDING: [&HeaderName; 5] = [
+    &X_FORWARDED_FOR,
+    &X_FORWARDED_PROTO,
+    &X_FORWARDED_HOST,
+    &http::header::FORWARDED,
+    &X_REAL_IP,
+];
+
+/// Removes hop-by-hop headers, including every header `Connection` lists. Most requests
+/// carry none: one pass over the names finds that without a lookup per hop-by-hop name.
+/// Most responses carry only `Connection: keep-alive` (or `close`), which names nothing
+/// beyond the fixed list: that costs no allocation either.
+pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Bit i: HOP_BY_HOP[i] is present.
+    let mut present = 0u16;
+    for k in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == k) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
+        return;
+    }
+    let listed: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|name| {
+            !name.is_empty()
+                && !name.eq_ignore_ascii_case("close")
+                && !HOP_BY_HOP
+                    .iter()
+                    .any(|h| h.as_str().eq_ignore_ascii_case(name))
+        })
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Replaces what an untrusted client wrote in the forwarding headers: the headers that name
+/// the client are dropped, and `X-Real-IP` is the peer (`peer`: its address as text).
+pub(super) fn drop_forwarding(headers: &mut HeaderMap, peer: &Bytes) {
+    if headers.keys().any(|k| FORWARDING.contains(&k)) {
+        for name in FORWARDING {
+            headers.remove(name);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_maybe_shared(peer.clone()) {
+        headers.insert(X_REAL_IP.clone(), v);
+    }
+}
+
+/// Appends the peer to `X-Forwarded-For` and `Forwarded`, and sets `X-Forwarded-Proto` and
+/// `X-Forwarded-Host` when absent (a trusted proxy's values are kept). `peer_text` is the
+/// peer's address as text.
+pub(super) fn add_forwarding(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    peer_text: &Bytes,
+    host: Option<&HeaderValue>,
+) {
+    let mut prior = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .peekable();
+    let xff = if prior.peek().is_none() {
+        HeaderValue::from_maybe_shared(peer_text.clone())
+    } else {
+        let mut xff = String::new();
+        for v in prior {
+            xff.push_str(v);
+            xff.push_str(", ");
+        }
+        xff.push_str(&String::from_utf8_lossy(peer_text));
+        HeaderValue::from_maybe_shared(Bytes::from(xff))
+    };
+    if let Ok(v) = xff {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
+    }
+    let mut element = String::with_capacity(64);
+    element.push_str("for=");
+    match peer {
+        IpAddr::V4(_) => element.push_str(&String::from_utf8_lossy(peer_text)),
+        IpAddr::V6(v6) => {
+            let _ = write!(element, "\"[{v6}]\"");
+        }
+    }
+    element.push_str(";proto=http");
+    if let Some(h) = host.and_then(|h| h.to_str().ok()) {
+        if !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+        {
+            element.push_str(";host=\"");
+            element.push_str(h);
+            element.push('"');
+        }
+    }
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(element)) {
+        headers.append(http::header::FORWARDED, v);
+    }
+    if !headers.contains_key(&X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    }
+    if let Some(h) = host {
+        if !headers.contains_key(&X_FORWARDED_HOST) {
+            headers.insert(X_FORWARDED_HOST.clone(), h.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::HOST;
+
+    #[test]
+    fn a_request_without_hop_by_hop_headers_keeps_all_of_them() {
+        let mut h = HeaderMap::new();
+        h.insert(HOST, HeaderValue::from_static("x"));
+        h.insert("x-api-key", HeaderValue::from_static("k"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        assert!(!h.contains_key(http::header::UPGRADE));
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_listed_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("close, x-secret-hop"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-end-to-end", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-end-to-end"));
+    }
+
+    #[test]
+    fn an_untrusted_client_cannot_write_forwarding_headers() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil.example"),
+            ("forwarded", "for=6.6.6.6"),
+            ("x-real-ip", "6.6.6.6"),
+        ] {
+            h.insert(k, HeaderValue::from_static(v));
+        }
+        let peer: IpAddr = "192.0.2.7".parse().expect("ip");
+        let text = Bytes::from(peer.to_string());
+        drop_forwarding(&mut h, &text);
+        add_forwarding(
+            &mut h,
+            peer,
+            &text,
+            Some(&HeaderValue::from_static("api.example")),
+        );
+        assert_eq!(h["x-forwarded-for"], "192.0.2.7");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "api.example");
+        assert_eq!(
+            h["forwarded"],
+            "for=192.0.2.7;proto=http;host=\"api.example\""
+        );
+        assert_eq!(h["x-real-ip"], "192.0.2.7");
+    }
+
+    #[test]
+    fn forwarding_headers_append_the_peer() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        let host = HeaderValue::from_static("example.com");
+        let peer: IpAddr = "::1".parse().expect("ip");
+        add_forwarding(&mut h, peer, &Bytes::from(peer.to_string()), Some(&host));
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, ::1");
+        assert_eq!(
+            h["forwarded"],
+            "for=\"[::1]\";proto=http;host=\"example.com\""
+        );
+        assert_eq!(h["x-forwarded-host"], "example.com");
+    }
+}

@@ -1,0 +1,256 @@
+//! The reverse proxy: the request goes upstream as it came, streamed both ways, minus the
+//! hop-by-hop headers, with the forwarding headers written by us (see [`headers`]).
+//! Upstream connections are hyper's HTTP/1 client connections, driven by the downstream
+//! connection's own task and kept in a small pool per worker (see [`pool`]). An upstream that
+//! cannot be reached is a 502, one that does not answer within `upstream_timeout` a 504; a
+//! client whose body is malformed is a 400 and one whose body takes longer than
+//! `body_timeout` a 408, neither counted as an upstream error. The client is never left
+//! hanging and never sees a 500.
+
+mod body;
+mod headers;
+mod pool;
+
+use crate::config::Upstream;
+use crate::http::client_body::{BodyFault, ClientBody};
+use crate::http::metrics::{HttpMetrics, UpstreamError};
+use crate::http::util::{problem_response, status_response, BoxBody};
+use bytes::Bytes;
+use headers::{add_forwarding, drop_forwarding, strip_hop_by_hop};
+use http::header::{HeaderValue, HOST};
+use http::uri::PathAndQuery;
+use http::{Request, Response, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use pool::{Failure, Pool};
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tollgate_tower::{PeerAddr, Problem, ProblemKind, Trust};
+use tower_service::Service;
+
+pub use pool::{IDLE_TIMEOUT, MAX_IDLE_PER_WORKER};
+
+/// The reverse proxy to one upstream, with its connections.
+pub struct Proxy {
+    pool: Arc<Pool<ClientBody>>,
+    upstream: Upstream,
+    /// The `Host` of a request that came without one (HTTP/1.0): the upstream's authority.
+    host: HeaderValue,
+    timeout: Duration,
+    body_timeout: Duration,
+    trusted: Trust,
+    metrics: Arc<HttpMetrics>,
+}
+
+/// The proxy's settings beside the upstream itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyLimits {
+    /// How long to wait for the upstream's response headers (connecting included).
+    pub timeout: Duration,
+    /// The most time a request body may take to arrive.
+    pub body_timeout: Duration,
+    /// Peers whose forwarding headers are extended rather than replaced.
+    pub trusted: Trust,
+}
+
+impl Proxy {
+    /// A proxy to `upstream`, keeping at most [`MAX_IDLE_PER_WORKER`] idle connections per
+    /// worker thread.
+    pub fn new(upstream: Upstream, limits: ProxyLimits, metrics: Arc<HttpMetrics>) -> Self {
+        let workers = crate::runtime::usable_cpus().get();
+        let pool = Pool::new(&upstream.authority, workers, MAX_IDLE_PER_WORKER);
+        let host = HeaderValue::from_str(upstream.authority.as_str())
+            .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+        Self {
+            pool,
+            upstream,
+            host,
+            timeout: limits.timeout,
+            body_timeout: limits.body_timeout,
+            trusted: limits.trusted,
+            metrics,
+        }
+    }
+
+    /// Forwards `req` from `peer` and returns the upstream's response (or 502 / 504).
+    pub async fn forward(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<BoxBody> {
+        let (mut parts, body) = req.into_parts();
+        let Some(path) = self.upstream_path(&parts.uri) else {
+            return problem_response(
+                Problem::new(ProblemKind::BadRequest).detail("malformed request target"),
+            );
+        };
+        let host = parts.headers.get(HOST).cloned();
+        strip_hop_by_hop(&mut parts.headers);
+        let ip = tollgate_tower::forwarded::canonical(peer.ip());
+        // The peer's address as header text, written once for the headers that carry it.
+        let ip_text = Bytes::from(ip.to_string());
+        let trusted = parts
+            .extensions
+            .get::<tollgate_tower::TrustedPeer>()
+            .and_then(|d| d.under(&self.trusted))
+            .unwrap_or_else(|| self.trusted.is_trusted(ip));
+        if !trusted {
+            drop_forwarding(&mut parts.headers, &ip_text);
+        }
+        add_forwarding(&mut parts.headers, ip, &ip_text, host.as_ref());
+        if host.is_none() {
+            parts.headers.insert(HOST, self.host.clone());
+        }
+        // Origin form: the connection is to the upstream itself.
+        parts.uri = Uri::from(path);
+        parts.version = http::Version::HTTP_11;
+        let (body, fault) = ClientBody::new(body, self.body_timeout);
+        let req = Request::from_parts(parts, body);
+        let answer = tokio::time::timeout(self.timeout, self.pool.send(req)).await;
+        match fault.get() {
+            Some(BodyFault::Broken) => {
+                return problem_response(
+                    Problem::new(ProblemKind::BadRequest).detail("malformed request body"),
+                )
+            }
+            Some(BodyFault::Timeout) => {
+                return problem_response(
+                    Problem::new(ProblemKind::RequestTimeout)
+                        .detail("the request body did not arrive within body_timeout"),
+                )
+            }
+            None => {}
+        }
+        match answer {
+            Ok(Ok(resp)) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, body.boxed())
+            }
+            Ok(Err(failure)) => {
+                let (kind, error): (_, &dyn std::fmt::Display) = match &failure {
+                    Failure::Connect(e) => (UpstreamError::Connect, e),
+                    Failure::Exchange(e) => (UpstreamError::Response, e),
+                };
+                self.metrics.upstream_error(kind);
+                tracing::warn!(error = %error, kind = kind.as_str(), "upstream request failed");
+                problem_response(
+                    Problem::new(ProblemKind::UpstreamUnavailable)
+                        .detail("the upstream could not be reached or broke off its answer"),
+                )
+            }
+            Err(_) => {
+                self.metrics.upstream_error(UpstreamError::Timeout);
+                tracing::warn!(timeout = ?self.timeout, "upstream timed out");
+                problem_response(
+                    Problem::new(ProblemKind::UpstreamTimeout)
+                        .detail("the upstream did not answer within upstream_timeout"),
+                )
+            }
+        }
+    }
+
+    /// The path and query sent upstream for a request to `uri`: the upstream's base path,
+    /// then the request's path and query (`/` when it has none). Without a base path the
+    /// request's already parsed path is reused as it is. `None` for a target that names no
+    /// path (the asterisk form).
+    fn upstream_path(&self, uri: &Uri) -> Option<PathAndQuery> {
+        match (self.upstream.base_path.as_str(), uri.path_and_query()) {
+            ("", Some(pq)) if pq.as_str().starts_with('/') => Some(pq.clone()),
+            ("", Some(_)) => None,
+            ("", None) => Some(PathAndQuery::from_static("/")),
+            (base, pq) => {
+                let pq = pq.map_or("/", PathAndQuery::as_str);
+                let mut joined = String::with_capacity(base.len() + pq.len());
+                joined.push_str(base);
+                joined.push_str(pq);
+                PathAndQuery::from_maybe_shared(Bytes::from(joined)).ok()
+            }
+        }
+    }
+}
+
+/// An empty body of the gateway's type.
+pub fn empty() -> BoxBody {
+    http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proxy_to(base_path: &str) -> Proxy {
+        let upstream = Upstream {
+            authority: "127.0.0.1:8080".parse().expect("authority"),
+            base_path: base_path.to_string(),
+        };
+        let limits = ProxyLimits {
+            timeout: Duration::from_secs(1),
+            body_timeout: Duration::from_secs(1),
+            trusted: Trust::default(),
+        };
+        Proxy::new(upstream, limits, Arc::new(HttpMetrics::default()))
+    }
+
+    #[test]
+    fn the_upstream_path_is_the_base_path_then_the_request_path_and_query() {
+        let uri = |p: &Proxy, target: &str| {
+            p.upstream_path(&target.parse().expect("uri"))
+                .map(|u| u.to_string())
+        };
+        let plain = proxy_to("");
+        assert_eq!(uri(&plain, "/a/b?c=1&d").as_deref(), Some("/a/b?c=1&d"));
+        assert_eq!(
+            uri(&plain, "http://other.example/x?y").as_deref(),
+            Some("/x?y")
+        );
+        assert_eq!(uri(&plain, "http://other.example").as_deref(), Some("/"));
+        assert_eq!(uri(&plain, "*"), None, "the asterisk form names no path");
+        let based = proxy_to("/v1");
+        assert_eq!(uri(&based, "/a?b").as_deref(), Some("/v1/a?b"));
+        assert_eq!(uri(&based, "//a").as_deref(), Some("/v1//a"));
+    }
+}
+
+/// What the rate limiter wraps: the upstream, or the decision-mode 200.
+#[derive(Clone)]
+pub enum Target {
+    /// Behind an `Arc`: the target is cloned per connection and per request.
+    Proxy(Arc<Proxy>),
+    /// Decision mode: 200, the request goes nowhere.
+    Decision,
+}
+
+impl Service<Request<Incoming>> for Target {
+    type Response = Response<BoxBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<BoxBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        match self {
+            Target::Proxy(p) => {
+                let p = p.clone();
+                let peer = req.extensions().get::<PeerAddr>().map(|a| a.0);
+                Box::pin(async move {
+                    let Some(peer) = peer else {
+                        // The server names the peer of every request it serves, so this
+                        // is tollgate's fault, never the client's: a 500.
+                        return Ok(problem_response(
+                            Problem::new(ProblemKind::Internal)
+                                .detail("the connection's peer address is unknown"),
+                        ));
+                    };
+                    Ok(p.forward(req, peer).await)
+                })
+            }
+            Target::Decision => Box::pin(async { Ok(status_response(http::StatusCode::OK, "")) }),
+        }
+    }
+}

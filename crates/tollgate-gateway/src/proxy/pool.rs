@@ -1,0 +1,536 @@
+//! The upstream connections: HTTP/1 connections made with hyper's `client::conn::http1`, each
+//! driven by the task of the downstream request it serves, never by a task of its own. The
+//! request is written, its body streamed and the response read from the downstream
+//! connection's task, so a proxied request costs no hand-off to another task and back (which
+//! is what hyper-util's pooled client does: a connection task per upstream connection, a
+//! channel to it and a oneshot back, and a pool checkout under a shared lock).
+//!
+//! Idle connections wait in a small pool per worker thread (a stack under a lock that worker
+//! takes, most recently used on top, at most `max_idle` of them; a connection over the bound
+//! is closed). A worker whose stack is empty takes one from another worker's before it opens
+//! a new connection (tasks move between workers, so a connection is often given back on
+//! another worker than the one that took it): a new connection is made only when no worker
+//! has an idle one. An idle connection is not
+//! polled while it waits, so a close by the upstream is seen when the connection is next
+//! taken (it is then dropped and the next one tried) or by the sweep every
+//! [`SWEEP_EVERY`], which also closes connections idle for longer than [`IDLE_TIMEOUT`].
+//! A request that hyper hands back unsent (the connection turned out to be closed before it
+//! was written) is retried on another connection; one already written is not (it may not be
+//! idempotent), and its failure is the caller's 502.
+
+use crate::http::util::BoxError;
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+use super::body::UpstreamBody;
+
+/// How often idle connections are checked for a close by the upstream and for age.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How long a connection may stay idle before the pool closes it.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most idle connections one worker thread keeps.
+pub const MAX_IDLE_PER_WORKER: usize = 128;
+
+/// Sweeps an idle connection survives (its age in [`SWEEP_EVERY`] steps).
+const IDLE_SWEEPS: u64 = IDLE_TIMEOUT.as_secs() / SWEEP_EVERY.as_secs();
+
+/// What a request body sent upstream must be (the proxy sends the client's, with its
+/// deadline).
+pub(super) trait RequestBody:
+    http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+impl<B> RequestBody for B where
+    B: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+/// One upstream connection: the handle requests are sent on and the future that does its
+/// reads and writes.
+pub(super) struct UpstreamConn<B: RequestBody> {
+    sender: SendRequest<B>,
+    /// `None` once the connection is over (closed by either side, or broken).
+    driver: Option<Connection<TokioIo<TcpStream>, B>>,
+    /// Whether it served a request before (a request it hands back unsent is then retried).
+    reused: bool,
+}
+
+impl<B: RequestBody> UpstreamConn<B> {
+    /// Does the connection's pending I/O (waking `cx` when there is more); false once the
+    /// connection is over.
+    pub(super) fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(driver) = &mut self.driver else {
+            return false;
+        };
+        match Pin::new(driver).poll(cx) {
+            Poll::Pending => true,
+            Poll::Ready(ended) => {
+                if let Err(e) = ended {
+                    tracing::debug!(error = %e, "upstream connection ended");
+                }
+                self.driver = None;
+                false
+            }
+        }
+    }
+
+    /// Whether it can take a request now, after doing its pending I/O.
+    fn ready(&mut self, cx: &mut Context<'_>) -> bool {
+        self.drive(cx) && self.sender.is_ready()
+    }
+
+    /// Sends `req` and waits for the response head, doing the connection's I/O meanwhile.
+    async fn send(
+        &mut self,
+        req: Request<B>,
+    ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<B>>> {
+        let mut answer = std::pin::pin!(self.sender.try_send_request(req));
+        std::future::poll_fn(|cx| {
+            self.drive(cx);
+            answer.as_mut().poll(cx)
+        })
+        .await
+    }
+}
+
+/// Why no response head came back.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// No connection could be made.
+    Connect(BoxError),
+    /// Connected, but the exchange broke before a response head arrived.
+    Exchange(hyper::Error),
+}
+
+/// Where the upstream is.
+#[derive(Debug)]
+enum Address {
+    /// An IP address: connected to as it is.
+    Socket(SocketAddr),
+    /// A name, resolved on every new connection.
+    Name(String, u16),
+}
+
+impl Address {
+    fn of(authority: &Authority) -> Self {
+        let port = authority.port_u16().unwrap_or(80);
+        let host = authority.host();
+        let bare = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        match bare.parse::<IpAddr>() {
+            Ok(ip) => Address::Socket(SocketAddr::new(ip, port)),
+            Err(_) => Address::Name(bare.to_string(), port),
+        }
+    }
+}
+
+/// An idle connection and the sweep it was parked in.
+struct Idle<B: RequestBody> {
+    conn: UpstreamConn<B>,
+    sweep: u64,
+}
+
+/// The idle connections of one worker thread, most recently used last.
+type Shard<B> = Mutex<VecDeque<Idle<B>>>;
+
+/// The connections to one upstream.
+pub(super) struct Pool<B: RequestBody> {
+    address: Address,
+    builder: http1::Builder,
+    shards: Box<[Shard<B>]>,
+    max_idle: usize,
+    /// Sweeps done so far.
+    sweeps: AtomicU64,
+}
+
+/// Which shard a thread uses: threads are numbered in the order they first ask.
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed);
+}
+
+fn lock<B: RequestBody>(shard: &Shard<B>) -> MutexGuard<'_, VecDeque<Idle<B>>> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<B: RequestBody> Pool<B> {
+    /// A pool for `authority` with one shard per worker (`workers`), each keeping at most
+    /// `max_idle` idle connections. Inside a runtime, a task sweeps it every [`SWEEP_EVERY`]
+    /// until the pool is dropped.
+    pub(super) fn new(authority: &Authority, workers: usize, max_idle: usize) -> Arc<Self> {
+        let pool = Arc::new(Self {
+            address: Address::of(authority),
+            builder: http1::Builder::new(),
+            shards: (0..workers.max(1)).map(|_| Shard::default()).collect(),
+            max_idle,
+            sweeps: AtomicU64::new(0),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let pool = Arc::downgrade(&pool);
+            rt.spawn(async move {
+                let mut every = tokio::time::interval(SWEEP_EVERY);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                every.tick().await;
+                loop {
+                    every.tick().await;
+                    let Some(pool) = pool.upgrade() else { break };
+                    pool.sweep();
+                }
+            });
+        }
+        pool
+    }
+
+    /// This thread's shard.
+    fn home(&self) -> usize {
+        SHARD.with(|i| *i) % self.shards.len()
+    }
+
+    /// The most recently parked connection of another shard than `home`, from the first
+    /// one (in turn after `home`) whose lock is free and that has one.
+    fn steal(&self, home: usize) -> Option<Idle<B>> {
+        let n = self.shards.len();
+        (1..n).find_map(|k| match self.shards[(home + k) % n].try_lock() {
+            Ok(mut shard) => shard.pop_back(),
+            Err(TryLockError::Poisoned(p)) => p.into_inner().pop_back(),
+            Err(TryLockError::WouldBlock) => None,
+        })
+    }
+
+    /// Sends `req` on an idle connection, or a new one, and returns the response (its body
+    /// gives the connection back when it ends).
+    pub(super) async fn send(
+        self: &Arc<Self>,
+        mut req: Request<B>,
+    ) -> Result<Response<UpstreamBody<B>>, Failure> {
+        loop {
+            let idle = std::future::poll_fn(|cx| Poll::Ready(self.checkout(cx))).await;
+            let mut conn = match idle {
+                Some(conn) => conn,
+                None => self.connect().await.map_err(Failure::Connect)?,
+            };
+            match conn.send(req).await {
+                Ok(resp) => return Ok(resp.map(|body| UpstreamBody::new(body, conn, self.clone()))),
+                Err(mut e) => match e.take_message() {
+                    // Never written: safe to send again, on another connection.
+                    Some(unsent) if conn.reused => req = unsent,
+                    _ => return Err(Failure::Exchange(e.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The most recently parked idle connection of this thread's shard (or, when it has
+    /// none, of another's) that can take a request; closed ones met on the way are dropped.
+    fn checkout(&self, cx: &mut Context<'_>) -> Option<UpstreamConn<B>> {
+        let home = self.home();
+        loop {
+            let idle = lock(&self.shards[home]).pop_back();
+            let mut conn = idle.or_else(|| self.steal(home))?.conn;
+            if conn.ready(cx) {
+                return Some(conn);
+            }
+            tracing::debug!("an idle upstream connection was closed; trying the next");
+        }
+    }
+
+    /// A new connection.
+    async fn connect(&self) -> Result<UpstreamConn<B>, BoxError> {
+        let stream = match &self.address {
+            Address::Socket(addr) => TcpStream::connect(addr).await?,
+            Address::Name(host, port) => TcpStream::connect((host.as_str(), *port)).await?,
+        };
+        stream.set_nodelay(true)?;
+        tracing::debug!("new upstream connection");
+        let (sender, driver) = self.builder.handshake(TokioIo::new(stream)).await?;
+        Ok(UpstreamConn {
+            sender,
+            driver: Some(driver),
+            reused: false,
+        })
+    }
+
+    /// Takes back a connection whose response has ended: kept if it can take another
+    /// request and this thread's shard has room, closed otherwise.
+    pub(super) fn put(&self, mut conn: UpstreamConn<B>) {
+        // Polled with a waker that does nothing: the connection settles into its idle
+        // state, and a close while it waits wakes no task (the next checkout sees it).
+        if !conn.ready(&mut Context::from_waker(Waker::noop())) {
+            tracing::debug!(
+                open = conn.driver.is_some(),
+                "an upstream connection cannot take another request; closed"
+            );
+            return;
+        }
+        conn.reused = true;
+        let sweep = self.sweeps.load(Ordering::Relaxed);
+        let mut shard = lock(&self.shards[self.home()]);
+        if shard.len() < self.max_idle {
+            shard.push_back(Idle { conn, sweep });
+            return;
+        }
+        drop(shard);
+        drop(conn);
+    }
+
+    /// Closes the idle connections the upstream closed and those idle for too long.
+    fn sweep(&self) {
+        let now = self.sweeps.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut cx = Context::from_waker(Waker::noop());
+        for shard in self.shards.iter() {
+            lock(shard)
+                .retain_mut(|idle| now - idle.sweep < IDLE_SWEEPS && idle.conn.ready(&mut cx));
+        }
+    }
+
+    /// Idle connections in all shards.
+    #[cfg(test)]
+    pub(super) fn idle(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Empty};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::watch;
+
+    /// A loopback upstream that answers `ok` to every request on a connection, counting the
+    /// connections it accepted and those that ended; a change of `close` makes it close
+    /// every connection it holds (without a word, as an upstream's idle timeout does).
+    struct Upstream {
+        addr: SocketAddr,
+        accepted: Arc<AtomicUsize>,
+        ended: Arc<AtomicUsize>,
+        close: watch::Sender<u64>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Upstream {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    impl Upstream {
+        async fn start() -> Upstream {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let accepted = Arc::new(AtomicUsize::new(0));
+            let ended = Arc::new(AtomicUsize::new(0));
+            let (close, closing) = watch::channel(0);
+            let (a, e) = (accepted.clone(), ended.clone());
+            let task = tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    a.fetch_add(1, Ordering::SeqCst);
+                    let (e, mut closing) = (e.clone(), closing.clone());
+                    closing.mark_unchanged();
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = answer_ok(stream) => {}
+                            _ = closing.changed() => {}
+                        }
+                        e.fetch_add(1, Ordering::SeqCst);
+                    });
+                }
+            });
+            Upstream {
+                addr,
+                accepted,
+                ended,
+                close,
+                task,
+            }
+        }
+
+        fn accepted(&self) -> usize {
+            self.accepted.load(Ordering::SeqCst)
+        }
+
+        /// Waits (bounded) until `n` connections have ended; returns how many have.
+        async fn ended(&self, n: usize) -> usize {
+            for _ in 0..500 {
+                if self.ended.load(Ordering::SeqCst) >= n {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            self.ended.load(Ordering::SeqCst)
+        }
+
+        fn close_all(&self) {
+            self.close.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Answers every request head on `stream` with a 2-byte `ok` (requests have no body).
+    async fn answer_ok(mut stream: TcpStream) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        loop {
+            while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                buf.drain(..end + 4);
+                let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                if stream.write_all(ok).await.is_err() {
+                    return;
+                }
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    fn pool_to(up: &Upstream, max_idle: usize) -> Arc<Pool<Empty<Bytes>>> {
+        let authority: Authority = up.addr.to_string().parse().expect("authority");
+        Pool::new(&authority, 1, max_idle)
+    }
+
+    async fn get(pool: &Arc<Pool<Empty<Bytes>>>) -> Response<UpstreamBody<Empty<Bytes>>> {
+        let req = Request::builder()
+            .uri("/")
+            .header(http::header::HOST, "up")
+            .body(Empty::new())
+            .expect("request");
+        tokio::time::timeout(Duration::from_secs(10), pool.send(req))
+            .await
+            .expect("an answer within 10 s")
+            .expect("the upstream answers")
+    }
+
+    async fn get_ok(pool: &Arc<Pool<Empty<Bytes>>>) {
+        let body = get(pool).await.into_body().collect().await;
+        assert_eq!(&body.expect("body").to_bytes()[..], b"ok");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn sequential_requests_reuse_one_connection() {
+        let up = Upstream::start().await;
+        let pool = pool_to(&up, 4);
+        for _ in 0..10 {
+            get_ok(&pool).await;
+        }
+        assert_eq!(up.accepted(), 1);
+        assert_eq!(pool.idle(), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_pool_keeps_at_most_max_idle_connections_and_closes_the_rest() {
+        let up = Upstream::start().await;
+        let pool = pool_to(&up, 2);
+        // Five responses in flight at once: five connections.
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            held.push(get(&pool).await);
+        }
+        assert_eq!(up.accepted(), 5);
+        for resp in held {
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            assert_eq!(&body[..], b"ok");
+        }
+        assert_eq!(pool.idle(), 2);
+        assert_eq!(up.ended(3).await, 3, "the three over the bound are closed");
+        // The two kept serve what follows.
+        for _ in 0..4 {
+            get_ok(&pool).await;
+        }
+        assert_eq!(up.accepted(), 5);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_response_dropped_before_its_end_closes_its_connection() {
+        let up = Upstream::start().await;
+        let pool = pool_to(&up, 4);
+        let resp = get(&pool).await;
+        assert!(!http_body::Body::is_end_stream(resp.body()));
+        drop(resp);
+        assert_eq!(pool.idle(), 0);
+        assert_eq!(up.ended(1).await, 1);
+        get_ok(&pool).await;
+        assert_eq!(up.accepted(), 2);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_connection_the_upstream_closed_while_idle_is_replaced_by_a_new_one() {
+        let up = Upstream::start().await;
+        let pool = pool_to(&up, 4);
+        get_ok(&pool).await;
+        up.close_all();
+        assert_eq!(up.ended(1).await, 1);
+        get_ok(&pool).await;
+        assert_eq!(up.accepted(), 2);
+        assert_eq!(pool.idle(), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_sweep_closes_connections_idle_too_long_and_those_the_upstream_closed() {
+        let up = Upstream::start().await;
+        let pool = pool_to(&up, 4);
+        get_ok(&pool).await;
+        for _ in 1..IDLE_SWEEPS {
+            pool.sweep();
+        }
+        assert_eq!(pool.idle(), 1, "young enough to keep");
+        pool.sweep();
+        assert_eq!(pool.idle(), 0, "idle for IDLE_TIMEOUT");
+        assert_eq!(up.ended(1).await, 1);
+        get_ok(&pool).await;
+        up.close_all();
+        assert_eq!(up.ended(2).await, 2);
+        // Fewer sweeps than age alone needs: the close is what drops it.
+        for _ in 1..IDLE_SWEEPS {
+            // Lets the runtime's I/O driver see the close.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            pool.sweep();
+            if pool.idle() == 0 {
+                break;
+            }
+        }
+        assert_eq!(pool.idle(), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_worker_without_idle_connections_takes_another_workers() {
+        let up = Upstream::start().await;
+        let authority: Authority = up.addr.to_string().parse().expect("authority");
+        let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(&authority, 3, 4);
+        get_ok(&pool).await;
+        // As if the connection had been given back on another worker.
+        let home = pool.home();
+        let idle = lock(&pool.shards[home]).pop_back().expect("parked at home");
+        lock(&pool.shards[(home + 2) % 3]).push_back(idle);
+        get_ok(&pool).await;
+        assert_eq!(up.accepted(), 1);
+        assert_eq!(lock(&pool.shards[home]).len(), 1, "given back at home");
+    }
+
+    #[test]
+    fn an_address_is_an_ip_or_a_name_with_port_80_by_default() {
+        let of = |s: &str| format!("{:?}", Address::of(&s.parse().expect("authority")));
+        assert_eq!(of("127.0.0.1:3000"), "Socket(127.0.0.1:3000)");
+        assert_eq!(of("[::1]:8080"), "Socket([::1]:8080)");
+        assert_eq!(of("backend"), "Name(\"backend\", 80)");
+        assert_eq!(of("backend.internal:81"), "Name(\"backend.internal\", 81)");
+    }
+}
