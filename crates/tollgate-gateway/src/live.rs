@@ -662,6 +662,7 @@ fn keep_running(old: &Config, new: &mut Config) -> Vec<&'static str> {
             key::STORE_TIMEOUT => keep(&mut new.store.timeout, &old.store.timeout),
             key::STORE_KEY_PREFIX => keep(&mut new.store.key_prefix, &old.store.key_prefix),
             key::STORE_CLOCK => keep(&mut new.store.clock_local, &old.store.clock_local),
+            key::STORE_MAX_BATCH => keep(&mut new.store.max_batch, &old.store.max_batch),
             key::STORE_BREAKER => keep(&mut new.store.breaker, &old.store.breaker),
             // The span exporter is installed with the process's subscriber, once.
             key::TELEMETRY => keep(&mut new.telemetry, &old.telemetry),

@@ -32,14 +32,16 @@
 //! and circuit breaker).
 #![deny(missing_docs)]
 
+mod batch_script;
 mod config;
 mod error;
+mod lane;
 mod lease;
 mod script;
 mod sentinel;
 mod store;
 
-pub use config::{check_url, redact_url, RedisConfig, StoreClock};
+pub use config::{check_url, redact_url, RedisConfig, StoreClock, DEFAULT_MAX_BATCH, MAX_BATCH};
 pub use error::{ErrorKind, RedisStoreError};
 pub use lease::{Lease, LeaseRequest};
 pub use script::{

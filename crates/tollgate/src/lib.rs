@@ -223,7 +223,7 @@ impl Limiter {
     /// Redis is down (requests then follow their failure policies).
     pub fn new(config: LimiterConfig) -> Self {
         let cluster = store::is_cluster(&config.backend);
-        let store = Store::new(config.backend);
+        let store = Store::new(config.backend, config.timeout);
         let can_lease = store.can_lease();
         let deny_cache = (store.is_remote() && config.deny_cache_capacity > 0)
             .then(|| DenyCache::new(config.deny_cache_capacity));

@@ -82,12 +82,17 @@ pub(crate) enum Store {
 }
 
 impl Store {
-    pub(crate) fn new(backend: Backend) -> Self {
+    /// The store of `backend`; a coalesced Redis call is bounded by `timeout`, as each
+    /// caller is.
+    pub(crate) fn new(backend: Backend, timeout: Duration) -> Self {
         match backend {
             #[cfg(feature = "memory")]
-            Backend::Memory(cfg) => Store::Memory(MemoryStore::new(cfg)),
+            Backend::Memory(cfg) => {
+                let _ = timeout;
+                Store::Memory(MemoryStore::new(cfg))
+            }
             #[cfg(feature = "redis")]
-            Backend::Redis(cfg) => Store::Redis(LazyRedis::new(cfg)),
+            Backend::Redis(cfg) => Store::Redis(LazyRedis::new(cfg.with_call_timeout(timeout))),
         }
     }
 
