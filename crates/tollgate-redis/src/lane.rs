@@ -15,6 +15,8 @@
 
 use crate::batch_script::{batch_script, MAX_BATCH_SHAPES};
 use crate::error::RedisStoreError;
+use crate::lease::LeaseJob;
+use crate::script::lease_batch_script;
 use crate::script::{Script, Shape};
 use crate::store::RedisStore;
 use std::collections::VecDeque;
@@ -22,9 +24,22 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
 use tollgate_core::Micros;
 
+/// A call that coalesces: a plan's check or a lease call. A batch holds calls of one kind
+/// (a call of the other kind leaves in the next batch), so arrival order holds across both.
+pub(crate) enum Job {
+    Plan(PlanJob),
+    Lease(LeaseJob),
+}
+
+impl Job {
+    fn is_lease(&self) -> bool {
+        matches!(self, Job::Lease(_))
+    }
+}
+
 /// One plan, owned, as it waits in a queue: its keys and costs in rule order, its `now` (for
 /// the local clock), its shape and its shape's own script.
-pub(crate) struct Job {
+pub(crate) struct PlanJob {
     pub(crate) keys: Vec<String>,
     /// In rule order, clamped to the scripts' bound.
     pub(crate) costs: Vec<u64>,
@@ -59,12 +74,12 @@ impl Lane {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Up to `max` queued plans of at most [`MAX_BATCH_SHAPES`] shapes, in arrival order,
-    /// without those whose callers are gone; none (and the lane marked idle) when the queue
-    /// is empty.
+    /// Up to `max` queued calls of one kind (plans of at most [`MAX_BATCH_SHAPES`] shapes,
+    /// or leases), in arrival order, without those whose callers are gone; none (and the lane
+    /// marked idle) when the queue is empty.
     fn take(&self, max: usize) -> (Vec<Waiting>, Vec<Shape>) {
         let mut state = self.lock();
-        let mut batch = Vec::with_capacity(max.min(state.queue.len()));
+        let mut batch: Vec<Waiting> = Vec::with_capacity(max.min(state.queue.len()));
         let mut shapes: Vec<Shape> = Vec::new();
         while batch.len() < max {
             let Some(next) = state.queue.front() else {
@@ -74,11 +89,19 @@ impl Lane {
                 state.queue.pop_front();
                 continue;
             }
-            if !shapes.contains(&next.job.shape) {
-                if shapes.len() == MAX_BATCH_SHAPES {
-                    break;
+            if batch
+                .first()
+                .is_some_and(|f| f.job.is_lease() != next.job.is_lease())
+            {
+                break;
+            }
+            if let Job::Plan(plan) = &next.job {
+                if !shapes.contains(&plan.shape) {
+                    if shapes.len() == MAX_BATCH_SHAPES {
+                        break;
+                    }
+                    shapes.push(plan.shape);
                 }
-                shapes.push(next.job.shape);
             }
             if let Some(w) = state.queue.pop_front() {
                 batch.push(w);
@@ -136,7 +159,7 @@ impl RedisStore {
         match waiting {
             Ok(job) => {
                 let _busy = Busy { store: self, lane };
-                self.run_job(&job).await.map_err(Into::into)
+                self.run_alone(&job).await.map_err(Into::into)
             }
             Err(rx) => match rx.await {
                 Ok(answer) => answer,
@@ -145,11 +168,19 @@ impl RedisStore {
         }
     }
 
+    /// One call alone, with its own script.
+    async fn run_alone(&self, job: &Job) -> Result<redis::Value, redis::RedisError> {
+        match job {
+            Job::Plan(plan) => self.run_job(plan).await,
+            Job::Lease(lease) => self.run_lease(lease).await,
+        }
+    }
+
     /// One batch: the plans' batch script (or, alone, the plan's own), every plan answered.
     async fn run_batch(&self, batch: Vec<Waiting>, shapes: &[Shape]) {
         let timeout = self.call_timeout();
         if let [one] = &batch[..] {
-            let answer = match tokio::time::timeout(timeout, self.run_job(&one.job)).await {
+            let answer = match tokio::time::timeout(timeout, self.run_alone(&one.job)).await {
                 Ok(r) => r.map_err(Into::into),
                 Err(_) => Err(RedisStoreError::timed_out(timeout)),
             };
@@ -158,10 +189,17 @@ impl RedisStore {
             }
             return;
         }
-        let Some(script) = batch_script(shapes) else {
+        let leases = batch.iter().all(|w| w.job.is_lease());
+        let generated = if leases { None } else { batch_script(shapes) };
+        let script: Option<&Script> = if leases {
+            Some(lease_batch_script())
+        } else {
+            generated.as_deref()
+        };
+        let Some(script) = script else {
             // No batch script for this list (past the bound): one call each, in order.
             for w in batch {
-                let answer = match tokio::time::timeout(timeout, self.run_job(&w.job)).await {
+                let answer = match tokio::time::timeout(timeout, self.run_alone(&w.job)).await {
                     Ok(r) => r.map_err(Into::into),
                     Err(_) => Err(RedisStoreError::timed_out(timeout)),
                 };
@@ -170,7 +208,13 @@ impl RedisStore {
             return;
         };
         let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
-        let call = self.run_script(&script, |cmd| self.push_batch_args(cmd, &jobs, shapes));
+        let call = self.run_script(script, |cmd| {
+            if leases {
+                self.push_lease_batch_args(cmd, &jobs);
+            } else {
+                self.push_batch_args(cmd, &jobs, shapes);
+            }
+        });
         let reply = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(redis::Value::Array(items))) if items.len() == batch.len() => Ok(items),
             Ok(Ok(other)) => Err(RedisStoreError::protocol(format!(
@@ -198,11 +242,37 @@ impl RedisStore {
         }
     }
 
+    /// The lease batch script's arguments (see `lease_batch_script`).
+    fn push_lease_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job]) {
+        let leases: Vec<&LeaseJob> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Lease(l) => Some(l),
+                Job::Plan(_) => None,
+            })
+            .collect();
+        cmd.arg(leases.len());
+        for l in &leases {
+            cmd.arg(&l.key);
+        }
+        cmd.arg(if self.ttl_floor_ms().is_some() { 10 } else { 9 });
+        for l in &leases {
+            self.push_lease_args(cmd, l);
+        }
+    }
+
     /// The batch script's arguments (see `batch_script.rs`).
     fn push_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], shapes: &[Shape]) {
+        let jobs: Vec<&PlanJob> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Plan(p) => Some(p),
+                Job::Lease(_) => None,
+            })
+            .collect();
         let keys: usize = jobs.iter().map(|j| j.keys.len()).sum();
         cmd.arg(keys);
-        for j in jobs {
+        for j in &jobs {
             for k in &j.keys {
                 cmd.arg(k);
             }
@@ -224,7 +294,7 @@ impl RedisStore {
             })
             .collect();
         cmd.arg(spec).arg(self.ttl_floor_ms().unwrap_or(0));
-        for j in jobs {
+        for j in &jobs {
             if local {
                 cmd.arg(j.now);
             }

@@ -151,6 +151,56 @@ pub(crate) fn lease_script() -> &'static Script {
     })
 }
 
+/// Many lease calls in one (coalesced lease refills, see `lane.rs`): `scripts/lease.lua`
+/// itself as a function of its own KEYS and ARGV, run for each lease in order under `pcall`,
+/// so a lease the script refuses fails alone (it validates before it writes).
+///
+/// KEYS: one key per lease. ARGV[1]: the arguments each lease takes (9, or 10 with a PX
+/// floor); then each lease's arguments as `lease.lua` reads them. Reply: an array, per lease
+/// its reply or its error.
+pub(crate) fn lease_batch_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        let functions: Vec<String> = Algorithm::ALL
+            .iter()
+            .filter(|a| a.is_leasable())
+            .map(|&a| as_function(a))
+            .collect();
+        let mut parts = vec![PRELUDE, TTL, PACKED];
+        parts.extend(functions.iter().map(String::as_str));
+        parts.extend([
+            "local function lease_one(KEYS, ARGV)",
+            ARGS,
+            LEASE,
+            "end",
+            LEASE_BATCH,
+        ]);
+        finish(&parts)
+    })
+}
+
+/// The driver of [`lease_batch_script`].
+const LEASE_BATCH: &str = "local per = tonumber(ARGV[1])
+if (per ~= 9 and per ~= 10) or #ARGV ~= 1 + per * #KEYS then
+  return redis.error_reply('ERR tollgate: a lease batch takes 9 or 10 arguments a key')
+end
+local out = {}
+for i = 1, #KEYS do
+  local args, at = {}, 1 + (i - 1) * per
+  for j = 1, per do
+    args[j] = ARGV[at + j]
+  end
+  local ok, reply = pcall(lease_one, { KEYS[i] }, args)
+  if ok then
+    out[i] = reply
+  elseif type(reply) == 'table' and reply.err then
+    out[i] = reply
+  else
+    out[i] = redis.error_reply('ERR tollgate: lease ' .. i .. ': ' .. tostring(reply))
+  end
+end
+return out";
+
 /// An algorithm's body as the function `check.lua` and `lease.lua` call:
 /// `name(raw, now, limit, p, burst, t, cost)` returning ok, remaining, reset, retry, value,
 /// idle_at.

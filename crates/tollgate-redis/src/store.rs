@@ -3,7 +3,7 @@
 
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::lane::{Job, Lane};
+use crate::lane::{Job, Lane, PlanJob};
 use crate::script::{
     generic_script, lease_script, parse_reply, plan_script, LimitHash, Reply, RuleShape, Script,
     Shape,
@@ -217,7 +217,7 @@ impl RedisStore {
         };
         if let (Some(s), Some(shape)) = (script, shape) {
             let reply_base = s.reply_base;
-            let job = Job {
+            let job = PlanJob {
                 keys: checks
                     .iter()
                     .map(|c| self.key(&c.client, c.rule.name()))
@@ -230,7 +230,8 @@ impl RedisStore {
             // Only the plans of one slot (`check`) coalesce; the calls of a plan across
             // slots (packed replies) go one by one.
             let reply = if self.max_batch > 1 && integer_reply {
-                self.submit(self.lanes.of(&checks[0].client), job).await?
+                self.submit(self.lane_of(&checks[0].client), Job::Plan(job))
+                    .await?
             } else {
                 self.run_job(&job).await?
             };
@@ -523,6 +524,11 @@ impl RedisStore {
         }
     }
 
+    /// The lane of calls whose keys are all in `client`'s slot.
+    pub(crate) fn lane_of(&self, client: &ClientKey) -> &Arc<Lane> {
+        self.lanes.of(client)
+    }
+
     /// The most plans one call carries (`max_batch`).
     pub(crate) fn max_batch(&self) -> usize {
         self.max_batch
@@ -534,7 +540,7 @@ impl RedisStore {
     }
 
     /// One plan alone: its shape's script.
-    pub(crate) async fn run_job(&self, job: &Job) -> Result<redis::Value, RedisError> {
+    pub(crate) async fn run_job(&self, job: &PlanJob) -> Result<redis::Value, RedisError> {
         self.run_script(&job.script, |cmd| self.push_plan_args(cmd, job))
             .await
     }
@@ -542,7 +548,7 @@ impl RedisStore {
     /// A generated script's arguments: the keys, then nothing when every cost is 1 with the
     /// store clock and no PX floor (each argument costs Redis a string and a table slot);
     /// otherwise the costs, then now (store clock: empty) and the floor, each only when used.
-    fn push_plan_args(&self, cmd: &mut Cmd, job: &Job) {
+    fn push_plan_args(&self, cmd: &mut Cmd, job: &PlanJob) {
         cmd.arg(job.keys.len());
         for k in &job.keys {
             cmd.arg(k);

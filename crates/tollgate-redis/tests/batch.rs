@@ -366,3 +366,58 @@ async fn the_local_clock_and_costs_travel_with_each_plan_of_a_batch() {
         assert!(*c <= 90 && *c >= 88, "window {w}: {c}");
     }
 }
+
+/// `n` lease calls (or, with `checks`, every other call a check of cost 1) on one key, all
+/// at once; the units they took.
+async fn take_all(store: &RedisStore, r: &Arc<Rule>, who: u128, n: u64, checks: bool) -> u64 {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n as usize));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (store, r, barrier) = (store.clone(), r.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let who = client(who);
+            if checks && i % 2 == 1 {
+                let v = store.check(&[Check::new(who, &r, 1)], 0).await;
+                u64::from(v.expect("check").allowed)
+            } else {
+                let req = tollgate_redis::LeaseRequest {
+                    want: 3,
+                    need: 1,
+                    give_back: 0,
+                    give_back_window: 0,
+                };
+                store.lease(&who, &r, req, 0).await.expect("lease").granted
+            }
+        }));
+    }
+    let mut taken = 0;
+    for t in tasks {
+        taken += tokio::time::timeout(HANG, t)
+            .await
+            .expect("no hang")
+            .expect("task");
+    }
+    taken
+}
+
+/// Lease refills coalesce, and share a key's limit exactly with the checks they queue with
+/// (a batch holds calls of one kind: a check after a lease leaves in the next call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_calls_coalesce_and_share_the_limit_exactly_with_checks() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    let r = Arc::new(rule("leased", Algorithm::TokenBucket, 600, DAY));
+    store
+        .check(&[Check::new(client(1), &r, 0)], 0)
+        .await
+        .expect("check");
+    assert_eq!(take_all(&store, &r, 77, 1, false).await, 3);
+    server.cli(&["config", "resetstat"]);
+    // 200 leases of 3 units want all of the 597 left.
+    assert_eq!(take_all(&store, &r, 77, 200, false).await, 597);
+    let calls = script_calls(|a| server.cli(a));
+    assert!(calls < 100, "200 lease calls took {calls} script calls");
+    // Leases and checks of another client at once: exactly its limit between them.
+    assert_eq!(take_all(&store, &r, 78, 400, true).await, 600);
+}
