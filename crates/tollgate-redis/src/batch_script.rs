@@ -99,6 +99,19 @@ fn generate(shapes: &[Shape]) -> Script {
          need_args .. ' arguments, got ' .. #keys .. ' and ' .. nargs)\n\
          end\n\
          local out, clock, k, a = {{}}, nil, 0, 3\n\
+         if plans == 0 then\n  return out\nend\n\
+         local all, written = nil, {{}}\n\
+         if need_keys <= 1000 then\n  \
+         all = redis.call('MGET', unpack(keys))\n\
+         else\n  \
+         all = {{}}\n  \
+         for c = 1, need_keys, 1000 do\n    \
+         local e = c + 999\n    \
+         if e > need_keys then\n      e = need_keys\n    end\n    \
+         local part = redis.call('MGET', unpack(keys, c, e))\n    \
+         for j = 1, #part do\n      all[c + j - 1] = part[j]\n    end\n  \
+         end\n\
+         end\n\
          for i = 1, plans do\n  \
          local b = byte(spec, i)\n  \
          local s, now, bad = b % 16, clock, nil\n  \
@@ -176,7 +189,7 @@ fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) {
         lua,
         "    local cost, key = cost_1, keys[k + 1]\n    \
          local limit, p, burst, t = {l}, {p}, {b}, {t}\n    \
-         local raw = redis.call('GET', key)\n    \
+         local raw = written[key] or all[k + 1]\n    \
          local ok, remaining, reset, retry, value, idle_at\n    \
          do"
     );
@@ -189,7 +202,7 @@ fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) {
          if cost > 0 then\n",
     );
     crate::script::write(lua, "key", "value", "idle_at");
-    lua.push_str("      end\n");
+    lua.push_str("        written[key] = value\n      end\n");
     if base > 0 {
         let _ = writeln!(
             lua,
@@ -209,13 +222,13 @@ fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) {
 /// or none; a denied plan reports the uncharged state of the rules that would have allowed.
 fn several_rules(lua: &mut String, rules: &[RuleShape]) {
     let quota = rules.iter().any(|r| r.mode == Mode::Quota);
-    let keys: Vec<String> = (1..=rules.len())
-        .map(|i| format!("keys[k + {i}]"))
+    let raws: Vec<String> = (1..=rules.len())
+        .map(|i| format!("written[keys[k + {i}]] or all[k + {i}]"))
         .collect();
     let _ = writeln!(
         lua,
-        "    local denied = 0\n    local raws = redis.call('MGET', {})",
-        keys.join(", ")
+        "    local denied = 0\n    local raws = {{{}}}",
+        raws.join(", ")
     );
     if quota {
         lua.push_str("    local quota_ok = 0\n");
@@ -264,7 +277,7 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
             &format!("value_{i}"),
             &format!("idle_{i}"),
         );
-        lua.push_str("      end\n");
+        let _ = writeln!(lua, "        written[keys[k + {i}]] = value_{i}\n      end");
     }
     lua.push_str("    else\n");
     for (i, rule) in rules.iter().enumerate() {
@@ -312,11 +325,19 @@ mod tests {
         let s = batch_script(&[one, two]).expect("script");
         assert!(s.text.contains("  if s == 1 then\n") && s.text.contains("  elseif s == 2 then\n"));
         assert!(s.text.contains("local rules_of = {1, 2}\n"));
-        assert_eq!(s.text.matches("redis.call('GET', key)").count(), 1);
+        // One MGET reads every key; a key written earlier in the batch is read from `written`.
         assert_eq!(
-            s.text
-                .matches("redis.call('MGET', keys[k + 1], keys[k + 2])")
-                .count(),
+            s.text.matches("redis.call('MGET', unpack(keys))").count(),
+            1
+        );
+        assert!(!s.text.contains("redis.call('GET'"));
+        assert!(s.text.contains("local raw = written[key] or all[k + 1]\n"));
+        assert!(s.text.contains(
+            "local raws = {written[keys[k + 1]] or all[k + 1], written[keys[k + 2]] or all[k + 2]}\n"
+        ));
+        assert_eq!(s.text.matches("written[key] = value\n").count(), 1);
+        assert_eq!(
+            s.text.matches("written[keys[k + 2]] = value_2\n").count(),
             1
         );
         assert!(s.text.contains("out[i] = reset * 101 + remaining"));

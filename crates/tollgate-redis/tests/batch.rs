@@ -421,3 +421,118 @@ async fn lease_calls_coalesce_and_share_the_limit_exactly_with_checks() {
     // Leases and checks of another client at once: exactly its limit between them.
     assert_eq!(take_all(&store, &r, 78, 400, true).await, 600);
 }
+
+/// A template of a plan: its rules (indices) and their modes; the plans of a trace are a few
+/// templates with random costs, clients and times, so their batches hold a few shapes.
+type Template = Vec<(usize, Mode)>;
+
+/// The batch decides what tollgate-core decides plan after plan: random traces of plans of
+/// three shapes (every algorithm, shadow and quota rules, costs 0 to over capacity, time
+/// forwards and backwards), all spawned at once on one thread so they queue in spawn order,
+/// against `tollgate_core::decide` in that order.
+#[tokio::test(flavor = "current_thread")]
+async fn batched_plans_match_core_decided_one_after_another() {
+    use common::{random_limit, Rng};
+    use std::collections::HashMap;
+    use tollgate_core::{decide, ClientKey, State};
+    let server = RedisServer::start();
+    let config = RedisConfig::standalone(server.url()).with_clock(StoreClock::Local);
+    // Virtual time: keys must not expire in real time.
+    let store = store(config).await.with_ttl_floor(HOUR);
+    let mut batched = 0u64;
+    for seed in 0..6u64 {
+        let mut rng = Rng::new(900 + seed);
+        let rules: Arc<Vec<Rule>> = Arc::new(
+            (0..4)
+                .map(|i| {
+                    let a = Algorithm::ALL[(i + seed as usize) % Algorithm::ALL.len()];
+                    Rule::new(format!("bd-{seed}-{i}"), random_limit(&mut rng, a))
+                })
+                .collect(),
+        );
+        let modes = [Mode::Enforce, Mode::Enforce, Mode::Shadow, Mode::Quota];
+        let templates: Vec<Template> = vec![
+            vec![(0, Mode::Enforce)],
+            vec![(1, *rng.pick(&modes)), (2, *rng.pick(&modes))],
+            vec![
+                (3, *rng.pick(&modes)),
+                (0, *rng.pick(&modes)),
+                (1, *rng.pick(&modes)),
+            ],
+        ];
+        let clients: Vec<u128> = (0..2).map(|i| u128::from(seed) << 8 | i).collect();
+        let mut now = common::EPOCH_2026;
+        // (client, rule, cost, mode) per check, and now, per plan.
+        let mut plans: Vec<(Vec<(u128, usize, u64, Mode)>, u64)> = Vec::new();
+        for _ in 0..300 {
+            let t = rng.pick(&templates);
+            let q = rules[t[0].0].limit().quota();
+            now = match rng.range(0, 5) {
+                0 => now,
+                1 => now.saturating_sub(rng.range(1, q.period_micros())),
+                2 => now + q.period_micros(),
+                _ => now + rng.range(0, q.emission_interval_micros().max(1) * 2),
+            };
+            let checks = t
+                .iter()
+                .map(|&(r, mode)| {
+                    let q = rules[r].limit().quota();
+                    let cap = q.limit().max(q.burst());
+                    let cost = match rng.range(0, 9) {
+                        0 => 0,
+                        1 => cap + 1,
+                        2 => rng.range(1, cap),
+                        _ => rng.range(1, (cap / 4).max(1)),
+                    };
+                    (*rng.pick(&clients), r, cost, mode)
+                })
+                .collect();
+            plans.push((checks, now));
+        }
+        let before = script_calls(|a| server.cli(a));
+        let mut tasks = Vec::new();
+        for (plan, now) in plans.clone() {
+            let (store, rules) = (store.clone(), rules.clone());
+            tasks.push(tokio::spawn(async move {
+                let checks: Vec<Check<'_>> = plan
+                    .iter()
+                    .map(|&(c, r, cost, mode)| Check {
+                        client: client(c),
+                        rule: &rules[r],
+                        cost,
+                        mode,
+                    })
+                    .collect();
+                store.check(&checks, now).await
+            }));
+        }
+        let mut got = Vec::new();
+        for t in tasks {
+            got.push(t.await.expect("task").expect("check"));
+        }
+        batched += 300 - (script_calls(|a| server.cli(a)) - before).min(300);
+        let mut states: HashMap<(ClientKey, usize), State> = HashMap::new();
+        for (i, ((plan, now), got)) in plans.iter().zip(got).enumerate() {
+            let mut taken: Vec<State> = plan
+                .iter()
+                .map(|&(c, r, _, _)| {
+                    states
+                        .remove(&(client(c), r))
+                        .unwrap_or_else(|| rules[r].limit().fresh())
+                })
+                .collect();
+            let expected = decide(
+                plan.iter()
+                    .zip(taken.iter_mut())
+                    .map(|(&(_, r, cost, mode), s)| (rules[r].limit(), s, cost, mode)),
+                *now,
+            );
+            for (&(c, r, _, _), s) in plan.iter().zip(taken) {
+                states.insert((client(c), r), s);
+            }
+            assert_eq!(got, expected, "seed {seed}, plan {i}: {plan:?} at {now}");
+        }
+    }
+    // Most plans left in batches (fewer script calls than plans).
+    assert!(batched > 6 * 150, "{batched}");
+}
