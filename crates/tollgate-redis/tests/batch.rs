@@ -426,6 +426,9 @@ async fn lease_calls_coalesce_and_share_the_limit_exactly_with_checks() {
 /// templates with random costs, clients and times, so their batches hold a few shapes.
 type Template = Vec<(usize, Mode)>;
 
+/// A plan of a trace: (client, rule, cost, mode) per check, and its `now`.
+type TracePlan = (Vec<(u128, usize, u64, Mode)>, u64);
+
 /// The batch decides what tollgate-core decides plan after plan: random traces of plans of
 /// three shapes (every algorithm, shadow and quota rules, costs 0 to over capacity, time
 /// forwards and backwards), all spawned at once on one thread so they queue in spawn order,
@@ -462,8 +465,7 @@ async fn batched_plans_match_core_decided_one_after_another() {
         ];
         let clients: Vec<u128> = (0..2).map(|i| u128::from(seed) << 8 | i).collect();
         let mut now = common::EPOCH_2026;
-        // (client, rule, cost, mode) per check, and now, per plan.
-        let mut plans: Vec<(Vec<(u128, usize, u64, Mode)>, u64)> = Vec::new();
+        let mut plans: Vec<TracePlan> = Vec::new();
         for _ in 0..300 {
             let t = rng.pick(&templates);
             let q = rules[t[0].0].limit().quota();

@@ -77,8 +77,9 @@ pub(crate) struct StoreFailure {
 pub(crate) enum Store {
     #[cfg(feature = "memory")]
     Memory(MemoryStore),
+    /// Boxed: a connected store is much larger than the memory store's handle.
     #[cfg(feature = "redis")]
-    Redis(LazyRedis),
+    Redis(Box<LazyRedis>),
 }
 
 impl Store {
@@ -92,7 +93,9 @@ impl Store {
                 Store::Memory(MemoryStore::new(cfg))
             }
             #[cfg(feature = "redis")]
-            Backend::Redis(cfg) => Store::Redis(LazyRedis::new(cfg.with_call_timeout(timeout))),
+            Backend::Redis(cfg) => {
+                Store::Redis(Box::new(LazyRedis::new(cfg.with_call_timeout(timeout))))
+            }
         }
     }
 
