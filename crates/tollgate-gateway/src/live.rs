@@ -752,6 +752,15 @@ mod tests {
     }
 
     #[test]
+    fn a_new_max_batch_waits_for_a_restart() {
+        let store = "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n";
+        let running = parse(store);
+        let mut next = parse(&format!("{store}max_batch = 1\n"));
+        assert_eq!(keep_running(&running, &mut next), vec!["store.max_batch"]);
+        assert_eq!(next.store.max_batch, 64);
+    }
+
+    #[test]
     fn a_config_that_limits_nothing_or_locks_the_operator_out_is_unsafe_and_says_why() {
         let policy = "[[policy]]\nname = \"p\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n";
         let token = "[server]\nadmin_token = \"0123456789abcdef\"\n";
