@@ -172,6 +172,9 @@ pub struct StoreConfig {
     pub on_failure: FailurePolicy,
     /// Default divisor of the local fallback.
     pub local_divisor: u64,
+    /// The most plans one Redis script call carries (`store.max_batch`; 1: one plan per
+    /// call).
+    pub max_batch: usize,
     /// Circuit breaker.
     pub breaker: BreakerConfig,
 }

@@ -101,6 +101,7 @@ pub(crate) struct RawStore {
     pub max_keys: S<i64>,
     pub on_failure: S<String>,
     pub local_divisor: S<i64>,
+    pub max_batch: S<i64>,
     pub breaker: S<RawBreaker>,
 }
 

@@ -75,6 +75,8 @@ pub const STORE_MAX_KEYS: &str = "store.max_keys";
 pub const STORE_ON_FAILURE: &str = "store.on_failure";
 /// `store.local_divisor`.
 pub const STORE_LOCAL_DIVISOR: &str = "store.local_divisor";
+/// `store.max_batch`.
+pub const STORE_MAX_BATCH: &str = "store.max_batch";
 /// `store.breaker`.
 pub const STORE_BREAKER: &str = "store.breaker";
 /// `store.breaker.failures`.
@@ -158,6 +160,7 @@ pub const KEYS: &[Key] = &[
     key(STORE_MAX_KEYS, true, false, false),
     key(STORE_ON_FAILURE, false, false, false),
     key(STORE_LOCAL_DIVISOR, false, false, false),
+    key(STORE_MAX_BATCH, true, false, false),
     key(STORE_BREAKER, true, false, true),
     key(STORE_BREAKER_FAILURES, true, false, false),
     key(STORE_BREAKER_OPEN_FOR, true, false, false),

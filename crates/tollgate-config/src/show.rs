@@ -84,6 +84,7 @@ fn store(c: &Config) -> Value {
         "clock": if s.clock_local { "local" } else { "store" },
         "on_failure": failure(s.on_failure),
         "local_divisor": s.local_divisor,
+        "max_batch": s.max_batch,
         "breaker": {
             "failures": s.breaker.failures,
             "open_for_seconds": secs(s.breaker.open_for),

@@ -131,6 +131,13 @@ pub(super) fn store(
     let local_divisor = field(r, key::STORE_LOCAL_DIVISOR, &raw.local_divisor, 20, |v| {
         positive(v, "local_divisor")
     });
+    let max_batch = field(
+        r,
+        key::STORE_MAX_BATCH,
+        &raw.max_batch,
+        tollgate_redis::DEFAULT_MAX_BATCH,
+        |v| max_batch(*v),
+    );
     let mut breaker = BreakerConfig {
         failures: 5,
         open_for: Duration::from_secs(1),
@@ -157,8 +164,18 @@ pub(super) fn store(
         clock_local,
         on_failure,
         local_divisor,
+        max_batch,
         breaker,
     }
+}
+
+/// `store.max_batch`: 1 (one plan per script call) to `tollgate_redis::MAX_BATCH`.
+fn max_batch(v: i64) -> Result<usize, String> {
+    let max = tollgate_redis::MAX_BATCH;
+    usize::try_from(v)
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| format!("must be an integer from 1 (one plan per script call) to {max}"))
 }
 
 /// A backend of several nodes refuses `url` (`takes` says what it wants instead) and needs

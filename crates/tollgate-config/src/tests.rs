@@ -288,3 +288,26 @@ fn store_urls_expand_environment_variables() {
         "{e:?}"
     );
 }
+
+#[test]
+fn store_max_batch_defaults_to_64_and_out_of_range_values_name_file_line_and_key() {
+    let c = Config::builtin().expect("builtin config");
+    assert_eq!(c.store.max_batch, 64);
+    let at = |v: &str| errors(&format!("[store]\nbackend = \"redis\"\nmax_batch = {v}\n"));
+    for ok in ["1", "64", "1024"] {
+        assert!(at(ok).is_empty(), "{ok}: {:?}", at(ok));
+    }
+    let c = validate::validate("t.toml", "[store]\nmax_batch = 1\n", |_| None).expect("valid");
+    assert_eq!(c.store.max_batch, 1);
+    for bad in ["0", "-3", "1025", "100000000000"] {
+        let e = at(bad);
+        assert_eq!(e.len(), 1, "{bad}: {e:?}");
+        assert!(
+            e[0].starts_with("error: t.toml:3:13: store.max_batch: must be an integer from 1"),
+            "{bad}: {e:?}"
+        );
+        assert!(e[0].contains("1024"), "{e:?}");
+    }
+    let e = at("\"64\"");
+    assert!(e[0].contains("store.max_batch"), "{e:?}");
+}

@@ -19,8 +19,13 @@ pub fn limiter(config: &Config) -> Limiter {
     } else {
         StoreClock::Store
     };
-    let redis =
-        |c: RedisConfig| Backend::Redis(c.with_key_prefix(s.key_prefix.clone()).with_clock(clock));
+    let redis = |c: RedisConfig| {
+        Backend::Redis(
+            c.with_key_prefix(s.key_prefix.clone())
+                .with_clock(clock)
+                .with_max_batch(s.max_batch),
+        )
+    };
     let backend = match &s.backend {
         StoreBackend::Memory { max_keys } => Backend::Memory(MemoryConfig {
             max_keys: *max_keys,

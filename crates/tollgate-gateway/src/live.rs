@@ -665,6 +665,7 @@ fn keep_running(old: &Config, new: &mut Config) -> Vec<&'static str> {
             key::STORE_TIMEOUT => keep(&mut new.store.timeout, &old.store.timeout),
             key::STORE_KEY_PREFIX => keep(&mut new.store.key_prefix, &old.store.key_prefix),
             key::STORE_CLOCK => keep(&mut new.store.clock_local, &old.store.clock_local),
+            key::STORE_MAX_BATCH => keep(&mut new.store.max_batch, &old.store.max_batch),
             key::STORE_BREAKER => keep(&mut new.store.breaker, &old.store.breaker),
             // The span exporter is installed with the process's subscriber, once.
             key::TELEMETRY => keep(&mut new.telemetry, &old.telemetry),
@@ -751,6 +752,15 @@ mod tests {
         assert_eq!(kept.server.listen, a.server.listen);
         assert_eq!(kept.store.backend, a.store.backend);
         assert_eq!(kept.store.timeout, a.store.timeout);
+    }
+
+    #[test]
+    fn a_new_max_batch_waits_for_a_restart() {
+        let store = "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n";
+        let running = parse(store);
+        let mut next = parse(&format!("{store}max_batch = 1\n"));
+        assert_eq!(keep_running(&running, &mut next), vec!["store.max_batch"]);
+        assert_eq!(next.store.max_batch, 64);
     }
 
     #[test]

@@ -30,7 +30,20 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Where `now` comes from.
     pub clock: StoreClock,
+    /// The most plans one script call carries (`store.max_batch`): while a call is in flight
+    /// on a connection, the plans that arrive wait and leave together in the next call. 1:
+    /// every plan is a call of its own. 1 to [`MAX_BATCH`]; default [`DEFAULT_MAX_BATCH`].
+    pub max_batch: usize,
+    /// The longest a coalesced call may take before each of its plans fails with a timeout
+    /// (the limiter sets it to `store.timeout`, which also bounds each caller).
+    pub call_timeout: Duration,
 }
+
+/// The default of [`RedisConfig::max_batch`].
+pub const DEFAULT_MAX_BATCH: usize = 64;
+/// The largest [`RedisConfig::max_batch`]: it bounds a batch script's keys, arguments and
+/// reply (8 rules a plan at most in a generated script: 8,192 keys).
+pub const MAX_BATCH: usize = 1024;
 
 impl RedisConfig {
     /// A standalone server at `url`, prefix `tollgate`, store clock.
@@ -41,6 +54,8 @@ impl RedisConfig {
             sentinel_master: None,
             key_prefix: "tollgate".to_string(),
             clock: StoreClock::Store,
+            max_batch: DEFAULT_MAX_BATCH,
+            call_timeout: RESPONSE_TIMEOUT,
         }
     }
 
@@ -52,6 +67,8 @@ impl RedisConfig {
             sentinel_master: None,
             key_prefix: "tollgate".to_string(),
             clock: StoreClock::Store,
+            max_batch: DEFAULT_MAX_BATCH,
+            call_timeout: RESPONSE_TIMEOUT,
         }
     }
 
@@ -68,12 +85,27 @@ impl RedisConfig {
             sentinel_master: Some(master_name.into()),
             key_prefix: "tollgate".to_string(),
             clock: StoreClock::Store,
+            max_batch: DEFAULT_MAX_BATCH,
+            call_timeout: RESPONSE_TIMEOUT,
         }
     }
 
     /// The same configuration with `clock`.
     pub fn with_clock(mut self, clock: StoreClock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// The same configuration with `max_batch` plans per script call at most, clamped to
+    /// 1..=[`MAX_BATCH`] (1: one plan per call).
+    pub fn with_max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.clamp(1, MAX_BATCH);
+        self
+    }
+
+    /// The same configuration with coalesced calls bounded by `timeout`.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
         self
     }
 
@@ -94,6 +126,8 @@ impl fmt::Debug for RedisConfig {
             .field("sentinel_master", &self.sentinel_master)
             .field("key_prefix", &self.key_prefix)
             .field("clock", &self.clock)
+            .field("max_batch", &self.max_batch)
+            .field("call_timeout", &self.call_timeout)
             .finish()
     }
 }

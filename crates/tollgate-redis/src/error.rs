@@ -89,6 +89,34 @@ impl RedisStoreError {
         }
     }
 
+    /// A coalesced call that outlived its bound: every plan it carried fails with this.
+    pub(crate) fn timed_out(after: std::time::Duration) -> Self {
+        Self {
+            kind: Kind::Timeout,
+            message: format!("no answer within {after:?}"),
+            source: None,
+        }
+    }
+
+    /// The task that was to send a queued plan is gone (the runtime is shutting down).
+    pub(crate) fn dropped() -> Self {
+        Self {
+            kind: Kind::Connection,
+            message: "the plan's batch was dropped before it was sent".to_string(),
+            source: None,
+        }
+    }
+
+    /// The same failure for another plan of a batch (the kind and message; the client's
+    /// error itself stays with the first).
+    pub(crate) fn duplicate(&self) -> Self {
+        Self {
+            kind: self.kind,
+            message: self.message.clone(),
+            source: None,
+        }
+    }
+
     pub(crate) fn protocol(message: impl Into<String>) -> Self {
         Self {
             kind: Kind::Protocol,

@@ -19,6 +19,12 @@
 //! NOSCRIPT reply (a restarted server, a FLUSH, a promoted replica) is answered by sending
 //! the script itself, which reloads it, without failing the request.
 //!
+//! Coalesced calls (`RedisConfig::max_batch`, `lane.rs`): while a call is in flight on a
+//! connection (a slot on a Cluster), the plans and lease calls that arrive queue and leave
+//! together in the next call, one batch script (`batch_script.rs`) running each plan's own
+//! logic in arrival order; a plan that finds the connection idle is sent at once with its own
+//! script.
+//!
 //! Client library: redis-rs, with a `ConnectionManager` per standalone server (one
 //! multiplexed connection that pipelines every concurrent call and reconnects by itself) and
 //! `cluster-async` for Redis Cluster (slot map, MOVED/ASK, refresh after a failover); with Redis
@@ -32,14 +38,16 @@
 //! and circuit breaker).
 #![deny(missing_docs)]
 
+mod batch_script;
 mod config;
 mod error;
+mod lane;
 mod lease;
 mod script;
 mod sentinel;
 mod store;
 
-pub use config::{check_url, redact_url, RedisConfig, StoreClock};
+pub use config::{check_url, redact_url, RedisConfig, StoreClock, DEFAULT_MAX_BATCH, MAX_BATCH};
 pub use error::{ErrorKind, RedisStoreError};
 pub use lease::{Lease, LeaseRequest};
 pub use script::{

@@ -151,6 +151,56 @@ pub(crate) fn lease_script() -> &'static Script {
     })
 }
 
+/// Many lease calls in one (coalesced lease refills, see `lane.rs`): `scripts/lease.lua`
+/// itself as a function of its own KEYS and ARGV, run for each lease in order under `pcall`,
+/// so a lease the script refuses fails alone (it validates before it writes).
+///
+/// KEYS: one key per lease. ARGV[1]: the arguments each lease takes (9, or 10 with a PX
+/// floor); then each lease's arguments as `lease.lua` reads them. Reply: an array, per lease
+/// its reply or its error.
+pub(crate) fn lease_batch_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        let functions: Vec<String> = Algorithm::ALL
+            .iter()
+            .filter(|a| a.is_leasable())
+            .map(|&a| as_function(a))
+            .collect();
+        let mut parts = vec![PRELUDE, TTL, PACKED];
+        parts.extend(functions.iter().map(String::as_str));
+        parts.extend([
+            "local function lease_one(KEYS, ARGV)",
+            ARGS,
+            LEASE,
+            "end",
+            LEASE_BATCH,
+        ]);
+        finish(&parts)
+    })
+}
+
+/// The driver of [`lease_batch_script`].
+const LEASE_BATCH: &str = "local per = tonumber(ARGV[1])
+if (per ~= 9 and per ~= 10) or #ARGV ~= 1 + per * #KEYS then
+  return redis.error_reply('ERR tollgate: a lease batch takes 9 or 10 arguments a key')
+end
+local out = {}
+for i = 1, #KEYS do
+  local args, at = {}, 1 + (i - 1) * per
+  for j = 1, per do
+    args[j] = ARGV[at + j]
+  end
+  local ok, reply = pcall(lease_one, { KEYS[i] }, args)
+  if ok then
+    out[i] = reply
+  elseif type(reply) == 'table' and reply.err then
+    out[i] = reply
+  else
+    out[i] = redis.error_reply('ERR tollgate: lease ' .. i .. ': ' .. tostring(reply))
+  end
+end
+return out";
+
 /// An algorithm's body as the function `check.lua` and `lease.lua` call:
 /// `name(raw, now, limit, p, burst, t, cost)` returning ok, remaining, reset, retry, value,
 /// idle_at.
@@ -166,7 +216,7 @@ fn as_function(a: Algorithm) -> String {
     )
 }
 
-fn body(a: Algorithm) -> &'static str {
+pub(crate) fn body(a: Algorithm) -> &'static str {
     match a {
         Algorithm::FixedWindow => include_str!("../scripts/fixed_window.lua"),
         Algorithm::SlidingWindowLog => include_str!("../scripts/sliding_window_log.lua"),
@@ -178,12 +228,12 @@ fn body(a: Algorithm) -> &'static str {
 }
 
 /// A process-wide cache of generated scripts.
-type Cache = OnceLock<RwLock<HashMap<Shape, Arc<Script>, LimitHash>>>;
+pub(crate) type Cache<K> = OnceLock<RwLock<HashMap<K, Arc<Script>, LimitHash>>>;
 
 /// The script of `shape`, generated and kept on first use; `None` once [`MAX_SCRIPTS`] shapes
 /// are known (the generic script serves the rest).
 pub(crate) fn plan_script(shape: &Shape) -> Option<Arc<Script>> {
-    static SCRIPTS: Cache = OnceLock::new();
+    static SCRIPTS: Cache<Shape> = OnceLock::new();
     let scripts = SCRIPTS.get_or_init(Default::default);
     {
         let map = scripts
@@ -242,7 +292,7 @@ impl std::hash::Hasher for MultiplyHasher {
 
 /// The quota of `limit` as the script's constants: limit, period, burst, interval. A `Limit`
 /// exists only within the core's bounds, which are within the scripts' (checked by a test).
-fn constants(limit: &Limit) -> (u64, u64, u64, u64) {
+pub(crate) fn constants(limit: &Limit) -> (u64, u64, u64, u64) {
     let q = limit.quota();
     (
         q.limit(),
@@ -412,7 +462,13 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
 /// Rule `i`'s decision body in a block of its own, on its raw value from MGET and its quota
 /// as constants; with `cost` given, at that cost (0: the uncharged state) instead of the
 /// `cost` local in scope.
-fn decide(lua: &mut String, rule: &RuleShape, i: usize, cost: Option<u64>, indent: &str) {
+pub(crate) fn decide(
+    lua: &mut String,
+    rule: &RuleShape,
+    i: usize,
+    cost: Option<u64>,
+    indent: &str,
+) {
     let (l, p, b, t) = constants(&rule.limit);
     let (cost_name, cost_value) = match cost {
         Some(c) => ("cost, ", format!("{c}, ")),
@@ -480,7 +536,7 @@ fn cost(lua: &mut String, at: usize) {
 /// early: from then on the state equals a fresh one). `%d` truncates, which for a positive
 /// quotient is the floor (no math.floor call, measured ~1,000 instructions dearer); GET makes
 /// SET answer a bulk string rather than a status (a Lua table: -750 instructions).
-fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
+pub(crate) fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
     let _ = writeln!(
         lua,
         "  local ms = ({idle} - now + 999) / 1000\n  \
@@ -496,7 +552,7 @@ fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
 /// Every algorithm's remaining is at most max(limit, burst) and its reset_after at most
 /// max(burst x interval, 2 x period) (the sliding counter's state lives two periods). Returns
 /// (0, 0) when `reset_bound x base` would not stay below 2^53 (exact in Lua).
-fn reply_base(limit: u64, period: u64, burst: u64, interval: u64) -> (u64, u64) {
+pub(crate) fn reply_base(limit: u64, period: u64, burst: u64, interval: u64) -> (u64, u64) {
     let base = limit.max(burst) + 1;
     let reset_bound = burst
         .saturating_mul(interval)
@@ -510,7 +566,7 @@ fn reply_base(limit: u64, period: u64, burst: u64, interval: u64) -> (u64, u64) 
 
 /// The script text: the core's bounds (so the script and the core can never disagree on
 /// them), then the parts; and its SHA1.
-fn finish(parts: &[&str]) -> Script {
+pub(crate) fn finish(parts: &[&str]) -> Script {
     let mut text = format!(
         "-- tollgate: bounds from tollgate-core\n\
              local MAX_LIMIT = {MAX_LIMIT}\n\

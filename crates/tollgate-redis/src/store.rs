@@ -3,6 +3,7 @@
 
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
+use crate::lane::{Job, Lane, PlanJob};
 use crate::script::{
     generic_script, lease_script, parse_reply, plan_script, LimitHash, Reply, RuleShape, Script,
     Shape,
@@ -36,6 +37,38 @@ pub struct RedisStore {
     /// The plan scripts this store loaded into its server(s), by shape: one lookup per plan
     /// finds the script and knows it is loaded.
     ready: Ready,
+    /// Where plans queue while a call is in flight (see `lane.rs`).
+    lanes: Arc<Lanes>,
+    max_batch: usize,
+    call_timeout: std::time::Duration,
+}
+
+/// The lanes of coalesced calls: one for a standalone server (or the master the sentinels
+/// name), one per hash slot on a Cluster (a batch script's keys must share a slot).
+enum Lanes {
+    One(Arc<Lane>),
+    Slots(Box<[std::sync::OnceLock<Arc<Lane>>]>),
+}
+
+impl Lanes {
+    fn new(cluster: bool) -> Self {
+        if cluster {
+            Lanes::Slots((0..16384).map(|_| std::sync::OnceLock::new()).collect())
+        } else {
+            Lanes::One(Arc::default())
+        }
+    }
+
+    /// The lane of a plan whose keys are all in `client`'s slot (or on the one server).
+    fn of(&self, client: &ClientKey) -> &Arc<Lane> {
+        match self {
+            Lanes::One(lane) => lane,
+            Lanes::Slots(slots) => {
+                let slot = usize::from(client.cluster_slot()) % slots.len();
+                slots[slot].get_or_init(Arc::default)
+            }
+        }
+    }
 }
 
 /// Scripts loaded into a store's server(s), by shape.
@@ -114,6 +147,11 @@ impl RedisStore {
             clock: config.clock,
             ttl_floor_ms: None,
             ready: Arc::default(),
+            lanes: Arc::new(Lanes::new(
+                config.cluster && config.sentinel_master.is_none(),
+            )),
+            max_batch: config.max_batch.clamp(1, crate::MAX_BATCH),
+            call_timeout: config.call_timeout,
         };
         // The generic script; plan scripts load on first use or in `prepare`.
         store.load(generic_script()).await?;
@@ -172,15 +210,32 @@ impl RedisStore {
             mode: c.mode,
         });
         let limits = || checks.iter().map(|c| c.rule.limit().quota().limit());
-        let script = match Shape::new(rules, integer_reply) {
+        let shape = Shape::new(rules, integer_reply);
+        let script = match shape {
             Some(shape) => self.loaded(shape).await?,
             None => None,
         };
-        if let Some(s) = script {
-            let reply = self
-                .run_script(&s, |cmd| self.push_plan_args(cmd, checks, now))
-                .await?;
-            return parse_reply(&reply, limits(), s.reply_base);
+        if let (Some(s), Some(shape)) = (script, shape) {
+            let reply_base = s.reply_base;
+            let job = PlanJob {
+                keys: checks
+                    .iter()
+                    .map(|c| self.key(&c.client, c.rule.name()))
+                    .collect(),
+                costs: checks.iter().map(|c| c.cost.min(MAX_COST)).collect(),
+                now,
+                shape,
+                script: s,
+            };
+            // Only the plans of one slot (`check`) coalesce; the calls of a plan across
+            // slots (packed replies) go one by one.
+            let reply = if self.max_batch > 1 && integer_reply {
+                self.submit(self.lane_of(&checks[0].client), Job::Plan(job))
+                    .await?
+            } else {
+                self.run_job(&job).await?
+            };
+            return parse_reply(&reply, limits(), reply_base);
         }
         let reply = self
             .run_script(generic_script(), |cmd| {
@@ -424,6 +479,8 @@ impl RedisStore {
             ttl_floor_ms: Some(
                 ms.min(tollgate_core::duration_to_micros(tollgate_core::MAX_PERIOD) / 1000),
             ),
+            // Its own lanes: a batch carries one PX floor.
+            lanes: Arc::new(Lanes::new(matches!(self.conn, Connection::Cluster(_)))),
             ..self.clone()
         }
     }
@@ -467,20 +524,42 @@ impl RedisStore {
         }
     }
 
+    /// The lane of calls whose keys are all in `client`'s slot.
+    pub(crate) fn lane_of(&self, client: &ClientKey) -> &Arc<Lane> {
+        self.lanes.of(client)
+    }
+
+    /// The most plans one call carries (`max_batch`).
+    pub(crate) fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// The bound of a coalesced call.
+    pub(crate) fn call_timeout(&self) -> std::time::Duration {
+        self.call_timeout
+    }
+
+    /// One plan alone: its shape's script.
+    pub(crate) async fn run_job(&self, job: &PlanJob) -> Result<redis::Value, RedisError> {
+        self.run_script(&job.script, |cmd| self.push_plan_args(cmd, job))
+            .await
+    }
+
     /// A generated script's arguments: the keys, then nothing when every cost is 1 with the
     /// store clock and no PX floor (each argument costs Redis a string and a table slot);
     /// otherwise the costs, then now (store clock: empty) and the floor, each only when used.
-    fn push_plan_args(&self, cmd: &mut Cmd, checks: &[Check<'_>], now: Micros) {
-        cmd.arg(checks.len());
-        for c in checks {
-            cmd.arg(self.key(&c.client, c.rule.name()));
+    fn push_plan_args(&self, cmd: &mut Cmd, job: &PlanJob) {
+        cmd.arg(job.keys.len());
+        for k in &job.keys {
+            cmd.arg(k);
         }
+        let now = job.now;
         let plain = self.clock == StoreClock::Store && self.ttl_floor_ms.is_none();
-        if plain && checks.iter().all(|c| c.cost == 1) {
+        if plain && job.costs.iter().all(|&c| c == 1) {
             return;
         }
-        for c in checks {
-            cmd.arg(c.cost.min(MAX_COST));
+        for c in &job.costs {
+            cmd.arg(*c);
         }
         match (self.clock, self.ttl_floor_ms) {
             (StoreClock::Store, None) => {}

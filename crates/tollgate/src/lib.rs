@@ -227,7 +227,7 @@ impl Limiter {
     /// Redis is down (requests then follow their failure policies).
     pub fn new(config: LimiterConfig) -> Self {
         let cluster = store::is_cluster(&config.backend);
-        let store = Store::new(config.backend);
+        let store = Store::new(config.backend, config.timeout);
         let can_lease = store.can_lease();
         // A shared store's denials are answered here until their retry time, keeping abusive
         // traffic off the store. The in-process store answers as fast as the cache would, so

@@ -77,17 +77,25 @@ pub(crate) struct StoreFailure {
 pub(crate) enum Store {
     #[cfg(feature = "memory")]
     Memory(MemoryStore),
+    /// Boxed: a connected store is much larger than the memory store's handle.
     #[cfg(feature = "redis")]
-    Redis(LazyRedis),
+    Redis(Box<LazyRedis>),
 }
 
 impl Store {
-    pub(crate) fn new(backend: Backend) -> Self {
+    /// The store of `backend`; a coalesced Redis call is bounded by `timeout`, as each
+    /// caller is.
+    pub(crate) fn new(backend: Backend, timeout: Duration) -> Self {
         match backend {
             #[cfg(feature = "memory")]
-            Backend::Memory(cfg) => Store::Memory(MemoryStore::new(cfg)),
+            Backend::Memory(cfg) => {
+                let _ = timeout;
+                Store::Memory(MemoryStore::new(cfg))
+            }
             #[cfg(feature = "redis")]
-            Backend::Redis(cfg) => Store::Redis(LazyRedis::new(cfg)),
+            Backend::Redis(cfg) => {
+                Store::Redis(Box::new(LazyRedis::new(cfg.with_call_timeout(timeout))))
+            }
         }
     }
 

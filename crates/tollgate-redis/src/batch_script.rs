@@ -1,0 +1,353 @@
+//! The batch script: many plans in one script call (`store.max_batch`).
+//!
+//! Most of what one script call costs Redis is the call itself (reading, parsing and
+//! dispatching the command, entering the script), not the decision: a batch pays it once for
+//! every plan queued behind a call in flight (see `lane.rs`). The script is generated for the
+//! list of distinct plan shapes of its batch (at most [`MAX_BATCH_SHAPES`]), one branch per
+//! shape, each the same decision bodies, constants and all-or-nothing rule as the shape's own
+//! script (`script.rs`); it runs the plans in arrival order, each against the state the plans
+//! before it left, so a batch decides exactly what the same plans called one after another
+//! would.
+//!
+//! The call:
+//! - KEYS: every plan's keys, plan after plan, each plan's in its rules' order.
+//! - ARGV[1]: one byte per plan: its shape's number in the script (1..=15), plus 16 when the
+//!   plan's costs follow, plus 32 when its `now` does.
+//! - ARGV[2]: the PX floor in milliseconds (0: none).
+//! - then per plan, in order: its `now` (when flagged; otherwise every plan of the call reads
+//!   the same Redis `TIME`), then its costs (when flagged; otherwise every cost is 1).
+//!
+//! The reply: an array, one element per plan in order, each exactly what the shape's own
+//! script answers (the integer of an allowed one-rule plan, else the packed string), or an
+//! error for that plan alone (an argument out of range). Everything is validated before the
+//! first plan runs except each plan's own arguments, which fail that plan and no other.
+
+use crate::script::{body, constants, decide, finish, reply_base, Cache, RuleShape, Script, Shape};
+use std::fmt::Write as _;
+use std::sync::{Arc, OnceLock};
+use tollgate_core::Mode;
+
+/// The most distinct plan shapes one batch script serves: a batch stops before a plan of one
+/// more shape, which leaves first in the next call.
+pub(crate) const MAX_BATCH_SHAPES: usize = 4;
+
+/// How many shape lists get a batch script. Past it, a batch whose list has none runs its
+/// plans one call each (as `max_batch = 1` does).
+const MAX_BATCH_SCRIPTS: usize = 256;
+
+/// The batch script for plans of these shapes (distinct, at most [`MAX_BATCH_SHAPES`]),
+/// generated and kept on first use; `None` once [`MAX_BATCH_SCRIPTS`] lists are known.
+pub(crate) fn batch_script(shapes: &[Shape]) -> Option<Arc<Script>> {
+    static SCRIPTS: Cache<Vec<Shape>> = OnceLock::new();
+    if shapes.is_empty() || shapes.len() > MAX_BATCH_SHAPES {
+        return None;
+    }
+    let scripts = SCRIPTS.get_or_init(Default::default);
+    {
+        let map = scripts
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(s) = map.get(shapes) {
+            return Some(Arc::clone(s));
+        }
+        if map.len() >= MAX_BATCH_SCRIPTS {
+            return None;
+        }
+    }
+    let built = Arc::new(generate(shapes));
+    let mut map = scripts
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if map.len() >= MAX_BATCH_SCRIPTS {
+        return None;
+    }
+    Some(Arc::clone(map.entry(shapes.to_vec()).or_insert(built)))
+}
+
+/// Generates the batch script of `shapes`.
+fn generate(shapes: &[Shape]) -> Script {
+    let mut lua = String::with_capacity(8192 * shapes.len());
+    let rules_of: Vec<String> = shapes.iter().map(|s| s.rules().len().to_string()).collect();
+    let _ = writeln!(
+        lua,
+        "-- tollgate batch script: {} plan shape(s)\n\
+         local keys, argv, pack = KEYS, ARGV, struct.pack\n\
+         local spec, nargs = argv[1], #argv\n\
+         if not spec or nargs < 2 then\n  \
+         return redis.error_reply('ERR tollgate: a batch starts with its plans\\' shapes and a PX floor')\n\
+         end\n\
+         local plans, ttl_floor = #spec, tonumber(argv[2])\n\
+         if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then\n  \
+         return redis.error_reply('ERR tollgate: ARGV[2] (PX floor) must be an integer ' ..\n    \
+         'number of milliseconds in [0, period bound]')\n\
+         end\n\
+         local rules_of = {{{}}}\n\
+         local byte = string.byte\n\
+         local need_keys, need_args = 0, 2\n\
+         for i = 1, plans do\n  \
+         local b = byte(spec, i)\n  \
+         local n = rules_of[b % 16]\n  \
+         if not n or b >= 64 then\n    \
+         return redis.error_reply('ERR tollgate: plan ' .. i .. ' names no shape of this script')\n  \
+         end\n  \
+         need_keys = need_keys + n\n  \
+         if b >= 32 then\n    need_args = need_args + 1\n    b = b - 32\n  end\n  \
+         if b >= 16 then\n    need_args = need_args + n\n  end\n\
+         end\n\
+         if #keys ~= need_keys or nargs ~= need_args then\n  \
+         return redis.error_reply('ERR tollgate: the plans take ' .. need_keys .. ' keys and ' ..\n    \
+         need_args .. ' arguments, got ' .. #keys .. ' and ' .. nargs)\n\
+         end\n\
+         local out, clock, k, a = {{}}, nil, 0, 3\n\
+         if plans == 0 then\n  return out\nend\n\
+         local all, written = nil, {{}}\n\
+         if need_keys <= 1000 then\n  \
+         all = redis.call('MGET', unpack(keys))\n\
+         else\n  \
+         all = {{}}\n  \
+         for c = 1, need_keys, 1000 do\n    \
+         local e = c + 999\n    \
+         if e > need_keys then\n      e = need_keys\n    end\n    \
+         local part = redis.call('MGET', unpack(keys, c, e))\n    \
+         for j = 1, #part do\n      all[c + j - 1] = part[j]\n    end\n  \
+         end\n\
+         end\n\
+         for i = 1, plans do\n  \
+         local b = byte(spec, i)\n  \
+         local s, now, bad = b % 16, clock, nil\n  \
+         if b >= 32 then\n    \
+         now = tonumber(argv[a])\n    \
+         a = a + 1\n    \
+         if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then\n      \
+         bad = 'now must be an integer in [0, 2^53)'\n    \
+         end\n    \
+         b = b - 32\n  \
+         elseif not now then\n    \
+         local time = redis.call('TIME')\n    \
+         now = time[1] * 1000000 + time[2]\n    \
+         clock = now\n  \
+         end\n  \
+         local costs = b >= 16",
+        shapes.len(),
+        rules_of.join(", ")
+    );
+    for (j, shape) in shapes.iter().enumerate() {
+        let word = if j == 0 { "if" } else { "elseif" };
+        let _ = writeln!(lua, "  {word} s == {} then", j + 1);
+        branch(&mut lua, shape);
+    }
+    lua.push_str("  end\nend\nreturn out\n");
+    finish(&[&lua])
+}
+
+/// One shape's branch: its costs read (and the argument cursor moved past them), then the
+/// plan decided, charged all or nothing and answered in `out[i]`; the key cursor moves past
+/// its keys.
+fn branch(lua: &mut String, shape: &Shape) {
+    let rules = shape.rules();
+    let n = rules.len();
+    let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
+    let ones = vec!["1"; n].join(", ");
+    let _ = writeln!(
+        lua,
+        "    local {} = {ones}\n    if costs then",
+        names.join(", ")
+    );
+    for (i, name) in names.iter().enumerate() {
+        let _ = writeln!(
+            lua,
+            "      {name} = tonumber(argv[a + {i}])\n      \
+             if not {name} or {name} % 1 ~= 0 or {name} < 0 or {name} > MAX_INT then\n        \
+             bad = 'costs must be integers in [0, 2^53]'\n      \
+             end"
+        );
+    }
+    let _ = writeln!(
+        lua,
+        "      a = a + {n}\n    end\n    \
+         if bad then\n      \
+         out[i] = redis.error_reply('ERR tollgate: plan ' .. i .. ': ' .. bad)\n    \
+         else"
+    );
+    match rules {
+        [one] => one_rule(lua, one, shape.integer_reply),
+        _ => several_rules(lua, rules),
+    }
+    let _ = writeln!(lua, "    end\n    k = k + {n}");
+}
+
+/// A one-rule plan: GET, the body, SET when allowed; the integer reply where it fits, as the
+/// shape's own script answers.
+fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) {
+    let (l, p, b, t) = constants(&rule.limit);
+    let (base, bound) = if integer_reply {
+        reply_base(l, p, b, t)
+    } else {
+        (0, 0)
+    };
+    let _ = writeln!(
+        lua,
+        "    local cost, key = cost_1, keys[k + 1]\n    \
+         local limit, p, burst, t = {l}, {p}, {b}, {t}\n    \
+         local raw = written[key] or all[k + 1]\n    \
+         local ok, remaining, reset, retry, value, idle_at\n    \
+         do"
+    );
+    lua.push_str(body(rule.limit.algorithm()));
+    lua.push_str(
+        "    end\n    \
+         if not ok then\n      \
+         out[i] = pack('>I7BI7I7I7', now, 0, remaining, reset, retry + 1)\n    \
+         else\n      \
+         if cost > 0 then\n",
+    );
+    crate::script::write(lua, "key", "value", "idle_at");
+    lua.push_str("        written[key] = value\n      end\n");
+    if base > 0 {
+        let _ = writeln!(
+            lua,
+            "      if remaining < {base} and reset < {bound} then\n        \
+             out[i] = reset * {base} + remaining\n      \
+             else\n        \
+             out[i] = pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n      \
+             end"
+        );
+    } else {
+        lua.push_str("      out[i] = pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n");
+    }
+    lua.push_str("    end\n");
+}
+
+/// A plan of 2 to 8 rules: every rule decided (suffixed locals) on one MGET, then all charged
+/// or none; a denied plan reports the uncharged state of the rules that would have allowed.
+fn several_rules(lua: &mut String, rules: &[RuleShape]) {
+    let quota = rules.iter().any(|r| r.mode == Mode::Quota);
+    let raws: Vec<String> = (1..=rules.len())
+        .map(|i| format!("written[keys[k + {i}]] or all[k + {i}]"))
+        .collect();
+    let _ = writeln!(
+        lua,
+        "    local denied = 0\n    local raws = {{{}}}",
+        raws.join(", ")
+    );
+    if quota {
+        lua.push_str("    local quota_ok = 0\n");
+    }
+    for (i, rule) in rules.iter().enumerate() {
+        let i = i + 1;
+        let _ = writeln!(
+            lua,
+            "    local ok_{i}, remaining_{i}, reset_{i}, retry_{i}, value_{i}, idle_{i}\n    \
+             do\n      local cost = cost_{i}"
+        );
+        decide(lua, rule, i, None, "      ");
+        match rule.mode {
+            Mode::Enforce => {
+                lua.push_str("      if not ok then\n        denied = denied + 1\n      end\n")
+            }
+            Mode::Quota => {
+                lua.push_str("      if ok then\n        quota_ok = quota_ok + 1\n      end\n")
+            }
+            Mode::Shadow => {}
+        }
+        let _ = writeln!(
+            lua,
+            "      ok_{i}, remaining_{i}, reset_{i}, retry_{i}, value_{i}, idle_{i} =\n        \
+             ok, remaining, reset, retry, value, idle_at\n    \
+             end"
+        );
+    }
+    if quota {
+        lua.push_str("    if quota_ok == 0 then\n      denied = denied + 1\n    end\n");
+    }
+    lua.push_str("    if denied == 0 then\n");
+    for (i, rule) in rules.iter().enumerate() {
+        let i = i + 1;
+        match rule.mode {
+            Mode::Enforce => {
+                let _ = writeln!(lua, "      if cost_{i} > 0 then");
+            }
+            Mode::Shadow | Mode::Quota => {
+                let _ = writeln!(lua, "      if ok_{i} and cost_{i} > 0 then");
+            }
+        }
+        crate::script::write(
+            lua,
+            &format!("keys[k + {i}]"),
+            &format!("value_{i}"),
+            &format!("idle_{i}"),
+        );
+        let _ = writeln!(lua, "        written[keys[k + {i}]] = value_{i}\n      end");
+    }
+    lua.push_str("    else\n");
+    for (i, rule) in rules.iter().enumerate() {
+        let i = i + 1;
+        let _ = writeln!(lua, "      if ok_{i} and cost_{i} > 0 then");
+        decide(lua, rule, i, Some(0), "        ");
+        let _ = writeln!(
+            lua,
+            "        remaining_{i}, reset_{i} = remaining, reset\n      end"
+        );
+    }
+    lua.push_str("    end\n");
+    let values: Vec<String> = (1..=rules.len())
+        .map(|i| format!("ok_{i} and 1 or 0, remaining_{i}, reset_{i}, retry_{i} + 1"))
+        .collect();
+    let _ = writeln!(
+        lua,
+        "    out[i] = pack('>I7{}', now, {})",
+        "BI7I7I7".repeat(rules.len()),
+        values.join(", ")
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{Algorithm, Limit, Quota};
+
+    fn shape(rules: &[(Algorithm, Mode)]) -> Shape {
+        let quota = Quota::per_minute(100).expect("quota");
+        let rules = rules.iter().map(|&(a, mode)| RuleShape {
+            limit: Limit::new(a, quota).expect("limit"),
+            mode,
+        });
+        Shape::new(rules, true).expect("shape")
+    }
+
+    #[test]
+    fn a_batch_script_has_one_branch_per_shape_and_answers_in_an_array() {
+        let one = shape(&[(Algorithm::TokenBucket, Mode::Enforce)]);
+        let two = shape(&[
+            (Algorithm::Gcra, Mode::Enforce),
+            (Algorithm::SlidingWindowLog, Mode::Shadow),
+        ]);
+        let s = batch_script(&[one, two]).expect("script");
+        assert!(s.text.contains("  if s == 1 then\n") && s.text.contains("  elseif s == 2 then\n"));
+        assert!(s.text.contains("local rules_of = {1, 2}\n"));
+        // One MGET reads every key; a key written earlier in the batch is read from `written`.
+        assert_eq!(
+            s.text.matches("redis.call('MGET', unpack(keys))").count(),
+            1
+        );
+        assert!(!s.text.contains("redis.call('GET'"));
+        assert!(s.text.contains("local raw = written[key] or all[k + 1]\n"));
+        assert!(s.text.contains(
+            "local raws = {written[keys[k + 1]] or all[k + 1], written[keys[k + 2]] or all[k + 2]}\n"
+        ));
+        assert_eq!(s.text.matches("written[key] = value\n").count(), 1);
+        assert_eq!(
+            s.text.matches("written[keys[k + 2]] = value_2\n").count(),
+            1
+        );
+        assert!(s.text.contains("out[i] = reset * 101 + remaining"));
+        assert!(s.text.trim_end().ends_with("return out"));
+        assert!(!s.text.contains("local function"));
+        // The same list is the same script; another order is another one.
+        let again = batch_script(&[one, two]).expect("script");
+        assert_eq!(again.sha, s.sha);
+        assert_ne!(batch_script(&[two, one]).expect("script").sha, s.sha);
+        assert!(batch_script(&[]).is_none());
+        assert!(batch_script(&[one; MAX_BATCH_SHAPES + 1]).is_none());
+    }
+}

@@ -1,0 +1,540 @@
+//! Coalesced store calls (`store.max_batch`): plans that arrive while a call is in flight
+//! leave together in the next call, decided in arrival order and all-or-nothing each, exactly
+//! as if sent one by one; against real redis-server processes and a real Cluster.
+
+mod common;
+
+use common::{client, rule};
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_core::{Algorithm, Check, Mode, Rule};
+use tollgate_redis::{RedisConfig, RedisStore, StoreClock};
+use tollgate_testkit::{RedisCluster, RedisServer};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(86_400);
+/// Only a guard against a hung test; nothing asserts on time.
+const HANG: Duration = Duration::from_secs(30);
+
+async fn store(config: RedisConfig) -> RedisStore {
+    match RedisStore::connect(config.with_key_prefix("test")).await {
+        Ok(s) => s,
+        Err(e) => panic!("cannot connect: {e}"),
+    }
+}
+
+/// Script calls (EVALSHA and EVAL) a server ran since its stats were reset.
+fn script_calls(cli: impl Fn(&[&str]) -> String) -> u64 {
+    let stats = cli(&["info", "commandstats"]);
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            let calls = l.split("calls=").nth(1)?;
+            calls.split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// `n` checks of `rule` for client `who`, all started at once; how many were allowed.
+async fn concurrent(store: &RedisStore, rule: &Arc<Rule>, who: u128, n: usize) -> usize {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (store, rule, barrier) = (store.clone(), rule.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let checks = [Check::new(client(who), &rule, 1)];
+            store.check(&checks, common::EPOCH_2026).await
+        }));
+    }
+    let mut allowed = 0;
+    for t in tasks {
+        match tokio::time::timeout(HANG, t).await {
+            Ok(Ok(Ok(v))) => allowed += usize::from(v.allowed),
+            other => panic!("a check failed: {other:?}"),
+        }
+    }
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_plans_on_one_key_admit_exactly_the_limit_in_fewer_script_calls() {
+    let server = RedisServer::start();
+    // The gateway clock keeps every fixed window of the test inside one window.
+    let config = RedisConfig::standalone(server.url()).with_clock(StoreClock::Local);
+    let store = store(config).await;
+    for algorithm in Algorithm::ALL {
+        let r = Arc::new(rule(&format!("hot-{algorithm}"), algorithm, 100, HOUR));
+        // Load the plan's script first, so the calls counted are the plans'.
+        store
+            .check(&[Check::new(client(1), &r, 0)], common::EPOCH_2026)
+            .await
+            .expect("check");
+        server.cli(&["config", "resetstat"]);
+        let allowed = concurrent(&store, &r, 7 + algorithm as u128, 400).await;
+        assert_eq!(allowed, 100, "{algorithm}");
+        let calls = script_calls(|a| server.cli(a));
+        assert!(
+            calls < 400 / 2,
+            "{algorithm}: 400 concurrent plans took {calls} script calls"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_max_batch_1_every_plan_is_a_call_of_its_own() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url()).with_max_batch(1)).await;
+    let r = Arc::new(rule("one", Algorithm::TokenBucket, 50, HOUR));
+    store
+        .check(&[Check::new(client(1), &r, 0)], 0)
+        .await
+        .expect("check");
+    server.cli(&["config", "resetstat"]);
+    assert_eq!(concurrent(&store, &r, 2, 200).await, 50);
+    assert_eq!(script_calls(|a| server.cli(a)), 200);
+}
+
+/// On one thread, tasks run in the order they were spawned: the first finds the connection
+/// idle and leaves at once, the rest queue behind it in that order.
+#[tokio::test(flavor = "current_thread")]
+async fn plans_of_a_batch_are_decided_in_arrival_order() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    let r = Arc::new(rule("order", Algorithm::TokenBucket, 5, DAY));
+    store
+        .check(&[Check::new(client(1), &r, 0)], 0)
+        .await
+        .expect("check");
+    server.cli(&["config", "resetstat"]);
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (store, r) = (store.clone(), r.clone());
+        tasks.push(tokio::spawn(async move {
+            store.check(&[Check::new(client(3), &r, 1)], 0).await
+        }));
+    }
+    let mut seen = Vec::new();
+    for t in tasks {
+        let v = t.await.expect("task").expect("check");
+        seen.push((v.allowed, v.decisions[0].remaining));
+    }
+    let expected: Vec<(bool, u64)> = (0..20u64)
+        .map(|i| if i < 5 { (true, 4 - i) } else { (false, 0) })
+        .collect();
+    assert_eq!(seen, expected);
+    assert!(script_calls(|a| server.cli(a)) < 20);
+}
+
+/// Plans of three shapes over the same keys, all at once: each shape's all-or-nothing rule
+/// holds inside the batch, and the shared rule admits exactly its limit over all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_mixing_plan_shapes_decides_each_plan_all_or_nothing() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    let shared = Arc::new(rule("shared", Algorithm::Gcra, 30, HOUR));
+    let wide = Arc::new(rule("wide", Algorithm::TokenBucket, 1000, DAY));
+    let watch = Arc::new(rule("watch", Algorithm::SlidingWindowLog, 1000, DAY));
+    let who = client(11);
+    let barrier = Arc::new(tokio::sync::Barrier::new(300));
+    let mut tasks = Vec::new();
+    for i in 0..300usize {
+        let (store, shared, wide, watch, barrier) = (
+            store.clone(),
+            shared.clone(),
+            wide.clone(),
+            watch.clone(),
+            barrier.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let plan: Vec<Check<'_>> = match i % 3 {
+                0 => vec![Check::new(who, &shared, 1)],
+                1 => vec![Check::new(who, &shared, 1), Check::new(who, &wide, 2)],
+                _ => vec![
+                    Check::new(who, &wide, 1),
+                    Check::new(who, &shared, 1),
+                    Check::new(who, &watch, 1).shadow(),
+                ],
+            };
+            let v = store.check(&plan, 0).await.expect("check");
+            (i % 3, v.allowed)
+        }));
+    }
+    let mut allowed = [0u64; 3];
+    for t in tasks {
+        let (kind, ok) = tokio::time::timeout(HANG, t)
+            .await
+            .expect("no hang")
+            .expect("task");
+        allowed[kind] += u64::from(ok);
+    }
+    assert_eq!(allowed.iter().sum::<u64>(), 30, "{allowed:?}");
+    // What the other rules were charged is exactly what the allowed plans charged.
+    let v = store
+        .check(&[Check::new(who, &wide, 0), Check::new(who, &watch, 0)], 0)
+        .await
+        .expect("query");
+    assert_eq!(v.decisions[0].remaining, 1000 - 2 * allowed[1] - allowed[2]);
+    assert_eq!(v.decisions[1].remaining, 1000 - allowed[2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flushed_script_cache_is_refilled_by_the_batch_without_failing_a_plan() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    let r = Arc::new(rule("flush", Algorithm::TokenBucket, 1000, HOUR));
+    assert_eq!(concurrent(&store, &r, 20, 100).await, 100);
+    server.cli(&["script", "flush"]);
+    assert_eq!(concurrent(&store, &r, 20, 100).await, 100);
+    server.cli(&["script", "flush"]);
+    assert_eq!(concurrent(&store, &r, 20, 100).await, 100);
+}
+
+/// `n` checks started at once, each with its own client; every answer (or failure).
+async fn answers(
+    store: &RedisStore,
+    rule: &Arc<Rule>,
+    n: usize,
+) -> Vec<Result<bool, tollgate_redis::RedisStoreError>> {
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let (store, rule) = (store.clone(), rule.clone());
+        tasks.push(tokio::spawn(async move {
+            let checks = [Check::new(client(100 + i as u128), &rule, 1)];
+            store.check(&checks, 0).await.map(|v| v.allowed)
+        }));
+    }
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(
+            tokio::time::timeout(HANG, t)
+                .await
+                .expect("a stuck server must not hang a plan")
+                .expect("task"),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_server_fails_every_plan_of_a_batch_with_a_timeout_and_serves_again() {
+    let server = RedisServer::start();
+    let config =
+        RedisConfig::standalone(server.url()).with_call_timeout(Duration::from_millis(200));
+    let store = store(config).await;
+    let r = Arc::new(rule("frozen", Algorithm::Gcra, 100, HOUR));
+    assert!(answers(&store, &r, 10).await.iter().all(|a| a.is_ok()));
+    server.pause();
+    let frozen = answers(&store, &r, 100).await;
+    server.resume();
+    for a in &frozen {
+        let e = a.as_ref().expect_err("frozen");
+        assert!(e.is_transient(), "{e}");
+    }
+    let mut recovered = false;
+    for _ in 0..100 {
+        if answers(&store, &r, 50).await.iter().all(|a| a.is_ok()) {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(recovered, "the store did not serve again after the thaw");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_killed_under_a_batch_fails_each_of_its_plans() {
+    let mut server = RedisServer::start();
+    let config = RedisConfig::standalone(server.url()).with_call_timeout(Duration::from_secs(5));
+    let store = store(config).await;
+    let r = Arc::new(rule("killed", Algorithm::Gcra, 100, HOUR));
+    assert!(answers(&store, &r, 10).await.iter().all(|a| a.is_ok()));
+    // Frozen first, so the plans are in flight or queued when it dies.
+    server.pause();
+    let pending = {
+        let (store, r) = (store.clone(), r.clone());
+        tokio::spawn(async move { answers(&store, &r, 100).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.kill();
+    let killed = tokio::time::timeout(HANG, pending)
+        .await
+        .expect("no hang")
+        .expect("task");
+    for a in &killed {
+        let e = a.as_ref().expect_err("killed");
+        assert!(e.is_transient(), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_plans_of_one_slot_coalesce_and_admit_exactly_the_limit() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
+    let r = Arc::new(rule("hot", Algorithm::TokenBucket, 100, HOUR));
+    let shadow = Arc::new(rule("seen", Algorithm::TokenBucket, 1000, DAY));
+    for who in 0..3u128 {
+        store
+            .check(&[Check::new(client(who), &r, 0)], 0)
+            .await
+            .expect("check");
+    }
+    for n in cluster.nodes() {
+        n.cli(&["config", "resetstat"]);
+    }
+    // A hot client, and many others spread over every master, at once.
+    let hot = concurrent(&store, &r, 5000, 300);
+    let spread = answers(&store, &r, 300);
+    let (hot, spread) = tokio::join!(hot, spread);
+    assert_eq!(hot, 100);
+    assert!(spread.iter().all(|a| matches!(a, Ok(true))));
+    let calls: u64 = cluster
+        .nodes()
+        .iter()
+        .map(|n| script_calls(|a| n.cli(a)))
+        .sum();
+    assert!(calls < 600, "600 plans took {calls} script calls");
+    // Plans of two rules in one slot coalesce too, all-or-nothing each.
+    let barrier = Arc::new(tokio::sync::Barrier::new(200));
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let (store, r, shadow, barrier) =
+            (store.clone(), r.clone(), shadow.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let who = client(6000);
+            let plan = [
+                Check::new(who, &r, 1),
+                Check {
+                    mode: Mode::Shadow,
+                    ..Check::new(who, &shadow, 1)
+                },
+            ];
+            store.check(&plan, 0).await.expect("check").allowed
+        }));
+    }
+    let mut allowed = 0u64;
+    for t in tasks {
+        allowed += u64::from(t.await.expect("task"));
+    }
+    assert_eq!(allowed, 100);
+    let v = store
+        .check(&[Check::new(client(6000), &shadow, 0)], 0)
+        .await
+        .expect("query");
+    assert_eq!(v.decisions[0].remaining, 1000 - 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_local_clock_and_costs_travel_with_each_plan_of_a_batch() {
+    let server = RedisServer::start();
+    let config = RedisConfig::standalone(server.url()).with_clock(StoreClock::Local);
+    let store = store(config).await;
+    let r = Arc::new(rule("costs", Algorithm::FixedWindow, 90, HOUR));
+    let now = common::EPOCH_2026;
+    let barrier = Arc::new(tokio::sync::Barrier::new(100));
+    let mut tasks = Vec::new();
+    for i in 0..100u64 {
+        let (store, r, barrier) = (store.clone(), r.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            // Costs 1 to 3 (100 demanded of each client); the second client an hour later.
+            let at = now + (i % 2) * 3_600_000_000;
+            let who = client(40 + u128::from(i % 2));
+            let v = store
+                .check(&[Check::new(who, &r, 1 + i % 3)], at)
+                .await
+                .expect("check");
+            (i % 2, if v.allowed { 1 + i % 3 } else { 0 })
+        }));
+    }
+    let mut charged = [0u64; 2];
+    for t in tasks {
+        let (window, cost) = t.await.expect("task");
+        charged[window as usize] += cost;
+    }
+    for (w, c) in charged.iter().enumerate() {
+        let at = now + w as u64 * 3_600_000_000;
+        let v = store
+            .check(&[Check::new(client(40 + w as u128), &r, 0)], at)
+            .await
+            .expect("query");
+        assert_eq!(v.decisions[0].remaining, 90 - c, "window {w}");
+        // Denied only when the cost no longer fits: at most 2 units left over.
+        assert!(*c <= 90 && *c >= 88, "window {w}: {c}");
+    }
+}
+
+/// `n` lease calls (or, with `checks`, every other call a check of cost 1) on one key, all
+/// at once; the units they took.
+async fn take_all(store: &RedisStore, r: &Arc<Rule>, who: u128, n: u64, checks: bool) -> u64 {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n as usize));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (store, r, barrier) = (store.clone(), r.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let who = client(who);
+            if checks && i % 2 == 1 {
+                let v = store.check(&[Check::new(who, &r, 1)], 0).await;
+                u64::from(v.expect("check").allowed)
+            } else {
+                let req = tollgate_redis::LeaseRequest {
+                    want: 3,
+                    need: 1,
+                    give_back: 0,
+                    give_back_window: 0,
+                };
+                store.lease(&who, &r, req, 0).await.expect("lease").granted
+            }
+        }));
+    }
+    let mut taken = 0;
+    for t in tasks {
+        taken += tokio::time::timeout(HANG, t)
+            .await
+            .expect("no hang")
+            .expect("task");
+    }
+    taken
+}
+
+/// Lease refills coalesce, and share a key's limit exactly with the checks they queue with
+/// (a batch holds calls of one kind: a check after a lease leaves in the next call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_calls_coalesce_and_share_the_limit_exactly_with_checks() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    let r = Arc::new(rule("leased", Algorithm::TokenBucket, 600, DAY));
+    store
+        .check(&[Check::new(client(1), &r, 0)], 0)
+        .await
+        .expect("check");
+    assert_eq!(take_all(&store, &r, 77, 1, false).await, 3);
+    server.cli(&["config", "resetstat"]);
+    // 200 leases of 3 units want all of the 597 left.
+    assert_eq!(take_all(&store, &r, 77, 200, false).await, 597);
+    let calls = script_calls(|a| server.cli(a));
+    assert!(calls < 100, "200 lease calls took {calls} script calls");
+    // Leases and checks of another client at once: exactly its limit between them.
+    assert_eq!(take_all(&store, &r, 78, 400, true).await, 600);
+}
+
+/// A template of a plan: its rules (indices) and their modes; the plans of a trace are a few
+/// templates with random costs, clients and times, so their batches hold a few shapes.
+type Template = Vec<(usize, Mode)>;
+
+/// A plan of a trace: (client, rule, cost, mode) per check, and its `now`.
+type TracePlan = (Vec<(u128, usize, u64, Mode)>, u64);
+
+/// The batch decides what tollgate-core decides plan after plan: random traces of plans of
+/// three shapes (every algorithm, shadow and quota rules, costs 0 to over capacity, time
+/// forwards and backwards), all spawned at once on one thread so they queue in spawn order,
+/// against `tollgate_core::decide` in that order.
+#[tokio::test(flavor = "current_thread")]
+async fn batched_plans_match_core_decided_one_after_another() {
+    use common::{random_limit, Rng};
+    use std::collections::HashMap;
+    use tollgate_core::{decide, ClientKey, State};
+    let server = RedisServer::start();
+    let config = RedisConfig::standalone(server.url()).with_clock(StoreClock::Local);
+    // Virtual time: keys must not expire in real time.
+    let store = store(config).await.with_ttl_floor(HOUR);
+    let mut batched = 0u64;
+    for seed in 0..6u64 {
+        let mut rng = Rng::new(900 + seed);
+        let rules: Arc<Vec<Rule>> = Arc::new(
+            (0..4)
+                .map(|i| {
+                    let a = Algorithm::ALL[(i + seed as usize) % Algorithm::ALL.len()];
+                    Rule::new(format!("bd-{seed}-{i}"), random_limit(&mut rng, a))
+                })
+                .collect(),
+        );
+        let modes = [Mode::Enforce, Mode::Enforce, Mode::Shadow, Mode::Quota];
+        let templates: Vec<Template> = vec![
+            vec![(0, Mode::Enforce)],
+            vec![(1, *rng.pick(&modes)), (2, *rng.pick(&modes))],
+            vec![
+                (3, *rng.pick(&modes)),
+                (0, *rng.pick(&modes)),
+                (1, *rng.pick(&modes)),
+            ],
+        ];
+        let clients: Vec<u128> = (0..2).map(|i| u128::from(seed) << 8 | i).collect();
+        let mut now = common::EPOCH_2026;
+        let mut plans: Vec<TracePlan> = Vec::new();
+        for _ in 0..300 {
+            let t = rng.pick(&templates);
+            let q = rules[t[0].0].limit().quota();
+            now = match rng.range(0, 5) {
+                0 => now,
+                1 => now.saturating_sub(rng.range(1, q.period_micros())),
+                2 => now + q.period_micros(),
+                _ => now + rng.range(0, q.emission_interval_micros().max(1) * 2),
+            };
+            let checks = t
+                .iter()
+                .map(|&(r, mode)| {
+                    let q = rules[r].limit().quota();
+                    let cap = q.limit().max(q.burst());
+                    let cost = match rng.range(0, 9) {
+                        0 => 0,
+                        1 => cap + 1,
+                        2 => rng.range(1, cap),
+                        _ => rng.range(1, (cap / 4).max(1)),
+                    };
+                    (*rng.pick(&clients), r, cost, mode)
+                })
+                .collect();
+            plans.push((checks, now));
+        }
+        let before = script_calls(|a| server.cli(a));
+        let mut tasks = Vec::new();
+        for (plan, now) in plans.clone() {
+            let (store, rules) = (store.clone(), rules.clone());
+            tasks.push(tokio::spawn(async move {
+                let checks: Vec<Check<'_>> = plan
+                    .iter()
+                    .map(|&(c, r, cost, mode)| Check {
+                        client: client(c),
+                        rule: &rules[r],
+                        cost,
+                        mode,
+                    })
+                    .collect();
+                store.check(&checks, now).await
+            }));
+        }
+        let mut got = Vec::new();
+        for t in tasks {
+            got.push(t.await.expect("task").expect("check"));
+        }
+        batched += 300 - (script_calls(|a| server.cli(a)) - before).min(300);
+        let mut states: HashMap<(ClientKey, usize), State> = HashMap::new();
+        for (i, ((plan, now), got)) in plans.iter().zip(got).enumerate() {
+            let mut taken: Vec<State> = plan
+                .iter()
+                .map(|&(c, r, _, _)| {
+                    states
+                        .remove(&(client(c), r))
+                        .unwrap_or_else(|| rules[r].limit().fresh())
+                })
+                .collect();
+            let expected = decide(
+                plan.iter()
+                    .zip(taken.iter_mut())
+                    .map(|(&(_, r, cost, mode), s)| (rules[r].limit(), s, cost, mode)),
+                *now,
+            );
+            for (&(c, r, _, _), s) in plan.iter().zip(taken) {
+                states.insert((client(c), r), s);
+            }
+            assert_eq!(got, expected, "seed {seed}, plan {i}: {plan:?} at {now}");
+        }
+    }
+    // Most plans left in batches (fewer script calls than plans).
+    assert!(batched > 6 * 150, "{batched}");
+}
