@@ -2,12 +2,7 @@
 //! locally, give back the unused ones. See `scripts/lease.lua` for the exact semantics.
 
 use crate::error::RedisStoreError;
-use crate::lane::Job;
-use crate::script::lease_script;
-use crate::store::RedisStore;
-use crate::StoreClock;
-use redis::RedisError;
-use tollgate_core::{ClientKey, Limit, Micros, Rule};
+use tollgate_core::{Limit, Micros};
 
 /// One lease call: give back `give_back` unused units of the previous lease (taken in
 /// `give_back_window` for a fixed window), then take up to `want` units if at least `need`
@@ -42,67 +37,6 @@ pub struct Lease {
     pub window_end_after: Micros,
 }
 
-impl RedisStore {
-    /// Gives back and takes lease units of `rule` for `client` in one atomic round trip.
-    pub async fn lease(
-        &self,
-        client: &ClientKey,
-        rule: &Rule,
-        request: LeaseRequest,
-        now: Micros,
-    ) -> Result<Lease, RedisStoreError> {
-        let limit = rule.limit();
-        if !limit.algorithm().is_leasable() {
-            return Err(RedisStoreError::invalid(format!(
-                "{} cannot be leased",
-                limit.algorithm()
-            )));
-        }
-        let job = LeaseJob {
-            key: self.key(client, rule.name()),
-            limit: *limit,
-            request,
-            now,
-        };
-        // Refills coalesce like checks (a lease call, alone, when the lane is idle).
-        let reply = if self.max_batch() > 1 {
-            self.submit(self.lane_of(client), Job::Lease(job)).await?
-        } else {
-            self.run_lease(&job).await?
-        };
-        parse(&reply)
-    }
-
-    /// One lease call alone: `lease.lua`.
-    pub(crate) async fn run_lease(&self, job: &LeaseJob) -> Result<redis::Value, RedisError> {
-        self.run_script(lease_script(), |cmd| {
-            cmd.arg(1).arg(&job.key);
-            self.push_lease_args(cmd, job);
-        })
-        .await
-    }
-
-    /// `lease.lua`'s arguments for `job` (without its key): 9, or 10 with a PX floor.
-    pub(crate) fn push_lease_args(&self, cmd: &mut redis::Cmd, job: &LeaseJob) {
-        match self.clock() {
-            StoreClock::Store => cmd.arg(""),
-            StoreClock::Local => cmd.arg(job.now),
-        };
-        let q = job.limit.quota();
-        cmd.arg(job.limit.algorithm().name())
-            .arg(q.limit())
-            .arg(q.period_micros())
-            .arg(q.burst())
-            .arg(job.request.want)
-            .arg(job.request.need)
-            .arg(job.request.give_back)
-            .arg(job.request.give_back_window);
-        if let Some(ms) = self.ttl_floor_ms() {
-            cmd.arg(ms);
-        }
-    }
-}
-
 /// One lease call, owned, as it waits in a lane's queue.
 pub(crate) struct LeaseJob {
     pub(crate) key: String,
@@ -111,7 +45,7 @@ pub(crate) struct LeaseJob {
     pub(crate) now: Micros,
 }
 
-fn parse(reply: &redis::Value) -> Result<Lease, RedisStoreError> {
+pub(crate) fn parse_lease(reply: &redis::Value) -> Result<Lease, RedisStoreError> {
     let redis::Value::Array(items) = reply else {
         return Err(RedisStoreError::protocol(format!(
             "the lease script answered {reply:?}, expected an array"

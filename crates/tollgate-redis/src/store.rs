@@ -1,9 +1,12 @@
 //! The store: connections (standalone or cluster), key layout, one script call per plan (per
 //! slot on a Redis Cluster).
 
+use crate::batch_script::batch_script;
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::lane::{Job, Lane, PlanJob};
+use crate::lane::{Answer, Job, Lane, PlanJob, Waiting};
+use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
+use crate::script::lease_batch_script;
 use crate::script::{
     generic_script, lease_script, parse_reply, plan_script, LimitHash, Reply, RuleShape, Script,
     Shape,
@@ -16,7 +19,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::RwLock;
-use tollgate_core::{Check, ClientKey, Micros, Mode, Verdict};
+use tokio::sync::oneshot;
+use tollgate_core::{Check, ClientKey, Micros, Mode, Rule, Verdict};
 
 /// The largest cost sent to the script. Any cost above `MAX_LIMIT` is denied outright, so
 /// clamping to 2^53 (exact in Lua) changes no decision.
@@ -642,6 +646,273 @@ fn verdict(checks: &[Check<'_>], decisions: Vec<tollgate_core::Decision>) -> Ver
             .map(|(c, d)| (c.mode, d.allowed)),
     );
     Verdict { allowed, decisions }
+}
+
+// Leases (see `lease.rs` for the types).
+impl RedisStore {
+    /// Gives back and takes lease units of `rule` for `client` in one atomic round trip.
+    pub async fn lease(
+        &self,
+        client: &ClientKey,
+        rule: &Rule,
+        request: LeaseRequest,
+        now: Micros,
+    ) -> Result<Lease, RedisStoreError> {
+        let limit = rule.limit();
+        if !limit.algorithm().is_leasable() {
+            return Err(RedisStoreError::invalid(format!(
+                "{} cannot be leased",
+                limit.algorithm()
+            )));
+        }
+        let job = LeaseJob {
+            key: self.key(client, rule.name()),
+            limit: *limit,
+            request,
+            now,
+        };
+        // Refills coalesce like checks (a lease call, alone, when the lane is idle).
+        let reply = if self.max_batch() > 1 {
+            self.submit(self.lane_of(client), Job::Lease(job)).await?
+        } else {
+            self.run_lease(&job).await?
+        };
+        parse_lease(&reply)
+    }
+
+    /// One lease call alone: `lease.lua`.
+    pub(crate) async fn run_lease(&self, job: &LeaseJob) -> Result<redis::Value, RedisError> {
+        self.run_script(lease_script(), |cmd| {
+            cmd.arg(1).arg(&job.key);
+            self.push_lease_args(cmd, job);
+        })
+        .await
+    }
+
+    /// `lease.lua`'s arguments for `job` (without its key): 9, or 10 with a PX floor.
+    pub(crate) fn push_lease_args(&self, cmd: &mut redis::Cmd, job: &LeaseJob) {
+        match self.clock() {
+            StoreClock::Store => cmd.arg(""),
+            StoreClock::Local => cmd.arg(job.now),
+        };
+        let q = job.limit.quota();
+        cmd.arg(job.limit.algorithm().name())
+            .arg(q.limit())
+            .arg(q.period_micros())
+            .arg(q.burst())
+            .arg(job.request.want)
+            .arg(job.request.need)
+            .arg(job.request.give_back)
+            .arg(job.request.give_back_window);
+        if let Some(ms) = self.ttl_floor_ms() {
+            cmd.arg(ms);
+        }
+    }
+}
+
+// Coalesced calls (see `lane.rs` for the queue).
+/// Marks the lane idle when the direct call it guards ends (or its caller gives up), or hands
+/// what queued meanwhile to a drain task.
+struct Busy<'a> {
+    store: &'a RedisStore,
+    lane: &'a Arc<Lane>,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut state = self.lane.lock();
+        if state.queue.is_empty() {
+            state.busy = false;
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                drop(state);
+                rt.spawn(drain(self.store.clone(), Arc::clone(self.lane)));
+            }
+            // No runtime left (shutting down): the waiting callers get an error.
+            Err(_) => {
+                state.queue.clear();
+                state.busy = false;
+            }
+        }
+    }
+}
+
+impl RedisStore {
+    /// Runs `job` on `lane`: at once when the lane is idle, else in the next batch.
+    pub(crate) async fn submit(&self, lane: &Arc<Lane>, job: Job) -> Answer {
+        let waiting = {
+            let mut state = lane.lock();
+            if state.busy {
+                let (tx, rx) = oneshot::channel();
+                state.queue.push_back(Waiting { job, reply: tx });
+                Err(rx)
+            } else {
+                state.busy = true;
+                Ok(job)
+            }
+        };
+        match waiting {
+            Ok(job) => {
+                let _busy = Busy { store: self, lane };
+                self.run_alone(&job).await.map_err(Into::into)
+            }
+            Err(rx) => match rx.await {
+                Ok(answer) => answer,
+                Err(_) => Err(RedisStoreError::dropped()),
+            },
+        }
+    }
+
+    /// One call alone, with its own script.
+    async fn run_alone(&self, job: &Job) -> Result<redis::Value, redis::RedisError> {
+        match job {
+            Job::Plan(plan) => self.run_job(plan).await,
+            Job::Lease(lease) => self.run_lease(lease).await,
+        }
+    }
+
+    /// One batch: the plans' batch script (or, alone, the plan's own), every plan answered.
+    async fn run_batch(&self, batch: Vec<Waiting>, shapes: &[Shape]) {
+        let timeout = self.call_timeout();
+        if let [one] = &batch[..] {
+            let answer = match tokio::time::timeout(timeout, self.run_alone(&one.job)).await {
+                Ok(r) => r.map_err(Into::into),
+                Err(_) => Err(RedisStoreError::timed_out(timeout)),
+            };
+            if let Some(w) = batch.into_iter().next() {
+                let _ = w.reply.send(answer);
+            }
+            return;
+        }
+        let leases = batch.iter().all(|w| w.job.is_lease());
+        let generated = if leases { None } else { batch_script(shapes) };
+        let script: Option<&Script> = if leases {
+            Some(lease_batch_script())
+        } else {
+            generated.as_deref()
+        };
+        let Some(script) = script else {
+            // No batch script for this list (past the bound): one call each, in order.
+            for w in batch {
+                let answer = match tokio::time::timeout(timeout, self.run_alone(&w.job)).await {
+                    Ok(r) => r.map_err(Into::into),
+                    Err(_) => Err(RedisStoreError::timed_out(timeout)),
+                };
+                let _ = w.reply.send(answer);
+            }
+            return;
+        };
+        let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
+        let call = self.run_script(script, |cmd| {
+            if leases {
+                self.push_lease_batch_args(cmd, &jobs);
+            } else {
+                self.push_batch_args(cmd, &jobs, shapes);
+            }
+        });
+        let reply = match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(redis::Value::Array(items))) if items.len() == batch.len() => Ok(items),
+            Ok(Ok(other)) => Err(RedisStoreError::protocol(format!(
+                "the batch script answered {other:?}, expected an array of {}",
+                batch.len()
+            ))),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(RedisStoreError::timed_out(timeout)),
+        };
+        match reply {
+            Ok(items) => {
+                for (w, item) in batch.into_iter().zip(items) {
+                    let answer = match item {
+                        redis::Value::ServerError(e) => Err(redis::RedisError::from(e).into()),
+                        v => Ok(v),
+                    };
+                    let _ = w.reply.send(answer);
+                }
+            }
+            Err(e) => {
+                for w in batch {
+                    let _ = w.reply.send(Err(e.duplicate()));
+                }
+            }
+        }
+    }
+
+    /// The lease batch script's arguments (see `lease_batch_script`).
+    fn push_lease_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job]) {
+        let leases: Vec<&LeaseJob> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Lease(l) => Some(l),
+                Job::Plan(_) => None,
+            })
+            .collect();
+        cmd.arg(leases.len());
+        for l in &leases {
+            cmd.arg(&l.key);
+        }
+        cmd.arg(if self.ttl_floor_ms().is_some() { 10 } else { 9 });
+        for l in &leases {
+            self.push_lease_args(cmd, l);
+        }
+    }
+
+    /// The batch script's arguments (see `batch_script.rs`).
+    fn push_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], shapes: &[Shape]) {
+        let jobs: Vec<&PlanJob> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Plan(p) => Some(p),
+                Job::Lease(_) => None,
+            })
+            .collect();
+        let keys: usize = jobs.iter().map(|j| j.keys.len()).sum();
+        cmd.arg(keys);
+        for j in &jobs {
+            for k in &j.keys {
+                cmd.arg(k);
+            }
+        }
+        let local = self.clock() == crate::StoreClock::Local;
+        let spec: Vec<u8> = jobs
+            .iter()
+            .map(|j| {
+                let s = shapes.iter().position(|s| *s == j.shape).unwrap_or(0);
+                // At most MAX_BATCH_SHAPES (< 16) shapes: the number fits the low bits.
+                let mut b = u8::try_from(s + 1).unwrap_or(0);
+                if j.costs.iter().any(|&c| c != 1) {
+                    b += 16;
+                }
+                if local {
+                    b += 32;
+                }
+                b
+            })
+            .collect();
+        cmd.arg(spec).arg(self.ttl_floor_ms().unwrap_or(0));
+        for j in &jobs {
+            if local {
+                cmd.arg(j.now);
+            }
+            if j.costs.iter().any(|&c| c != 1) {
+                for c in &j.costs {
+                    cmd.arg(*c);
+                }
+            }
+        }
+    }
+}
+
+/// Drains `lane`: one batch per call until the queue is empty (which marks the lane idle).
+async fn drain(store: RedisStore, lane: Arc<Lane>) {
+    loop {
+        let (batch, shapes) = lane.take(store.max_batch());
+        if batch.is_empty() {
+            return;
+        }
+        store.run_batch(batch, &shapes).await;
+    }
 }
 
 #[cfg(test)]
