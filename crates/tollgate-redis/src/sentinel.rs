@@ -9,6 +9,13 @@
 //! failing fast until the failover is done; then the first call reconnects to the new master,
 //! whose empty script cache the store refills through NOSCRIPT like after a restart.
 //!
+//! A failover does not always break the old master's connection: `SENTINEL FAILOVER`, or a
+//! partition that heals, leaves the old master answering as a master until the sentinels
+//! turn it into a replica, seconds later (11 s in the soak), and writes made there meanwhile
+//! are lost when it resyncs. So a watcher asks the sentinels for the master's address every
+//! [`WATCH_EVERY`] and, when they name another one, forgets the current master: the next
+//! call looks the new one up.
+//!
 //! The lookup runs in a task of its own: a caller that gives up (its timeout is usually far
 //! shorter than a lookup across three sentinels) does not cancel it, so the next caller finds
 //! the master already connected. One lookup runs at a time.
@@ -25,6 +32,10 @@ use std::time::{Duration, Instant};
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 /// After a failed lookup, calls fail at once for this long instead of queueing more lookups.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
+/// How often the watcher asks the sentinels where the master is.
+pub(crate) const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// How long the watcher waits for one sentinel's answer.
+const WATCH_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// A connection to the master the sentinels name. Clones share it.
 #[derive(Clone)]
@@ -37,6 +48,8 @@ struct Inner {
     master_name: String,
     node: SentinelNodeConnectionInfo,
     current: Mutex<Option<Master>>,
+    /// The sentinels, for the watcher's own question (`SENTINEL GET-MASTER-ADDR-BY-NAME`).
+    sentinels: Vec<redis::Client>,
     /// When the last lookup failed.
     failed_at: Mutex<Option<Instant>>,
 }
@@ -46,6 +59,8 @@ struct Inner {
 struct Master {
     conn: ConnectionManager,
     lookup: u64,
+    /// `host:port`, as the sentinels named it.
+    addr: String,
 }
 
 impl SentinelConnection {
@@ -68,16 +83,22 @@ impl SentinelConnection {
         if first.starts_with("rediss://") {
             node = node.set_tls_mode(TlsMode::Secure);
         }
+        let sentinels = urls
+            .iter()
+            .filter_map(|u| redis::Client::open(u.as_str()).ok())
+            .collect();
         let conn = Self {
             inner: Arc::new(Inner {
                 sentinel: tokio::sync::Mutex::new(sentinel),
                 master_name: master_name.to_string(),
                 node,
                 current: Mutex::new(None),
+                sentinels,
                 failed_at: Mutex::new(None),
             }),
         };
         conn.master().await?;
+        tokio::spawn(watch(Arc::downgrade(&conn.inner)));
         Ok(conn)
     }
 
@@ -164,7 +185,10 @@ async fn lookup(inner: Arc<Inner>) -> Result<Master, RedisError> {
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(0);
-        ConnectionManager::new_with_config(client, config).await
+        let addr = client.get_connection_info().addr().to_string();
+        ConnectionManager::new_with_config(client, config)
+            .await
+            .map(|c| (addr, c))
     };
     let found = match tokio::time::timeout(LOOKUP_TIMEOUT, find).await {
         Ok(found) => found,
@@ -178,12 +202,84 @@ async fn lookup(inner: Arc<Inner>) -> Result<Master, RedisError> {
         .failed_at
         .lock()
         .unwrap_or_else(PoisonError::into_inner) = found.is_err().then(Instant::now);
-    let conn = found?;
+    let (client_addr, conn) = found?;
     let mut current = inner.current.lock().unwrap_or_else(PoisonError::into_inner);
     let lookup = NEXT_LOOKUP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let master = Master { conn, lookup };
+    let master = Master {
+        conn,
+        lookup,
+        addr: client_addr,
+    };
     *current = Some(master.clone());
     Ok(master)
+}
+
+/// Every [`WATCH_EVERY`] while the connection lives: when the sentinels name a master other
+/// than the one in use, forget it (the next call looks the new one up). A sentinel that does
+/// not answer in [`WATCH_TIMEOUT`] is skipped for the next; none answering changes nothing.
+async fn watch(inner: std::sync::Weak<Inner>) {
+    let mut tick = tokio::time::interval(WATCH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The connection to the sentinel that answered last, kept between ticks.
+    let mut asked: Option<(usize, redis::aio::MultiplexedConnection)> = None;
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let Some(master) = inner
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        else {
+            continue;
+        };
+        let named = named_master(&inner, &mut asked).await;
+        if let Some(named) = named {
+            if named != master.addr {
+                tracing::info!(
+                    old = %master.addr,
+                    new = %named,
+                    "the sentinels name another master; switching"
+                );
+                SentinelConnection { inner }.forget(master.lookup);
+            }
+        }
+    }
+}
+
+/// The master's `host:port` as the first sentinel that answers names it.
+async fn named_master(
+    inner: &Inner,
+    asked: &mut Option<(usize, redis::aio::MultiplexedConnection)>,
+) -> Option<String> {
+    let n = inner.sentinels.len();
+    let first = asked.as_ref().map_or(0, |(i, _)| *i);
+    for k in 0..n {
+        let i = (first + k) % n;
+        let conn = match asked.take() {
+            Some((j, c)) if j == i => Some(c),
+            _ => {
+                let client = inner.sentinels.get(i)?;
+                tokio::time::timeout(WATCH_TIMEOUT, client.get_multiplexed_async_connection())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+        };
+        let Some(mut conn) = conn else { continue };
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&inner.master_name);
+        let reply = tokio::time::timeout(
+            WATCH_TIMEOUT,
+            cmd.query_async::<Option<(String, u16)>>(&mut conn),
+        )
+        .await;
+        if let Ok(Ok(Some((host, port)))) = reply {
+            *asked = Some((i, conn));
+            return Some(format!("{host}:{port}"));
+        }
+    }
+    None
 }
 
 static NEXT_LOOKUP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);

@@ -99,6 +99,15 @@ impl RedisSentinels {
         })
     }
 
+    /// Asks the sentinels for a failover (`SENTINEL FAILOVER`): the replica is promoted while
+    /// the old master keeps running (it answers as a master until the sentinels demote it).
+    pub fn failover(&self) -> String {
+        self.sentinels
+            .first()
+            .map(|s| s.cli(&["SENTINEL", "FAILOVER", &self.name]))
+            .unwrap_or_default()
+    }
+
     /// Waits (at most `timeout`) until the sentinels name the replica as the master and it
     /// answers as one; true when they did.
     pub fn wait_for_failover(&self, timeout: Duration) -> bool {

@@ -116,3 +116,62 @@ async fn decisions_resume_on_the_promoted_replica_within_two_breaker_periods() {
     let r = l.check(&tollgate::Plan::for_client(client, [&p])).await;
     assert_eq!(r.results[0].outcome, Outcome::Limited);
 }
+
+/// `SENTINEL FAILOVER` leaves the old master up, answering as a master until the sentinels
+/// demote it (seconds later): the limiter must not keep writing there, where its writes are
+/// lost at the resync. It follows the sentinels' new answer within a few of its watcher's
+/// rounds (one a second), long before the old master is demoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_with_the_old_master_alive_moves_the_writes_to_the_new_master() {
+    let set = tokio::task::spawn_blocking(RedisSentinels::start)
+        .await
+        .expect("sentinels");
+    let l = limiter(&set);
+    let quota = Quota::per_hour(1000).expect("quota");
+    let p = l
+        .policy(PolicySpec::new(
+            "api",
+            Limit::new(Algorithm::TokenBucket, quota).expect("limit"),
+        ))
+        .expect("policy");
+    let first = l
+        .check(&tollgate::Plan::for_client(ClientKey([1; 16]), [&p]))
+        .await;
+    assert_eq!(first.results[0].outcome, Outcome::Allowed);
+    let set = std::sync::Arc::new(set);
+    let answer = set.failover();
+    assert!(
+        answer.contains("OK"),
+        "SENTINEL FAILOVER answered {answer:?}"
+    );
+    let promoted = {
+        let set = std::sync::Arc::clone(&set);
+        tokio::task::spawn_blocking(move || set.wait_for_failover(Duration::from_secs(30)))
+            .await
+            .expect("watcher")
+    };
+    assert!(promoted, "the sentinels did not fail over in 30 s");
+    let new_master = set.replica();
+    let keys = |s: &tollgate_testkit::RedisServer| -> u64 {
+        s.cli(&["DBSIZE"]).trim().parse().unwrap_or(0)
+    };
+    let before = keys(new_master);
+    let switched = Instant::now();
+    let mut moved = false;
+    // Bounded: 100 rounds of 50 ms; a fresh client each, so each allowed check writes a key.
+    for i in 0..100u8 {
+        let _ = l
+            .check(&tollgate::Plan::for_client(ClientKey([i + 2; 16]), [&p]))
+            .await;
+        if keys(new_master) > before {
+            moved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        moved,
+        "no write reached the new master within {:?} of the sentinels naming it",
+        switched.elapsed()
+    );
+}
