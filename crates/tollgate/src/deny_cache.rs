@@ -46,6 +46,12 @@ impl Hasher for PrehashedHasher {
 /// Makes room for `key` in a shard holding at most `per_shard` entries: when it is full and
 /// `key` is new, the entries that expired go, then (still full) the one that expires soonest.
 /// `expires` is when an entry stops meaning anything.
+///
+/// Before the table would grow, the entries that expired go too, so that under client churn a
+/// shard stays the size of what is live instead of filling to its bound with entries that
+/// mean nothing (and gives memory back when most of it went). Amortised: after a sweep that
+/// leaves it mostly full, the table grows at once, so the next sweep waits for as many new
+/// entries as are live.
 pub(crate) fn make_room<V, H: std::hash::BuildHasher>(
     map: &mut HashMap<(u128, u64), V, H>,
     per_shard: usize,
@@ -53,16 +59,31 @@ pub(crate) fn make_room<V, H: std::hash::BuildHasher>(
     now: Micros,
     expires: impl Fn(&V) -> Micros,
 ) {
-    if map.len() < per_shard || map.contains_key(key) {
+    if map.contains_key(key) {
         return;
     }
-    map.retain(|_, v| expires(v) > now);
     if map.len() >= per_shard {
-        if let Some(k) = map.iter().min_by_key(|(_, v)| expires(v)).map(|(k, _)| *k) {
-            map.remove(&k);
+        map.retain(|_, v| expires(v) > now);
+        if map.len() >= per_shard {
+            if let Some(k) = map.iter().min_by_key(|(_, v)| expires(v)).map(|(k, _)| *k) {
+                map.remove(&k);
+            }
+        }
+        return;
+    }
+    if map.len() >= SWEEP_FLOOR && map.len() >= map.capacity() {
+        map.retain(|_, v| expires(v) > now);
+        let (len, capacity) = (map.len(), map.capacity());
+        if len < capacity / 4 {
+            map.shrink_to(len * 2);
+        } else if len > capacity / 4 * 3 {
+            map.reserve(len.min(per_shard.saturating_sub(len)));
         }
     }
 }
+
+/// Below this many entries a shard is never swept before it grows (small tables cost little).
+const SWEEP_FLOOR: usize = 64;
 
 /// (client, policy) -> (denied until, the cost that was denied).
 type Map = HashMap<(u128, u64), (Micros, u64), BuildHasherDefault<PrehashedHasher>>;
@@ -166,6 +187,24 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn under_churn_a_shard_holds_what_is_live_not_its_bound() {
+        let cache = DenyCache::new(100_000);
+        let mut now = 1_000_000;
+        // 20,000 denials, each over 1 ms after it was made (a churn of short denials).
+        for i in 0..20_000u128 {
+            cache.deny(&key(i), 7, now + 500, now, 1);
+            now += 1_000;
+        }
+        assert!(
+            cache.len() < 32 * 2 * SWEEP_FLOOR,
+            "{} entries held, almost all expired",
+            cache.len()
+        );
+        // What is live is kept.
+        assert!(cache.denied_until(&key(19_999), 7, now - 900, 1).is_some());
+    }
 
     fn key(i: u128) -> ClientKey {
         ClientKey::from_u128(i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835))
