@@ -22,7 +22,10 @@
 //! error for that plan alone (an argument out of range). Everything is validated before the
 //! first plan runs except each plan's own arguments, which fail that plan and no other.
 
-use crate::script::{body, constants, decide, finish, reply_base, Cache, RuleShape, Script, Shape};
+use crate::script::{
+    body, constants, decide, finish, reply_base, uncharged_and_reply, Cache, RuleShape, Script,
+    Shape,
+};
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 use tollgate_core::Mode;
@@ -279,26 +282,7 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
         );
         let _ = writeln!(lua, "        written[keys[k + {i}]] = value_{i}\n      end");
     }
-    lua.push_str("    else\n");
-    for (i, rule) in rules.iter().enumerate() {
-        let i = i + 1;
-        let _ = writeln!(lua, "      if ok_{i} and cost_{i} > 0 then");
-        decide(lua, rule, i, Some(0), "        ");
-        let _ = writeln!(
-            lua,
-            "        remaining_{i}, reset_{i} = remaining, reset\n      end"
-        );
-    }
-    lua.push_str("    end\n");
-    let values: Vec<String> = (1..=rules.len())
-        .map(|i| format!("ok_{i} and 1 or 0, remaining_{i}, reset_{i}, retry_{i} + 1"))
-        .collect();
-    let _ = writeln!(
-        lua,
-        "    out[i] = pack('>I7{}', now, {})",
-        "BI7I7I7".repeat(rules.len()),
-        values.join(", ")
-    );
+    uncharged_and_reply(lua, rules, "    ", "out[i] = pack");
 }
 
 #[cfg(test)]

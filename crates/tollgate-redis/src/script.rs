@@ -134,16 +134,21 @@ pub(crate) fn generic_script() -> &'static Script {
     })
 }
 
+/// Each leasable algorithm's Lua as a function of its own (see `as_function`).
+fn leasable_functions() -> Vec<String> {
+    Algorithm::ALL
+        .iter()
+        .filter(|a| a.is_leasable())
+        .map(|&a| as_function(a))
+        .collect()
+}
+
 /// The lease driver (also the give-back of a Redis Cluster plan that spans slots) and the
 /// algorithms it can lease (see `scripts/lease.lua`).
 pub(crate) fn lease_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
     SCRIPT.get_or_init(|| {
-        let functions: Vec<String> = Algorithm::ALL
-            .iter()
-            .filter(|a| a.is_leasable())
-            .map(|&a| as_function(a))
-            .collect();
+        let functions = leasable_functions();
         let mut parts = vec![PRELUDE, TTL, PACKED, ARGS];
         parts.extend(functions.iter().map(String::as_str));
         parts.push(LEASE);
@@ -161,11 +166,7 @@ pub(crate) fn lease_script() -> &'static Script {
 pub(crate) fn lease_batch_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
     SCRIPT.get_or_init(|| {
-        let functions: Vec<String> = Algorithm::ALL
-            .iter()
-            .filter(|a| a.is_leasable())
-            .map(|&a| as_function(a))
-            .collect();
+        let functions = leasable_functions();
         let mut parts = vec![PRELUDE, TTL, PACKED];
         parts.extend(functions.iter().map(String::as_str));
         parts.extend([
@@ -436,24 +437,31 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
         );
         lua.push_str("  end\n");
     }
-    // Denied: the rules that would have allowed report their uncharged state.
-    lua.push_str("else\n");
+    uncharged_and_reply(lua, rules, "", "return struct.pack");
+}
+
+/// The end of a plan's decision: the denied branch (the rules that would have allowed report
+/// their uncharged state), at `outer` indentation, then the packed reply handed to `reply`
+/// (`return struct.pack` for a plan alone; a batch stores each plan's). One text for a plan
+/// script and each plan of a batch script.
+pub(crate) fn uncharged_and_reply(lua: &mut String, rules: &[RuleShape], outer: &str, reply: &str) {
+    let _ = writeln!(lua, "{outer}else");
     for (i, rule) in rules.iter().enumerate() {
         let i = i + 1;
-        let _ = writeln!(lua, "  if ok_{i} and cost_{i} > 0 then");
-        decide(lua, rule, i, Some(0), "    ");
+        let _ = writeln!(lua, "{outer}  if ok_{i} and cost_{i} > 0 then");
+        decide(lua, rule, i, Some(0), &format!("{outer}    "));
         let _ = writeln!(
             lua,
-            "    remaining_{i}, reset_{i} = remaining, reset\n  end"
+            "{outer}    remaining_{i}, reset_{i} = remaining, reset\n{outer}  end"
         );
     }
-    lua.push_str("end\n");
+    let _ = writeln!(lua, "{outer}end");
     let values: Vec<String> = (1..=rules.len())
         .map(|i| format!("ok_{i} and 1 or 0, remaining_{i}, reset_{i}, retry_{i} + 1"))
         .collect();
     let _ = writeln!(
         lua,
-        "return struct.pack('>I7{}', now, {})",
+        "{outer}{reply}('>I7{}', now, {})",
         "BI7I7I7".repeat(rules.len()),
         values.join(", ")
     );
