@@ -99,7 +99,10 @@ impl Gateway {
             };
             match g.wait_healthy() {
                 Ok(()) => return g,
-                Err(log) if log.contains("cannot listen") => last_log = log,
+                // Two free ports picked apart can come out equal: pick again.
+                Err(log) if log.contains("cannot listen") || log.contains("must differ") => {
+                    last_log = log
+                }
                 Err(log) => panic!("tollgate serve did not start: {log}"),
             }
         }
