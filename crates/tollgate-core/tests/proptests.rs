@@ -211,6 +211,7 @@ proptest! {
                 Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
                     assert_aligned_bound(&case.quota, &adm)?
                 }
+                Algorithm::Concurrency => unreachable!("not a rate algorithm: not in ALL"),
             }
         }
     }

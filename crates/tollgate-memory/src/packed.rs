@@ -90,6 +90,8 @@ pub fn meta(kind: Kind, rule: u16, value: u64) -> u64 {
 pub fn encode(state: &State) -> Option<(Kind, u64, u64)> {
     let (kind, value, time) = match state {
         State::FixedWindow(s) => (Kind::FixedWindow, s.count, s.window_start),
+        // A bucket in debt goes to the slab (rare: only a settled debt makes one).
+        State::TokenBucket(s) if s.debt > 0 => return None,
         State::TokenBucket(s) => (Kind::TokenBucket, s.tokens, s.last),
         State::LeakyBucket(s) => (Kind::LeakyBucket, s.level, s.last),
         State::Gcra(s) => (Kind::Gcra, 0, s.tat),
@@ -100,7 +102,7 @@ pub fn encode(state: &State) -> Option<(Kind, u64, u64)> {
             let v = (s.current << HALF_BITS) | s.previous;
             (Kind::SlidingCounter, v, s.window_start)
         }
-        State::SlidingWindowLog(_) => return None,
+        State::SlidingWindowLog(_) | State::Concurrency(_) => return None,
     };
     (value <= VALUE_MASK).then_some((kind, value, time))
 }
@@ -116,6 +118,7 @@ pub fn decode(meta: u64, time: u64) -> Option<State> {
         Kind::TokenBucket => State::TokenBucket(TokenBucketState {
             tokens: v,
             last: time,
+            debt: 0,
         }),
         Kind::LeakyBucket => State::LeakyBucket(LeakyBucketState {
             level: v,
@@ -147,6 +150,7 @@ mod tests {
             State::TokenBucket(TokenBucketState {
                 tokens: MAX_LIMIT,
                 last: 1_700_000_000_000_000,
+                debt: 0,
             }),
             State::LeakyBucket(LeakyBucketState { level: 7, last: 3 }),
             State::Gcra(GcraState { tat: u64::MAX }),

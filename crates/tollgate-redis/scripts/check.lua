@@ -36,6 +36,7 @@ local ALGORITHMS = {
   token_bucket = token_bucket,
   leaky_bucket = leaky_bucket,
   gcra = gcra,
+  concurrency = concurrency,
 }
 
 local n = #KEYS

@@ -126,7 +126,7 @@ pub(crate) const MAX_SCRIPTS: usize = 1024;
 pub(crate) fn generic_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
     SCRIPT.get_or_init(|| {
-        let functions: Vec<String> = Algorithm::ALL.iter().map(|&a| as_function(a)).collect();
+        let functions: Vec<String> = Algorithm::EVERY.iter().map(|&a| as_function(a)).collect();
         let mut parts = vec![PRELUDE, TTL, ARGS];
         parts.extend(functions.iter().map(String::as_str));
         parts.push(CHECK);
@@ -225,6 +225,7 @@ pub(crate) fn body(a: Algorithm) -> &'static str {
         Algorithm::TokenBucket => include_str!("../scripts/token_bucket.lua"),
         Algorithm::LeakyBucket => include_str!("../scripts/leaky_bucket.lua"),
         Algorithm::Gcra => include_str!("../scripts/gcra.lua"),
+        Algorithm::Concurrency => include_str!("../scripts/concurrency.lua"),
     }
 }
 

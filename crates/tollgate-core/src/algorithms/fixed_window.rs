@@ -72,3 +72,38 @@ pub fn idle_at(q: &Quota, state: &FixedWindowState) -> Micros {
         state.window_start.saturating_add(q.period_micros())
     }
 }
+
+/// Gives back up to `units` charged at `at`: only while `now` is still in the window `at`
+/// fell in (a later window never saw them); returns how many.
+pub fn refund(q: &Quota, state: &mut FixedWindowState, now: Micros, units: u64, at: Micros) -> u64 {
+    let p = q.period_micros();
+    let now = now.max(state.window_start);
+    let window = now - now % p;
+    if window != at - at % p || state.window_start != window {
+        return 0;
+    }
+    let back = units.min(state.count);
+    state.count -= back;
+    back
+}
+
+/// Charges `units` more in the current window, past the limit (a debt the window's end
+/// clears), up to [`crate::settle::MAX_COUNT`]; returns how many.
+pub fn owe(q: &Quota, state: &mut FixedWindowState, now: Micros, units: u64) -> u64 {
+    let p = q.period_micros();
+    let now = now.max(state.window_start);
+    let window = now - now % p;
+    let count = if state.window_start == window {
+        state.count
+    } else {
+        0
+    };
+    let take = units.min(crate::settle::MAX_COUNT.saturating_sub(count));
+    if take > 0 {
+        *state = FixedWindowState {
+            window_start: window,
+            count: count + take,
+        };
+    }
+    take
+}

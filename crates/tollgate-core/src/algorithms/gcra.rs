@@ -54,3 +54,33 @@ pub fn check(q: &Quota, state: &mut GcraState, now: Micros, cost: u64, commit: b
 pub fn idle_at(state: &GcraState) -> Micros {
     state.tat
 }
+
+/// Moves the TAT back by `units` emission intervals, never before `now` (a fresh state);
+/// returns how many units went back (a partial interval counts as one).
+pub fn refund(q: &Quota, state: &mut GcraState, now: Micros, units: u64) -> u64 {
+    let t = q.emission_interval_micros();
+    if state.tat <= now {
+        return 0;
+    }
+    let tat = state
+        .tat
+        .saturating_sub(units.saturating_mul(t))
+        .max(now);
+    let back = (state.tat - tat).div_ceil(t);
+    state.tat = tat;
+    back
+}
+
+/// Moves the TAT further by `units` emission intervals, past the capacity (a debt), up to
+/// [`crate::settle::max_level`]; returns how many units.
+pub fn owe(q: &Quota, state: &mut GcraState, now: Micros, units: u64) -> u64 {
+    let t = q.emission_interval_micros();
+    let tat = state.tat.max(now);
+    let used = tat - now;
+    let cap = crate::settle::max_level(q, t).saturating_mul(t);
+    let take = units.min(cap.saturating_sub(used) / t);
+    if take > 0 {
+        state.tat = tat.saturating_add(take * t);
+    }
+    take
+}

@@ -78,3 +78,43 @@ pub fn idle_at(q: &Quota, state: &LeakyBucketState) -> Micros {
         .last
         .saturating_add(state.level.saturating_mul(q.emission_interval_micros()))
 }
+
+/// The bucket drained up to `now` (clamped to `last`): level and the new `last`.
+fn drain(q: &Quota, state: &LeakyBucketState, now: Micros) -> (u64, Micros) {
+    let t = q.emission_interval_micros();
+    let now = now.max(state.last);
+    let drained = (now - state.last) / t;
+    if drained >= state.level {
+        (0, now)
+    } else {
+        (state.level - drained, state.last + drained * t)
+    }
+}
+
+/// Takes up to `units` out of the bucket (never below empty); returns how many.
+pub fn refund(q: &Quota, state: &mut LeakyBucketState, now: Micros, units: u64) -> u64 {
+    let (level, last) = drain(q, state, now);
+    let back = units.min(level);
+    if back > 0 {
+        *state = LeakyBucketState {
+            level: level - back,
+            last,
+        };
+    }
+    back
+}
+
+/// Pours `units` more in, past the capacity (a debt the bucket drains before it admits
+/// again), up to [`crate::settle::max_level`]; returns how many.
+pub fn owe(q: &Quota, state: &mut LeakyBucketState, now: Micros, units: u64) -> u64 {
+    let (level, last) = drain(q, state, now);
+    let cap = crate::settle::max_level(q, q.emission_interval_micros());
+    let take = units.min(cap.saturating_sub(level));
+    if take > 0 {
+        *state = LeakyBucketState {
+            level: level + take,
+            last,
+        };
+    }
+    take
+}

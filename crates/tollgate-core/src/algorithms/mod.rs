@@ -1,10 +1,12 @@
-//! The six algorithms, one module each, and the enums that select one at run time.
+//! The six rate algorithms and the concurrency limit, one module each, and the enums that
+//! select one at run time.
 //!
 //! Every module exposes the same shape: a state type, `check(quota, &mut state, now, cost,
 //! commit) -> Decision` and `idle_at`. `check` never writes the state of a denied request (a
 //! denial consumes nothing) nor of a zero-cost one (a pure query), and clamps time that goes
 //! backwards to the latest instant the state has seen (no refund, no panic).
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
@@ -16,6 +18,7 @@ use crate::{Decision, Micros, Mode, Quota, Verdict};
 use std::fmt;
 use std::str::FromStr;
 
+pub use concurrency::ConcurrencyState;
 pub use fixed_window::FixedWindowState;
 pub use gcra::GcraState;
 pub use leaky_bucket::LeakyBucketState;
@@ -38,6 +41,10 @@ pub enum Algorithm {
     LeakyBucket,
     /// Generic cell rate algorithm: one integer of state.
     Gcra,
+    /// Requests in flight, not a rate: `limit` held at once, a hold dropped after the
+    /// quota's period (`hold_ttl`) unless renewed. Not in [`Algorithm::ALL`] (the rate
+    /// algorithms); in [`Algorithm::EVERY`].
+    Concurrency,
 }
 
 impl Algorithm {
@@ -51,6 +58,22 @@ impl Algorithm {
         Algorithm::Gcra,
     ];
 
+    /// Every algorithm a policy can name: the six rate algorithms and `concurrency`.
+    pub const EVERY: [Algorithm; 7] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+        Algorithm::Concurrency,
+    ];
+
+    /// Whether this limits requests in flight (`concurrency`) rather than a rate.
+    pub fn is_concurrency(self) -> bool {
+        self == Algorithm::Concurrency
+    }
+
     /// The name used in configuration, metrics and Redis script names.
     pub fn name(self) -> &'static str {
         match self {
@@ -60,6 +83,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::Gcra => "gcra",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -74,6 +98,7 @@ impl Algorithm {
             {
                 Err(LimitError::CounterInexact)
             }
+            Algorithm::Concurrency if q.period_micros() < 8 => Err(LimitError::HoldTooShort),
             _ => Ok(()),
         }
     }
@@ -101,7 +126,8 @@ impl Algorithm {
             Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => q.burst(),
             Algorithm::FixedWindow
             | Algorithm::SlidingWindowLog
-            | Algorithm::SlidingWindowCounter => q.limit(),
+            | Algorithm::SlidingWindowCounter
+            | Algorithm::Concurrency => q.limit(),
         }
     }
 
@@ -118,6 +144,7 @@ impl Algorithm {
             Algorithm::TokenBucket => State::TokenBucket(TokenBucketState::full(q)),
             Algorithm::LeakyBucket => State::LeakyBucket(LeakyBucketState::default()),
             Algorithm::Gcra => State::Gcra(GcraState::default()),
+            Algorithm::Concurrency => State::Concurrency(ConcurrencyState::default()),
         }
     }
 }
@@ -134,7 +161,7 @@ pub struct UnknownAlgorithm(pub String);
 
 impl fmt::Display for UnknownAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        let names: Vec<_> = Algorithm::EVERY.iter().map(|a| a.name()).collect();
         // The name written is not repeated: an error never echoes what a key held.
         write!(
             f,
@@ -149,7 +176,7 @@ impl std::error::Error for UnknownAlgorithm {}
 impl FromStr for Algorithm {
     type Err = UnknownAlgorithm;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Algorithm::ALL
+        Algorithm::EVERY
             .into_iter()
             .find(|a| a.name() == s)
             .ok_or_else(|| UnknownAlgorithm(s.to_string()))
@@ -171,6 +198,8 @@ pub enum State {
     LeakyBucket(LeakyBucketState),
     /// See [`gcra`].
     Gcra(GcraState),
+    /// See [`concurrency`].
+    Concurrency(ConcurrencyState),
 }
 
 impl State {
@@ -183,6 +212,7 @@ impl State {
             State::TokenBucket(_) => Algorithm::TokenBucket,
             State::LeakyBucket(_) => Algorithm::LeakyBucket,
             State::Gcra(_) => Algorithm::Gcra,
+            State::Concurrency(_) => Algorithm::Concurrency,
         }
     }
 
@@ -196,6 +226,7 @@ impl State {
             State::TokenBucket(s) => token_bucket::idle_at(q, s),
             State::LeakyBucket(s) => leaky_bucket::idle_at(q, s),
             State::Gcra(s) => gcra::idle_at(s),
+            State::Concurrency(s) => concurrency::idle_at(q, s),
         }
     }
 }
@@ -207,6 +238,8 @@ pub enum LimitError {
     LogTooLong,
     /// The sliding counter's `limit x period` must stay exact as a double (Redis' Lua).
     CounterInexact,
+    /// A concurrency limit's `hold_ttl` is cut in eight buckets of whole microseconds.
+    HoldTooShort,
 }
 
 impl fmt::Display for LimitError {
@@ -219,6 +252,7 @@ impl fmt::Display for LimitError {
             LimitError::CounterInexact => {
                 f.write_str("sliding_window_counter needs limit x period (in us) <= 2^53")
             }
+            LimitError::HoldTooShort => f.write_str("concurrency needs hold_ttl >= 8us"),
         }
     }
 }
@@ -277,6 +311,7 @@ impl Limit {
             State::TokenBucket(s) => token_bucket::check(q, s, now, cost, commit),
             State::LeakyBucket(s) => leaky_bucket::check(q, s, now, cost, commit),
             State::Gcra(s) => gcra::check(q, s, now, cost, commit),
+            State::Concurrency(s) => concurrency::check(q, s, now, cost, commit),
         }
     }
 }

@@ -115,3 +115,64 @@ pub fn idle_at(q: &Quota, state: &SlidingWindowCounterState) -> Micros {
         0
     }
 }
+
+/// The state rolled to the window of `now` (clamped): window start, current, previous.
+fn roll(q: &Quota, state: &SlidingWindowCounterState, now: Micros) -> SlidingWindowCounterState {
+    let p = q.period_micros();
+    let now = now.max(state.window_start);
+    let ws = now - now % p;
+    let (previous, current) = if ws == state.window_start {
+        (state.previous, state.current)
+    } else if ws == state.window_start.saturating_add(p) {
+        (state.current, 0)
+    } else {
+        (0, 0)
+    };
+    SlidingWindowCounterState {
+        window_start: ws,
+        current,
+        previous,
+    }
+}
+
+/// Gives back up to `units` charged at `at` from the window they were counted in: the
+/// current one, or the previous one (where they still weigh); none once that window is gone.
+pub fn refund(
+    q: &Quota,
+    state: &mut SlidingWindowCounterState,
+    now: Micros,
+    units: u64,
+    at: Micros,
+) -> u64 {
+    let p = q.period_micros();
+    let mut s = roll(q, state, now);
+    let charged = at - at % p;
+    let back = if charged == s.window_start {
+        let b = units.min(s.current);
+        s.current -= b;
+        b
+    } else if charged.saturating_add(p) == s.window_start {
+        let b = units.min(s.previous);
+        s.previous -= b;
+        b
+    } else {
+        0
+    };
+    if back > 0 {
+        *state = s;
+    }
+    back
+}
+
+/// Charges `units` more in the current window, past the limit (a debt that weighs on the
+/// next window too), up to [`crate::settle::max_level`] of the period; returns how many.
+pub fn owe(q: &Quota, state: &mut SlidingWindowCounterState, now: Micros, units: u64) -> u64 {
+    let mut s = roll(q, state, now);
+    let cap = crate::settle::max_level(q, q.period_micros());
+    let take = units.min(cap.saturating_sub(s.current));
+    if take > 0 {
+        s.current += take;
+        *state = s;
+    }
+    take
+}

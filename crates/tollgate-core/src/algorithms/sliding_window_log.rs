@@ -122,3 +122,58 @@ pub fn idle_at(q: &Quota, state: &SlidingWindowLogState) -> Micros {
         None => 0,
     }
 }
+
+/// Removes up to `units` of the entry admitted at `at` (a later entry at the same instant is
+/// the same entry: the log merges them); none once it left the window. Returns how many.
+pub fn refund(
+    q: &Quota,
+    state: &mut SlidingWindowLogState,
+    now: Micros,
+    units: u64,
+    at: Micros,
+) -> u64 {
+    let p = q.period_micros();
+    let now = now.max(state.newest());
+    if now >= p && at <= now - p {
+        return 0;
+    }
+    let Some(i) = state.entries.iter().position(|e| e.at == at) else {
+        return 0;
+    };
+    let back = units.min(state.entries[i].units);
+    state.entries[i].units -= back;
+    if state.entries[i].units == 0 {
+        state.entries.remove(i);
+    }
+    back
+}
+
+/// Logs `units` more at `now`, past the limit (a debt that leaves the window with them), up
+/// to [`crate::settle::MAX_COUNT`] in the window; returns how many.
+pub fn owe(q: &Quota, state: &mut SlidingWindowLogState, now: Micros, units: u64) -> u64 {
+    let p = q.period_micros();
+    let now = now.max(state.newest());
+    let horizon = now.saturating_sub(p);
+    while state
+        .entries
+        .front()
+        .is_some_and(|e| now >= p && e.at <= horizon)
+    {
+        state.entries.pop_front();
+    }
+    let live: u64 = state
+        .entries
+        .iter()
+        .fold(0u64, |a, e| a.saturating_add(e.units));
+    let take = units.min(crate::settle::MAX_COUNT.saturating_sub(live));
+    if take > 0 {
+        match state.entries.back_mut() {
+            Some(last) if last.at == now => last.units += take,
+            _ => state.entries.push_back(LogEntry {
+                at: now,
+                units: take,
+            }),
+        }
+    }
+    take
+}

@@ -158,5 +158,7 @@ pub fn explain(name: ScenarioName, algorithm: Algorithm) -> &'static str {
         (Burst, TokenBucket) => "100, then 45 s of refill (75 tokens) before each later burst",
         (Burst, LeakyBucket) => "same as the token bucket: 45 s drain 75 units",
         (Burst, Gcra) => "same as the token bucket: 45 s move the arrival time back by 75 units",
+        // Not simulated (no rate: nothing is released in a scenario of instant requests).
+        (_, Concurrency) => "holds every request until it ends: not a rate",
     }
 }
