@@ -250,6 +250,45 @@ impl MemoryStore {
         }
     }
 
+    /// Settles `client`'s charge `charge` under `rule` at its real cost (a refund or a debt,
+    /// see [`tollgate_core::Limit::settle`]; a concurrency hold is released), or, with `real`
+    /// `None`, renews a concurrency hold. Returns the units applied. A debt for a key no longer
+    /// tracked needs room like a new key; when the table has none, the debt is forgiven.
+    pub fn settle(
+        &self,
+        client: &ClientKey,
+        rule: &tollgate_core::Rule,
+        charge: tollgate_core::Charge,
+        real: Option<u64>,
+        now: Micros,
+    ) -> u64 {
+        let Place { lo, hi, ch, shard } = self.place(client);
+        let padded = &self.shards[shard];
+        let mut guard = write(&padded.shard);
+        let (index, mut state) = guard.locate(lo, hi, ch, rule);
+        let Some(index) = index else {
+            return 0;
+        };
+        let limit = rule.limit();
+        let done = match real {
+            Some(real) => {
+                let s = limit.settle(&mut state, now, charge, real);
+                s.refunded + s.charged
+            }
+            None => limit.renew(&mut state, now, charge).units,
+        };
+        if done > 0 {
+            let tracked = guard.has(lo, hi, ch, index);
+            let insert = tracked || guard.reserve(1, now, &[(lo, hi)]).unwrap_or(false);
+            if !insert {
+                return 0;
+            }
+            guard.put(lo, hi, ch, index, state, insert);
+            publish(padded, &guard);
+        }
+        done
+    }
+
     /// Forgets `client`'s state under `rule` (an operator's reset): its next check starts
     /// from a fresh state. Whether a key was tracked.
     pub fn remove(&self, client: &ClientKey, rule: &tollgate_core::Rule) -> bool {

@@ -10,6 +10,8 @@
 -- State: one string key, 15 bytes: "T", tokens (7 bytes), last (7 bytes), big-endian
 -- integers: the whole tokens in hand at `last`, the instant the partial token being accrued
 -- started. Missing (or another algorithm's value) is a full bucket: tokens = burst, last = 0.
+-- A bucket in debt (written only by settle.lua) is "t", the tokens owed, last: negative
+-- tokens, paid off by refill before the bucket holds one again.
 --
 -- Why not GCRA's single integer: the decisions are the same while time moves forward
 -- (tokens = burst - ceil((TAT - now) / T)), but the core clamps a clock that went back to
@@ -18,10 +20,12 @@
 --
 local tokens, last = burst, 0
 if raw and #raw == 15 then
-  local tag
-  tag, tokens, last = struct.unpack('>BI7I7', raw)
-  if tag ~= 84 then
-    tokens, last = burst, 0
+  local tag, a, b = struct.unpack('>BI7I7', raw)
+  if tag == 84 then
+    tokens, last = a, b
+  elseif tag == 116 then
+    -- A settled debt (settle.lua): `a` tokens owed below empty at `last`.
+    tokens, last = -a, b
   end
 end
 local now = now -- clamped below when the clock went back; the driver keeps its own
@@ -29,7 +33,7 @@ if now < last then
   now = last
 end
 local n = math.floor((now - last) / t)
-if (tokens < burst and tokens or burst) + (n < burst and n or burst) >= burst then
+if (tokens < burst and tokens or burst) + n >= burst then
   tokens, last = burst, now
 else
   tokens, last = tokens + n, last + n * t
@@ -43,7 +47,10 @@ if cost <= burst and tokens >= cost then
   end
   value = struct.pack('>BI7I7', 84, left, last)
 else
-  ok, remaining, reset, retry = false, tokens, 0, -1
+  ok, remaining, reset, retry = false, 0, 0, -1
+  if tokens > 0 then
+    remaining = tokens
+  end
   if tokens < burst then
     reset = last + (burst - tokens) * t - now
   end

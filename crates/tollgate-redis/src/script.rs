@@ -44,6 +44,7 @@ const PACKED: &str = include_str!("../scripts/packed.lua");
 const ARGS: &str = include_str!("../scripts/args.lua");
 const CHECK: &str = include_str!("../scripts/check.lua");
 const LEASE: &str = include_str!("../scripts/lease.lua");
+const SETTLE: &str = include_str!("../scripts/settle.lua");
 
 /// One rule of a plan as its script sees it: the limit (constants) and the mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -132,6 +133,12 @@ pub(crate) fn generic_script() -> &'static Script {
         parts.push(CHECK);
         finish(&parts)
     })
+}
+
+/// Settles, releases and renewals of any keys in one call (`scripts/settle.lua`).
+pub(crate) fn settle_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| finish(&[PRELUDE, TTL, ARGS, SETTLE]))
 }
 
 /// Each leasable algorithm's Lua as a function of its own (see `as_function`).

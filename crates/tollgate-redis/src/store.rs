@@ -6,7 +6,7 @@ use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_T
 use crate::error::RedisStoreError;
 use crate::lane::{Answer, Job, Lane, PlanJob, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
-use crate::script::lease_batch_script;
+use crate::script::{lease_batch_script, settle_script};
 use crate::script::{
     generic_script, lease_script, parse_reply, plan_script, LimitHash, Reply, RuleShape, Script,
     Shape,
@@ -25,6 +25,24 @@ use tollgate_core::{Check, ClientKey, Micros, Mode, Rule, Verdict};
 /// The largest cost sent to the script. Any cost above `MAX_LIMIT` is denied outright, so
 /// clamping to 2^53 (exact in Lua) changes no decision.
 const MAX_COST: u64 = 1 << 53;
+
+/// The most settle items one script call carries (each adds a key and seven arguments).
+const SETTLE_CHUNK: usize = 256;
+
+/// One charge to settle, release or renew (see `scripts/settle.lua`).
+#[derive(Debug, Clone, Copy)]
+pub struct SettleItem<'a> {
+    /// Whose state.
+    pub client: ClientKey,
+    /// Under which rule.
+    pub rule: &'a Rule,
+    /// The units charged (the estimate) or held.
+    pub units: u64,
+    /// The store's instant of the charge, or of the hold's last renewal.
+    pub at: Micros,
+    /// The real cost (a concurrency hold: its release), or `None` to renew a hold.
+    pub real: Option<u64>,
+}
 
 /// A Redis or Redis Cluster store. Clones share the connections: concurrent calls are
 /// pipelined on one multiplexed connection per server, never one connection per request.
@@ -197,8 +215,139 @@ impl RedisStore {
                 return self.check_across_slots(checks, now).await;
             }
         }
-        let reply = self.run_plan(checks, now, true).await?;
+        let reply = self.run_plan(checks, now, true, true).await?;
         Ok(verdict(checks, reply.decisions))
+    }
+
+    /// [`RedisStore::check`], also telling when (on the store's clock) each check was decided:
+    /// what a later settle, release or renewal of its charge needs (the window it was charged
+    /// in, the bucket a hold is counted in). A plan whose rules need no instant (the buckets,
+    /// GCRA) is answered as `check` answers it, with `now` as the instants.
+    pub async fn check_timed(
+        &self,
+        checks: &[Check<'_>],
+        now: Micros,
+    ) -> Result<(Verdict, Vec<Micros>), RedisStoreError> {
+        let needs_time = checks.iter().any(|c| {
+            !matches!(
+                c.rule.limit().algorithm(),
+                tollgate_core::Algorithm::TokenBucket
+                    | tollgate_core::Algorithm::LeakyBucket
+                    | tollgate_core::Algorithm::Gcra
+            )
+        });
+        let spans_slots = matches!(self.conn, Connection::Cluster(_)) && {
+            let first = checks.first().map(|c| c.client);
+            checks
+                .iter()
+                .any(|c| Some(c.client) != first && first.map(|f| f.cluster_slot()) != Some(c.client.cluster_slot()))
+        };
+        if !needs_time || checks.is_empty() || spans_slots || twice(checks).is_some() {
+            // Across slots each slot's call has its own instant; the windows of a Cluster
+            // plan that spans slots are read back from the reply of each (`at` below).
+            if spans_slots && needs_time {
+                let mut at = vec![now; checks.len()];
+                let v = self.check_across_slots_timed(checks, now, &mut at).await?;
+                return Ok((v, at));
+            }
+            let v = self.check(checks, now).await?;
+            return Ok((v, vec![now; checks.len()]));
+        }
+        let reply = self.run_plan(checks, now, false, true).await?;
+        let at = reply.now.unwrap_or(now);
+        Ok((verdict(checks, reply.decisions), vec![at; checks.len()]))
+    }
+
+    /// A Cluster plan across slots, its instants per check: one call per slot (its `now`),
+    /// then the plan as `check_across_slots` decides it.
+    async fn check_across_slots_timed(
+        &self,
+        checks: &[Check<'_>],
+        now: Micros,
+        at: &mut [Micros],
+    ) -> Result<Verdict, RedisStoreError> {
+        // The instant of each slot: a query of its checks (cost 0) right before the plan. A
+        // charge lands in the same window unless a window ends between the two calls (a few
+        // hundred microseconds), when a later refund of it finds nothing to give back.
+        for (i, c) in checks.iter().enumerate() {
+            let query = [Check { cost: 0, ..*c }];
+            let reply = self.run_plan(&query, now, false, false).await?;
+            at[i] = reply.now.unwrap_or(now);
+        }
+        self.check_across_slots(checks, now).await
+    }
+
+    /// Settles, releases or renews charges (see [`SettleItem`]) in one script call per server
+    /// (per slot on a Cluster): the units applied to each, in order.
+    pub async fn settle(
+        &self,
+        items: &[SettleItem<'_>],
+        now: Micros,
+    ) -> Result<Vec<u64>, RedisStoreError> {
+        let mut out = vec![0; items.len()];
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        let cluster = matches!(self.conn, Connection::Cluster(_));
+        for (i, it) in items.iter().enumerate() {
+            let slot = if cluster { it.client.cluster_slot() } else { 0 };
+            match groups.iter_mut().find(|g| g.0 == slot) {
+                Some(g) => g.1.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        for (_, members) in groups {
+            for chunk in members.chunks(SETTLE_CHUNK) {
+                let reply = self
+                    .run_script(settle_script(), |cmd| {
+                        cmd.arg(chunk.len());
+                        for &i in chunk {
+                            cmd.arg(self.key(&items[i].client, items[i].rule.name()));
+                        }
+                        match self.clock {
+                            StoreClock::Store => cmd.arg(""),
+                            StoreClock::Local => cmd.arg(now),
+                        };
+                        cmd.arg(self.ttl_floor_ms.unwrap_or(0));
+                        for &i in chunk {
+                            let it = &items[i];
+                            let l = it.rule.limit();
+                            let q = l.quota();
+                            cmd.arg(l.algorithm().name())
+                                .arg(q.limit())
+                                .arg(q.period_micros())
+                                .arg(q.burst())
+                                .arg(it.units.min(MAX_COST))
+                                .arg(it.at)
+                                .arg(it.real.map_or(-1i64, |r| {
+                                    i64::try_from(r.min(MAX_COST)).unwrap_or(i64::MAX)
+                                }));
+                        }
+                    })
+                    .await?;
+                let redis::Value::Array(values) = reply else {
+                    return Err(RedisStoreError::protocol(format!(
+                        "the settle script answered {reply:?}, expected an array"
+                    )));
+                };
+                if values.len() != chunk.len() {
+                    return Err(RedisStoreError::protocol(format!(
+                        "the settle script answered {} items for {}",
+                        values.len(),
+                        chunk.len()
+                    )));
+                }
+                for (&i, v) in chunk.iter().zip(values) {
+                    out[i] = match v {
+                        redis::Value::Int(n) => u64::try_from(n).unwrap_or(0),
+                        other => {
+                            return Err(RedisStoreError::protocol(format!(
+                                "the settle script answered {other:?} for an item"
+                            )))
+                        }
+                    };
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// One script call for `checks` (all on one server, or one slot): the plan's generated
@@ -208,6 +357,7 @@ impl RedisStore {
         checks: &[Check<'_>],
         now: Micros,
         integer_reply: bool,
+        coalesce: bool,
     ) -> Result<Reply, RedisStoreError> {
         let rules = checks.iter().map(|c| RuleShape {
             limit: *c.rule.limit(),
@@ -233,7 +383,7 @@ impl RedisStore {
             };
             // Only the plans of one slot (`check`) coalesce; the calls of a plan across
             // slots (packed replies) go one by one.
-            let reply = if self.max_batch > 1 && integer_reply {
+            let reply = if self.max_batch > 1 && coalesce {
                 self.submit(self.lane_of(&checks[0].client), Job::Plan(job))
                     .await?
             } else {
@@ -285,7 +435,7 @@ impl RedisStore {
                         ..checks[i]
                     })
                     .collect();
-                let reply = self.run_plan(&query, now, false).await?;
+                let reply = self.run_plan(&query, now, false, false).await?;
                 denies.push(
                     members
                         .iter()
@@ -312,7 +462,7 @@ impl RedisStore {
                     _ => checks[i],
                 })
                 .collect();
-            let reply = self.run_plan(&part, now, false).await?;
+            let reply = self.run_plan(&part, now, false, false).await?;
             let allowed = part
                 .iter()
                 .zip(&reply.decisions)
@@ -373,7 +523,7 @@ impl RedisStore {
         for (i, c) in checks.iter().enumerate() {
             if decisions[i].is_none() {
                 let query = [Check { cost: 0, ..*c }];
-                let reply = self.run_plan(&query, now, false).await?;
+                let reply = self.run_plan(&query, now, false, false).await?;
                 decisions[i] = reply.decisions.first().copied();
             }
         }
