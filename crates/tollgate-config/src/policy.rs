@@ -202,6 +202,7 @@ pub(super) fn policy(
             PolicyField::Sync => span_or(&raw.sync, &span),
             PolicyField::LeaseTtl => span_or(&raw.lease_ttl, &span),
             PolicyField::LeaseMax => span_or(&raw.lease_max, &span),
+            PolicyField::Algorithm => span_or(&raw.algorithm, &span),
         };
         (k(field.as_str()), written)
     };
@@ -221,6 +222,7 @@ pub(super) fn policy(
         local_divisor,
         shadow,
         sync,
+        settle: false,
     };
     if let Err(tollgate::Error::InvalidPolicy { field, reason, .. }) = spec.validate() {
         let (key, sp) = at(field);

@@ -198,9 +198,9 @@ fn any_state() -> impl Strategy<Value = State> {
                 previous,
             })
         }),
-        (any::<u64>(), t, prop_oneof![Just(0u64), any::<u64>()]).prop_map(|(tokens, last, debt)| {
-            State::TokenBucket(TokenBucketState { tokens, last, debt })
-        }),
+        (any::<u64>(), t, prop_oneof![Just(0u64), any::<u64>()]).prop_map(
+            |(tokens, last, debt)| { State::TokenBucket(TokenBucketState { tokens, last, debt }) }
+        ),
         (any::<u64>(), t)
             .prop_map(|(level, last)| State::LeakyBucket(LeakyBucketState { level, last })),
         t.prop_map(|tat| State::Gcra(GcraState { tat })),

@@ -82,7 +82,10 @@ fn answers(limit: &Limit, state: &State, at: Micros, probes: &[Micros]) -> Vec<S
         now += dt;
         for cost in [0, 1, 2, cap / 2, cap, cap + 1] {
             let mut s = state.clone();
-            out.push(format!("{now} {cost}: {:?}", limit.check(&mut s, now, cost, false)));
+            out.push(format!(
+                "{now} {cost}: {:?}",
+                limit.check(&mut s, now, cost, false)
+            ));
         }
     }
     out

@@ -6,11 +6,11 @@ use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_T
 use crate::error::RedisStoreError;
 use crate::lane::{Answer, Job, Lane, PlanJob, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
-use crate::script::{lease_batch_script, settle_script};
 use crate::script::{
     generic_script, lease_script, parse_reply, plan_script, LimitHash, Reply, RuleShape, Script,
     Shape,
 };
+use crate::script::{lease_batch_script, settle_script};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -238,9 +238,10 @@ impl RedisStore {
         });
         let spans_slots = matches!(self.conn, Connection::Cluster(_)) && {
             let first = checks.first().map(|c| c.client);
-            checks
-                .iter()
-                .any(|c| Some(c.client) != first && first.map(|f| f.cluster_slot()) != Some(c.client.cluster_slot()))
+            checks.iter().any(|c| {
+                Some(c.client) != first
+                    && first.map(|f| f.cluster_slot()) != Some(c.client.cluster_slot())
+            })
         };
         if !needs_time || checks.is_empty() || spans_slots || twice(checks).is_some() {
             // Across slots each slot's call has its own instant; the windows of a Cluster

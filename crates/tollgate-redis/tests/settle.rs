@@ -22,8 +22,7 @@ fn limit_for(rng: &mut Rng, a: Algorithm) -> Limit {
     if a == Algorithm::Concurrency {
         let limit = rng.range(1, 12);
         let ttl = rng.range(8, 120_000_000);
-        let q = Quota::new(limit, std::time::Duration::from_micros(ttl.max(limit)))
-            .expect("quota");
+        let q = Quota::new(limit, std::time::Duration::from_micros(ttl.max(limit))).expect("quota");
         return Limit::new(a, q).expect("limit");
     }
     random_limit(rng, a)
@@ -44,7 +43,9 @@ async fn trace(store: &RedisStore, a: Algorithm, seed: u64, seen: &mut Seen) {
     let p = limit.quota().period_micros();
     let t = limit.quota().emission_interval_micros();
     let cap = limit.max_cost();
-    let clients: Vec<ClientKey> = (0..3).map(|i| common::client(seed as u128 * 10 + i)).collect();
+    let clients: Vec<ClientKey> = (0..3)
+        .map(|i| common::client(seed as u128 * 10 + i))
+        .collect();
     let mut model: HashMap<ClientKey, State> = HashMap::new();
     let mut pending: Vec<(ClientKey, Charge)> = Vec::new();
     let mut now = EPOCH_2026 + rng.range(0, p);
@@ -68,10 +69,19 @@ async fn trace(store: &RedisStore, a: Algorithm, seed: u64, seen: &mut Seen) {
             let want = limit.check(state, now, cost, true);
             let check = [Check::new(client, &rule, cost)];
             let (v, at) = store.check_timed(&check, now).await.expect("check");
-            assert_eq!(v.decisions[0], want, "{a} seed {seed} step {step}: check of {cost}");
+            assert_eq!(
+                v.decisions[0], want,
+                "{a} seed {seed} step {step}: check of {cost}"
+            );
             assert_eq!(at[0], now, "the local clock's instant");
             if want.allowed && cost > 0 {
-                pending.push((client, Charge { units: cost, at: now }));
+                pending.push((
+                    client,
+                    Charge {
+                        units: cost,
+                        at: now,
+                    },
+                ));
             }
             continue;
         }
@@ -109,7 +119,11 @@ async fn trace(store: &RedisStore, a: Algorithm, seed: u64, seen: &mut Seen) {
             real,
         };
         let got = store.settle(&[item], now).await.expect("settle");
-        assert_eq!(got, vec![want], "{a} seed {seed} step {step}: settle {charge:?} real {real:?}");
+        assert_eq!(
+            got,
+            vec![want],
+            "{a} seed {seed} step {step}: settle {charge:?} real {real:?}"
+        );
     }
 }
 
@@ -135,7 +149,12 @@ async fn settles_releases_and_renewals_match_core_for_every_algorithm() {
 async fn a_batch_of_settles_for_many_clients_is_one_call_and_a_bad_item_changes_nothing() {
     let server = RedisServer::start();
     let store = local_store(&server).await;
-    let rule = common::rule("batch", Algorithm::TokenBucket, 10, std::time::Duration::from_secs(60));
+    let rule = common::rule(
+        "batch",
+        Algorithm::TokenBucket,
+        10,
+        std::time::Duration::from_secs(60),
+    );
     let now = EPOCH_2026;
     let clients: Vec<ClientKey> = (0..50).map(common::client).collect();
     for c in &clients {
@@ -147,9 +166,18 @@ async fn a_batch_of_settles_for_many_clients_is_one_call_and_a_bad_item_changes_
     }
     let items: Vec<SettleItem<'_>> = clients
         .iter()
-        .map(|&client| SettleItem { client, rule: &rule, units: 10, at: now, real: Some(3) })
+        .map(|&client| SettleItem {
+            client,
+            rule: &rule,
+            units: 10,
+            at: now,
+            real: Some(3),
+        })
         .collect();
-    assert_eq!(store.settle(&items, now).await.expect("settle"), vec![7; 50]);
+    assert_eq!(
+        store.settle(&items, now).await.expect("settle"),
+        vec![7; 50]
+    );
     // Renewing a rate charge is refused whole: nothing of the call is applied.
     let mut bad = items.clone();
     bad[10].real = None;
@@ -158,5 +186,8 @@ async fn a_batch_of_settles_for_many_clients_is_one_call_and_a_bad_item_changes_
         .check_timed(&[Check::new(clients[0], &rule, 0)], now)
         .await
         .expect("query");
-    assert_eq!(v.decisions[0].remaining, 7, "the refused call gave nothing more back");
+    assert_eq!(
+        v.decisions[0].remaining, 7,
+        "the refused call gave nothing more back"
+    );
 }

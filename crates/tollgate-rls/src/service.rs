@@ -193,6 +193,7 @@ impl RlsService {
                 // The global shadow mode: every rule decided and charged, none denying.
                 shadow: rule.shadow || options.shadow_mode,
                 sync: SyncMode::Exact,
+                settle: false,
             }),
         })
     }
@@ -606,6 +607,7 @@ impl RlsService {
                 local_divisor: i.options.local_divisor,
                 shadow: false,
                 sync: SyncMode::Exact,
+                settle: false,
             })
             .map_err(|e| Status::invalid_argument(format!("invalid limit override: {e}")))?;
         cache.insert(key, policy.clone());

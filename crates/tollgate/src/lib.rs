@@ -64,6 +64,7 @@ mod outcome;
 pub mod places;
 mod plan;
 pub mod policy;
+mod reserve;
 mod result;
 pub mod store;
 mod top_limited;
@@ -73,6 +74,7 @@ pub use identity::IdentityHasher;
 pub use outcome::Outcome;
 pub use plan::Plan;
 pub use policy::{Policy, PolicyField, PolicySpec};
+pub use reserve::Reservation;
 pub use result::{Action, Decision, LimitResult, PolicyResult};
 pub use store::Backend;
 pub use tollgate_core::ClientKey;
@@ -192,6 +194,8 @@ struct Inner {
     /// override per request, must not pay a scan of the list for each.)
     limits: std::sync::Mutex<(Vec<tollgate_core::Limit>, HashSet<tollgate_core::Limit>)>,
     sweeper: std::sync::OnceLock<()>,
+    /// Settles waiting for the store, and the live holds being renewed.
+    reservations: reserve::Reservations,
     metrics: Metrics,
 }
 
@@ -253,6 +257,7 @@ impl Limiter {
                 lease_policies: std::sync::Mutex::new(leased::LeasePolicies::default()),
                 limits: std::sync::Mutex::new((Vec::new(), HashSet::new())),
                 sweeper: std::sync::OnceLock::new(),
+                reservations: Default::default(),
                 metrics: Metrics::default(),
             }),
         }
@@ -362,10 +367,27 @@ impl Limiter {
     /// leased policies from local leases first. Never fails: store failures become each
     /// policy's failure outcome.
     pub async fn check(&self, plan: &Plan) -> LimitResult {
+        self.check_inner(plan, false).await.0
+    }
+
+    /// [`Limiter::check`], with the store's instant of each plan item's decision (for
+    /// [`Limiter::reserve`]; `now` where the store gives none).
+    /// Each result's client and instant, in the order of the results.
+    pub(crate) async fn check_timed(&self, plan: &Plan) -> (LimitResult, Vec<(ClientKey, Micros)>) {
+        self.check_inner(plan, true).await
+    }
+
+    async fn check_inner(
+        &self,
+        plan: &Plan,
+        timed: bool,
+    ) -> (LimitResult, Vec<(ClientKey, Micros)>) {
         let now = self.inner.clock.now();
+        // A denial holds nothing: no instants needed.
+        let untimed = |r: LimitResult| (r, Vec::new());
         if self.inner.store.is_remote() {
             if let Some(result) = self.deny_cached(plan, now) {
-                return result;
+                return untimed(result);
             }
         }
         let mut results = Vec::with_capacity(plan.len());
@@ -383,17 +405,29 @@ impl Limiter {
                     p.inner.stats.record(Outcome::NotCharged);
                 }
                 count_leased(&mut results, false);
-                return LimitResult { action, results };
+                return untimed(LimitResult { action, results });
             }
         }
         let n_leased = results.len();
-        let action = self.decide(&exact, now, &mut results).await;
+        let (action, exact_at) = self.decide(&exact, now, &mut results, timed).await;
         // All-or-nothing: lease units taken by a rejected request go back to the lease.
         self.settle(&taken, action == Action::Allow);
         if let Some(leased) = results.get_mut(..n_leased) {
             count_leased(leased, action == Action::Allow);
         }
-        LimitResult { action, results }
+        // Each result's client and instant, in the results' order (the leased items first,
+        // never settled; then the rest, at the store's instants when it gave them).
+        let mut exact_at = exact_at.into_iter();
+        let at: Vec<(ClientKey, Micros)> = leased
+            .iter()
+            .map(|(c, _)| (**c, now))
+            .chain(
+                exact
+                    .iter()
+                    .map(|(c, _)| (**c, exact_at.next().unwrap_or(now))),
+            )
+            .collect();
+        (LimitResult { action, results }, at)
     }
 
     /// The answer [`Limiter::check`] would give `plan` from the deny cache alone, without a
@@ -529,9 +563,10 @@ impl Limiter {
         items: &[(&ClientKey, &Policy)],
         now: Micros,
         results: &mut Vec<PolicyResult>,
-    ) -> Action {
+        timed: bool,
+    ) -> (Action, Vec<Micros>) {
         let Some((first, _)) = items.first() else {
-            return Action::Allow;
+            return (Action::Allow, Vec::new());
         };
         let checks: Vec<Check<'_>> = items
             .iter()
@@ -542,9 +577,15 @@ impl Limiter {
                 mode: p.mode(),
             })
             .collect();
-        match self.call_store(first, &checks, now).await {
-            Ok(verdict) => self.apply_verdict(items, &checks, verdict, now, results),
-            Err(skip_for) => self.apply_failure(items, now, skip_for, results),
+        match self.call_store(first, &checks, now, timed).await {
+            Ok((verdict, at)) => (
+                self.apply_verdict(items, &checks, verdict, now, results),
+                at,
+            ),
+            Err(skip_for) => (
+                self.apply_failure(items, now, skip_for, results),
+                Vec::new(),
+            ),
         }
     }
 
@@ -556,14 +597,24 @@ impl Limiter {
         client: &ClientKey,
         checks: &[Check<'_>],
         now: Micros,
-    ) -> Result<Verdict, Micros> {
+        timed: bool,
+    ) -> Result<(Verdict, Vec<Micros>), Micros> {
         let i = &self.inner;
         let started = Instant::now();
+        let call = async {
+            if timed {
+                i.store.check_timed(checks, now, i.timeout).await
+            } else {
+                i.store
+                    .check(checks, now, i.timeout)
+                    .await
+                    .map(|v| (v, Vec::new()))
+            }
+        };
         let result = if i.store.is_remote() {
-            self.guarded(client, now, i.store.check(checks, now, i.timeout))
-                .await
+            self.guarded(client, now, call).await
         } else {
-            i.store.check(checks, now, i.timeout).await.map_err(|_| 0)
+            call.await.map_err(|_| 0)
         };
         trace::record_store_call(started.elapsed(), checks.len());
         result
@@ -643,9 +694,14 @@ impl Limiter {
                 (false, Mode::Shadow) => Outcome::ShadowLimited,
                 (false, _) => Outcome::Limited,
             };
-            if let (Outcome::Limited, Some(r), Some(cache)) =
-                (outcome, d.retry_after, &self.inner.deny_cache)
-            {
+            // (A concurrency denial is not remembered: a release may free a unit before its
+            // retry time, so remembering it would not be exact.)
+            if let (Outcome::Limited, Some(r), Some(cache), false) = (
+                outcome,
+                d.retry_after,
+                &self.inner.deny_cache,
+                p.is_concurrency(),
+            ) {
                 cache.deny(
                     client,
                     p.inner.deny_key,

@@ -67,6 +67,14 @@ pub(crate) struct PolicyStats {
     decisions: [AtomicU64; Outcome::ALL.len()],
     deny_cache_hits: AtomicU64,
     lease: [AtomicU64; 3],
+    /// Units settled after the response: [refunded, charged].
+    settled: [AtomicU64; 2],
+    /// Holds of this gateway now (`tollgate_in_flight`).
+    in_flight: AtomicU64,
+    /// Holds dropped by the store after `hold_ttl` without a renewal.
+    holds_expired: AtomicU64,
+    /// Settles not applied, by [`SettleError`].
+    settle_errors: [AtomicU64; SettleError::ALL.len()],
     /// The configured quota (`tollgate_limit`): limit, period in microseconds, burst. The
     /// last policy registered under this name sets it, so after a reload it is the new quota.
     quota: [AtomicU64; 3],
@@ -81,6 +89,10 @@ impl PolicyStats {
             decisions: Default::default(),
             deny_cache_hits: AtomicU64::new(0),
             lease: Default::default(),
+            settled: Default::default(),
+            in_flight: AtomicU64::new(0),
+            holds_expired: AtomicU64::new(0),
+            settle_errors: Default::default(),
             quota: Default::default(),
             top_limited,
         }
@@ -126,6 +138,36 @@ impl PolicyStats {
         self.lease[kind as usize].fetch_add(units, Ordering::Relaxed);
     }
 
+    /// Counts units settled: given back (`refunded`) or charged past the estimate.
+    pub(crate) fn settled(&self, refunded: u64, charged: u64) {
+        self.settled[0].fetch_add(refunded, Ordering::Relaxed);
+        self.settled[1].fetch_add(charged, Ordering::Relaxed);
+    }
+
+    /// A hold taken (`+units`) or gone (`-units`).
+    pub(crate) fn hold(&self, units: u64, taken: bool) {
+        if taken {
+            self.in_flight.fetch_add(units, Ordering::Relaxed);
+        } else {
+            // Never below zero, even if a release raced a renewal's count.
+            let _ = self
+                .in_flight
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(units))
+                });
+        }
+    }
+
+    /// Holds the store had dropped (not renewed within `hold_ttl`).
+    pub(crate) fn holds_expired(&self, units: u64) {
+        self.holds_expired.fetch_add(units, Ordering::Relaxed);
+    }
+
+    /// A settle not applied.
+    pub(crate) fn settle_error(&self, reason: SettleError) {
+        self.settle_errors[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The count of decisions with `outcome`.
     pub(crate) fn decisions(&self, outcome: Outcome) -> u64 {
         self.decisions[outcome.index()].load(Ordering::Relaxed)
@@ -147,6 +189,11 @@ impl PolicyStats {
             decisions: Outcome::ALL.map(|o| self.decisions(o)),
             deny_cache_hits: self.deny_cache_hits(),
             lease: LeaseKind::ALL.map(|k| self.lease_units(k)),
+            settled: [0, 1].map(|i| self.settled[i].load(Ordering::Relaxed)),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            holds_expired: self.holds_expired.load(Ordering::Relaxed),
+            settle_errors: SettleError::ALL
+                .map(|r| self.settle_errors[r as usize].load(Ordering::Relaxed)),
         }
     }
 }
@@ -440,11 +487,105 @@ impl Metrics {
         }
         family(
             out,
+            "tollgate_settled_units_total",
+            "counter",
+            "Units settled after the response: refunded below the estimate, charged above it.",
+        );
+        for p in &policies {
+            for (i, direction) in ["refunded", "charged"].iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "tollgate_settled_units_total{{policy=\"{}\",direction=\"{direction}\"}} {}",
+                    escape_label(&p.name),
+                    p.settled[i].load(Ordering::Relaxed)
+                );
+            }
+        }
+        family(
+            out,
+            "tollgate_settle_errors_total",
+            "counter",
+            "Settles not applied (the estimate stands; a hold expires after hold_ttl), by reason.",
+        );
+        for p in &policies {
+            for r in SettleError::ALL {
+                let _ = writeln!(
+                    out,
+                    "tollgate_settle_errors_total{{policy=\"{}\",reason=\"{}\"}} {}",
+                    escape_label(&p.name),
+                    r.as_str(),
+                    p.settle_errors[r as usize].load(Ordering::Relaxed)
+                );
+            }
+        }
+        family(
+            out,
+            "tollgate_in_flight",
+            "gauge",
+            "Requests this gateway holds in flight under a concurrency policy.",
+        );
+        for p in &policies {
+            let _ = writeln!(
+                out,
+                "tollgate_in_flight{{policy=\"{}\"}} {}",
+                escape_label(&p.name),
+                p.in_flight.load(Ordering::Relaxed)
+            );
+        }
+        family(
+            out,
+            "tollgate_holds_expired_total",
+            "counter",
+            "Holds the store dropped after hold_ttl without a renewal (their holder died or could not reach it).",
+        );
+        for p in &policies {
+            let _ = writeln!(
+                out,
+                "tollgate_holds_expired_total{{policy=\"{}\"}} {}",
+                escape_label(&p.name),
+                p.holds_expired.load(Ordering::Relaxed)
+            );
+        }
+        family(
+            out,
             "tollgate_store_calls_total",
             "counter",
             "Store calls made (divide by decisions for calls per request).",
         );
         let _ = writeln!(out, "tollgate_store_calls_total {}", self.store_calls());
+    }
+}
+
+/// Why a settle was not applied (`tollgate_settle_errors_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleError {
+    /// The real cost given was not a positive integer (a bad response header).
+    Invalid,
+    /// The real cost was above what the policy can ever admit: not trusted.
+    TooLarge,
+    /// The store call failed or timed out (or the breaker was open).
+    Store,
+    /// Too many settles waited for the store: this one was dropped.
+    Dropped,
+}
+
+impl SettleError {
+    /// Every reason, in label order.
+    pub const ALL: [SettleError; 4] = [
+        SettleError::Invalid,
+        SettleError::TooLarge,
+        SettleError::Store,
+        SettleError::Dropped,
+    ];
+
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SettleError::Invalid => "invalid",
+            SettleError::TooLarge => "too_large",
+            SettleError::Store => "store",
+            SettleError::Dropped => "dropped",
+        }
     }
 }
 
@@ -513,6 +654,10 @@ pub struct PolicyCounts {
     decisions: [u64; Outcome::ALL.len()],
     deny_cache_hits: u64,
     lease: [u64; LeaseKind::ALL.len()],
+    settled: [u64; 2],
+    in_flight: u64,
+    holds_expired: u64,
+    settle_errors: [u64; SettleError::ALL.len()],
 }
 
 impl PolicyCounts {
@@ -535,6 +680,26 @@ impl PolicyCounts {
     /// Lease units of `kind` (`tollgate_lease_units_total`).
     pub fn lease_units(&self, kind: LeaseKind) -> u64 {
         self.lease[kind as usize]
+    }
+
+    /// Units settled after the response: (refunded, charged) (`tollgate_settled_units_total`).
+    pub fn settled_units(&self) -> (u64, u64) {
+        (self.settled[0], self.settled[1])
+    }
+
+    /// Holds this limiter has in flight (`tollgate_in_flight`).
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// Holds the store dropped after `hold_ttl` (`tollgate_holds_expired_total`).
+    pub fn holds_expired(&self) -> u64 {
+        self.holds_expired
+    }
+
+    /// Settles not applied for `reason` (`tollgate_settle_errors_total`).
+    pub fn settle_errors(&self, reason: SettleError) -> u64 {
+        self.settle_errors[reason as usize]
     }
 }
 

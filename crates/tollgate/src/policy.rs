@@ -62,6 +62,9 @@ pub struct PolicySpec {
     pub shadow: bool,
     /// Exact or leased.
     pub sync: SyncMode,
+    /// The real cost is known only after the request (`cost_from_response`): a
+    /// [`crate::Reservation`] settles this policy's estimate ([`PolicySpec::cost`]) at it.
+    pub settle: bool,
 }
 
 /// A setting of a [`PolicySpec`] that an [`Error::InvalidPolicy`] is about; its `Display` is
@@ -86,6 +89,8 @@ pub enum PolicyField {
     LeaseTtl,
     /// `lease_max`.
     LeaseMax,
+    /// `algorithm`.
+    Algorithm,
 }
 
 impl PolicyField {
@@ -101,6 +106,7 @@ impl PolicyField {
             PolicyField::Sync => "sync",
             PolicyField::LeaseTtl => "lease_ttl",
             PolicyField::LeaseMax => "lease_max",
+            PolicyField::Algorithm => "algorithm",
         }
     }
 }
@@ -136,6 +142,7 @@ impl PolicySpec {
             local_divisor: 1,
             shadow: false,
             sync: SyncMode::Exact,
+            settle: false,
         }
     }
 
@@ -157,6 +164,24 @@ impl PolicySpec {
             .map_err(|e| invalid(e.field().into(), e.to_string()))?;
         fallback_limit(&self.limit, self.local_divisor)
             .map_err(|(field, reason)| invalid(field, reason))?;
+        let concurrency = self.limit.algorithm().is_concurrency();
+        if (self.settle || concurrency) && self.sync != SyncMode::Exact {
+            let what = if concurrency {
+                "a concurrency limit"
+            } else {
+                "a cost settled after the response"
+            };
+            return Err(invalid(
+                PolicyField::Sync,
+                format!("{what} needs sync = \"exact\" (a lease cannot hold or give back a settled cost)"),
+            ));
+        }
+        if self.settle && concurrency {
+            return Err(invalid(
+                PolicyField::Algorithm,
+                "a concurrency limit holds one unit per request: it has no cost to settle".into(),
+            ));
+        }
         if let SyncMode::Lease { ttl, max } = self.sync {
             let algorithm = self.limit.algorithm();
             if !algorithm.is_leasable() {
@@ -190,6 +215,8 @@ pub(crate) struct PolicyInner {
     /// Enforced, shadow (`PolicySpec::shadow`) or quota ([`Policy::in_quota_mode`]).
     pub(crate) mode: Mode,
     pub(crate) sync: SyncMode,
+    /// See [`PolicySpec::settle`].
+    pub(crate) settle: bool,
     pub(crate) stats: Arc<PolicyStats>,
     /// The deny cache's key of this rule: its name and its quota, so a denial decided under
     /// one quota never answers for another (after a reload changed it).
@@ -251,6 +278,7 @@ impl Policy {
                     Mode::Enforce
                 },
                 sync: spec.sync,
+                settle: spec.settle,
                 stats,
             }),
         })
@@ -307,6 +335,17 @@ impl Policy {
         self.inner.sync
     }
 
+    /// Whether a [`crate::Reservation`] settles this policy's charge at the real cost.
+    pub fn settles(&self) -> bool {
+        self.inner.settle
+    }
+
+    /// Whether this policy limits requests in flight (`algorithm = "concurrency"`): a
+    /// [`crate::Reservation`] holds one unit per request until it is released.
+    pub fn is_concurrency(&self) -> bool {
+        self.limit().algorithm().is_concurrency()
+    }
+
     /// The rule the local fallback enforces (limit and burst divided by the divisor).
     pub(crate) fn fallback_rule(&self) -> &Rule {
         &self.inner.fallback
@@ -342,6 +381,7 @@ impl Policy {
                 on_failure: i.on_failure,
                 mode,
                 sync: i.sync,
+                settle: i.settle,
                 stats: Arc::clone(&i.stats),
                 deny_key: i.deny_key,
             }),

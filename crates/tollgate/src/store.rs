@@ -57,6 +57,16 @@ pub(crate) struct LeaseCall {
     pub(crate) window: Micros,
 }
 
+/// One charge to settle at its real cost, a hold to release (`real: Some(_)`), or a hold to
+/// renew (`real: None`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settle<'a> {
+    pub(crate) client: ClientKey,
+    pub(crate) rule: &'a tollgate_core::Rule,
+    pub(crate) charge: tollgate_core::Charge,
+    pub(crate) real: Option<u64>,
+}
+
 /// What a lease call got.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LeaseGrant {
@@ -109,6 +119,16 @@ impl Store {
         }
     }
 
+    /// The in-process store, when this is one.
+    pub(crate) fn memory(&self) -> Option<&MemoryStore> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => None,
+        }
+    }
+
     pub(crate) fn memory_keys(&self) -> usize {
         match self {
             #[cfg(feature = "memory")]
@@ -133,6 +153,68 @@ impl Store {
             }
             #[cfg(feature = "redis")]
             Store::Redis(r) => r.check(checks, now, timeout).await,
+        }
+    }
+
+    /// [`Store::check`], with the store's instant of each check (what a later settle of its
+    /// charge needs: see `tollgate_redis::RedisStore::check_timed`).
+    pub(crate) async fn check_timed(
+        &self,
+        checks: &[Check<'_>],
+        now: Micros,
+        timeout: Duration,
+    ) -> Result<(Verdict, Vec<Micros>), StoreFailure> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(m) => {
+                let _ = timeout;
+                Ok((m.check(checks, now), vec![now; checks.len()]))
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => {
+                within(timeout, async {
+                    let store = r.get().await?;
+                    store.check_timed(checks, now).await
+                })
+                .await
+            }
+        }
+    }
+
+    /// Settles, releases or renews charges (see [`Settle`]): the units applied to each.
+    pub(crate) async fn settle(
+        &self,
+        items: &[Settle<'_>],
+        now: Micros,
+        timeout: Duration,
+    ) -> Result<Vec<u64>, StoreFailure> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(m) => {
+                let _ = timeout;
+                Ok(items
+                    .iter()
+                    .map(|it| m.settle(&it.client, it.rule, it.charge, it.real, now))
+                    .collect())
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => {
+                let redis_items: Vec<tollgate_redis::SettleItem<'_>> = items
+                    .iter()
+                    .map(|it| tollgate_redis::SettleItem {
+                        client: it.client,
+                        rule: it.rule,
+                        units: it.charge.units,
+                        at: it.charge.at,
+                        real: it.real,
+                    })
+                    .collect();
+                within(timeout, async {
+                    let store = r.get().await?;
+                    store.settle(&redis_items, now).await
+                })
+                .await
+            }
         }
     }
 

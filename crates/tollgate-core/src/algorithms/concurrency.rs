@@ -141,7 +141,13 @@ pub fn check(
 
 /// Releases up to `units` held since `at` (the instant they were taken or last renewed);
 /// returns how many were still held (the rest expired).
-pub fn release(q: &Quota, state: &mut ConcurrencyState, now: Micros, units: u64, at: Micros) -> u64 {
+pub fn release(
+    q: &Quota,
+    state: &mut ConcurrencyState,
+    now: Micros,
+    units: u64,
+    at: Micros,
+) -> u64 {
     take(q, state, now, units, at)
 }
 

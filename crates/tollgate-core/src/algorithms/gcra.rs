@@ -62,10 +62,7 @@ pub fn refund(q: &Quota, state: &mut GcraState, now: Micros, units: u64) -> u64 
     if state.tat <= now {
         return 0;
     }
-    let tat = state
-        .tat
-        .saturating_sub(units.saturating_mul(t))
-        .max(now);
+    let tat = state.tat.saturating_sub(units.saturating_mul(t)).max(now);
     let back = (state.tat - tat).div_ceil(t);
     state.tat = tat;
     back
