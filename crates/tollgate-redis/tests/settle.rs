@@ -8,7 +8,7 @@ mod common;
 
 use common::{random_limit, Rng, EPOCH_2026};
 use std::collections::HashMap;
-use tollgate_core::{Algorithm, Charge, Check, ClientKey, Limit, Micros, Quota, Rule, State};
+use tollgate_core::{Algorithm, Charge, Check, ClientKey, Limit, Quota, Rule, State};
 use tollgate_redis::{RedisStore, SettleItem, StoreClock};
 use tollgate_testkit::RedisServer;
 
