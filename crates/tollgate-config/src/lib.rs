@@ -267,6 +267,9 @@ pub struct PolicyConfig {
     pub tier: Option<tollgate_tower::TierSource>,
     /// `tiers.<name>`: each its own rule, named `<policy>.<tier>`.
     pub tiers: Vec<TierConfig>,
+    /// `cost_from_request`, `cost_max`, `cost_from_response`: where the estimate and the
+    /// real cost come from (`spec.settle` is set when a real cost does).
+    pub costs: tollgate_tower::Costs,
 }
 
 /// One `tiers.<name>` of a policy.

@@ -26,6 +26,7 @@ pub(super) fn policy(
     span: std::ops::Range<usize>,
     raw: RawPolicy,
     store: &StoreConfig,
+    decision_mode: bool,
 ) -> Option<PolicyConfig> {
     let k = |name: &str| format!("policy[{i}].{name}");
     let before = r.errors.len();
@@ -88,7 +89,7 @@ pub(super) fn policy(
     };
     let algorithm = match &raw.algorithm {
         None => {
-            r.at(span.clone(), k("algorithm"), "is missing; expected one of fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, gcra");
+            r.at(span.clone(), k("algorithm"), "is missing; expected one of fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, gcra, concurrency");
             None
         }
         Some(a) => match a.get_ref().parse::<Algorithm>() {
@@ -116,7 +117,93 @@ pub(super) fn policy(
             }
         },
     };
+    let concurrency = algorithm == Some(Algorithm::Concurrency);
+    let hold_ttl = field(
+        r,
+        &k("hold_ttl"),
+        &raw.hold_ttl,
+        Duration::from_secs(300),
+        |s| duration(s),
+    );
+    if let (false, Some(h)) = (concurrency, &raw.hold_ttl) {
+        r.at(
+            h.span(),
+            k("hold_ttl"),
+            "only applies with algorithm = \"concurrency\"",
+        );
+    }
+    if concurrency {
+        // A request holds one unit, from admission to its response's end: no rate, no cost.
+        for (key, present) in [
+            ("period", raw.period.as_ref().map(|s| s.span())),
+            ("burst", raw.burst.as_ref().map(|s| s.span())),
+            ("cost", raw.cost.as_ref().map(|s| s.span())),
+            (
+                "cost_from_request",
+                raw.cost_from_request.as_ref().map(|s| s.span()),
+            ),
+            ("cost_max", raw.cost_max.as_ref().map(|s| s.span())),
+            (
+                "cost_from_response",
+                raw.cost_from_response.as_ref().map(|s| s.span()),
+            ),
+            ("sync", raw.sync.as_ref().map(|s| s.span())),
+        ] {
+            if let Some(sp) = present {
+                r.at(
+                    sp,
+                    k(key),
+                    "does not apply to algorithm = \"concurrency\" (limit is the requests in flight, each holding one unit; hold_ttl is how long the holds of a gateway that died last)",
+                );
+            }
+        }
+        if decision_mode {
+            r.at(
+                span_or(&raw.algorithm, &span),
+                k("algorithm"),
+                "\"concurrency\" needs proxy mode (server.upstream): in decision mode the gateway never sees a response end, so a hold would never be released",
+            );
+        }
+    }
+    let header = |s: &String| {
+        http::HeaderName::from_bytes(s.to_ascii_lowercase().as_bytes())
+            .map_err(|_| "is not an HTTP header name".to_string())
+    };
+    let from_request = field(
+        r,
+        &k("cost_from_request"),
+        &raw.cost_from_request,
+        None,
+        |s| header(s).map(Some),
+    );
+    let from_response = field(
+        r,
+        &k("cost_from_response"),
+        &raw.cost_from_response,
+        None,
+        |s| header(s).map(Some),
+    );
+    if let (true, Some(c)) = (decision_mode, &raw.cost_from_response) {
+        r.at(
+            c.span(),
+            k("cost_from_response"),
+            "needs proxy mode (server.upstream): in decision mode the gateway never sees the response",
+        );
+    }
+    let cost_max = field(r, &k("cost_max"), &raw.cost_max, None, |v| {
+        positive(v, "cost_max").map(Some)
+    });
+    if let (None, Some(c)) = (&from_request, &raw.cost_max) {
+        if raw.cost_from_request.is_none() {
+            r.at(
+                c.span(),
+                k("cost_max"),
+                "only applies with cost_from_request",
+            );
+        }
+    }
     let period = match &raw.period {
+        None if concurrency => Some(hold_ttl),
         None => {
             r.at(
                 span.clone(),
@@ -214,6 +301,22 @@ pub(super) fn policy(
             return None;
         }
     };
+    let max_cost = limit.max_cost();
+    if let (Some(m), Some(written)) = (cost_max, &raw.cost_max) {
+        if m > max_cost {
+            r.at(
+                written.span(),
+                k("cost_max"),
+                format!("is above what the policy can ever admit ({max_cost}, its burst or limit)"),
+            );
+            return None;
+        }
+    }
+    let costs = tollgate_tower::Costs {
+        from_request,
+        max: cost_max.unwrap_or(max_cost),
+        from_response,
+    };
     let spec = PolicySpec {
         name,
         limit,
@@ -222,7 +325,7 @@ pub(super) fn policy(
         local_divisor,
         shadow,
         sync,
-        settle: false,
+        settle: costs.from_response.is_some(),
     };
     if let Err(tollgate::Error::InvalidPolicy { field, reason, .. }) = spec.validate() {
         let (key, sp) = at(field);
@@ -241,6 +344,7 @@ pub(super) fn policy(
         identity,
         tier,
         tiers,
+        costs,
     })
 }
 

@@ -153,6 +153,10 @@ pub(crate) struct RawPolicy {
     pub sync: S<String>,
     pub lease_ttl: S<String>,
     pub lease_max: S<i64>,
+    pub cost_from_request: S<String>,
+    pub cost_max: S<i64>,
+    pub cost_from_response: S<String>,
+    pub hold_ttl: S<String>,
     pub tier: S<String>,
     pub tiers: S<std::collections::BTreeMap<String, Spanned<RawTier>>>,
 }

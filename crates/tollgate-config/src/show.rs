@@ -49,6 +49,9 @@ fn policy(p: &PolicyConfig) -> Value {
         "local_divisor": p.spec.local_divisor,
         "shadow": p.spec.shadow,
         "sync": sync,
+        "cost_from_request": p.costs.from_request.as_ref().map(|h| h.as_str()),
+        "cost_max": p.costs.from_request.as_ref().map(|_| p.costs.max),
+        "cost_from_response": p.costs.from_response.as_ref().map(|h| h.as_str()),
         "tier": p.tier.as_ref().map(ToString::to_string),
         "tiers": p.tiers.iter().map(|t| {
             let mut v = limit(&t.spec.limit);

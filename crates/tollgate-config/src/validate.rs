@@ -54,7 +54,15 @@ pub(crate) fn validate(
     let mut names = HashSet::new();
     for (i, p) in raw.policy.into_iter().enumerate() {
         let span = p.span();
-        if let Some(p) = policy(&mut r, i, span.clone(), p.into_inner(), &store) {
+        let decision_mode = server.upstream.is_none();
+        if let Some(p) = policy(
+            &mut r,
+            i,
+            span.clone(),
+            p.into_inner(),
+            &store,
+            decision_mode,
+        ) {
             let jwt_source = p.identity.iter().flatten().any(is_jwt)
                 || matches!(p.tier, Some(tollgate_tower::TierSource::Jwt(_)));
             if jwt_source

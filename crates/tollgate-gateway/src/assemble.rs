@@ -90,7 +90,8 @@ fn layer(
         let mut routed = RoutedPolicy::new(own.clone())
             .path_prefix(p.path_prefix.clone())
             .methods(p.methods.clone())
-            .case_insensitive(p.case_insensitive);
+            .case_insensitive(p.case_insensitive)
+            .costs(p.costs.clone());
         if let Some(sources) = &p.identity {
             routed = routed.identity(sources.clone());
         }

@@ -5,7 +5,7 @@ use crate::identity::IdentityConfig;
 use crate::jwt::InvalidToken;
 use crate::route::RoutedPolicy;
 use crate::service::RateLimit;
-use crate::shared::{identity_headers, peer_from_extension, PeerFn, Shared};
+use crate::shared::{identity_headers, peer_from_extension, settle_headers, PeerFn, Shared};
 use crate::target::{BadRequest, ForwardAuth};
 use http::Request;
 use std::sync::Arc;
@@ -43,6 +43,7 @@ impl RateLimitLayer {
                 forward_auth: None,
                 allow_ambiguous_paths: false,
                 identity_headers: Vec::new(),
+                settle_headers: Arc::default(),
                 peer: peer_from_extension,
             }),
         }
@@ -52,6 +53,7 @@ impl RateLimitLayer {
         let f = |s: &mut Shared| {
             f(s);
             s.identity_headers = identity_headers(s);
+            s.settle_headers = Arc::new(settle_headers(s));
         };
         match Arc::get_mut(&mut self.shared) {
             Some(s) => f(s),
@@ -65,6 +67,7 @@ impl RateLimitLayer {
                     forward_auth: s.forward_auth.clone(),
                     allow_ambiguous_paths: s.allow_ambiguous_paths,
                     identity_headers: s.identity_headers.clone(),
+                    settle_headers: Arc::clone(&s.settle_headers),
                     peer: s.peer,
                 };
                 f(&mut copy);
@@ -117,6 +120,7 @@ impl RateLimitLayer {
             peer,
             req.extensions().get::<crate::TrustedPeer>(),
         )?;
+        self.shared.check_costs(&target, req.headers())?;
         let plan = match self.shared.plan(&target, req.headers(), peer) {
             Ok(Some(plan)) => plan,
             Ok(None) => return Ok(None),

@@ -55,6 +55,7 @@ pub(crate) struct TierInput<'a> {
 #[derive(Debug, Clone)]
 pub struct RoutedPolicy {
     policy: Policy,
+    costs: Costs,
     path_prefix: String,
     methods: Vec<Method>,
     identity: Option<Vec<IdentitySource>>,
@@ -69,6 +70,7 @@ impl RoutedPolicy {
     pub fn new(policy: Policy) -> Self {
         Self {
             policy,
+            costs: Costs::default(),
             path_prefix: "/".to_string(),
             methods: Vec::new(),
             identity: None,
@@ -119,6 +121,25 @@ impl RoutedPolicy {
             return p;
         }
         self.tier_of(input).map_or(&self.policy, |t| &t.1)
+    }
+
+    /// Where the estimate and the real cost of a request come from (see [`Costs`]).
+    pub fn costs(mut self, costs: Costs) -> Self {
+        self.costs = costs;
+        self
+    }
+
+    /// The policy's cost sources.
+    pub fn cost_sources(&self) -> &Costs {
+        &self.costs
+    }
+
+    /// Every policy this route may charge (its own, its tiers', its overrides'), for the
+    /// lookup of their real-cost header.
+    pub(crate) fn all_policies(&self) -> impl Iterator<Item = &Policy> {
+        std::iter::once(&self.policy)
+            .chain(self.tiers.iter().map(|(_, p)| p))
+            .chain(self.overrides.values())
     }
 
     /// Only paths under `prefix`.
@@ -183,6 +204,62 @@ impl RoutedPolicy {
     }
 }
 
+/// Where a policy's costs come from, when not from its fixed `cost` alone.
+#[derive(Debug, Clone, Default)]
+pub struct Costs {
+    /// `cost_from_request`: the estimate from this request header (a positive integer up to
+    /// `max`; absent or not a positive integer: the policy's `cost`; above `max`: 400).
+    pub from_request: Option<HeaderName>,
+    /// `cost_max`: the largest estimate a request may ask for.
+    pub max: u64,
+    /// `cost_from_response`: the real cost from this response header or trailer, settled
+    /// when the response ends (the policy must settle, `PolicySpec::settle`).
+    pub from_response: Option<HeaderName>,
+}
+
+/// The longest cost value read (u64::MAX has 20 digits): a longer one is not a cost.
+const MAX_COST_DIGITS: usize = 20;
+
+/// A cost header's value: `Ok(None)` when absent, `Ok(Some(n))` for one positive decimal
+/// integer, `Err(())` for anything else (sent twice, empty, signs, spaces inside, zero,
+/// too long).
+pub(crate) fn cost_value(headers: &HeaderMap, name: &HeaderName) -> Result<Option<u64>, ()> {
+    let mut values = headers.get_all(name).iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(());
+    }
+    let bytes = v.as_bytes().trim_ascii();
+    if bytes.is_empty() || bytes.len() > MAX_COST_DIGITS || !bytes.iter().all(u8::is_ascii_digit) {
+        return Err(());
+    }
+    let n = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or(())?;
+    if n == 0 {
+        return Err(());
+    }
+    Ok(Some(n))
+}
+
+impl Costs {
+    /// The estimate a request asks for: `Ok(None)` for the policy's own cost, `Err` (400)
+    /// when it asks for more than `max`.
+    pub(crate) fn estimate(&self, headers: &HeaderMap) -> Result<Option<u64>, u64> {
+        let Some(name) = &self.from_request else {
+            return Ok(None);
+        };
+        match cost_value(headers, name) {
+            Ok(Some(n)) if n > self.max => Err(self.max),
+            Ok(n) => Ok(n),
+            Err(()) => Ok(None),
+        }
+    }
+}
+
 fn prefix_matches(prefix: &str, path: &str, case_insensitive: bool) -> bool {
     let (prefix, path) = (prefix.as_bytes(), path.as_bytes());
     let Some(head) = path.get(..prefix.len()) else {
@@ -200,6 +277,40 @@ fn prefix_matches(prefix: &str, path: &str, case_insensitive: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cost_headers_are_one_positive_integer_or_nothing() {
+        let name = HeaderName::from_static("x-cost");
+        let with = |values: &[&[u8]]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(
+                    name.clone(),
+                    http::HeaderValue::from_bytes(v).expect("value"),
+                );
+            }
+            cost_value(&h, &name)
+        };
+        assert_eq!(with(&[]), Ok(None));
+        assert_eq!(with(&[b"42"]), Ok(Some(42)));
+        assert_eq!(with(&[b" 7 "]), Ok(Some(7)));
+        assert_eq!(with(&[b"18446744073709551615"]), Ok(Some(u64::MAX)));
+        for bad in [
+            &b"0"[..],
+            b"-1",
+            b"+1",
+            b"1.5",
+            b"1e3",
+            b"",
+            b"4 2",
+            b"18446744073709551616",
+            b"000000000000000000001",
+            b"0x10",
+        ] {
+            assert_eq!(with(&[bad]), Err(()), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(with(&[b"1", b"2"]), Err(()), "sent twice");
+    }
 
     #[test]
     fn prefixes_match_whole_segments() {

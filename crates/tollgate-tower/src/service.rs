@@ -2,6 +2,7 @@
 //! add the `RateLimit` headers to its response.
 
 use crate::response::{add_headers, bad_request, too_many_requests, unauthorized, unavailable};
+use crate::settle::{Pending, Settling};
 use crate::shared::Shared;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -13,8 +14,9 @@ use std::task::{Context, Poll};
 use tollgate::Action;
 use tower_service::Service;
 
-/// The response body: the inner service's, or the layer's own 429 / 503 body.
-pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
+/// The response body: the inner service's (settling the request's reservation when it
+/// ends, see [`Settling`]), or the layer's own 429 / 503 body.
+pub type RateLimitBody<B> = Either<Settling<B>, Full<Bytes>>;
 
 /// The boxed response future.
 pub type ResponseFuture<B, E> =
@@ -61,7 +63,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     ReqBody: Send + 'static,
-    ResBody: 'static,
+    ResBody: http_body::Body + 'static,
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = S::Error;
@@ -87,6 +89,9 @@ where
             Ok(t) => t,
             Err(e) => return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) }),
         };
+        if let Err(e) = self.shared.check_costs(&target, req.headers()) {
+            return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) });
+        }
         let shared = self.shared.clone();
         if let Some(result) = self
             .shared
@@ -117,15 +122,40 @@ where
         Box::pin(async move {
             let Some(plan) = plan else {
                 std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                return Ok(inner.call(req).await?.map(Either::Left));
+                return Ok(inner
+                    .call(req)
+                    .await?
+                    .map(|b| Either::Left(Settling::plain(b))));
             };
-            let result = shared.check(&plan, req.headers()).await;
+            let (result, reservation) = if Shared::reserves(&plan) {
+                shared.reserve(&plan, req.headers()).await
+            } else {
+                (shared.check(&plan, req.headers()).await, None)
+            };
             match result.action {
                 Action::Allow => {
                     std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                    // (An inner error drops the reservation: estimates stand, holds go.)
                     let mut resp = inner.call(req).await?;
                     add_headers(resp.headers_mut(), &result);
-                    Ok(resp.map(Either::Left))
+                    let reservation = reservation.filter(|r| !r.is_empty());
+                    Ok(match reservation {
+                        None => resp.map(|b| Either::Left(Settling::plain(b))),
+                        Some(reservation) => {
+                            let head = settle_head(resp.headers(), &reservation, &shared);
+                            let names = std::sync::Arc::clone(&shared.settle_headers);
+                            resp.map(|b| {
+                                Either::Left(Settling::with_pending(
+                                    b,
+                                    Box::new(Pending {
+                                        reservation,
+                                        head,
+                                        names,
+                                    }),
+                                ))
+                            })
+                        }
+                    })
                 }
                 Action::Limit { retry_after } => {
                     Ok(too_many_requests(&result, retry_after).map(Either::Right))
@@ -136,4 +166,25 @@ where
             }
         })
     }
+}
+
+/// The response head's real-cost headers (only those: the rest of the head is not kept).
+fn settle_head(
+    headers: &http::HeaderMap,
+    reservation: &tollgate::Reservation,
+    shared: &Shared,
+) -> http::HeaderMap {
+    let mut out = http::HeaderMap::new();
+    let names = reservation
+        .policies()
+        .filter_map(|p| shared.settle_headers.get(&p.id()));
+    for name in names {
+        if out.contains_key(name) {
+            continue;
+        }
+        for v in headers.get_all(name) {
+            out.append(name.clone(), v.clone());
+        }
+    }
+    out
 }

@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) allow_ambiguous_paths: bool,
     /// Every header an identity source reads (a request with two of one is refused).
     pub(crate) identity_headers: Vec<HeaderName>,
+    /// The real-cost header (`cost_from_response`) of each policy that settles, by id.
+    pub(crate) settle_headers: std::sync::Arc<std::collections::HashMap<u64, HeaderName>>,
     pub(crate) peer: PeerFn,
 }
 
@@ -99,7 +101,12 @@ impl Shared {
                 claims: verified,
                 trusted,
             };
-            plan.push(key, routed.policy_for(&key, &tier).clone());
+            let policy = routed.policy_for(&key, &tier);
+            // The estimate a request asks for (checked against cost_max in `check_costs`).
+            match routed.cost_sources().estimate(headers) {
+                Ok(Some(cost)) => plan.push(key, policy.with_cost(cost)),
+                _ => plan.push(key, policy.clone()),
+            }
         }
         let plan = (!plan.is_empty()).then_some(plan);
         match refused {
@@ -166,6 +173,49 @@ impl Shared {
         }
     }
 
+    /// Refuses (400) a request that asks a matched policy for a larger estimate than its
+    /// `cost_max` (`cost_from_request`).
+    pub(crate) fn check_costs(
+        &self,
+        target: &Target,
+        headers: &HeaderMap,
+    ) -> Result<(), BadRequest> {
+        let (method, path) = (&target.method, target.path.as_str());
+        for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
+            if let Err(max) = routed.cost_sources().estimate(headers) {
+                let name = routed
+                    .cost_sources()
+                    .from_request
+                    .as_ref()
+                    .map_or("", HeaderName::as_str);
+                return Err(BadRequest(format!(
+                    "the {name} header asks policy {:?} for more than its cost_max ({max})",
+                    routed.policy().name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a plan holds something to settle or release after the response.
+    pub(crate) fn reserves(plan: &Plan) -> bool {
+        plan.iter().any(|(_, p)| p.settles() || p.is_concurrency())
+    }
+
+    /// [`Shared::check`] for a plan that settles later or holds requests in flight.
+    pub(crate) async fn reserve(
+        &self,
+        plan: &Plan,
+        headers: &HeaderMap,
+    ) -> (LimitResult, Option<tollgate::Reservation>) {
+        let span = tollgate::trace::decision_span(|| {
+            headers.get("traceparent").and_then(|v| v.to_str().ok())
+        });
+        let (result, reservation) = self.limiter.reserve(plan).instrument(span.clone()).await;
+        tollgate::trace::record_decision(&span, plan, &result);
+        (result, reservation)
+    }
+
     /// Decides a plan: every matched policy, under every identity, in one limiter call
     /// (all-or-nothing), inside the decision's span (see `tollgate::trace`).
     pub(crate) async fn check(&self, plan: &Plan, headers: &HeaderMap) -> LimitResult {
@@ -222,6 +272,19 @@ impl Shared {
             normalize_strict(path).map_err(|e| BadRequest(e.to_string()))
         }
     }
+}
+
+/// The real-cost header of every policy of `s` that settles, by policy id.
+pub(crate) fn settle_headers(s: &Shared) -> std::collections::HashMap<u64, HeaderName> {
+    let mut out = std::collections::HashMap::new();
+    for routed in &s.policies {
+        if let Some(name) = &routed.cost_sources().from_response {
+            for p in routed.all_policies() {
+                out.insert(p.id(), name.clone());
+            }
+        }
+    }
+    out
 }
 
 /// The headers the identity sources of `s` read.

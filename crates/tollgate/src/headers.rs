@@ -39,8 +39,13 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
         push_sf_string(&mut out, r.policy.name());
         out.push_str(";q=");
         push_u64(&mut out, q.limit());
-        out.push_str(";w=");
-        push_u64(&mut out, secs_ceil(q.period(), 1));
+        if r.policy.is_concurrency() {
+            // Not a rate: no window; the quota unit says what is counted.
+            out.push_str(";qu=\"concurrent-requests\"");
+        } else {
+            out.push_str(";w=");
+            push_u64(&mut out, secs_ceil(q.period(), 1));
+        }
     }
     (!out.is_empty()).then_some(out)
 }

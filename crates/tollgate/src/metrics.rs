@@ -559,6 +559,8 @@ impl Metrics {
 /// Why a settle was not applied (`tollgate_settle_errors_total{reason}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SettleError {
+    /// No real cost was given (the response carried no cost header or trailer).
+    Missing,
     /// The real cost given was not a positive integer (a bad response header).
     Invalid,
     /// The real cost was above what the policy can ever admit: not trusted.
@@ -571,7 +573,8 @@ pub enum SettleError {
 
 impl SettleError {
     /// Every reason, in label order.
-    pub const ALL: [SettleError; 4] = [
+    pub const ALL: [SettleError; 5] = [
+        SettleError::Missing,
         SettleError::Invalid,
         SettleError::TooLarge,
         SettleError::Store,
@@ -581,6 +584,7 @@ impl SettleError {
     /// The `reason` label.
     pub fn as_str(self) -> &'static str {
         match self {
+            SettleError::Missing => "missing",
             SettleError::Invalid => "invalid",
             SettleError::TooLarge => "too_large",
             SettleError::Store => "store",

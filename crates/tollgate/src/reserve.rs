@@ -76,14 +76,15 @@ impl Reservation {
 
     /// Settles every policy that settles later at `real` units, and releases every hold.
     pub fn settle(self, real: u64) {
-        self.settle_each(|p| p.settles().then_some(real));
+        self.settle_each(|_| Ok(Some(real)));
     }
 
-    /// Settles each policy at the real cost `real(policy)` gives (`None`: the estimate
-    /// stands), and releases every hold. A real cost above what the policy can ever admit is
-    /// not trusted: the estimate stands and `tollgate_settle_errors_total{reason="too_large"}`
-    /// counts it.
-    pub fn settle_each(mut self, real: impl Fn(&Policy) -> Option<u64>) {
+    /// Settles each policy that settles later ([`Policy::settles`]) at the real cost
+    /// `real(policy)` gives, and releases every hold. `Ok(None)`: the estimate stands;
+    /// `Err(reason)`: the estimate stands and `tollgate_settle_errors_total{reason}` counts
+    /// it (a response without, or with a bad, cost header). A real cost above what the
+    /// policy can ever admit is not trusted either (`reason="too_large"`).
+    pub fn settle_each(mut self, real: impl Fn(&Policy) -> Result<Option<u64>, SettleError>) {
         let held = std::mem::take(&mut self.held);
         self.limiter.finish(held, &real);
     }
@@ -100,7 +101,7 @@ impl Drop for Reservation {
             return;
         }
         let held = std::mem::take(&mut self.held);
-        self.limiter.finish(held, &|_| None);
+        self.limiter.finish(held, &|_| Ok(None));
     }
 }
 
@@ -221,7 +222,7 @@ impl Limiter {
     }
 
     /// Settles and releases what a reservation held.
-    fn finish(&self, held: Vec<Held>, real: &dyn Fn(&Policy) -> Option<u64>) {
+    fn finish(&self, held: Vec<Held>, real: &dyn Fn(&Policy) -> Result<Option<u64>, SettleError>) {
         for h in held {
             let pending = if let Some(id) = h.hold {
                 // The hold as the renewer last moved it; a renewal in flight releases it.
@@ -244,8 +245,16 @@ impl Limiter {
                     policy: live.policy,
                 }
             } else {
-                let Some(cost) = real(&h.policy) else {
+                if !h.policy.settles() {
                     continue;
+                }
+                let cost = match real(&h.policy) {
+                    Ok(Some(cost)) => cost,
+                    Ok(None) => continue,
+                    Err(reason) => {
+                        h.policy.inner.stats.settle_error(reason);
+                        continue;
+                    }
                 };
                 if cost > h.policy.limit().max_cost() {
                     h.policy.inner.stats.settle_error(SettleError::TooLarge);
@@ -375,7 +384,11 @@ impl Limiter {
                 .iter_mut()
                 .filter(|(_, l)| {
                     let w = tollgate_core::algorithms::concurrency::width(l.policy.limit().quota());
-                    !l.renewing && now >= l.charge.at.saturating_add(w)
+                    // A tick early, so that renewals are at most a bucket apart: a bucket
+                    // lives 2W + hold_ttl from its start, so the holds of a process that
+                    // dies are dropped no sooner than hold_ttl after its death.
+                    let tick = tollgate_core::duration_to_micros(RENEW_TICK);
+                    !l.renewing && now.saturating_add(tick) >= l.charge.at.saturating_add(w)
                 })
                 .map(|(&id, l)| {
                     l.renewing = true;

@@ -157,7 +157,11 @@ where
 /// One body type for the connection: the layer's own bodies are boxed like upstream ones.
 fn unify(body: tollgate_tower::RateLimitBody<BoxBody>) -> BoxBody {
     match body {
-        Either::Left(b) => b,
+        // Boxed again only when it settles a reservation at its end (costs known later).
+        Either::Left(b) => match b.into_plain() {
+            Ok(plain) => plain,
+            Err(settling) => settling.boxed(),
+        },
         Either::Right(full) => full.map_err(|never| match never {}).boxed(),
     }
 }

@@ -87,6 +87,11 @@ impl Proxy {
         };
         let host = parts.headers.get(HOST).cloned();
         strip_hop_by_hop(&mut parts.headers);
+        // The gateway reads trailers (a real cost sent after the body, `cost_from_response`),
+        // which an HTTP/1.1 upstream sends only to a client that says it takes them.
+        parts
+            .headers
+            .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
         let ip = tollgate_tower::forwarded::canonical(peer.ip());
         // The peer's address as header text, written once for the headers that carry it.
         let ip_text = Bytes::from(ip.to_string());
