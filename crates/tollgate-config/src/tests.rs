@@ -311,3 +311,131 @@ fn store_max_batch_defaults_to_64_and_out_of_range_values_name_file_line_and_key
     let e = at("\"64\"");
     assert!(e[0].contains("store.max_batch"), "{e:?}");
 }
+
+/// A `[server]` head in proxy mode: costs known later need one.
+const PROXY: &str = "[server]\nupstream = \"http://127.0.0.1:3000\"\n\n";
+
+#[test]
+fn costs_known_later_are_read_and_their_bad_values_refused_at_their_key_and_line() {
+    let good = format!("{PROXY}[[policy]]\nname = \"tokens\"\nalgorithm = \"token_bucket\"\nlimit = 100000\nperiod = \"1h\"\nburst = 8000\ncost = 500\ncost_from_request = \"X-Max-Tokens\"\ncost_max = 4000\ncost_from_response = \"x-tokens-used\"\n\n[[policy]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 10\nhold_ttl = \"5m\"\n");
+    let c = Config::parse("t.toml", &good).expect("valid");
+    let tokens = &c.policies[0];
+    assert!(tokens.spec.settle);
+    assert_eq!(tokens.costs.max, 4000);
+    assert_eq!(
+        tokens.costs.from_request.as_ref().map(|h| h.as_str()),
+        Some("x-max-tokens")
+    );
+    let inflight = &c.policies[1];
+    assert!(inflight.spec.limit.algorithm().is_concurrency());
+    assert_eq!(
+        inflight.spec.limit.quota().period(),
+        std::time::Duration::from_secs(300)
+    );
+    // hold_ttl defaults to 5m; cost_max to the burst.
+    let dflt = format!("{PROXY}[[policy]]\nname = \"i\"\nalgorithm = \"concurrency\"\nlimit = 3\n\n[[policy]]\nname = \"t\"\nalgorithm = \"gcra\"\nlimit = 60\nperiod = \"1m\"\nburst = 30\ncost_from_request = \"x-n\"\n");
+    let c = Config::parse("t.toml", &dflt).expect("valid");
+    assert_eq!(
+        c.policies[0].spec.limit.quota().period(),
+        std::time::Duration::from_secs(300)
+    );
+    assert_eq!(c.policies[1].costs.max, 30);
+
+    let base =
+        "[[policy]]\nname = \"p\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1m\"\n";
+    for (extra, key, says) in [
+        (
+            "cost_from_request = \"bad header\"\n",
+            "cost_from_request",
+            "not an HTTP header name",
+        ),
+        (
+            "cost_from_response = \"\"\n",
+            "cost_from_response",
+            "not an HTTP header name",
+        ),
+        (
+            "cost_from_request = \"x-n\"\ncost_max = 101\n",
+            "cost_max",
+            "above what the policy can ever admit (100",
+        ),
+        (
+            "cost_from_request = \"x-n\"\ncost_max = 0\n",
+            "cost_max",
+            "positive integer",
+        ),
+        (
+            "cost_max = 10\n",
+            "cost_max",
+            "only applies with cost_from_request",
+        ),
+        (
+            "hold_ttl = \"5m\"\n",
+            "hold_ttl",
+            "only applies with algorithm = \"concurrency\"",
+        ),
+        (
+            "cost_from_response = \"x-used\"\nsync = \"lease\"\n",
+            "sync",
+            "needs sync = \"exact\"",
+        ),
+    ] {
+        let text = format!("{PROXY}{base}{extra}");
+        let errs = errors(&text);
+        assert_eq!(errs.len(), 1, "{extra}: {errs:?}");
+        assert!(errs[0].starts_with("error: t.toml:"), "{}", errs[0]);
+        assert!(
+            errs[0].contains(&format!("policy[0].{key}: ")),
+            "{extra}: {}",
+            errs[0]
+        );
+        assert!(errs[0].contains(says), "{extra}: {}", errs[0]);
+        assert!(
+            !errs[0].contains("bad header"),
+            "a refused value is not echoed: {}",
+            errs[0]
+        );
+    }
+    let conc = "[[policy]]\nname = \"i\"\nalgorithm = \"concurrency\"\nlimit = 2\n";
+    for (extra, key) in [
+        ("period = \"1m\"\n", "period"),
+        ("burst = 5\n", "burst"),
+        ("cost = 2\n", "cost"),
+        ("cost_from_response = \"x-used\"\n", "cost_from_response"),
+        ("hold_ttl = \"0s\"\n", "hold_ttl"),
+        ("hold_ttl = \"soon\"\n", "hold_ttl"),
+        ("hold_ttl = \"1000000000d\"\n", "hold_ttl"),
+        ("sync = \"lease\"\n", "sync"),
+    ] {
+        let text = format!("{PROXY}{conc}{extra}");
+        let errs = errors(&text);
+        assert!(!errs.is_empty(), "{extra} accepted");
+        assert!(
+            errs.iter()
+                .any(|e| e.contains(&format!("policy[0].{key}: "))),
+            "{extra}: {errs:?}"
+        );
+        assert!(
+            errs.iter().all(|e| e.starts_with("error: t.toml:")),
+            "{errs:?}"
+        );
+    }
+}
+
+#[test]
+fn decision_mode_refuses_what_needs_a_response_end() {
+    let text = "[[policy]]\nname = \"t\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1m\"\ncost_from_response = \"x-used\"\n\n[[policy]]\nname = \"i\"\nalgorithm = \"concurrency\"\nlimit = 2\n";
+    let errs = errors(text);
+    assert_eq!(errs.len(), 2, "{errs:?}");
+    assert!(errs[0].starts_with("error: t.toml:6:"), "{}", errs[0]);
+    assert!(
+        errs[0].contains("policy[0].cost_from_response: needs proxy mode"),
+        "{}",
+        errs[0]
+    );
+    assert!(errs[1].starts_with("error: t.toml:10:"), "{}", errs[1]);
+    assert!(errs[1].contains("policy[1].algorithm:"), "{}", errs[1]);
+    // A request-side estimate needs no response: fine in decision mode.
+    let ok = "[[policy]]\nname = \"t\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1m\"\ncost_from_request = \"x-n\"\n";
+    assert!(errors(ok).is_empty(), "{:?}", errors(ok));
+}

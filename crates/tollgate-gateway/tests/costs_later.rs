@@ -239,6 +239,16 @@ async fn real_costs_from_headers_and_trailers_settle_and_bad_values_leave_the_es
             &format!("tollgate_settle_errors_total{{policy=\"tokens\",reason=\"{r}\"}}"),
         )
     };
+    // The status page shows the same settlements.
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&c, &gw.admin_url("/status.json"), &[]).await.text())
+            .expect("status.json");
+    let row = status["policies"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "tokens"))
+        .expect("the policy's row");
+    assert_eq!(row["settled_refunded"]["total"], 259, "{row}");
+    assert_eq!(row["in_flight"], 0, "{row}");
     assert_eq!(errors("missing"), 1);
     assert_eq!(errors("invalid"), 1);
     assert_eq!(errors("too_large"), 1);

@@ -34,6 +34,11 @@ struct PolicyCounts {
     decisions: [u64; Outcome::ALL.len()],
     deny_cache_hits: u64,
     lease: [u64; 3],
+    /// Settled after the response: [refunded, charged] units.
+    settled: [u64; 2],
+    /// Holds in flight now (a gauge) and holds the store dropped.
+    in_flight: u64,
+    holds_expired: u64,
 }
 
 /// One reading of every counter the page shows.
@@ -69,6 +74,9 @@ impl Snapshot {
                         decisions: [0; Outcome::ALL.len()],
                         deny_cache_hits: 0,
                         lease: [0; 3],
+                        settled: [0; 2],
+                        in_flight: 0,
+                        holds_expired: 0,
                     });
                     let last = policies.len() - 1;
                     &mut policies[last]
@@ -81,6 +89,11 @@ impl Snapshot {
             for (slot, k) in row.lease.iter_mut().zip(LeaseKind::ALL) {
                 *slot += p.lease_units(k);
             }
+            let (refunded, charged) = p.settled_units();
+            row.settled[0] += refunded;
+            row.settled[1] += charged;
+            row.in_flight += p.in_flight();
+            row.holds_expired += p.holds_expired();
         }
         let (latency, latency_count) = m.store_latency();
         Self {

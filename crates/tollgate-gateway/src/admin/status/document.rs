@@ -139,6 +139,12 @@ struct PolicyStatus {
     lease_granted: Counter,
     lease_used: Counter,
     lease_returned: Counter,
+    /// Costs known later: units given back and charged past the estimate.
+    settled_refunded: Counter,
+    settled_charged: Counter,
+    /// Requests this gateway holds in flight now, and holds the store dropped after hold_ttl.
+    in_flight: u64,
+    holds_expired: Counter,
 }
 
 fn policy_status(index: usize, p: &PolicyCounts, rates: &Rates<'_>) -> PolicyStatus {
@@ -156,6 +162,10 @@ fn policy_status(index: usize, p: &PolicyCounts, rates: &Rates<'_>) -> PolicySta
         lease_granted: counter(p.lease[0], &|c| c.lease[0]),
         lease_used: counter(p.lease[1], &|c| c.lease[1]),
         lease_returned: counter(p.lease[2], &|c| c.lease[2]),
+        settled_refunded: counter(p.settled[0], &|c| c.settled[0]),
+        settled_charged: counter(p.settled[1], &|c| c.settled[1]),
+        in_flight: p.in_flight,
+        holds_expired: counter(p.holds_expired, &|c| c.holds_expired),
     }
 }
 

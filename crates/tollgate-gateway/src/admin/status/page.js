@@ -242,6 +242,15 @@ function renderStore(s) {
     return tr;
   });
   $("local-body").replaceChildren(...(local.length ? local : [emptyRow(5, "No policy is configured.")]));
+  const later = s.policies.map((p) => {
+    const tr = el("tr", { "data-policy": p.name });
+    tr.appendChild(el("th", { scope: "row" }, p.name));
+    for (const c of [p.settled_refunded, p.settled_charged]) tr.appendChild(counterCell(c, {}));
+    tr.appendChild(el("td", { class: "num" }, fmtInt(p.in_flight)));
+    tr.appendChild(counterCell(p.holds_expired, {}));
+    return tr;
+  });
+  $("later-body").replaceChildren(...(later.length ? later : [emptyRow(5, "No policy is configured.")]));
 }
 
 function renderTop(s) {
