@@ -323,6 +323,9 @@ mod tests {
                     decisions: [allowed, limited, 0, 0, 0, 0, 0, 0],
                     deny_cache_hits: 0,
                     lease: [0; 3],
+                    settled: [0; 2],
+                    in_flight: 0,
+                    holds_expired: 0,
                 })
                 .collect(),
             latency,
