@@ -212,7 +212,8 @@ impl RedisStore {
                 .iter()
                 .any(|c| c.client != first && c.client.cluster_slot() != slot)
             {
-                return self.check_across_slots(checks, now).await;
+                let mut at = vec![now; checks.len()];
+                return self.check_across_slots(checks, now, &mut at).await;
             }
         }
         let reply = self.run_plan(checks, now, true, true).await?;
@@ -243,39 +244,19 @@ impl RedisStore {
                     && first.map(|f| f.cluster_slot()) != Some(c.client.cluster_slot())
             })
         };
-        if !needs_time || checks.is_empty() || spans_slots || twice(checks).is_some() {
-            // Across slots each slot's call has its own instant; the windows of a Cluster
-            // plan that spans slots are read back from the reply of each (`at` below).
-            if spans_slots && needs_time {
-                let mut at = vec![now; checks.len()];
-                let v = self.check_across_slots_timed(checks, now, &mut at).await?;
-                return Ok((v, at));
-            }
+        if !needs_time || checks.is_empty() || twice(checks).is_some() {
             let v = self.check(checks, now).await?;
             return Ok((v, vec![now; checks.len()]));
+        }
+        if spans_slots {
+            // Each slot's call has its own instant, read back from its reply.
+            let mut at = vec![now; checks.len()];
+            let v = self.check_across_slots(checks, now, &mut at).await?;
+            return Ok((v, at));
         }
         let reply = self.run_plan(checks, now, false, true).await?;
         let at = reply.now.unwrap_or(now);
         Ok((verdict(checks, reply.decisions), vec![at; checks.len()]))
-    }
-
-    /// A Cluster plan across slots, its instants per check: one call per slot (its `now`),
-    /// then the plan as `check_across_slots` decides it.
-    async fn check_across_slots_timed(
-        &self,
-        checks: &[Check<'_>],
-        now: Micros,
-        at: &mut [Micros],
-    ) -> Result<Verdict, RedisStoreError> {
-        // The instant of each slot: a query of its checks (cost 0) right before the plan. A
-        // charge lands in the same window unless a window ends between the two calls (a few
-        // hundred microseconds), when a later refund of it finds nothing to give back.
-        for (i, c) in checks.iter().enumerate() {
-            let query = [Check { cost: 0, ..*c }];
-            let reply = self.run_plan(&query, now, false, false).await?;
-            at[i] = reply.now.unwrap_or(now);
-        }
-        self.check_across_slots(checks, now).await
     }
 
     /// Settles, releases or renews charges (see [`SettleItem`]) in one script call per server
@@ -404,10 +385,12 @@ impl RedisStore {
     /// whose rules cannot be given back exactly (the sliding algorithms) last. When a slot
     /// denies, the slots before it are given back what they charged (the lease script's
     /// give-back, with the charge's own window for a fixed window) and the plan is denied.
+    /// `at[i]` is set to the instant check `i` was decided at (its slot's call's `now`).
     async fn check_across_slots(
         &self,
         checks: &[Check<'_>],
         now: Micros,
+        at: &mut [Micros],
     ) -> Result<Verdict, RedisStoreError> {
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
@@ -475,10 +458,11 @@ impl RedisStore {
                 denied = true;
                 break;
             }
-            let at = reply.now.unwrap_or(now);
+            let instant = reply.now.unwrap_or(now);
             for (&i, d) in members.iter().zip(&reply.decisions) {
+                at[i] = instant;
                 if d.allowed && checks[i].cost > 0 {
-                    charged.push((i, at));
+                    charged.push((i, instant));
                 }
             }
         }

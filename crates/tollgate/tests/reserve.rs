@@ -360,3 +360,91 @@ async fn settles_on_redis_are_coalesced_and_exact() {
         Some((1400, 0))
     );
 }
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_three_master_cluster_settles_and_holds_stay_in_each_clients_slot() {
+    let cluster = tokio::task::spawn_blocking(|| tollgate_testkit::RedisCluster::start(3, 0))
+        .await
+        .expect("cluster");
+    let make = || {
+        let mut config =
+            LimiterConfig::new(Backend::Redis(RedisConfig::cluster(cluster.seed_urls())));
+        config.timeout = Duration::from_secs(2);
+        Limiter::new(config)
+    };
+    let gateways = [make(), make()];
+    for g in &gateways {
+        assert!(g.connect(Duration::from_secs(10)).await);
+    }
+    let window: Vec<Policy> = gateways
+        .iter()
+        .map(|g| settling(g, "window", Algorithm::FixedWindow, 100, 100, 20))
+        .collect();
+    let holds: Vec<Policy> = gateways
+        .iter()
+        .map(|g| in_flight(g, "inflight", 2, Duration::from_secs(30)))
+        .collect();
+    // Clients on every master: each settles exactly, in batches of many slots.
+    let clients: Vec<ClientKey> = (0..60u8).map(|i| ClientKey([i; 16])).collect();
+    let mut reservations = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let g = i % 2;
+        let plan = Plan::for_client(*c, [&window[g], &holds[g]]);
+        let (r, res) = gateways[g].reserve(&plan).await;
+        assert!(r.is_allowed(), "{c:?}");
+        reservations.push(res.expect("allowed"));
+    }
+    // A second hold for every client fits (limit 2), a third does not, from either gateway.
+    for (i, c) in clients.iter().enumerate().take(10) {
+        let g = (i + 1) % 2;
+        let plan = Plan::for_client(*c, [&holds[g]]);
+        let (r, second) = gateways[g].reserve(&plan).await;
+        assert!(r.is_allowed());
+        assert!(
+            !gateways[i % 2].reserve(&plan).await.0.is_allowed(),
+            "a third hold"
+        );
+        drop(second);
+    }
+    for r in reservations {
+        r.settle(5);
+    }
+    for g in &gateways {
+        g.flush_settles().await;
+    }
+    for (i, c) in clients.iter().enumerate() {
+        let g = i % 2;
+        let q = gateways[g]
+            .check(&Plan::for_client(*c, [&window[g].with_cost(0)]))
+            .await;
+        assert_eq!(remaining(&q), 95, "client {i}: 15 of its 20 came back");
+    }
+    let refunded: u64 = gateways
+        .iter()
+        .filter_map(|g| g.metrics().policy("window").map(|c| c.settled_units().0))
+        .sum();
+    assert_eq!(refunded, 60 * 15);
+    let in_flight: u64 = gateways
+        .iter()
+        .filter_map(|g| g.metrics().policy("inflight").map(|c| c.in_flight()))
+        .sum();
+    assert_eq!(in_flight, 0, "every hold released");
+    // A plan across two slots (two clients) holds and settles in each one's slot.
+    let (a, b) = (clients[0], clients[1]);
+    let mut plan = Plan::new();
+    plan.push(a, holds[0].clone());
+    plan.push(b, window[0].clone());
+    let (r, res) = gateways[0].reserve(&plan).await;
+    assert!(r.is_allowed());
+    res.expect("allowed").settle(40);
+    gateways[0].flush_settles().await;
+    let q = gateways[0]
+        .check(&Plan::for_client(b, [&window[0].with_cost(0)]))
+        .await;
+    assert_eq!(
+        remaining(&q),
+        95 - 40,
+        "a debt of 20 past the estimate of 20"
+    );
+}
