@@ -495,3 +495,120 @@ async fn a_killed_gateways_holds_expire_after_hold_ttl_not_before() {
         f.abort();
     }
 }
+
+fn in_flight_now(text: &str) -> u64 {
+    metric(text, "tollgate_in_flight{policy=\"inflight\"}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_clients_that_hang_up_leaves_no_hold_behind() {
+    let llm = Llm::start().await;
+    let gw = Gateway::start(&llm.upstream(), &inflight("", 40, "5m"));
+    let c = client();
+    let user: (&str, &[u8]) = ("x-user", b"flood");
+    // 120 long requests, of which 40 hold; every client hangs up mid-answer.
+    let mut tasks = Vec::new();
+    for _ in 0..120 {
+        let url = gw.url("/work?hold=20000");
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = Request::get(url.as_str())
+                .header(user.0, user.1)
+                .body(http_body_util::Full::new(Bytes::new()))
+                .expect("request");
+            // Reads the answer until it is aborted (the client hangs up mid-answer).
+            if let Ok(Ok(resp)) =
+                tokio::time::timeout(Duration::from_secs(20), c.request(req)).await
+            {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(20),
+                    http_body_util::BodyExt::collect(resp.into_body()),
+                )
+                .await;
+            }
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while llm.now.load(Ordering::SeqCst) < 40 {
+        if Instant::now() > deadline {
+            let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+            let lines: Vec<&str> = m
+                .lines()
+                .filter(|l| {
+                    l.contains("inflight")
+                        || l.contains("responses_total")
+                        || l.contains("upstream")
+                })
+                .collect();
+            panic!(
+                "the holds never filled up: {} upstream; {lines:#?}",
+                llm.now.load(Ordering::SeqCst)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(llm.most(), 40, "never more than the limit upstream");
+    for t in &tasks {
+        t.abort();
+    }
+    let gone = Instant::now();
+    loop {
+        let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+        if in_flight_now(&m) == 0 {
+            break;
+        }
+        assert!(
+            gone.elapsed() < Duration::from_secs(5),
+            "holds left: {}",
+            in_flight_now(&m)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let a = get(&c, &gw.url("/work"), &[user]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(llm.most(), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reload_that_changes_the_limit_mid_flight_keeps_every_hold_counted_and_released() {
+    let llm = Llm::start().await;
+    let gw = Gateway::start(&llm.upstream(), &inflight("", 1, "5m"));
+    let c = client();
+    let user: (&str, &[u8]) = ("x-user", b"reload");
+    let long = tokio::spawn({
+        let (c, url) = (c.clone(), gw.url("/work?hold=2500"));
+        async move { get(&c, &url, &[user]).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while llm.now.load(Ordering::SeqCst) < 1 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Raise the limit to 2 while the first request holds its unit.
+    gw.rewrite(&inflight("", 2, "5m"));
+    gw.hangup();
+    let applied = Instant::now() + Duration::from_secs(5);
+    let second = loop {
+        let (c, url) = (c.clone(), gw.url("/work?hold=1500"));
+        let t = tokio::spawn(async move { get(&c, &url, &[user]).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if llm.now.load(Ordering::SeqCst) >= 2 {
+            break t;
+        }
+        let a = t.await.expect("task");
+        assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(Instant::now() < applied, "the reload was never applied");
+    };
+    // Two in flight under the new limit: the first hold still counts.
+    let a = get(&c, &gw.url("/work"), &[user]).await;
+    assert_eq!(
+        a.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the old hold was forgotten"
+    );
+    assert_eq!(long.await.expect("task").status, StatusCode::OK);
+    assert_eq!(second.await.expect("task").status, StatusCode::OK);
+    let m = get(&c, &gw.admin_url("/metrics"), &[]).await.text();
+    assert_eq!(in_flight_now(&m), 0, "both released after the reload");
+    assert!(llm.most() <= 2);
+}

@@ -448,3 +448,30 @@ async fn on_a_three_master_cluster_settles_and_holds_stay_in_each_clients_slot()
         "a debt of 20 past the estimate of 20"
     );
 }
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_refund_clears_a_denial_the_deny_cache_remembered() {
+    let server = RedisServer::start();
+    let l = redis(&server.url());
+    assert!(l.connect(Duration::from_secs(5)).await);
+    // 100 an hour: a token every 36 s.
+    let p = settling(&l, "tokens", Algorithm::TokenBucket, 100, 100, 60);
+    let plan = Plan::for_client(ClientKey([9; 16]), [&p]);
+    let (_, first) = l.reserve(&plan).await;
+    let first = first.expect("allowed");
+    let (r, _) = l.reserve(&plan).await;
+    assert!(!r.is_allowed(), "40 left of 100: an estimate of 60 waits");
+    assert!(
+        l.denied_locally(&plan).is_some(),
+        "remembered by the deny cache"
+    );
+    first.settle(10);
+    l.flush_settles().await;
+    assert!(
+        l.denied_locally(&plan).is_none(),
+        "the refund made the denial stale"
+    );
+    let (r, _) = l.reserve(&plan).await;
+    assert!(r.is_allowed(), "90 left after the refund");
+}
