@@ -4,7 +4,7 @@
 //! process died), on the memory store and on a real redis-server shared by several limiters.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tollgate::clock::ManualClock;
 use tollgate::metrics::SettleError;
 use tollgate::quota::{Algorithm, Limit, Quota};
@@ -474,4 +474,55 @@ async fn a_refund_clears_a_denial_the_deny_cache_remembered() {
     );
     let (r, _) = l.reserve(&plan).await;
     assert!(r.is_allowed(), "90 left after the refund");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_fails_leaves_the_hold_to_expire_after_hold_ttl() {
+    let server = RedisServer::start();
+    let mut config = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(server.url())));
+    config.timeout = Duration::from_millis(200);
+    let l = Limiter::new(config);
+    assert!(l.connect(Duration::from_secs(5)).await);
+    let ttl = Duration::from_secs(2);
+    let p = in_flight(&l, "inflight", 1, ttl);
+    let plan = Plan::for_client(ClientKey([10; 16]), [&p]);
+    let (_, held) = l.reserve(&plan).await;
+    let held = held.expect("allowed");
+    // Redis stops answering: the release times out (counted), the hold stays in Redis.
+    server.pause();
+    drop(held);
+    l.flush_settles().await;
+    server.resume();
+    let failed = Instant::now();
+    let errors = l
+        .metrics()
+        .policy("inflight")
+        .map(|c| c.settle_errors(SettleError::Store));
+    assert_eq!(errors, Some(1));
+    assert_eq!(
+        l.metrics().policy("inflight").map(|c| c.in_flight()),
+        Some(0)
+    );
+    // A fresh limiter (no breaker history) sees the hold until it expires, then room.
+    let other = redis(&server.url());
+    assert!(other.connect(Duration::from_secs(5)).await);
+    let q = in_flight(&other, "inflight", 1, ttl);
+    let plan = Plan::for_client(ClientKey([10; 16]), [&q]);
+    assert!(
+        !other.reserve(&plan).await.0.is_allowed(),
+        "the hold is still in Redis"
+    );
+    let freed = loop {
+        let (r, res) = other.reserve(&plan).await;
+        if r.is_allowed() {
+            break res;
+        }
+        assert!(
+            failed.elapsed() < ttl * 2,
+            "the orphaned hold never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    drop(freed);
 }
