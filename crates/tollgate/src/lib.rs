@@ -356,10 +356,14 @@ impl Limiter {
         !i.breakers.any_open() && i.store.ping(i.timeout).await.is_ok()
     }
 
-    /// Gives back every unused lease unit to the shared store (call before the process exits;
-    /// a limiter that is killed instead loses at most the leases it held).
+    /// Gives back every unused lease unit to the shared store and sends the settles and
+    /// releases still queued (call before the process exits; a limiter that is killed
+    /// instead loses at most the leases it held, and its holds expire after `hold_ttl`).
     pub async fn shutdown(&self) {
         self.return_leases(true).await;
+        // Settles and releases of the requests that ended before the exit reach the store
+        // (a hold not released would otherwise wait out its hold_ttl).
+        self.flush_settles().await;
     }
 
     /// Decides one request's plan: every enforced policy under every identity together,
