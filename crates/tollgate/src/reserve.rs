@@ -278,6 +278,11 @@ impl Limiter {
     fn submit(&self, p: Pending, fallback: bool) {
         let i = &self.inner;
         let now = i.clock.now();
+        if p.real.is_some() && p.policy.is_concurrency() {
+            // Released as far as this gateway is concerned: its gauge drops now, not when
+            // the store answers (a failed release leaves the hold to expire there).
+            p.policy.inner.stats.hold(p.charge.units, false);
+        }
         if fallback || !i.store.is_remote() {
             let memory = if fallback {
                 Some(&i.fallback)
@@ -315,7 +320,6 @@ impl Limiter {
             return;
         };
         if p.policy.is_concurrency() {
-            stats.hold(p.charge.units, false);
             if let Ok(released) = result {
                 stats.holds_expired(p.charge.units.saturating_sub(released));
             }
