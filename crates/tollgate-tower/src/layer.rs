@@ -44,6 +44,7 @@ impl RateLimitLayer {
                 allow_ambiguous_paths: false,
                 identity_headers: Vec::new(),
                 settle_headers: Arc::default(),
+                reads_costs: false,
                 peer: peer_from_extension,
             }),
         }
@@ -54,6 +55,10 @@ impl RateLimitLayer {
             f(s);
             s.identity_headers = identity_headers(s);
             s.settle_headers = Arc::new(settle_headers(s));
+            s.reads_costs = s
+                .policies
+                .iter()
+                .any(|p| p.cost_sources().from_request.is_some());
         };
         match Arc::get_mut(&mut self.shared) {
             Some(s) => f(s),
@@ -68,6 +73,7 @@ impl RateLimitLayer {
                     allow_ambiguous_paths: s.allow_ambiguous_paths,
                     identity_headers: s.identity_headers.clone(),
                     settle_headers: Arc::clone(&s.settle_headers),
+                    reads_costs: s.reads_costs,
                     peer: s.peer,
                 };
                 f(&mut copy);

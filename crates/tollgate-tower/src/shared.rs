@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     pub(crate) identity_headers: Vec<HeaderName>,
     /// The real-cost header (`cost_from_response`) of each policy that settles, by id.
     pub(crate) settle_headers: std::sync::Arc<std::collections::HashMap<u64, HeaderName>>,
+    /// Whether a policy reads its estimate from a request header (`cost_from_request`).
+    pub(crate) reads_costs: bool,
     pub(crate) peer: PeerFn,
 }
 
