@@ -20,12 +20,14 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Gateway URLs (http://), comma-separated; requests go to them round-robin.
-    #[arg(long, value_delimiter = ',', required_unless_present = "rls", value_name = "URL[,URL...]",
+    #[arg(long, value_delimiter = ',', required_unless_present_any = ["rls", "store"],
+          value_name = "URL[,URL...]",
           value_parser = parse_target)]
     pub target: Vec<Uri>,
     /// Envoy rate limit service endpoints (gRPC `ShouldRateLimit`, `http://HOST:PORT`) to
     /// load instead of HTTP targets.
-    #[arg(long, value_delimiter = ',', conflicts_with = "target", value_name = "URL[,URL...]",
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["target", "store"],
+          value_name = "URL[,URL...]",
           value_parser = super::rls::parse_rls_target)]
     pub rls: Vec<Uri>,
     /// `--rls`: the domain of every request.
@@ -88,6 +90,34 @@ pub struct BenchArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Instead of `--target`: costs known later, measured in process on tollgate's
+    /// `Limiter::reserve` against this store (`memory` or a `redis://` URL); needs `--limit`
+    /// and `--period`.
+    #[arg(
+        long,
+        conflicts_with = "target",
+        requires = "limit",
+        value_name = "STORE"
+    )]
+    pub store: Option<String>,
+    /// `--store`: requests each client keeps in flight (1 to 1000).
+    #[arg(long, default_value_t = 8, value_name = "C",
+          value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub in_flight: u64,
+    /// `--store`: the estimate charged on arrival.
+    #[arg(long, default_value_t = 10, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub estimate: u64,
+    /// `--store`: real costs are uniform in [1, N].
+    #[arg(long, default_value_t = 40, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub max_real: u64,
+    /// `--store`: each admitted request is held for a uniform time in [0, D] (at most 10s).
+    #[arg(long, default_value = "20ms", value_name = "D", value_parser = parse_hold)]
+    pub hold: Duration,
+    /// `--store`: the seed of the random holds and costs (the same seed, the same traffic).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub seed: u64,
 }
 
 /// Parses an absolute `http://` URL; a missing path means `/`.
@@ -128,6 +158,14 @@ fn parse_run_duration(text: &str) -> Result<Duration, String> {
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
     duration_within(text, MAX_TIMEOUT, "5m")
+}
+
+fn parse_hold(text: &str) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration > Duration::from_secs(10) {
+        return Err(format!("{text} is out of range; allowed 0 up to 10s"));
+    }
+    Ok(duration)
 }
 
 fn parse_period(text: &str) -> Result<Duration, String> {

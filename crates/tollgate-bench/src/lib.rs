@@ -18,6 +18,7 @@ mod load;
 mod output;
 mod report;
 mod rls;
+mod settle;
 mod timeline;
 
 use std::fs::File;
@@ -47,6 +48,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 /// Runs the bench: sends the load, prints the report, writes the files asked for.
 pub async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
+    if args.store.is_some() {
+        let report = execute_settle(&args).await?;
+        std::io::stdout()
+            .write_all(report.to_table().as_bytes())
+            .context("cannot write the report to stdout")?;
+        return bound_is_failure(&report);
+    }
     let (report, answered) = execute(args).await?;
     std::io::stdout()
         .write_all(report.to_table().as_bytes())
@@ -63,9 +71,37 @@ pub fn measure(args: BenchArgs) -> anyhow::Result<serde_json::Value> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    if args.store.is_some() {
+        let report = runtime.block_on(execute_settle(&args))?;
+        bound_is_failure(&report)?;
+        return serde_json::to_value(&report).context("cannot encode the report");
+    }
     let (report, answered) = runtime.block_on(execute(args))?;
     answered?;
     serde_json::to_value(&report).context("cannot encode the report")
+}
+
+/// `--store`: runs the costs-known-later mode and writes its JSON report when asked.
+async fn execute_settle(args: &BenchArgs) -> anyhow::Result<settle::SettleReport> {
+    let settings = settle::Settings::from_args(args)?;
+    if args.svg.is_some() {
+        anyhow::bail!("--svg is not drawn in --store mode");
+    }
+    let json_file = args.json.as_deref().map(create_output).transpose()?;
+    let report = settle::execute(&settings).await?;
+    if let Some(output) = json_file {
+        let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+        output.write(json + "\n")?;
+    }
+    Ok(report)
+}
+
+/// A client admitted past the bound fails the run (its report is still printed and written).
+fn bound_is_failure(report: &settle::SettleReport) -> anyhow::Result<()> {
+    if !report.holds() {
+        anyhow::bail!("a client was admitted more real units than the bound allows");
+    }
+    Ok(())
 }
 
 /// Sends the load and writes the files asked for. The second value is the verdict on
