@@ -336,6 +336,14 @@ impl RlsService {
                 plan.push(it.client, p.clone());
             }
         }
+        // Give-backs first, so that a charge in the same call (Envoy's stream-end "estimate
+        // back, real cost charged") finds the units given back. Their statuses read the
+        // states after the give-back; their own answer never denies (nor fails) the request.
+        let back = if given.is_empty() {
+            Vec::new()
+        } else {
+            i.limiter.give_back(&given).await.results
+        };
         let mut result = if plan.is_empty() {
             LimitResult {
                 action: Action::Allow,
@@ -344,12 +352,7 @@ impl RlsService {
         } else {
             i.limiter.check(&plan).await
         };
-        if !given.is_empty() {
-            // Their statuses read the states after the give-back; their own answer never
-            // denies (nor fails) the request.
-            let back = i.limiter.give_back(&given).await;
-            result.results.extend(back.results);
-        }
+        result.results.extend(back);
         tollgate::trace::record_decision(&tracing::Span::current(), &plan, &result);
         let answer = Answer {
             slots: &slots,

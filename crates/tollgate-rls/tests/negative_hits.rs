@@ -145,6 +145,24 @@ async fn negative_hits_are_never_over_the_limit(rls: &mut Rls, store: &str) {
     assert_eq!(r.statuses[1].limit_remaining, 2, "{store}");
 }
 
+async fn a_give_back_and_a_charge_in_one_call_give_back_first(rls: &mut Rls, store: &str) {
+    // Envoy's stream end: the estimate (5) back and the real cost (3) charged, in one call,
+    // on a key with nothing left: the charge finds the 5 given back.
+    assert_eq!(overall(&rls.hits("tb", "end", 10).await), Code::Ok);
+    let r = rls
+        .call(request(
+            "gb",
+            vec![
+                negative(with_hits(desc(&[("tb", "end")]), 5)),
+                with_hits(desc(&[("tb", "end")]), 3),
+            ],
+        ))
+        .await;
+    assert_eq!(overall(&r), Code::Ok, "{store}");
+    assert_eq!(code(&r.statuses[1]), Code::Ok);
+    assert_eq!(r.statuses[1].limit_remaining, 2, "{store}: 10 - 5 + 3 used");
+}
+
 async fn a_concurrency_rule_counts_hits_in_flight(rls: &mut Rls, store: &str) {
     // Exactly requests_per_unit pass, then OVER_LIMIT.
     for i in 0..5u32 {
@@ -231,6 +249,7 @@ on_both_stores!(
     negative_hits_give_back_exactly,
     negative_hits_never_go_below_fresh,
     negative_hits_are_never_over_the_limit,
+    a_give_back_and_a_charge_in_one_call_give_back_first,
     a_concurrency_rule_counts_hits_in_flight,
 );
 
