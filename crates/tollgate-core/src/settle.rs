@@ -109,6 +109,36 @@ impl Limit {
         }
     }
 
+    /// Gives back `units` of a charge nothing recorded: no instant, no estimate (Envoy's
+    /// `is_negative_hits` holds no id of the request it undoes). Returns the units given back,
+    /// never more than the state holds, so a give-back never leaves a state fresher than a
+    /// fresh one:
+    ///
+    /// | algorithm | given back from |
+    /// |---|---|
+    /// | token bucket, leaky bucket, GCRA | as their refunds |
+    /// | fixed window | the current window only |
+    /// | sliding counter | the current window, then the previous |
+    /// | sliding log | the newest live entries first |
+    /// | concurrency | the oldest live bucket first (those expire first anyway) |
+    ///
+    /// A state of another algorithm (the policy changed) is left alone.
+    pub fn give_back(&self, state: &mut State, now: Micros, units: u64) -> u64 {
+        if state.algorithm() != self.algorithm() || units == 0 {
+            return 0;
+        }
+        let q = self.quota();
+        match state {
+            State::TokenBucket(s) => token_bucket::refund(q, s, now, units),
+            State::LeakyBucket(s) => leaky_bucket::refund(q, s, now, units),
+            State::Gcra(s) => gcra::refund(q, s, now, units),
+            State::FixedWindow(s) => fixed_window::give_back(q, s, now, units),
+            State::SlidingWindowLog(s) => sliding_window_log::give_back(q, s, now, units),
+            State::SlidingWindowCounter(s) => sliding_window_counter::give_back(q, s, now, units),
+            State::Concurrency(s) => concurrency::give_back(q, s, now, units),
+        }
+    }
+
     /// Renews a concurrency hold: it moves to the bucket of `now`, so it outlives `hold_ttl`
     /// while its holder lives. Returns the hold as it is now (fewer units when some had
     /// expired). Other algorithms hold nothing: the charge is returned unchanged.

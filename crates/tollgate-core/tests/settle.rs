@@ -1,6 +1,8 @@
 //! Property tests of settling (costs known later): a refund is exactly as if the real cost had
-//! been charged, and a debt keeps every retry time exact. Every rate algorithm, random
-//! quotas, random histories before the charge.
+//! been charged, and a debt keeps every retry time exact; a give-back of a charge nothing
+//! recorded (Envoy's negative hits) never leaves a state fresher than a fresh one, and right
+//! after a charge of the same units it undoes that charge. Every rate algorithm (and the
+//! concurrency limit for give-backs), random quotas, random histories before the charge.
 
 use proptest::prelude::*;
 use tollgate_core::{Algorithm, Charge, Limit, Micros, Quota, State};
@@ -164,6 +166,135 @@ proptest! {
             prop_assert_eq!(state, before);
         }
     }
+}
+
+fn every_limit(q: Quota) -> impl Iterator<Item = Limit> {
+    Algorithm::EVERY
+        .into_iter()
+        .map(move |a| Limit::new(a, q).expect("valid for every algorithm"))
+}
+
+/// Whether `state` admits nothing a fresh state would not: every probe's decision allows only
+/// what a fresh state allows, and a query (cost 0) finds no more remaining.
+fn no_fresher_than_fresh(limit: &Limit, state: &State, at: Micros, probes: &[Micros]) -> bool {
+    let cap = limit.quota().limit().max(limit.quota().burst());
+    let mut now = at;
+    for &dt in probes {
+        now += dt;
+        for cost in [0, 1, 2, cap / 2, cap, cap + 1] {
+            let d = limit.check(&mut state.clone(), now, cost, false);
+            let f = limit.check(&mut limit.fresh(), now, cost, false);
+            if (d.allowed && !f.allowed) || (cost == 0 && d.remaining > f.remaining) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_give_back_never_leaves_a_state_fresher_than_fresh(case in case(), units in 0u64..=200) {
+        for limit in every_limit(case.quota) {
+            let (mut state, t0) = history(&limit, &case);
+            let t1 = t0 + case.wait;
+            let back = limit.give_back(&mut state, t1, units);
+            prop_assert!(back <= units);
+            prop_assert!(no_fresher_than_fresh(&limit, &state, t1, &case.probes),
+                "{} give-back of {} at +{}", limit.algorithm(), units, case.wait);
+            // Everything given back: exactly a fresh state's decisions, and nothing more to give.
+            limit.give_back(&mut state, t1, u64::MAX);
+            prop_assert_eq!(
+                answers(&limit, &state, t1, &case.probes),
+                answers(&limit, &limit.fresh(), t1, &case.probes),
+                "{} after giving back everything", limit.algorithm()
+            );
+            prop_assert_eq!(limit.give_back(&mut state, t1, units), 0);
+        }
+    }
+
+    #[test]
+    fn a_give_back_right_after_a_charge_restores_the_decisions_before_it(case in case()) {
+        for limit in limits(case.quota) {
+            let (before, t0) = history(&limit, &case);
+            let mut state = before.clone();
+            if !limit.check(&mut state, t0, case.estimate, true).allowed {
+                continue;
+            }
+            let back = limit.give_back(&mut state, t0, case.estimate);
+            prop_assert_eq!(back, case.estimate, "{} gives back the whole charge", limit.algorithm());
+            prop_assert_eq!(
+                answers(&limit, &state, t0, &case.probes),
+                answers(&limit, &before, t0, &case.probes),
+                "{} charge and give-back of {}", limit.algorithm(), case.estimate
+            );
+        }
+    }
+}
+
+#[test]
+fn a_give_back_on_a_fresh_state_changes_nothing() {
+    let q = Quota::new(5, std::time::Duration::from_secs(10)).expect("quota");
+    let now = 1_700_000_000_000_000;
+    for limit in every_limit(q) {
+        let mut s = limit.fresh();
+        assert_eq!(
+            limit.give_back(&mut s, now, 1_000),
+            0,
+            "{}",
+            limit.algorithm()
+        );
+        assert_eq!(s, limit.fresh(), "{}", limit.algorithm());
+    }
+}
+
+#[test]
+fn give_backs_take_the_newest_log_entries_and_the_oldest_holds_first() {
+    let q = Quota::new(10, std::time::Duration::from_secs(8)).expect("quota");
+    let t0 = 1_700_000_000_000_000;
+    // Sliding log: 3 at t0, 4 at t0 + 1 s; giving back 5 leaves 2 at t0, which leave the
+    // window at t0 + 8 s (the newest went first).
+    let log = Limit::new(Algorithm::SlidingWindowLog, q).expect("limit");
+    let mut s = log.fresh();
+    assert!(log.check(&mut s, t0, 3, true).allowed);
+    assert!(log.check(&mut s, t0 + 1_000_000, 4, true).allowed);
+    assert_eq!(log.give_back(&mut s, t0 + 2_000_000, 5), 5);
+    assert_eq!(
+        log.check(&mut s.clone(), t0 + 2_000_000, 0, false)
+            .remaining,
+        8
+    );
+    assert_eq!(
+        log.check(&mut s.clone(), t0 + 8_000_000, 0, false)
+            .remaining,
+        10
+    );
+    // Concurrency: 3 held at t0, 4 at t0 + 1 s; giving back 5 takes the 3 of t0 first, so
+    // what stays (2 of t0 + 1 s) expires a bucket later than the t0 bucket would.
+    let inflight = Limit::new(Algorithm::Concurrency, q).expect("limit");
+    let mut s = inflight.fresh();
+    assert!(inflight.check(&mut s, t0, 3, true).allowed);
+    assert!(inflight.check(&mut s, t0 + 1_000_000, 4, true).allowed);
+    assert_eq!(inflight.give_back(&mut s, t0 + 2_000_000, 5), 5);
+    let State::Concurrency(c) = &s else {
+        panic!("a concurrency state")
+    };
+    assert_eq!(c.buckets.len(), 1, "{c:?}");
+    assert_eq!(c.buckets[0].1, 2);
+    // Sliding counter: the current window first, then the previous.
+    let counter = Limit::new(Algorithm::SlidingWindowCounter, q).expect("limit");
+    let p = q.period_micros();
+    let w0 = t0 - t0 % p;
+    let mut s = counter.fresh();
+    assert!(counter.check(&mut s, w0, 6, true).allowed);
+    assert!(counter.check(&mut s, w0 + p + p / 2, 2, true).allowed);
+    assert_eq!(counter.give_back(&mut s, w0 + p + p / 2, 5), 5);
+    let State::SlidingWindowCounter(c) = &s else {
+        panic!("a sliding counter state")
+    };
+    assert_eq!((c.current, c.previous), (0, 3));
 }
 
 #[test]

@@ -289,6 +289,34 @@ impl MemoryStore {
         done
     }
 
+    /// Gives back `units` of a charge nothing recorded (Envoy's negative hits, see
+    /// [`tollgate_core::Limit::give_back`]) to `client`'s state under `rule`. Returns the
+    /// units given back: none for a key not tracked (a fresh state has nothing to give back).
+    pub fn give_back(
+        &self,
+        client: &ClientKey,
+        rule: &tollgate_core::Rule,
+        units: u64,
+        now: Micros,
+    ) -> u64 {
+        let Place { lo, hi, ch, shard } = self.place(client);
+        let padded = &self.shards[shard];
+        let mut guard = write(&padded.shard);
+        let (index, mut state) = guard.locate(lo, hi, ch, rule);
+        let Some(index) = index else {
+            return 0;
+        };
+        if !guard.has(lo, hi, ch, index) {
+            return 0;
+        }
+        let back = rule.limit().give_back(&mut state, now, units);
+        if back > 0 {
+            guard.put(lo, hi, ch, index, state, true);
+            publish(padded, &guard);
+        }
+        back
+    }
+
     /// Forgets `client`'s state under `rule` (an operator's reset): its next check starts
     /// from a fresh state. Whether a key was tracked.
     pub fn remove(&self, client: &ClientKey, rule: &tollgate_core::Rule) -> bool {

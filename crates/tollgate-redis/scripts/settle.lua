@@ -9,15 +9,22 @@
 --          units (the estimate charged, or the units held), at (the store's instant of the
 --          charge, or of the hold's last renewal), real: the real cost (rate algorithms: a
 --          refund below `units`, a debt above it; concurrency: a release), or -1 to renew a
---          concurrency hold.
+--          concurrency hold, or -2 to give back `units` of a charge nothing recorded (Envoy's
+--          negative hits; `at` is not read): token and leaky bucket and GCRA as their
+--          refunds, the fixed window from the current window only, the sliding counter from
+--          the current window then the previous, the sliding log from its newest live
+--          entries, concurrency from its oldest live bucket (tollgate-core's
+--          `Limit::give_back`).
 --
--- Reply: per item, the units applied: refunded, charged as a debt, released or renewed
--- (fewer than asked when the window charged has passed, the state refilled, the debt bound
--- was reached or the hold expired).
+-- Reply: per item, the units applied: refunded, charged as a debt, released, renewed or
+-- given back (fewer than asked when the window charged has passed, the state refilled, the
+-- debt bound was reached, the hold expired or the state held fewer).
 --
 -- Every argument is checked before the first write, so a refused call changes nothing.
 
 local MAX_COUNT = 1125899906842624 -- 2^50, tollgate-core's settle::MAX_COUNT
+local RENEW = -1
+local GIVE_BACK = -2
 
 local function max_level(unit)
   local m = floor(MAX_INT / unit)
@@ -46,6 +53,9 @@ end
 -- idle instant, or nil when nothing changes.
 
 local function token_bucket(raw, now, limit, p, burst, t, units, at, real)
+  if real == GIVE_BACK then
+    real = 0
+  end
   local s, last = burst, 0
   if raw and #raw == 15 then
     local tag, a, b = struct.unpack('>BI7I7', raw)
@@ -88,6 +98,9 @@ local function token_bucket(raw, now, limit, p, burst, t, units, at, real)
 end
 
 local function leaky_bucket(raw, now, limit, p, burst, t, units, at, real)
+  if real == GIVE_BACK then
+    real = 0
+  end
   local level, last = unpack3(raw, 76)
   if not level then
     level, last = 0, 0
@@ -117,6 +130,9 @@ local function leaky_bucket(raw, now, limit, p, burst, t, units, at, real)
 end
 
 local function gcra(raw, now, limit, p, burst, t, units, at, real)
+  if real == GIVE_BACK then
+    real = 0
+  end
   local tat = raw and tonumber(raw) or 0
   if real < units then
     if tat <= now then
@@ -150,6 +166,9 @@ local function fixed_window(raw, now, limit, p, burst, t, units, at, real)
     now = stored
   end
   local window = now - now % p
+  if real == GIVE_BACK then
+    at, real = now, 0
+  end
   local done
   if real < units then
     if window ~= at - at % p or stored ~= window then
@@ -189,7 +208,13 @@ local function sliding_window_counter(raw, now, limit, p, burst, t, units, at, r
     end
   end
   local done = 0
-  if real < units then
+  if real == GIVE_BACK then
+    done = min(units, current)
+    current = current - done
+    local more = min(units - done, previous)
+    previous = previous - more
+    done = done + more
+  elseif real < units then
     local charged = at - at % p
     if charged == ws then
       done = min(units - real, current)
@@ -233,7 +258,18 @@ local function sliding_window_log(raw, now, limit, p, burst, t, units, at, real)
     now = newest
   end
   local done = 0
-  if real < units then
+  if real == GIVE_BACK then
+    -- The newest live entries first; one pass per entry at most.
+    while done < units and #ats > 0 and not (now >= p and ats[#ats] <= now - p) do
+      local take = min(units - done, us[#us])
+      us[#us] = us[#us] - take
+      done = done + take
+      if us[#us] > 0 then
+        break
+      end
+      ats[#ats], us[#us] = nil, nil
+    end
+  elseif real < units then
     if now >= p and at <= now - p then
       return 0
     end
@@ -302,18 +338,31 @@ local function concurrency(raw, now, limit, p, burst, t, units, at, real)
   end
   local b = at - at % w
   local done = 0
-  for i = 1, #starts do
-    if starts[i] == b then
-      done = min(units, counts[i])
-      counts[i] = counts[i] - done
-      if counts[i] == 0 then
-        table.remove(starts, i)
-        table.remove(counts, i)
+  if real == GIVE_BACK then
+    -- The oldest live buckets first (they expire first anyway).
+    local s2, c2 = {}, {}
+    for i = 1, #starts do
+      local take = min(units - done, counts[i])
+      done = done + take
+      if counts[i] > take then
+        s2[#s2 + 1], c2[#c2 + 1] = starts[i], counts[i] - take
       end
-      break
+    end
+    starts, counts = s2, c2
+  else
+    for i = 1, #starts do
+      if starts[i] == b then
+        done = min(units, counts[i])
+        counts[i] = counts[i] - done
+        if counts[i] == 0 then
+          table.remove(starts, i)
+          table.remove(counts, i)
+        end
+        break
+      end
     end
   end
-  if done > 0 and real < 0 then
+  if done > 0 and real == RENEW then
     -- Renew: the units found move to the bucket of now.
     local nb, pos = now - now % w, #starts + 1
     for i = 1, #starts do
@@ -368,8 +417,8 @@ for i = 1, n do
   local limit, p, burst, t = quota(b + 1, 'settle ' .. i .. ': ')
   local units = int(b + 4, 0, MAX_INT - 1, 'units')
   local at = int(b + 5, 0, MAX_INT - 1, 'at')
-  local real = int(b + 6, -1, MAX_INT - 1, 'real')
-  if real < 0 and adjust ~= concurrency then
+  local real = int(b + 6, GIVE_BACK, MAX_INT - 1, 'real')
+  if real == RENEW and adjust ~= concurrency then
     fail('settle ' .. i .. ': only a concurrency hold is renewed')
   end
   items[i] = { adjust, limit, p, burst, t, units, at, real }

@@ -54,4 +54,4 @@ pub use script::{
     generic_script_sha, generic_script_text, plan_script_sha, plan_script_text, RuleShape,
     MAX_INLINE_RULES,
 };
-pub use store::{RedisStore, SettleItem};
+pub use store::{GiveBackItem, RedisStore, SettleItem};

@@ -44,6 +44,30 @@ pub struct SettleItem<'a> {
     pub real: Option<u64>,
 }
 
+/// Units of a charge nothing recorded, to give back (Envoy's negative hits; see
+/// `scripts/settle.lua` and `tollgate_core::Limit::give_back`).
+#[derive(Debug, Clone, Copy)]
+pub struct GiveBackItem<'a> {
+    /// Whose state.
+    pub client: ClientKey,
+    /// Under which rule.
+    pub rule: &'a Rule,
+    /// The units to give back (fewer go back when the state holds fewer).
+    pub units: u64,
+}
+
+/// One item of a settle script call: `real` is the real cost, -1 (renew) or -2 (give back).
+struct SettleArgs<'a> {
+    client: ClientKey,
+    rule: &'a Rule,
+    units: u64,
+    at: Micros,
+    real: i64,
+}
+
+/// `real` of a give-back in `scripts/settle.lua`.
+const GIVE_BACK: i64 = -2;
+
 /// A Redis or Redis Cluster store. Clones share the connections: concurrent calls are
 /// pipelined on one multiplexed connection per server, never one connection per request.
 ///
@@ -266,6 +290,47 @@ impl RedisStore {
         items: &[SettleItem<'_>],
         now: Micros,
     ) -> Result<Vec<u64>, RedisStoreError> {
+        let args: Vec<SettleArgs<'_>> = items
+            .iter()
+            .map(|it| SettleArgs {
+                client: it.client,
+                rule: it.rule,
+                units: it.units,
+                at: it.at,
+                real: it.real.map_or(-1i64, |r| {
+                    i64::try_from(r.min(MAX_COST)).unwrap_or(i64::MAX)
+                }),
+            })
+            .collect();
+        self.run_settle(&args, now).await
+    }
+
+    /// Gives back units of charges nothing recorded (see [`GiveBackItem`]), in one script call
+    /// per server (per slot on a Cluster), as [`RedisStore::settle`]: the units given back to
+    /// each, in order (never more than the state held: never below a fresh state).
+    pub async fn give_back(
+        &self,
+        items: &[GiveBackItem<'_>],
+        now: Micros,
+    ) -> Result<Vec<u64>, RedisStoreError> {
+        let args: Vec<SettleArgs<'_>> = items
+            .iter()
+            .map(|it| SettleArgs {
+                client: it.client,
+                rule: it.rule,
+                units: it.units,
+                at: 0,
+                real: GIVE_BACK,
+            })
+            .collect();
+        self.run_settle(&args, now).await
+    }
+
+    async fn run_settle(
+        &self,
+        items: &[SettleArgs<'_>],
+        now: Micros,
+    ) -> Result<Vec<u64>, RedisStoreError> {
         let mut out = vec![0; items.len()];
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         let cluster = matches!(self.conn, Connection::Cluster(_));
@@ -299,9 +364,7 @@ impl RedisStore {
                                 .arg(q.burst())
                                 .arg(it.units.min(MAX_COST))
                                 .arg(it.at)
-                                .arg(it.real.map_or(-1i64, |r| {
-                                    i64::try_from(r.min(MAX_COST)).unwrap_or(i64::MAX)
-                                }));
+                                .arg(it.real);
                         }
                     })
                     .await?;

@@ -2,14 +2,15 @@
 //! (refunds below the estimate, debts above it), concurrency holds, renewals and releases run
 //! through the Rust model and through a real redis-server (local clock), and every decision
 //! and every count of units applied must be identical. Every algorithm, including the token
-//! bucket's debt state and the sliding log's entries.
+//! bucket's debt state and the sliding log's entries, and give-backs of charges nothing
+//! recorded (Envoy's negative hits: `real` -2 in the script).
 
 mod common;
 
 use common::{random_limit, Rng, EPOCH_2026};
 use std::collections::HashMap;
 use tollgate_core::{Algorithm, Charge, Check, ClientKey, Limit, Quota, Rule, State};
-use tollgate_redis::{RedisStore, SettleItem, StoreClock};
+use tollgate_redis::{GiveBackItem, RedisStore, SettleItem, StoreClock};
 use tollgate_testkit::RedisServer;
 
 async fn local_store(server: &RedisServer) -> RedisStore {
@@ -34,6 +35,7 @@ struct Seen {
     debts: u64,
     partial: u64,
     renewals: u64,
+    give_backs: u64,
 }
 
 async fn trace(store: &RedisStore, a: Algorithm, seed: u64, seen: &mut Seen) {
@@ -60,6 +62,28 @@ async fn trace(store: &RedisStore, a: Algorithm, seed: u64, seen: &mut Seen) {
         };
         let client = *rng.pick(&clients);
         let state = model.entry(client).or_insert_with(|| limit.fresh());
+        if rng.chance(15) {
+            // A give-back: no charge it undoes, any number of units (beyond the limit too).
+            let units = match rng.range(0, 3) {
+                0 => 0,
+                1 => cap + rng.range(1, 1000),
+                _ => rng.range(1, cap.clamp(1, 5)),
+            };
+            let want = limit.give_back(state, now, units);
+            seen.give_backs += u64::from(want > 0);
+            let item = GiveBackItem {
+                client,
+                rule: &rule,
+                units,
+            };
+            let got = store.give_back(&[item], now).await.expect("give back");
+            assert_eq!(
+                got,
+                vec![want],
+                "{a} seed {seed} step {step}: give back {units}"
+            );
+            continue;
+        }
         if pending.is_empty() || rng.chance(55) {
             let cost = match rng.range(0, 4) {
                 0 => 0,
@@ -142,6 +166,7 @@ async fn settles_releases_and_renewals_match_core_for_every_algorithm() {
         } else {
             assert!(seen.refunds > 20 && seen.debts > 20, "{a}: {seen:?}");
         }
+        assert!(seen.give_backs > 20, "{a}: {seen:?}");
     }
 }
 
@@ -177,6 +202,21 @@ async fn a_batch_of_settles_for_many_clients_is_one_call_and_a_bad_item_changes_
     assert_eq!(
         store.settle(&items, now).await.expect("settle"),
         vec![7; 50]
+    );
+    // A give-back beyond what was charged gives back what the state holds (3 used after
+    // the settle), never more.
+    let back = [GiveBackItem {
+        client: clients[1],
+        rule: &rule,
+        units: 1_000,
+    }];
+    assert_eq!(
+        store.give_back(&back, now).await.expect("give back"),
+        vec![3]
+    );
+    assert_eq!(
+        store.give_back(&back, now).await.expect("give back"),
+        vec![0]
     );
     // Renewing a rate charge is refused whole: nothing of the call is applied.
     let mut bad = items.clone();

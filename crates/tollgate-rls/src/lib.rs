@@ -6,7 +6,8 @@
 //! decided all-or-nothing in one store call), failure policies and local fallback.
 //!
 //! - [`config`]: the YAML loader ([`config::load_dir_or_file`]) and the matching rules.
-//! - [`RlsService`]: a request's descriptors -> one plan -> one [`tollgate::Limiter::check`].
+//! - [`RlsService`]: a request's descriptors -> one plan -> one [`tollgate::Limiter::check`]
+//!   (descriptors with `is_negative_hits`: one [`tollgate::Limiter::give_back`] before it).
 //! - [`serve`]: the gRPC listener (tonic, HTTP/2 cleartext).
 #![deny(missing_docs)]
 

@@ -2,6 +2,15 @@
 //! [`Limiter::check`], so either every descriptor is charged or none is (envoyproxy/ratelimit
 //! charges the other descriptors of a denied request; tollgate does not).
 //!
+//! A descriptor with Envoy 1.38's `is_negative_hits` is no charge: its hits are given back
+//! ([`Limiter::give_back`], never below a fresh state) whatever the request's other
+//! descriptors decide, and it is answered OK with its remaining units after the give-back,
+//! never OVER_LIMIT. A rule with `algorithm: concurrency` counts hits in flight the same way:
+//! each request's hits are held, a negative-hits request gives them back (the oldest first),
+//! and hits nothing gives back are dropped after `hold_ttl`. Its status reports
+//! `requests_per_unit` with unit UNKNOWN: a limit in flight has no window, and UNKNOWN is
+//! the only unit Envoy's protocol has that claims none.
+//!
 //! Each configured rule is a [`Policy`] registered once, named after the configured
 //! descriptor (`domain.key_value.key`), so metric labels carry configuration, never request
 //! values. A request descriptor's client key is the keyed hash of the domain and its entries:
@@ -158,6 +167,8 @@ enum Slot {
     },
     /// Checked as plan item `item`.
     Item(usize),
+    /// A negative-hits descriptor of a blocked rule: nothing stored, nothing to give back.
+    NothingToGive { current: RateLimit },
 }
 
 /// One (client, policy) of the plan and how its status reads.
@@ -172,6 +183,8 @@ struct Item {
     rule_shadow: bool,
     /// The rule whose `metadata` the item passes on when it passes.
     rule: Option<usize>,
+    /// `is_negative_hits`: `cost` is given back, not charged.
+    negative: bool,
 }
 
 impl RlsService {
@@ -184,17 +197,19 @@ impl RlsService {
     ) -> impl Iterator<Item = Option<PolicySpec>> + 'a {
         config.rules().iter().map(|rule| match rule.limit {
             RuleLimit::Unlimited | RuleLimit::Blocked { .. } => None,
-            RuleLimit::Limited { limit, .. } => Some(PolicySpec {
-                name: rule.policy_name.clone(),
-                limit,
-                cost: 1,
-                on_failure: options.on_failure,
-                local_divisor: options.local_divisor,
-                // The global shadow mode: every rule decided and charged, none denying.
-                shadow: rule.shadow || options.shadow_mode,
-                sync: SyncMode::Exact,
-                settle: false,
-            }),
+            RuleLimit::Limited { limit, .. } | RuleLimit::InFlight { limit, .. } => {
+                Some(PolicySpec {
+                    name: rule.policy_name.clone(),
+                    limit,
+                    cost: 1,
+                    on_failure: options.on_failure,
+                    local_divisor: options.local_divisor,
+                    // The global shadow mode: every rule decided and charged, none denying.
+                    shadow: rule.shadow || options.shadow_mode,
+                    sync: SyncMode::Exact,
+                    settle: false,
+                })
+            }
         })
     }
 
@@ -277,14 +292,16 @@ impl RlsService {
         }
         let mut items = items.list;
         // A blocked descriptor denies the request (nothing is charged): the store is asked
-        // only for what the others have left, at cost 0.
+        // only for what the others have left, at cost 0. Give-backs are no charge: they go
+        // back whatever the request's other descriptors decide.
         let blocked = self.blocked_denies(&slots, &items);
         if blocked {
-            for it in &mut items {
+            for it in items.iter_mut().filter(|it| !it.negative) {
                 it.cost = 0;
             }
         }
         let mut plan = Plan::new();
+        let mut given = Plan::new();
         // Each item's policy must be a distinct value (results are matched back by identity):
         // the registered policy itself for the first item of its rule at its own cost, a copy
         // with the item's cost (or in quota mode) otherwise.
@@ -313,9 +330,21 @@ impl RlsService {
             })
             .collect();
         for (it, p) in items.iter().zip(&policies) {
-            plan.push(it.client, p.clone());
+            if it.negative {
+                given.push(it.client, p.clone());
+            } else {
+                plan.push(it.client, p.clone());
+            }
         }
-        let result = if plan.is_empty() {
+        // Give-backs first, so that a charge in the same call (Envoy's stream-end "estimate
+        // back, real cost charged") finds the units given back. Their statuses read the
+        // states after the give-back; their own answer never denies (nor fails) the request.
+        let back = if given.is_empty() {
+            Vec::new()
+        } else {
+            i.limiter.give_back(&given).await.results
+        };
+        let mut result = if plan.is_empty() {
             LimitResult {
                 action: Action::Allow,
                 results: Vec::new(),
@@ -323,6 +352,7 @@ impl RlsService {
         } else {
             i.limiter.check(&plan).await
         };
+        result.results.extend(back);
         tollgate::trace::record_decision(&tracing::Span::current(), &plan, &result);
         let answer = Answer {
             slots: &slots,
@@ -376,6 +406,7 @@ impl RlsService {
         items: &mut Items,
     ) -> Result<Slot, Status> {
         let i = &self.inner;
+        let negative = d.is_negative_hits;
         let rule = found.map(|f| f.rule);
         let configured = rule.map(|r| &i.config.rules()[r]);
         let rule_shadow = configured.is_some_and(|r| r.shadow) || i.options.shadow_mode;
@@ -385,12 +416,16 @@ impl RlsService {
                 let unit = Unit::from_proto(o.unit).ok_or_else(|| {
                     Status::invalid_argument("the limit override needs a unit (SECOND to WEEK)")
                 })?;
+                let current = RateLimit {
+                    name: configured.map(|r| r.name.clone()).unwrap_or_default(),
+                    requests_per_unit: 0,
+                    unit: unit.proto(),
+                };
+                if negative {
+                    return Ok(Slot::NothingToGive { current });
+                }
                 return Ok(Slot::Blocked {
-                    current: RateLimit {
-                        name: configured.map(|r| r.name.clone()).unwrap_or_default(),
-                        requests_per_unit: 0,
-                        unit: unit.proto(),
-                    },
+                    current,
                     unit,
                     shadow: false,
                     quota: false,
@@ -408,25 +443,31 @@ impl RlsService {
                 quota: false,
                 rule_shadow: false,
                 rule: None,
+                negative,
             };
             return Ok(Self::add(items, item));
         }
         let (Some(f), Some(configured)) = (found, configured) else {
             return Ok(Slot::NoLimit);
         };
-        match (&i.policies[f.rule], configured.limit) {
-            (
-                Some(policy),
-                RuleLimit::Limited {
-                    requests_per_unit,
-                    unit,
-                    ..
-                },
-            ) => {
+        let limited = match configured.limit {
+            // A limit in flight has no window: unit UNKNOWN (0).
+            RuleLimit::InFlight {
+                requests_per_unit, ..
+            } => Some((requests_per_unit, 0)),
+            RuleLimit::Limited {
+                requests_per_unit,
+                unit,
+                ..
+            } => Some((requests_per_unit, unit.proto())),
+            RuleLimit::Unlimited | RuleLimit::Blocked { .. } => None,
+        };
+        match (&i.policies[f.rule], configured.limit, limited) {
+            (Some(policy), _, Some((requests_per_unit, unit))) => {
                 let current = RateLimit {
                     name: configured.name.clone(),
                     requests_per_unit,
-                    unit: unit.proto(),
+                    unit,
                 };
                 let client = self.client(domain, d, Some(f), None, &mut items.key);
                 let item = Item {
@@ -437,10 +478,18 @@ impl RlsService {
                     quota,
                     rule_shadow: configured.shadow,
                     rule: Some(f.rule),
+                    negative,
                 };
                 Ok(Self::add(items, item))
             }
-            (_, RuleLimit::Blocked { unit }) => Ok(Slot::Blocked {
+            (_, RuleLimit::Blocked { unit }, _) if negative => Ok(Slot::NothingToGive {
+                current: RateLimit {
+                    name: configured.name.clone(),
+                    requests_per_unit: 0,
+                    unit: unit.proto(),
+                },
+            }),
+            (_, RuleLimit::Blocked { unit }, _) => Ok(Slot::Blocked {
                 current: RateLimit {
                     name: configured.name.clone(),
                     requests_per_unit: 0,
@@ -492,11 +541,9 @@ impl RlsService {
     /// would cost an allocation and a hash per descriptor.
     fn add(items: &mut Items, item: Item) -> Slot {
         let id = item.policy.id();
-        match items
-            .list
-            .iter()
-            .position(|it| it.client == item.client && it.policy.id() == id)
-        {
+        match items.list.iter().position(|it| {
+            it.client == item.client && it.policy.id() == id && it.negative == item.negative
+        }) {
             Some(k) => {
                 items.list[k].cost = items.list[k].cost.saturating_add(item.cost);
                 Slot::Item(k)
@@ -694,17 +741,27 @@ impl RlsService {
                     };
                     (status, Some(outcome), own_shadow.then_some(*metadata))
                 }
+                Slot::NothingToGive { current } => (
+                    DescriptorStatus {
+                        code: Code::Ok.into(),
+                        current_limit: Some(current.clone()),
+                        ..Default::default()
+                    },
+                    None,
+                    None,
+                ),
                 Slot::Item(k) => {
                     let it = &a.items[*k];
                     let r = by_item[*k];
                     let outcome = r.map(|r| r.outcome);
-                    let over = match outcome {
-                        Some(Outcome::Limited | Outcome::FallbackLimited) => true,
-                        // Shadow under the global shadow mode only: reported over, never
-                        // denied (envoyproxy's global shadow changes only the overall code).
-                        Some(Outcome::ShadowLimited) => !it.rule_shadow,
-                        _ => false,
-                    };
+                    let over = !it.negative
+                        && match outcome {
+                            Some(Outcome::Limited | Outcome::FallbackLimited) => true,
+                            // Shadow under the global shadow mode only: reported over, never
+                            // denied (envoyproxy's global shadow changes only the overall code).
+                            Some(Outcome::ShadowLimited) => !it.rule_shadow,
+                            _ => false,
+                        };
                     let status = match r.and_then(|r| r.decision) {
                         Some(d) => DescriptorStatus {
                             code: if over { Code::OverLimit } else { Code::Ok }.into(),

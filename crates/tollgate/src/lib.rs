@@ -53,6 +53,7 @@ compile_error!("tollgate needs a backend: enable the `memory` or the `redis` fea
 
 mod breaker;
 mod deny_cache;
+mod give_back;
 pub mod headers;
 mod identity;
 mod last_answer;
@@ -81,6 +82,8 @@ pub use tollgate_core::ClientKey;
 
 /// Algorithms and quotas: what a policy enforces ([`PolicySpec::limit`]).
 pub mod quota {
+    /// Durations as configs write them (`"5m"`, `"2s"`): the one parser every config shares.
+    pub use tollgate_core::duration::{parse_duration, DURATION_HELP};
     pub use tollgate_core::{
         Algorithm, Limit, LimitError, Quota, QuotaError, RateError, RateField, UnknownAlgorithm,
         MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD,

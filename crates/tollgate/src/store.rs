@@ -218,6 +218,42 @@ impl Store {
         }
     }
 
+    /// Gives back units of charges nothing recorded (`(client, rule, units)`, see
+    /// [`tollgate_core::Limit::give_back`]): the units given back to each.
+    pub(crate) async fn give_back(
+        &self,
+        items: &[(ClientKey, &tollgate_core::Rule, u64)],
+        now: Micros,
+        timeout: Duration,
+    ) -> Result<Vec<u64>, StoreFailure> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(m) => {
+                let _ = timeout;
+                Ok(items
+                    .iter()
+                    .map(|(client, rule, units)| m.give_back(client, rule, *units, now))
+                    .collect())
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => {
+                let redis_items: Vec<tollgate_redis::GiveBackItem<'_>> = items
+                    .iter()
+                    .map(|&(client, rule, units)| tollgate_redis::GiveBackItem {
+                        client,
+                        rule,
+                        units,
+                    })
+                    .collect();
+                within(timeout, async {
+                    let store = r.get().await?;
+                    store.give_back(&redis_items, now).await
+                })
+                .await
+            }
+        }
+    }
+
     /// Whether this store can lease units (a shared store: leasing a local one saves nothing).
     pub(crate) fn can_lease(&self) -> bool {
         match self {

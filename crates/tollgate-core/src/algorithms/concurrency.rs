@@ -161,6 +161,24 @@ pub fn renew(q: &Quota, state: &mut ConcurrencyState, now: Micros, units: u64, a
     moved
 }
 
+/// Gives back up to `units` holds that nothing identifies (Envoy's negative hits, see
+/// [`crate::Limit::give_back`]): the oldest live bucket first, as those expire first anyway.
+/// Returns how many were still held.
+pub fn give_back(q: &Quota, state: &mut ConcurrencyState, now: Micros, units: u64) -> u64 {
+    prune(q, state, now);
+    let mut back = 0u64;
+    for (_, n) in state.buckets.iter_mut() {
+        let take = (units - back).min(*n);
+        *n -= take;
+        back += take;
+        if back == units {
+            break;
+        }
+    }
+    state.buckets.retain(|&(_, n)| n > 0);
+    back
+}
+
 /// The instant from which the state equals a fresh one: when its newest bucket expires.
 pub fn idle_at(q: &Quota, state: &ConcurrencyState) -> Micros {
     state

@@ -107,3 +107,17 @@ pub fn owe(q: &Quota, state: &mut FixedWindowState, now: Micros, units: u64) -> 
     }
     take
 }
+
+/// Gives back up to `units` of a charge nothing recorded (a give-back, see
+/// [`crate::Limit::give_back`]): from the current window only (an earlier one no longer
+/// counts); returns how many.
+pub fn give_back(q: &Quota, state: &mut FixedWindowState, now: Micros, units: u64) -> u64 {
+    let p = q.period_micros();
+    let now = now.max(state.window_start);
+    if state.window_start != now - now % p {
+        return 0;
+    }
+    let back = units.min(state.count);
+    state.count -= back;
+    back
+}

@@ -176,3 +176,18 @@ pub fn owe(q: &Quota, state: &mut SlidingWindowCounterState, now: Micros, units:
     }
     take
 }
+
+/// Gives back up to `units` of a charge nothing recorded (see [`crate::Limit::give_back`]):
+/// from the current window first, then from the previous one; returns how many.
+pub fn give_back(q: &Quota, state: &mut SlidingWindowCounterState, now: Micros, units: u64) -> u64 {
+    let mut s = roll(q, state, now);
+    let from_current = units.min(s.current);
+    s.current -= from_current;
+    let from_previous = (units - from_current).min(s.previous);
+    s.previous -= from_previous;
+    let back = from_current + from_previous;
+    if back > 0 {
+        *state = s;
+    }
+    back
+}

@@ -177,3 +177,30 @@ pub fn owe(q: &Quota, state: &mut SlidingWindowLogState, now: Micros, units: u64
     }
     take
 }
+
+/// Gives back up to `units` of a charge nothing recorded (see [`crate::Limit::give_back`]):
+/// the newest live entries shrink first (an entry out of the window no longer counts);
+/// returns how many.
+pub fn give_back(q: &Quota, state: &mut SlidingWindowLogState, now: Micros, units: u64) -> u64 {
+    let p = q.period_micros();
+    let now = now.max(state.newest());
+    let mut back = 0u64;
+    // Each pass takes a whole entry or ends: at most one pass per entry.
+    while back < units {
+        let Some(last) = state.entries.back_mut() else {
+            break;
+        };
+        if now >= p && last.at <= now - p {
+            break;
+        }
+        let take = (units - back).min(last.units);
+        last.units -= take;
+        back += take;
+        if last.units == 0 {
+            state.entries.pop_back();
+        } else {
+            break;
+        }
+    }
+    back
+}

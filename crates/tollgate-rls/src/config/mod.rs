@@ -128,7 +128,20 @@ pub enum RuleLimit {
         /// The algorithm and quota tollgate enforces.
         limit: Limit,
     },
+    /// `algorithm: concurrency`: at most `requests_per_unit` hits held at once (no unit); a
+    /// hit nothing gives back (a negative-hits request) is dropped after `hold_ttl`.
+    InFlight {
+        /// `requests_per_unit`: the limit in flight.
+        requests_per_unit: u32,
+        /// `hold_ttl` (default [`DEFAULT_HOLD_TTL`]).
+        hold_ttl: Duration,
+        /// The concurrency limit tollgate enforces (its period is `hold_ttl`).
+        limit: Limit,
+    },
 }
+
+/// `hold_ttl` of an `algorithm: concurrency` rule that names none.
+pub const DEFAULT_HOLD_TTL: Duration = Duration::from_secs(300);
 
 /// One configured descriptor with a `rate_limit`.
 #[derive(Debug, Clone)]

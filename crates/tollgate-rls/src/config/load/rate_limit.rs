@@ -1,11 +1,12 @@
 //! `rate_limit`: the quota of a descriptor, envoyproxy/ratelimit's keys and tollgate's
-//! (`algorithm`, `unit_multiplier`, `burst`).
+//! (`algorithm`, `unit_multiplier`, `burst`, and `hold_ttl` for `algorithm: concurrency`, a
+//! limit on hits in flight that has no unit).
 
 use super::{get, join, Loader};
-use crate::config::{Rule, RuleLimit, Unit};
+use crate::config::{Rule, RuleLimit, Unit, DEFAULT_HOLD_TTL};
 use crate::yaml::{Kind, Node, Pos};
 use std::time::Duration;
-use tollgate::quota::{Algorithm, Limit};
+use tollgate::quota::{parse_duration, Algorithm, Limit};
 
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
@@ -16,7 +17,17 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "algorithm",
     "unit_multiplier",
     "burst",
+    "hold_ttl",
 ];
+
+/// What a rule names besides its quota: carried into the [`Rule`] unchanged.
+struct Named<'a> {
+    policy_name: &'a str,
+    name: String,
+    replaces: Vec<String>,
+    shadow: bool,
+    source: String,
+}
 
 impl Loader<'_> {
     pub(super) fn rate_limit(
@@ -27,6 +38,28 @@ impl Loader<'_> {
         shadow: bool,
     ) -> Option<Rule> {
         let entries = self.map(node, path, RATE_LIMIT_KEYS)?;
+        let algorithm = match get(entries, "algorithm") {
+            None => Algorithm::FixedWindow,
+            Some((pos, n)) => {
+                let s = self.string(n, &join(path, "algorithm"))?;
+                match s.parse::<Algorithm>() {
+                    Ok(a) => a,
+                    Err(e) => {
+                        self.err(pos, join(path, "algorithm"), e.to_string());
+                        return None;
+                    }
+                }
+            }
+        };
+        let hold_ttl = get(entries, "hold_ttl").filter(|(_, n)| !n.is_null());
+        if let (false, Some((pos, _))) = (algorithm.is_concurrency(), hold_ttl) {
+            self.err(
+                pos,
+                join(path, "hold_ttl"),
+                "only `algorithm: concurrency` takes a hold_ttl",
+            );
+            return None;
+        }
         let unlimited = self.flag(entries, path, "unlimited");
         let name = match get(entries, "name") {
             Some((_, n)) if !n.is_null() => self.string(n, &join(path, "name")).unwrap_or_default(),
@@ -52,6 +85,16 @@ impl Loader<'_> {
                 RuleLimit::Unlimited,
                 source,
             ));
+        }
+        if algorithm.is_concurrency() {
+            let named = Named {
+                policy_name,
+                name,
+                replaces,
+                shadow,
+                source,
+            };
+            return self.in_flight(entries, node.pos, path, unit.map(|u| u.0), hold_ttl, named);
         }
         let unit = match unit {
             None => {
@@ -94,19 +137,6 @@ impl Loader<'_> {
         };
         let multiplier = self.positive(entries, path, "unit_multiplier", node.pos, Some(1))?;
         let burst = self.positive(entries, path, "burst", node.pos, Some(rpu))?;
-        let algorithm = match get(entries, "algorithm") {
-            None => Algorithm::FixedWindow,
-            Some((pos, n)) => {
-                let s = self.string(n, &join(path, "algorithm"))?;
-                match s.parse::<Algorithm>() {
-                    Ok(a) => a,
-                    Err(e) => {
-                        self.err(pos, join(path, "algorithm"), e.to_string());
-                        return None;
-                    }
-                }
-            }
-        };
         let period = unit
             .seconds()
             .checked_mul(multiplier)
@@ -134,6 +164,99 @@ impl Loader<'_> {
                 None
             }
         }
+    }
+
+    /// An `algorithm: concurrency` rule: `requests_per_unit` hits in flight at once, each
+    /// dropped after `hold_ttl` unless a negative-hits request gives it back first. It has no
+    /// window, so `unit` (and `unit_multiplier`, `burst`) are refused, naming the key.
+    fn in_flight(
+        &mut self,
+        entries: &[(String, Pos, Node)],
+        at: Pos,
+        path: &str,
+        unit: Option<Pos>,
+        hold_ttl: Option<(Pos, &Node)>,
+        named: Named<'_>,
+    ) -> Option<Rule> {
+        let mut refused = false;
+        let extra = [("unit", unit), ("unit_multiplier", None), ("burst", None)];
+        for (key, pos) in extra {
+            let pos = pos.or_else(|| {
+                get(entries, key)
+                    .filter(|(_, n)| !n.is_null())
+                    .map(|(p, _)| p)
+            });
+            if let Some(pos) = pos {
+                self.err(
+                    pos,
+                    join(path, key),
+                    format!(
+                        "`algorithm: concurrency` takes no {key}: requests_per_unit is the limit \
+                         in flight, hold_ttl how long a hit nothing gives back is held"
+                    ),
+                );
+                refused = true;
+            }
+        }
+        if self.is_zero(entries, "requests_per_unit") {
+            self.err(
+                at,
+                join(path, "requests_per_unit"),
+                "must be at least 1 with `algorithm: concurrency` (the limit in flight)",
+            );
+            return None;
+        }
+        let rpu = self.positive(entries, path, "requests_per_unit", at, None)?;
+        let Ok(requests_per_unit) = u32::try_from(rpu) else {
+            self.err(
+                at,
+                join(path, "requests_per_unit"),
+                "must be at most 4294967295",
+            );
+            return None;
+        };
+        let ttl = match hold_ttl {
+            None => DEFAULT_HOLD_TTL,
+            Some((pos, n)) => self.hold_ttl(pos, n, path)?,
+        };
+        if refused {
+            return None;
+        }
+        match Limit::checked(Algorithm::Concurrency, rpu, ttl, None, 1) {
+            Ok(limit) => Some(Rule::new(
+                named.policy_name,
+                named.name,
+                named.replaces,
+                named.shadow,
+                RuleLimit::InFlight {
+                    requests_per_unit,
+                    hold_ttl: ttl,
+                    limit,
+                },
+                named.source,
+            )),
+            Err(e) => {
+                let key = join(path, hold_ttl.map_or("requests_per_unit", |_| "hold_ttl"));
+                let pos = hold_ttl.map_or(at, |(p, _)| p);
+                self.err(pos, key, format!("invalid concurrency limit: {e}"));
+                None
+            }
+        }
+    }
+
+    /// `hold_ttl`: a duration (`"30s"`, `"5m"`) above zero and at most a year. The error says
+    /// what is wrong, never what the key held.
+    fn hold_ttl(&mut self, pos: Pos, n: &Node, path: &str) -> Option<Duration> {
+        let key = join(path, "hold_ttl");
+        let text = self.string(n, &key)?;
+        let problem = match parse_duration(&text) {
+            Err(e) => format!("this value {e}"),
+            Ok(d) if d.is_zero() => "must be above zero".to_string(),
+            Ok(d) if d > tollgate::quota::MAX_PERIOD => "must be at most 366d".to_string(),
+            Ok(d) => return Some(d),
+        };
+        self.err(pos, key, problem);
+        None
     }
 
     fn replaces(&mut self, entries: &[(String, Pos, Node)], path: &str, own: &str) -> Vec<String> {
