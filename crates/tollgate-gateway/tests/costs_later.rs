@@ -624,3 +624,74 @@ async fn a_reload_that_changes_the_limit_mid_flight_keeps_every_hold_counted_and
     assert_eq!(in_flight_now(&m), 0, "both released after the reload");
     assert!(llm.most() <= 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_three_master_cluster_gateways_hold_exactly_the_limit_and_settle_real_costs() {
+    let cluster = tokio::task::spawn_blocking(|| tollgate_testkit::RedisCluster::start(3, 0))
+        .await
+        .expect("cluster");
+    let llm = Llm::start().await;
+    let urls: Vec<String> = cluster
+        .seed_urls()
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect();
+    let store = format!(
+        "[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"2s\"\non_failure = \"closed\"\n\n",
+        urls.join(", ")
+    );
+    let config = format!(
+        "{}[[policy]]\nname = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\ncost = 100\ncost_from_response = \"x-tokens-used\"\nidentity = [\"header:x-user\"]\n",
+        inflight(&store, 3, "30s")
+    );
+    let gws = [
+        Gateway::start(&llm.upstream(), &config),
+        Gateway::start(&llm.upstream(), &config),
+    ];
+    let c = client();
+    // Users on every master: each holds at most 3 across both gateways.
+    for u in 0..6u8 {
+        let name = [b'u', b'0' + u];
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let url = gws[i % 2].url("/work?hold=800&used=10");
+            let (c, name) = (c.clone(), name);
+            tasks.push(tokio::spawn(async move {
+                get(&c, &url, &[("x-user", &name)]).await
+            }));
+        }
+        let mut ok = 0;
+        for t in tasks {
+            let a = t.await.expect("task");
+            match a.status {
+                StatusCode::OK => ok += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                s => panic!("unexpected {s}: {}", a.text()),
+            }
+        }
+        assert_eq!(ok, 3, "user {u}: exactly the in-flight limit passed");
+    }
+    // Each of the 18 that passed was estimated 100 and settled at 10: 90 back each, in the
+    // user's own slot, from whichever gateway served it.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut refunded = 0;
+        for g in &gws {
+            let m = get(&c, &g.admin_url("/metrics"), &[]).await.text();
+            refunded += metric(
+                &m,
+                "tollgate_settled_units_total{policy=\"tokens\",direction=\"refunded\"}",
+            );
+        }
+        if refunded == 18 * 90 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "refunded {refunded} of {}",
+            18 * 90
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(llm.most() <= 3 * 6);
+}
