@@ -33,14 +33,11 @@ pub fn check(
     let p = q.period_micros();
     let limit = q.limit();
     let now = now.max(state.window_start);
-    let ws = now - now % p;
-    let (previous, current) = if ws == state.window_start {
-        (state.previous, state.current)
-    } else if ws == state.window_start.saturating_add(p) {
-        (state.current, 0)
-    } else {
-        (0, 0)
-    };
+    let SlidingWindowCounterState {
+        window_start: ws,
+        current,
+        previous,
+    } = roll(q, state, now);
     let elapsed = now - ws;
     let p128 = u128::from(p);
     // previous * (p - elapsed): the weighted previous count, scaled by p.
