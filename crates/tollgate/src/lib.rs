@@ -422,6 +422,10 @@ impl Limiter {
         if let Some(leased) = results.get_mut(..n_leased) {
             count_leased(leased, action == Action::Allow);
         }
+        if !timed {
+            // `check` (every request's path) needs no instants: nothing is allocated for them.
+            return untimed(LimitResult { action, results });
+        }
         // Each result's client and instant, in the results' order (the leased items first,
         // never settled; then the rest, at the store's instants when it gave them).
         let mut exact_at = exact_at.into_iter();
