@@ -366,21 +366,22 @@ async fn a_client_that_hangs_up_frees_its_hold_at_once() {
         let c = c.clone();
         async move { get(&c, &url, &[user]).await }
     });
-    // Held: the next request is refused.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let a = get(&c, &gw.url("/work"), &[user]).await;
-        if a.status == StatusCode::TOO_MANY_REQUESTS {
-            break;
-        }
+    // Held once it reaches the upstream (polling before that would race it for the one
+    // unit): then the next request is refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while llm.now.load(Ordering::SeqCst) < 1 {
         assert!(
             Instant::now() < deadline,
-            "the long request never held: {} {:?}",
-            a.status,
-            a.headers
+            "the long request never reached the upstream"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let a = get(&c, &gw.url("/work"), &[user]).await;
+    assert_eq!(
+        a.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the long request holds"
+    );
     long.abort(); // the client goes away
     let hung_up = Instant::now();
     loop {
