@@ -210,6 +210,8 @@ pub struct Live {
     conn_limits: Vec<Arc<ConnLimits>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// The one thread that reads the config files (`None` for the built-in defaults).
+    file_thread: Option<FileThread>,
     ok: AtomicU64,
     failed: AtomicU64,
     last: std::sync::Mutex<Option<LastReload>>,
@@ -259,6 +261,10 @@ impl Live {
             Vec::new()
         };
         let stamps = files.iter().map(|f| stamp(f)).collect();
+        let file_thread = match path {
+            Some(_) => Some(FileThread::start()?),
+            None => None,
+        };
         let settings = TargetSettings::of(&config);
         let target = settings.target(&http);
         let Assembled { layer, rules, rls } = assemble(&config, &limiter)?;
@@ -280,6 +286,7 @@ impl Live {
             target: std::sync::Mutex::new((settings, target)),
             conn_limits,
             reloading: tokio::sync::Mutex::new(()),
+            file_thread,
             ok: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             last: std::sync::Mutex::new(None),
@@ -365,18 +372,26 @@ impl Live {
             return Err(ReloadError::NoFile);
         };
         // The files' stamps are taken right after they are read: a later edit is seen as one.
-        let loaded = tokio::task::spawn_blocking(move || {
-            if is_blank(&path) {
-                return Ok(None);
-            }
-            Config::load(&path).map(|c| {
-                let files = c.files();
-                let stamps: Vec<Stamp> = files.iter().map(|f| stamp(f)).collect();
-                Some((c, files, stamps))
+        let Some(file_thread) = &self.file_thread else {
+            return Err(ReloadError::NoFile);
+        };
+        let loaded = file_thread
+            .run(move || {
+                if is_blank(&path) {
+                    return Ok(None);
+                }
+                Config::load(&path).map(|c| {
+                    let files = c.files();
+                    let stamps: Vec<Stamp> = files.iter().map(|f| stamp(f)).collect();
+                    Some((c, files, stamps))
+                })
             })
-        })
-        .await
-        .map_err(|e| ReloadError::Build(format!("the reload task failed: {e}")))?;
+            .await
+            .ok_or_else(|| {
+                ReloadError::Build(
+                    "reading the config files failed unexpectedly (see the log)".to_string(),
+                )
+            })?;
         let Some((mut config, files, stamps)) = loaded.map_err(ReloadError::Invalid)? else {
             return Err(ReloadError::Unsafe(
                 "the config file is empty (caught while being written?); a reload never replaces a working config by an empty one".to_string(),
@@ -499,9 +514,9 @@ impl Live {
     /// [`SETTLE`], so a file caught half-written is not loaded; a refused version is not tried
     /// again.
     pub(crate) async fn watch_files(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        if self.path.is_none() {
+        let Some(file_thread) = &self.file_thread else {
             return;
-        }
+        };
         // The changed stamps, and since when they have looked like that.
         let mut pending: Option<(Vec<Stamp>, std::time::Instant)> = None;
         let mut refused: Option<(Vec<PathBuf>, Vec<Stamp>)> = None;
@@ -513,7 +528,13 @@ impl Live {
                 _ = stop.changed() => return,
             }
             let g = self.generation();
-            let now = fingerprint(&g.files).await;
+            let files = g.files.clone();
+            let Some(now) = file_thread
+                .run(move || files.iter().map(|f| stamp(f)).collect::<Vec<_>>())
+                .await
+            else {
+                return;
+            };
             if now == g.stamps {
                 pending = None;
                 continue;
@@ -608,11 +629,41 @@ impl Hangup {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Stamp(Option<(u64, Option<SystemTime>, u64)>);
 
-async fn fingerprint(files: &[PathBuf]) -> Vec<Stamp> {
-    let files = files.to_vec();
-    tokio::task::spawn_blocking(move || files.iter().map(|f| stamp(f)).collect())
-        .await
-        .unwrap_or_default()
+/// The one thread that stats and reads the config files, started with the gateway and
+/// stopped with it. Not tokio's blocking pool: a poll every [`WATCH_EVERY`] that overlapped a
+/// reload's parse once left two pool threads that the polls then kept alive in turn, so the
+/// thread count grew by one at a random hour (the soak saw it); one thread of our own makes
+/// it a constant. A file on a slow disk or mount stalls this thread, never a worker.
+struct FileThread {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl FileThread {
+    fn start() -> anyhow::Result<Self> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        std::thread::Builder::new()
+            .name("tollgate-files".to_string())
+            .spawn(move || {
+                // Ends when the `Live` that owns the sender is dropped. A job that panics
+                // answers nothing (its caller sees `None`) and the thread goes on.
+                while let Ok(job) = queue.recv() {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }
+            })
+            .map_err(|e| anyhow::anyhow!("cannot start the config file thread: {e}"))?;
+        Ok(Self { jobs })
+    }
+
+    /// Runs `job` on the thread; `None` if it panicked.
+    async fn run<T: Send + 'static>(&self, job: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send(Box::new(move || {
+                let _ = tx.send(job());
+            }))
+            .ok()?;
+        rx.await.ok()
+    }
 }
 
 fn stamp(path: &Path) -> Stamp {
@@ -817,5 +868,72 @@ mod tests {
             out.contains("tollgate_config_reloads_total{result=\"ok\"} 0"),
             "{out}"
         );
+    }
+
+    /// The threads of this process whose name starts with `prefix` (Linux's names are cut to
+    /// 15 bytes).
+    #[cfg(target_os = "linux")]
+    fn threads_named(prefix: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                    .filter(|name| name.starts_with(prefix))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Polls and reloads run on the gateway's one file thread, never on tokio's blocking pool,
+    /// whose threads come and go (and once two were up, alternating polls kept both alive:
+    /// the soak's thread count rose by one at a random minute).
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn file_polls_and_reloads_start_no_pool_thread() {
+        let dir = std::env::temp_dir().join(format!("tollgate-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("tollgate.toml");
+        let text =
+            "[[policy]]\nname = \"p\"\nalgorithm = \"token_bucket\"\nlimit = 5\nperiod = \"1m\"\n";
+        std::fs::write(&path, text).expect("write");
+        let config = Config::load(&path).expect("config");
+        let limiter = crate::assemble::limiter(&config);
+        let limits = ConnLimits::new(10, 10, tollgate_tower::Trust::default());
+        let live = Arc::new(
+            Live::new(
+                Some(path.clone()),
+                config,
+                limiter,
+                Arc::new(HttpMetrics::default()),
+                vec![limits],
+            )
+            .expect("live"),
+        );
+        // The test's own runtime is a current-thread one: any pool thread would be tokio's
+        // blocking pool ("tokio-runtime-worker", cut to "tokio-runtime-w").
+        let pool_before = threads_named("tokio-runtime-w");
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let watcher = tokio::spawn(live.clone().watch_files(stop));
+        for i in 0..5 {
+            std::fs::write(
+                &path,
+                text.replace("limit = 5", &format!("limit = {}", 6 + i)),
+            )
+            .expect("write");
+            let reloaded = live.reload(ReloadTrigger::Api).await.expect("reload");
+            assert!(reloaded.changed);
+            tokio::time::sleep(WATCH_EVERY).await;
+        }
+        // The watcher's polls went on meanwhile (the file is the one just reloaded, so none
+        // of them reloads again).
+        tokio::time::sleep(WATCH_EVERY * 4).await;
+        assert_eq!(live.ok.load(Ordering::Relaxed), 5);
+        assert_eq!(threads_named("tokio-runtime-w"), pool_before);
+        // (The file thread names itself once it runs: by now it has run every job.)
+        assert_eq!(threads_named("tollgate-files"), 1);
+        let _ = stop_tx.send(true);
+        let _ = watcher.await;
+        drop(live);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
