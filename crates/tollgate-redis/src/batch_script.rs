@@ -21,6 +21,19 @@
 //! script answers (the integer of an allowed one-rule plan, else the packed string), or an
 //! error for that plan alone (an argument out of range). Everything is validated before the
 //! first plan runs except each plan's own arguments, which fail that plan and no other.
+//!
+//! Across slots (a Redis Cluster, Redis 7 or later): plans of the many slots one node serves
+//! leave in one call of the across-slots variant. A script's declared keys must share a slot,
+//! so KEYS holds only the first plan's first key (it routes the call to the node) and every
+//! plan's keys travel in ARGV after their count: ARGV[3] = the number of keys, ARGV[4 ..] the
+//! keys, then the per-plan arguments as above. The script carries the `allow-cross-slot-keys`
+//! flag and runs no command on keys of two slots: each plan reads its keys with one GET each
+//! (`redis.pcall`), before anything of the plan is written. A key the node does not serve (the
+//! client's slot table is stale, the slot is migrating) fails that read, and the plan is
+//! answered with the error code [`ELSEWHERE`], nothing of it charged; the store then runs it
+//! alone, where the client follows the cluster's MOVED or ASK. A key read is served by the node
+//! until the script ends (nothing runs beside a script), so a plan's writes go where its reads
+//! did.
 
 use crate::script::{
     body, constants, decide, finish, reply_base, uncharged_and_reply, Cache, RuleShape, Script,
@@ -42,10 +55,29 @@ const MAX_BATCH_SCRIPTS: usize = 256;
 /// generated and kept on first use; `None` once [`MAX_BATCH_SCRIPTS`] lists are known.
 pub(crate) fn batch_script(shapes: &[Shape]) -> Option<Arc<Script>> {
     static SCRIPTS: Cache<Vec<Shape>> = OnceLock::new();
+    cached(&SCRIPTS, shapes, false)
+}
+
+/// The batch script of `shapes` for plans of several slots served by one Cluster node (see
+/// "Across slots" above); kept like [`batch_script`].
+pub(crate) fn batch_script_across(shapes: &[Shape]) -> Option<Arc<Script>> {
+    static SCRIPTS: Cache<Vec<Shape>> = OnceLock::new();
+    cached(&SCRIPTS, shapes, true)
+}
+
+/// The error code of a plan of an across-slots batch with a key the node does not serve:
+/// its caller runs it alone, where the client follows the cluster's redirections.
+pub(crate) const ELSEWHERE: &str = "TGELSEWHERE";
+
+/// The first line of an across-slots batch script (Redis 7: a script with this flag may touch
+/// keys of several slots, each command still one slot, all on the node that runs it).
+pub(crate) const ACROSS_SLOTS_SHEBANG: &str = "#!lua flags=allow-cross-slot-keys\n";
+
+fn cached(scripts: &Cache<Vec<Shape>>, shapes: &[Shape], across: bool) -> Option<Arc<Script>> {
     if shapes.is_empty() || shapes.len() > MAX_BATCH_SHAPES {
         return None;
     }
-    let scripts = SCRIPTS.get_or_init(Default::default);
+    let scripts = scripts.get_or_init(Default::default);
     {
         let map = scripts
             .read()
@@ -57,7 +89,7 @@ pub(crate) fn batch_script(shapes: &[Shape]) -> Option<Arc<Script>> {
             return None;
         }
     }
-    let built = Arc::new(generate(shapes));
+    let built = Arc::new(generate(shapes, across));
     let mut map = scripts
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -67,14 +99,30 @@ pub(crate) fn batch_script(shapes: &[Shape]) -> Option<Arc<Script>> {
     Some(Arc::clone(map.entry(shapes.to_vec()).or_insert(built)))
 }
 
-/// Generates the batch script of `shapes`.
-fn generate(shapes: &[Shape]) -> Script {
+/// Generates the batch script of `shapes` (`across`: the across-slots one).
+fn generate(shapes: &[Shape], across: bool) -> Script {
     let mut lua = String::with_capacity(8192 * shapes.len());
     let rules_of: Vec<String> = shapes.iter().map(|s| s.rules().len().to_string()).collect();
+    // Across slots the keys travel in ARGV[4 ..] after their count (KEYS holds the first, for
+    // routing only): a script's declared keys must share a slot.
+    let (keys, nkeys, first_arg) = if across {
+        (
+            "local nkeys = tonumber(argv[3])\n\
+             if not nkeys or nkeys % 1 ~= 0 or nkeys < 0 or nkeys + 3 > nargs then\n  \
+             return redis.error_reply('ERR tollgate: ARGV[3] must count the keys that follow')\n\
+             end\n\
+             local keys = {}\n\
+             for j = 1, nkeys do\n  keys[j] = argv[3 + j]\nend\n",
+            "nkeys",
+            "4 + nkeys",
+        )
+    } else {
+        ("local keys = KEYS\n", "#keys", "3")
+    };
     let _ = writeln!(
         lua,
-        "-- tollgate batch script: {} plan shape(s)\n\
-         local keys, argv, pack = KEYS, ARGV, struct.pack\n\
+        "-- tollgate batch script: {} plan shape(s){}\n\
+         local argv, pack = ARGV, struct.pack\n\
          local spec, nargs = argv[1], #argv\n\
          if not spec or nargs < 2 then\n  \
          return redis.error_reply('ERR tollgate: a batch starts with its plans\\' shapes and a PX floor')\n\
@@ -84,9 +132,10 @@ fn generate(shapes: &[Shape]) -> Script {
          return redis.error_reply('ERR tollgate: ARGV[2] (PX floor) must be an integer ' ..\n    \
          'number of milliseconds in [0, period bound]')\n\
          end\n\
+         {keys}\
          local rules_of = {{{}}}\n\
          local byte = string.byte\n\
-         local need_keys, need_args = 0, 2\n\
+         local need_keys, need_args = 0, {first_arg} - 1\n\
          for i = 1, plans do\n  \
          local b = byte(spec, i)\n  \
          local n = rules_of[b % 16]\n  \
@@ -97,25 +146,34 @@ fn generate(shapes: &[Shape]) -> Script {
          if b >= 32 then\n    need_args = need_args + 1\n    b = b - 32\n  end\n  \
          if b >= 16 then\n    need_args = need_args + n\n  end\n\
          end\n\
-         if #keys ~= need_keys or nargs ~= need_args then\n  \
+         if {nkeys} ~= need_keys or nargs ~= need_args then\n  \
          return redis.error_reply('ERR tollgate: the plans take ' .. need_keys .. ' keys and ' ..\n    \
-         need_args .. ' arguments, got ' .. #keys .. ' and ' .. nargs)\n\
+         need_args .. ' arguments, got ' .. {nkeys} .. ' and ' .. nargs)\n\
          end\n\
-         local out, clock, k, a = {{}}, nil, 0, 3\n\
+         local out, clock, k, a = {{}}, nil, 0, {first_arg}\n\
          if plans == 0 then\n  return out\nend\n\
-         local all, written = nil, {{}}\n\
-         if need_keys <= 1000 then\n  \
-         all = redis.call('MGET', unpack(keys))\n\
-         else\n  \
-         all = {{}}\n  \
-         for c = 1, need_keys, 1000 do\n    \
-         local e = c + 999\n    \
-         if e > need_keys then\n      e = need_keys\n    end\n    \
-         local part = redis.call('MGET', unpack(keys, c, e))\n    \
-         for j = 1, #part do\n      all[c + j - 1] = part[j]\n    end\n  \
-         end\n\
-         end\n\
-         for i = 1, plans do\n  \
+         local all, written = {{}}, {{}}",
+        shapes.len(),
+        if across { ", across slots" } else { "" },
+        rules_of.join(", "),
+    );
+    if !across {
+        // One MGET reads every key (across slots, each plan reads its own: see `branch`).
+        lua.push_str(
+            "if need_keys <= 1000 then\n  \
+             all = redis.call('MGET', unpack(keys))\n\
+             else\n  \
+             for c = 1, need_keys, 1000 do\n    \
+             local e = c + 999\n    \
+             if e > need_keys then\n      e = need_keys\n    end\n    \
+             local part = redis.call('MGET', unpack(keys, c, e))\n    \
+             for j = 1, #part do\n      all[c + j - 1] = part[j]\n    end\n  \
+             end\n\
+             end\n",
+        );
+    }
+    lua.push_str(
+        "for i = 1, plans do\n  \
          local b = byte(spec, i)\n  \
          local s, now, bad = b % 16, clock, nil\n  \
          if b >= 32 then\n    \
@@ -130,23 +188,31 @@ fn generate(shapes: &[Shape]) -> Script {
          now = time[1] * 1000000 + time[2]\n    \
          clock = now\n  \
          end\n  \
-         local costs = b >= 16",
-        shapes.len(),
-        rules_of.join(", ")
+         local costs = b >= 16\n",
     );
     for (j, shape) in shapes.iter().enumerate() {
         let word = if j == 0 { "if" } else { "elseif" };
         let _ = writeln!(lua, "  {word} s == {} then", j + 1);
-        branch(&mut lua, shape);
+        branch(&mut lua, shape, across);
     }
     lua.push_str("  end\nend\nreturn out\n");
-    finish(&[&lua])
+    let script = finish(&[&lua]);
+    if !across {
+        return script;
+    }
+    let text = format!("{ACROSS_SLOTS_SHEBANG}{}", script.text);
+    let sha = redis::Script::new(&text).get_hash().to_string();
+    Script {
+        text,
+        sha,
+        ..script
+    }
 }
 
 /// One shape's branch: its costs read (and the argument cursor moved past them), then the
 /// plan decided, charged all or nothing and answered in `out[i]`; the key cursor moves past
 /// its keys.
-fn branch(lua: &mut String, shape: &Shape) {
+fn branch(lua: &mut String, shape: &Shape, across: bool) {
     let rules = shape.rules();
     let n = rules.len();
     let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
@@ -165,12 +231,39 @@ fn branch(lua: &mut String, shape: &Shape) {
              end"
         );
     }
-    let _ = writeln!(
-        lua,
-        "      a = a + {n}\n    end\n    \
-         if bad then\n      \
-         out[i] = redis.error_reply('ERR tollgate: plan ' .. i .. ': ' .. bad)\n    \
-         else"
+    let _ = writeln!(lua, "      a = a + {n}\n    end");
+    if across {
+        // Its own keys, each a GET of one slot; a key this node does not serve (a stale slot
+        // map, a slot migrating) fails the read, never the script, and the plan is answered
+        // ELSEWHERE before anything of it is written: its caller runs it alone. A key read
+        // here stays here until the script ends (a script runs alone), so writes cannot fail so.
+        let _ = writeln!(
+            lua,
+            "    local moved = false\n    \
+             if not bad then\n      \
+             for j = 1, {n} do\n        \
+             local key = keys[k + j]\n        \
+             local raw = written[key]\n        \
+             if raw == nil then\n          \
+             raw = redis.pcall('GET', key)\n          \
+             if type(raw) == 'table' then\n            \
+             moved = true\n            \
+             break\n          \
+             end\n        \
+             end\n        \
+             all[k + j] = raw\n      \
+             end\n    \
+             end\n    \
+             if moved then\n      \
+             out[i] = redis.error_reply('{ELSEWHERE} plan ' .. i .. ': a key is served by another node')\n    \
+             elseif bad then"
+        );
+    } else {
+        lua.push_str("    if bad then\n");
+    }
+    lua.push_str(
+        "      out[i] = redis.error_reply('ERR tollgate: plan ' .. i .. ': ' .. bad)\n    \
+         else\n",
     );
     match rules {
         [one] => one_rule(lua, one, shape.integer_reply),
@@ -333,5 +426,34 @@ mod tests {
         assert_ne!(batch_script(&[two, one]).expect("script").sha, s.sha);
         assert!(batch_script(&[]).is_none());
         assert!(batch_script(&[one; MAX_BATCH_SHAPES + 1]).is_none());
+    }
+
+    #[test]
+    fn the_across_slots_script_reads_each_plans_keys_alone_and_answers_elsewhere() {
+        let one = shape(&[(Algorithm::TokenBucket, Mode::Enforce)]);
+        let two = shape(&[
+            (Algorithm::FixedWindow, Mode::Enforce),
+            (Algorithm::Gcra, Mode::Enforce),
+        ]);
+        let s = batch_script_across(&[one, two]).expect("script");
+        // The flag line comes first, or Redis reads it as no flag at all.
+        assert!(s
+            .text
+            .starts_with("#!lua flags=allow-cross-slot-keys\n-- tollgate: bounds"));
+        assert_eq!(s.sha, redis::Script::new(&s.text).get_hash());
+        // No multi-key command (one slot per command), a guarded GET per key, the keys from
+        // ARGV after their count.
+        assert!(!s.text.contains("MGET"));
+        assert_eq!(s.text.matches("redis.pcall('GET', key)").count(), 2);
+        assert!(!s.text.contains("redis.call('GET'"));
+        assert!(s.text.contains("keys[j] = argv[3 + j]"));
+        assert!(s
+            .text
+            .contains("local out, clock, k, a = {}, nil, 0, 4 + nkeys\n"));
+        assert!(s.text.contains("'TGELSEWHERE plan ' .. i"));
+        // Another script than the one-slot batch of the same shapes.
+        let plain = batch_script(&[one, two]).expect("script");
+        assert_ne!(plain.sha, s.sha);
+        assert!(!plain.text.contains("pcall") && plain.text.contains("MGET"));
     }
 }

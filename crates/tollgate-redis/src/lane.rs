@@ -1,5 +1,5 @@
 //! Coalesced calls: while a script call is in flight on a lane (a connection; on a Cluster,
-//! one hash slot), the plans that arrive wait in its queue and leave together in the next
+//! one node for plans, one hash slot for lease calls), the plans that arrive wait in its queue and leave together in the next
 //! call, one batch script call carrying up to `max_batch` plans (`batch_script.rs`). This
 //! module is the queue; the calls it feeds (`submit`, the drain task) are in `store.rs`, so
 //! the store and its lanes import no circle.
@@ -58,6 +58,9 @@ pub(crate) type Answer = Result<redis::Value, RedisStoreError>;
 #[derive(Default)]
 pub(crate) struct Lane {
     pub(crate) state: Mutex<State>,
+    /// A Cluster node's lane: its plans are of several slots, and a batch of them runs the
+    /// across-slots batch script (`batch_script.rs`).
+    pub(crate) across_slots: bool,
 }
 
 #[derive(Default)]
@@ -72,6 +75,14 @@ pub(crate) struct Waiting {
 }
 
 impl Lane {
+    /// A Cluster node's lane (see [`Lane::across_slots`]).
+    pub(crate) fn across_slots() -> Self {
+        Self {
+            state: Mutex::default(),
+            across_slots: true,
+        }
+    }
+
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

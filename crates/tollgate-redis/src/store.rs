@@ -1,7 +1,7 @@
 //! The store: connections (standalone or cluster), key layout, one script call per plan (per
 //! slot on a Redis Cluster).
 
-use crate::batch_script::batch_script;
+use crate::batch_script::{batch_script, batch_script_across, ACROSS_SLOTS_SHEBANG, ELSEWHERE};
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
 use crate::lane::{Answer, Job, Lane, PlanJob, Waiting};
@@ -83,6 +83,8 @@ pub struct RedisStore {
     /// The plan scripts this store loaded into its server(s), by shape: one lookup per plan
     /// finds the script and knows it is loaded.
     ready: Ready,
+    /// One script load at a time: a burst of first uses of a shape loads it once.
+    loading: Arc<tokio::sync::Mutex<()>>,
     /// Where plans queue while a call is in flight (see `lane.rs`).
     lanes: Arc<Lanes>,
     max_batch: usize,
@@ -90,30 +92,82 @@ pub struct RedisStore {
 }
 
 /// The lanes of coalesced calls: one for a standalone server (or the master the sentinels
-/// name), one per hash slot on a Cluster (a batch script's keys must share a slot).
+/// name); on a Cluster one per node for plans (the across-slots batch script) and one per hash
+/// slot for lease calls and for plans of slots whose node is not known.
 enum Lanes {
     One(Arc<Lane>),
-    Slots(Box<[std::sync::OnceLock<Arc<Lane>>]>),
+    Slots {
+        slots: Box<[std::sync::OnceLock<Arc<Lane>>]>,
+        nodes: NodeLanes,
+    },
 }
+
+/// Which node serves each slot, as the last `CLUSTER SLOTS` said, as a lane per node. A stale
+/// table costs no decision: a plan whose key the node does not serve is answered ELSEWHERE by
+/// the batch script and runs alone, and that asks for a new table.
+#[derive(Default)]
+struct NodeLanes {
+    /// The lane of each slot's node (`None`: unknown, or the servers predate Redis 7's
+    /// script flags, so there is none).
+    table: RwLock<Option<NodeTable>>,
+    /// A refresh is running.
+    refreshing: std::sync::atomic::AtomicBool,
+    /// When the last refresh began (refreshes are at least [`NODE_REFRESH_EVERY`] apart).
+    last: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The servers refused the across-slots flag: slot lanes only, from then on.
+    unsupported: std::sync::atomic::AtomicBool,
+}
+
+/// The lane of each of the 16384 slots' node (`None`: no master serves the slot).
+type NodeTable = Arc<[Option<Arc<Lane>>]>;
+
+/// The least time between two reads of a Cluster's slot table.
+const NODE_REFRESH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Lanes {
     fn new(cluster: bool) -> Self {
         if cluster {
-            Lanes::Slots((0..16384).map(|_| std::sync::OnceLock::new()).collect())
+            Lanes::Slots {
+                slots: (0..16384).map(|_| std::sync::OnceLock::new()).collect(),
+                nodes: NodeLanes::default(),
+            }
         } else {
             Lanes::One(Arc::default())
         }
     }
 
-    /// The lane of a plan whose keys are all in `client`'s slot (or on the one server).
+    /// The lane of calls whose keys are all in `client`'s slot (or on the one server).
     fn of(&self, client: &ClientKey) -> &Arc<Lane> {
         match self {
             Lanes::One(lane) => lane,
-            Lanes::Slots(slots) => {
+            Lanes::Slots { slots, .. } => {
                 let slot = usize::from(client.cluster_slot()) % slots.len();
                 slots[slot].get_or_init(Arc::default)
             }
         }
+    }
+
+    /// The lane of a plan whose keys are all in `client`'s slot: its node's when known; and
+    /// whether the node table should be read again (none yet, and the servers may have one).
+    fn of_plan(&self, client: &ClientKey) -> (Arc<Lane>, bool) {
+        if let Lanes::Slots { nodes, .. } = self {
+            let table = nodes
+                .table
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match table.as_ref() {
+                Some(t) => {
+                    if let Some(Some(lane)) = t.get(usize::from(client.cluster_slot())) {
+                        return (Arc::clone(lane), false);
+                    }
+                }
+                None => {
+                    let missing = !nodes.unsupported.load(std::sync::atomic::Ordering::Relaxed);
+                    return (Arc::clone(self.of(client)), missing);
+                }
+            }
+        }
+        (Arc::clone(self.of(client)), false)
     }
 }
 
@@ -193,6 +247,7 @@ impl RedisStore {
             clock: config.clock,
             ttl_floor_ms: None,
             ready: Arc::default(),
+            loading: Arc::default(),
             lanes: Arc::new(Lanes::new(
                 config.cluster && config.sentinel_master.is_none(),
             )),
@@ -201,6 +256,7 @@ impl RedisStore {
         };
         // The generic script; plan scripts load on first use or in `prepare`.
         store.load(generic_script()).await?;
+        store.refresh_nodes().await;
         Ok(store)
     }
 
@@ -429,8 +485,11 @@ impl RedisStore {
             // Only the plans of one slot (`check`) coalesce; the calls of a plan across
             // slots (packed replies) go one by one.
             let reply = if self.max_batch > 1 && coalesce {
-                self.submit(self.lane_of(&checks[0].client), Job::Plan(job))
-                    .await?
+                let (lane, refresh) = self.lanes.of_plan(&checks[0].client);
+                if refresh {
+                    self.refresh_nodes_soon();
+                }
+                self.submit(&lane, Job::Plan(job)).await?
             } else {
                 self.run_job(&job).await?
             };
@@ -594,6 +653,16 @@ impl RedisStore {
         if found.is_some() {
             return Ok(found);
         }
+        let _one_at_a_time = self.loading.lock().await;
+        let found = self
+            .ready
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&shape)
+            .cloned();
+        if found.is_some() {
+            return Ok(found);
+        }
         let Some(s) = plan_script(&shape) else {
             return Ok(None);
         };
@@ -731,6 +800,129 @@ impl RedisStore {
         self.lanes.of(client)
     }
 
+    /// Reads which node serves each slot (`CLUSTER SLOTS`) into the node lanes: at connect,
+    /// and after a batch met a key its node does not serve. Nothing on a standalone server,
+    /// with `max_batch = 1`, or once the servers refused the across-slots script flag. A
+    /// failure leaves the table as it was.
+    pub(crate) async fn refresh_nodes(&self) {
+        let Lanes::Slots { nodes, .. } = &*self.lanes else {
+            return;
+        };
+        if self.max_batch <= 1 || nodes.unsupported.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let first = nodes
+            .table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none();
+        if first {
+            // Redis 7's script flags, on every master (SCRIPT LOAD goes to each).
+            let mut probe = redis::cmd("SCRIPT");
+            probe
+                .arg("LOAD")
+                .arg(format!("{ACROSS_SLOTS_SHEBANG}return 1"));
+            match self.query(&probe).await {
+                Ok(_) => {}
+                Err(e) if refuses_script_flags(&e) => {
+                    tracing::info!(error = %e, "the cluster predates script flags; batching per slot");
+                    self.disable_node_lanes();
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+        let Ok(reply) = self.query(redis::cmd("CLUSTER").arg("SLOTS")).await else {
+            return;
+        };
+        let Some(ranges) = parse_cluster_slots(&reply) else {
+            return;
+        };
+        let old = nodes
+            .table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        // A node keeps its lane across refreshes (by its id), so a refresh splits no queue.
+        let mut by_node: HashMap<String, Arc<Lane>> = HashMap::new();
+        if let Some(old) = &old {
+            for (slot, lane) in old.iter().enumerate() {
+                if let Some(lane) = lane {
+                    if let Some((_, _, id)) = ranges.iter().find(|r| r.0 <= slot && slot <= r.1) {
+                        by_node
+                            .entry(id.clone())
+                            .or_insert_with(|| Arc::clone(lane));
+                    }
+                }
+            }
+        }
+        let mut table: Vec<Option<Arc<Lane>>> = vec![None; 16384];
+        for (start, end, id) in &ranges {
+            let lane = by_node
+                .entry(id.clone())
+                .or_insert_with(|| Arc::new(Lane::across_slots()));
+            for slot in table.iter_mut().take(end + 1).skip(*start) {
+                *slot = Some(Arc::clone(lane));
+            }
+        }
+        *nodes
+            .table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(table.into());
+    }
+
+    /// [`RedisStore::refresh_nodes`] in a task of its own, unless one runs or ran less than
+    /// [`NODE_REFRESH_EVERY`] ago.
+    fn refresh_nodes_soon(&self) {
+        let Lanes::Slots { nodes, .. } = &*self.lanes else {
+            return;
+        };
+        {
+            let mut last = nodes
+                .last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last.is_some_and(|t| t.elapsed() < NODE_REFRESH_EVERY) {
+                return;
+            }
+            if nodes
+                .refreshing
+                .swap(true, std::sync::atomic::Ordering::AcqRel)
+            {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            nodes
+                .refreshing
+                .store(false, std::sync::atomic::Ordering::Release);
+            return;
+        };
+        let store = self.clone();
+        rt.spawn(async move {
+            store.refresh_nodes().await;
+            if let Lanes::Slots { nodes, .. } = &*store.lanes {
+                nodes
+                    .refreshing
+                    .store(false, std::sync::atomic::Ordering::Release);
+            }
+        });
+    }
+
+    /// Slot lanes only, from now on.
+    fn disable_node_lanes(&self) {
+        if let Lanes::Slots { nodes, .. } = &*self.lanes {
+            nodes
+                .unsupported
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            *nodes
+                .table
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        }
+    }
+
     /// The most plans one call carries (`max_batch`).
     pub(crate) fn max_batch(&self) -> usize {
         self.max_batch
@@ -801,8 +993,8 @@ impl RedisStore {
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
         match &self.conn {
-            Connection::Standalone(c) => cmd.query_async(&mut c.clone()).await,
-            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Standalone(c) => reply_of(&mut c.clone(), cmd).await,
+            Connection::Cluster(c) => reply_of(&mut c.clone(), cmd).await,
             Connection::Sentinel(c) => c.query(cmd).await,
         }
     }
@@ -972,7 +1164,7 @@ impl RedisStore {
     }
 
     /// One batch: the plans' batch script (or, alone, the plan's own), every plan answered.
-    async fn run_batch(&self, batch: Vec<Waiting>, shapes: &[Shape]) {
+    async fn run_batch(&self, batch: Vec<Waiting>, shapes: &[Shape], across: bool) {
         let timeout = self.call_timeout();
         if let [one] = &batch[..] {
             let answer = match tokio::time::timeout(timeout, self.run_alone(&one.job)).await {
@@ -985,7 +1177,13 @@ impl RedisStore {
             return;
         }
         let leases = batch.iter().all(|w| w.job.is_lease());
-        let generated = if leases { None } else { batch_script(shapes) };
+        // Leases queue on slot lanes only; a node lane holds plans.
+        let across = across && !leases;
+        let generated = match (leases, across) {
+            (true, _) => None,
+            (false, false) => batch_script(shapes),
+            (false, true) => batch_script_across(shapes),
+        };
         let script: Option<&Script> = if leases {
             Some(lease_batch_script())
         } else {
@@ -1007,10 +1205,18 @@ impl RedisStore {
             if leases {
                 self.push_lease_batch_args(cmd, &jobs);
             } else {
-                self.push_batch_args(cmd, &jobs, shapes);
+                self.push_batch_args(cmd, &jobs, shapes, across);
             }
         });
         let reply = match tokio::time::timeout(timeout, call).await {
+            // A server that refuses the across-slots script itself (older than Redis 7):
+            // slot lanes from now on, and these plans alone.
+            Ok(Err(e)) if across && refuses_script_flags(&e) => {
+                tracing::warn!(error = %e, "the cluster refused the across-slots batch script; batching per slot");
+                self.disable_node_lanes();
+                self.run_each_alone(batch, timeout).await;
+                return;
+            }
             Ok(Ok(redis::Value::Array(items))) if items.len() == batch.len() => Ok(items),
             Ok(Ok(other)) => Err(RedisStoreError::protocol(format!(
                 "the batch script answered {other:?}, expected an array of {}",
@@ -1021,12 +1227,24 @@ impl RedisStore {
         };
         match reply {
             Ok(items) => {
+                // Plans with a key of another node (across slots only): run alone, in order,
+                // after the others are answered (none of them shares a key with these: a
+                // key that failed to read failed for every plan of the batch).
+                let mut elsewhere: Vec<Waiting> = Vec::new();
                 for (w, item) in batch.into_iter().zip(items) {
                     let answer = match item {
+                        redis::Value::ServerError(e) if across && e.code() == ELSEWHERE => {
+                            elsewhere.push(w);
+                            continue;
+                        }
                         redis::Value::ServerError(e) => Err(redis::RedisError::from(e).into()),
                         v => Ok(v),
                     };
                     let _ = w.reply.send(answer);
+                }
+                if !elsewhere.is_empty() {
+                    self.refresh_nodes_soon();
+                    self.run_each_alone(elsewhere, timeout).await;
                 }
             }
             Err(e) => {
@@ -1034,6 +1252,20 @@ impl RedisStore {
                     let _ = w.reply.send(Err(e.duplicate()));
                 }
             }
+        }
+    }
+
+    /// Runs each call alone, in order, each within `timeout`.
+    async fn run_each_alone(&self, batch: Vec<Waiting>, timeout: std::time::Duration) {
+        for w in batch {
+            if w.reply.is_closed() {
+                continue;
+            }
+            let answer = match tokio::time::timeout(timeout, self.run_alone(&w.job)).await {
+                Ok(r) => r.map_err(Into::into),
+                Err(_) => Err(RedisStoreError::timed_out(timeout)),
+            };
+            let _ = w.reply.send(answer);
         }
     }
 
@@ -1057,7 +1289,7 @@ impl RedisStore {
     }
 
     /// The batch script's arguments (see `batch_script.rs`).
-    fn push_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], shapes: &[Shape]) {
+    fn push_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], shapes: &[Shape], across: bool) {
         let jobs: Vec<&PlanJob> = jobs
             .iter()
             .filter_map(|j| match j {
@@ -1066,11 +1298,20 @@ impl RedisStore {
             })
             .collect();
         let keys: usize = jobs.iter().map(|j| j.keys.len()).sum();
-        cmd.arg(keys);
-        for j in &jobs {
-            for k in &j.keys {
-                cmd.arg(k);
+        let push_keys = |cmd: &mut redis::Cmd| {
+            for j in &jobs {
+                for k in &j.keys {
+                    cmd.arg(k);
+                }
             }
+        };
+        if across {
+            // One declared key routes the call to its node; all travel after the count.
+            let first = jobs.first().and_then(|j| j.keys.first());
+            cmd.arg(1).arg(first.map_or("", String::as_str));
+        } else {
+            cmd.arg(keys);
+            push_keys(cmd);
         }
         let local = self.clock() == crate::StoreClock::Local;
         let spec: Vec<u8> = jobs
@@ -1089,6 +1330,10 @@ impl RedisStore {
             })
             .collect();
         cmd.arg(spec).arg(self.ttl_floor_ms().unwrap_or(0));
+        if across {
+            cmd.arg(keys);
+            push_keys(cmd);
+        }
         for j in &jobs {
             if local {
                 cmd.arg(j.now);
@@ -1102,6 +1347,68 @@ impl RedisStore {
     }
 }
 
+/// The reply to `cmd`; an error reply is an `Err`, an error inside an array stays where it is
+/// (a batch's plan that failed alone: `Cmd::query_async` would fail the whole batch for it).
+pub(crate) async fn reply_of(
+    con: &mut impl redis::aio::ConnectionLike,
+    cmd: &Cmd,
+) -> Result<redis::Value, RedisError> {
+    match con.req_packed_command(cmd).await? {
+        redis::Value::ServerError(e) => Err(e.into()),
+        v => Ok(v),
+    }
+}
+
+/// Whether `e` is a server refusing a script's `#!lua flags=` line (Redis before 7 cannot
+/// compile it; a later one may not know a flag), not a passing state of the cluster.
+fn refuses_script_flags(e: &RedisError) -> bool {
+    let text = e.to_string();
+    matches!(e.kind(), ErrorKind::Server(_))
+        && (text.contains("shebang") || text.contains("compiling script"))
+}
+
+/// `CLUSTER SLOTS`' ranges as (first slot, last slot, the master's id, or its address
+/// where the reply carries no id); `None` for a reply of another form.
+fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<(usize, usize, String)>> {
+    let redis::Value::Array(entries) = reply else {
+        return None;
+    };
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        redis::Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    };
+    let mut ranges = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let redis::Value::Array(parts) = entry else {
+            return None;
+        };
+        let (
+            Some(redis::Value::Int(start)),
+            Some(redis::Value::Int(end)),
+            Some(redis::Value::Array(master)),
+        ) = (parts.first(), parts.get(1), parts.get(2))
+        else {
+            return None;
+        };
+        let (start, end) = (usize::try_from(*start).ok()?, usize::try_from(*end).ok()?);
+        if start > end || end >= 16384 {
+            return None;
+        }
+        let id = match master.get(2).and_then(text) {
+            Some(id) if !id.is_empty() => id,
+            _ => format!(
+                "{}:{}",
+                master.first().and_then(text)?,
+                master.get(1).and_then(text)?
+            ),
+        };
+        ranges.push((start, end, id));
+    }
+    Some(ranges)
+}
+
 /// Drains `lane`: one batch per call until the queue is empty (which marks the lane idle).
 async fn drain(store: RedisStore, lane: Arc<Lane>) {
     loop {
@@ -1109,7 +1416,7 @@ async fn drain(store: RedisStore, lane: Arc<Lane>) {
         if batch.is_empty() {
             return;
         }
-        store.run_batch(batch, &shapes).await;
+        store.run_batch(batch, &shapes, lane.across_slots).await;
     }
 }
 
@@ -1117,6 +1424,44 @@ async fn drain(store: RedisStore, lane: Arc<Lane>) {
 mod tests {
     use super::*;
     use tollgate_core::{Algorithm, Limit, Quota, Rule};
+
+    #[test]
+    fn cluster_slots_replies_read_as_ranges_by_node_id_or_address() {
+        use redis::Value::{Array, BulkString, Int};
+        let node = |ip: &str, port: i64, id: &str| {
+            let mut v = vec![BulkString(ip.into()), Int(port)];
+            if !id.is_empty() {
+                v.push(BulkString(id.into()));
+            }
+            Array(v)
+        };
+        let reply = Array(vec![
+            Array(vec![
+                Int(0),
+                Int(5460),
+                node("10.0.0.1", 6379, "aaa"),
+                node("10.0.0.4", 6379, "ddd"),
+            ]),
+            Array(vec![Int(5461), Int(16383), node("10.0.0.2", 6380, "")]),
+        ]);
+        assert_eq!(
+            parse_cluster_slots(&reply),
+            Some(vec![
+                (0, 5460, "aaa".to_string()),
+                (5461, 16383, "10.0.0.2:6380".to_string())
+            ])
+        );
+        // Out of range, reversed, or of another form: no table rather than a wrong one.
+        for bad in [
+            Array(vec![Array(vec![Int(0), Int(16384), node("h", 1, "x")])]),
+            Array(vec![Array(vec![Int(9), Int(3), node("h", 1, "x")])]),
+            Array(vec![Array(vec![Int(-1), Int(3), node("h", 1, "x")])]),
+            Array(vec![Int(1)]),
+            Int(3),
+        ] {
+            assert_eq!(parse_cluster_slots(&bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_rule_checked_twice_for_one_client_is_found_in_short_and_long_plans() {

@@ -538,3 +538,211 @@ async fn batched_plans_match_core_decided_one_after_another() {
     // Most plans left in batches (fewer script calls than plans).
     assert!(batched > 6 * 150, "{batched}");
 }
+
+/// Plans of many clients in many slots: on a Cluster they queue per node and leave in one
+/// across-slots batch call each, decided exactly as alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_plans_of_many_slots_coalesce_per_node_and_decide_exactly() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
+    let buckets = Arc::new(rule("tb", Algorithm::TokenBucket, 5, HOUR));
+    let windows = Arc::new(rule("fw", Algorithm::FixedWindow, 3, HOUR));
+    // Load the plans' scripts first, so every call counted below is a decision (and no
+    // burst of first uses loads one script hundreds of times).
+    let c = client(1);
+    store
+        .check(&[Check::new(c, &buckets, 0)], 0)
+        .await
+        .expect("check");
+    store
+        .check(&[Check::new(c, &windows, 0), Check::new(c, &buckets, 0)], 0)
+        .await
+        .expect("check");
+    for n in cluster.nodes() {
+        n.cli(&["config", "resetstat"]);
+    }
+    // 400 clients, each with 8 plans of one rule and 4 of two, all at once.
+    let clients: Vec<u128> = (10_000..10_400).collect();
+    let slots: std::collections::HashSet<u16> =
+        clients.iter().map(|&w| client(w).cluster_slot()).collect();
+    let mut tasks = Vec::new();
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients.len() * 12));
+    for &who in &clients {
+        for j in 0..12 {
+            let (store, b, w, barrier) = (
+                store.clone(),
+                buckets.clone(),
+                windows.clone(),
+                barrier.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let c = client(who);
+                let v = if j < 8 {
+                    store.check(&[Check::new(c, &b, 1)], 0).await
+                } else {
+                    store
+                        .check(&[Check::new(c, &w, 1), Check::new(c, &b, 1)], 0)
+                        .await
+                };
+                (who, j < 8, v.map(|v| v.allowed))
+            }));
+        }
+    }
+    let mut admitted: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
+    for t in tasks {
+        let (who, _, v) = tokio::time::timeout(HANG, t)
+            .await
+            .expect("hung")
+            .expect("task");
+        match v {
+            Ok(true) => *admitted.entry(who).or_default() += 1,
+            Ok(false) => {}
+            Err(e) => panic!("a plan failed: {e}"),
+        }
+    }
+    let calls: u64 = cluster
+        .nodes()
+        .iter()
+        .map(|n| script_calls(|a| n.cli(a)))
+        .sum();
+    // Per slot, each slot's plans take a call of their own at least (one per slot touched);
+    // per node, a few dozen calls carry them all.
+    let plans = clients.len() * 12;
+    assert!(
+        calls < slots.len() as u64 / 2,
+        "{plans} plans over {} slots took {calls} script calls",
+        slots.len()
+    );
+    // Each client's bucket holds 5: every admitted plan took one token, so exactly 5 were
+    // admitted whatever the order; none of its window's 3 was taken past the limit.
+    for &who in &clients {
+        assert_eq!(admitted.get(&who).copied(), Some(5), "client {who}");
+        let b = store
+            .check(&[Check::new(client(who), &buckets, 0)], 0)
+            .await
+            .expect("query");
+        assert_eq!(b.decisions[0].remaining, 0, "client {who}");
+        let w = store
+            .check(&[Check::new(client(who), &windows, 0)], 0)
+            .await
+            .expect("query");
+        assert!(w.decisions[0].remaining <= 3, "client {who}");
+    }
+}
+
+/// A node table gone stale (a slot handed to another node after the store read it) costs no
+/// decision: the batch answers that slot's plans ELSEWHERE, they run alone (the client follows
+/// the redirection) and the store reads the table again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_node_table_sends_moved_plans_alone_and_decides_them_exactly() {
+    let cluster = RedisCluster::start(3, 0);
+    let r = Arc::new(rule("moved", Algorithm::TokenBucket, 5, HOUR));
+    // A client whose slot nothing has written yet, and the node that serves it.
+    let who = 77_777u128;
+    let slot = u32::from(client(who).cluster_slot());
+    let from = cluster.master_of_slot(slot).expect("owner");
+    let to = cluster
+        .master_indices()
+        .into_iter()
+        .find(|&i| i != from)
+        .expect("another master");
+    // Clients served by the same node, to keep its lane busy.
+    let neighbours: Vec<u128> = (200_000..)
+        .filter(|&w| {
+            let s = u32::from(client(w).cluster_slot());
+            s != slot && cluster.master_of_slot(s) == Some(from)
+        })
+        .take(60)
+        .collect();
+    let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
+    store
+        .check(&[Check::new(client(neighbours[0]), &r, 0)], 0)
+        .await
+        .expect("warm");
+    assert!(cluster.move_empty_slot(slot, to), "the slot did not move");
+    for round in 0..3 {
+        let mut tasks = Vec::new();
+        let barrier = Arc::new(tokio::sync::Barrier::new(20 + neighbours.len()));
+        for i in 0..(20 + neighbours.len()) {
+            let (store, r, barrier) = (store.clone(), r.clone(), barrier.clone());
+            let w = if i < 20 { who } else { neighbours[i - 20] };
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                (w, store.check(&[Check::new(client(w), &r, 1)], 0).await)
+            }));
+        }
+        let mut mine = 0;
+        for t in tasks {
+            let (w, v) = tokio::time::timeout(HANG, t)
+                .await
+                .expect("hung")
+                .expect("task");
+            let allowed = match v {
+                Ok(v) => v.allowed,
+                Err(e) => panic!("round {round}: a plan failed: {e}"),
+            };
+            if w == who {
+                mine += usize::from(allowed);
+            }
+        }
+        // Five tokens in all, whatever the rounds: five in the first, none after.
+        assert_eq!(mine, if round == 0 { 5 } else { 0 }, "round {round}");
+    }
+    // The state lives on the slot's new node, where the redirections sent it.
+    let keys_there: u64 = cluster.nodes()[to]
+        .cli(&["cluster", "countkeysinslot", &slot.to_string()])
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert_eq!(keys_there, 1);
+}
+
+/// A plan the script refuses (here a local clock past 2^53 us) fails alone: the other plans
+/// of its batch are decided and charged as if it had not been there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_refused_inside_a_batch_fails_alone() {
+    let server = RedisServer::start();
+    let config = RedisConfig::standalone(server.url()).with_clock(StoreClock::Local);
+    let store = store(config).await;
+    let r = Arc::new(rule("alone", Algorithm::FixedWindow, 1000, HOUR));
+    store
+        .check(&[Check::new(client(1), &r, 0)], common::EPOCH_2026)
+        .await
+        .expect("warm");
+    server.cli(&["config", "resetstat"]);
+    let barrier = Arc::new(tokio::sync::Barrier::new(200));
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        let (store, r, barrier) = (store.clone(), r.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let bad = i % 10 == 7;
+            let now = if bad { 1u64 << 53 } else { common::EPOCH_2026 };
+            (
+                bad,
+                store.check(&[Check::new(client(50), &r, 1)], now).await,
+            )
+        }));
+    }
+    let (mut ok, mut refused) = (0u64, 0u64);
+    for t in tasks {
+        let (bad, v) = tokio::time::timeout(HANG, t)
+            .await
+            .expect("hung")
+            .expect("task");
+        match (bad, v) {
+            (false, Ok(v)) => ok += u64::from(v.allowed),
+            (true, Err(_)) => refused += 1,
+            (bad, v) => panic!("bad={bad}: {v:?}"),
+        }
+    }
+    assert_eq!((ok, refused), (180, 20));
+    let left = store
+        .check(&[Check::new(client(50), &r, 0)], common::EPOCH_2026)
+        .await
+        .expect("query");
+    assert_eq!(left.decisions[0].remaining, 1000 - 180);
+    // They did share calls: the refusals were inside batches, not each a call of its own.
+    assert!(script_calls(|a| server.cli(a)) < 200);
+}

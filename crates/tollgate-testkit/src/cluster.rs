@@ -116,6 +116,13 @@ impl RedisCluster {
             .trim()
             .parse()
             .ok()?;
+        self.master_of_slot(slot)
+    }
+
+    /// The index of the running node that serves `slot` as a master, as the cluster
+    /// currently sees it.
+    pub fn master_of_slot(&self, slot: u32) -> Option<usize> {
+        let probe = self.nodes.iter().find(|n| n.is_up())?;
         let table = probe.cli(&["cluster", "nodes"]);
         for line in table.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -138,6 +145,20 @@ impl RedisCluster {
             }
         }
         None
+    }
+
+    /// Hands `slot` (holding no key) to node `to`: `CLUSTER SETSLOT slot NODE id` on every
+    /// running node, the new owner first; waits until every node says so.
+    pub fn move_empty_slot(&self, slot: u32, to: usize) -> bool {
+        let id = self.nodes[to].cli(&["cluster", "myid"]).trim().to_string();
+        let slot_arg = slot.to_string();
+        let mut order: Vec<usize> = vec![to];
+        order.extend((0..self.nodes.len()).filter(|&i| i != to && self.nodes[i].is_up()));
+        for i in order {
+            let _ = self.nodes[i].cli(&["cluster", "setslot", &slot_arg, "node", &id]);
+        }
+        // (Each SETSLOT took effect on its node when the command returned.)
+        process::wait_until(CLUSTER_TIMEOUT, || self.master_of_slot(slot) == Some(to))
     }
 
     /// Kills (SIGKILL) the master serving `key` and returns its index.
