@@ -2,6 +2,7 @@
 //! failed (its error and log in the document) and the run goes on.
 
 mod abuse;
+mod coalesce;
 mod gateway;
 mod gateway_cpu;
 mod lease;
@@ -55,13 +56,15 @@ pub enum Section {
     Gateway,
     /// `tollgate serve`'s Envoy rate limit service against its HTTP decision mode.
     Rls,
+    /// Coalesced store calls, the default `max_batch` against 1, standalone and Cluster.
+    Coalesce,
     /// The reference deployment: 20 gateways, one Redis.
     Reference,
 }
 
 impl Section {
     /// Every section, in document order.
-    pub const ALL: [Section; 8] = [
+    pub const ALL: [Section; 9] = [
         Section::Memory,
         Section::Redis,
         Section::Peers,
@@ -69,6 +72,7 @@ impl Section {
         Section::Abuse,
         Section::Gateway,
         Section::Rls,
+        Section::Coalesce,
         Section::Reference,
     ];
 
@@ -82,6 +86,7 @@ impl Section {
             Section::Abuse => "abuse",
             Section::Gateway => "gateway",
             Section::Rls => "rls",
+            Section::Coalesce => "coalesce",
             Section::Reference => "reference",
         }
     }
@@ -95,6 +100,7 @@ impl Section {
             Section::Abuse => abuse::run(ctx),
             Section::Gateway => gateway::run(ctx),
             Section::Rls => rls::run(ctx),
+            Section::Coalesce => coalesce::run(ctx),
             Section::Reference => reference::run(ctx),
         }
     }
