@@ -401,10 +401,19 @@ local ADJUST = {
   concurrency = concurrency,
 }
 
+-- The keys, and how one is read (the across-slots variant, settle_script_across in
+-- script.rs, replaces these two blocks: its keys follow the other arguments, and a key the
+-- node does not serve is read as "elsewhere", that item answered with an error and unchanged).
 local n = #KEYS
 if n == 0 or #ARGV ~= 2 + 7 * n then
   fail('settle: expected 2 + 7 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
+local keys = KEYS
+-- end of keys
+local function read(key)
+  return redis.call('GET', key), false
+end
+-- end of read
 local now = read_now()
 local ttl_floor = int(2, 0, MAX_PERIOD, 'ttl floor')
 local items = {}
@@ -426,13 +435,17 @@ end
 local out = {}
 for i = 1, n do
   local it = items[i]
-  local raw = redis.call('GET', KEYS[i])
-  local done, value, idle = it[1](raw, now, it[2], it[3], it[4], it[5], it[6], it[7], it[8])
-  if value == false or (value and idle <= now) then
-    redis.call('DEL', KEYS[i])
-  elseif value then
-    redis.call('SET', KEYS[i], value, 'PX', px(idle, now, ttl_floor))
+  local raw, elsewhere = read(keys[i])
+  if elsewhere then
+    out[i] = redis.error_reply('TGELSEWHERE settle ' .. i .. ': a key is served by another node')
+  else
+    local done, value, idle = it[1](raw, now, it[2], it[3], it[4], it[5], it[6], it[7], it[8])
+    if value == false or (value and idle <= now) then
+      redis.call('DEL', keys[i])
+    elseif value then
+      redis.call('SET', keys[i], value, 'PX', px(idle, now, ttl_floor))
+    end
+    out[i] = done
   end
-  out[i] = done
 end
 return out

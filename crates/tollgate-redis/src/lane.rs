@@ -1,5 +1,5 @@
 //! Coalesced calls: while a script call is in flight on a lane (a connection; on a Cluster,
-//! one node for plans, one hash slot for lease calls), the plans that arrive wait in its queue and leave together in the next
+//! one node, or one hash slot where the node is not known), the plans that arrive wait in its queue and leave together in the next
 //! call, one batch script call carrying up to `max_batch` plans (`batch_script.rs`). This
 //! module is the queue; the calls it feeds (`submit`, the drain task) are in `store.rs`, so
 //! the store and its lanes import no circle.
@@ -58,8 +58,8 @@ pub(crate) type Answer = Result<redis::Value, RedisStoreError>;
 #[derive(Default)]
 pub(crate) struct Lane {
     pub(crate) state: Mutex<State>,
-    /// A Cluster node's lane: its plans are of several slots, and a batch of them runs the
-    /// across-slots batch script (`batch_script.rs`).
+    /// A Cluster node's lane: its calls are of several slots, and a batch of them runs an
+    /// across-slots batch script (`batch_script.rs`, or the lease batch's variant).
     pub(crate) across_slots: bool,
 }
 

@@ -141,6 +141,70 @@ pub(crate) fn settle_script() -> &'static Script {
     SCRIPT.get_or_init(|| finish(&[PRELUDE, TTL, ARGS, SETTLE]))
 }
 
+/// The across-slots keys of `settle.lua`: after the items' arguments, one per item (KEYS holds
+/// the first only, to route the call to its node).
+const SETTLE_ACROSS_KEYS: &str = "local n = (#ARGV - 2) / 8
+if n < 1 or n % 1 ~= 0 then
+  fail('settle: expected 2 + 8 arguments per item (its 7 and its key), got ' .. #ARGV)
+end
+local keys = {}
+for i = 1, n do
+  keys[i] = ARGV[2 + 7 * n + i]
+end
+";
+
+/// The across-slots read of `settle.lua`: a key the node does not serve is "elsewhere".
+const SETTLE_ACROSS_READ: &str = "local function read(key)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' then
+    return nil, true
+  end
+  return raw, false
+end
+";
+
+/// `settle.lua` for the items of several slots one Cluster node serves (Redis 7's
+/// `allow-cross-slot-keys`, as the across-slots batch script): the keys travel after the
+/// other arguments, each is read with its own GET, and an item whose key the node does not
+/// serve is answered with the error code `TGELSEWHERE`, nothing of it applied. `None` if
+/// `settle.lua` no longer has the blocks this replaces (a unit test says so first).
+pub(crate) fn settle_script_across() -> Option<&'static Script> {
+    static SCRIPT: OnceLock<Option<Script>> = OnceLock::new();
+    SCRIPT
+        .get_or_init(|| {
+            let swap = |text: &str, from: &str, to: &str, with: &str| -> Option<String> {
+                let start = text.find(from)?;
+                let end = start + text[start..].find(to)?;
+                Some(format!("{}{with}{}", &text[..start], &text[end..]))
+            };
+            let settle = swap(
+                SETTLE,
+                "local n = #KEYS",
+                "-- end of keys\n",
+                SETTLE_ACROSS_KEYS,
+            )?;
+            let settle = swap(
+                &settle,
+                "local function read(key)",
+                "-- end of read\n",
+                SETTLE_ACROSS_READ,
+            )?;
+            let plain = finish(&[PRELUDE, TTL, ARGS, &settle]);
+            let text = format!(
+                "{}{}",
+                crate::batch_script::ACROSS_SLOTS_SHEBANG,
+                plain.text
+            );
+            let sha = redis::Script::new(&text).get_hash().to_string();
+            Some(Script {
+                text,
+                sha,
+                reply_base: 0,
+            })
+        })
+        .as_ref()
+}
+
 /// Each leasable algorithm's Lua as a function of its own (see `as_function`).
 fn leasable_functions() -> Vec<String> {
     Algorithm::ALL
@@ -186,6 +250,67 @@ pub(crate) fn lease_batch_script() -> &'static Script {
         finish(&parts)
     })
 }
+
+/// [`lease_batch_script`] for the leases of several slots one Cluster node serves (Redis 7's
+/// `allow-cross-slot-keys`, as the across-slots batch script). ARGV[1]: the arguments each
+/// lease takes; ARGV[2]: the number of leases; then their keys (KEYS holds the first only, to
+/// route the call); then each lease's arguments. A lease whose key the node does not serve is
+/// answered with the error code `TGELSEWHERE`, nothing of it applied.
+pub(crate) fn lease_batch_script_across() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        let functions = leasable_functions();
+        let mut parts = vec![PRELUDE, TTL, PACKED];
+        parts.extend(functions.iter().map(String::as_str));
+        parts.extend([
+            "local function lease_one(KEYS, ARGV)",
+            ARGS,
+            LEASE,
+            "end",
+            LEASE_BATCH_ACROSS,
+        ]);
+        let plain = finish(&parts);
+        let text = format!(
+            "{}{}",
+            crate::batch_script::ACROSS_SLOTS_SHEBANG,
+            plain.text
+        );
+        let sha = redis::Script::new(&text).get_hash().to_string();
+        Script {
+            text,
+            sha,
+            reply_base: 0,
+        }
+    })
+}
+
+/// The driver of [`lease_batch_script_across`]: each key's locality is tried first (EXISTS
+/// fails on a key of another node), so a lease of another node is never begun.
+const LEASE_BATCH_ACROSS: &str = "local per, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+if (per ~= 9 and per ~= 10) or not n or n < 1 or n % 1 ~= 0 or #ARGV ~= 2 + n + per * n then
+  return redis.error_reply('ERR tollgate: an across-slots lease batch takes 9 or 10 arguments a key, its count and its keys')
+end
+local out = {}
+for i = 1, n do
+  local key = ARGV[2 + i]
+  local args, at = {}, 2 + n + (i - 1) * per
+  for j = 1, per do
+    args[j] = ARGV[at + j]
+  end
+  if type(redis.pcall('EXISTS', key)) == 'table' then
+    out[i] = redis.error_reply('TGELSEWHERE lease ' .. i .. ': a key is served by another node')
+  else
+    local ok, reply = pcall(lease_one, { key }, args)
+    if ok then
+      out[i] = reply
+    elseif type(reply) == 'table' and reply.err then
+      out[i] = reply
+    else
+      out[i] = redis.error_reply('ERR tollgate: lease ' .. i .. ': ' .. tostring(reply))
+    end
+  end
+end
+return out";
 
 /// The driver of [`lease_batch_script`].
 const LEASE_BATCH: &str = "local per = tonumber(ARGV[1])
@@ -792,6 +917,32 @@ mod tests {
         // Beyond the inline bound: the generic script.
         let many: Vec<RuleShape> = rules.iter().chain(&rules).copied().collect();
         assert!(plan_script_text(&many).is_none());
+    }
+
+    #[test]
+    fn the_across_slots_settle_and_lease_scripts_take_their_keys_from_argv() {
+        let settle = settle_script_across().expect("settle.lua still has its two blocks");
+        assert!(settle
+            .text
+            .starts_with(crate::batch_script::ACROSS_SLOTS_SHEBANG));
+        assert_eq!(settle.sha, redis::Script::new(&settle.text).get_hash());
+        assert!(
+            settle.text.contains(SETTLE_ACROSS_KEYS) && settle.text.contains(SETTLE_ACROSS_READ)
+        );
+        // Neither the plain blocks nor KEYS are left.
+        assert!(!settle.text.contains("#KEYS") && !settle.text.contains("KEYS["));
+        assert!(!settle.text.contains("redis.call('GET'"));
+        // The plain script keeps its own.
+        let plain = settle_script();
+        assert!(plain.text.contains("local keys = KEYS\n") && !plain.text.contains("pcall"));
+        assert_ne!(plain.sha, settle.sha);
+        let lease = lease_batch_script_across();
+        assert!(lease
+            .text
+            .starts_with(crate::batch_script::ACROSS_SLOTS_SHEBANG));
+        assert!(lease.text.contains("redis.pcall('EXISTS', key)"));
+        assert!(lease.text.contains("'TGELSEWHERE lease '"));
+        assert_ne!(lease.sha, lease_batch_script().sha);
     }
 
     #[test]

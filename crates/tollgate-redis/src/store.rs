@@ -10,7 +10,9 @@ use crate::script::{
     generic_script, lease_script, parse_reply, plan_script, LimitHash, Reply, RuleShape, Script,
     Shape,
 };
-use crate::script::{lease_batch_script, settle_script};
+use crate::script::{
+    lease_batch_script, lease_batch_script_across, settle_script, settle_script_across,
+};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -92,8 +94,8 @@ pub struct RedisStore {
 }
 
 /// The lanes of coalesced calls: one for a standalone server (or the master the sentinels
-/// name); on a Cluster one per node for plans (the across-slots batch script) and one per hash
-/// slot for lease calls and for plans of slots whose node is not known.
+/// name); on a Cluster one per node (the across-slots batch scripts), and one per hash slot for
+/// the calls of slots whose node is not known (no table yet, or servers older than Redis 7).
 enum Lanes {
     One(Arc<Lane>),
     Slots {
@@ -388,10 +390,24 @@ impl RedisStore {
         now: Micros,
     ) -> Result<Vec<u64>, RedisStoreError> {
         let mut out = vec![0; items.len()];
+        // On a Cluster whose node table is known, the items of one node go in one call of the
+        // across-slots settle script; what it answers "elsewhere" (and what no node is known
+        // for) goes by slot, like everything on an older Cluster.
+        let (by_node, mut by_slot) = self.settle_groups_by_node(items);
+        for members in by_node {
+            for chunk in members.chunks(SETTLE_CHUNK) {
+                by_slot.extend(self.settle_across(items, chunk, now, &mut out).await?);
+            }
+        }
+        by_slot.sort_unstable();
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         let cluster = matches!(self.conn, Connection::Cluster(_));
-        for (i, it) in items.iter().enumerate() {
-            let slot = if cluster { it.client.cluster_slot() } else { 0 };
+        for i in by_slot {
+            let slot = if cluster {
+                items[i].client.cluster_slot()
+            } else {
+                0
+            };
             match groups.iter_mut().find(|g| g.0 == slot) {
                 Some(g) => g.1.push(i),
                 None => groups.push((slot, vec![i])),
@@ -405,39 +421,11 @@ impl RedisStore {
                         for &i in chunk {
                             cmd.arg(self.key(&items[i].client, items[i].rule.name()));
                         }
-                        match self.clock {
-                            StoreClock::Store => cmd.arg(""),
-                            StoreClock::Local => cmd.arg(now),
-                        };
-                        cmd.arg(self.ttl_floor_ms.unwrap_or(0));
-                        for &i in chunk {
-                            let it = &items[i];
-                            let l = it.rule.limit();
-                            let q = l.quota();
-                            cmd.arg(l.algorithm().name())
-                                .arg(q.limit())
-                                .arg(q.period_micros())
-                                .arg(q.burst())
-                                .arg(it.units.min(MAX_COST))
-                                .arg(it.at)
-                                .arg(it.real);
-                        }
+                        self.push_settle_args(cmd, items, chunk, now);
                     })
                     .await?;
-                let redis::Value::Array(values) = reply else {
-                    return Err(RedisStoreError::protocol(format!(
-                        "the settle script answered {reply:?}, expected an array"
-                    )));
-                };
-                if values.len() != chunk.len() {
-                    return Err(RedisStoreError::protocol(format!(
-                        "the settle script answered {} items for {}",
-                        values.len(),
-                        chunk.len()
-                    )));
-                }
-                for (&i, v) in chunk.iter().zip(values) {
-                    out[i] = match v {
+                for (i, v) in settle_values(reply, chunk.len())?.into_iter().enumerate() {
+                    out[chunk[i]] = match v {
                         redis::Value::Int(n) => u64::try_from(n).unwrap_or(0),
                         other => {
                             return Err(RedisStoreError::protocol(format!(
@@ -449,6 +437,115 @@ impl RedisStore {
             }
         }
         Ok(out)
+    }
+
+    /// The settle script's arguments after its keys: now, the PX floor, 7 per item.
+    fn push_settle_args(
+        &self,
+        cmd: &mut Cmd,
+        items: &[SettleArgs<'_>],
+        chunk: &[usize],
+        now: Micros,
+    ) {
+        match self.clock {
+            StoreClock::Store => cmd.arg(""),
+            StoreClock::Local => cmd.arg(now),
+        };
+        cmd.arg(self.ttl_floor_ms.unwrap_or(0));
+        for &i in chunk {
+            let it = &items[i];
+            let l = it.rule.limit();
+            let q = l.quota();
+            cmd.arg(l.algorithm().name())
+                .arg(q.limit())
+                .arg(q.period_micros())
+                .arg(q.burst())
+                .arg(it.units.min(MAX_COST))
+                .arg(it.at)
+                .arg(it.real);
+        }
+    }
+
+    /// The items grouped by the Cluster node that serves them (by the node table), and the
+    /// items for which no node is known; all of them in the second list on a standalone
+    /// server, a Sentinel's master, or a Cluster without a node table.
+    fn settle_groups_by_node(&self, items: &[SettleArgs<'_>]) -> (Vec<Vec<usize>>, Vec<usize>) {
+        let table = match &*self.lanes {
+            Lanes::Slots { nodes, .. } => nodes
+                .table
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+            Lanes::One(_) => None,
+        };
+        let (Some(table), Some(_)) = (table, settle_script_across()) else {
+            return (Vec::new(), (0..items.len()).collect());
+        };
+        let mut groups: Vec<(*const Lane, Vec<usize>)> = Vec::new();
+        let mut rest = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            match table.get(usize::from(it.client.cluster_slot())) {
+                Some(Some(lane)) => {
+                    let node = Arc::as_ptr(lane);
+                    match groups.iter_mut().find(|g| g.0 == node) {
+                        Some(g) => g.1.push(i),
+                        None => groups.push((node, vec![i])),
+                    }
+                }
+                _ => rest.push(i),
+            }
+        }
+        (groups.into_iter().map(|g| g.1).collect(), rest)
+    }
+
+    /// One across-slots settle call for `chunk` (items one node serves); the items it
+    /// answered "elsewhere" (nothing of them applied), to be settled by slot.
+    async fn settle_across(
+        &self,
+        items: &[SettleArgs<'_>],
+        chunk: &[usize],
+        now: Micros,
+        out: &mut [u64],
+    ) -> Result<Vec<usize>, RedisStoreError> {
+        let Some(script) = settle_script_across() else {
+            return Ok(chunk.to_vec());
+        };
+        let key = |i: usize| self.key(&items[i].client, items[i].rule.name());
+        let reply = self
+            .run_script(script, |cmd| {
+                cmd.arg(1).arg(key(chunk[0]));
+                self.push_settle_args(cmd, items, chunk, now);
+                for &i in chunk {
+                    cmd.arg(key(i));
+                }
+            })
+            .await;
+        let reply = match reply {
+            Ok(r) => r,
+            // Older than Redis 7: by slot from now on.
+            Err(e) if refuses_script_flags(&e) => {
+                self.disable_node_lanes();
+                return Ok(chunk.to_vec());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut elsewhere = Vec::new();
+        for (j, v) in settle_values(reply, chunk.len())?.into_iter().enumerate() {
+            let i = chunk[j];
+            match v {
+                redis::Value::Int(n) => out[i] = u64::try_from(n).unwrap_or(0),
+                redis::Value::ServerError(e) if e.code() == ELSEWHERE => elsewhere.push(i),
+                other => {
+                    return Err(RedisStoreError::protocol(format!(
+                        "the settle script answered {other:?} for an item"
+                    )))
+                }
+            }
+        }
+        if !elsewhere.is_empty() {
+            self.refresh_nodes_soon();
+        }
+        Ok(elsewhere)
     }
 
     /// One script call for `checks` (all on one server, or one slot): the plan's generated
@@ -795,11 +892,6 @@ impl RedisStore {
         }
     }
 
-    /// The lane of calls whose keys are all in `client`'s slot.
-    pub(crate) fn lane_of(&self, client: &ClientKey) -> &Arc<Lane> {
-        self.lanes.of(client)
-    }
-
     /// Reads which node serves each slot (`CLUSTER SLOTS`) into the node lanes: at connect,
     /// and after a batch met a key its node does not serve. Nothing on a standalone server,
     /// with `max_batch = 1`, or once the servers refused the across-slots script flag. A
@@ -1063,7 +1155,11 @@ impl RedisStore {
         };
         // Refills coalesce like checks (a lease call, alone, when the lane is idle).
         let reply = if self.max_batch() > 1 {
-            self.submit(self.lane_of(client), Job::Lease(job)).await?
+            let (lane, refresh) = self.lanes.of_plan(client);
+            if refresh {
+                self.refresh_nodes_soon();
+            }
+            self.submit(&lane, Job::Lease(job)).await?
         } else {
             self.run_lease(&job).await?
         };
@@ -1177,17 +1273,15 @@ impl RedisStore {
             return;
         }
         let leases = batch.iter().all(|w| w.job.is_lease());
-        // Leases queue on slot lanes only; a node lane holds plans.
-        let across = across && !leases;
         let generated = match (leases, across) {
             (true, _) => None,
             (false, false) => batch_script(shapes),
             (false, true) => batch_script_across(shapes),
         };
-        let script: Option<&Script> = if leases {
-            Some(lease_batch_script())
-        } else {
-            generated.as_deref()
+        let script: Option<&Script> = match (leases, across) {
+            (true, false) => Some(lease_batch_script()),
+            (true, true) => Some(lease_batch_script_across()),
+            (false, _) => generated.as_deref(),
         };
         let Some(script) = script else {
             // No batch script for this list (past the bound): one call each, in order.
@@ -1203,7 +1297,7 @@ impl RedisStore {
         let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
         let call = self.run_script(script, |cmd| {
             if leases {
-                self.push_lease_batch_args(cmd, &jobs);
+                self.push_lease_batch_args(cmd, &jobs, across);
             } else {
                 self.push_batch_args(cmd, &jobs, shapes, across);
             }
@@ -1270,7 +1364,7 @@ impl RedisStore {
     }
 
     /// The lease batch script's arguments (see `lease_batch_script`).
-    fn push_lease_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job]) {
+    fn push_lease_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], across: bool) {
         let leases: Vec<&LeaseJob> = jobs
             .iter()
             .filter_map(|j| match j {
@@ -1278,11 +1372,23 @@ impl RedisStore {
                 Job::Plan(_) => None,
             })
             .collect();
-        cmd.arg(leases.len());
-        for l in &leases {
-            cmd.arg(&l.key);
+        let per = if self.ttl_floor_ms().is_some() { 10 } else { 9 };
+        if across {
+            // One declared key routes the call; the count and every key follow `per`.
+            cmd.arg(1)
+                .arg(leases.first().map_or("", |l| l.key.as_str()))
+                .arg(per)
+                .arg(leases.len());
+            for l in &leases {
+                cmd.arg(&l.key);
+            }
+        } else {
+            cmd.arg(leases.len());
+            for l in &leases {
+                cmd.arg(&l.key);
+            }
+            cmd.arg(per);
         }
-        cmd.arg(if self.ttl_floor_ms().is_some() { 10 } else { 9 });
         for l in &leases {
             self.push_lease_args(cmd, l);
         }
@@ -1357,6 +1463,22 @@ pub(crate) async fn reply_of(
         redis::Value::ServerError(e) => Err(e.into()),
         v => Ok(v),
     }
+}
+
+/// The settle script's reply: one value per item of the `n` it was given.
+fn settle_values(reply: redis::Value, n: usize) -> Result<Vec<redis::Value>, RedisStoreError> {
+    let redis::Value::Array(values) = reply else {
+        return Err(RedisStoreError::protocol(format!(
+            "the settle script answered {reply:?}, expected an array"
+        )));
+    };
+    if values.len() != n {
+        return Err(RedisStoreError::protocol(format!(
+            "the settle script answered {} items for {n}",
+            values.len()
+        )));
+    }
+    Ok(values)
 }
 
 /// Whether `e` is a server refusing a script's `#!lua flags=` line (Redis before 7 cannot

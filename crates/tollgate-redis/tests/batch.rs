@@ -746,3 +746,64 @@ async fn a_plan_refused_inside_a_batch_fails_alone() {
     // They did share calls: the refusals were inside batches, not each a call of its own.
     assert!(script_calls(|a| server.cli(a)) < 200);
 }
+
+/// On a Cluster, lease refills of many clients coalesce per node too, each client's leases
+/// taking its limit exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_lease_calls_of_many_slots_coalesce_per_node() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
+    let r = Arc::new(rule("leased-nodes", Algorithm::TokenBucket, 30, DAY));
+    // Load the scripts first (the lease script and the plan's).
+    store
+        .check(&[Check::new(client(1), &r, 0)], 0)
+        .await
+        .expect("check");
+    assert_eq!(take_all(&store, &r, 2, 1, false).await, 3);
+    for n in cluster.nodes() {
+        n.cli(&["config", "resetstat"]);
+    }
+    // 200 clients, each with 20 leases of 3 at once: 30 units each, no more.
+    let clients: Vec<u128> = (50_000..50_200).collect();
+    let slots: std::collections::HashSet<u16> =
+        clients.iter().map(|&w| client(w).cluster_slot()).collect();
+    let runs = clients.iter().map(|&w| {
+        let (store, r) = (store.clone(), r.clone());
+        async move { (w, take_all(&store, &r, w, 20, false).await) }
+    });
+    let taken = futures_join_all(runs).await;
+    for (w, units) in taken {
+        assert_eq!(units, 30, "client {w}");
+    }
+    let calls: u64 = cluster
+        .nodes()
+        .iter()
+        .map(|n| script_calls(|a| n.cli(a)))
+        .sum();
+    assert!(
+        calls < slots.len() as u64,
+        "4000 leases of {} clients over {} slots took {calls} script calls",
+        clients.len(),
+        slots.len()
+    );
+}
+
+/// Runs the futures concurrently (each on a task of its own) and returns their outputs in
+/// order.
+async fn futures_join_all<F, T>(futures: impl Iterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let tasks: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(
+            tokio::time::timeout(HANG, t)
+                .await
+                .expect("no hang")
+                .expect("task"),
+        );
+    }
+    out
+}

@@ -231,3 +231,126 @@ async fn a_batch_of_settles_for_many_clients_is_one_call_and_a_bad_item_changes_
         "the refused call gave nothing more back"
     );
 }
+
+/// On a Cluster, the settles of many clients in many slots are one call per node (the
+/// across-slots settle script), each applied exactly as alone; after a slot moved under the
+/// store, its items are answered "elsewhere" by the old node and settled where the slot went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_settles_go_per_node_and_follow_a_moved_slot() {
+    let cluster = tollgate_testkit::RedisCluster::start(3, 0);
+    let config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+        .with_clock(StoreClock::Local)
+        .with_key_prefix("settle");
+    let store = RedisStore::connect(config).await.expect("connect");
+    let rule = common::rule(
+        "per-node",
+        Algorithm::TokenBucket,
+        10,
+        std::time::Duration::from_secs(60),
+    );
+    let now = EPOCH_2026;
+    // 300 clients over many slots, and one whose slot will move (nothing written to it yet).
+    let mut clients: Vec<ClientKey> = (1_000..1_300).map(common::client).collect();
+    let mover = common::client(9_999);
+    let slot = u32::from(mover.cluster_slot());
+    let from = cluster.master_of_slot(slot).expect("owner");
+    let to = cluster
+        .master_indices()
+        .into_iter()
+        .find(|&i| i != from)
+        .expect("another master");
+    clients.retain(|c| u32::from(c.cluster_slot()) != slot);
+    let slots: std::collections::HashSet<u16> = clients.iter().map(|c| c.cluster_slot()).collect();
+    for c in &clients {
+        let v = store
+            .check(&[Check::new(*c, &rule, 10)], now)
+            .await
+            .expect("check");
+        assert!(v.allowed);
+    }
+    for n in cluster.nodes() {
+        n.cli(&["config", "resetstat"]);
+    }
+    let items: Vec<SettleItem<'_>> = clients
+        .iter()
+        .map(|&client| SettleItem {
+            client,
+            rule: &rule,
+            units: 10,
+            at: now,
+            real: Some(4),
+        })
+        .collect();
+    assert_eq!(
+        store.settle(&items, now).await.expect("settle"),
+        vec![6; clients.len()]
+    );
+    let calls: u64 = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            let stats = n.cli(&["info", "commandstats"]);
+            stats
+                .lines()
+                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                .filter_map(|l| {
+                    l.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum::<u64>()
+        })
+        .sum();
+    assert!(
+        calls <= 6,
+        "{} settles over {} slots took {calls} script calls",
+        clients.len(),
+        slots.len()
+    );
+    for c in clients.iter().step_by(37) {
+        let v = store
+            .check(&[Check::new(*c, &rule, 0)], now)
+            .await
+            .expect("query");
+        assert_eq!(v.decisions[0].remaining, 6);
+    }
+    // The slot moves; the store's table still says `from`.
+    assert!(cluster.move_empty_slot(slot, to), "the slot did not move");
+    let v = store
+        .check(&[Check::new(mover, &rule, 10)], now)
+        .await
+        .expect("check on the new owner");
+    assert!(v.allowed);
+    // First an item the old owner serves, so the call goes there with the mover's item in it.
+    let anchor = *clients
+        .iter()
+        .find(|c| cluster.master_of_slot(u32::from(c.cluster_slot())) == Some(from))
+        .expect("a client on the old owner");
+    let mixed = [
+        SettleItem {
+            client: anchor,
+            rule: &rule,
+            units: 10,
+            at: now,
+            real: Some(10),
+        },
+        SettleItem {
+            client: mover,
+            rule: &rule,
+            units: 10,
+            at: now,
+            real: Some(1),
+        },
+    ];
+    // A real cost equal to the charge applies nothing; the mover's refund of 9 is answered
+    // "elsewhere" by the old owner and lands on the slot's new node.
+    assert_eq!(store.settle(&mixed, now).await.expect("settle"), vec![0, 9]);
+    let v = store
+        .check(&[Check::new(mover, &rule, 0)], now)
+        .await
+        .expect("query");
+    assert_eq!(v.decisions[0].remaining, 9);
+}

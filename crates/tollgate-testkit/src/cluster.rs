@@ -147,17 +147,37 @@ impl RedisCluster {
         None
     }
 
-    /// Hands `slot` (holding no key) to node `to`: `CLUSTER SETSLOT slot NODE id` on every
-    /// running node, the new owner first; waits until every node says so.
+    /// Hands `slot` (holding no key) to node `to` as a resharding does: `to` importing, the
+    /// owner migrating, then `CLUSTER SETSLOT slot NODE to` on `to` first (which takes a new
+    /// config epoch, so gossip cannot undo it), the owner, and the others; waits until the
+    /// cluster says `to` serves it.
     pub fn move_empty_slot(&self, slot: u32, to: usize) -> bool {
-        let id = self.nodes[to].cli(&["cluster", "myid"]).trim().to_string();
-        let slot_arg = slot.to_string();
-        let mut order: Vec<usize> = vec![to];
-        order.extend((0..self.nodes.len()).filter(|&i| i != to && self.nodes[i].is_up()));
-        for i in order {
-            let _ = self.nodes[i].cli(&["cluster", "setslot", &slot_arg, "node", &id]);
+        let Some(from) = self.master_of_slot(slot) else {
+            return false;
+        };
+        if from == to {
+            return true;
         }
-        // (Each SETSLOT took effect on its node when the command returned.)
+        let id = |i: usize| self.nodes[i].cli(&["cluster", "myid"]).trim().to_string();
+        let (from_id, to_id) = (id(from), id(to));
+        let slot_arg = slot.to_string();
+        let set = |i: usize, args: &[&str]| {
+            let mut all = vec!["cluster", "setslot", slot_arg.as_str()];
+            all.extend_from_slice(args);
+            self.nodes[i].cli(&all)
+        };
+        if !set(to, &["importing", &from_id]).contains("OK")
+            || !set(from, &["migrating", &to_id]).contains("OK")
+        {
+            return false;
+        }
+        let mut order: Vec<usize> = vec![to, from];
+        order.extend(
+            (0..self.nodes.len()).filter(|&i| i != to && i != from && self.nodes[i].is_up()),
+        );
+        for i in order {
+            let _ = set(i, &["node", &to_id]);
+        }
         process::wait_until(CLUSTER_TIMEOUT, || self.master_of_slot(slot) == Some(to))
     }
 
