@@ -37,7 +37,7 @@
 
 use crate::script::{
     body, constants, decide, finish, reply_base, uncharged_and_reply, Cache, RuleShape, Script,
-    Shape,
+    Shape, ACROSS_SLOTS_SHEBANG,
 };
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
@@ -68,10 +68,6 @@ pub(crate) fn batch_script_across(shapes: &[Shape]) -> Option<Arc<Script>> {
 /// The error code of a plan of an across-slots batch with a key the node does not serve:
 /// its caller runs it alone, where the client follows the cluster's redirections.
 pub(crate) const ELSEWHERE: &str = "TGELSEWHERE";
-
-/// The first line of an across-slots batch script (Redis 7: a script with this flag may touch
-/// keys of several slots, each command still one slot, all on the node that runs it).
-pub(crate) const ACROSS_SLOTS_SHEBANG: &str = "#!lua flags=allow-cross-slot-keys\n";
 
 fn cached(scripts: &Cache<Vec<Shape>>, shapes: &[Shape], across: bool) -> Option<Arc<Script>> {
     if shapes.is_empty() || shapes.len() > MAX_BATCH_SHAPES {

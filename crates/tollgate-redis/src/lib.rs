@@ -43,6 +43,7 @@ mod config;
 mod error;
 mod lane;
 mod lease;
+mod reply;
 mod script;
 mod sentinel;
 mod store;

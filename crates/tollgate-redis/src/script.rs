@@ -141,6 +141,10 @@ pub(crate) fn settle_script() -> &'static Script {
     SCRIPT.get_or_init(|| finish(&[PRELUDE, TTL, ARGS, SETTLE]))
 }
 
+/// The first line of an across-slots script (Redis 7: a script with this flag may touch keys
+/// of several slots, each command still of one slot, all on the node that runs it).
+pub(crate) const ACROSS_SLOTS_SHEBANG: &str = "#!lua flags=allow-cross-slot-keys\n";
+
 /// The across-slots keys of `settle.lua`: after the items' arguments, one per item (KEYS holds
 /// the first only, to route the call to its node).
 const SETTLE_ACROSS_KEYS: &str = "local n = (#ARGV - 2) / 8
@@ -190,11 +194,7 @@ pub(crate) fn settle_script_across() -> Option<&'static Script> {
                 SETTLE_ACROSS_READ,
             )?;
             let plain = finish(&[PRELUDE, TTL, ARGS, &settle]);
-            let text = format!(
-                "{}{}",
-                crate::batch_script::ACROSS_SLOTS_SHEBANG,
-                plain.text
-            );
+            let text = format!("{}{}", ACROSS_SLOTS_SHEBANG, plain.text);
             let sha = redis::Script::new(&text).get_hash().to_string();
             Some(Script {
                 text,
@@ -270,11 +270,7 @@ pub(crate) fn lease_batch_script_across() -> &'static Script {
             LEASE_BATCH_ACROSS,
         ]);
         let plain = finish(&parts);
-        let text = format!(
-            "{}{}",
-            crate::batch_script::ACROSS_SLOTS_SHEBANG,
-            plain.text
-        );
+        let text = format!("{}{}", ACROSS_SLOTS_SHEBANG, plain.text);
         let sha = redis::Script::new(&text).get_hash().to_string();
         Script {
             text,
@@ -922,9 +918,7 @@ mod tests {
     #[test]
     fn the_across_slots_settle_and_lease_scripts_take_their_keys_from_argv() {
         let settle = settle_script_across().expect("settle.lua still has its two blocks");
-        assert!(settle
-            .text
-            .starts_with(crate::batch_script::ACROSS_SLOTS_SHEBANG));
+        assert!(settle.text.starts_with(ACROSS_SLOTS_SHEBANG));
         assert_eq!(settle.sha, redis::Script::new(&settle.text).get_hash());
         assert!(
             settle.text.contains(SETTLE_ACROSS_KEYS) && settle.text.contains(SETTLE_ACROSS_READ)
@@ -937,9 +931,7 @@ mod tests {
         assert!(plain.text.contains("local keys = KEYS\n") && !plain.text.contains("pcall"));
         assert_ne!(plain.sha, settle.sha);
         let lease = lease_batch_script_across();
-        assert!(lease
-            .text
-            .starts_with(crate::batch_script::ACROSS_SLOTS_SHEBANG));
+        assert!(lease.text.starts_with(ACROSS_SLOTS_SHEBANG));
         assert!(lease.text.contains("redis.pcall('EXISTS', key)"));
         assert!(lease.text.contains("'TGELSEWHERE lease '"));
         assert_ne!(lease.sha, lease_batch_script().sha);

@@ -105,7 +105,7 @@ impl SentinelConnection {
     /// Runs `cmd` on the master; forgets the master when the answer says it is gone.
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let master = self.master().await?;
-        let reply = crate::store::reply_of(&mut master.conn.clone(), cmd).await;
+        let reply = crate::reply::reply_of(&mut master.conn.clone(), cmd).await;
         if let Err(e) = &reply {
             if master_gone(e) {
                 self.forget(master.lookup);

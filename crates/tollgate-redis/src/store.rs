@@ -1,17 +1,19 @@
 //! The store: connections (standalone or cluster), key layout, one script call per plan (per
 //! slot on a Redis Cluster).
 
-use crate::batch_script::{batch_script, batch_script_across, ACROSS_SLOTS_SHEBANG, ELSEWHERE};
+use crate::batch_script::{batch_script, batch_script_across, ELSEWHERE};
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
 use crate::lane::{Answer, Job, Lane, PlanJob, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
+use crate::reply::reply_of;
 use crate::script::{
     generic_script, lease_script, parse_reply, plan_script, LimitHash, Reply, RuleShape, Script,
     Shape,
 };
 use crate::script::{
     lease_batch_script, lease_batch_script_across, settle_script, settle_script_across,
+    ACROSS_SLOTS_SHEBANG,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -1450,18 +1452,6 @@ impl RedisStore {
                 }
             }
         }
-    }
-}
-
-/// The reply to `cmd`; an error reply is an `Err`, an error inside an array stays where it is
-/// (a batch's plan that failed alone: `Cmd::query_async` would fail the whole batch for it).
-pub(crate) async fn reply_of(
-    con: &mut impl redis::aio::ConnectionLike,
-    cmd: &Cmd,
-) -> Result<redis::Value, RedisError> {
-    match con.req_packed_command(cmd).await? {
-        redis::Value::ServerError(e) => Err(e.into()),
-        v => Ok(v),
     }
 }
 
