@@ -36,8 +36,8 @@
 //! did.
 
 use crate::script::{
-    body, constants, decide, finish, reply_base, uncharged_and_reply, Cache, RuleShape, Script,
-    Shape, ACROSS_SLOTS_SHEBANG,
+    across_slots, body, constants, decide, finish, reply_base, uncharged_and_reply, Cache,
+    RuleShape, Script, Shape,
 };
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
@@ -193,15 +193,10 @@ fn generate(shapes: &[Shape], across: bool) -> Script {
     }
     lua.push_str("  end\nend\nreturn out\n");
     let script = finish(&[&lua]);
-    if !across {
-        return script;
-    }
-    let text = format!("{ACROSS_SLOTS_SHEBANG}{}", script.text);
-    let sha = redis::Script::new(&text).get_hash().to_string();
-    Script {
-        text,
-        sha,
-        ..script
+    if across {
+        across_slots(script)
+    } else {
+        script
     }
 }
 

@@ -193,14 +193,7 @@ pub(crate) fn settle_script_across() -> Option<&'static Script> {
                 "-- end of read\n",
                 SETTLE_ACROSS_READ,
             )?;
-            let plain = finish(&[PRELUDE, TTL, ARGS, &settle]);
-            let text = format!("{}{}", ACROSS_SLOTS_SHEBANG, plain.text);
-            let sha = redis::Script::new(&text).get_hash().to_string();
-            Some(Script {
-                text,
-                sha,
-                reply_base: 0,
-            })
+            Some(across_slots(finish(&[PRELUDE, TTL, ARGS, &settle])))
         })
         .as_ref()
 }
@@ -236,19 +229,33 @@ pub(crate) fn lease_script() -> &'static Script {
 /// its reply or its error.
 pub(crate) fn lease_batch_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| {
-        let functions = leasable_functions();
-        let mut parts = vec![PRELUDE, TTL, PACKED];
-        parts.extend(functions.iter().map(String::as_str));
-        parts.extend([
-            "local function lease_one(KEYS, ARGV)",
-            ARGS,
-            LEASE,
-            "end",
-            LEASE_BATCH,
-        ]);
-        finish(&parts)
-    })
+    SCRIPT.get_or_init(|| lease_batch(LEASE_BATCH))
+}
+
+/// `lease.lua` as the function `lease_one(KEYS, ARGV)`, then `driver`, which calls it.
+fn lease_batch(driver: &str) -> Script {
+    let functions = leasable_functions();
+    let mut parts = vec![PRELUDE, TTL, PACKED];
+    parts.extend(functions.iter().map(String::as_str));
+    parts.extend([
+        "local function lease_one(KEYS, ARGV)",
+        ARGS,
+        LEASE,
+        "end",
+        driver,
+    ]);
+    finish(&parts)
+}
+
+/// `script` as an across-slots script: the flag line first, and its SHA1 again.
+pub(crate) fn across_slots(script: Script) -> Script {
+    let text = format!("{ACROSS_SLOTS_SHEBANG}{}", script.text);
+    let sha = redis::Script::new(&text).get_hash().to_string();
+    Script {
+        text,
+        sha,
+        ..script
+    }
 }
 
 /// [`lease_batch_script`] for the leases of several slots one Cluster node serves (Redis 7's
@@ -258,26 +265,7 @@ pub(crate) fn lease_batch_script() -> &'static Script {
 /// answered with the error code `TGELSEWHERE`, nothing of it applied.
 pub(crate) fn lease_batch_script_across() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| {
-        let functions = leasable_functions();
-        let mut parts = vec![PRELUDE, TTL, PACKED];
-        parts.extend(functions.iter().map(String::as_str));
-        parts.extend([
-            "local function lease_one(KEYS, ARGV)",
-            ARGS,
-            LEASE,
-            "end",
-            LEASE_BATCH_ACROSS,
-        ]);
-        let plain = finish(&parts);
-        let text = format!("{}{}", ACROSS_SLOTS_SHEBANG, plain.text);
-        let sha = redis::Script::new(&text).get_hash().to_string();
-        Script {
-            text,
-            sha,
-            reply_base: 0,
-        }
-    })
+    SCRIPT.get_or_init(|| across_slots(lease_batch(LEASE_BATCH_ACROSS)))
 }
 
 /// The driver of [`lease_batch_script_across`]: each key's locality is tried first (EXISTS

@@ -743,24 +743,19 @@ impl RedisStore {
     /// The script of `shape`, loaded into this store's server(s) on first use; `None` when the
     /// plan runs the generic script.
     async fn loaded(&self, shape: Shape) -> Result<Option<Arc<Script>>, RedisStoreError> {
-        let found = self
-            .ready
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&shape)
-            .cloned();
-        if found.is_some() {
-            return Ok(found);
+        let ready = || {
+            self.ready
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&shape)
+                .cloned()
+        };
+        if let Some(s) = ready() {
+            return Ok(Some(s));
         }
         let _one_at_a_time = self.loading.lock().await;
-        let found = self
-            .ready
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&shape)
-            .cloned();
-        if found.is_some() {
-            return Ok(found);
+        if let Some(s) = ready() {
+            return Ok(Some(s));
         }
         let Some(s) = plan_script(&shape) else {
             return Ok(None);
