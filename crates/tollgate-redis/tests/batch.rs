@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{client, rule};
+use common::{client, rule, script_calls};
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Mode, Rule};
@@ -21,19 +21,6 @@ async fn store(config: RedisConfig) -> RedisStore {
         Ok(s) => s,
         Err(e) => panic!("cannot connect: {e}"),
     }
-}
-
-/// Script calls (EVALSHA and EVAL) a server ran since its stats were reset.
-fn script_calls(cli: impl Fn(&[&str]) -> String) -> u64 {
-    let stats = cli(&["info", "commandstats"]);
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            let calls = l.split("calls=").nth(1)?;
-            calls.split(',').next()?.parse::<u64>().ok()
-        })
-        .sum()
 }
 
 /// `n` checks of `rule` for client `who`, all started at once; how many were allowed.

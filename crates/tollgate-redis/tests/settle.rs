@@ -288,21 +288,7 @@ async fn on_a_cluster_settles_go_per_node_and_follow_a_moved_slot() {
     let calls: u64 = cluster
         .nodes()
         .iter()
-        .map(|n| {
-            let stats = n.cli(&["info", "commandstats"]);
-            stats
-                .lines()
-                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-                .filter_map(|l| {
-                    l.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum::<u64>()
-        })
+        .map(|n| common::script_calls(|a| n.cli(a)))
         .sum();
     assert!(
         calls <= 6,

@@ -107,3 +107,16 @@ async fn connect_to(config: RedisConfig, clock: StoreClock, what: &str) -> Redis
 
 /// Microseconds since the epoch of 2026-01-01, a realistic `now`.
 pub const EPOCH_2026: u64 = 1_767_225_600_000_000;
+
+/// Script calls (EVALSHA and EVAL) a server ran since its stats were reset.
+pub fn script_calls(cli: impl Fn(&[&str]) -> String) -> u64 {
+    let stats = cli(&["info", "commandstats"]);
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            let calls = l.split("calls=").nth(1)?;
+            calls.split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
