@@ -3,19 +3,21 @@
 //! Most of what one script call costs Redis is the call itself (reading, parsing and
 //! dispatching the command, entering the script), not the decision: a batch pays it once for
 //! every plan queued behind a call in flight (see `lane.rs`). The script is generated for the
-//! list of distinct plan shapes of its batch (at most [`MAX_BATCH_SHAPES`]), one branch per
-//! shape, each the same decision bodies, constants and all-or-nothing rule as the shape's own
-//! script (`script.rs`); it runs the plans in arrival order, each against the state the plans
-//! before it left, so a batch decides exactly what the same plans called one after another
-//! would.
+//! list of distinct plan forms of its batch (at most [`MAX_BATCH_SHAPES`]; a form is each
+//! rule's algorithm and mode, see `script.rs`), one branch per form, each the same decision
+//! bodies and all-or-nothing rule as the form's own script, every plan with its own quotas (so
+//! plans of one policy under a thousand overrides, each its own limit, share one branch); it
+//! runs the plans in arrival order, each against the state the plans before it left, so a
+//! batch decides exactly what the same plans called one after another would.
 //!
 //! The call:
 //! - KEYS: every plan's keys, plan after plan, each plan's in its rules' order.
-//! - ARGV[1]: one byte per plan: its shape's number in the script (1..=15), plus 16 when the
+//! - ARGV[1]: one byte per plan: its form's number in the script (1..=15), plus 16 when the
 //!   plan's costs follow, plus 32 when its `now` does.
 //! - ARGV[2]: the PX floor in milliseconds (0: none).
 //! - then per plan, in order: its `now` (when flagged; otherwise every plan of the call reads
-//!   the same Redis `TIME`), then its costs (when flagged; otherwise every cost is 1).
+//!   the same Redis `TIME`), its quotas (always, packed as a plan script's ARGV[1]), then its
+//!   costs (when flagged; otherwise every cost is 1).
 //!
 //! The reply: an array, one element per plan in order, each exactly what the shape's own
 //! script answers (the integer of an allowed one-rule plan, else the packed string), or an
@@ -36,40 +38,40 @@
 //! did.
 
 use crate::script::{
-    across_slots, body, constants, decide, finish, reply_base, uncharged_and_reply, Cache,
-    RuleShape, Script, Shape,
+    across_slots, body, constants_len, decide, finish, uncharged_and_reply, unpack_format, Cache,
+    Form, Script,
 };
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
-use tollgate_core::Mode;
+use tollgate_core::{Algorithm, Mode};
 
-/// The most distinct plan shapes one batch script serves: a batch stops before a plan of one
-/// more shape, which leaves first in the next call.
+/// The most distinct plan forms one batch script serves: a batch stops before a plan of one
+/// more form, which leaves first in the next call.
 pub(crate) const MAX_BATCH_SHAPES: usize = 4;
 
-/// How many shape lists get a batch script. Past it, a batch whose list has none runs its
+/// How many form lists get a batch script. Past it, a batch whose list has none runs its
 /// plans one call each (as `max_batch = 1` does).
 const MAX_BATCH_SCRIPTS: usize = 256;
 
-/// The batch script for plans of these shapes (distinct, at most [`MAX_BATCH_SHAPES`]),
+/// The batch script for plans of these forms (distinct, at most [`MAX_BATCH_SHAPES`]),
 /// generated and kept on first use; `None` once [`MAX_BATCH_SCRIPTS`] lists are known.
-pub(crate) fn batch_script(shapes: &[Shape]) -> Option<Arc<Script>> {
-    static SCRIPTS: Cache<Vec<Shape>> = OnceLock::new();
-    cached(&SCRIPTS, shapes, false)
+pub(crate) fn batch_script(forms: &[Form]) -> Option<Arc<Script>> {
+    static SCRIPTS: Cache<Vec<Form>> = OnceLock::new();
+    cached(&SCRIPTS, forms, false)
 }
 
-/// The batch script of `shapes` for plans of several slots served by one Cluster node (see
+/// The batch script of `forms` for plans of several slots served by one Cluster node (see
 /// "Across slots" above); kept like [`batch_script`].
-pub(crate) fn batch_script_across(shapes: &[Shape]) -> Option<Arc<Script>> {
-    static SCRIPTS: Cache<Vec<Shape>> = OnceLock::new();
-    cached(&SCRIPTS, shapes, true)
+pub(crate) fn batch_script_across(forms: &[Form]) -> Option<Arc<Script>> {
+    static SCRIPTS: Cache<Vec<Form>> = OnceLock::new();
+    cached(&SCRIPTS, forms, true)
 }
 
 /// The error code of a plan of an across-slots batch with a key the node does not serve:
 /// its caller runs it alone, where the client follows the cluster's redirections.
 pub(crate) const ELSEWHERE: &str = "TGELSEWHERE";
 
-fn cached(scripts: &Cache<Vec<Shape>>, shapes: &[Shape], across: bool) -> Option<Arc<Script>> {
+fn cached(scripts: &Cache<Vec<Form>>, shapes: &[Form], across: bool) -> Option<Arc<Script>> {
     if shapes.is_empty() || shapes.len() > MAX_BATCH_SHAPES {
         return None;
     }
@@ -96,7 +98,7 @@ fn cached(scripts: &Cache<Vec<Shape>>, shapes: &[Shape], across: bool) -> Option
 }
 
 /// Generates the batch script of `shapes` (`across`: the across-slots one).
-fn generate(shapes: &[Shape], across: bool) -> Script {
+fn generate(shapes: &[Form], across: bool) -> Script {
     let mut lua = String::with_capacity(8192 * shapes.len());
     let rules_of: Vec<String> = shapes.iter().map(|s| s.rules().len().to_string()).collect();
     // Across slots the keys travel in ARGV[4 ..] after their count (KEYS holds the first, for
@@ -118,7 +120,7 @@ fn generate(shapes: &[Shape], across: bool) -> Script {
     let _ = writeln!(
         lua,
         "-- tollgate batch script: {} plan shape(s){}\n\
-         local argv, pack = ARGV, struct.pack\n\
+         local argv, pack, sunpack = ARGV, struct.pack, struct.unpack\n\
          local spec, nargs = argv[1], #argv\n\
          if not spec or nargs < 2 then\n  \
          return redis.error_reply('ERR tollgate: a batch starts with its plans\\' shapes and a PX floor')\n\
@@ -139,6 +141,7 @@ fn generate(shapes: &[Shape], across: bool) -> Script {
          return redis.error_reply('ERR tollgate: plan ' .. i .. ' names no shape of this script')\n  \
          end\n  \
          need_keys = need_keys + n\n  \
+         need_args = need_args + 1\n  \
          if b >= 32 then\n    need_args = need_args + 1\n    b = b - 32\n  end\n  \
          if b >= 16 then\n    need_args = need_args + n\n  end\n\
          end\n\
@@ -200,17 +203,23 @@ fn generate(shapes: &[Shape], across: bool) -> Script {
     }
 }
 
-/// One shape's branch: its costs read (and the argument cursor moved past them), then the
-/// plan decided, charged all or nothing and answered in `out[i]`; the key cursor moves past
-/// its keys.
-fn branch(lua: &mut String, shape: &Shape, across: bool) {
-    let rules = shape.rules();
+/// One form's branch: its quotas and costs read (and the argument cursor moved past them),
+/// then the plan decided, charged all or nothing and answered in `out[i]`; the key cursor
+/// moves past its keys.
+fn branch(lua: &mut String, form: &Form, across: bool) {
+    let rules = form.rules();
     let n = rules.len();
     let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
     let ones = vec!["1"; n].join(", ");
+    let len = constants_len(n);
     let _ = writeln!(
         lua,
-        "    local {} = {ones}\n    if costs then",
+        "    local quotas = argv[a]\n    \
+         a = a + 1\n    \
+         if #quotas ~= {len} then\n      \
+         bad = 'quotas must be {len} bytes'\n    \
+         end\n    \
+         local {} = {ones}\n    if costs then",
         names.join(", ")
     );
     for (i, name) in names.iter().enumerate() {
@@ -257,30 +266,25 @@ fn branch(lua: &mut String, shape: &Shape, across: bool) {
          else\n",
     );
     match rules {
-        [one] => one_rule(lua, one, shape.integer_reply),
+        [one] => one_rule(lua, *one),
         _ => several_rules(lua, rules),
     }
     let _ = writeln!(lua, "    end\n    k = k + {n}");
 }
 
-/// A one-rule plan: GET, the body, SET when allowed; the integer reply where it fits, as the
-/// shape's own script answers.
-fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) {
-    let (l, p, b, t) = constants(&rule.limit);
-    let (base, bound) = if integer_reply {
-        reply_base(l, p, b, t)
-    } else {
-        (0, 0)
-    };
+/// A one-rule plan: GET, the body, SET when allowed; the integer reply where the caller sent
+/// a base, as the form's own script answers.
+fn one_rule(lua: &mut String, (algorithm, _): (Algorithm, Mode)) {
     let _ = writeln!(
         lua,
         "    local cost, key = cost_1, keys[k + 1]\n    \
-         local limit, p, burst, t = {l}, {p}, {b}, {t}\n    \
+         local limit, p, burst, t, base, bound = sunpack('{}', quotas)\n    \
          local raw = written[key] or all[k + 1]\n    \
          local ok, remaining, reset, retry, value, idle_at\n    \
-         do"
+         do",
+        unpack_format(1)
     );
-    lua.push_str(body(rule.limit.algorithm()));
+    lua.push_str(body(algorithm));
     lua.push_str(
         "    end\n    \
          if not ok then\n      \
@@ -289,46 +293,43 @@ fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) {
          if cost > 0 then\n",
     );
     crate::script::write(lua, "key", "value", "idle_at");
-    lua.push_str("        written[key] = value\n      end\n");
-    if base > 0 {
-        let _ = writeln!(
-            lua,
-            "      if remaining < {base} and reset < {bound} then\n        \
-             out[i] = reset * {base} + remaining\n      \
-             else\n        \
-             out[i] = pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n      \
-             end"
-        );
-    } else {
-        lua.push_str("      out[i] = pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n");
-    }
-    lua.push_str("    end\n");
+    lua.push_str(
+        "        written[key] = value\n      end\n      \
+         if remaining < base and reset < bound then\n        \
+         out[i] = reset * base + remaining\n      \
+         else\n        \
+         out[i] = pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n      \
+         end\n    \
+         end\n",
+    );
 }
 
 /// A plan of 2 to 8 rules: every rule decided (suffixed locals) on one MGET, then all charged
 /// or none; a denied plan reports the uncharged state of the rules that would have allowed.
-fn several_rules(lua: &mut String, rules: &[RuleShape]) {
-    let quota = rules.iter().any(|r| r.mode == Mode::Quota);
+fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)]) {
+    let quota = rules.iter().any(|r| r.1 == Mode::Quota);
     let raws: Vec<String> = (1..=rules.len())
         .map(|i| format!("written[keys[k + {i}]] or all[k + {i}]"))
         .collect();
     let _ = writeln!(
         lua,
-        "    local denied = 0\n    local raws = {{{}}}",
+        "    local K = {{sunpack('{}', quotas)}}\n    \
+         local denied = 0\n    local raws = {{{}}}",
+        unpack_format(rules.len()),
         raws.join(", ")
     );
     if quota {
         lua.push_str("    local quota_ok = 0\n");
     }
-    for (i, rule) in rules.iter().enumerate() {
+    for (i, &(algorithm, mode)) in rules.iter().enumerate() {
         let i = i + 1;
         let _ = writeln!(
             lua,
             "    local ok_{i}, remaining_{i}, reset_{i}, retry_{i}, value_{i}, idle_{i}\n    \
              do\n      local cost = cost_{i}"
         );
-        decide(lua, rule, i, None, "      ");
-        match rule.mode {
+        decide(lua, algorithm, i, None, "      ");
+        match mode {
             Mode::Enforce => {
                 lua.push_str("      if not ok then\n        denied = denied + 1\n      end\n")
             }
@@ -348,9 +349,9 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
         lua.push_str("    if quota_ok == 0 then\n      denied = denied + 1\n    end\n");
     }
     lua.push_str("    if denied == 0 then\n");
-    for (i, rule) in rules.iter().enumerate() {
+    for (i, &(_, mode)) in rules.iter().enumerate() {
         let i = i + 1;
-        match rule.mode {
+        match mode {
             Mode::Enforce => {
                 let _ = writeln!(lua, "      if cost_{i} > 0 then");
             }
@@ -372,15 +373,20 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::script::{RuleShape, Shape};
     use tollgate_core::{Algorithm, Limit, Quota};
 
-    fn shape(rules: &[(Algorithm, Mode)]) -> Shape {
-        let quota = Quota::per_minute(100).expect("quota");
+    fn shape(rules: &[(Algorithm, Mode)]) -> Form {
+        shape_of(rules, 100)
+    }
+
+    fn shape_of(rules: &[(Algorithm, Mode)], per_minute: u64) -> Form {
+        let quota = Quota::per_minute(per_minute).expect("quota");
         let rules = rules.iter().map(|&(a, mode)| RuleShape {
             limit: Limit::new(a, quota).expect("limit"),
             mode,
         });
-        Shape::new(rules, true).expect("shape")
+        Shape::new(rules, true).expect("shape").form()
     }
 
     #[test]
@@ -408,7 +414,28 @@ mod tests {
             s.text.matches("written[keys[k + 2]] = value_2\n").count(),
             1
         );
-        assert!(s.text.contains("out[i] = reset * 101 + remaining"));
+        assert!(s.text.contains("out[i] = reset * base + remaining"));
+        // Each plan's quotas are its own argument: one per plan, read before its costs.
+        assert!(s.text.contains("need_args = need_args + 1\n"));
+        assert!(s.text.contains(
+            "local limit, p, burst, t, base, bound = sunpack('>I7I7I7I7I7I7', quotas)\n"
+        ));
+        assert!(s
+            .text
+            .contains("local K = {sunpack('>I7I7I7I7I7I7I7I7', quotas)}\n"));
+        // Plans of the same rules under other quotas (overrides) run the same script.
+        let (one_b, two_b) = (
+            shape_of(&[(Algorithm::TokenBucket, Mode::Enforce)], 7),
+            shape_of(
+                &[
+                    (Algorithm::Gcra, Mode::Enforce),
+                    (Algorithm::SlidingWindowLog, Mode::Shadow),
+                ],
+                3,
+            ),
+        );
+        assert_eq!((one_b, two_b), (one, two));
+        assert_eq!(batch_script(&[one_b, two_b]).expect("script").sha, s.sha);
         assert!(s.text.trim_end().ends_with("return out"));
         assert!(!s.text.contains("local function"));
         // The same list is the same script; another order is another one.

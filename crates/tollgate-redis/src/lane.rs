@@ -18,7 +18,7 @@
 use crate::batch_script::MAX_BATCH_SHAPES;
 use crate::error::RedisStoreError;
 use crate::lease::LeaseJob;
-use crate::script::{Script, Shape};
+use crate::script::{Form, Script, Shape};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
@@ -87,13 +87,13 @@ impl Lane {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Up to `max` queued calls of one kind (plans of at most [`MAX_BATCH_SHAPES`] shapes,
+    /// Up to `max` queued calls of one kind (plans of at most [`MAX_BATCH_SHAPES`] forms,
     /// or leases), in arrival order, without those whose callers are gone; none (and the lane
     /// marked idle) when the queue is empty.
-    pub(crate) fn take(&self, max: usize) -> (Vec<Waiting>, Vec<Shape>) {
+    pub(crate) fn take(&self, max: usize) -> (Vec<Waiting>, Vec<Form>) {
         let mut state = self.lock();
         let mut batch: Vec<Waiting> = Vec::with_capacity(max.min(state.queue.len()));
-        let mut shapes: Vec<Shape> = Vec::new();
+        let mut shapes: Vec<Form> = Vec::new();
         while batch.len() < max {
             let Some(next) = state.queue.front() else {
                 break;
@@ -109,11 +109,12 @@ impl Lane {
                 break;
             }
             if let Job::Plan(plan) = &next.job {
-                if !shapes.contains(&plan.shape) {
+                let form = plan.shape.form();
+                if !shapes.contains(&form) {
                     if shapes.len() == MAX_BATCH_SHAPES {
                         break;
                     }
-                    shapes.push(plan.shape);
+                    shapes.push(form);
                 }
             }
             if let Some(w) = state.queue.pop_front() {

@@ -12,8 +12,9 @@
 //! several slots is one call per slot with an exact give-back (docs/operations.md). Every write sets PX so a key
 //! disappears when its state equals a fresh one; expiry never changes a decision.
 //!
-//! The scripts are generated per plan shape from `scripts/<algorithm>.lua` (one decision body
-//! per algorithm) by `src/script.rs`, which documents the call and the one reply format;
+//! The scripts are generated per plan form (each rule's algorithm and mode; the quotas travel
+//! as an argument) from `scripts/<algorithm>.lua` (one decision body per algorithm) by
+//! `src/script.rs`, which documents the call and the one reply format;
 //! `scripts/check.lua` is the generic fallback and `scripts/lease.lua` the lease driver. They
 //! are loaded once and called with EVALSHA; a
 //! NOSCRIPT reply (a restarted server, a FLUSH, a promoted replica) is answered by sending
@@ -52,7 +53,7 @@ pub use config::{check_url, redact_url, RedisConfig, StoreClock, DEFAULT_MAX_BAT
 pub use error::{ErrorKind, RedisStoreError};
 pub use lease::{Lease, LeaseRequest};
 pub use script::{
-    generic_script_sha, generic_script_text, plan_script_sha, plan_script_text, RuleShape,
-    MAX_INLINE_RULES,
+    generic_script_sha, generic_script_text, plan_script_quotas, plan_script_sha, plan_script_text,
+    RuleShape, MAX_INLINE_RULES,
 };
 pub use store::{GiveBackItem, RedisStore, SettleItem};

@@ -1,10 +1,12 @@
 //! The Lua scripts: one generator, one reply format.
 //!
-//! A request's plan runs ONE script, generated for the plan's **shape** (the algorithm, quota
-//! and mode of each rule, in order) and kept: the quotas are constants of the script, each
-//! algorithm's decision body (`scripts/<algorithm>.lua`, the contract below) is written out
-//! inline, the keys are read with one GET (one rule) or one MGET, and every write comes after
-//! every decision. What the measurements bought is kept (see docs/benchmarks.md): Redis runs
+//! A request's plan runs ONE script, generated for the plan's **form** (the algorithm and mode
+//! of each rule, in order) and kept: each algorithm's decision body (`scripts/<algorithm>.lua`,
+//! the contract below) is written out inline, the quotas arrive packed in one argument (so a
+//! thousand overrides of one policy, each its own limit, share one script: Redis keeps every
+//! script it is sent until restarted, so scripts per quota grew its memory with every new
+//! limit, and refilled it slowly after each restart), the keys are read with one GET (one rule)
+//! or one MGET, and every write comes after every decision. What the measurements bought is kept (see docs/benchmarks.md): Redis runs
 //! a script's whole chunk on every call, so a generated script has no function, no closure,
 //! no table but MGET's, and an integer reply for an allowed one-rule request.
 //!
@@ -16,17 +18,17 @@
 //!   a fresh one again);
 //! - is one block without `return` or `break`.
 //!
-//! The call: KEYS are the rules' state keys in plan order; ARGV is empty (every cost 1, Redis
-//! TIME, no PX floor) or the costs 1..n, then optionally `now` ('' = Redis TIME), then
-//! optionally a PX floor in milliseconds.
+//! The call: KEYS are the rules' state keys in plan order; ARGV[1] is the quotas, packed by
+//! [`Shape::constants`]; then nothing (every cost 1, Redis TIME, no PX floor) or the costs
+//! 1..n, then optionally `now` ('' = Redis TIME), then optionally a PX floor in milliseconds.
 //!
 //! The reply (one format, parsed by [`parse_reply`]): the integer
 //! `reset_after * base + remaining` for an allowed one-rule plan whose bounds fit below 2^53
-//! ([`Script::reply_base`] > 0); otherwise a string, struct `'>I7' .. n x 'BI7I7I7'`: the
+//! ([`Shape::reply_base`] > 0, sent with the quota); otherwise a string, struct `'>I7' .. n x 'BI7I7I7'`: the
 //! script's `now` (us), then per rule allowed (1/0), remaining, reset_after (us) and
 //! retry_after + 1 (us; 0: allowed, or retrying never helps).
 //!
-//! Plans with more rules than [`MAX_INLINE_RULES`], and shapes past [`MAX_SCRIPTS`], run
+//! Plans with more rules than [`MAX_INLINE_RULES`], and forms past [`MAX_SCRIPTS`], run
 //! `scripts/check.lua` (the bodies as functions, the quotas and modes as arguments), which
 //! answers in the same format.
 
@@ -104,23 +106,112 @@ impl Shape {
     pub(crate) fn rules(&self) -> &[RuleShape] {
         &self.rules[..usize::from(self.len)]
     }
+
+    /// What its script is generated for: each rule's algorithm and mode, not its quota.
+    pub(crate) fn form(&self) -> Form {
+        let pick = |r: &RuleShape| (r.limit.algorithm(), r.mode);
+        Form {
+            len: self.len,
+            rules: self.rules.map(|r| pick(&r)),
+        }
+    }
+
+    /// The base of an allowed one-rule plan's integer reply (see [`reply_base`]); 0 when the
+    /// plan is answered with the packed string.
+    pub(crate) fn reply_base(&self) -> u64 {
+        match self.rules() {
+            [one] if self.integer_reply => {
+                let (l, p, b, t) = constants(&one.limit);
+                reply_base(l, p, b, t).0
+            }
+            _ => 0,
+        }
+    }
+
+    /// The quotas as the script's first argument: per rule its limit, period (us), burst and
+    /// emission interval (us), 7 bytes each, big-endian (struct `'>I7'`, exact in Lua below
+    /// 2^53, and every bound of the core is); a one-rule plan adds its integer reply's base
+    /// and bound (0, 0: none).
+    pub(crate) fn constants(&self) -> Quotas {
+        let mut out = Quotas {
+            bytes: [0; 28 * MAX_INLINE_RULES],
+            len: 0,
+        };
+        let mut put = |v: u64| {
+            if let Some(to) = out.bytes.get_mut(out.len..out.len + 7) {
+                to.copy_from_slice(&v.to_be_bytes()[1..]);
+                out.len += 7;
+            }
+        };
+        for r in self.rules() {
+            let (l, p, b, t) = constants(&r.limit);
+            for v in [l, p, b, t] {
+                put(v);
+            }
+        }
+        if let [one] = self.rules() {
+            let (l, p, b, t) = constants(&one.limit);
+            let (base, bound) = if self.integer_reply {
+                reply_base(l, p, b, t)
+            } else {
+                (0, 0)
+            };
+            put(base);
+            put(bound);
+        }
+        out
+    }
+}
+
+/// A plan's quotas, packed for its script (kept inline: no allocation per call).
+pub(crate) struct Quotas {
+    bytes: [u8; 28 * MAX_INLINE_RULES],
+    len: usize,
+}
+
+impl Quotas {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The bytes of [`Shape::constants`] for a plan of `rules` rules.
+pub(crate) fn constants_len(rules: usize) -> usize {
+    if rules == 1 {
+        42
+    } else {
+        28 * rules
+    }
+}
+
+/// What selects a generated script: each rule's algorithm and mode, in plan order (a
+/// shape without its quotas, which the call carries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Form {
+    len: u8,
+    /// The rules, then copies of the first (as in [`Shape`]).
+    rules: [(Algorithm, Mode); MAX_INLINE_RULES],
+}
+
+impl Form {
+    /// The rules, in plan order.
+    pub(crate) fn rules(&self) -> &[(Algorithm, Mode)] {
+        &self.rules[..usize::from(self.len)]
+    }
 }
 
 pub(crate) struct Script {
     pub(crate) text: String,
     pub(crate) sha: String,
-    /// When nonzero, an allowed one-rule plan is answered with the integer
-    /// `reset_after * reply_base + remaining`.
-    pub(crate) reply_base: u64,
 }
 
 /// The most rules a generated script inlines. Each rule adds seven Lua locals and its body
 /// twice; Lua 5.1 allows 200 locals per function. Larger plans run `check.lua`.
 pub const MAX_INLINE_RULES: usize = 8;
 
-/// How many shapes get a script of their own. Configurations have a handful; the bound keeps a
-/// program that makes quotas up at run time (an RLS `limit` override) from filling Redis'
-/// script cache: past it, plans run `check.lua`.
+/// How many forms get a script of their own. Configurations have a handful (quotas are no
+/// part of a form); the bound keeps a configuration of very many distinct rule lists from
+/// filling Redis' script cache: past it, plans run `check.lua`.
 pub(crate) const MAX_SCRIPTS: usize = 1024;
 
 /// The generic script (`check.lua`): any number of rules, quotas and modes as arguments.
@@ -251,11 +342,7 @@ fn lease_batch(driver: &str) -> Script {
 pub(crate) fn across_slots(script: Script) -> Script {
     let text = format!("{ACROSS_SLOTS_SHEBANG}{}", script.text);
     let sha = redis::Script::new(&text).get_hash().to_string();
-    Script {
-        text,
-        sha,
-        ..script
-    }
+    Script { text, sha }
 }
 
 /// [`lease_batch_script`] for the leases of several slots one Cluster node serves (Redis 7's
@@ -348,32 +435,32 @@ pub(crate) fn body(a: Algorithm) -> &'static str {
 /// A process-wide cache of generated scripts.
 pub(crate) type Cache<K> = OnceLock<RwLock<HashMap<K, Arc<Script>, LimitHash>>>;
 
-/// The script of `shape`, generated and kept on first use; `None` once [`MAX_SCRIPTS`] shapes
+/// The script of `form`, generated and kept on first use; `None` once [`MAX_SCRIPTS`] forms
 /// are known (the generic script serves the rest).
-pub(crate) fn plan_script(shape: &Shape) -> Option<Arc<Script>> {
-    static SCRIPTS: Cache<Shape> = OnceLock::new();
+pub(crate) fn plan_script(form: &Form) -> Option<Arc<Script>> {
+    static SCRIPTS: Cache<Form> = OnceLock::new();
     let scripts = SCRIPTS.get_or_init(Default::default);
     {
         let map = scripts
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(s) = map.get(shape) {
+        if let Some(s) = map.get(form) {
             return Some(Arc::clone(s));
         }
-        // Full: decided before generating, so a new shape past the bound costs a lookup, not
+        // Full: decided before generating, so a new form past the bound costs a lookup, not
         // a script's text and its SHA-1 on every request.
         if map.len() >= MAX_SCRIPTS {
             return None;
         }
     }
-    let built = Arc::new(generate(shape));
+    let built = Arc::new(generate(form));
     let mut map = scripts
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if map.len() >= MAX_SCRIPTS {
         return None;
     }
-    Some(Arc::clone(map.entry(*shape).or_insert(built)))
+    Some(Arc::clone(map.entry(*form).or_insert(built)))
 }
 
 /// A hasher for the script caches, which every check reads: their keys are a few trusted
@@ -420,65 +507,86 @@ pub(crate) fn constants(limit: &Limit) -> (u64, u64, u64, u64) {
     )
 }
 
-/// Generates the script of `shape` (1 to [`MAX_INLINE_RULES`] rules).
-fn generate(shape: &Shape) -> Script {
-    let n = shape.rules().len();
+/// Generates the script of `form` (1 to [`MAX_INLINE_RULES`] rules).
+fn generate(form: &Form) -> Script {
+    let n = form.rules().len();
     let mut lua = String::with_capacity(4096 * n);
     let _ = writeln!(lua, "-- tollgate plan script: {n} rule(s)");
+    let len = constants_len(n);
     // One rule: the quota first and the cost before the clock, the layout measured with
-    // callgrind (a reordering of the same statements cost a fixed window ~3% more); and
-    // `nargs < 1` means no argument at all, which is allowed (one comparison less).
-    let (one, key, some_costs, cost_local) = match shape.rules() {
-        [one] => {
-            let (l, p, b, t) = constants(&one.limit);
-            let _ = writeln!(lua, "local limit, p, burst, t = {l}, {p}, {b}, {t}");
-            (Some(one), "local key = keys[1]\n", String::new(), "cost, ")
-        }
-        _ => (None, "", format!(" or (nargs ~= 0 and nargs < {n})"), ""),
+    // callgrind (a reordering of the same statements cost a fixed window ~3% more).
+    let (key, quota, some_costs, cost_local) = match form.rules() {
+        [_] => (
+            "local key = keys[1]\n",
+            format!(
+                "local limit, p, burst, t, base, bound = struct.unpack('{}', ARGV[1])",
+                unpack_format(1)
+            ),
+            String::new(),
+            "cost, ",
+        ),
+        _ => (
+            "",
+            format!(
+                "local K = {{struct.unpack('{}', ARGV[1])}}",
+                unpack_format(n)
+            ),
+            format!(" or (nargs ~= 1 and nargs < {})", n + 1),
+            "",
+        ),
     };
-    let one_cost = if one.is_some() { "1, " } else { "" };
+    let one_cost = if n == 1 { "1, " } else { "" };
     let _ = writeln!(
         lua,
         "local keys, nargs = KEYS, #ARGV\n\
-         {key}if #keys ~= {n}{some_costs} or nargs > {n2} then\n  \
-         return redis.error_reply('ERR tollgate: expected {n} keys and 0, {n}, {n1} or {n2} ' ..\n    \
-         'arguments (costs, now, PX floor), got ' .. #keys .. ' keys and ' .. nargs .. ' arguments')\n\
+         {key}if #keys ~= {n}{some_costs} or nargs < 1 or nargs > {n3} then\n  \
+         return redis.error_reply('ERR tollgate: expected {n} keys and 1, {n1}, {n2} or {n3} ' ..\n    \
+         'arguments (quotas, costs, now, PX floor), got ' .. #keys .. ' keys and ' .. nargs .. ' arguments')\n\
          end\n\
+         if #ARGV[1] ~= {len} then\n  \
+         return redis.error_reply('ERR tollgate: ARGV[1] (quotas) must be {len} bytes')\n\
+         end\n\
+         {quota}\n\
          local {cost_local}now, ttl_floor = {one_cost}nil, 0",
         n1 = n + 1,
-        n2 = n + 2
+        n2 = n + 2,
+        n3 = n + 3
     );
-    if one.is_some() {
-        cost(&mut lua, 1);
+    if n == 1 {
+        cost(&mut lua, 2);
     }
-    clock(&mut lua, n + 1);
-    let base = match one {
-        Some(one) => one_rule(&mut lua, one, shape.integer_reply),
-        None => {
-            several_rules(&mut lua, shape.rules());
-            0
-        }
-    };
-    let mut script = finish(&[&lua]);
-    script.reply_base = base;
-    script
+    clock(&mut lua, n + 2);
+    match form.rules() {
+        [one] => one_rule(&mut lua, *one),
+        rules => several_rules(&mut lua, rules),
+    }
+    finish(&[&lua])
+}
+
+/// The struct format of [`Shape::constants`] for `rules` rules.
+pub(crate) fn unpack_format(rules: usize) -> String {
+    if rules == 1 {
+        format!(">{}", "I7".repeat(6))
+    } else {
+        format!(">{}", "I7".repeat(4 * rules))
+    }
+}
+
+/// Rule `i`'s (from 1) quota in the unpacked table `K` of a several-rule plan.
+pub(crate) fn quota_of(i: usize) -> String {
+    let at = 4 * (i - 1);
+    format!("K[{}], K[{}], K[{}], K[{}]", at + 1, at + 2, at + 3, at + 4)
 }
 
 /// A one-rule plan (after the quota, the cost and the clock): the body at the top level, no
 /// suffixed locals, GET not MGET.
-fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) -> u64 {
-    let (l, p, b, t) = constants(&rule.limit);
-    let (base, bound) = if integer_reply {
-        reply_base(l, p, b, t)
-    } else {
-        (0, 0)
-    };
+fn one_rule(lua: &mut String, (algorithm, _): (Algorithm, Mode)) {
     lua.push_str(
         "local raw = redis.call('GET', key)\n\
          local ok, remaining, reset, retry, value, idle_at\n\
          do\n",
     );
-    lua.push_str(body(rule.limit.algorithm()));
+    lua.push_str(body(algorithm));
     lua.push_str(
         "end\n\
          if not ok then\n  \
@@ -487,39 +595,36 @@ fn one_rule(lua: &mut String, rule: &RuleShape, integer_reply: bool) -> u64 {
          if cost > 0 then\n",
     );
     write(lua, "key", "value", "idle_at");
-    lua.push_str("end\n");
-    if base > 0 {
-        // The Rust side proved every value fits below 2^53; the script checks it anyway.
-        let _ = writeln!(
-            lua,
-            "if remaining < {base} and reset < {bound} then\n  \
-             return reset * {base} + remaining\n\
-             end"
-        );
-    }
-    lua.push_str("return struct.pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n");
-    base
+    // The integer reply where the caller sent a base (0: none); the Rust side proved every
+    // value fits below 2^53 for it, the script checks it anyway.
+    lua.push_str(
+        "end\n\
+         if remaining < base and reset < bound then\n  \
+         return reset * base + remaining\n\
+         end\n\
+         return struct.pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n",
+    );
 }
 
 /// A plan of 2 to [`MAX_INLINE_RULES`] rules: every rule decided (suffixed locals), then all
 /// charged or none.
-fn several_rules(lua: &mut String, rules: &[RuleShape]) {
-    let quota = rules.iter().any(|r| r.mode == Mode::Quota);
+fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)]) {
+    let quota = rules.iter().any(|r| r.1 == Mode::Quota);
     lua.push_str("local denied = 0\nlocal raws = redis.call('MGET', unpack(keys))\n");
     if quota {
         // The quota rules are alternatives: the plan is denied when none of them allows.
         lua.push_str("local quota_ok = 0\n");
     }
-    for (i, rule) in rules.iter().enumerate() {
+    for (i, &(algorithm, mode)) in rules.iter().enumerate() {
         let i = i + 1;
         let _ = writeln!(
             lua,
             "local ok_{i}, remaining_{i}, reset_{i}, retry_{i}, value_{i}, idle_{i}, cost_{i}\n\
              do\n  local cost = 1"
         );
-        cost(lua, i);
-        decide(lua, rule, i, None, "  ");
-        match rule.mode {
+        cost(lua, i + 1);
+        decide(lua, algorithm, i, None, "  ");
+        match mode {
             Mode::Enforce => lua.push_str("  if not ok then\n    denied = denied + 1\n  end\n"),
             Mode::Quota => lua.push_str("  if ok then\n    quota_ok = quota_ok + 1\n  end\n"),
             Mode::Shadow => {}
@@ -536,9 +641,9 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
         lua.push_str("if quota_ok == 0 then\n  denied = denied + 1\nend\n");
     }
     lua.push_str("if denied == 0 then\n");
-    for (i, rule) in rules.iter().enumerate() {
+    for (i, &(_, mode)) in rules.iter().enumerate() {
         let i = i + 1;
-        match rule.mode {
+        match mode {
             Mode::Enforce => {
                 let _ = writeln!(lua, "  if cost_{i} > 0 then");
             }
@@ -561,12 +666,17 @@ fn several_rules(lua: &mut String, rules: &[RuleShape]) {
 /// their uncharged state), at `outer` indentation, then the packed reply handed to `reply`
 /// (`return struct.pack` for a plan alone; a batch stores each plan's). One text for a plan
 /// script and each plan of a batch script.
-pub(crate) fn uncharged_and_reply(lua: &mut String, rules: &[RuleShape], outer: &str, reply: &str) {
+pub(crate) fn uncharged_and_reply(
+    lua: &mut String,
+    rules: &[(Algorithm, Mode)],
+    outer: &str,
+    reply: &str,
+) {
     let _ = writeln!(lua, "{outer}else");
-    for (i, rule) in rules.iter().enumerate() {
+    for (i, &(algorithm, _)) in rules.iter().enumerate() {
         let i = i + 1;
         let _ = writeln!(lua, "{outer}  if ok_{i} and cost_{i} > 0 then");
-        decide(lua, rule, i, Some(0), &format!("{outer}    "));
+        decide(lua, algorithm, i, Some(0), &format!("{outer}    "));
         let _ = writeln!(
             lua,
             "{outer}    remaining_{i}, reset_{i} = remaining, reset\n{outer}  end"
@@ -585,26 +695,26 @@ pub(crate) fn uncharged_and_reply(lua: &mut String, rules: &[RuleShape], outer: 
 }
 
 /// Rule `i`'s decision body in a block of its own, on its raw value from MGET and its quota
-/// as constants; with `cost` given, at that cost (0: the uncharged state) instead of the
-/// `cost` local in scope.
+/// from the unpacked table `K` in scope; with `cost` given, at that cost (0: the uncharged
+/// state) instead of the `cost` local in scope.
 pub(crate) fn decide(
     lua: &mut String,
-    rule: &RuleShape,
+    algorithm: Algorithm,
     i: usize,
     cost: Option<u64>,
     indent: &str,
 ) {
-    let (l, p, b, t) = constants(&rule.limit);
     let (cost_name, cost_value) = match cost {
         Some(c) => ("cost, ", format!("{c}, ")),
         None => ("", String::new()),
     };
     let _ = writeln!(
         lua,
-        "{indent}local raw, {cost_name}limit, p, burst, t = raws[{i}], {cost_value}{l}, {p}, {b}, {t}\n\
-         {indent}local ok, remaining, reset, retry, value, idle_at\n{indent}do"
+        "{indent}local raw, {cost_name}limit, p, burst, t = raws[{i}], {cost_value}{}\n\
+         {indent}local ok, remaining, reset, retry, value, idle_at\n{indent}do",
+        quota_of(i)
     );
-    lua.push_str(body(rule.limit.algorithm()));
+    lua.push_str(body(algorithm));
     let _ = writeln!(lua, "{indent}end");
 }
 
@@ -638,13 +748,13 @@ fn clock(lua: &mut String, at: usize) {
     );
 }
 
-/// The cost of rule `at` from ARGV[at] when the call has arguments (a call without any
-/// charges 1). A cost of 1 is nearly every call: comparing interned strings is cheaper than
-/// parsing.
+/// A rule's cost from ARGV[at] when the call has more than its quotas (a call with only
+/// those charges 1). A cost of 1 is nearly every call: comparing interned strings is cheaper
+/// than parsing.
 fn cost(lua: &mut String, at: usize) {
     let _ = writeln!(
         lua,
-        "if nargs > 0 then\n  \
+        "if nargs > 1 then\n  \
          local given = ARGV[{at}]\n  \
          if given ~= '1' then\n    \
          cost = tonumber(given)\n    \
@@ -707,11 +817,7 @@ pub(crate) fn finish(parts: &[&str]) -> Script {
         text.push('\n');
     }
     let sha = redis::Script::new(&text).get_hash().to_string();
-    Script {
-        text,
-        sha,
-        reply_base: 0,
-    }
+    Script { text, sha }
 }
 
 /// A script's answer: the script's `now` (absent from an integer reply) and one decision per
@@ -794,12 +900,23 @@ pub(crate) fn parse_reply(
 /// [`generic_script_text`]): for redis-benchmark, and for operators who want to read what runs
 /// in their Redis.
 pub fn plan_script_text(rules: &[RuleShape]) -> Option<String> {
-    plan_script(&Shape::new(rules.iter().copied(), true)?).map(|s| s.text.clone())
+    plan_script(&Shape::new(rules.iter().copied(), true)?.form()).map(|s| s.text.clone())
 }
 
 /// The SHA1 of [`plan_script_text`], as EVALSHA names it.
 pub fn plan_script_sha(rules: &[RuleShape]) -> Option<String> {
-    plan_script(&Shape::new(rules.iter().copied(), true)?).map(|s| s.sha.clone())
+    plan_script(&Shape::new(rules.iter().copied(), true)?.form()).map(|s| s.sha.clone())
+}
+
+/// The quotas of a plan of these rules as its script's first argument (ARGV[1], see the
+/// module docs), with the integer reply allowed for one rule.
+pub fn plan_script_quotas(rules: &[RuleShape]) -> Option<Vec<u8>> {
+    Some(
+        Shape::new(rules.iter().copied(), true)?
+            .constants()
+            .as_bytes()
+            .to_vec(),
+    )
 }
 
 /// The generic script's text (`check.lua`: any number of rules, quotas as arguments).
@@ -847,30 +964,68 @@ mod tests {
         );
     }
 
+    /// The 7-byte big-endian integers of packed quotas.
+    fn unpacked(bytes: &[u8]) -> Vec<u64> {
+        bytes
+            .chunks_exact(7)
+            .map(|c| c.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+            .collect()
+    }
+
     #[test]
-    fn a_one_rule_script_inlines_its_body_with_the_quota_as_constants() {
+    fn a_one_rule_script_inlines_its_body_and_takes_its_quota_as_an_argument() {
+        let other =
+            tollgate_core::Quota::new(7, std::time::Duration::from_secs(3600)).expect("quota");
         for rule in shapes() {
             let a = rule.limit.algorithm();
             let text = plan_script_text(&[rule]).expect("script");
-            assert!(text.contains("local limit, p, burst, t = 100, 60000000, 100, 600000\n"));
+            assert!(text.contains(
+                "local limit, p, burst, t, base, bound = struct.unpack('>I7I7I7I7I7I7', ARGV[1])\n"
+            ));
             assert!(text.contains(body(a)), "{a}");
             assert!(
                 !text.contains("local function") && !text.contains("= function"),
                 "{a} defines a function"
             );
             assert!(text.contains("redis.call('GET', key)") && !text.contains("MGET"));
-            assert!(text.contains("return reset * 101 + remaining"), "{a}");
+            assert!(text.contains("return reset * base + remaining"), "{a}");
             // A shadow rule alone runs the enforced rule's script.
             let enforced = RuleShape {
                 mode: Mode::Enforce,
                 ..rule
             };
             assert_eq!(plan_script_sha(&[rule]), plan_script_sha(&[enforced]));
+            // Another quota of the algorithm is the same script (Redis keeps every script it
+            // is sent: one per quota grew its memory with each override's limit).
+            let limit = Limit::new(a, other).expect("limit");
+            let again = RuleShape { limit, ..rule };
+            assert_eq!(plan_script_sha(&[rule]), plan_script_sha(&[again]));
+            assert_ne!(plan_script_quotas(&[rule]), plan_script_quotas(&[again]));
         }
-        // Without the integer reply (a Cluster plan across slots), always the packed string.
-        let packed = generate(&Shape::new(shapes().into_iter().take(1), false).expect("shape"));
-        assert_eq!(packed.reply_base, 0);
-        assert!(!packed.text.contains("return reset *"));
+        // 100 per minute: limit, period, burst, interval, then the integer reply's base and
+        // bound; none for a Cluster plan across slots (always the packed string).
+        let rule = shapes()[0];
+        let (l, p, b, t) = constants(&rule.limit);
+        let (base, bound) = reply_base(l, p, b, t);
+        let quotas = plan_script_quotas(&[rule]).expect("quotas");
+        assert_eq!(quotas.len(), constants_len(1));
+        assert_eq!(
+            unpacked(&quotas),
+            [100, 60_000_000, 100, 600_000, base, bound]
+        );
+        assert_eq!((base, bound), (101, 120_000_001));
+        let packed = Shape::new([rule].into_iter(), false).expect("shape");
+        assert_eq!(packed.reply_base(), 0);
+        assert_eq!(
+            unpacked(packed.constants().as_bytes()),
+            [100, 60_000_000, 100, 600_000, 0, 0]
+        );
+        assert_eq!(
+            Shape::new([rule].into_iter(), true)
+                .expect("shape")
+                .reply_base(),
+            101
+        );
     }
 
     #[test]
@@ -885,7 +1040,19 @@ mod tests {
         assert!(text.contains("  if ok_2 and cost_2 > 0 then\n  local ms"));
         assert!(text.contains("  if cost_1 > 0 then\n  local ms"));
         assert!(text.contains("remaining_6, reset_6 = remaining, reset"));
-        assert!(text.contains("ARGV[7] (now)") && text.contains("ARGV[8] (PX floor)"));
+        assert!(text.contains("ARGV[8] (now)") && text.contains("ARGV[9] (PX floor)"));
+        assert!(text.contains(&format!(
+            "local K = {{struct.unpack('>{}', ARGV[1])}}",
+            "I7".repeat(4 * rules.len())
+        )));
+        assert!(text.contains("raws[6], K[21], K[22], K[23], K[24]\n"));
+        let quotas = plan_script_quotas(&rules).expect("quotas");
+        assert_eq!(quotas.len(), 28 * rules.len());
+        assert_eq!(
+            unpacked(&quotas[..28]),
+            [100, 60_000_000, 100, 600_000],
+            "rule 1's quota first"
+        );
         assert!(text.contains(&format!("'>I7{}'", "BI7I7I7".repeat(6))));
         for a in Algorithm::ALL {
             assert_eq!(

@@ -8,8 +8,8 @@ use crate::lane::{Answer, Job, Lane, PlanJob, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
 use crate::reply::reply_of;
 use crate::script::{
-    generic_script, lease_script, parse_reply, plan_script, LimitHash, Reply, RuleShape, Script,
-    Shape,
+    generic_script, lease_script, parse_reply, plan_script, Form, LimitHash, Reply, RuleShape,
+    Script, Shape,
 };
 use crate::script::{
     lease_batch_script, lease_batch_script_across, settle_script, settle_script_across,
@@ -176,7 +176,7 @@ impl Lanes {
 }
 
 /// Scripts loaded into a store's server(s), by shape.
-type Ready = Arc<RwLock<HashMap<Shape, Arc<Script>, LimitHash>>>;
+type Ready = Arc<RwLock<HashMap<Form, Arc<Script>, LimitHash>>>;
 
 #[derive(Clone)]
 enum Connection {
@@ -566,11 +566,11 @@ impl RedisStore {
         let limits = || checks.iter().map(|c| c.rule.limit().quota().limit());
         let shape = Shape::new(rules, integer_reply);
         let script = match shape {
-            Some(shape) => self.loaded(shape).await?,
+            Some(shape) => self.loaded(shape.form()).await?,
             None => None,
         };
         if let (Some(s), Some(shape)) = (script, shape) {
-            let reply_base = s.reply_base;
+            let reply_base = shape.reply_base();
             let job = PlanJob {
                 keys: checks
                     .iter()
@@ -742,7 +742,7 @@ impl RedisStore {
 
     /// The script of `shape`, loaded into this store's server(s) on first use; `None` when the
     /// plan runs the generic script.
-    async fn loaded(&self, shape: Shape) -> Result<Option<Arc<Script>>, RedisStoreError> {
+    async fn loaded(&self, shape: Form) -> Result<Option<Arc<Script>>, RedisStoreError> {
         let ready = || {
             self.ready
                 .read()
@@ -798,7 +798,7 @@ impl RedisStore {
             .iter()
             .filter_map(|r| Shape::new(r.iter().copied(), true))
         {
-            self.loaded(shape).await?;
+            self.loaded(shape.form()).await?;
         }
         self.load(lease_script()).await
     }
@@ -1028,14 +1028,16 @@ impl RedisStore {
             .await
     }
 
-    /// A generated script's arguments: the keys, then nothing when every cost is 1 with the
-    /// store clock and no PX floor (each argument costs Redis a string and a table slot);
-    /// otherwise the costs, then now (store clock: empty) and the floor, each only when used.
+    /// A generated script's arguments: the keys, the quotas, then nothing more when every cost
+    /// is 1 with the store clock and no PX floor (each argument costs Redis a string and a
+    /// table slot); otherwise the costs, then now (store clock: empty) and the floor, each
+    /// only when used.
     fn push_plan_args(&self, cmd: &mut Cmd, job: &PlanJob) {
         cmd.arg(job.keys.len());
         for k in &job.keys {
             cmd.arg(k);
         }
+        cmd.arg(job.shape.constants().as_bytes());
         let now = job.now;
         let plain = self.clock == StoreClock::Store && self.ttl_floor_ms.is_none();
         if plain && job.costs.iter().all(|&c| c == 1) {
@@ -1257,7 +1259,7 @@ impl RedisStore {
     }
 
     /// One batch: the plans' batch script (or, alone, the plan's own), every plan answered.
-    async fn run_batch(&self, batch: Vec<Waiting>, shapes: &[Shape], across: bool) {
+    async fn run_batch(&self, batch: Vec<Waiting>, shapes: &[Form], across: bool) {
         let timeout = self.call_timeout();
         if let [one] = &batch[..] {
             let answer = match tokio::time::timeout(timeout, self.run_alone(&one.job)).await {
@@ -1392,7 +1394,7 @@ impl RedisStore {
     }
 
     /// The batch script's arguments (see `batch_script.rs`).
-    fn push_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], shapes: &[Shape], across: bool) {
+    fn push_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], shapes: &[Form], across: bool) {
         let jobs: Vec<&PlanJob> = jobs
             .iter()
             .filter_map(|j| match j {
@@ -1420,8 +1422,9 @@ impl RedisStore {
         let spec: Vec<u8> = jobs
             .iter()
             .map(|j| {
-                let s = shapes.iter().position(|s| *s == j.shape).unwrap_or(0);
-                // At most MAX_BATCH_SHAPES (< 16) shapes: the number fits the low bits.
+                let form = j.shape.form();
+                let s = shapes.iter().position(|s| *s == form).unwrap_or(0);
+                // At most MAX_BATCH_SHAPES (< 16) forms: the number fits the low bits.
                 let mut b = u8::try_from(s + 1).unwrap_or(0);
                 if j.costs.iter().any(|&c| c != 1) {
                     b += 16;
@@ -1441,6 +1444,7 @@ impl RedisStore {
             if local {
                 cmd.arg(j.now);
             }
+            cmd.arg(j.shape.constants().as_bytes());
             if j.costs.iter().any(|&c| c != 1) {
                 for c in &j.costs {
                     cmd.arg(*c);

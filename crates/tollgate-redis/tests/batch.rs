@@ -794,3 +794,54 @@ where
     }
     out
 }
+
+/// Redis keeps every script it is sent until it restarts. Plans under many overrides, each
+/// its own limit (the soak's 300 per reload), alone and in batches, one rule and two: a
+/// handful of scripts whatever the number of limits, every plan decided with its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plans_of_many_limits_share_their_scripts_and_each_keeps_its_limit() {
+    let server = RedisServer::start();
+    let config = RedisConfig::standalone(server.url()).with_clock(StoreClock::Local);
+    let store = store(config).await;
+    let cached = || {
+        let info = server.cli(&["info", "memory"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("INFO memory counts the cached scripts")
+    };
+    let before = cached();
+    let per_ip = Arc::new(rule("per-ip", Algorithm::TokenBucket, 1_000_000, HOUR));
+    let limits: Vec<u64> = (0..200).map(|i| 200 + i).collect();
+    let rules: Vec<Arc<Rule>> = limits
+        .iter()
+        .map(|&l| Arc::new(rule("per-key", Algorithm::TokenBucket, l, HOUR)))
+        .collect();
+    for round in 0..3u64 {
+        let plans = rules.iter().enumerate().map(|(i, r)| {
+            let (store, r, per_ip) = (store.clone(), r.clone(), per_ip.clone());
+            async move {
+                let who = client(1_000 + i as u128);
+                // Odd clients also pass a per-IP rule: a two-rule plan.
+                let mut checks = vec![Check::new(who, &r, 1)];
+                if i % 2 == 1 {
+                    checks.push(Check::new(client(7), &per_ip, 1));
+                }
+                store.check(&checks, common::EPOCH_2026 + round).await
+            }
+        });
+        let answers = futures_join_all(plans).await;
+        for (i, answer) in answers.into_iter().enumerate() {
+            let v = answer.expect("check");
+            assert!(v.allowed, "plan {i}");
+            // Its own limit: remaining is that limit less the rounds so far.
+            assert_eq!(v.decisions[0].limit, limits[i], "plan {i}");
+            assert_eq!(v.decisions[0].remaining, limits[i] - round - 1, "plan {i}");
+        }
+    }
+    let added = cached() - before;
+    assert!(
+        added <= 8,
+        "200 limits in plans of one and two rules left {added} scripts in Redis"
+    );
+}

@@ -7,8 +7,8 @@ use common::{client, rule, EPOCH_2026};
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Clock, Limit, State, SystemClock};
 use tollgate_redis::{
-    generic_script_sha, plan_script_sha, plan_script_text, RedisConfig, RedisStore, RuleShape,
-    StoreClock,
+    generic_script_sha, plan_script_quotas, plan_script_sha, plan_script_text, RedisConfig,
+    RedisStore, RuleShape, StoreClock,
 };
 use tollgate_testkit::RedisServer;
 
@@ -96,7 +96,10 @@ async fn a_policy_set_script_refuses_a_bad_cost_before_any_write() {
     let text = plan_script_text(&shape).expect("script");
     let sha = server.cli(&["script", "load", &text]);
     assert_eq!(sha.trim(), plan_script_sha(&shape).expect("sha"));
-    // Costs 1 and "x": the second is refused, and the first policy is not charged.
+    let quotas = plan_script_quotas(&shape).expect("quotas");
+    let keys = ["k:{a}:1", "k:{a}:2"];
+    // Costs 1 and "x": the second is refused, and the first policy is not charged; and the
+    // quotas must be there, whole.
     for bad in [
         &["1", "x"][..],
         &["1", "-1"],
@@ -104,20 +107,62 @@ async fn a_policy_set_script_refuses_a_bad_cost_before_any_write() {
         &["1"],
         &["1", "1", "", "-5"],
     ] {
-        let mut args = vec!["evalsha", sha.trim(), "2", "k:{a}:1", "k:{a}:2"];
-        args.extend_from_slice(bad);
-        let out = server.cli(&args);
-        assert!(out.contains("ERR tollgate"), "{bad:?}: {out}");
+        let out = evalsha(&server, sha.trim(), &keys, Some(&quotas), bad)
+            .await
+            .expect_err("refused");
+        assert!(out.contains("tollgate: "), "{bad:?}: {out}");
         assert_eq!(
             server.cli(&["exists", "k:{a}:1", "k:{a}:2"]).trim(),
             "0",
             "{bad:?}"
         );
     }
-    // Without arguments: both charged (costs 1, Redis TIME).
-    let out = server.cli(&["evalsha", sha.trim(), "2", "k:{a}:1", "k:{a}:2"]);
-    assert!(!out.contains("ERR"), "{out:?}");
+    for cut in [&quotas[..quotas.len() - 1], &[][..]] {
+        let out = evalsha(&server, sha.trim(), &keys, Some(cut), &[])
+            .await
+            .expect_err("refused");
+        assert!(out.contains("tollgate: ARGV[1] (quotas)"), "{out}");
+    }
+    let out = evalsha(&server, sha.trim(), &keys, None, &[])
+        .await
+        .expect_err("refused");
+    assert!(out.contains("tollgate: expected 2 keys"), "{out}");
+    assert_eq!(server.cli(&["dbsize"]).trim(), "0");
+    // The quotas alone: both charged (costs 1, Redis TIME).
+    let out = evalsha(&server, sha.trim(), &keys, Some(&quotas), &[]).await;
+    assert!(out.is_ok(), "{out:?}");
     assert_eq!(server.cli(&["exists", "k:{a}:1", "k:{a}:2"]).trim(), "2");
+}
+
+/// EVALSHA `sha` on `keys` with `quotas` (when given) then `args`, through a connection of
+/// its own (the quotas are bytes, which a command line cannot carry); the reply, or the error
+/// as text.
+async fn evalsha(
+    server: &RedisServer,
+    sha: &str,
+    keys: &[&str],
+    quotas: Option<&[u8]>,
+    args: &[&str],
+) -> Result<redis::Value, String> {
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut con = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    if let Some(q) = quotas {
+        cmd.arg(q);
+    }
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query_async::<redis::Value>(&mut con)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 #[tokio::test]
@@ -138,28 +183,38 @@ async fn an_invalid_argument_fails_before_any_write() {
     assert!(out.contains("not an algorithm"), "{out}");
     let out = generic("1 k1 1000 gcra 1 1");
     assert!(out.contains("expected 1 + 6 arguments"), "{out}");
-    // The single-policy script (its quota built in) validates what a call carries: the cost,
-    // now and the PX floor, and the shape of the call.
+    // The single-policy script (its quota the call's first argument) validates what a call
+    // carries: the quota's length, the cost, now and the PX floor, and the shape of the call.
     let r = rule("v", Algorithm::Gcra, 10, HOUR);
     let text = plan_script_text(&[enforced(*r.limit())]).expect("script");
     let gcra = plan_script_sha(&[enforced(*r.limit())]).expect("script");
     assert_eq!(server.cli(&["script", "load", &text]).trim(), gcra);
-    for (args, message) in [
-        (&["1", "k1", "-5"][..], "(cost)"),
-        (&["1", "k1", "1.5"][..], "(cost)"),
-        (&["1", "k1", "x"][..], "(cost)"),
-        (&["1", "k1", "1", "-1"][..], "(now)"),
-        (&["1", "k1", "1", "soon"][..], "(now)"),
-        (&["1", "k1", "1", "1000", "-3"][..], "(PX floor)"),
+    let quotas = plan_script_quotas(&[enforced(*r.limit())]).expect("quotas");
+    for (keys, quotas, args, message) in [
+        (&["k1"][..], Some(&quotas[..]), &["-5"][..], "(cost)"),
+        (&["k1"], Some(&quotas), &["1.5"], "(cost)"),
+        (&["k1"], Some(&quotas), &["x"], "(cost)"),
+        (&["k1"], Some(&quotas), &["1", "-1"], "(now)"),
+        (&["k1"], Some(&quotas), &["1", "soon"], "(now)"),
+        (&["k1"], Some(&quotas), &["1", "1000", "-3"], "(PX floor)"),
         (
-            &["1", "k1", "1", "1000", "1", "extra"][..],
-            "expected 1 keys and 0, 1, 2 or 3",
+            &["k1"],
+            Some(&quotas),
+            &["1", "1000", "1", "extra"],
+            "expected 1 keys and 1, 2, 3 or 4",
         ),
-        (&["2", "k1", "k2", "1"][..], "expected 1 keys"),
+        (&["k1"], None, &[], "expected 1 keys and 1, 2, 3 or 4"),
+        (
+            &["k1"],
+            Some(&quotas[1..]),
+            &[],
+            "ARGV[1] (quotas) must be 42 bytes",
+        ),
+        (&["k1", "k2"], Some(&quotas), &["1"], "expected 1 keys"),
     ] {
-        let mut cmd = vec!["evalsha", gcra.as_str()];
-        cmd.extend_from_slice(args);
-        let out = server.cli(&cmd);
+        let out = evalsha(&server, &gcra, keys, quotas, args)
+            .await
+            .expect_err("refused");
         assert!(
             out.contains("tollgate") && out.contains(message),
             "{args:?}: {out}"
