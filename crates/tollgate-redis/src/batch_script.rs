@@ -3,7 +3,7 @@
 //! Most of what one script call costs Redis is the call itself (reading, parsing and
 //! dispatching the command, entering the script), not the decision: a batch pays it once for
 //! every plan queued behind a call in flight (see `lane.rs`). The script is generated for the
-//! list of distinct plan forms of its batch (at most [`MAX_BATCH_SHAPES`]; a form is each
+//! list of distinct plan forms of its batch (at most [`MAX_BATCH_FORMS`]; a form is each
 //! rule's algorithm and mode, see `script.rs`), one branch per form, each the same decision
 //! bodies and all-or-nothing rule as the form's own script, every plan with its own quotas (so
 //! plans of one policy under a thousand overrides, each its own limit, share one branch); it
@@ -47,13 +47,13 @@ use tollgate_core::{Algorithm, Mode};
 
 /// The most distinct plan forms one batch script serves: a batch stops before a plan of one
 /// more form, which leaves first in the next call.
-pub(crate) const MAX_BATCH_SHAPES: usize = 4;
+pub(crate) const MAX_BATCH_FORMS: usize = 4;
 
 /// How many form lists get a batch script. Past it, a batch whose list has none runs its
 /// plans one call each (as `max_batch = 1` does).
 const MAX_BATCH_SCRIPTS: usize = 256;
 
-/// The batch script for plans of these forms (distinct, at most [`MAX_BATCH_SHAPES`]),
+/// The batch script for plans of these forms (distinct, at most [`MAX_BATCH_FORMS`]),
 /// generated and kept on first use; `None` once [`MAX_BATCH_SCRIPTS`] lists are known.
 pub(crate) fn batch_script(forms: &[Form]) -> Option<Arc<Script>> {
     static SCRIPTS: Cache<Vec<Form>> = OnceLock::new();
@@ -71,8 +71,8 @@ pub(crate) fn batch_script_across(forms: &[Form]) -> Option<Arc<Script>> {
 /// its caller runs it alone, where the client follows the cluster's redirections.
 pub(crate) const ELSEWHERE: &str = "TGELSEWHERE";
 
-fn cached(scripts: &Cache<Vec<Form>>, shapes: &[Form], across: bool) -> Option<Arc<Script>> {
-    if shapes.is_empty() || shapes.len() > MAX_BATCH_SHAPES {
+fn cached(scripts: &Cache<Vec<Form>>, forms: &[Form], across: bool) -> Option<Arc<Script>> {
+    if forms.is_empty() || forms.len() > MAX_BATCH_FORMS {
         return None;
     }
     let scripts = scripts.get_or_init(Default::default);
@@ -80,27 +80,27 @@ fn cached(scripts: &Cache<Vec<Form>>, shapes: &[Form], across: bool) -> Option<A
         let map = scripts
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(s) = map.get(shapes) {
+        if let Some(s) = map.get(forms) {
             return Some(Arc::clone(s));
         }
         if map.len() >= MAX_BATCH_SCRIPTS {
             return None;
         }
     }
-    let built = Arc::new(generate(shapes, across));
+    let built = Arc::new(generate(forms, across));
     let mut map = scripts
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if map.len() >= MAX_BATCH_SCRIPTS {
         return None;
     }
-    Some(Arc::clone(map.entry(shapes.to_vec()).or_insert(built)))
+    Some(Arc::clone(map.entry(forms.to_vec()).or_insert(built)))
 }
 
-/// Generates the batch script of `shapes` (`across`: the across-slots one).
-fn generate(shapes: &[Form], across: bool) -> Script {
-    let mut lua = String::with_capacity(8192 * shapes.len());
-    let rules_of: Vec<String> = shapes.iter().map(|s| s.rules().len().to_string()).collect();
+/// Generates the batch script of `forms` (`across`: the across-slots one).
+fn generate(forms: &[Form], across: bool) -> Script {
+    let mut lua = String::with_capacity(8192 * forms.len());
+    let rules_of: Vec<String> = forms.iter().map(|s| s.rules().len().to_string()).collect();
     // Across slots the keys travel in ARGV[4 ..] after their count (KEYS holds the first, for
     // routing only): a script's declared keys must share a slot.
     let (keys, nkeys, first_arg) = if across {
@@ -119,7 +119,7 @@ fn generate(shapes: &[Form], across: bool) -> Script {
     };
     let _ = writeln!(
         lua,
-        "-- tollgate batch script: {} plan shape(s){}\n\
+        "-- tollgate batch script: {} plan form(s){}\n\
          local argv, pack, sunpack = ARGV, struct.pack, struct.unpack\n\
          local spec, nargs = argv[1], #argv\n\
          if not spec or nargs < 2 then\n  \
@@ -152,7 +152,7 @@ fn generate(shapes: &[Form], across: bool) -> Script {
          local out, clock, k, a = {{}}, nil, 0, {first_arg}\n\
          if plans == 0 then\n  return out\nend\n\
          local all, written = {{}}, {{}}",
-        shapes.len(),
+        forms.len(),
         if across { ", across slots" } else { "" },
         rules_of.join(", "),
     );
@@ -189,10 +189,10 @@ fn generate(shapes: &[Form], across: bool) -> Script {
          end\n  \
          local costs = b >= 16\n",
     );
-    for (j, shape) in shapes.iter().enumerate() {
+    for (j, form) in forms.iter().enumerate() {
         let word = if j == 0 { "if" } else { "elseif" };
         let _ = writeln!(lua, "  {word} s == {} then", j + 1);
-        branch(&mut lua, shape, across);
+        branch(&mut lua, form, across);
     }
     lua.push_str("  end\nend\nreturn out\n");
     let script = finish(&[&lua]);
@@ -443,7 +443,7 @@ mod tests {
         assert_eq!(again.sha, s.sha);
         assert_ne!(batch_script(&[two, one]).expect("script").sha, s.sha);
         assert!(batch_script(&[]).is_none());
-        assert!(batch_script(&[one; MAX_BATCH_SHAPES + 1]).is_none());
+        assert!(batch_script(&[one; MAX_BATCH_FORMS + 1]).is_none());
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! its plans with that error (each caller then applies its own failure policy), and a plan
 //! whose arguments the script refuses fails alone.
 
-use crate::batch_script::MAX_BATCH_SHAPES;
+use crate::batch_script::MAX_BATCH_FORMS;
 use crate::error::RedisStoreError;
 use crate::lease::LeaseJob;
 use crate::script::{Form, Script, Shape};
@@ -87,7 +87,7 @@ impl Lane {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Up to `max` queued calls of one kind (plans of at most [`MAX_BATCH_SHAPES`] forms,
+    /// Up to `max` queued calls of one kind (plans of at most [`MAX_BATCH_FORMS`] forms,
     /// or leases), in arrival order, without those whose callers are gone; none (and the lane
     /// marked idle) when the queue is empty.
     pub(crate) fn take(&self, max: usize) -> (Vec<Waiting>, Vec<Form>) {
@@ -111,7 +111,7 @@ impl Lane {
             if let Job::Plan(plan) = &next.job {
                 let form = plan.shape.form();
                 if !shapes.contains(&form) {
-                    if shapes.len() == MAX_BATCH_SHAPES {
+                    if shapes.len() == MAX_BATCH_FORMS {
                         break;
                     }
                     shapes.push(form);

@@ -6,9 +6,10 @@
 //! thousand overrides of one policy, each its own limit, share one script: Redis keeps every
 //! script it is sent until restarted, so scripts per quota grew its memory with every new
 //! limit, and refilled it slowly after each restart), the keys are read with one GET (one rule)
-//! or one MGET, and every write comes after every decision. What the measurements bought is kept (see docs/benchmarks.md): Redis runs
-//! a script's whole chunk on every call, so a generated script has no function, no closure,
-//! no table but MGET's, and an integer reply for an allowed one-rule request.
+//! or one MGET, and every write comes after every decision. What the measurements bought is
+//! kept (see docs/benchmarks.md): Redis runs a script's whole chunk on every call, so a
+//! generated script has no function and no closure, no table but MGET's and (two rules or
+//! more) the unpacked quotas', and an integer reply for an allowed one-rule request.
 //!
 //! The decision body contract (every `scripts/<algorithm>.lua` is one):
 //! - reads `raw` (the key's value, false when missing), `now` (us), `limit`, `p` (period, us),
@@ -134,7 +135,7 @@ impl Shape {
     /// and bound (0, 0: none).
     pub(crate) fn constants(&self) -> Quotas {
         let mut out = Quotas {
-            bytes: [0; 28 * MAX_INLINE_RULES],
+            bytes: [0; QUOTA_BYTES * MAX_INLINE_RULES],
             len: 0,
         };
         let mut put = |v: u64| {
@@ -148,16 +149,15 @@ impl Shape {
             for v in [l, p, b, t] {
                 put(v);
             }
-        }
-        if let [one] = self.rules() {
-            let (l, p, b, t) = constants(&one.limit);
-            let (base, bound) = if self.integer_reply {
-                reply_base(l, p, b, t)
-            } else {
-                (0, 0)
-            };
-            put(base);
-            put(bound);
+            if self.len == 1 {
+                let (base, bound) = if self.integer_reply {
+                    reply_base(l, p, b, t)
+                } else {
+                    (0, 0)
+                };
+                put(base);
+                put(bound);
+            }
         }
         out
     }
@@ -165,7 +165,7 @@ impl Shape {
 
 /// A plan's quotas, packed for its script (kept inline: no allocation per call).
 pub(crate) struct Quotas {
-    bytes: [u8; 28 * MAX_INLINE_RULES],
+    bytes: [u8; QUOTA_BYTES * MAX_INLINE_RULES],
     len: usize,
 }
 
@@ -175,13 +175,18 @@ impl Quotas {
     }
 }
 
+/// The bytes of one rule's quota in [`Shape::constants`]: four numbers of 7 bytes.
+const QUOTA_BYTES: usize = 4 * 7;
+
+/// The numbers of [`Shape::constants`] for a plan of `rules` rules: four a rule, and the
+/// integer reply's base and bound for one rule alone.
+fn constants_count(rules: usize) -> usize {
+    4 * rules + if rules == 1 { 2 } else { 0 }
+}
+
 /// The bytes of [`Shape::constants`] for a plan of `rules` rules.
 pub(crate) fn constants_len(rules: usize) -> usize {
-    if rules == 1 {
-        42
-    } else {
-        28 * rules
-    }
+    7 * constants_count(rules)
 }
 
 /// What selects a generated script: each rule's algorithm and mode, in plan order (a
@@ -565,11 +570,7 @@ fn generate(form: &Form) -> Script {
 
 /// The struct format of [`Shape::constants`] for `rules` rules.
 pub(crate) fn unpack_format(rules: usize) -> String {
-    if rules == 1 {
-        format!(">{}", "I7".repeat(6))
-    } else {
-        format!(">{}", "I7".repeat(4 * rules))
-    }
+    format!(">{}", "I7".repeat(constants_count(rules)))
 }
 
 /// Rule `i`'s (from 1) quota in the unpacked table `K` of a several-rule plan.

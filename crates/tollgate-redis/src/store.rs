@@ -175,7 +175,7 @@ impl Lanes {
     }
 }
 
-/// Scripts loaded into a store's server(s), by shape.
+/// Scripts loaded into a store's server(s), by form.
 type Ready = Arc<RwLock<HashMap<Form, Arc<Script>, LimitHash>>>;
 
 #[derive(Clone)]
@@ -740,14 +740,14 @@ impl RedisStore {
         })
     }
 
-    /// The script of `shape`, loaded into this store's server(s) on first use; `None` when the
+    /// The script of `form`, loaded into this store's server(s) on first use; `None` when the
     /// plan runs the generic script.
-    async fn loaded(&self, shape: Form) -> Result<Option<Arc<Script>>, RedisStoreError> {
+    async fn loaded(&self, form: Form) -> Result<Option<Arc<Script>>, RedisStoreError> {
         let ready = || {
             self.ready
                 .read()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&shape)
+                .get(&form)
                 .cloned()
         };
         if let Some(s) = ready() {
@@ -757,14 +757,14 @@ impl RedisStore {
         if let Some(s) = ready() {
             return Ok(Some(s));
         }
-        let Some(s) = plan_script(&shape) else {
+        let Some(s) = plan_script(&form) else {
             return Ok(None);
         };
         self.load(&s).await?;
         self.ready
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(shape, Arc::clone(&s));
+            .insert(form, Arc::clone(&s));
         Ok(Some(s))
     }
 
@@ -1424,7 +1424,7 @@ impl RedisStore {
             .map(|j| {
                 let form = j.shape.form();
                 let s = shapes.iter().position(|s| *s == form).unwrap_or(0);
-                // At most MAX_BATCH_SHAPES (< 16) forms: the number fits the low bits.
+                // At most MAX_BATCH_FORMS (< 16) forms: the number fits the low bits.
                 let mut b = u8::try_from(s + 1).unwrap_or(0);
                 if j.costs.iter().any(|&c| c != 1) {
                     b += 16;
