@@ -439,3 +439,23 @@ async fn shadow_policies_count_but_never_reject_and_cost_charges_units() {
         "{m}"
     );
 }
+
+/// The gateway turns transparent huge pages off for itself (main.rs says what they cost):
+/// the kernel reports it per process, whatever the host's setting.
+#[cfg(target_os = "linux")]
+#[test]
+fn serve_runs_without_transparent_huge_pages() {
+    let gw = Gateway::start("", API_POLICY);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", gw.child.id()))
+        .expect("read /proc/PID/status");
+    let thp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(str::trim);
+    // Kernels before 5.0 have no THP_enabled line; every kernel that has one reports 0 here.
+    if let Some(v) = thp {
+        assert_eq!(v, "0", "THP left on for tollgate serve:\n{status}");
+    } else {
+        eprintln!("this kernel reports no THP_enabled; nothing to check");
+    }
+}
