@@ -18,14 +18,15 @@ fn main() -> std::process::ExitCode {
     cli::main()
 }
 
-/// Transparent huge pages off for this process, whatever the host's setting. mimalloc
-/// reserves one large arena; with THP a touched 2 MiB stretch of it is resident whole, and
-/// khugepaged (which by default collapses a stretch holding a single 4 KiB page) fills in
-/// more at moments of its own choosing. Measured with `scripts/soak` (reloads every 10 s,
-/// 400 requests/s, the same build): 38-47 MB RSS with THP, 18 of it in huge pages, against
-/// 16-20 MB without; and the hour-long soak's RSS steps (+17 MB in 30 s with nothing
-/// happening) were such fills. The `no_thp` feature stops mimalloc asking for huge pages
-/// (hosts on `madvise`, the Debian default); this stops the kernel giving them on `always`.
+/// Transparent huge pages off for this process, whatever the host's setting (the kernel
+/// then gives none, `madvise` or not). mimalloc reserves one large arena; with THP a touched
+/// 2 MiB stretch of it is resident whole, and khugepaged (which by default collapses a
+/// stretch holding a single 4 KiB page) fills in more at moments of its own choosing.
+/// Measured with `scripts/soak` (reloads every 10 s, 400 requests/s): 38-47 MB RSS with THP,
+/// 18 of it in huge pages, against 16-20 MB with `MIMALLOC_ALLOW_THP=0` (which makes
+/// mimalloc do this same call, but only when the variable is set); the hour-long soak
+/// stepped up by 17 MB in 30 s with THP and had no step without. mimalloc's `no_thp`
+/// feature (it no longer madvises its arena) is what is left if this call is refused.
 fn no_huge_pages() {
     #[cfg(target_os = "linux")]
     if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
