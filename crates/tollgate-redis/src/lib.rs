@@ -27,7 +27,9 @@
 //! script.
 //!
 //! Client library: redis-rs, with a `ConnectionManager` per standalone server (one
-//! multiplexed connection that pipelines every concurrent call and reconnects by itself) and
+//! multiplexed connection that pipelines every concurrent call and reconnects by itself;
+//! the coalesced calls of a standalone server go on a connection of the store's own, written
+//! and read by the caller that leads the lane: `direct.rs`, `resp.rs`) and
 //! `cluster-async` for Redis Cluster (slot map, MOVED/ASK, refresh after a failover); with Redis
 //! Sentinel, one `ConnectionManager` to the master the sentinels name, looked up again after a
 //! failover (see `sentinel.rs`). fred was
@@ -41,10 +43,12 @@
 
 mod batch_script;
 mod config;
+mod direct;
 mod error;
 mod lane;
 mod lease;
 mod reply;
+mod resp;
 mod script;
 mod sentinel;
 mod store;

@@ -93,6 +93,9 @@ pub struct RedisStore {
     lanes: Arc<Lanes>,
     max_batch: usize,
     call_timeout: std::time::Duration,
+    /// A standalone server's own connection for the coalesced calls (`direct.rs`), when the
+    /// URL allows one and `max_batch` > 1.
+    direct: Option<Arc<crate::direct::Direct>>,
 }
 
 /// The lanes of coalesced calls: one for a standalone server (or the master the sentinels
@@ -257,7 +260,15 @@ impl RedisStore {
             )),
             max_batch: config.max_batch.clamp(1, crate::MAX_BATCH),
             call_timeout: config.call_timeout,
+            direct: None,
         };
+        let direct = match &store.conn {
+            Connection::Standalone(_) if store.max_batch > 1 => {
+                crate::direct::Direct::for_url(&config.urls[0]).map(Arc::new)
+            }
+            _ => None,
+        };
+        let store = Self { direct, ..store };
         // The generic script; plan scripts load on first use or in `prepare`.
         store.load(generic_script()).await?;
         store.refresh_nodes().await;
@@ -1024,7 +1035,12 @@ impl RedisStore {
 
     /// One plan alone: its shape's script.
     pub(crate) async fn run_job(&self, job: &PlanJob) -> Result<redis::Value, RedisError> {
-        self.run_script(&job.script, |cmd| self.push_plan_args(cmd, job))
+        self.run_job_on(job, false).await
+    }
+
+    /// [`RedisStore::run_job`], on the lane's own connection when `lane`.
+    async fn run_job_on(&self, job: &PlanJob, lane: bool) -> Result<redis::Value, RedisError> {
+        self.run_script_on(&job.script, |cmd| self.push_plan_args(cmd, job), lane)
             .await
     }
 
@@ -1068,17 +1084,36 @@ impl RedisStore {
         s: &Script,
         args: impl Fn(&mut Cmd),
     ) -> Result<redis::Value, RedisError> {
+        self.run_script_on(s, args, false).await
+    }
+
+    /// [`RedisStore::run_script`] on the lane's own connection when `lane` and there is one.
+    pub(crate) async fn run_script_on(
+        &self,
+        s: &Script,
+        args: impl Fn(&mut Cmd),
+        lane: bool,
+    ) -> Result<redis::Value, RedisError> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&s.sha);
         args(&mut cmd);
-        match self.query(&cmd).await {
+        match self.query_on(&cmd, lane).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(&s.text);
                 args(&mut eval);
-                self.query(&eval).await
+                self.query_on(&eval, lane).await
             }
             other => other,
+        }
+    }
+
+    /// `cmd` on the lane's own connection (`direct.rs`) when `lane` and there is one, else
+    /// on redis-rs's.
+    async fn query_on(&self, cmd: &Cmd, lane: bool) -> Result<redis::Value, RedisError> {
+        match (&self.direct, lane) {
+            (Some(d), true) => d.query(cmd).await,
+            _ => self.query(cmd).await,
         }
     }
 
@@ -1167,10 +1202,19 @@ impl RedisStore {
 
     /// One lease call alone: `lease.lua`.
     pub(crate) async fn run_lease(&self, job: &LeaseJob) -> Result<redis::Value, RedisError> {
-        self.run_script(lease_script(), |cmd| {
-            cmd.arg(1).arg(&job.key);
-            self.push_lease_args(cmd, job);
-        })
+        self.run_lease_on(job, false).await
+    }
+
+    /// [`RedisStore::run_lease`], on the lane's own connection when `lane`.
+    async fn run_lease_on(&self, job: &LeaseJob, lane: bool) -> Result<redis::Value, RedisError> {
+        self.run_script_on(
+            lease_script(),
+            |cmd| {
+                cmd.arg(1).arg(&job.key);
+                self.push_lease_args(cmd, job);
+            },
+            lane,
+        )
         .await
     }
 
@@ -1241,7 +1285,16 @@ impl RedisStore {
         match waiting {
             Ok(job) => {
                 let _busy = Busy { store: self, lane };
-                self.run_alone(&job).await.map_err(Into::into)
+                if self.direct.is_some() {
+                    // The store's own connection has no timer of its own: this is the one.
+                    let timeout = self.call_timeout();
+                    match tokio::time::timeout(timeout, self.run_alone(&job)).await {
+                        Ok(r) => r.map_err(Into::into),
+                        Err(_) => Err(RedisStoreError::timed_out(timeout)),
+                    }
+                } else {
+                    self.run_alone(&job).await.map_err(Into::into)
+                }
             }
             Err(rx) => match rx.await {
                 Ok(answer) => answer,
@@ -1253,8 +1306,8 @@ impl RedisStore {
     /// One call alone, with its own script.
     async fn run_alone(&self, job: &Job) -> Result<redis::Value, redis::RedisError> {
         match job {
-            Job::Plan(plan) => self.run_job(plan).await,
-            Job::Lease(lease) => self.run_lease(lease).await,
+            Job::Plan(plan) => self.run_job_on(plan, true).await,
+            Job::Lease(lease) => self.run_lease_on(lease, true).await,
         }
     }
 
@@ -1294,13 +1347,17 @@ impl RedisStore {
             return;
         };
         let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
-        let call = self.run_script(script, |cmd| {
-            if leases {
-                self.push_lease_batch_args(cmd, &jobs, across);
-            } else {
-                self.push_batch_args(cmd, &jobs, shapes, across);
-            }
-        });
+        let call = self.run_script_on(
+            script,
+            |cmd| {
+                if leases {
+                    self.push_lease_batch_args(cmd, &jobs, across);
+                } else {
+                    self.push_batch_args(cmd, &jobs, shapes, across);
+                }
+            },
+            true,
+        );
         let reply = match tokio::time::timeout(timeout, call).await {
             // A server that refuses the across-slots script itself (older than Redis 7):
             // slot lanes from now on, and these plans alone.

@@ -1,0 +1,415 @@
+//! The store's own connection to one Redis server, for the coalesced calls (`lane.rs`).
+//!
+//! A lane has at most one call in flight, and the caller that leads it (the plan that found
+//! the lane idle, or the task draining its queue) writes that call on the socket and reads its
+//! reply itself: no channel to a connection task and no oneshot back, no timer of the
+//! client's own (the caller's `store.timeout`, or the batch's, is the only one). Everything
+//! else (script loads, settles, the generic script, `max_batch = 1`) keeps redis-rs's
+//! multiplexed connection, which pipelines concurrent calls.
+//!
+//! A caller that gives up while its reply is still owed leaves the socket behind with that
+//! reply to skip: the next call reads and discards it first (at most [`MAX_OWED`], else the
+//! connection is closed), so a slow server does not cost a new connection per timeout. A
+//! call cut off while writing, a reply the reader cannot read ([`crate::resp`]) or an I/O
+//! error closes the connection; the next call opens another, and after a failed attempt
+//! calls fail at once for [`RETRY_AFTER`] instead of each waiting out a connect.
+//!
+//! It speaks RESP2: `AUTH` (with the URL's user and password) and `SELECT` (its database)
+//! on connect, then EVALSHA / EVAL. Plain TCP, TLS (`rediss://`, rustls with the system's
+//! roots, which honour `SSL_CERT_FILE`, as redis-rs's) and Unix sockets; a URL it does not
+//! handle this way (TLS without verification, client certificates) keeps redis-rs's
+//! connection for every call.
+
+use crate::config::{redact, CONNECT_TIMEOUT};
+use crate::resp;
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, Value};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// After a failed connection attempt, calls fail at once for this long.
+pub(crate) const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// The most replies of abandoned calls a connection may still owe before it is closed.
+pub(crate) const MAX_OWED: usize = 8;
+
+/// A read buffer that grew past this (a large reply) is shrunk back after the call.
+const KEEP_BUFFER: usize = 64 << 10;
+
+/// The connection of one server: its address and credentials, the idle socket.
+pub(crate) struct Direct {
+    target: Target,
+    idle: Mutex<Option<Socket>>,
+    /// Until when calls fail at once after a failed attempt.
+    retry_at: Mutex<Option<Instant>>,
+}
+
+struct Target {
+    addr: Addr,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+    /// The URL without its password, for messages.
+    shown: String,
+}
+
+enum Addr {
+    Tcp(String, u16),
+    #[cfg(feature = "tls")]
+    Tls(String, u16),
+    #[cfg(unix)]
+    Unix(std::path::PathBuf),
+}
+
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    #[cfg(feature = "tls")]
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+struct Socket {
+    stream: Stream,
+    /// Bytes read and not yet parsed.
+    buf: Vec<u8>,
+    out: Vec<u8>,
+    /// Replies of abandoned calls, still to be read and discarded.
+    owed: usize,
+}
+
+fn io_error(what: &'static str, detail: String) -> RedisError {
+    RedisError::from(std::io::Error::other(format!("{what}: {detail}")))
+}
+
+impl Direct {
+    /// The connection for `url`, or `None` where redis-rs's connection must serve every call
+    /// (see the module docs). Connects on first use.
+    pub(crate) fn for_url(url: &str) -> Option<Self> {
+        let info = url.into_connection_info().ok()?;
+        let addr = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            #[cfg(feature = "tls")]
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            } => Addr::Tls(host.clone(), *port),
+            #[cfg(unix)]
+            redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
+            #[allow(unreachable_patterns)]
+            _ => return None,
+        };
+        let settings = info.redis_settings();
+        Some(Self {
+            target: Target {
+                addr,
+                username: settings.username().map(str::to_string),
+                password: settings.password().map(str::to_string),
+                db: settings.db(),
+                shown: redact(url),
+            },
+            idle: Mutex::new(None),
+            retry_at: Mutex::new(None),
+        })
+    }
+
+    /// Sends `cmd` and reads its reply. A server error is an `Err`, as with redis-rs.
+    pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        // A socket the server closed while it sat idle (a restart) is not used: the call
+        // would fail on it.
+        let idle = idle.filter(|s| !s.stream.closed_by_peer());
+        let socket = match idle {
+            Some(s) => s,
+            None => self.connect().await?,
+        };
+        let mut call = Call {
+            direct: self,
+            socket: Some(socket),
+            written: false,
+        };
+        let reply = call.run(cmd).await;
+        // Done: the socket goes back unless the call failed (then `call` drops it).
+        if reply.is_ok() {
+            if let Some(mut s) = call.socket.take() {
+                if s.buf.capacity() > KEEP_BUFFER {
+                    s.buf = Vec::with_capacity(4096);
+                }
+                if s.out.capacity() > KEEP_BUFFER {
+                    s.out = Vec::with_capacity(4096);
+                }
+                self.put(s);
+            }
+        } else {
+            call.socket = None;
+        }
+        match reply? {
+            Value::ServerError(e) => Err(e.into()),
+            v => Ok(v),
+        }
+    }
+
+    fn put(&self, socket: Socket) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        // A second socket (two calls at once, which lanes do not make) is closed.
+        if idle.is_none() {
+            *idle = Some(socket);
+        }
+    }
+
+    async fn connect(&self) -> Result<Socket, RedisError> {
+        let retry_at = *self.retry_at.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = retry_at {
+            let now = Instant::now();
+            if now < at {
+                return Err(io_error(
+                    "Redis unreachable",
+                    format!(
+                        "{} (the last attempt failed; the next in {:?})",
+                        self.target.shown,
+                        at - now
+                    ),
+                ));
+            }
+        }
+        let opened = match tokio::time::timeout(CONNECT_TIMEOUT, self.open()).await {
+            Ok(r) => r,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no connection to {} within {CONNECT_TIMEOUT:?}",
+                    self.target.shown
+                ),
+            ))),
+        };
+        *self.retry_at.lock().unwrap_or_else(PoisonError::into_inner) = match &opened {
+            Ok(_) => None,
+            Err(_) => Some(Instant::now() + RETRY_AFTER),
+        };
+        opened
+    }
+
+    async fn open(&self) -> Result<Socket, RedisError> {
+        let t = &self.target;
+        let stream = match &t.addr {
+            Addr::Tcp(host, port) => {
+                let s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                s.set_nodelay(true)?;
+                Stream::Tcp(s)
+            }
+            #[cfg(feature = "tls")]
+            Addr::Tls(host, port) => {
+                let s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                s.set_nodelay(true)?;
+                Stream::Tls(Box::new(tls::connect(host, s).await?))
+            }
+            #[cfg(unix)]
+            Addr::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
+        };
+        let mut socket = Socket {
+            stream,
+            buf: Vec::with_capacity(4096),
+            out: Vec::with_capacity(4096),
+            owed: 0,
+        };
+        if let Some(password) = &t.password {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = &t.username {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            expect_ok(socket.call(&auth).await?, "AUTH")?;
+        }
+        if t.db != 0 {
+            expect_ok(socket.call(redis::cmd("SELECT").arg(t.db)).await?, "SELECT")?;
+        }
+        Ok(socket)
+    }
+}
+
+fn expect_ok(v: Value, what: &'static str) -> Result<(), RedisError> {
+    match v {
+        Value::Okay => Ok(()),
+        Value::ServerError(e) => Err(e.into()),
+        other => Err(RedisError::from((
+            ErrorKind::Parse,
+            "unexpected reply",
+            format!("{what} answered {other:?}"),
+        ))),
+    }
+}
+
+/// One call on a socket taken from its connection. Dropped before the end (the caller gave
+/// up), it gives the socket back owing the reply, or closes it when the command was not
+/// written whole.
+struct Call<'a> {
+    direct: &'a Direct,
+    socket: Option<Socket>,
+    written: bool,
+}
+
+impl Call<'_> {
+    async fn run(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let Some(socket) = self.socket.as_mut() else {
+            return Err(io_error("Redis connection", "no socket".to_string()));
+        };
+        socket.out.clear();
+        cmd.write_packed_command(&mut socket.out);
+        // Replies of calls given up earlier come first.
+        while socket.owed > 0 {
+            socket.read_reply().await?;
+            socket.owed -= 1;
+        }
+        socket.write_out().await?;
+        self.written = true;
+        socket.read_reply().await
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        let Some(mut socket) = self.socket.take() else {
+            return;
+        };
+        if self.written && socket.owed < MAX_OWED {
+            socket.owed += 1;
+            self.direct.put(socket);
+        }
+    }
+}
+
+impl Socket {
+    /// Writes `cmd` whole and reads its reply (the connection's setup calls).
+    async fn call(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+        self.out.clear();
+        cmd.write_packed_command(&mut self.out);
+        self.write_out().await?;
+        self.read_reply().await
+    }
+
+    async fn write_out(&mut self) -> Result<(), RedisError> {
+        let out = std::mem::take(&mut self.out);
+        let r = self.stream.write_all(&out).await;
+        self.out = out;
+        Ok(r?)
+    }
+
+    async fn read_reply(&mut self) -> Result<Value, RedisError> {
+        loop {
+            if !self.buf.is_empty() {
+                match resp::parse(&self.buf) {
+                    Ok(Some((v, used))) => {
+                        self.buf.drain(..used);
+                        return Ok(v);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        return Err(RedisError::from((
+                            ErrorKind::Parse,
+                            "unreadable Redis reply",
+                            e.0,
+                        )))
+                    }
+                }
+            }
+            self.buf.reserve(4096);
+            let n = self.stream.read_buf(&mut self.buf).await?;
+            if n == 0 {
+                return Err(RedisError::from(std::io::Error::from(
+                    std::io::ErrorKind::UnexpectedEof,
+                )));
+            }
+        }
+    }
+}
+
+impl Stream {
+    /// Whether the reactor has seen the peer close this socket (or an error on it), asked
+    /// without waiting and without a system call.
+    fn closed_by_peer(&self) -> bool {
+        use std::future::Future;
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let ready = match self {
+            Stream::Tcp(s) => std::pin::pin!(s.ready(tokio::io::Interest::READABLE)).poll(&mut cx),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => {
+                std::pin::pin!(s.get_ref().0.ready(tokio::io::Interest::READABLE)).poll(&mut cx)
+            }
+            #[cfg(unix)]
+            Stream::Unix(s) => std::pin::pin!(s.ready(tokio::io::Interest::READABLE)).poll(&mut cx),
+        };
+        match ready {
+            std::task::Poll::Ready(Ok(r)) => r.is_read_closed() || r.is_error(),
+            std::task::Poll::Ready(Err(_)) => true,
+            std::task::Poll::Pending => false,
+        }
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(bytes).await,
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => {
+                s.write_all(bytes).await?;
+                s.flush().await
+            }
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write_all(bytes).await,
+        }
+    }
+
+    async fn read_buf(&mut self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => read_into(s, buf).await,
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => read_into(s.as_mut(), buf).await,
+            #[cfg(unix)]
+            Stream::Unix(s) => read_into(s, buf).await,
+        }
+    }
+}
+
+async fn read_into<R: AsyncRead + Unpin + ?Sized>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    r.read_buf(buf).await
+}
+
+#[cfg(feature = "tls")]
+mod tls {
+    use std::sync::Arc;
+
+    /// A TLS session to `host` over `tcp`, verified against the system's roots (which
+    /// `SSL_CERT_FILE` replaces), read on every connect as redis-rs does.
+    pub(super) async fn connect(
+        host: &str,
+        tcp: tokio::net::TcpStream,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let mut roots = rustls::RootCertStore::empty();
+        let found = rustls_native_certs::load_native_certs();
+        let (added, _) = roots.add_parsable_certificates(found.certs);
+        if added == 0 {
+            return Err(std::io::Error::other(
+                "no trusted root certificates found (set SSL_CERT_FILE)",
+            ));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(std::io::Error::other)?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from(host.to_string())
+            .map_err(|e| std::io::Error::other(format!("TLS server name {host:?}: {e}")))?;
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+    }
+}

@@ -1,0 +1,352 @@
+//! A RESP2 reply reader for the store's own connections (`direct.rs`).
+//!
+//! The connection reads bytes into a buffer and asks [`parse`] for one reply: `Ok(None)` while
+//! the buffer holds only part of it, `Ok(Some((value, used)))` once it holds all of it. A first
+//! pass only measures the reply (no allocation), so a reply that arrives in many reads is
+//! measured again on each, and built once. Errors are the values redis-rs builds (it parses
+//! the error line), so their kinds (NOSCRIPT, READONLY, ...) read as with redis-rs's own
+//! connections; a top-level error is a `Value::ServerError` the caller turns into an `Err`.
+//!
+//! The reader is bounded against a broken or hostile server: at most [`MAX_DEPTH`] nested
+//! arrays, [`MAX_REPLY`] bytes per reply, and no allocation larger than the bytes already
+//! received (an array's announced length preallocates no more than the buffer could hold).
+//! The connections never send `HELLO 3`, so RESP3's types are a protocol error.
+
+use redis::Value;
+
+/// The most nested arrays in one reply. The store's scripts answer at most three deep.
+pub(crate) const MAX_DEPTH: usize = 16;
+
+/// The largest reply read, in bytes. The store's largest (a batch of 64 plans of up to 256
+/// rules with their statuses) is far below it.
+pub(crate) const MAX_REPLY: usize = 64 << 20;
+
+/// A reply the reader cannot read: the connection is unusable after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProtocolError(pub(crate) String);
+
+impl std::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unreadable Redis reply: {}", self.0)
+    }
+}
+
+fn bad(what: impl Into<String>) -> ProtocolError {
+    ProtocolError(what.into())
+}
+
+/// One reply from the start of `buf`, and how many bytes it took; `None` when `buf` holds only
+/// part of it.
+pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
+    let Some(len) = measure(buf, 0, 0)? else {
+        if buf.len() > MAX_REPLY {
+            return Err(bad(format!("a reply longer than {MAX_REPLY} bytes")));
+        }
+        return Ok(None);
+    };
+    if len > MAX_REPLY {
+        return Err(bad(format!("a reply longer than {MAX_REPLY} bytes")));
+    }
+    let (value, used) = build(buf, 0)?;
+    debug_assert_eq!(used, len);
+    Ok(Some((value, used)))
+}
+
+/// The line at `at` (its end, not counting CRLF, and where the next item starts); `None` when
+/// the buffer ends before its CRLF.
+fn line(buf: &[u8], at: usize) -> Result<Option<(usize, usize)>, ProtocolError> {
+    let rest = buf.get(at..).unwrap_or_default();
+    match rest.iter().position(|&b| b == b'\n') {
+        Some(i) if i > 0 && rest[i - 1] == b'\r' => Ok(Some((at + i - 1, at + i + 1))),
+        Some(_) => Err(bad("a line that does not end in CRLF")),
+        None => {
+            if rest.len() > MAX_REPLY {
+                return Err(bad("a line longer than the largest reply"));
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// The integer of a length or `:` line: optional `-`, then 1 to 19 digits.
+fn integer(text: &[u8]) -> Result<i64, ProtocolError> {
+    let (neg, digits) = match text {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(bad(format!(
+            "{:?} is not an integer",
+            String::from_utf8_lossy(&text[..text.len().min(32)])
+        )));
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(i64::from(d - b'0')))
+            .ok_or_else(|| bad("an integer out of range"))?;
+    }
+    Ok(if neg { -n } else { n })
+}
+
+/// A bulk string's or array's announced length: -1 (nil) or 0..=MAX_REPLY.
+fn length(text: &[u8]) -> Result<i64, ProtocolError> {
+    let n = integer(text)?;
+    if n < -1 || n > MAX_REPLY as i64 {
+        return Err(bad(format!("a length of {n}")));
+    }
+    Ok(n)
+}
+
+/// Where the item at `at` ends, without building it; `None` when the buffer ends first.
+fn measure(buf: &[u8], at: usize, depth: usize) -> Result<Option<usize>, ProtocolError> {
+    let Some(&kind) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some((end, next)) = line(buf, at + 1)? else {
+        return Ok(None);
+    };
+    let text = &buf[at + 1..end];
+    match kind {
+        b'+' | b'-' => Ok(Some(next)),
+        b':' => integer(text).map(|_| Some(next)),
+        b'$' => {
+            let n = length(text)?;
+            if n < 0 {
+                return Ok(Some(next));
+            }
+            let stop = next + n as usize;
+            if buf.len() < stop + 2 {
+                return Ok(None);
+            }
+            if &buf[stop..stop + 2] != b"\r\n" {
+                return Err(bad("a bulk string not followed by CRLF"));
+            }
+            Ok(Some(stop + 2))
+        }
+        b'*' => {
+            let n = length(text)?;
+            if depth + 1 > MAX_DEPTH {
+                return Err(bad(format!("arrays nested deeper than {MAX_DEPTH}")));
+            }
+            let mut at = next;
+            for _ in 0..n.max(0) {
+                match measure(buf, at, depth + 1)? {
+                    Some(end) => at = end,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(at))
+        }
+        other => Err(bad(format!(
+            "a reply of type {:?} (this connection speaks RESP2)",
+            char::from(other)
+        ))),
+    }
+}
+
+/// Builds the item at `at`, which [`measure`] found complete.
+fn build(buf: &[u8], at: usize) -> Result<(Value, usize), ProtocolError> {
+    let kind = buf[at];
+    let Some((end, next)) = line(buf, at + 1)? else {
+        return Err(bad("a reply that ended early"));
+    };
+    let text = &buf[at + 1..end];
+    Ok(match kind {
+        b'+' if text == b"OK" => (Value::Okay, next),
+        b'+' => (
+            Value::SimpleString(String::from_utf8_lossy(text).into_owned()),
+            next,
+        ),
+        b'-' => (server_error(&buf[at..next])?, next),
+        b':' => (Value::Int(integer(text)?), next),
+        b'$' => {
+            let n = length(text)?;
+            if n < 0 {
+                return Ok((Value::Nil, next));
+            }
+            let stop = next + n as usize;
+            (Value::BulkString(buf[next..stop].to_vec()), stop + 2)
+        }
+        b'*' => {
+            let n = length(text)?;
+            if n < 0 {
+                return Ok((Value::Nil, next));
+            }
+            // Every item takes at least 3 bytes ("+\r\n").
+            let room = (buf.len() - next) / 3;
+            let mut items = Vec::with_capacity((n as usize).min(room));
+            let mut at = next;
+            for _ in 0..n {
+                let (v, end) = build(buf, at)?;
+                items.push(v);
+                at = end;
+            }
+            (Value::Array(items), at)
+        }
+        other => {
+            return Err(bad(format!(
+                "a reply of type {:?} (this connection speaks RESP2)",
+                char::from(other)
+            )))
+        }
+    })
+}
+
+/// An error line (`-CODE detail\r\n`) as redis-rs reads it, so its kind is redis-rs's.
+fn server_error(line: &[u8]) -> Result<Value, ProtocolError> {
+    match redis::parse_redis_value(line) {
+        Ok(v @ Value::ServerError(_)) => Ok(v),
+        Ok(other) => Err(bad(format!("an error line read as {other:?}"))),
+        Err(e) => Err(bad(format!("an error line redis-rs cannot read: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// RESP2 bytes of `v` (the types this reader builds).
+    fn encode(v: &Value, out: &mut Vec<u8>) {
+        match v {
+            Value::Okay => out.extend_from_slice(b"+OK\r\n"),
+            Value::SimpleString(s) => {
+                out.push(b'+');
+                out.extend_from_slice(s.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            Value::Int(n) => out.extend_from_slice(format!(":{n}\r\n").as_bytes()),
+            Value::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Value::BulkString(b) => {
+                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Value::Array(items) => {
+                out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                for i in items {
+                    encode(i, out);
+                }
+            }
+            Value::ServerError(e) => {
+                out.push(b'-');
+                out.extend_from_slice(e.code().as_bytes());
+                if let Some(d) = e.details() {
+                    out.push(b' ');
+                    out.extend_from_slice(d.as_bytes());
+                }
+                out.extend_from_slice(b"\r\n");
+            }
+            other => panic!("not a RESP2 value: {other:?}"),
+        }
+    }
+
+    fn error(line: &str) -> Value {
+        match redis::parse_redis_value(line.as_bytes()) {
+            Ok(v @ Value::ServerError(_)) => v,
+            other => panic!("{line:?} read as {other:?}"),
+        }
+    }
+
+    fn values() -> impl Strategy<Value = Value> {
+        let simple = "[a-zA-Z0-9 ]{0,12}"
+            .prop_filter_map("not OK", |s| (s != "OK").then_some(Value::SimpleString(s)));
+        let leaf = prop_oneof![
+            Just(Value::Okay),
+            Just(Value::Nil),
+            any::<i64>().prop_map(Value::Int),
+            proptest::collection::vec(any::<u8>(), 0..40).prop_map(Value::BulkString),
+            simple,
+            "[A-Z]{1,10}( [a-z0-9 ]{1,20})?".prop_map(|s| error(&format!("-{s}\r\n"))),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            proptest::collection::vec(inner, 0..8).prop_map(Value::Array)
+        })
+    }
+
+    proptest! {
+        /// Every value reads back as itself, with the bytes it took, whatever follows it.
+        #[test]
+        fn a_value_reads_back_as_itself(v in values(), tail in proptest::collection::vec(any::<u8>(), 0..8)) {
+            let mut bytes = Vec::new();
+            encode(&v, &mut bytes);
+            let len = bytes.len();
+            bytes.extend_from_slice(&tail);
+            prop_assert_eq!(parse(&bytes), Ok(Some((v, len))));
+        }
+
+        /// Every strict prefix of a reply is incomplete, never an error or a wrong value.
+        #[test]
+        fn a_prefix_is_incomplete(v in values()) {
+            let mut bytes = Vec::new();
+            encode(&v, &mut bytes);
+            for cut in 0..bytes.len() {
+                prop_assert_eq!(parse(&bytes[..cut]), Ok(None), "cut at {}", cut);
+            }
+        }
+
+        /// Arbitrary bytes never panic: a value, incomplete, or an error.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Ok(Some((_, used))) = parse(&bytes) {
+                prop_assert!(used <= bytes.len());
+            }
+        }
+
+        /// Bytes close to RESP (its type bytes, digits, CRLF) never panic either.
+        #[test]
+        fn resp_like_bytes_never_panic(bytes in proptest::collection::vec(
+            prop_oneof![Just(b'*'), Just(b'$'), Just(b':'), Just(b'+'), Just(b'-'), Just(b'\r'),
+                        Just(b'\n'), Just(b'1'), Just(b'0'), Just(b'9'), Just(b'x')], 0..64)) {
+            if let Ok(Some((_, used))) = parse(&bytes) {
+                prop_assert!(used <= bytes.len());
+            }
+        }
+    }
+
+    #[test]
+    fn errors_keep_redis_rs_kinds() {
+        let Ok(Some((Value::ServerError(e), _))) =
+            parse(b"-NOSCRIPT No matching script. Please use EVAL.\r\n")
+        else {
+            panic!("not an error");
+        };
+        assert_eq!(e.kind(), Some(redis::ServerErrorKind::NoScript));
+        let Ok(Some((Value::Array(items), _))) = parse(b"*2\r\n:1\r\n-ELSEWHERE slot 7\r\n") else {
+            panic!("not an array");
+        };
+        assert!(matches!(&items[1], Value::ServerError(e) if e.code() == "ELSEWHERE"));
+    }
+
+    #[test]
+    fn hostile_lengths_are_refused_without_allocating() {
+        // An array announcing 20 million items in a few bytes: incomplete, nothing reserved
+        // for it; more items than the largest reply could hold: refused.
+        assert_eq!(parse(b"*20000000\r\n:1\r\n"), Ok(None));
+        assert!(parse(b"*2147483647\r\n:1\r\n").is_err());
+        assert!(parse(b"$99999999999\r\n").is_err());
+        assert!(parse(b"*-2\r\n").is_err());
+        assert!(parse(b":12345678901234567890\r\n").is_err());
+        assert!(parse(b":9223372036854775808\r\n").is_err());
+        assert_eq!(
+            parse(b":-9223372036854775807\r\n"),
+            Ok(Some((Value::Int(-9223372036854775807), 23)))
+        );
+        assert!(parse(b":1\n").is_err());
+        assert!(parse(b"$3\r\nabcd\r\n").is_err());
+        assert!(parse(b"%1\r\n").is_err(), "RESP3 is not spoken here");
+        let deep = "*1\r\n".repeat(MAX_DEPTH + 1) + ":1\r\n";
+        assert!(parse(deep.as_bytes()).is_err());
+        let ok = "*1\r\n".repeat(MAX_DEPTH) + ":1\r\n";
+        assert!(matches!(parse(ok.as_bytes()), Ok(Some(_))));
+    }
+
+    #[test]
+    fn a_line_without_its_end_is_bounded() {
+        let mut long = vec![b'+'];
+        long.resize(MAX_REPLY + 2, b'a');
+        assert!(parse(&long).is_err());
+    }
+}

@@ -1,0 +1,248 @@
+//! The store's own connection for coalesced calls (`src/direct.rs`) against a real
+//! redis-server: which connection the calls take, credentials and database from the URL, a
+//! Unix socket, replies owed to callers that gave up, and servers that close connections.
+
+mod common;
+
+use common::{client, rule};
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_core::{Algorithm, Check, Rule};
+use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_testkit::RedisServer;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// The lines of `CLIENT LIST` other than redis-cli's own.
+fn store_clients(server: &RedisServer, auth: &[&str]) -> Vec<String> {
+    let mut args: Vec<&str> = auth.to_vec();
+    args.extend(["client", "list"]);
+    server
+        .cli(&args)
+        .lines()
+        .filter(|l| !l.contains("cmd=client|list"))
+        .map(str::to_string)
+        .collect()
+}
+
+async fn remaining(store: &RedisStore, r: &Rule, who: u128) -> u64 {
+    let v = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.check(&[Check::new(client(who), r, 1)], 0),
+    )
+    .await
+    .expect("no hang")
+    .expect("check");
+    v.decisions[0].remaining
+}
+
+#[tokio::test]
+async fn coalesced_calls_take_the_stores_own_connection_and_max_batch_1_has_none() {
+    let server = RedisServer::start();
+    let r = rule("own", Algorithm::TokenBucket, 10, HOUR);
+    let store = RedisStore::connect(RedisConfig::standalone(server.url()))
+        .await
+        .expect("connect");
+    assert_eq!(remaining(&store, &r, 1).await, 9);
+    let clients = store_clients(&server, &[]);
+    assert_eq!(clients.len(), 2, "{clients:?}");
+    assert_eq!(
+        clients.iter().filter(|l| l.contains("cmd=evalsha")).count(),
+        1,
+        "one connection ran the plan, the other loaded scripts: {clients:?}"
+    );
+    drop(store);
+
+    let one = RedisStore::connect(RedisConfig::standalone(server.url()).with_max_batch(1))
+        .await
+        .expect("connect");
+    assert_eq!(remaining(&one, &r, 1).await, 8);
+    // The first store's connections close as it drops; then only the second's is left.
+    let mut left = Vec::new();
+    for _ in 0..50 {
+        left = store_clients(&server, &[]);
+        if left.len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        left.len(),
+        1,
+        "max_batch = 1 keeps one connection: {left:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_own_connection_authenticates_as_the_urls_user_in_its_database() {
+    let server = RedisServer::start_with_args(&["--requirepass", "adm1n"]);
+    let admin = ["-a", "adm1n", "--no-auth-warning"];
+    let mut acl: Vec<&str> = admin.to_vec();
+    acl.extend(["acl", "setuser", "gw", "on", ">pw-9x", "~*", "+@all"]);
+    server.cli(&acl);
+    let url = format!("redis://gw:pw-9x@127.0.0.1:{}/3", server.port());
+    let store = RedisStore::connect(RedisConfig::standalone(url))
+        .await
+        .expect("connect");
+    let r = rule("db", Algorithm::Gcra, 5, HOUR);
+    assert_eq!(remaining(&store, &r, 7).await, 4);
+    let clients = store_clients(&server, &admin);
+    let planner = clients
+        .iter()
+        .find(|l| l.contains("cmd=evalsha"))
+        .unwrap_or_else(|| panic!("no connection ran the plan: {clients:?}"));
+    assert!(planner.contains(" user=gw "), "{planner}");
+    assert!(planner.contains(" db=3 "), "{planner}");
+    let mut keys: Vec<&str> = admin.to_vec();
+    keys.extend(["-n", "3", "dbsize"]);
+    assert_eq!(server.cli(&keys).trim(), "1", "the key is in database 3");
+    let mut zero: Vec<&str> = admin.to_vec();
+    zero.extend(["-n", "0", "dbsize"]);
+    assert_eq!(server.cli(&zero).trim(), "0");
+
+    // A user whose password changes: the next connection is refused as an auth error, not a
+    // transient one, and the message carries no password.
+    let mut change: Vec<&str> = admin.to_vec();
+    change.extend(["acl", "setuser", "gw", "resetpass", ">other"]);
+    server.cli(&change);
+    let mut kill: Vec<&str> = admin.to_vec();
+    kill.extend(["client", "kill", "user", "gw"]);
+    server.cli(&kill);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let err = store
+        .check(&[Check::new(client(8), &r, 1)], 0)
+        .await
+        .expect_err("the old password is refused");
+    assert!(!err.is_transient(), "{err}");
+    assert!(!format!("{err:?}").contains("pw-9x"), "{err:?}");
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_unix_socket_url_serves_the_coalesced_calls() {
+    let dir = std::env::temp_dir().join(format!("tollgate-direct-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("redis.sock");
+    let path_s = path.to_string_lossy().into_owned();
+    let server =
+        RedisServer::start_with_args(&["--unixsocket", &path_s, "--unixsocketperm", "700"]);
+    let store = RedisStore::connect(RedisConfig::standalone(format!("unix://{path_s}")))
+        .await
+        .expect("connect over the socket");
+    let r = rule("unix", Algorithm::SlidingWindowCounter, 3, HOUR);
+    assert_eq!(remaining(&store, &r, 1).await, 2);
+    assert_eq!(remaining(&store, &r, 1).await, 1);
+    let clients = store_clients(&server, &[]);
+    assert!(
+        clients
+            .iter()
+            .any(|l| l.contains("cmd=evalsha") && l.contains("laddr=/")),
+        "{clients:?}"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A caller that gives up while the server is frozen leaves its reply owed on the socket:
+/// the next call skips it and gets its own, on the same connection.
+#[tokio::test]
+async fn a_reply_owed_to_a_caller_that_gave_up_goes_to_no_one_else() {
+    let server = RedisServer::start();
+    let config = RedisConfig::standalone(server.url()).with_call_timeout(Duration::from_secs(10));
+    let store = RedisStore::connect(config).await.expect("connect");
+    let small = Arc::new(rule("small", Algorithm::TokenBucket, 10, HOUR));
+    let large = rule("large", Algorithm::TokenBucket, 1000, HOUR);
+    assert_eq!(remaining(&store, &small, 1).await, 9);
+    let before = store_clients(&server, &[]);
+
+    server.pause();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        store.check(&[Check::new(client(1), &small, 1)], 0),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the frozen server cannot have answered");
+    server.resume();
+
+    // The owed reply (small's: 8 left) is read and dropped; this call gets large's.
+    assert_eq!(remaining(&store, &large, 2).await, 999);
+    assert_eq!(remaining(&store, &large, 2).await, 998);
+    // The abandoned call reached the server before it froze, so it ran when it thawed.
+    assert_eq!(remaining(&store, &small, 1).await, 7);
+    let after = store_clients(&server, &[]);
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "no new connection: {before:?} {after:?}"
+    );
+}
+
+/// Redis's idle-client `timeout` (or a restart, or `CLIENT KILL`) closes the connections: the
+/// next call notices the closed socket before using it and does not fail.
+#[tokio::test]
+async fn connections_the_server_closed_are_replaced_without_failing_a_call() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(RedisConfig::standalone(server.url()))
+        .await
+        .expect("connect");
+    let r = rule("closed", Algorithm::FixedWindow, 100, HOUR);
+    assert_eq!(remaining(&store, &r, 1).await, 99);
+    for round in 0..3u64 {
+        server.cli(&["client", "kill", "type", "normal", "skipme", "yes"]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(remaining(&store, &r, 1).await, 98 - round);
+    }
+    server.cli(&["config", "set", "timeout", "1"]);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(remaining(&store, &r, 1).await, 95);
+}
+
+/// Many concurrent plans on one store (most of them in batches on the own connection) decide
+/// exactly: a hot client gets exactly its limit, every other client its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_plans_on_the_own_connection_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(RedisConfig::standalone(server.url()))
+        .await
+        .expect("connect");
+    let r = Arc::new(rule("hot", Algorithm::Gcra, 50, HOUR));
+    let mut tasks = Vec::new();
+    for i in 0..400u128 {
+        let (store, r) = (store.clone(), Arc::clone(&r));
+        tasks.push(tokio::spawn(async move {
+            let who = if i % 2 == 0 { 1 } else { 1000 + i };
+            let v = store.check(&[Check::new(client(who), &r, 1)], 0).await;
+            (who, v.map(|v| v.allowed))
+        }));
+    }
+    let (mut hot, mut others) = (0, 0);
+    for t in tasks {
+        let (who, allowed) = tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .expect("no hang")
+            .expect("task");
+        let allowed = allowed.expect("check");
+        match (who, allowed) {
+            (1, true) => hot += 1,
+            (1, false) => {}
+            (_, true) => others += 1,
+            (_, false) => panic!("a fresh client was denied"),
+        }
+    }
+    assert_eq!(hot, 50);
+    assert_eq!(others, 200);
+    let info = server.cli(&["info", "commandstats"]);
+    let calls: u64 = info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(calls < 400, "the plans coalesced: {calls} script calls");
+}
