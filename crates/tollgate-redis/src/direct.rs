@@ -11,8 +11,9 @@
 //! reply to skip: the next call reads and discards it first (at most [`MAX_OWED`], else the
 //! connection is closed), so a slow server does not cost a new connection per timeout. A
 //! call cut off while writing, a reply the reader cannot read ([`crate::resp`]) or an I/O
-//! error closes the connection; the next call opens another, and after a failed attempt
-//! calls fail at once for [`RETRY_AFTER`] instead of each waiting out a connect.
+//! error closes the connection; the next call opens another (bounded by the connect timeout
+//! and the call's own; while the server stays down the caller's circuit breaker stops the
+//! calls, as with redis-rs's connection, which also tries again on every call).
 //!
 //! It speaks RESP2: `AUTH` (with the URL's user and password) and `SELECT` (its database)
 //! on connect, then EVALSHA / EVAL. Plain TCP, TLS (`rediss://`, rustls with the system's
@@ -23,12 +24,9 @@
 use crate::config::{redact, CONNECT_TIMEOUT};
 use crate::resp;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-
-/// After a failed connection attempt, calls fail at once for this long.
-pub(crate) const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// The most replies of abandoned calls a connection may still owe before it is closed.
 pub(crate) const MAX_OWED: usize = 8;
@@ -40,8 +38,11 @@ const KEEP_BUFFER: usize = 64 << 10;
 pub(crate) struct Direct {
     target: Target,
     idle: Mutex<Option<Socket>>,
-    /// Until when calls fail at once after a failed attempt.
-    retry_at: Mutex<Option<Instant>>,
+    /// A connection was opened (the first, at the first call).
+    opened: AtomicBool,
+    /// A connection was opened again since [`Direct::reconnected`] last asked: the one before
+    /// was lost (a restart, a kill, an error).
+    opened_before: AtomicBool,
 }
 
 struct Target {
@@ -87,6 +88,12 @@ impl Direct {
     /// (see the module docs). Connects on first use.
     pub(crate) fn for_url(url: &str) -> Option<Self> {
         let info = url.into_connection_info().ok()?;
+        Self::for_info(&info, redact(url))
+    }
+
+    /// The connection for `info` (a Sentinel's master: its address, the URL's credentials
+    /// and TLS), shown as `shown` in messages.
+    pub(crate) fn for_info(info: &redis::ConnectionInfo, shown: String) -> Option<Self> {
         let addr = match info.addr() {
             redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
             #[cfg(feature = "tls")]
@@ -108,10 +115,11 @@ impl Direct {
                 username: settings.username().map(str::to_string),
                 password: settings.password().map(str::to_string),
                 db: settings.db(),
-                shown: redact(url),
+                shown,
             },
             idle: Mutex::new(None),
-            retry_at: Mutex::new(None),
+            opened: AtomicBool::new(false),
+            opened_before: AtomicBool::new(false),
         })
     }
 
@@ -127,7 +135,11 @@ impl Direct {
         let idle = idle.filter(|s| !s.stream.closed_by_peer());
         let socket = match idle {
             Some(s) => s,
-            None => self.connect().await?,
+            None => {
+                self.opened_before
+                    .fetch_or(self.opened.swap(true, Ordering::Relaxed), Ordering::Relaxed);
+                self.connect().await?
+            }
         };
         let mut call = Call {
             direct: self,
@@ -155,6 +167,13 @@ impl Direct {
         }
     }
 
+    /// Whether a connection was lost and another opened (or tried) since the last time this
+    /// was asked: the server may have restarted, and redis-rs's connection beside this one
+    /// only notices on its next call.
+    pub(crate) fn reconnected(&self) -> bool {
+        self.opened_before.swap(false, Ordering::Relaxed)
+    }
+
     fn put(&self, socket: Socket) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         // A second socket (two calls at once, which lanes do not make) is closed.
@@ -164,21 +183,7 @@ impl Direct {
     }
 
     async fn connect(&self) -> Result<Socket, RedisError> {
-        let retry_at = *self.retry_at.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(at) = retry_at {
-            let now = Instant::now();
-            if now < at {
-                return Err(io_error(
-                    "Redis unreachable",
-                    format!(
-                        "{} (the last attempt failed; the next in {:?})",
-                        self.target.shown,
-                        at - now
-                    ),
-                ));
-            }
-        }
-        let opened = match tokio::time::timeout(CONNECT_TIMEOUT, self.open()).await {
+        match tokio::time::timeout(CONNECT_TIMEOUT, self.open()).await {
             Ok(r) => r,
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -187,12 +192,7 @@ impl Direct {
                     self.target.shown
                 ),
             ))),
-        };
-        *self.retry_at.lock().unwrap_or_else(PoisonError::into_inner) = match &opened {
-            Ok(_) => None,
-            Err(_) => Some(Instant::now() + RETRY_AFTER),
-        };
-        opened
+        }
     }
 
     async fn open(&self) -> Result<Socket, RedisError> {

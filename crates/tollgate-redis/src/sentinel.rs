@@ -58,6 +58,8 @@ struct Inner {
 #[derive(Clone)]
 struct Master {
     conn: ConnectionManager,
+    /// The store's own connection to it, for the coalesced calls (`direct.rs`).
+    direct: Option<Arc<crate::direct::Direct>>,
     lookup: u64,
     /// `host:port`, as the sentinels named it.
     addr: String,
@@ -106,6 +108,22 @@ impl SentinelConnection {
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let master = self.master().await?;
         let reply = crate::reply::reply_of(&mut master.conn.clone(), cmd).await;
+        if let Err(e) = &reply {
+            if master_gone(e) {
+                self.forget(master.lookup);
+            }
+        }
+        reply
+    }
+
+    /// Runs `cmd` on the master over the store's own connection to it (`direct.rs`), or
+    /// redis-rs's where there is none; forgets the master when the answer says it is gone.
+    pub(crate) async fn query_direct(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let master = self.master().await?;
+        let reply = match &master.direct {
+            Some(d) => d.query(cmd).await,
+            None => crate::reply::reply_of(&mut master.conn.clone(), cmd).await,
+        };
         if let Err(e) = &reply {
             if master_gone(e) {
                 self.forget(master.lookup);
@@ -185,10 +203,11 @@ async fn lookup(inner: Arc<Inner>) -> Result<Master, RedisError> {
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(0);
-        let addr = client.get_connection_info().addr().to_string();
+        let info = client.get_connection_info().clone();
+        let addr = info.addr().to_string();
         ConnectionManager::new_with_config(client, config)
             .await
-            .map(|c| (addr, c))
+            .map(|c| (addr, info, c))
     };
     let found = match tokio::time::timeout(LOOKUP_TIMEOUT, find).await {
         Ok(found) => found,
@@ -202,11 +221,14 @@ async fn lookup(inner: Arc<Inner>) -> Result<Master, RedisError> {
         .failed_at
         .lock()
         .unwrap_or_else(PoisonError::into_inner) = found.is_err().then(Instant::now);
-    let (client_addr, conn) = found?;
+    let (client_addr, info, conn) = found?;
+    let direct = crate::direct::Direct::for_info(&info, format!("the master at {client_addr}"))
+        .map(Arc::new);
     let mut current = inner.current.lock().unwrap_or_else(PoisonError::into_inner);
     let lookup = NEXT_LOOKUP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let master = Master {
         conn,
+        direct,
         lookup,
         addr: client_addr,
     };

@@ -93,9 +93,8 @@ pub struct RedisStore {
     lanes: Arc<Lanes>,
     max_batch: usize,
     call_timeout: std::time::Duration,
-    /// A standalone server's own connection for the coalesced calls (`direct.rs`), when the
-    /// URL allows one and `max_batch` > 1.
-    direct: Option<Arc<crate::direct::Direct>>,
+    /// The connection the coalesced calls go on (`direct.rs`).
+    lane_conn: LaneConn,
 }
 
 /// The lanes of coalesced calls: one for a standalone server (or the master the sentinels
@@ -176,6 +175,18 @@ impl Lanes {
         }
         (Arc::clone(self.of(client)), false)
     }
+}
+
+/// Where a lane's calls go.
+#[derive(Clone)]
+enum LaneConn {
+    /// On redis-rs's connection, like every other call: a Cluster, `max_batch = 1`, or a URL
+    /// the store's own connection does not take.
+    Shared,
+    /// A standalone server's own connection.
+    Own(Arc<crate::direct::Direct>),
+    /// The own connection to the master the sentinels name (`sentinel.rs`).
+    SentinelMaster,
 }
 
 /// Scripts loaded into a store's server(s), by form.
@@ -260,15 +271,16 @@ impl RedisStore {
             )),
             max_batch: config.max_batch.clamp(1, crate::MAX_BATCH),
             call_timeout: config.call_timeout,
-            direct: None,
+            lane_conn: LaneConn::Shared,
         };
-        let direct = match &store.conn {
-            Connection::Standalone(_) if store.max_batch > 1 => {
-                crate::direct::Direct::for_url(&config.urls[0]).map(Arc::new)
-            }
-            _ => None,
+        let lane_conn = match &store.conn {
+            _ if store.max_batch == 1 => LaneConn::Shared,
+            Connection::Standalone(_) => crate::direct::Direct::for_url(&config.urls[0])
+                .map_or(LaneConn::Shared, |d| LaneConn::Own(Arc::new(d))),
+            Connection::Sentinel(_) => LaneConn::SentinelMaster,
+            Connection::Cluster(_) => LaneConn::Shared,
         };
-        let store = Self { direct, ..store };
+        let store = Self { lane_conn, ..store };
         // The generic script; plan scripts load on first use or in `prepare`.
         store.load(generic_script()).await?;
         store.refresh_nodes().await;
@@ -308,7 +320,7 @@ impl RedisStore {
                 .any(|c| c.client != first && c.client.cluster_slot() != slot)
             {
                 let mut at = vec![now; checks.len()];
-                return self.check_across_slots(checks, now, &mut at).await;
+                return Box::pin(self.check_across_slots(checks, now, &mut at)).await;
             }
         }
         let reply = self.run_plan(checks, now, true, true).await?;
@@ -601,15 +613,15 @@ impl RedisStore {
                 }
                 self.submit(&lane, Job::Plan(job)).await?
             } else {
-                self.run_job(&job).await?
+                // Boxed, like a lane's call (see `submit`).
+                Box::pin(self.run_job(&job)).await?
             };
             return parse_reply(&reply, limits(), reply_base);
         }
-        let reply = self
-            .run_script(generic_script(), |cmd| {
-                self.push_generic_args(cmd, checks, now)
-            })
-            .await?;
+        let reply = Box::pin(self.run_script(generic_script(), |cmd| {
+            self.push_generic_args(cmd, checks, now)
+        }))
+        .await?;
         parse_reply(&reply, limits(), 0)
     }
 
@@ -764,6 +776,18 @@ impl RedisStore {
         if let Some(s) = ready() {
             return Ok(Some(s));
         }
+        Box::pin(self.load_form(form)).await
+    }
+
+    /// [`RedisStore::loaded`]'s first use of a form: one load at a time.
+    async fn load_form(&self, form: Form) -> Result<Option<Arc<Script>>, RedisStoreError> {
+        let ready = || {
+            self.ready
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&form)
+                .cloned()
+        };
         let _one_at_a_time = self.loading.lock().await;
         if let Some(s) = ready() {
             return Ok(Some(s));
@@ -816,7 +840,16 @@ impl RedisStore {
 
     /// Round-trips a PING (on a cluster: to every node).
     pub async fn ping(&self) -> Result<(), RedisStoreError> {
-        self.query(&redis::cmd("PING")).await?;
+        match self.query(&redis::cmd("PING")).await {
+            // A connection the server dropped (a restart) reconnects on this failure: a PING
+            // can be sent again.
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                self.query(&redis::cmd("PING")).await?;
+            }
+            r => {
+                r?;
+            }
+        }
         Ok(())
     }
 
@@ -1111,8 +1144,23 @@ impl RedisStore {
     /// `cmd` on the lane's own connection (`direct.rs`) when `lane` and there is one, else
     /// on redis-rs's.
     async fn query_on(&self, cmd: &Cmd, lane: bool) -> Result<redis::Value, RedisError> {
-        match (&self.direct, lane) {
-            (Some(d), true) => d.query(cmd).await,
+        match (&self.lane_conn, &self.conn, lane) {
+            (LaneConn::Own(d), Connection::Standalone(shared), true) => {
+                let reply = d.query(cmd).await;
+                if d.reconnected() {
+                    // The server may have restarted: redis-rs's connection (loads, settles,
+                    // readiness) notices only on its next call, which would fail. A PING
+                    // now makes it reconnect first.
+                    let mut shared = shared.clone();
+                    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                        rt.spawn(async move {
+                            let _ = reply_of(&mut shared, &redis::cmd("PING")).await;
+                        });
+                    }
+                }
+                reply
+            }
+            (LaneConn::SentinelMaster, Connection::Sentinel(c), true) => c.query_direct(cmd).await,
             _ => self.query(cmd).await,
         }
     }
@@ -1283,23 +1331,29 @@ impl RedisStore {
             }
         };
         match waiting {
-            Ok(job) => {
-                let _busy = Busy { store: self, lane };
-                if self.direct.is_some() {
-                    // The store's own connection has no timer of its own: this is the one.
-                    let timeout = self.call_timeout();
-                    match tokio::time::timeout(timeout, self.run_alone(&job)).await {
-                        Ok(r) => r.map_err(Into::into),
-                        Err(_) => Err(RedisStoreError::timed_out(timeout)),
-                    }
-                } else {
-                    self.run_alone(&job).await.map_err(Into::into)
-                }
-            }
+            // Boxed: the call's future is large, and only the plan that leads the lane needs
+            // it; the others wait on their oneshot. A plan's future is moved several times on
+            // its way through the gateway, so its size is paid per request.
+            Ok(job) => Box::pin(self.lead(lane, job)).await,
             Err(rx) => match rx.await {
                 Ok(answer) => answer,
                 Err(_) => Err(RedisStoreError::dropped()),
             },
+        }
+    }
+
+    /// The call of a plan that found its lane idle, sent at once; the lane is marked idle (or
+    /// drained) when it ends.
+    async fn lead(&self, lane: &Arc<Lane>, job: Job) -> Answer {
+        let _busy = Busy { store: self, lane };
+        if matches!(self.lane_conn, LaneConn::Shared) {
+            return self.run_alone(&job).await.map_err(Into::into);
+        }
+        // The store's own connection has no timer of its own: this is the one.
+        let timeout = self.call_timeout();
+        match tokio::time::timeout(timeout, self.run_alone(&job)).await {
+            Ok(r) => r.map_err(Into::into),
+            Err(_) => Err(RedisStoreError::timed_out(timeout)),
         }
     }
 
@@ -1649,5 +1703,34 @@ mod tests {
             let dup = twice(&checks).expect("the same client and rule again");
             assert_eq!(dup.rule.name(), rules[n - 1].name(), "{n}");
         }
+    }
+}
+
+#[cfg(test)]
+mod future_size {
+    use super::*;
+
+    /// A check's future is moved several times per request on its way through a gateway:
+    /// what only some calls need (the lane's own call, a script load, a plan across slots) is
+    /// boxed where it starts, so the future every plan carries stays small.
+    #[tokio::test]
+    async fn a_checks_future_stays_small() {
+        let server = tollgate_testkit::RedisServer::start();
+        let store = RedisStore::connect(RedisConfig::standalone(server.url()))
+            .await
+            .expect("connect");
+        let quota = tollgate_core::Quota::new(5, std::time::Duration::from_secs(60)).expect("q");
+        let limit = tollgate_core::Limit::new(tollgate_core::Algorithm::Gcra, quota).expect("l");
+        let r = Rule::new("x", limit);
+        let checks = [Check::new(ClientKey::from_u128(1), &r, 1)];
+        let check = std::mem::size_of_val(&store.check(&checks, 0));
+        let timed = std::mem::size_of_val(&store.check_timed(&checks, 0));
+        eprintln!("check {check} bytes, check_timed {timed} bytes");
+        // 5,376 and 5,440 bytes before the boxing (a debug build).
+        assert!(check <= 3072, "RedisStore::check's future is {check} bytes");
+        assert!(
+            timed <= 3072,
+            "RedisStore::check_timed's future is {timed} bytes"
+        );
     }
 }

@@ -152,7 +152,9 @@ impl Store {
                 Ok(m.check(checks, now))
             }
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.check(checks, now, timeout).await,
+            // Boxed, as every Redis call here: its future is large, and a memory store's
+            // check (and every caller's future around it) would carry and move its size.
+            Store::Redis(r) => Box::pin(r.check(checks, now, timeout)).await,
         }
     }
 
@@ -172,10 +174,10 @@ impl Store {
             }
             #[cfg(feature = "redis")]
             Store::Redis(r) => {
-                within(timeout, async {
+                Box::pin(within(timeout, async {
                     let store = r.get().await?;
                     store.check_timed(checks, now).await
-                })
+                }))
                 .await
             }
         }
@@ -209,10 +211,10 @@ impl Store {
                         real: it.real,
                     })
                     .collect();
-                within(timeout, async {
+                Box::pin(within(timeout, async {
                     let store = r.get().await?;
                     store.settle(&redis_items, now).await
-                })
+                }))
                 .await
             }
         }
@@ -245,10 +247,10 @@ impl Store {
                         units,
                     })
                     .collect();
-                within(timeout, async {
+                Box::pin(within(timeout, async {
                     let store = r.get().await?;
                     store.give_back(&redis_items, now).await
-                })
+                }))
                 .await
             }
         }
@@ -283,7 +285,7 @@ impl Store {
                 })
             }
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.lease(client, rule, request, now, timeout).await,
+            Store::Redis(r) => Box::pin(r.lease(client, rule, request, now, timeout)).await,
         }
     }
 
@@ -302,10 +304,10 @@ impl Store {
             }
             #[cfg(feature = "redis")]
             Store::Redis(r) => {
-                within(timeout, async {
+                Box::pin(within(timeout, async {
                     let store = r.get().await?;
                     store.reset(client, rule.name()).await
-                })
+                }))
                 .await
             }
         }
@@ -319,7 +321,7 @@ impl Store {
                 Ok(())
             }
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.ping(timeout).await,
+            Store::Redis(r) => Box::pin(r.ping(timeout)).await,
         }
     }
 
@@ -347,7 +349,10 @@ impl Store {
                         }]
                     })
                     .collect();
-                self::within(within, async { r.get().await?.prepare(&shapes).await }).await
+                Box::pin(self::within(within, async {
+                    r.get().await?.prepare(&shapes).await
+                }))
+                .await
             }
         }
     }
@@ -371,9 +376,16 @@ impl LazyRedis {
     }
 
     async fn get(&self) -> Result<&RedisStore, RedisStoreError> {
-        self.store
-            .get_or_try_init(|| RedisStore::connect(self.config.clone()))
-            .await
+        if let Some(store) = self.store.get() {
+            return Ok(store);
+        }
+        // Boxed: connecting is a large future that only the first calls need, and every
+        // call's future would otherwise carry its size (and move it, several times a request).
+        Box::pin(
+            self.store
+                .get_or_try_init(|| RedisStore::connect(self.config.clone())),
+        )
+        .await
     }
 
     async fn check(

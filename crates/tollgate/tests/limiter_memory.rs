@@ -270,3 +270,18 @@ async fn limited_decisions_and_only_they_count_a_client_among_the_most_limited()
     clock.advance(Duration::from_secs(300));
     assert!(l.top_limited(10).clients.is_empty());
 }
+
+/// A check's future is moved several times on its way through a gateway (into the tower
+/// layer's box, through tracing's instrument), so its size is paid on every request. The
+/// memory store's must not carry the Redis store's connect or call futures: those are boxed
+/// where they start.
+#[test]
+fn a_checks_future_stays_small() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let p = policy(&l, "api", Algorithm::Gcra, 5, 60);
+    let plan = tollgate::Plan::for_client(client(1), [&p]);
+    let size = std::mem::size_of_val(&l.check(&plan));
+    eprintln!("Limiter::check future: {size} bytes");
+    assert!(size <= 2048, "Limiter::check's future is {size} bytes");
+}
