@@ -15,8 +15,8 @@
 //! and the call's own; while the server stays down the caller's circuit breaker stops the
 //! calls, as with redis-rs's connection, which also tries again on every call).
 //!
-//! It speaks RESP2: `AUTH` (with the URL's user and password) and `SELECT` (its database)
-//! on connect, then EVALSHA / EVAL. Plain TCP, TLS (`rediss://`, rustls with the system's
+//! It speaks RESP2: `AUTH` (with the URL's user and password), `SELECT` (its database) and
+//! `CLIENT SETNAME tollgate-batch` on connect, then EVALSHA / EVAL. Plain TCP, TLS (`rediss://`, rustls with the system's
 //! roots, which honour `SSL_CERT_FILE`, as redis-rs's) and Unix sockets; a URL it does not
 //! handle this way (TLS without verification, client certificates) keeps redis-rs's
 //! connection for every call.
@@ -27,6 +27,9 @@ use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// The name of the store's own connections in `CLIENT LIST`.
+pub(crate) const CLIENT_NAME: &str = "tollgate-batch";
 
 /// The most replies of abandoned calls a connection may still owe before it is closed.
 pub(crate) const MAX_OWED: usize = 8;
@@ -229,6 +232,10 @@ impl Direct {
         if t.db != 0 {
             expect_ok(socket.call(redis::cmd("SELECT").arg(t.db)).await?, "SELECT")?;
         }
+        // So that `CLIENT LIST` tells an operator which connection carries the batches.
+        let mut name = redis::cmd("CLIENT");
+        name.arg("SETNAME").arg(CLIENT_NAME);
+        expect_ok(socket.call(&name).await?, "CLIENT SETNAME")?;
         Ok(socket)
     }
 }

@@ -51,6 +51,12 @@ async fn coalesced_calls_take_the_stores_own_connection_and_max_batch_1_has_none
         1,
         "one connection ran the plan, the other loaded scripts: {clients:?}"
     );
+    assert!(
+        clients
+            .iter()
+            .any(|l| l.contains(" name=tollgate-batch ") && l.contains("cmd=evalsha")),
+        "the plan ran on the store's own, named connection: {clients:?}"
+    );
     drop(store);
 
     let one = RedisStore::connect(RedisConfig::standalone(server.url()).with_max_batch(1))
@@ -71,6 +77,7 @@ async fn coalesced_calls_take_the_stores_own_connection_and_max_batch_1_has_none
         1,
         "max_batch = 1 keeps one connection: {left:?}"
     );
+    assert!(!left[0].contains("tollgate-batch"), "{left:?}");
 }
 
 #[tokio::test]

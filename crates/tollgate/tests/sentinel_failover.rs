@@ -115,6 +115,14 @@ async fn decisions_resume_on_the_promoted_replica_within_two_breaker_periods() {
     assert_eq!(r.results[0].outcome, Outcome::Allowed);
     let r = l.check(&tollgate::Plan::for_client(client, [&p])).await;
     assert_eq!(r.results[0].outcome, Outcome::Limited);
+    // The plans ran on the store's own connection to the new master (src/direct.rs).
+    let clients = set.replica().cli(&["CLIENT", "LIST"]);
+    assert!(
+        clients
+            .lines()
+            .any(|c| c.contains(" name=tollgate-batch ") && c.contains("cmd=eval")),
+        "{clients}"
+    );
 }
 
 /// `SENTINEL FAILOVER` leaves the old master up, answering as a master until the sentinels
