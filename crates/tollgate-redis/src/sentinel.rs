@@ -2,7 +2,8 @@
 //!
 //! The store asks the sentinels (`SENTINEL MASTERS`, then `ROLE` on the answer, both done by
 //! redis-rs) for the master's address and keeps one multiplexed connection to it, like the
-//! standalone store. A connection that breaks, or a server that answers READONLY (the old
+//! standalone store, and one of its own for the coalesced calls (`direct.rs`, made from the
+//! same address and credentials, replaced with the master). A connection that breaks, or a server that answers READONLY (the old
 //! master back as a replica), makes the store forget that master: the call fails (the
 //! caller's failure policy and breaker handle it) and the next call asks the sentinels again.
 //! While they have not promoted a replica yet they report the master down, so calls keep

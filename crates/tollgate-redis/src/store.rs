@@ -766,30 +766,25 @@ impl RedisStore {
     /// The script of `form`, loaded into this store's server(s) on first use; `None` when the
     /// plan runs the generic script.
     async fn loaded(&self, form: Form) -> Result<Option<Arc<Script>>, RedisStoreError> {
-        let ready = || {
-            self.ready
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&form)
-                .cloned()
-        };
-        if let Some(s) = ready() {
+        if let Some(s) = self.ready_script(&form) {
             return Ok(Some(s));
         }
         Box::pin(self.load_form(form)).await
     }
 
+    /// The script of `form` when it is loaded already.
+    fn ready_script(&self, form: &Form) -> Option<Arc<Script>> {
+        self.ready
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(form)
+            .cloned()
+    }
+
     /// [`RedisStore::loaded`]'s first use of a form: one load at a time.
     async fn load_form(&self, form: Form) -> Result<Option<Arc<Script>>, RedisStoreError> {
-        let ready = || {
-            self.ready
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&form)
-                .cloned()
-        };
         let _one_at_a_time = self.loading.lock().await;
-        if let Some(s) = ready() {
+        if let Some(s) = self.ready_script(&form) {
             return Ok(Some(s));
         }
         let Some(s) = plan_script(&form) else {
