@@ -37,6 +37,10 @@ pub fn normalize_path(target: &str) -> String {
 /// [`normalize_path`], or the reason the path is ambiguous.
 pub fn normalize_strict(target: &str) -> Result<String, AmbiguousPath> {
     let path = path_of(target);
+    if is_canonical(path) {
+        // Most paths: nothing to decode, resolve or refuse, so the result is the path.
+        return Ok(path.to_string());
+    }
     if let Some(why) = stray_percent(path) {
         return Err(why);
     }
@@ -45,6 +49,31 @@ pub fn normalize_strict(target: &str) -> Result<String, AmbiguousPath> {
         return Err(why);
     }
     Ok(resolve_dots(&decoded))
+}
+
+/// Whether `path` is its own normal form: it starts with `/`, holds only letters, digits,
+/// `-`, `_`, `~`, `.` and `/`, has no empty segment (`//`) and no segment ending in `.` (which
+/// covers `.`, `..` and the dotted names some servers strip). Then [`normalize_strict`]'s
+/// decoding, checks and dot resolution change nothing, so they are skipped (a property test
+/// holds the two to the same answers).
+fn is_canonical(path: &str) -> bool {
+    let b = path.as_bytes();
+    if b.first() != Some(&b'/') {
+        return false;
+    }
+    let mut prev = b'/';
+    for &c in &b[1..] {
+        let ok = match c {
+            b'/' => prev != b'/' && prev != b'.',
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'~' | b'.' => true,
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+        prev = c;
+    }
+    prev != b'.'
 }
 
 /// The path part of a request target: no scheme and authority, no query, no fragment.
@@ -191,6 +220,49 @@ fn resolve_dots(decoded: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// [`normalize_strict`] without its fast path.
+    fn strict_slow(target: &str) -> Result<String, AmbiguousPath> {
+        let path = path_of(target);
+        if let Some(why) = stray_percent(path) {
+            return Err(why);
+        }
+        let decoded = decode_unreserved(path);
+        if let Some(why) = ambiguity(&decoded) {
+            return Err(why);
+        }
+        Ok(resolve_dots(&decoded))
+    }
+
+    proptest! {
+        /// The fast path answers exactly what the full normalization answers, for paths made
+        /// of the characters that matter to it (dots, slashes, escapes, separators).
+        #[test]
+        fn the_fast_path_answers_as_the_full_normalization(
+            path in proptest::collection::vec(
+                prop_oneof![Just("/"), Just("."), Just(".."), Just("a"), Just("Z9"), Just("-_~"),
+                            Just("%2e"), Just("%41"), Just(";"), Just("\\"), Just("?q=1"),
+                            Just("#f"), Just(" "), Just("%"), Just("é")], 0..10)
+        ) {
+            let target: String = path.concat();
+            prop_assert_eq!(normalize_strict(&target), strict_slow(&target), "{:?}", target);
+        }
+    }
+
+    #[test]
+    fn canonical_paths_take_the_fast_path_and_others_do_not() {
+        for p in ["/", "/api", "/api/", "/api/v1/items/42", "/a.b/c~d_e-f"] {
+            assert!(is_canonical(p), "{p}");
+            assert_eq!(normalize_strict(p).as_deref(), Ok(p));
+        }
+        for p in [
+            "", "api", "//api", "/api//x", "/.", "/..", "/a/./b", "/a/../b", "/a.", "/a./b",
+            "/%61", "/a;b", "/a b", "/a\\b",
+        ] {
+            assert!(!is_canonical(p), "{p}");
+        }
+    }
 
     #[test]
     fn tricks_do_not_escape_normalisation() {
