@@ -420,3 +420,44 @@ mod tls {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(url: &str) -> Option<String> {
+        Direct::for_url(url).map(|d| match &d.target.addr {
+            Addr::Tcp(h, p) => format!("tcp {h}:{p}"),
+            #[cfg(feature = "tls")]
+            Addr::Tls(h, p) => format!("tls {h}:{p}"),
+            #[cfg(unix)]
+            Addr::Unix(path) => format!("unix {}", path.display()),
+        })
+    }
+
+    #[test]
+    fn urls_the_own_connection_takes_and_those_it_leaves_to_redis_rs() {
+        assert_eq!(
+            addr("redis://10.0.0.1:6380/2").as_deref(),
+            Some("tcp 10.0.0.1:6380")
+        );
+        #[cfg(feature = "tls")]
+        assert_eq!(
+            addr("rediss://cache.internal:6379").as_deref(),
+            Some("tls cache.internal:6379")
+        );
+        #[cfg(unix)]
+        assert_eq!(
+            addr("unix:///run/redis.sock").as_deref(),
+            Some("unix /run/redis.sock")
+        );
+        // Unverified TLS is redis-rs's to refuse or allow, never silently ours.
+        assert_eq!(addr("rediss://cache.internal:6379/#insecure"), None);
+        assert_eq!(addr("not a url"), None);
+        let d = Direct::for_url("redis://gw:s3cret@10.0.0.1:6380/2").expect("takes it");
+        assert_eq!(d.target.username.as_deref(), Some("gw"));
+        assert_eq!(d.target.password.as_deref(), Some("s3cret"));
+        assert_eq!(d.target.db, 2);
+        assert!(!d.target.shown.contains("s3cret"), "{}", d.target.shown);
+    }
+}
