@@ -30,24 +30,33 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
         .take(MAX_ADVERTISED_POLICIES);
     // Written straight into one string (no formatting machinery, no string per name): one
     // line per decision, and the RLS writes it for every request with ten or more rules.
+    // Each policy's item is written once, when the policy is built (`policy_item`).
     let mut out = String::with_capacity(48 * result.results.len().min(MAX_ADVERTISED_POLICIES));
     for r in listed {
         if !out.is_empty() {
             out.push_str(", ");
         }
-        let q = r.policy.limit().quota();
-        push_sf_string(&mut out, r.policy.name());
-        out.push_str(";q=");
-        push_u64(&mut out, q.limit());
-        if r.policy.is_concurrency() {
-            // Not a rate: no window; the quota unit says what is counted.
-            out.push_str(";qu=\"concurrent-requests\"");
-        } else {
-            out.push_str(";w=");
-            push_u64(&mut out, secs_ceil(q.period(), 1));
-        }
+        out.push_str(r.policy.advertised());
     }
     (!out.is_empty()).then_some(out)
+}
+
+/// One policy's item of `RateLimit-Policy`: `"name";q=LIMIT;w=WINDOW_SECONDS`, or
+/// `;qu="concurrent-requests"` instead of a window for a concurrency limit.
+pub(crate) fn policy_item(name: &str, limit: &crate::quota::Limit) -> String {
+    let mut out = String::with_capacity(name.len() + 32);
+    let q = limit.quota();
+    push_sf_string(&mut out, name);
+    out.push_str(";q=");
+    push_u64(&mut out, q.limit());
+    if limit.algorithm().is_concurrency() {
+        // Not a rate: no window; the quota unit says what is counted.
+        out.push_str(";qu=\"concurrent-requests\"");
+    } else {
+        out.push_str(";w=");
+        push_u64(&mut out, secs_ceil(q.period(), 1));
+    }
+    out
 }
 
 /// `"name";r=REMAINING;t=RESET_SECONDS` for the most constrained enforced policy with a

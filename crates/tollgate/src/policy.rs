@@ -221,6 +221,8 @@ pub(crate) struct PolicyInner {
     /// The deny cache's key of this rule: its name and its quota, so a denial decided under
     /// one quota never answers for another (after a reload changed it).
     pub(crate) deny_key: u64,
+    /// Its item of `RateLimit-Policy`, written once (`crate::headers::policy_item`).
+    pub(crate) advertised: Arc<str>,
 }
 
 /// The rule's name hash mixed with its algorithm and quota (per process: the deny cache is).
@@ -269,6 +271,7 @@ impl Policy {
             inner: Arc::new(PolicyInner {
                 fallback: Rule::new(format!("{}:local", spec.name), fallback),
                 deny_key: deny_key(&rule),
+                advertised: crate::headers::policy_item(rule.name(), rule.limit()).into(),
                 rule,
                 cost: spec.cost,
                 on_failure: spec.on_failure,
@@ -287,6 +290,11 @@ impl Policy {
     /// The policy's name.
     pub fn name(&self) -> &str {
         self.inner.rule.name()
+    }
+
+    /// Its item of the `RateLimit-Policy` header.
+    pub(crate) fn advertised(&self) -> &str {
+        &self.inner.advertised
     }
 
     /// The rule the shared store enforces.
@@ -384,6 +392,7 @@ impl Policy {
                 settle: i.settle,
                 stats: Arc::clone(&i.stats),
                 deny_key: i.deny_key,
+                advertised: Arc::clone(&i.advertised),
             }),
         }
     }
