@@ -16,10 +16,11 @@
 //! calls, as with redis-rs's connection, which also tries again on every call).
 //!
 //! It speaks RESP2: `AUTH` (with the URL's user and password), `SELECT` (its database) and
-//! `CLIENT SETNAME tollgate-batch` on connect, then EVALSHA / EVAL. Plain TCP, TLS (`rediss://`, rustls with the system's
-//! roots, which honour `SSL_CERT_FILE`, as redis-rs's) and Unix sockets; a URL it does not
-//! handle this way (TLS without verification, client certificates) keeps redis-rs's
-//! connection for every call.
+//! `CLIENT SETNAME tollgate-batch` on connect (a server or an ACL user that refuses CLIENT
+//! leaves the connection unnamed, as redis-rs ignores a refused `CLIENT SETINFO`), then
+//! EVALSHA / EVAL. Plain TCP, TLS (`rediss://`, rustls with the system's roots, which honour
+//! `SSL_CERT_FILE`, as redis-rs's) and Unix sockets; a URL it does not handle this way (TLS
+//! without verification, client certificates) keeps redis-rs's connection for every call.
 
 use crate::config::{redact, CONNECT_TIMEOUT};
 use crate::resp;
@@ -45,7 +46,7 @@ pub(crate) struct Direct {
     opened: AtomicBool,
     /// A connection was opened again since [`Direct::reconnected`] last asked: the one before
     /// was lost (a restart, a kill, an error).
-    opened_before: AtomicBool,
+    reopened: AtomicBool,
 }
 
 struct Target {
@@ -122,7 +123,7 @@ impl Direct {
             },
             idle: Mutex::new(None),
             opened: AtomicBool::new(false),
-            opened_before: AtomicBool::new(false),
+            reopened: AtomicBool::new(false),
         })
     }
 
@@ -139,8 +140,9 @@ impl Direct {
         let socket = match idle {
             Some(s) => s,
             None => {
-                self.opened_before
-                    .fetch_or(self.opened.swap(true, Ordering::Relaxed), Ordering::Relaxed);
+                if self.opened.swap(true, Ordering::Relaxed) {
+                    self.reopened.store(true, Ordering::Relaxed);
+                }
                 self.connect().await?
             }
         };
@@ -174,7 +176,8 @@ impl Direct {
     /// was asked: the server may have restarted, and redis-rs's connection beside this one
     /// only notices on its next call.
     pub(crate) fn reconnected(&self) -> bool {
-        self.opened_before.swap(false, Ordering::Relaxed)
+        // Asked after every call: a plain load, and a write only when it was set.
+        self.reopened.load(Ordering::Relaxed) && self.reopened.swap(false, Ordering::Relaxed)
     }
 
     fn put(&self, socket: Socket) {
@@ -232,10 +235,12 @@ impl Direct {
         if t.db != 0 {
             expect_ok(socket.call(redis::cmd("SELECT").arg(t.db)).await?, "SELECT")?;
         }
-        // So that `CLIENT LIST` tells an operator which connection carries the batches.
+        // So that `CLIENT LIST` tells an operator which connection carries the batches. A
+        // least-privilege ACL user (scripts only) or a managed server may refuse CLIENT: the
+        // connection serves as well unnamed, so only an I/O error counts here.
         let mut name = redis::cmd("CLIENT");
         name.arg("SETNAME").arg(CLIENT_NAME);
-        expect_ok(socket.call(&name).await?, "CLIENT SETNAME")?;
+        socket.call(&name).await?;
         Ok(socket)
     }
 }

@@ -259,6 +259,14 @@ impl RedisStore {
             }
             Connection::Standalone(connect_standalone(&config.urls[0]).await?)
         };
+        let max_batch = config.max_batch.clamp(1, crate::MAX_BATCH);
+        let lane_conn = match &conn {
+            _ if max_batch == 1 => LaneConn::Shared,
+            Connection::Standalone(_) => crate::direct::Direct::for_url(&config.urls[0])
+                .map_or(LaneConn::Shared, |d| LaneConn::Own(Arc::new(d))),
+            Connection::Sentinel(_) => LaneConn::SentinelMaster,
+            Connection::Cluster(_) => LaneConn::Shared,
+        };
         let store = Self {
             conn,
             prefix: config.key_prefix.into(),
@@ -269,18 +277,10 @@ impl RedisStore {
             lanes: Arc::new(Lanes::new(
                 config.cluster && config.sentinel_master.is_none(),
             )),
-            max_batch: config.max_batch.clamp(1, crate::MAX_BATCH),
+            max_batch,
             call_timeout: config.call_timeout,
-            lane_conn: LaneConn::Shared,
+            lane_conn,
         };
-        let lane_conn = match &store.conn {
-            _ if store.max_batch == 1 => LaneConn::Shared,
-            Connection::Standalone(_) => crate::direct::Direct::for_url(&config.urls[0])
-                .map_or(LaneConn::Shared, |d| LaneConn::Own(Arc::new(d))),
-            Connection::Sentinel(_) => LaneConn::SentinelMaster,
-            Connection::Cluster(_) => LaneConn::Shared,
-        };
-        let store = Self { lane_conn, ..store };
         // The generic script; plan scripts load on first use or in `prepare`.
         store.load(generic_script()).await?;
         store.refresh_nodes().await;

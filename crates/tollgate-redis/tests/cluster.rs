@@ -101,9 +101,17 @@ async fn a_failover_is_survived_without_recreating_the_store() {
         recovered,
         "no success within 300 attempts ({errors} errors)"
     );
-    let promoted = cluster
-        .master_of_key(&key)
-        .expect("a master serves the key");
+    // The store may reach the promoted master before every node's view of the slots says
+    // so: ask again for a bounded while (50 x 100 ms).
+    let mut promoted = cluster.master_of_key(&key);
+    for _ in 0..50 {
+        if promoted.is_some_and(|p| p != dead) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        promoted = cluster.master_of_key(&key);
+    }
+    let promoted = promoted.expect("a master serves the key");
     assert_ne!(promoted, dead);
     // The promoted replica never had the script loaded by us: NOSCRIPT was answered by a
     // reload, and the next call uses EVALSHA again.

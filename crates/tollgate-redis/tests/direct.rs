@@ -127,6 +127,33 @@ async fn the_own_connection_authenticates_as_the_urls_user_in_its_database() {
     assert!(!format!("{err:?}").contains("pw-9x"), "{err:?}");
 }
 
+/// A least-privilege ACL user may not run CLIENT: the own connection then stays unnamed and
+/// serves as well (naming it is for operators, not a condition of use).
+#[tokio::test]
+async fn a_user_refused_client_commands_still_gets_the_own_connection() {
+    let server = RedisServer::start_with_args(&["--requirepass", "adm1n"]);
+    let admin = ["-a", "adm1n", "--no-auth-warning"];
+    let mut acl: Vec<&str> = admin.to_vec();
+    acl.extend([
+        "acl", "setuser", "lean", "on", ">pw-3k", "~*", "+@all", "-client",
+    ]);
+    server.cli(&acl);
+    let url = format!("redis://lean:pw-3k@127.0.0.1:{}", server.port());
+    let store = RedisStore::connect(RedisConfig::standalone(url))
+        .await
+        .expect("connect");
+    let r = rule("lean", Algorithm::TokenBucket, 3, HOUR);
+    for left in [2, 1, 0] {
+        assert_eq!(remaining(&store, &r, 5).await, left);
+    }
+    let clients = store_clients(&server, &admin);
+    assert!(
+        any_with(&clients, &[" name= ", " user=lean ", "cmd=evalsha"]),
+        "the plans ran on the own connection, unnamed: {clients:?}"
+    );
+    assert!(!any_with(&clients, &["tollgate-batch"]), "{clients:?}");
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn a_unix_socket_url_serves_the_coalesced_calls() {

@@ -274,7 +274,8 @@ async fn limited_decisions_and_only_they_count_a_client_among_the_most_limited()
 /// A check's future is moved several times on its way through a gateway (into the tower
 /// layer's box, through tracing's instrument), so its size is paid on every request. The
 /// memory store's must not carry the Redis store's connect or call futures: those are boxed
-/// where they start.
+/// where they start. (The Redis backend is compiled in when the workspace's tests run, as
+/// the gateway enables it: 15,696 bytes before the boxing, 760 after.)
 #[test]
 fn a_checks_future_stays_small() {
     let clock = ManualClock::new(T0);
