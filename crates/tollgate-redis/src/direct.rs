@@ -180,6 +180,27 @@ impl Direct {
         self.reopened.load(Ordering::Relaxed) && self.reopened.swap(false, Ordering::Relaxed)
     }
 
+    /// [`Direct::query`] on a server that `shared` (redis-rs's connection) also talks to: when
+    /// this connection had to be opened again, the server may have restarted, and `shared`
+    /// notices only on its next call (a load, a settle, a readiness probe), which would fail;
+    /// a PING now makes it reconnect first.
+    pub(crate) async fn query_beside(
+        &self,
+        cmd: &Cmd,
+        shared: &redis::aio::ConnectionManager,
+    ) -> Result<Value, RedisError> {
+        let reply = self.query(cmd).await;
+        if self.reconnected() {
+            let mut shared = shared.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = crate::reply::reply_of(&mut shared, &redis::cmd("PING")).await;
+                });
+            }
+        }
+        reply
+    }
+
     fn put(&self, socket: Socket) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         // A second socket (two calls at once, which lanes do not make) is closed.

@@ -107,23 +107,16 @@ impl SentinelConnection {
 
     /// Runs `cmd` on the master; forgets the master when the answer says it is gone.
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
-        let master = self.master().await?;
-        let reply = crate::reply::reply_of(&mut master.conn.clone(), cmd).await;
-        if let Err(e) = &reply {
-            if master_gone(e) {
-                self.forget(master.lookup);
-            }
-        }
-        reply
+        self.query_on(cmd, false).await
     }
 
-    /// Runs `cmd` on the master over the store's own connection to it (`direct.rs`), or
-    /// redis-rs's where there is none; forgets the master when the answer says it is gone.
-    pub(crate) async fn query_direct(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+    /// [`SentinelConnection::query`], over the store's own connection to the master
+    /// (`direct.rs`) when `own` and it has one.
+    pub(crate) async fn query_on(&self, cmd: &Cmd, own: bool) -> Result<Value, RedisError> {
         let master = self.master().await?;
-        let reply = match &master.direct {
-            Some(d) => d.query(cmd).await,
-            None => crate::reply::reply_of(&mut master.conn.clone(), cmd).await,
+        let reply = match (&master.direct, own) {
+            (Some(d), true) => d.query_beside(cmd, &master.conn).await,
+            _ => crate::reply::reply_of(&mut master.conn.clone(), cmd).await,
         };
         if let Err(e) = &reply {
             if master_gone(e) {

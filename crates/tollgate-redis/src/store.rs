@@ -1141,21 +1141,11 @@ impl RedisStore {
     async fn query_on(&self, cmd: &Cmd, lane: bool) -> Result<redis::Value, RedisError> {
         match (&self.lane_conn, &self.conn, lane) {
             (LaneConn::Own(d), Connection::Standalone(shared), true) => {
-                let reply = d.query(cmd).await;
-                if d.reconnected() {
-                    // The server may have restarted: redis-rs's connection (loads, settles,
-                    // readiness) notices only on its next call, which would fail. A PING
-                    // now makes it reconnect first.
-                    let mut shared = shared.clone();
-                    if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                        rt.spawn(async move {
-                            let _ = reply_of(&mut shared, &redis::cmd("PING")).await;
-                        });
-                    }
-                }
-                reply
+                d.query_beside(cmd, shared).await
             }
-            (LaneConn::SentinelMaster, Connection::Sentinel(c), true) => c.query_direct(cmd).await,
+            (LaneConn::SentinelMaster, Connection::Sentinel(c), true) => {
+                c.query_on(cmd, true).await
+            }
             _ => self.query(cmd).await,
         }
     }
