@@ -9,9 +9,10 @@ mod simulate;
 /// (wrk -t2 -c64 -d6s, decision mode, 100,000 API keys, 2 runs each): with the Redis store
 /// 34.6k/35.0k requests/s against 31.3k/29.3k with glibc; with the memory store no
 /// difference (74.8k/85.1k against 77.9k/81.2k). examples/redis_bench's client CPU per check:
-/// 3.3-3.5 us against 3.5-4.7 us.
+/// 3.3-3.5 us against 3.5-4.7 us. Through tollgate-alloc rather than the `mimalloc` crate,
+/// whose aligned calls miss mimalloc's fast path (that crate's documentation has figures).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
 
 fn main() -> std::process::ExitCode {
     no_huge_pages();

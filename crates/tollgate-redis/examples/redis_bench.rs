@@ -21,7 +21,7 @@
 //! ```
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
