@@ -9,6 +9,13 @@
 //! command, and pays its cross-thread bookkeeping on every wake-up. With more CPUs the
 //! multi-thread scheduler spreads connections over one worker per CPU.
 //! `std::thread::available_parallelism` honours the affinity mask and cgroup CPU quotas.
+//!
+//! `TOKIO_WORKER_THREADS` (tokio's own variable, which the runtime would otherwise ignore
+//! because the worker count is set here) overrides the CPU count: where several gateways
+//! share one machine (the reference deployment's 20 on 16 cores), each may take fewer
+//! workers than the machine has CPUs instead of 20 x 16 threads contending for 16 cores; `1`
+//! gives the one-thread scheduler. A value that is not a whole number from 1 to
+//! [`MAX_WORKERS`] is refused with an error that says so, before anything is served.
 
 use std::num::NonZeroUsize;
 
@@ -35,9 +42,33 @@ pub fn usable_cpus() -> NonZeroUsize {
     std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
 }
 
-/// Builds the gateway's runtime for the CPUs this process may use.
+/// The variable that sets the worker count.
+pub const WORKERS_VAR: &str = "TOKIO_WORKER_THREADS";
+
+/// The most workers `TOKIO_WORKER_THREADS` may ask for.
+pub const MAX_WORKERS: usize = 1024;
+
+/// The worker count `TOKIO_WORKER_THREADS` sets (`value`), or `None` when it is unset.
+pub fn workers_from(value: Option<&std::ffi::OsStr>) -> Result<Option<NonZeroUsize>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let text = value.to_str().map(str::trim).unwrap_or_default();
+    match text.parse::<usize>().ok().and_then(NonZeroUsize::new) {
+        Some(n) if n.get() <= MAX_WORKERS => Ok(Some(n)),
+        _ => Err(format!(
+            "{WORKERS_VAR}={:?}: must be a whole number of worker threads from 1 to {MAX_WORKERS}",
+            value.to_string_lossy()
+        )),
+    }
+}
+
+/// Builds the gateway's runtime: `TOKIO_WORKER_THREADS` workers when set, else one per CPU
+/// this process may use.
 pub fn build() -> std::io::Result<tokio::runtime::Runtime> {
-    build_for(usable_cpus())
+    let workers = workers_from(std::env::var_os(WORKERS_VAR).as_deref())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    build_for(workers.unwrap_or_else(usable_cpus))
 }
 
 /// Builds the gateway's runtime for `cpus` usable CPUs (I/O and timers enabled).
@@ -63,6 +94,33 @@ mod tests {
         assert_eq!(flavor(n(1)), Flavor::CurrentThread);
         assert_eq!(flavor(n(2)), Flavor::MultiThread(n(2)));
         assert_eq!(flavor(n(16)), Flavor::MultiThread(n(16)));
+    }
+
+    #[test]
+    fn tokio_worker_threads_sets_the_workers_and_a_bad_value_says_what_is_allowed() {
+        use std::ffi::OsStr;
+        let n = |v| NonZeroUsize::new(v).expect("non-zero");
+        assert_eq!(workers_from(None), Ok(None));
+        assert_eq!(workers_from(Some(OsStr::new("2"))), Ok(Some(n(2))));
+        assert_eq!(workers_from(Some(OsStr::new(" 1 "))), Ok(Some(n(1))));
+        assert_eq!(workers_from(Some(OsStr::new("1024"))), Ok(Some(n(1024))));
+        for bad in [
+            "0",
+            "-1",
+            "1025",
+            "two",
+            "",
+            "99999999999999999999999",
+            "1.5",
+        ] {
+            let e = workers_from(Some(OsStr::new(bad))).expect_err(bad);
+            assert!(
+                e.contains("TOKIO_WORKER_THREADS") && e.contains("1 to 1024"),
+                "{e}"
+            );
+        }
+        // One worker is the one-thread scheduler, as one CPU is.
+        assert_eq!(flavor(n(1)), Flavor::CurrentThread);
     }
 
     #[test]

@@ -443,6 +443,39 @@ async fn shadow_policies_count_but_never_reject_and_cost_charges_units() {
 /// The gateway turns transparent huge pages off for itself (main.rs says what they cost):
 /// the kernel reports it per process, whatever the host's setting.
 #[cfg(target_os = "linux")]
+/// `TOKIO_WORKER_THREADS` sets how many worker threads serve (gateways sharing a machine each
+/// take a few), and a value that is not a thread count is refused before anything is served.
+#[test]
+fn tokio_worker_threads_sets_the_workers_and_a_bad_value_is_refused() {
+    let gw = Gateway::start_env("", API_POLICY, &[("TOKIO_WORKER_THREADS", "3")]);
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", gw.child.id())).expect("tasks");
+    let workers = tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with("tokio-r"))
+        .count();
+    assert_eq!(workers, 3, "worker threads of tollgate serve");
+    drop(gw);
+
+    let config = support::scratch("workers.toml");
+    let (port, admin) = (free_port(), free_port());
+    let head =
+        format!("[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n");
+    std::fs::write(&config, format!("{head}{API_POLICY}")).expect("write");
+    let out = support::tollgate()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("TOKIO_WORKER_THREADS", "0")
+        .output()
+        .expect("run tollgate serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with 0 workers: {err}");
+    assert!(
+        err.contains("TOKIO_WORKER_THREADS") && err.contains("1 to 1024"),
+        "{err}"
+    );
+}
+
 #[test]
 fn serve_runs_without_transparent_huge_pages() {
     let gw = Gateway::start("", API_POLICY);

@@ -69,6 +69,11 @@ impl Gateway {
     /// appended (which must not contain a `[server]` table; use `server_extra` for keys).
     /// Ports are picked free and, should another process take one first, picked again.
     pub fn start(server_extra: &str, body: &str) -> Gateway {
+        Gateway::start_env(server_extra, body, &[])
+    }
+
+    /// [`Gateway::start`] with these environment variables set for the process.
+    pub fn start_env(server_extra: &str, body: &str, env: &[(&str, &str)]) -> Gateway {
         let mut last_log = String::new();
         for _ in 0..3 {
             let port = free_port();
@@ -87,6 +92,7 @@ impl Gateway {
                 .arg(&config)
                 .stdout(Stdio::null())
                 .stderr(stderr)
+                .envs(env.iter().copied())
                 .spawn()
                 .expect("spawn tollgate serve");
             let mut g = Gateway {
