@@ -36,6 +36,38 @@ static FORWARDING: [&HeaderName; 5] = [
     &X_REAL_IP,
 ];
 
+/// `ip` as header text, in one exact-size buffer: an IPv4 address written digit by digit
+/// (`Display` through the formatting machinery cost 1,300 instructions per proxied request
+/// under callgrind), an IPv6 address by `Display` (its zero compression is not worth a copy).
+pub(super) fn ip_text(ip: IpAddr) -> Bytes {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut text = [0u8; 15];
+            let mut len = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text[len] = b'.';
+                    len += 1;
+                }
+                let digits = [octet / 100, octet / 10 % 10, octet % 10];
+                let skip = if octet >= 100 {
+                    0
+                } else if octet >= 10 {
+                    1
+                } else {
+                    2
+                };
+                for d in &digits[skip..] {
+                    text[len] = b'0' + d;
+                    len += 1;
+                }
+            }
+            Bytes::copy_from_slice(&text[..len])
+        }
+        IpAddr::V6(v6) => Bytes::from(v6.to_string()),
+    }
+}
+
 /// Removes hop-by-hop headers, including every header `Connection` lists. Most requests
 /// carry none: one pass over the names finds that without a lookup per hop-by-hop name.
 /// Most responses carry only `Connection: keep-alive` (or `close`), which names nothing
@@ -152,6 +184,23 @@ pub(super) fn add_forwarding(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ip_text_writes_what_display_writes() {
+        let mut seen = 0;
+        for a in [0u8, 1, 9, 10, 99, 100, 127, 199, 200, 255] {
+            for b in [0u8, 7, 42, 255] {
+                let v4 = std::net::Ipv4Addr::new(a, b, 255 - b, a.wrapping_mul(3));
+                assert_eq!(ip_text(IpAddr::V4(v4)), v4.to_string().as_bytes());
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 40);
+        for v6 in ["::1", "2001:db8::7", "fe80::1:2:3:4", "::ffff:1.2.3.4"] {
+            let ip: IpAddr = v6.parse().expect("ip");
+            assert_eq!(ip_text(ip), ip.to_string().as_bytes());
+        }
+    }
     use http::header::HOST;
 
     #[test]

@@ -94,7 +94,7 @@ impl Proxy {
             .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
         let ip = tollgate_tower::forwarded::canonical(peer.ip());
         // The peer's address as header text, written once for the headers that carry it.
-        let ip_text = Bytes::from(ip.to_string());
+        let ip_text = headers::ip_text(ip);
         let trusted = parts
             .extensions
             .get::<tollgate_tower::TrustedPeer>()
