@@ -68,7 +68,13 @@ impl Service<Request<Incoming>> for LiveService {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let mut service = Current::clone(&self.current.load());
+        let current = self.current.load();
+        if let Target::Decision = current.get_ref() {
+            // Decided without the request held (see `RateLimit::decide`).
+            let decided = current.decide(req);
+            return Box::pin(async move { Ok(crate::proxy::decision_answer(decided.await)) });
+        }
+        let mut service = Current::clone(&current);
         service.call(req)
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::response::{add_headers, bad_request, too_many_requests, unauthorized, unavailable};
 use crate::settle::{Pending, Settling};
-use crate::shared::Shared;
+use crate::shared::{Shared, Unverified};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tollgate::Action;
+use tollgate::{Action, Plan};
 use tower_service::Service;
 
 /// The response body: the inner service's (settling the request's reservation when it
@@ -78,8 +78,130 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let peer = (self.shared.peer)(req.extensions());
-        let target = match self.shared.resolve(
+        let shared = self.shared.clone();
+        match self.shared.prepare(&req) {
+            Prepared::Answer(resp) => Box::pin(async move { Ok(resp.map(Either::Right)) }),
+            Prepared::Unmatched => Box::pin(async move {
+                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                Ok(inner
+                    .call(req)
+                    .await?
+                    .map(|b| Either::Left(Settling::plain(b))))
+            }),
+            Prepared::Unverified(u, span) => {
+                drop(req);
+                Box::pin(async move { Ok(shared.unverified(u, span).await.map(Either::Right)) })
+            }
+            Prepared::Plan(plan, span) => Box::pin(async move {
+                match shared.decide(&plan, span).await {
+                    Err(resp) => Ok(resp.map(Either::Right)),
+                    Ok(allowed) => {
+                        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                        // (An inner error drops the reservation: estimates stand, holds go.)
+                        let resp = inner.call(req).await?;
+                        Ok(allowed.respond(resp))
+                    }
+                }
+            }),
+        }
+    }
+}
+
+impl<S> RateLimit<S> {
+    /// Decides `req` exactly as [`Service::call`] does, without calling the inner service:
+    /// for a front end that answers allowed requests itself (the gateway's decision mode, a
+    /// forward-auth endpoint). Everything the decision reads is read before this returns, and
+    /// the request is dropped then: a server's read buffer is free for the next request at
+    /// once, where a future holding the request would make it allocate another.
+    pub fn decide<B>(&self, req: Request<B>) -> DecideFuture {
+        let shared = self.shared.clone();
+        match self.shared.prepare(&req) {
+            Prepared::Answer(resp) => Box::pin(std::future::ready(Decided::Answered(resp))),
+            Prepared::Unmatched => Box::pin(std::future::ready(Decided::Unmatched)),
+            Prepared::Unverified(u, span) => {
+                drop(req);
+                Box::pin(async move { Decided::Answered(shared.unverified(u, span).await) })
+            }
+            Prepared::Plan(plan, span) => {
+                drop(req);
+                Box::pin(async move {
+                    match shared.decide(&plan, span).await {
+                        Ok(allowed) => Decided::Allowed(allowed),
+                        Err(resp) => Decided::Answered(resp),
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// The future of [`RateLimit::decide`].
+pub type DecideFuture = Pin<Box<dyn Future<Output = Decided> + Send>>;
+
+/// What [`RateLimit::decide`] found.
+pub enum Decided {
+    /// No policy matched: the request passes, and its response gets no rate-limit headers.
+    Unmatched,
+    /// The request may pass: answer it, then let [`Allowed::respond`] finish the answer.
+    Allowed(Allowed),
+    /// The layer answers the request itself: 400, 401, 429 or 503.
+    Answered(Response<Full<Bytes>>),
+}
+
+/// An allowed request, waiting for its response.
+pub struct Allowed {
+    result: tollgate::LimitResult,
+    reservation: Option<tollgate::Reservation>,
+    shared: Arc<Shared>,
+}
+
+impl Allowed {
+    /// The decision.
+    pub fn result(&self) -> &tollgate::LimitResult {
+        &self.result
+    }
+
+    /// `resp` with the `RateLimit` headers, its body settling the request's reservation (if
+    /// any) when it ends.
+    pub fn respond<B: http_body::Body>(self, mut resp: Response<B>) -> Response<RateLimitBody<B>> {
+        add_headers(resp.headers_mut(), &self.result);
+        match self.reservation.filter(|r| !r.is_empty()) {
+            None => resp.map(|b| Either::Left(Settling::plain(b))),
+            Some(reservation) => {
+                let head = settle_head(resp.headers(), &reservation, &self.shared);
+                let names = Arc::clone(&self.shared.settle_headers);
+                resp.map(|b| {
+                    Either::Left(Settling::with_pending(
+                        b,
+                        Box::new(Pending {
+                            reservation,
+                            head,
+                            names,
+                        }),
+                    ))
+                })
+            }
+        }
+    }
+}
+
+/// What a request is before the limiter decides it: read whole from the request, which is
+/// not needed afterwards.
+enum Prepared {
+    /// Refused (400), or denied before its token was checked (429).
+    Answer(Response<Full<Bytes>>),
+    /// No policy matched.
+    Unmatched,
+    /// A token that does not verify.
+    Unverified(Unverified, tracing::Span),
+    /// The plan to decide, in its span.
+    Plan(Plan, tracing::Span),
+}
+
+impl Shared {
+    fn prepare<B>(&self, req: &Request<B>) -> Prepared {
+        let peer = (self.peer)(req.extensions());
+        let target = match self.resolve(
             req.method(),
             req.uri(),
             req.headers(),
@@ -87,84 +209,57 @@ where
             req.extensions().get::<crate::TrustedPeer>(),
         ) {
             Ok(t) => t,
-            Err(e) => return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) }),
+            Err(e) => return Prepared::Answer(bad_request(&e)),
         };
-        if let Err(e) = self.shared.check_costs(&target, req.headers()) {
-            return Box::pin(async move { Ok(bad_request(&e).map(Either::Right)) });
+        if let Err(e) = self.check_costs(&target, req.headers()) {
+            return Prepared::Answer(bad_request(&e));
         }
-        let shared = self.shared.clone();
-        if let Some(result) = self
-            .shared
-            .denied_before_token(&target, req.headers(), peer)
-        {
+        if let Some(result) = self.denied_before_token(&target, req.headers(), peer) {
             if let Action::Limit { retry_after } = result.action {
-                return Box::pin(async move {
-                    Ok(too_many_requests(&result, retry_after).map(Either::Right))
-                });
+                return Prepared::Answer(too_many_requests(&result, retry_after));
             }
         }
-        let plan = match self.shared.plan(&target, req.headers(), peer) {
-            Ok(plan) => plan,
-            Err(u) => {
-                return Box::pin(async move {
-                    // The policies that can count it without the token charge it: a flood of
-                    // forged tokens is limited (429) like any other traffic, else it is 401.
-                    if let Some(rest) = &u.rest {
-                        let result = shared.check(rest, req.headers()).await;
-                        if let Action::Limit { retry_after } = result.action {
-                            return Ok(too_many_requests(&result, retry_after).map(Either::Right));
-                        }
-                    }
-                    Ok(unauthorized(&u.why).map(Either::Right))
-                });
+        match self.plan(&target, req.headers(), peer) {
+            Ok(Some(plan)) => Prepared::Plan(plan, Shared::span(req.headers())),
+            Ok(None) => Prepared::Unmatched,
+            Err(u) => Prepared::Unverified(u, Shared::span(req.headers())),
+        }
+    }
+
+    /// A request whose token does not verify: the policies that can count it without the
+    /// token charge it, so a flood of forged tokens is limited (429) like any other traffic;
+    /// else it is 401.
+    async fn unverified(&self, u: Unverified, span: tracing::Span) -> Response<Full<Bytes>> {
+        if let Some(rest) = &u.rest {
+            let result = self.check_in(rest, span).await;
+            if let Action::Limit { retry_after } = result.action {
+                return too_many_requests(&result, retry_after);
             }
+        }
+        unauthorized(&u.why)
+    }
+
+    /// Decides `plan` (reserving when a policy settles or holds): allowed, or the layer's
+    /// own answer (429, 503).
+    async fn decide(
+        self: Arc<Self>,
+        plan: &Plan,
+        span: tracing::Span,
+    ) -> Result<Allowed, Response<Full<Bytes>>> {
+        let (result, reservation) = if Shared::reserves(plan) {
+            self.reserve_in(plan, span).await
+        } else {
+            (self.check_in(plan, span).await, None)
         };
-        Box::pin(async move {
-            let Some(plan) = plan else {
-                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                return Ok(inner
-                    .call(req)
-                    .await?
-                    .map(|b| Either::Left(Settling::plain(b))));
-            };
-            let (result, reservation) = if Shared::reserves(&plan) {
-                shared.reserve(&plan, req.headers()).await
-            } else {
-                (shared.check(&plan, req.headers()).await, None)
-            };
-            match result.action {
-                Action::Allow => {
-                    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                    // (An inner error drops the reservation: estimates stand, holds go.)
-                    let mut resp = inner.call(req).await?;
-                    add_headers(resp.headers_mut(), &result);
-                    let reservation = reservation.filter(|r| !r.is_empty());
-                    Ok(match reservation {
-                        None => resp.map(|b| Either::Left(Settling::plain(b))),
-                        Some(reservation) => {
-                            let head = settle_head(resp.headers(), &reservation, &shared);
-                            let names = std::sync::Arc::clone(&shared.settle_headers);
-                            resp.map(|b| {
-                                Either::Left(Settling::with_pending(
-                                    b,
-                                    Box::new(Pending {
-                                        reservation,
-                                        head,
-                                        names,
-                                    }),
-                                ))
-                            })
-                        }
-                    })
-                }
-                Action::Limit { retry_after } => {
-                    Ok(too_many_requests(&result, retry_after).map(Either::Right))
-                }
-                Action::Unavailable { retry_after } => {
-                    Ok(unavailable(&result, retry_after).map(Either::Right))
-                }
-            }
-        })
+        match result.action {
+            Action::Allow => Ok(Allowed {
+                result,
+                reservation,
+                shared: self,
+            }),
+            Action::Limit { retry_after } => Err(too_many_requests(&result, retry_after)),
+            Action::Unavailable { retry_after } => Err(unavailable(&result, retry_after)),
+        }
     }
 }
 

@@ -204,15 +204,14 @@ impl Shared {
         plan.iter().any(|(_, p)| p.settles() || p.is_concurrency())
     }
 
-    /// [`Shared::check`] for a plan that settles later or holds requests in flight.
-    pub(crate) async fn reserve(
+    /// Decides a plan as [`Shared::check_in`] does, and reserves what its settling and
+    /// concurrency policies hold (see `tollgate::Limiter::reserve`), inside `span` (made by
+    /// [`Shared::span`] while the request was at hand).
+    pub(crate) async fn reserve_in(
         &self,
         plan: &Plan,
-        headers: &HeaderMap,
+        span: tracing::Span,
     ) -> (LimitResult, Option<tollgate::Reservation>) {
-        let span = tollgate::trace::decision_span(|| {
-            headers.get("traceparent").and_then(|v| v.to_str().ok())
-        });
         let (result, reservation) = self.limiter.reserve(plan).instrument(span.clone()).await;
         tollgate::trace::record_decision(&span, plan, &result);
         (result, reservation)
@@ -221,12 +220,19 @@ impl Shared {
     /// Decides a plan: every matched policy, under every identity, in one limiter call
     /// (all-or-nothing), inside the decision's span (see `tollgate::trace`).
     pub(crate) async fn check(&self, plan: &Plan, headers: &HeaderMap) -> LimitResult {
-        let span = tollgate::trace::decision_span(|| {
-            headers.get("traceparent").and_then(|v| v.to_str().ok())
-        });
+        self.check_in(plan, Self::span(headers)).await
+    }
+
+    /// [`Shared::check`] inside `span`.
+    pub(crate) async fn check_in(&self, plan: &Plan, span: tracing::Span) -> LimitResult {
         let result = self.limiter.check(plan).instrument(span.clone()).await;
         tollgate::trace::record_decision(&span, plan, &result);
         result
+    }
+
+    /// The decision's span, under the trace context the request carries (`traceparent`).
+    pub(crate) fn span(headers: &HeaderMap) -> tracing::Span {
+        tollgate::trace::decision_span(|| headers.get("traceparent").and_then(|v| v.to_str().ok()))
     }
 
     /// The request's target, or why it is refused.

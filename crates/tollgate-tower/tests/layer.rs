@@ -328,3 +328,71 @@ async fn forged_token_flood(limiter: Limiter) {
         "the requests the deny cache answers check no signature"
     );
 }
+
+/// A request body that records when it is dropped.
+struct DropFlag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `decide` answers what `call` answers (unmatched, allowed with the headers, 429 with its
+/// problem), and lets go of the request before its future runs: a server's read buffer is
+/// not held while the limiter decides.
+#[tokio::test]
+async fn decide_answers_as_call_does_and_drops_the_request_before_deciding() {
+    use tollgate_tower::Decided;
+    let svc = service(|l| vec![RoutedPolicy::new(policy(l, "api", 2, false)).path_prefix("/api")]);
+    let request = |path: &str, dropped: &std::sync::Arc<std::sync::atomic::AtomicBool>| {
+        let mut req = Request::builder()
+            .uri(path)
+            .body(DropFlag(dropped.clone()))
+            .expect("request");
+        let peer: SocketAddr = "192.0.2.1:1234".parse().expect("addr");
+        req.extensions_mut().insert(PeerAddr(peer));
+        req
+    };
+    for left in [1, 0] {
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let future = svc.decide(request("/api/x", &dropped));
+        assert!(
+            dropped.load(std::sync::atomic::Ordering::SeqCst),
+            "the request outlived decide()"
+        );
+        let Decided::Allowed(allowed) = future.await else {
+            panic!("the first two requests are allowed");
+        };
+        assert!(allowed.result().is_allowed());
+        let resp = allowed.respond(Response::new(Full::new(Bytes::from_static(b"mine"))));
+        assert_eq!(resp.headers()["ratelimit-policy"], "\"api\";q=2;w=3600");
+        let rl = resp.headers()["ratelimit"].to_str().expect("ascii");
+        assert!(rl.starts_with(&format!("\"api\";r={left};t=")), "{rl}");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"mine");
+    }
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let Decided::Answered(resp) = svc.decide(request("/api/x", &dropped)).await else {
+        panic!("the third request is limited");
+    };
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    expect_problem(
+        parts.status,
+        &parts.headers,
+        &String::from_utf8_lossy(&body),
+        ProblemKind::QuotaExceeded,
+    );
+    assert!(parts.headers.contains_key("retry-after"));
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    assert!(matches!(
+        svc.decide(request("/other", &dropped)).await,
+        Decided::Unmatched
+    ));
+    // An ambiguous path is refused (400) before anything is charged.
+    let Decided::Answered(resp) = svc.decide(request("/api/a%2Fb", &dropped)).await else {
+        panic!("an ambiguous path is answered by the layer");
+    };
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+}

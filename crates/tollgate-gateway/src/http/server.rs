@@ -121,12 +121,18 @@ where
     let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(PeerAddr(peer));
         req.extensions_mut().insert(trusted.clone());
-        let mut svc = service.clone();
         let metrics = metrics.clone();
+        // The service is called here, not in the future: hyper reads on before it polls
+        // that future, and a request held until then keeps the connection's read buffer,
+        // which then has to allocate another for every request.
+        let answer = match refusal(&req) {
+            Some(resp) => Either::Left(resp),
+            None => Either::Right(service.clone().call(req)),
+        };
         async move {
-            let resp = match refusal(&req) {
-                Some(resp) => resp,
-                None => svc.call(req).await?.map(unify),
+            let resp = match answer {
+                Either::Left(resp) => resp,
+                Either::Right(call) => call.await?.map(unify),
             };
             metrics.response(resp.status().as_u16());
             Ok::<_, Infallible>(resp)

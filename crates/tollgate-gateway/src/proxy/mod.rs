@@ -20,7 +20,7 @@ use headers::{add_forwarding, drop_forwarding, strip_hop_by_hop};
 use http::header::{HeaderValue, HOST};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use pool::{Failure, Pool};
 use std::convert::Infallible;
@@ -30,7 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tollgate_tower::{PeerAddr, Problem, ProblemKind, Trust};
+use tollgate_tower::{PeerAddr, Problem, ProblemKind, Settling, Trust};
 use tower_service::Service;
 
 pub use pool::{IDLE_TIMEOUT, MAX_IDLE_PER_WORKER};
@@ -229,6 +229,22 @@ pub enum Target {
     Decision,
 }
 
+/// Decision mode's answer: 200 for an allowed (or unmatched) request, with the `RateLimit`
+/// headers when a policy matched, else the layer's own answer (400, 401, 429, 503).
+pub(crate) fn decision_answer(decided: tollgate_tower::Decided) -> crate::http::util::Answer {
+    use tollgate_tower::Decided;
+    match decided {
+        Decided::Unmatched => decision_ok().map(|b| Either::Left(Settling::plain(b))),
+        Decided::Allowed(allowed) => allowed.respond(decision_ok()),
+        Decided::Answered(resp) => resp.map(Either::Right),
+    }
+}
+
+/// The 200 decision mode answers an allowed request with.
+fn decision_ok() -> Response<BoxBody> {
+    status_response(http::StatusCode::OK, "")
+}
+
 impl Service<Request<Incoming>> for Target {
     type Response = Response<BoxBody>;
     type Error = Infallible;
@@ -255,7 +271,7 @@ impl Service<Request<Incoming>> for Target {
                     Ok(p.forward(req, peer).await)
                 })
             }
-            Target::Decision => Box::pin(async { Ok(status_response(http::StatusCode::OK, "")) }),
+            Target::Decision => Box::pin(async { Ok(decision_ok()) }),
         }
     }
 }
