@@ -26,23 +26,20 @@ pub use tollgate::headers::MAX_ADVERTISED_POLICIES;
 /// Adds `RateLimit-Policy` and `RateLimit` for `result` to `headers`. Nothing is added when
 /// every matched policy is a shadow one. At most [`MAX_ADVERTISED_POLICIES`] are listed.
 pub fn add_headers(headers: &mut HeaderMap, result: &LimitResult) {
-    let Some(policy) = tollgate::headers::ratelimit_policy(result) else {
+    // The values come as `Bytes`: a policy's item shared as it was written when the policy
+    // was built, `RateLimit` in one exact allocation (`HeaderValue::from_maybe_shared`
+    // validates them as `from_str` would, without a copy).
+    let Some(policy) = tollgate::headers::ratelimit_policy_value(result) else {
         return;
     };
-    if let Ok(v) = header_value(policy) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(policy) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
-    if let Some(value) = tollgate::headers::ratelimit(result) {
-        if let Ok(v) = header_value(value) {
+    if let Some(value) = tollgate::headers::ratelimit_value(result) {
+        if let Ok(v) = HeaderValue::from_maybe_shared(value) {
             headers.insert(RATELIMIT.clone(), v);
         }
     }
-}
-
-/// A header value that takes the string's buffer instead of copying it (the same validation
-/// as `HeaderValue::from_str`).
-fn header_value(s: String) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
-    HeaderValue::from_maybe_shared(Bytes::from(s))
 }
 
 /// The 429 for `result`; `retry_after` is `None` when some policy can never admit the cost.

@@ -41,6 +41,26 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
     (!out.is_empty()).then_some(out)
 }
 
+/// [`ratelimit_policy`] as bytes for a header value: the one advertised policy's item shared
+/// as it was written when the policy was built (no allocation, no copy), or the list written
+/// as [`ratelimit_policy`] writes it.
+pub fn ratelimit_policy_value(result: &LimitResult) -> Option<bytes::Bytes> {
+    let mut enforced = result.results.iter().filter(|r| !r.policy.is_shadow());
+    let first = enforced.next()?;
+    if enforced.next().is_none() {
+        return Some(first.policy.advertised_bytes());
+    }
+    ratelimit_policy(result).map(bytes::Bytes::from)
+}
+
+/// `"name";r=` for a policy named `name` (the start of its `RateLimit` value).
+pub(crate) fn remaining_prefix(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 5);
+    push_sf_string(&mut out, name);
+    out.push_str(";r=");
+    out
+}
+
 /// One policy's item of `RateLimit-Policy`: `"name";q=LIMIT;w=WINDOW_SECONDS`, or
 /// `;qu="concurrent-requests"` instead of a window for a concurrency limit.
 pub(crate) fn policy_item(name: &str, limit: &crate::quota::Limit) -> String {
@@ -64,13 +84,62 @@ pub(crate) fn policy_item(name: &str, limit: &crate::quota::Limit) -> String {
 pub fn ratelimit(result: &LimitResult) -> Option<String> {
     let r = result.most_constrained()?;
     let d = r.decision?;
-    let mut out = String::with_capacity(r.policy.name().len() + 32);
-    push_sf_string(&mut out, r.policy.name());
-    out.push_str(";r=");
+    let prefix = r.policy.remaining_prefix();
+    let mut out = String::with_capacity(prefix.len() + 44);
+    out.push_str(prefix);
     push_u64(&mut out, d.remaining);
     out.push_str(";t=");
     push_u64(&mut out, secs_ceil(d.reset_after, 0));
     Some(out)
+}
+
+/// [`ratelimit`] as bytes for a header value, in one allocation of its exact size (written
+/// on the stack first when the policy's name is short, as names are).
+pub fn ratelimit_value(result: &LimitResult) -> Option<bytes::Bytes> {
+    let r = result.most_constrained()?;
+    let d = r.decision?;
+    let prefix = r.policy.remaining_prefix().as_bytes();
+    // The prefix, two numbers of at most 20 digits and ";t=".
+    let mut buf = [0u8; 256];
+    if prefix.len() + 43 > buf.len() {
+        return ratelimit(result).map(bytes::Bytes::from);
+    }
+    let mut len = 0;
+    let mut put = |part: &[u8]| {
+        buf[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    };
+    put(prefix);
+    put(digits(d.remaining).as_slice());
+    put(b";t=");
+    put(digits(secs_ceil(d.reset_after, 0)).as_slice());
+    Some(bytes::Bytes::copy_from_slice(&buf[..len]))
+}
+
+/// The decimal digits of `n`.
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    fn as_slice(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+fn digits(mut n: u64) -> Digits {
+    let mut buf = [0u8; 20];
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    Digits { buf, start }
 }
 
 /// `text` as a structured-field string (RFC 9651 3.3.3): quoted, `"` and `\\` escaped, and
@@ -106,19 +175,9 @@ fn push_sf_string(out: &mut String, text: &str) {
 }
 
 /// Appends `n` in decimal to `out`.
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
+fn push_u64(out: &mut String, n: u64) {
     // ASCII digits: always UTF-8.
-    if let Ok(text) = std::str::from_utf8(&digits[start..]) {
+    if let Ok(text) = std::str::from_utf8(digits(n).as_slice()) {
         out.push_str(text);
     }
 }

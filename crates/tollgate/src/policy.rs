@@ -221,8 +221,11 @@ pub(crate) struct PolicyInner {
     /// The deny cache's key of this rule: its name and its quota, so a denial decided under
     /// one quota never answers for another (after a reload changed it).
     pub(crate) deny_key: u64,
-    /// Its item of `RateLimit-Policy`, written once (`crate::headers::policy_item`).
-    pub(crate) advertised: Arc<str>,
+    /// Its item of `RateLimit-Policy`, written once (`crate::headers::policy_item`), shared
+    /// by the responses that carry it alone.
+    pub(crate) advertised: bytes::Bytes,
+    /// The start of its `RateLimit` value, `"name";r=`, written once.
+    pub(crate) remaining_prefix: Arc<str>,
 }
 
 /// The rule's name hash mixed with its algorithm and quota (per process: the deny cache is).
@@ -272,6 +275,7 @@ impl Policy {
                 fallback: Rule::new(format!("{}:local", spec.name), fallback),
                 deny_key: deny_key(&rule),
                 advertised: crate::headers::policy_item(rule.name(), rule.limit()).into(),
+                remaining_prefix: crate::headers::remaining_prefix(rule.name()).into(),
                 rule,
                 cost: spec.cost,
                 on_failure: spec.on_failure,
@@ -294,7 +298,18 @@ impl Policy {
 
     /// Its item of the `RateLimit-Policy` header.
     pub(crate) fn advertised(&self) -> &str {
-        &self.inner.advertised
+        // Written from a `String` (`policy_item`): always UTF-8.
+        std::str::from_utf8(&self.inner.advertised).unwrap_or_default()
+    }
+
+    /// [`Policy::advertised`], shared (no copy).
+    pub(crate) fn advertised_bytes(&self) -> bytes::Bytes {
+        self.inner.advertised.clone()
+    }
+
+    /// `"name";r=`, the start of its `RateLimit` value.
+    pub(crate) fn remaining_prefix(&self) -> &str {
+        &self.inner.remaining_prefix
     }
 
     /// The rule the shared store enforces.
@@ -392,7 +407,8 @@ impl Policy {
                 settle: i.settle,
                 stats: Arc::clone(&i.stats),
                 deny_key: i.deny_key,
-                advertised: Arc::clone(&i.advertised),
+                advertised: i.advertised.clone(),
+                remaining_prefix: Arc::clone(&i.remaining_prefix),
             }),
         }
     }

@@ -286,3 +286,55 @@ fn a_checks_future_stays_small() {
     eprintln!("Limiter::check future: {size} bytes");
     assert!(size <= 2048, "Limiter::check's future is {size} bytes");
 }
+
+/// The header values as bytes (a policy's item shared as written when it was built,
+/// `RateLimit` written on the stack) are exactly the strings the RLS writes: one policy,
+/// several, shadow ones, names that need escaping and a name too long for the stack buffer.
+#[tokio::test]
+async fn header_values_as_bytes_are_the_strings_byte_for_byte() {
+    use tollgate::headers::{ratelimit, ratelimit_policy, ratelimit_policy_value, ratelimit_value};
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let long = "n".repeat(300);
+    let api = policy(&l, "api", Algorithm::TokenBucket, 100, 60);
+    let odd = policy(&l, "we\"ird\\ né", Algorithm::FixedWindow, 7, 3600);
+    let big = policy(&l, &long, Algorithm::Gcra, 1_000_000, 86_400);
+    let mut shadow_spec = spec("dry", Algorithm::Gcra, 3, Duration::from_secs(1));
+    shadow_spec.shadow = true;
+    let dry = l.policy(shadow_spec).expect("policy");
+    let cases: [&[&Policy]; 6] = [
+        &[&api],
+        &[&odd],
+        &[&big],
+        &[&api, &odd],
+        &[&dry],
+        &[&dry, &api, &big],
+    ];
+    for (i, policies) in cases.iter().enumerate() {
+        for _ in 0..3 {
+            let plan = tollgate::Plan::for_client(client(i as u8), policies.iter().copied());
+            let result = l.check(&plan).await;
+            let as_bytes =
+                |b: Option<bytes::Bytes>| b.map(|b| String::from_utf8(b.to_vec()).expect("utf-8"));
+            assert_eq!(
+                as_bytes(ratelimit_policy_value(&result)),
+                ratelimit_policy(&result),
+                "case {i}"
+            );
+            assert_eq!(
+                as_bytes(ratelimit_value(&result)),
+                ratelimit(&result),
+                "case {i}"
+            );
+        }
+    }
+    // Shadow only: nothing advertised either way.
+    let plan = tollgate::Plan::for_client(client(9), [&dry]);
+    let result = l.check(&plan).await;
+    assert_eq!(ratelimit_policy_value(&result), None);
+    assert_eq!(ratelimit_value(&result), None);
+    // The escaping of a name is the one written once.
+    let plan = tollgate::Plan::for_client(client(10), [&odd]);
+    let value = ratelimit(&l.check(&plan).await).expect("a value");
+    assert!(value.starts_with("\"we\\\"ird\\\\ n?\";r=6;t="), "{value}");
+}
