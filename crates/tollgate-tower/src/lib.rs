@@ -50,6 +50,6 @@ pub use problem::{Problem, ProblemKind};
 pub use route::{Costs, RoutedPolicy, TierSource};
 pub use service::{Allowed, DecideFuture, Decided, RateLimit, RateLimitBody, ResponseFuture};
 pub use settle::Settling;
-pub use shared::{PeerAddr, PeerFn};
+pub use shared::{peer_addr, PeerAddr, PeerFn};
 pub use target::{BadRequest, ForwardAuth};
 pub use trust::{Trust, TrustedPeer};

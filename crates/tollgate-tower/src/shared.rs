@@ -20,8 +20,17 @@ pub struct PeerAddr(pub SocketAddr);
 /// Reads the peer address from a request's extensions.
 pub type PeerFn = fn(&Extensions) -> Option<IpAddr>;
 
+/// The peer: the [`PeerAddr`] extension, else the address a [`crate::TrustedPeer`] carries.
 pub(crate) fn peer_from_extension(ext: &Extensions) -> Option<IpAddr> {
-    ext.get::<PeerAddr>().map(|p| p.0.ip())
+    peer_addr(ext).map(|a| a.ip())
+}
+
+/// The peer's socket address: the [`PeerAddr`] extension, else the one a
+/// [`crate::TrustedPeer`] carries ([`crate::TrustedPeer::with_addr`]).
+pub fn peer_addr(ext: &Extensions) -> Option<SocketAddr> {
+    ext.get::<PeerAddr>()
+        .map(|p| p.0)
+        .or_else(|| ext.get::<crate::TrustedPeer>()?.addr())
 }
 
 /// A request whose bearer token does not verify: answered 401, after `rest` (the matched

@@ -4,7 +4,7 @@
 //! bounds that exempt proxies and count IPv6 hosts by prefix), so they cannot disagree.
 
 use ipnet::{IpNet, Ipv6Net};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 /// The trusted proxies and the IPv6 grouping prefix.
@@ -68,6 +68,9 @@ impl Trust {
 pub struct TrustedPeer {
     trust: Trust,
     trusted: bool,
+    /// The peer's socket address, when the server put it here (one extension per request
+    /// instead of this and a [`crate::PeerAddr`]).
+    addr: Option<SocketAddr>,
 }
 
 impl TrustedPeer {
@@ -76,7 +79,22 @@ impl TrustedPeer {
         Self {
             trusted: trust.is_trusted(peer),
             trust: trust.clone(),
+            addr: None,
         }
+    }
+
+    /// The same decision, carrying the peer's socket address: a request whose extensions
+    /// hold it needs no [`crate::PeerAddr`] (the layer and the gateway's proxy read it here).
+    pub fn with_addr(self, addr: SocketAddr) -> Self {
+        Self {
+            addr: Some(addr),
+            ..self
+        }
+    }
+
+    /// The peer's socket address, when [`TrustedPeer::with_addr`] set it.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.addr
     }
 
     /// The decision as it was made (for the server that made it).

@@ -396,3 +396,46 @@ async fn decide_answers_as_call_does_and_drops_the_request_before_deciding() {
     };
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
 }
+
+/// A server may carry the peer's address in the `TrustedPeer` it inserts instead of a
+/// separate `PeerAddr` (the gateway does: one extension per request): clients are still told
+/// apart by it, and a `PeerAddr`, when present, wins.
+#[tokio::test]
+async fn the_peer_address_may_come_with_the_trusted_peer_alone() {
+    use tollgate_tower::{Trust, TrustedPeer};
+    let mut svc = service(|l| vec![RoutedPolicy::new(policy(l, "ip", 1, false))]);
+    let trust = Trust::default();
+    let mut send_from = |addr: &str, peer_addr: Option<&str>| {
+        let addr: SocketAddr = addr.parse().expect("addr");
+        let mut req = Request::builder().uri("/x").body(()).expect("request");
+        req.extensions_mut()
+            .insert(TrustedPeer::of(&trust, addr.ip()).with_addr(addr));
+        if let Some(p) = peer_addr {
+            req.extensions_mut()
+                .insert(PeerAddr(p.parse().expect("addr")));
+        }
+        assert!(tollgate_tower::peer_addr(req.extensions()).is_some());
+        svc.call(req)
+    };
+    assert_eq!(
+        send_from("192.0.2.1:1", None).await.expect("ok").status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send_from("192.0.2.2:1", None).await.expect("ok").status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send_from("192.0.2.1:2", None).await.expect("ok").status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the same address is the same client"
+    );
+    // A PeerAddr of a new address decides over the TrustedPeer's.
+    assert_eq!(
+        send_from("192.0.2.1:3", Some("192.0.2.3:1"))
+            .await
+            .expect("ok")
+            .status(),
+        StatusCode::OK
+    );
+}

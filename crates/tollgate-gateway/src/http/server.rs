@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tollgate_tower::{PeerAddr, TrustedPeer};
+use tollgate_tower::TrustedPeer;
 use tower_service::Service;
 
 /// How long in-flight requests may take to finish after a shutdown signal.
@@ -118,8 +118,9 @@ where
     S: GatewayService,
 {
     let conn_metrics = metrics.clone();
+    // One extension per request: the trust decision, carrying the peer's address.
+    let trusted = trusted.with_addr(peer);
     let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(PeerAddr(peer));
         req.extensions_mut().insert(trusted.clone());
         let metrics = metrics.clone();
         // The service is called here, not in the future: hyper reads on before it polls

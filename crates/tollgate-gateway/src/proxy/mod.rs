@@ -30,7 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tollgate_tower::{PeerAddr, Problem, ProblemKind, Settling, Trust};
+use tollgate_tower::{Problem, ProblemKind, Settling, Trust};
 use tower_service::Service;
 
 pub use pool::{IDLE_TIMEOUT, MAX_IDLE_PER_WORKER};
@@ -258,7 +258,7 @@ impl Service<Request<Incoming>> for Target {
         match self {
             Target::Proxy(p) => {
                 let p = p.clone();
-                let peer = req.extensions().get::<PeerAddr>().map(|a| a.0);
+                let peer = tollgate_tower::peer_addr(req.extensions());
                 Box::pin(async move {
                     let Some(peer) = peer else {
                         // The server names the peer of every request it serves, so this
