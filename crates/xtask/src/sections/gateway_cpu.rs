@@ -2,7 +2,9 @@
 //! tollgate (decision and proxy mode, memory and Redis store) against nginx `limit_req` in the
 //! same mode. wrk, the upstream and redis-server share the other core. CPU per request is the
 //! gateway's utime + stime over the wrk run divided by the requests completed: what a request
-//! costs the gateway whatever the load generator's own speed.
+//! costs the gateway whatever the load generator's own speed. With `--baseline`, the other
+//! `tollgate` binary runs every tollgate case too, in the same rounds, and the table gives each
+//! build's ratio to the other within a round.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -26,6 +28,8 @@ enum Case {
     Nginx,
     Floor,
     Tollgate(Store),
+    /// The `--baseline` binary.
+    Baseline(Store),
 }
 
 #[derive(Debug, Default)]
@@ -70,6 +74,15 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
             proxy,
             Case::Tollgate(store_redis),
         ));
+        if ctx.baseline.is_some() {
+            for (store, name) in [(Store::Memory, "memory"), (store_redis, "redis")] {
+                cases.push((
+                    format!("baseline {mode} {name}"),
+                    proxy,
+                    Case::Baseline(store),
+                ));
+            }
+        }
     }
     let wrk = Wrk {
         threads: 1,
@@ -106,16 +119,20 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
         }
     }
     let sig = Digits::Significant;
-    let mut t = Table::new(&[
+    let mut columns = vec![
         "gateway on one core",
         "requests/s",
         "p99 ms",
         "CPU µs per request",
         "vs nginx, same mode",
-        "errors",
-    ]);
+    ];
+    if ctx.baseline.is_some() {
+        columns.push("this build / baseline, CPU");
+    }
+    columns.push("errors");
+    let mut t = Table::new(&columns);
     let empty = Runs::default();
-    for (name, proxy, _) in &cases {
+    for (name, proxy, case) in &cases {
         let r = runs.get(name).unwrap_or(&empty);
         let base = runs
             .get(if *proxy {
@@ -124,14 +141,26 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
                 "nginx decision"
             })
             .unwrap_or(&empty);
-        t.row(&[
+        let mut row = vec![
             name.clone(),
             spread(&r.rps, Digits::Fixed(0)),
             spread(&r.p99_ms, sig),
             spread(&r.cpu_us, sig),
             spread(&ratios(&r.cpu_us, &base.cpu_us), Digits::Fixed(2)),
-            r.errors.to_string(),
-        ]);
+        ];
+        if ctx.baseline.is_some() {
+            row.push(match case {
+                Case::Tollgate(_) => {
+                    let other = runs
+                        .get(&name.replacen("tollgate", "baseline", 1))
+                        .unwrap_or(&empty);
+                    spread(&ratios(&r.cpu_us, &other.cpu_us), Digits::Fixed(2))
+                }
+                _ => String::new(),
+            });
+        }
+        row.push(r.errors.to_string());
+        t.row(&row);
     }
     Ok(format!(
         "{title}Each gateway pinned alone to CPU {GATEWAY_CPU} (taskset); wrk (1 thread, 64 \
@@ -144,9 +173,14 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
          wrk run divided by the requests completed. min / median / max of {} interleaved \
          repetition(s); the ratio is to nginx in the same mode and repetition. \"http floor\" \
          is the example `http_floor`: the gateway's HTTP server and runtime answering the same \
-         200 with no limiter, the floor under decision mode. Errors: answers of 400 or more \
+         200 with no limiter, the floor under decision mode.{} Errors: answers of 400 or more \
          and socket errors, over all repetitions.\n\n{}",
         ctx.reps,
+        ctx.baseline.as_ref().map_or(String::new(), |b| format!(
+            " \"baseline\" rows: the binary `{}`, in the same rounds; \"this build / \
+             baseline\" is the ratio of the two within a round.",
+            b.display()
+        )),
         t.render()
     ))
 }
@@ -168,12 +202,14 @@ fn start(ctx: &Ctx, dir: &Path, case: Case, upstream: Option<u16>) -> anyhow::Re
             p.wait_port(port, Duration::from_secs(15))?;
             Ok((p, port))
         }
-        Case::Tollgate(store) => {
-            let name = match store {
-                Store::Memory => "tollgate-memory",
-                Store::Redis(_) => "tollgate-redis",
+        Case::Tollgate(store) | Case::Baseline(store) => {
+            let (bin, name) = match (case, store, &ctx.baseline) {
+                (Case::Baseline(_), Store::Memory, Some(b)) => (b, "baseline-memory"),
+                (Case::Baseline(_), Store::Redis(_), Some(b)) => (b, "baseline-redis"),
+                (_, Store::Memory, _) => (&ctx.bins.tollgate, "tollgate-memory"),
+                (_, Store::Redis(_), _) => (&ctx.bins.tollgate, "tollgate-redis"),
             };
-            let g = servers::serve(&ctx.bins.tollgate, dir, name, upstream, store, cpu)?;
+            let g = servers::serve(bin, dir, name, upstream, store, cpu)?;
             Ok((g.proc, g.port))
         }
     }

@@ -35,7 +35,8 @@ pub struct Settings {
     pub reps: u32,
     /// The sections to run, in document order.
     pub sections: Vec<Section>,
-    /// `--baseline`: a `tollgate` binary measured side by side with this build (rls).
+    /// `--baseline`: a `tollgate` binary measured side by side with this build (rls, coalesce,
+    /// gateway).
     pub baseline: Option<PathBuf>,
 }
 
