@@ -33,13 +33,16 @@ const KEYS: [u64; 2] = [1_000_000, 100_000];
 
 /// The cases, in the example's names and order, with what each row says.
 const CASES: [(&str, &str); 4] = [
-    ("single", "tollgate's one-plan script, 1 plan per call"),
-    ("batch", "tollgate's batch script, 64 plans per call"),
+    (
+        "single",
+        "tollgate's one-plan script, 1 plan per EVALSHA (64 pipelined)",
+    ),
+    ("batch", "tollgate's batch script, 64 plans per EVALSHA"),
     (
         "minimal",
-        "minimal script: MGET of 64 keys, `SET key value PX 600 GET` each",
+        "one MGET of 64 keys, then `SET key value PX 600 GET` each, in a script; no decision",
     ),
-    ("set", "plain pipelined `SET key value PX 600`, no Lua"),
+    ("set", "plain `SET key value PX 600`, pipelined, no Lua"),
 ];
 
 /// One run, as the example prints it.
@@ -70,6 +73,12 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
         server.pid().context("redis-server is not running")?,
         REDIS_CPU,
     )?;
+    let info = server.cli(&["info", "server"]);
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .map_or("?", str::trim)
+        .to_owned();
     let keys: Vec<String> = KEYS.iter().map(u64::to_string).collect();
     let mut cmd: Command = servers::pinned(&ctx.bins.redis_bench, Some(CLIENT_CPU));
     cmd.args(["--script-floor", "--url", &server.url()])
@@ -109,9 +118,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
          of one plan per call. What Redis spends per plan, token bucket 100/min, by `redis_bench \
          --script-floor --keys {} --batch {BATCH} --seconds {seconds} --warmup {warmup} --rounds \
          {}` (its own pipelined RESP client on std's TcpStream, pinned to CPU {CLIENT_CPU}; \
-         the section's own redis-server alone on CPU {REDIS_CPU}): tollgate's scripts with the \
-         arguments the store sends, against a minimal script that only reads and writes the \
-         keys as the batch script does and against plain `SET`s. Redis CPU per plan: \
+         the section's own redis-server {version} alone on CPU {REDIS_CPU}): tollgate's \
+         scripts with the arguments the store sends, against a minimal script that only reads \
+         and writes the keys as the batch script does and against plain `SET`s. Redis CPU per plan: \
          redis-server's utime + stime over a run ({seconds} s after {warmup} s of warm-up, on a \
          flushed database) / plans answered. min / median / max of {} round(s), the cases \
          taking turns within each; the ratio is to the one-plan script of the same round and \
