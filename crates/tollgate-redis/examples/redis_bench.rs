@@ -9,6 +9,10 @@
 //! redis_bench --print-scripts DIR    # writes the Lua texts the store loads (the one of a
 //!                                    # 100-per-minute policy of each algorithm, and
 //!                                    # check.lua), prints "name sha1" lines
+//! redis_bench --script-floor --url redis://127.0.0.1:PORT [--keys 1000000,100000] [--batch 64]
+//!             [--seconds 5] [--rounds 3]
+//!                                    # Redis's own CPU per plan: tollgate's one-plan and batch
+//!                                    # scripts against a floor script and plain SETs (floor.rs)
 //! ```
 //!
 //! A plan script takes its quotas as its first argument, packed in bytes, which
@@ -22,6 +26,12 @@
 
 #[global_allocator]
 static GLOBAL: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
+
+// In redis_bench/: a file directly under examples/ would be taken for an example of its own.
+#[path = "redis_bench/floor.rs"]
+mod floor;
+#[path = "redis_bench/resp.rs"]
+mod resp;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -197,6 +207,13 @@ async fn bench(args: Args) -> Result<(), String> {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--script-floor") {
+        if let Err(e) = floor::main(std::env::args().skip(2)) {
+            eprintln!("redis_bench --script-floor: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let args = match parse() {
         Ok(Some(a)) => a,
         Ok(None) => return,

@@ -39,11 +39,11 @@
 
 use crate::script::{
     across_slots, body, constants_len, decide, finish, uncharged_and_reply, unpack_format, Cache,
-    Form, Script,
+    Form, RuleShape, Script, Shape,
 };
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
-use tollgate_core::{Algorithm, Mode};
+use tollgate_core::{Algorithm, Micros, Mode};
 
 /// The most distinct plan forms one batch script serves: a batch stops before a plan of one
 /// more form, which leaves first in the next call.
@@ -95,6 +95,125 @@ fn cached(scripts: &Cache<Vec<Form>>, forms: &[Form], across: bool) -> Option<Ar
         return None;
     }
     Some(Arc::clone(map.entry(forms.to_vec()).or_insert(built)))
+}
+
+/// One plan of a batch call, as [`push_batch_call`] writes it: its keys and costs in rule
+/// order, its `now` (sent with the local clock only) and its shape (its quotas).
+pub(crate) struct CallPlan<'a> {
+    pub(crate) keys: &'a [String],
+    pub(crate) costs: &'a [u64],
+    pub(crate) now: Micros,
+    pub(crate) shape: &'a Shape,
+}
+
+/// A batch call's arguments after the script's SHA (see "The call" and "Across slots"
+/// above): `plans` in order, `forms` the list the script was generated for, `local` when each
+/// plan's `now` travels (the local clock), `floor_ms` the PX floor (0: none).
+pub(crate) fn push_batch_call(
+    cmd: &mut redis::Cmd,
+    plans: &[CallPlan<'_>],
+    forms: &[Form],
+    across: bool,
+    local: bool,
+    floor_ms: u64,
+) {
+    let keys: usize = plans.iter().map(|p| p.keys.len()).sum();
+    let push_keys = |cmd: &mut redis::Cmd| {
+        for p in plans {
+            for k in p.keys {
+                cmd.arg(k);
+            }
+        }
+    };
+    if across {
+        // One declared key routes the call to its node; all travel after the count.
+        let first = plans.first().and_then(|p| p.keys.first());
+        cmd.arg(1).arg(first.map_or("", String::as_str));
+    } else {
+        cmd.arg(keys);
+        push_keys(cmd);
+    }
+    let costs = |p: &CallPlan<'_>| p.costs.iter().any(|&c| c != 1);
+    let spec: Vec<u8> = plans
+        .iter()
+        .map(|p| {
+            let form = p.shape.form();
+            let s = forms.iter().position(|f| *f == form).unwrap_or(0);
+            // At most MAX_BATCH_FORMS (< 16) forms: the number fits the low bits.
+            let mut b = u8::try_from(s + 1).unwrap_or(0);
+            if costs(p) {
+                b += 16;
+            }
+            if local {
+                b += 32;
+            }
+            b
+        })
+        .collect();
+    cmd.arg(spec).arg(floor_ms);
+    if across {
+        cmd.arg(keys);
+        push_keys(cmd);
+    }
+    for p in plans {
+        if local {
+            cmd.arg(p.now);
+        }
+        cmd.arg(p.shape.constants().as_bytes());
+        if costs(p) {
+            for c in p.costs {
+                cmd.arg(*c);
+            }
+        }
+    }
+}
+
+/// For benchmarks: the text of the batch script a standalone server runs for plans of these
+/// rules (one form; `None` where no batch script serves it: no rule, or more than
+/// [`crate::MAX_INLINE_RULES`]), the one the store loads.
+#[doc(hidden)]
+pub fn batch_script_text(rules: &[RuleShape]) -> Option<String> {
+    batch_script(&[Shape::new(rules.iter().copied(), true)?.form()]).map(|s| s.text.clone())
+}
+
+/// For benchmarks: the SHA1 of [`batch_script_text`], as EVALSHA names it.
+#[doc(hidden)]
+pub fn batch_script_sha(rules: &[RuleShape]) -> Option<String> {
+    batch_script(&[Shape::new(rules.iter().copied(), true)?.form()]).map(|s| s.sha.clone())
+}
+
+/// For benchmarks: what follows the SHA in a batch call of plans of these rules on a
+/// standalone server, as `RedisStore::check` sends it (store clock, every cost 1, no PX
+/// floor): the key count, the keys, then ARGV. `keys` holds the plans' keys, plan after plan,
+/// `rules.len()` each; `None` for a count that is not a whole number of plans, no plan, or
+/// rules no batch script serves.
+#[doc(hidden)]
+pub fn batch_script_args(rules: &[RuleShape], keys: &[String]) -> Option<Vec<Vec<u8>>> {
+    let shape = Shape::new(rules.iter().copied(), true)?;
+    if keys.is_empty() || !keys.len().is_multiple_of(rules.len()) {
+        return None;
+    }
+    let costs = vec![1; rules.len()];
+    let plans: Vec<CallPlan<'_>> = keys
+        .chunks(rules.len())
+        .map(|keys| CallPlan {
+            keys,
+            costs: &costs,
+            now: 0,
+            shape: &shape,
+        })
+        .collect();
+    let mut cmd = redis::Cmd::new();
+    push_batch_call(&mut cmd, &plans, &[shape.form()], false, false, 0);
+    Some(
+        cmd.args_iter()
+            .filter_map(|a| match a {
+                redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+                // No cursor in a script call.
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
 /// Generates the batch script of `forms` (`across`: the across-slots one).
@@ -444,6 +563,56 @@ mod tests {
         assert_ne!(batch_script(&[two, one]).expect("script").sha, s.sha);
         assert!(batch_script(&[]).is_none());
         assert!(batch_script(&[one; MAX_BATCH_FORMS + 1]).is_none());
+    }
+
+    #[test]
+    fn the_batch_script_and_call_given_to_benchmarks_are_the_ones_the_store_sends() {
+        let quota = Quota::per_minute(100).expect("quota");
+        let rule = RuleShape {
+            limit: Limit::new(Algorithm::TokenBucket, quota).expect("limit"),
+            mode: Mode::Enforce,
+        };
+        let form = Shape::new([rule].into_iter(), true).expect("shape").form();
+        let loaded = batch_script(&[form]).expect("script");
+        let text = batch_script_text(&[rule]).expect("text");
+        assert_eq!(text, loaded.text);
+        assert_eq!(
+            batch_script_sha(&[rule]).as_deref(),
+            Some(loaded.sha.as_str())
+        );
+        assert_eq!(redis::Script::new(&text).get_hash(), loaded.sha);
+        // Not a plan script: the batch of one form is another text.
+        assert_ne!(crate::plan_script_sha(&[rule]), batch_script_sha(&[rule]));
+
+        // Three plans: the key count, the keys, one byte per plan (form 1, costs 1, Redis
+        // TIME), no PX floor, then each plan's quotas (a plan script's ARGV[1]).
+        let keys: Vec<String> = (0..3).map(|i| format!("tollgate:{{{i}}}:api")).collect();
+        let args = batch_script_args(&[rule], &keys).expect("args");
+        let quotas = crate::plan_script_quotas(&[rule]).expect("quotas");
+        let mut want: Vec<Vec<u8>> = vec![b"3".to_vec()];
+        want.extend(keys.iter().map(|k| k.as_bytes().to_vec()));
+        want.push(vec![1, 1, 1]);
+        want.push(b"0".to_vec());
+        want.extend([quotas.clone(), quotas.clone(), quotas]);
+        assert_eq!(args, want);
+
+        // Two rules a plan: their keys in pairs, one byte and one quotas argument per plan.
+        let hourly = Quota::new(1000, std::time::Duration::from_secs(3600)).expect("quota");
+        let pair = [
+            rule,
+            RuleShape {
+                limit: Limit::new(Algorithm::Gcra, hourly).expect("limit"),
+                mode: Mode::Shadow,
+            },
+        ];
+        let args = batch_script_args(&pair, &keys[..2]).expect("args");
+        assert_eq!(args.len(), 1 + 2 + 2 + 1);
+        assert_eq!(args[3], vec![1]);
+        assert_eq!(args[5], crate::plan_script_quotas(&pair).expect("quotas"));
+        assert!(batch_script_args(&pair, &keys).is_none());
+        assert!(batch_script_args(&[rule], &[]).is_none());
+        assert!(batch_script_args(&[], &keys).is_none());
+        assert!(batch_script_text(&[]).is_none());
     }
 
     #[test]

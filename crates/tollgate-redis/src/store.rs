@@ -1,7 +1,9 @@
 //! The store: connections (standalone or cluster), key layout, one script call per plan (per
 //! slot on a Redis Cluster).
 
-use crate::batch_script::{batch_script, batch_script_across, ELSEWHERE};
+use crate::batch_script::{
+    batch_script, batch_script_across, push_batch_call, CallPlan, ELSEWHERE,
+};
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
 use crate::lane::{Answer, Job, Lane, PlanJob, Waiting};
@@ -1491,62 +1493,27 @@ impl RedisStore {
 
     /// The batch script's arguments (see `batch_script.rs`).
     fn push_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], shapes: &[Form], across: bool) {
-        let jobs: Vec<&PlanJob> = jobs
+        let plans: Vec<CallPlan<'_>> = jobs
             .iter()
             .filter_map(|j| match j {
-                Job::Plan(p) => Some(p),
+                Job::Plan(p) => Some(CallPlan {
+                    keys: &p.keys,
+                    costs: &p.costs,
+                    now: p.now,
+                    shape: &p.shape,
+                }),
                 Job::Lease(_) => None,
             })
             .collect();
-        let keys: usize = jobs.iter().map(|j| j.keys.len()).sum();
-        let push_keys = |cmd: &mut redis::Cmd| {
-            for j in &jobs {
-                for k in &j.keys {
-                    cmd.arg(k);
-                }
-            }
-        };
-        if across {
-            // One declared key routes the call to its node; all travel after the count.
-            let first = jobs.first().and_then(|j| j.keys.first());
-            cmd.arg(1).arg(first.map_or("", String::as_str));
-        } else {
-            cmd.arg(keys);
-            push_keys(cmd);
-        }
         let local = self.clock() == crate::StoreClock::Local;
-        let spec: Vec<u8> = jobs
-            .iter()
-            .map(|j| {
-                let form = j.shape.form();
-                let s = shapes.iter().position(|s| *s == form).unwrap_or(0);
-                // At most MAX_BATCH_FORMS (< 16) forms: the number fits the low bits.
-                let mut b = u8::try_from(s + 1).unwrap_or(0);
-                if j.costs.iter().any(|&c| c != 1) {
-                    b += 16;
-                }
-                if local {
-                    b += 32;
-                }
-                b
-            })
-            .collect();
-        cmd.arg(spec).arg(self.ttl_floor_ms().unwrap_or(0));
-        if across {
-            cmd.arg(keys);
-            push_keys(cmd);
-        }
-        for j in &jobs {
-            if local {
-                cmd.arg(j.now);
-            }
-            cmd.arg(j.shape.constants().as_bytes());
-            if j.costs.iter().any(|&c| c != 1) {
-                for c in &j.costs {
-                    cmd.arg(*c);
-                }
-            }
-        }
+        push_batch_call(
+            cmd,
+            &plans,
+            shapes,
+            across,
+            local,
+            self.ttl_floor_ms().unwrap_or(0),
+        );
     }
 }
 

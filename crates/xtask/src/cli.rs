@@ -35,8 +35,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=20))]
     pub reps: Option<u32>,
     /// Run only these sections (comma- or space-separated): memory, redis, peers, lease,
-    /// abuse, gateway, rls, coalesce, reference. The others keep the figures already in the
-    /// document, marked as not rerun.
+    /// abuse, gateway, rls, coalesce, floor, reference. The others keep the figures already in
+    /// the document, marked as not rerun.
     #[arg(long, value_name = "SECTIONS", value_parser = parse_sections)]
     pub only: Option<Only>,
     /// A `tollgate` binary (e.g. the previous commit's release build) that the rls section

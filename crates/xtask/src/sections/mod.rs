@@ -3,6 +3,7 @@
 
 mod abuse;
 mod coalesce;
+mod floor;
 mod gateway;
 mod gateway_cpu;
 mod lease;
@@ -59,13 +60,15 @@ pub enum Section {
     Rls,
     /// Coalesced store calls, the default `max_batch` against 1, standalone and Cluster.
     Coalesce,
+    /// What Redis itself spends per plan: the scripts against a minimal script and SETs.
+    Floor,
     /// The reference deployment: 20 gateways, one Redis.
     Reference,
 }
 
 impl Section {
     /// Every section, in document order.
-    pub const ALL: [Section; 9] = [
+    pub const ALL: [Section; 10] = [
         Section::Memory,
         Section::Redis,
         Section::Peers,
@@ -74,6 +77,7 @@ impl Section {
         Section::Gateway,
         Section::Rls,
         Section::Coalesce,
+        Section::Floor,
         Section::Reference,
     ];
 
@@ -88,6 +92,7 @@ impl Section {
             Section::Gateway => "gateway",
             Section::Rls => "rls",
             Section::Coalesce => "coalesce",
+            Section::Floor => "floor",
             Section::Reference => "reference",
         }
     }
@@ -102,6 +107,7 @@ impl Section {
             Section::Gateway => gateway::run(ctx),
             Section::Rls => rls::run(ctx),
             Section::Coalesce => coalesce::run(ctx),
+            Section::Floor => floor::run(ctx),
             Section::Reference => reference::run(ctx),
         }
     }
