@@ -1,0 +1,186 @@
+//! One call, from its request to its answer: its place in the budget, its deadline, its
+//! method found by path, its message read and decoded, the answer encoded.
+//!
+//! This is what tonic's server did around the two services (routing, the call budget layer,
+//! the timeout layer, recovering errors as statuses, the codec), written as one async
+//! function per call. hyper runs its future in the task it spawns for each stream, so a call
+//! costs no boxed future, service or body of its own. What a client sees is what tonic
+//! answered:
+//!
+//! - a place first, for any path: past the budget, `RESOURCE_EXHAUSTED` ([`crate::budget`]);
+//! - the path alone chooses the method (not the HTTP method, not the `content-type`, which
+//!   tonic did not look at either); a path no method is served at is `UNIMPLEMENTED` without
+//!   a message, and its body is never read;
+//! - `Health/Watch` reads its request, then answers `UNIMPLEMENTED` ("use Check");
+//! - `traceparent` (from the request's headers, or its trailers, which tonic merged over
+//!   them) parents the decision's span.
+
+use crate::budget;
+use crate::health::HealthService;
+use crate::live::LiveRls;
+use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use crate::proto::grpc::health::v1::HealthCheckRequest;
+use crate::wire::answer::Answer;
+use crate::wire::{deadline, frame};
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body::Body;
+use prost::Message;
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate::places::{Place, Places};
+use tonic::Status;
+use tracing::Instrument as _;
+
+/// The largest request message accepted (Envoy's are a few hundred bytes).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// How long one call may take at most (the store call has its own, shorter, timeout).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+
+/// What the calls of one listener share.
+pub(crate) struct Services {
+    /// `ShouldRateLimit`.
+    pub(crate) rls: LiveRls,
+    /// `Health/Check`.
+    pub(crate) health: HealthService,
+    /// The places of the calls in progress.
+    pub(crate) budget: Arc<Places>,
+}
+
+/// The methods served, by path.
+enum Method {
+    ShouldRateLimit,
+    HealthCheck,
+    HealthWatch,
+    Unknown,
+}
+
+impl Method {
+    fn of(path: &str) -> Self {
+        match path {
+            SHOULD_RATE_LIMIT => Self::ShouldRateLimit,
+            HEALTH_CHECK => Self::HealthCheck,
+            HEALTH_WATCH => Self::HealthWatch,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// The answer to `request`, a call from `peer` (`None`: not bounded per address), within
+/// its deadline. Never an error: every failure is a gRPC status.
+pub(crate) async fn answer<B>(
+    services: Arc<Services>,
+    peer: Option<IpAddr>,
+    request: Request<B>,
+) -> Result<Response<Answer>, Infallible>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let deadline = deadline::of(request.headers(), CALL_TIMEOUT);
+    let call = route(&services, peer, request);
+    Ok(tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or_else(|_| Answer::status(&deadline::expired(), None)))
+}
+
+async fn route<B>(
+    services: &Services,
+    peer: Option<IpAddr>,
+    request: Request<B>,
+) -> Response<Answer>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(place) = services.budget.take(peer) else {
+        return Answer::status(&budget::refusal(), None);
+    };
+    let place = Some(place);
+    match Method::of(request.uri().path()) {
+        Method::ShouldRateLimit => should_rate_limit(&services.rls, request, place).await,
+        Method::HealthCheck => match unary::<HealthCheckRequest, B>(request).await {
+            Ok(call) => match services.health.check(&call.message).await {
+                Ok(response) => framed(&response, place),
+                Err(status) => Answer::status(&status, place),
+            },
+            Err(status) => Answer::status(&status, place),
+        },
+        Method::HealthWatch => match unary::<HealthCheckRequest, B>(request).await {
+            Ok(_) => Answer::status(&Status::unimplemented("use Check"), place),
+            Err(status) => Answer::status(&status, place),
+        },
+        Method::Unknown => Answer::unimplemented(place),
+    }
+}
+
+async fn should_rate_limit<B>(
+    rls: &LiveRls,
+    request: Request<B>,
+    place: Option<Place>,
+) -> Response<Answer>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let call = match unary::<RateLimitRequest, B>(request).await {
+        Ok(call) => call,
+        Err(status) => return Answer::status(&status, place),
+    };
+    let service = rls.current();
+    let span = tollgate::trace::decision_span(|| call.traceparent());
+    match service.decide(&call.message).instrument(span).await {
+        Ok(response) => framed(&response, place),
+        Err(status) => Answer::status(&status, place),
+    }
+}
+
+/// A unary call's request: its message, its headers and its body's trailers.
+struct Unary<M> {
+    message: M,
+    headers: HeaderMap,
+    trailers: Option<HeaderMap>,
+}
+
+impl<M> Unary<M> {
+    /// The `traceparent` tonic's metadata gave: the trailers' over the headers'.
+    fn traceparent(&self) -> Option<&str> {
+        self.trailers
+            .as_ref()
+            .and_then(|t| t.get("traceparent"))
+            .or_else(|| self.headers.get("traceparent"))
+            .and_then(|v| v.to_str().ok())
+    }
+}
+
+async fn unary<M, B>(request: Request<B>) -> Result<Unary<M>, Status>
+where
+    M: Message + Default,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = request.into_parts();
+    frame::uncompressed(&parts.headers)?;
+    let (message, trailers) = frame::read_unary(body, MAX_MESSAGE_BYTES).await?;
+    Ok(Unary {
+        message,
+        headers: parts.headers,
+        trailers,
+    })
+}
+
+fn framed<M: Message>(message: &M, place: Option<Place>) -> Response<Answer> {
+    match frame::encode(message) {
+        Ok(bytes) => Answer::message(bytes, place),
+        Err(status) => Answer::status(&status, place),
+    }
+}
+
+#[cfg(test)]
+mod tests;
