@@ -10,7 +10,8 @@
 //! - a place first, for any path: past the budget, `RESOURCE_EXHAUSTED` ([`crate::budget`]);
 //! - the path alone chooses the method (not the HTTP method, not the `content-type`, which
 //!   tonic did not look at either); a path no method is served at is `UNIMPLEMENTED` without
-//!   a message, and its body is never read;
+//!   a message, and its body is never read (outside the two services' paths, with the
+//!   `content-length: 0` that tonic's router added there);
 //! - `Health/Watch` reads its request, then answers `UNIMPLEMENTED` ("use Check");
 //! - `traceparent` (from the request's headers, or its trailers, which tonic merged over
 //!   them) parents the decision's span.
@@ -42,6 +43,11 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
 const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+/// The services' paths: `/<service>/<method>`, the method not empty.
+const SERVICES: [&str; 2] = [
+    "/envoy.service.ratelimit.v3.RateLimitService/",
+    "/grpc.health.v1.Health/",
+];
 
 /// What the calls of one listener share.
 pub(crate) struct Services {
@@ -58,7 +64,10 @@ enum Method {
     ShouldRateLimit,
     HealthCheck,
     HealthWatch,
+    /// A method of neither service at a service's path.
     Unknown,
+    /// No service's path.
+    NoService,
 }
 
 impl Method {
@@ -67,7 +76,13 @@ impl Method {
             SHOULD_RATE_LIMIT => Self::ShouldRateLimit,
             HEALTH_CHECK => Self::HealthCheck,
             HEALTH_WATCH => Self::HealthWatch,
-            _ => Self::Unknown,
+            _ if SERVICES
+                .iter()
+                .any(|s| path.len() > s.len() && path.starts_with(s)) =>
+            {
+                Self::Unknown
+            }
+            _ => Self::NoService,
         }
     }
 }
@@ -117,6 +132,7 @@ where
             Err(status) => Answer::status(&status, place),
         },
         Method::Unknown => Answer::unimplemented(place),
+        Method::NoService => Answer::no_service(place),
     }
 }
 

@@ -174,13 +174,24 @@ async fn the_path_alone_chooses_the_method_as_tonic_did() {
 #[tokio::test]
 async fn a_path_no_method_is_served_at_is_unimplemented_and_its_body_is_never_read() {
     let s = services(8);
-    for path in [
-        "/",
-        "/envoy.service.ratelimit.v3.RateLimitService/Other",
-        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit/",
-        "/grpc.health.v1.Health/Check/more",
-        "/grpc.health.v1.Health/check",
-        "/nothing.Here/At",
+    // (path, whether tonic's router answered it from its fallback, with content-length: 0)
+    for (path, no_service) in [
+        ("/envoy.service.ratelimit.v3.RateLimitService/Other", false),
+        (
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit/",
+            false,
+        ),
+        ("/grpc.health.v1.Health/Check/more", false),
+        ("/grpc.health.v1.Health/check", false),
+        ("/grpc.health.v1.Health//", false),
+        ("/grpc.health.v1.Health/%43heck", false),
+        ("/", true),
+        ("/nothing.Here/At", true),
+        ("/grpc.health.v1.Health/", true),
+        ("/grpc.health.v1.Health", true),
+        ("//grpc.health.v1.Health/Check", true),
+        ("/GRPC.health.v1.Health/Check", true),
+        ("/grpc.health.v1.%48ealth/Check", true),
     ] {
         let c = call(path, b"\x00\x00\x00\x00\x00");
         let polls = Arc::clone(&c.polls);
@@ -188,6 +199,11 @@ async fn a_path_no_method_is_served_at_is_unimplemented_and_its_body_is_never_re
         assert_eq!(read.status(), Some("12"), "{path}");
         assert_eq!(read.grpc_message(), None, "{path}: no message");
         assert_eq!(read.headers["content-type"], "application/grpc");
+        assert_eq!(
+            read.headers.get("content-length").map(|v| v.as_bytes()),
+            no_service.then_some(&b"0"[..]),
+            "{path}"
+        );
         assert!(
             read.message.is_none() && read.trailers.is_none(),
             "trailers-only"

@@ -9,10 +9,10 @@
 //! sends its headers with END_STREAM and drops it at once: flow control cannot hold it back.
 //!
 //! The body gives no exact size: hyper would turn one into a `content-length`, which tonic's
-//! answers never carried.
+//! answers carried only where its router answered a path of no service.
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use http_body::{Body, Frame};
 use std::convert::Infallible;
@@ -63,12 +63,22 @@ impl Answer {
         response
     }
 
-    /// `UNIMPLEMENTED` without a message: a path no method is served at.
+    /// `UNIMPLEMENTED` without a message: a method a service does not have.
     pub(crate) fn unimplemented(place: Option<Place>) -> Response<Self> {
         let mut response = Self::headers_only(place);
         response
             .headers_mut()
             .insert(GRPC_STATUS, HeaderValue::from_static("12"));
+        response
+    }
+
+    /// `UNIMPLEMENTED` for a path of no service, with the `content-length: 0` tonic's router
+    /// (axum's fallback) wrote there.
+    pub(crate) fn no_service(place: Option<Place>) -> Response<Self> {
+        let mut response = Self::unimplemented(place);
+        response
+            .headers_mut()
+            .insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
         response
     }
 
@@ -170,6 +180,10 @@ mod tests {
             unimplemented.headers(),
             Status::unimplemented("").into_http::<()>().headers()
         );
+        let no_service = Answer::no_service(None);
+        assert_eq!(no_service.headers()["grpc-status"], "12");
+        assert_eq!(no_service.headers()["content-length"], "0");
+        assert!(no_service.body().is_end_stream());
     }
 
     #[test]
