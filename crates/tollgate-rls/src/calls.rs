@@ -28,8 +28,11 @@ use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use prost::Message;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tollgate::places::{Place, Places};
 use tonic::Status;
@@ -89,26 +92,51 @@ impl Method {
 
 /// The answer to `request`, a call from `peer` (`None`: not bounded per address), within
 /// its deadline. Never an error: every failure is a gRPC status.
-pub(crate) async fn answer<B>(
+///
+/// hyper moves this future into the task it spawns, and tokio moves it again: it is kept
+/// small by taking the request apart before any future holds it, and by nesting a single
+/// async function (each keeps its arguments for its whole life) in a plain future.
+pub(crate) fn answer<B>(
     services: Arc<Services>,
     peer: Option<IpAddr>,
     request: Request<B>,
-) -> Result<Response<Answer>, Infallible>
+) -> Call<impl Future<Output = Response<Answer>>>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let deadline = deadline::of(request.headers(), CALL_TIMEOUT);
-    let call = route(&services, peer, request);
-    Ok(tokio::time::timeout(deadline, call)
-        .await
-        .unwrap_or_else(|_| Answer::status(&deadline::expired(), None)))
+    let method = Method::of(request.uri().path());
+    let (parts, body) = request.into_parts();
+    Call {
+        within: tokio::time::timeout(deadline, route(services, peer, method, parts.headers, body)),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call within its deadline.
+    pub(crate) struct Call<F> {
+        #[pin]
+        within: tokio::time::Timeout<F>,
+    }
+}
+
+impl<F: Future<Output = Response<Answer>>> Future for Call<F> {
+    type Output = Result<Response<Answer>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().within.poll(cx).map(|answered| {
+            Ok(answered.unwrap_or_else(|_| Answer::status(&deadline::expired(), None)))
+        })
+    }
 }
 
 async fn route<B>(
-    services: &Services,
+    services: Arc<Services>,
     peer: Option<IpAddr>,
-    request: Request<B>,
+    method: Method,
+    headers: HeaderMap,
+    body: B,
 ) -> Response<Answer>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -118,16 +146,28 @@ where
         return Answer::status(&budget::refusal(), None);
     };
     let place = Some(place);
-    match Method::of(request.uri().path()) {
-        Method::ShouldRateLimit => should_rate_limit(&services.rls, request, place).await,
-        Method::HealthCheck => match unary::<HealthCheckRequest, B>(request).await {
-            Ok(call) => match services.health.check(&call.message).await {
+    match method {
+        Method::ShouldRateLimit => {
+            let (request, trailers) = match unary::<RateLimitRequest, B>(&headers, body).await {
+                Ok(call) => call,
+                Err(status) => return Answer::status(&status, place),
+            };
+            let service = services.rls.current();
+            let span =
+                tollgate::trace::decision_span(|| traceparent(&headers, trailers.as_deref()));
+            match service.decide(&request).instrument(span).await {
+                Ok(response) => framed(&response, place),
+                Err(status) => Answer::status(&status, place),
+            }
+        }
+        Method::HealthCheck => match unary::<HealthCheckRequest, B>(&headers, body).await {
+            Ok((request, _)) => match services.health.check(&request).await {
                 Ok(response) => framed(&response, place),
                 Err(status) => Answer::status(&status, place),
             },
             Err(status) => Answer::status(&status, place),
         },
-        Method::HealthWatch => match unary::<HealthCheckRequest, B>(request).await {
+        Method::HealthWatch => match unary::<HealthCheckRequest, B>(&headers, body).await {
             Ok(_) => Answer::status(&Status::unimplemented("use Check"), place),
             Err(status) => Answer::status(&status, place),
         },
@@ -136,59 +176,23 @@ where
     }
 }
 
-async fn should_rate_limit<B>(
-    rls: &LiveRls,
-    request: Request<B>,
-    place: Option<Place>,
-) -> Response<Answer>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let call = match unary::<RateLimitRequest, B>(request).await {
-        Ok(call) => call,
-        Err(status) => return Answer::status(&status, place),
-    };
-    let service = rls.current();
-    let span = tollgate::trace::decision_span(|| call.traceparent());
-    match service.decide(&call.message).instrument(span).await {
-        Ok(response) => framed(&response, place),
-        Err(status) => Answer::status(&status, place),
-    }
+/// The `traceparent` tonic's metadata gave: the trailers' over the headers'.
+fn traceparent<'a>(headers: &'a HeaderMap, trailers: Option<&'a HeaderMap>) -> Option<&'a str> {
+    trailers
+        .and_then(|t| t.get("traceparent"))
+        .or_else(|| headers.get("traceparent"))
+        .and_then(|v| v.to_str().ok())
 }
 
-/// A unary call's request: its message, its headers and its body's trailers.
-struct Unary<M> {
-    message: M,
-    headers: HeaderMap,
-    trailers: Option<HeaderMap>,
-}
-
-impl<M> Unary<M> {
-    /// The `traceparent` tonic's metadata gave: the trailers' over the headers'.
-    fn traceparent(&self) -> Option<&str> {
-        self.trailers
-            .as_ref()
-            .and_then(|t| t.get("traceparent"))
-            .or_else(|| self.headers.get("traceparent"))
-            .and_then(|v| v.to_str().ok())
-    }
-}
-
-async fn unary<M, B>(request: Request<B>) -> Result<Unary<M>, Status>
+/// A unary call's one message, and its body's trailers.
+async fn unary<M, B>(headers: &HeaderMap, body: B) -> Result<(M, Option<Box<HeaderMap>>), Status>
 where
     M: Message + Default,
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let (parts, body) = request.into_parts();
-    frame::uncompressed(&parts.headers)?;
-    let (message, trailers) = frame::read_unary(body, MAX_MESSAGE_BYTES).await?;
-    Ok(Unary {
-        message,
-        headers: parts.headers,
-        trailers,
-    })
+    frame::uncompressed(headers)?;
+    frame::read_unary(body, MAX_MESSAGE_BYTES).await
 }
 
 fn framed<M: Message>(message: &M, place: Option<Place>) -> Response<Answer> {

@@ -71,7 +71,14 @@ type Client = h2::client::SendRequest<Bytes>;
 
 async fn connect(addr: SocketAddr) -> Client {
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    // Each answer's message is one small DATA frame; h2's client bounds how many of those it
+    // buffers unread (32 KiB of "overhead" by default), which the flood test's 2000 tasks on
+    // two threads can reach. That bound is the client's, not what these tests are about.
+    let (client, conn) = h2::client::Builder::new()
+        .data_frame_budget(1 << 24)
+        .handshake(tcp)
+        .await
+        .expect("handshake");
     tokio::spawn(conn);
     client
 }
@@ -123,7 +130,9 @@ impl Answer {
 
 async fn read(response: h2::client::ResponseFuture) -> Answer {
     tokio::time::timeout(Duration::from_secs(10), async {
-        let response = response.await.expect("an answer");
+        let response = response
+            .await
+            .unwrap_or_else(|e| panic!("an answer: {e:?}"));
         assert_eq!(response.status(), http::StatusCode::OK);
         let (parts, mut body) = response.into_parts();
         let ended_with_headers = body.is_end_stream();

@@ -11,9 +11,12 @@
 //! `grpc-timeout` is an integer of at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`,
 //! `n`); any other value is ignored, as tonic ignored it.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use std::time::Duration;
 use tonic::Status;
+
+/// The client's timeout (a constant: no name parsed per call).
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// How long the call with `headers` may take, at most `bound`.
 pub(crate) fn of(headers: &HeaderMap, bound: Duration) -> Duration {
@@ -26,7 +29,7 @@ pub(crate) fn expired() -> Status {
 }
 
 fn client_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let text = headers.get("grpc-timeout")?.to_str().ok()?;
+    let text = headers.get(GRPC_TIMEOUT)?.to_str().ok()?;
     let (&unit, value) = text.as_bytes().split_last()?;
     if value.len() > 8 {
         return None;

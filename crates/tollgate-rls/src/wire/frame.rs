@@ -19,7 +19,7 @@
 //!   (and can fail the call) and dropped. Trailers end the messages.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use http_body::Body;
 use prost::Message;
 use std::pin::Pin;
@@ -27,6 +27,9 @@ use tonic::{Code, Status};
 
 /// The prefix of every message: the compressed flag and the length.
 pub(crate) const PREFIX: usize = 5;
+
+/// Names the encoding of the request's messages (a constant: no name parsed per call).
+const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 
 /// The messages of one request body, as each becomes whole.
 pub(crate) struct Messages<B> {
@@ -38,7 +41,8 @@ pub(crate) struct Messages<B> {
     /// The gathered message's whole length, once its prefix is in.
     expected: Option<usize>,
     limit: usize,
-    trailers: Option<HeaderMap>,
+    /// Boxed: rare, and kept out of the call's future, which hyper and tokio move about.
+    trailers: Option<Box<HeaderMap>>,
     ended: bool,
 }
 
@@ -78,7 +82,7 @@ where
                         if let Ok(trailers) = frame.into_trailers() {
                             match &mut self.trailers {
                                 Some(have) => have.extend(trailers),
-                                None => self.trailers = Some(trailers),
+                                None => self.trailers = Some(Box::new(trailers)),
                             }
                         }
                         self.ended = true;
@@ -104,7 +108,7 @@ where
     }
 
     /// The body's trailers, once [`Self::next`] has reached them.
-    pub(crate) fn take_trailers(&mut self) -> Option<HeaderMap> {
+    pub(crate) fn take_trailers(&mut self) -> Option<Box<HeaderMap>> {
         self.trailers.take()
     }
 
@@ -190,7 +194,7 @@ where
 pub(crate) async fn read_unary<M, B>(
     body: B,
     limit: usize,
-) -> Result<(M, Option<HeaderMap>), Status>
+) -> Result<(M, Option<Box<HeaderMap>>), Status>
 where
     M: Message + Default,
     B: Body<Data = Bytes> + Unpin,
@@ -215,7 +219,7 @@ fn decode_error(e: prost::DecodeError) -> Status {
 /// Refuses a compressed request (`grpc-encoding` other than `identity`): nothing here
 /// decompresses.
 pub(crate) fn uncompressed(headers: &HeaderMap) -> Result<(), Status> {
-    let Some(encoding) = headers.get("grpc-encoding") else {
+    let Some(encoding) = headers.get(GRPC_ENCODING) else {
         return Ok(());
     };
     let named = encoding.as_bytes();
