@@ -3,8 +3,8 @@
 //!
 //! This is what tonic's server did around the two services (routing, the call budget layer,
 //! the timeout layer, recovering errors as statuses, the codec), written as one async
-//! function per call. hyper runs its future in the task it spawns for each stream, so a call
-//! costs no boxed future, service or body of its own. What a client sees is what tonic
+//! function per call in a small future for its deadline. hyper runs that future in the task
+//! it spawns for each stream, so a call costs no boxed future, service or body of its own. What a client sees is what tonic
 //! answered:
 //!
 //! - a place first, for any path: past the budget, `RESOURCE_EXHAUSTED` ([`crate::budget`]);
@@ -38,7 +38,8 @@ use tollgate::places::{Place, Places};
 use tonic::Status;
 use tracing::Instrument as _;
 
-/// The largest request message accepted (Envoy's are a few hundred bytes).
+/// The largest request message accepted, by both services (Envoy's are a few hundred bytes;
+/// under tonic the health service took its default, 4 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// How long one call may take at most (the store call has its own, shorter, timeout).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -78,9 +78,7 @@ impl HealthService {
             .map(|(_, n)| n)
             .fold(0, u64::saturating_add)
     }
-}
 
-impl HealthService {
     /// The answer to `Check`: the server's health (an empty service name) or the rate limit
     /// service's; any other name is `NOT_FOUND`.
     pub(crate) async fn check(
