@@ -422,17 +422,17 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Seen {
 
 #[tokio::test]
 async fn a_calls_future_stays_small() {
-    // hyper and tokio move it whole, more than once, into the task of each stream: at
-    // 3.5 KiB (an async fn per step, each keeping its arguments) the copies cost about
-    // 2,000 instructions a call under callgrind. Most of what is left is the decision's.
+    // It lives inline in the task hyper spawns for the stream, which lasts as long as the
+    // stream: a client that never reads holds it (up to its address's share of places), and
+    // hyper and tokio move it whole, more than once. At 3.5 KiB (an async fn per step, the
+    // decision inline) the moves cost about 2,000 instructions a call under callgrind, and a
+    // held stream 3 KiB more than under tonic; the decision's future is boxed instead.
     let s = services(8);
     let call = answer(Arc::clone(&s), PEER, rls_call("a").request);
     let service = s.rls.current();
     let request = rls_request("a");
     let decision = service.decide(&request);
     let (call, decision) = (size_of_val(&call), size_of_val(&decision));
-    assert!(
-        call <= decision + 768,
-        "{call} bytes, the decision's {decision}"
-    );
+    eprintln!("a call's future: {call} bytes; the decision's: {decision}");
+    assert!(call <= 1024, "{call} bytes");
 }
