@@ -1,10 +1,10 @@
-//! The protobuf codec of every gRPC method served here: prost's, with small buffers.
+//! The protobuf codec of the generated gRPC clients (tests, `tollgate bench --rls`): prost's,
+//! with small buffers. (The server side frames its messages itself, in [`crate::wire`].)
 //!
 //! tonic's default codec starts each call's encode and decode buffers at 8 KiB. Envoy's
-//! messages are a few hundred bytes, and an answer that the peer's flow control holds back
-//! keeps its buffer until the stream ends: with 8 KiB a peer that advertised a zero window
-//! held about 11 KiB per open stream. The buffers here start at [`BUFFER_BYTES`] and grow
-//! only for a message that needs it.
+//! messages are a few hundred bytes: the buffers here start at [`BUFFER_BYTES`] and grow only
+//! for a message that needs it. (They were chosen for tonic's server, where an answer that
+//! the peer's flow control held back kept its buffer until the stream ended.)
 
 use prost::Message;
 use std::marker::PhantomData;

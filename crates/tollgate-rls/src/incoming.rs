@@ -18,7 +18,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// How long a new connection has to send the HTTP/2 connection preface.
 pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -55,42 +54,35 @@ impl PrefaceDeadline {
     }
 }
 
-/// The accepted, admitted connections of `listener`, as a stream for tonic. The accept loop
-/// runs on its own task and ends when the stream is dropped (the server stopped).
-pub(crate) fn accepted(
-    listener: tokio::net::TcpListener,
-    admit: Option<Admit>,
-) -> tokio_stream::wrappers::ReceiverStream<io::Result<PrefaceDeadline>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                _ = tx.closed() => return,
-            };
-            let (stream, peer) = match accepted {
-                Ok(a) => a,
-                Err(_) => {
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            };
-            let admitted = match &admit {
-                Some(admit) => match admit(peer.ip()) {
-                    Some(a) => Some(a),
-                    // Past a bound: closed at once, before any read.
-                    None => continue,
-                },
-                None => None,
-            };
-            let _ = stream.set_nodelay(true);
-            let conn = PrefaceDeadline::new(stream, PREFACE_TIMEOUT, admitted);
-            if tx.send(Ok(conn)).await.is_err() {
-                return;
+/// The next accepted and admitted connection of `listener`, and its peer's address. A
+/// refused connection is closed at once, before any read; a failed accept waits
+/// [`ACCEPT_BACKOFF`]. Cancel-safe: dropped while waiting, it loses no connection.
+pub(crate) async fn accept(
+    listener: &tokio::net::TcpListener,
+    admit: Option<&Admit>,
+) -> (PrefaceDeadline, IpAddr) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(_) => {
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
             }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+        };
+        let admitted = match admit {
+            Some(admit) => match admit(peer.ip()) {
+                Some(a) => Some(a),
+                // Past a bound: closed at once, before any read.
+                None => continue,
+            },
+            None => None,
+        };
+        let _ = stream.set_nodelay(true);
+        return (
+            PrefaceDeadline::new(stream, PREFACE_TIMEOUT, admitted),
+            peer.ip(),
+        );
+    }
 }
 
 impl AsyncRead for PrefaceDeadline {
@@ -144,13 +136,5 @@ impl AsyncWrite for PrefaceDeadline {
 
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
-    }
-}
-
-impl Connected for PrefaceDeadline {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
     }
 }

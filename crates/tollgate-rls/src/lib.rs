@@ -8,23 +8,31 @@
 //! - [`config`]: the YAML loader ([`config::load_dir_or_file`]) and the matching rules.
 //! - [`RlsService`]: a request's descriptors -> one plan -> one [`tollgate::Limiter::check`]
 //!   (descriptors with `is_negative_hits`: one [`tollgate::Limiter::give_back`] before it).
-//! - [`serve`]: the gRPC listener (tonic, HTTP/2 cleartext).
+//! - [`serve`]: the gRPC listener (HTTP/2 cleartext): hyper's HTTP/2 connection and a
+//!   hand-written unary gRPC layer (tonic's generated messages, not its server stack).
 #![deny(missing_docs)]
 
 mod budget;
+mod calls;
 mod codec;
 pub mod config;
 mod grpc;
+mod health;
 mod incoming;
+mod live;
 pub mod metrics;
 pub mod proto;
+mod server;
 mod service;
+mod wire;
 mod yaml;
 
+pub use budget::{MAX_CALLS, MAX_CALLS_PER_ADDRESS};
+pub use calls::{CALL_TIMEOUT, MAX_MESSAGE_BYTES};
 pub use config::{RlsConfig, RlsConfigError, RlsConfigErrors};
-pub use grpc::{
-    serve, serve_bounded, serve_with, Bounds, HealthService, LiveRls, CALL_TIMEOUT, MAX_CALLS,
-    MAX_CALLS_PER_ADDRESS, MAX_MESSAGE_BYTES, MAX_STREAMS, READY_CACHE, SERVICE_NAME,
-};
+pub use grpc::{serve, serve_bounded, serve_with, Bounds};
+pub use health::{HealthService, READY_CACHE, SERVICE_NAME};
 pub use incoming::{Admit, Admitted, ACCEPT_BACKOFF, PREFACE_TIMEOUT};
+pub use live::LiveRls;
+pub use server::MAX_STREAMS;
 pub use service::{RlsOptions, RlsService, MAX_DESCRIPTORS, MAX_ENTRIES, UNLIMITED_REMAINING};

@@ -1,0 +1,214 @@
+//! One call, from its request to its answer: its place in the budget, its deadline, its
+//! method found by path, its message read and decoded, the answer encoded.
+//!
+//! This is what tonic's server did around the two services (routing, the call budget layer,
+//! the timeout layer, recovering errors as statuses, the codec), written as one async
+//! function per call in a small future for its deadline. hyper runs that future in the task
+//! it spawns for each stream, so a call costs no boxed service or body, and one boxed future:
+//! the decision's, which is most of the call's size and would otherwise stay in the stream's
+//! task for as long as the stream does (measured: 3 KiB more per stream a client holds
+//! open, and more instructions, not fewer, for the moves of a larger task). What a client sees is what tonic
+//! answered:
+//!
+//! - a place first, for any path: past the budget, `RESOURCE_EXHAUSTED` ([`crate::budget`]);
+//! - the path alone chooses the method (not the HTTP method, not the `content-type`, which
+//!   tonic did not look at either); a path no method is served at is `UNIMPLEMENTED` without
+//!   a message, and its body is never read (outside the two services' paths, with the
+//!   `content-length: 0` that tonic's router added there);
+//! - `Health/Watch` reads its request, then answers `UNIMPLEMENTED` ("use Check");
+//! - `traceparent` (from the request's headers, or its trailers, which tonic merged over
+//!   them) parents the decision's span.
+
+use crate::budget;
+use crate::health::HealthService;
+use crate::live::LiveRls;
+use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use crate::proto::grpc::health::v1::HealthCheckRequest;
+use crate::wire::answer::Answer;
+use crate::wire::{deadline, frame};
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body::Body;
+use prost::Message;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tollgate::places::{Place, Places};
+use tonic::Status;
+use tracing::Instrument as _;
+
+/// The largest request message accepted, by both services (Envoy's are a few hundred bytes;
+/// under tonic the health service took its default, 4 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// How long one call may take at most (the store call has its own, shorter, timeout).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+/// The services' paths: `/<service>/<method>`, the method not empty.
+const SERVICES: [&str; 2] = [
+    "/envoy.service.ratelimit.v3.RateLimitService/",
+    "/grpc.health.v1.Health/",
+];
+
+/// What the calls of one listener share.
+pub(crate) struct Services {
+    /// `ShouldRateLimit`.
+    pub(crate) rls: LiveRls,
+    /// `Health/Check`.
+    pub(crate) health: HealthService,
+    /// The places of the calls in progress.
+    pub(crate) budget: Arc<Places>,
+}
+
+/// The methods served, by path.
+enum Method {
+    ShouldRateLimit,
+    HealthCheck,
+    HealthWatch,
+    /// A method of neither service at a service's path.
+    Unknown,
+    /// No service's path.
+    NoService,
+}
+
+impl Method {
+    fn of(path: &str) -> Self {
+        match path {
+            SHOULD_RATE_LIMIT => Self::ShouldRateLimit,
+            HEALTH_CHECK => Self::HealthCheck,
+            HEALTH_WATCH => Self::HealthWatch,
+            _ if SERVICES
+                .iter()
+                .any(|s| path.len() > s.len() && path.starts_with(s)) =>
+            {
+                Self::Unknown
+            }
+            _ => Self::NoService,
+        }
+    }
+}
+
+/// The answer to `request`, a call from `peer` (`None`: not bounded per address), within
+/// its deadline. Never an error: every failure is a gRPC status.
+///
+/// hyper moves this future into the task it spawns, and tokio moves it again: it is kept
+/// small (under 1 KiB) by taking the request apart before any future holds it, by nesting
+/// a single async function (each keeps its arguments for its whole life) in a plain future,
+/// and by boxing the decision.
+pub(crate) fn answer<B>(
+    services: Arc<Services>,
+    peer: Option<IpAddr>,
+    request: Request<B>,
+) -> Call<impl Future<Output = Response<Answer>>>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let deadline = deadline::of(request.headers(), CALL_TIMEOUT);
+    let method = Method::of(request.uri().path());
+    let (parts, body) = request.into_parts();
+    Call {
+        within: tokio::time::timeout(deadline, route(services, peer, method, parts.headers, body)),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call within its deadline.
+    pub(crate) struct Call<F> {
+        #[pin]
+        within: tokio::time::Timeout<F>,
+    }
+}
+
+impl<F: Future<Output = Response<Answer>>> Future for Call<F> {
+    type Output = Result<Response<Answer>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().within.poll(cx).map(|answered| {
+            Ok(answered.unwrap_or_else(|_| Answer::status(&deadline::expired(), None)))
+        })
+    }
+}
+
+async fn route<B>(
+    services: Arc<Services>,
+    peer: Option<IpAddr>,
+    method: Method,
+    headers: HeaderMap,
+    body: B,
+) -> Response<Answer>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(place) = services.budget.take(peer) else {
+        return Answer::status(&budget::refusal(), None);
+    };
+    let place = Some(place);
+    match method {
+        Method::ShouldRateLimit => {
+            let (request, trailers) = match unary::<RateLimitRequest, B>(&headers, body).await {
+                Ok(call) => call,
+                Err(status) => return Answer::status(&status, place),
+            };
+            let service = services.rls.current();
+            let span =
+                tollgate::trace::decision_span(|| traceparent(&headers, trailers.as_deref()));
+            // Boxed: the decision's future is most of a call's, and a call's future lives
+            // inline in the task hyper spawns for the stream, which lasts as long as the
+            // stream (a client that never reads keeps it): boxed, it is freed once decided.
+            match Box::pin(service.decide(&request).instrument(span)).await {
+                Ok(response) => framed(&response, place),
+                Err(status) => Answer::status(&status, place),
+            }
+        }
+        Method::HealthCheck => match unary::<HealthCheckRequest, B>(&headers, body).await {
+            Ok((request, _)) => match services.health.check(&request).await {
+                Ok(response) => framed(&response, place),
+                Err(status) => Answer::status(&status, place),
+            },
+            Err(status) => Answer::status(&status, place),
+        },
+        Method::HealthWatch => match unary::<HealthCheckRequest, B>(&headers, body).await {
+            Ok(_) => Answer::status(&Status::unimplemented("use Check"), place),
+            Err(status) => Answer::status(&status, place),
+        },
+        Method::Unknown => Answer::unimplemented(place),
+        Method::NoService => Answer::no_service(place),
+    }
+}
+
+/// The `traceparent` tonic's metadata gave: the trailers' over the headers'.
+fn traceparent<'a>(headers: &'a HeaderMap, trailers: Option<&'a HeaderMap>) -> Option<&'a str> {
+    trailers
+        .and_then(|t| t.get("traceparent"))
+        .or_else(|| headers.get("traceparent"))
+        .and_then(|v| v.to_str().ok())
+}
+
+/// A unary call's one message, and its body's trailers.
+async fn unary<M, B>(headers: &HeaderMap, body: B) -> Result<(M, Option<Box<HeaderMap>>), Status>
+where
+    M: Message + Default,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    frame::uncompressed(headers)?;
+    frame::read_unary(body, MAX_MESSAGE_BYTES).await
+}
+
+fn framed<M: Message>(message: &M, place: Option<Place>) -> Response<Answer> {
+    match frame::encode(message) {
+        Ok(bytes) => Answer::message(bytes, place),
+        Err(status) => Answer::status(&status, place),
+    }
+}
+
+#[cfg(test)]
+mod tests;
