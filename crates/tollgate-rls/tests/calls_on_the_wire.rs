@@ -2,17 +2,18 @@
 //! server sends: the shape of answers and refusals, bounds that hold while the client is
 //! still sending, floods and resets of streams, deadlines, and a graceful shutdown.
 
+mod support;
+
 use bytes::Bytes;
 use http::HeaderMap;
 use prost::Message as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
-use tollgate::{Backend, IdentityHasher, Limiter, LimiterConfig};
 use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_rls::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_rls::{Bounds, RlsOptions, RlsService, CALL_TIMEOUT};
+use tollgate_rls::{Bounds, CALL_TIMEOUT};
 
 const YAML: &str = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1000000\n";
 const RLS: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -24,19 +25,7 @@ struct Server {
 }
 
 async fn serve(bounds: Bounds) -> Server {
-    let limiter = Limiter::new(LimiterConfig::new(Backend::default()));
-    let config = tollgate_rls::config::load_str([("test.yaml", YAML)]).expect("yaml");
-    let service = RlsService::new(
-        limiter,
-        IdentityHasher::new(b"test secret"),
-        config,
-        RlsOptions::default(),
-    )
-    .expect("service");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
+    let (service, listener, addr) = support::memory_service_on_loopback(YAML).await;
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(tollgate_rls::serve_with(listener, service, bounds, async {
         let _ = stopped.await;

@@ -3,12 +3,13 @@
 //! server reset stream after stream is disconnected, and neither HTTP/1 nor garbage gets an
 //! answer. Other connections are served meanwhile.
 
+mod support;
+
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tollgate::{Backend, IdentityHasher, Limiter, LimiterConfig};
-use tollgate_rls::{RlsOptions, RlsService, MAX_STREAMS};
+use tollgate_rls::MAX_STREAMS;
 
 const YAML: &str = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1000000\n";
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -24,19 +25,7 @@ const REFUSED_STREAM: u32 = 0x7;
 const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 async fn serve() -> std::net::SocketAddr {
-    let limiter = Limiter::new(LimiterConfig::new(Backend::default()));
-    let config = tollgate_rls::config::load_str([("test.yaml", YAML)]).expect("yaml");
-    let service = RlsService::new(
-        limiter,
-        IdentityHasher::new(b"test secret"),
-        config,
-        RlsOptions::default(),
-    )
-    .expect("service");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
+    let (service, listener, addr) = support::memory_service_on_loopback(YAML).await;
     tokio::spawn(tollgate_rls::serve(
         listener,
         service,

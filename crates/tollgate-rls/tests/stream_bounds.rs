@@ -2,31 +2,20 @@
 //! holds at most its address's share of calls; the calls past it are refused at once with
 //! RESOURCE_EXHAUSTED, other addresses are served, and closing the connection frees them.
 
+mod support;
+
 use bytes::Bytes;
 use prost::Message as _;
 use std::time::Duration;
-use tollgate::{Backend, IdentityHasher, Limiter, LimiterConfig};
 use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_rls::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use tollgate_rls::{Bounds, RlsOptions, RlsService};
+use tollgate_rls::Bounds;
 
 const YAML: &str = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1000000\n";
 
 async fn serve(bounds: Bounds) -> std::net::SocketAddr {
-    let limiter = Limiter::new(LimiterConfig::new(Backend::default()));
-    let config = tollgate_rls::config::load_str([("test.yaml", YAML)]).expect("yaml");
-    let service = RlsService::new(
-        limiter,
-        IdentityHasher::new(b"test secret"),
-        config,
-        RlsOptions::default(),
-    )
-    .expect("service");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
+    let (service, listener, addr) = support::memory_service_on_loopback(YAML).await;
     tokio::spawn(tollgate_rls::serve_with(
         listener,
         service,

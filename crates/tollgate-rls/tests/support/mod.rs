@@ -195,3 +195,24 @@ pub fn reset_micros(s: &DescriptorStatus) -> u64 {
     u64::try_from(d.seconds).expect("non-negative") * 1_000_000
         + u64::try_from(d.nanos).expect("non-negative") / 1_000
 }
+
+/// `yaml` served from the in-process memory store, with a loopback listener for it: what the
+/// wire tests (HTTP/2 frames, bounds, calls) start from, each with its own `serve*`.
+pub async fn memory_service_on_loopback(
+    yaml: &str,
+) -> (RlsService, tokio::net::TcpListener, std::net::SocketAddr) {
+    let limiter = Limiter::new(LimiterConfig::new(Backend::default()));
+    let config = tollgate_rls::config::load_str([("test.yaml", yaml)]).expect("yaml");
+    let service = RlsService::new(
+        limiter,
+        IdentityHasher::new(b"test secret"),
+        config,
+        RlsOptions::default(),
+    )
+    .expect("service");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    (service, listener, addr)
+}
