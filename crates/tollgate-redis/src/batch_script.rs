@@ -508,6 +508,60 @@ mod tests {
         Shape::new(rules, true).expect("shape").form()
     }
 
+    /// The room a batch's plans ask for (`PlanJob::room`) holds every argument the batch
+    /// writes, at its largest: the most rules, the longest numbers, costs, the local clock,
+    /// a PX floor and the across-slots layout (else the command regrows as it is written).
+    #[test]
+    fn a_batch_fits_in_the_room_its_plans_ask_for() {
+        use crate::lane::{PlanJob, Room};
+        let quota = Quota::new(tollgate_core::MAX_LIMIT, tollgate_core::MAX_PERIOD).expect("quota");
+        for rules in [1, 2, crate::MAX_INLINE_RULES] {
+            let rule = RuleShape {
+                limit: Limit::new(Algorithm::Gcra, quota).expect("limit"),
+                mode: Mode::Shadow,
+            };
+            let shape = Shape::new(std::iter::repeat_n(rule, rules), true).expect("shape");
+            let job = PlanJob {
+                keys: (0..rules)
+                    .map(|i| format!("tollgate:{{{:032x}}}:a-policy-name-{i}", u128::MAX))
+                    .collect(),
+                costs: vec![u64::MAX; rules],
+                now: u64::MAX,
+                script: crate::script::plan_script(&shape.form()).expect("script"),
+                shape: Box::new(shape),
+            };
+            for plans in [1, 2, 64] {
+                let calls: Vec<CallPlan<'_>> = (0..plans)
+                    .map(|_| CallPlan {
+                        keys: &job.keys,
+                        costs: &job.costs,
+                        now: job.now,
+                        shape: &job.shape,
+                    })
+                    .collect();
+                let mut cmd = redis::Cmd::new();
+                push_batch_call(&mut cmd, &calls, &[shape.form()], true, true, u64::MAX);
+                let room = (0..plans).fold(Room::SMALL, |r, _| r.and(job.room()));
+                let args = cmd.args_iter().len();
+                let bytes: usize = cmd
+                    .args_iter()
+                    .map(|a| match a {
+                        redis::Arg::Simple(b) => b.len(),
+                        _ => 0,
+                    })
+                    .sum();
+                assert!(
+                    args <= room.args,
+                    "{rules} rules x {plans}: {args} arguments"
+                );
+                assert!(
+                    bytes <= room.bytes,
+                    "{rules} rules x {plans}: {bytes} bytes"
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_batch_script_has_one_branch_per_shape_and_answers_in_an_array() {
         let one = shape(&[(Algorithm::TokenBucket, Mode::Enforce)]);

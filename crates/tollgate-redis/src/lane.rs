@@ -26,8 +26,7 @@ use tollgate_core::Micros;
 
 /// A call that coalesces: a plan's check or a lease call. A batch holds calls of one kind
 /// (a call of the other kind leaves in the next batch), so arrival order holds across both.
-// A plan's shape is kept inline (no allocation per plan); a job is moved once, into its queue.
-#[allow(clippy::large_enum_variant)]
+// A plan's shape is boxed (see `RedisStore::run_plan`), so a job is about the size of a lease.
 pub(crate) enum Job {
     Plan(PlanJob),
     Lease(LeaseJob),
@@ -46,8 +45,53 @@ pub(crate) struct PlanJob {
     /// In rule order, clamped to the scripts' bound.
     pub(crate) costs: Vec<u64>,
     pub(crate) now: Micros,
-    pub(crate) shape: Shape,
+    /// Boxed: see `RedisStore::run_plan`.
+    pub(crate) shape: Box<Shape>,
     pub(crate) script: Arc<Script>,
+}
+
+/// Room for a script call's arguments: how many, and about how many bytes (a guess on the
+/// large side; a call that needs more grows its command as usual).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Room {
+    pub(crate) args: usize,
+    pub(crate) bytes: usize,
+}
+
+impl Room {
+    /// A call of a few short arguments.
+    pub(crate) const SMALL: Room = Room {
+        args: 8,
+        bytes: 256,
+    };
+
+    /// A lease call: its key and ten numbers.
+    pub(crate) fn lease(job: &LeaseJob) -> Room {
+        Room {
+            args: 12,
+            bytes: job.key.len() + 12 * 20,
+        }
+    }
+
+    /// Both.
+    pub(crate) fn and(self, other: Room) -> Room {
+        Room {
+            args: self.args.saturating_add(other.args),
+            bytes: self.bytes.saturating_add(other.bytes),
+        }
+    }
+}
+
+impl PlanJob {
+    /// Room for the plan's arguments, alone or in a batch: its keys, its quotas, its costs,
+    /// its instant and a form byte.
+    pub(crate) fn room(&self) -> Room {
+        let keys: usize = self.keys.iter().map(String::len).sum();
+        Room {
+            args: 2 * self.keys.len() + 4,
+            bytes: keys + crate::script::constants_len(self.keys.len()) + 20 * self.keys.len() + 48,
+        }
+    }
 }
 
 /// What a plan's caller gets: the element of the reply that is its own (the reply of its

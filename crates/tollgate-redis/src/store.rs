@@ -6,7 +6,7 @@ use crate::batch_script::{
 };
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::lane::{Answer, Job, Lane, PlanJob, Waiting};
+use crate::lane::{Answer, Job, Lane, PlanJob, Room, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
 use crate::reply::reply_of;
 use crate::script::{
@@ -589,8 +589,11 @@ impl RedisStore {
             mode: c.mode,
         });
         let limits = || checks.iter().map(|c| c.rule.limit().quota().limit());
-        let shape = Shape::new(rules, integer_reply);
-        let script = match shape {
+        // Boxed at once: a shape is several hundred bytes, and it lives across the script
+        // lookup's await and then in the job, so inline it would be copied with the future
+        // and the job each time they move (a plan's future moves several times a request).
+        let shape = Shape::new(rules, integer_reply).map(Box::new);
+        let script = match &shape {
             Some(shape) => self.loaded(shape.form()).await?,
             None => None,
         };
@@ -1070,8 +1073,13 @@ impl RedisStore {
 
     /// [`RedisStore::run_job`], on the lane's own connection when `lane`.
     async fn run_job_on(&self, job: &PlanJob, lane: bool) -> Result<redis::Value, RedisError> {
-        self.run_script_on(&job.script, |cmd| self.push_plan_args(cmd, job), lane)
-            .await
+        self.run_script_on(
+            &job.script,
+            |cmd| self.push_plan_args(cmd, job),
+            lane,
+            job.room(),
+        )
+        .await
     }
 
     /// A generated script's arguments: the keys, the quotas, then nothing more when every cost
@@ -1114,18 +1122,21 @@ impl RedisStore {
         s: &Script,
         args: impl Fn(&mut Cmd),
     ) -> Result<redis::Value, RedisError> {
-        self.run_script_on(s, args, false).await
+        self.run_script_on(s, args, false, Room::SMALL).await
     }
 
     /// [`RedisStore::run_script`] on the lane's own connection when `lane` and there is one.
+    /// `room` sizes the command for its arguments up front: a batch's hundreds of arguments
+    /// would otherwise regrow it several times.
     pub(crate) async fn run_script_on(
         &self,
         s: &Script,
         args: impl Fn(&mut Cmd),
         lane: bool,
+        room: Room,
     ) -> Result<redis::Value, RedisError> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&s.sha);
+        let mut cmd = Cmd::with_capacity(room.args + 2, room.bytes + 64);
+        cmd.arg("EVALSHA").arg(&s.sha);
         args(&mut cmd);
         match self.query_on(&cmd, lane).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -1249,6 +1260,7 @@ impl RedisStore {
                 self.push_lease_args(cmd, job);
             },
             lane,
+            Room::lease(job),
         )
         .await
     }
@@ -1388,6 +1400,12 @@ impl RedisStore {
             return;
         };
         let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
+        let room = jobs.iter().fold(Room::SMALL, |room, j| {
+            room.and(match j {
+                Job::Plan(p) => p.room(),
+                Job::Lease(l) => Room::lease(l),
+            })
+        });
         let call = self.run_script_on(
             script,
             |cmd| {
@@ -1398,6 +1416,7 @@ impl RedisStore {
                 }
             },
             true,
+            room,
         );
         let reply = match tokio::time::timeout(timeout, call).await {
             // A server that refuses the across-slots script itself (older than Redis 7):
