@@ -4,7 +4,7 @@
 //! the connection goes back to the pool. A body dropped before its end (the client went away)
 //! closes the connection, which is then in an unknown state.
 
-use super::pool::{Pool, RequestBody, UpstreamConn};
+use super::pool::{Conn, Pool, RequestBody};
 use crate::http::util::BoxError;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -17,12 +17,12 @@ use std::task::{Context, Poll};
 pub(crate) struct UpstreamBody<B: RequestBody> {
     body: Incoming,
     /// `None` once given back (the body ended) or broken.
-    conn: Option<UpstreamConn<B>>,
+    conn: Option<Conn<B>>,
     pool: Arc<Pool<B>>,
 }
 
 impl<B: RequestBody> UpstreamBody<B> {
-    pub(super) fn new(body: Incoming, conn: UpstreamConn<B>, pool: Arc<Pool<B>>) -> Self {
+    pub(super) fn new(body: Incoming, conn: Conn<B>, pool: Arc<Pool<B>>) -> Self {
         Self {
             body,
             conn: Some(conn),

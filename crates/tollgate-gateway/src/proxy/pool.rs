@@ -107,6 +107,12 @@ impl<B: RequestBody> UpstreamConn<B> {
     }
 }
 
+/// A connection as the pool and the response bodies hold it: boxed once when it is made.
+/// hyper's connection state (its buffers, its parser) is several hundred bytes, and a
+/// connection moves several times a request (out of the pool, into the request's future,
+/// into the response body, back into the pool); a box moves as one pointer.
+pub(super) type Conn<B> = Box<UpstreamConn<B>>;
+
 /// Why no response head came back.
 #[derive(Debug)]
 pub(super) enum Failure {
@@ -142,7 +148,7 @@ impl Address {
 
 /// An idle connection and the sweep it was parked in.
 struct Idle<B: RequestBody> {
-    conn: UpstreamConn<B>,
+    conn: Conn<B>,
     sweep: u64,
 }
 
@@ -238,7 +244,7 @@ impl<B: RequestBody> Pool<B> {
 
     /// The most recently parked idle connection of this thread's shard (or, when it has
     /// none, of another's) that can take a request; closed ones met on the way are dropped.
-    fn checkout(&self, cx: &mut Context<'_>) -> Option<UpstreamConn<B>> {
+    fn checkout(&self, cx: &mut Context<'_>) -> Option<Conn<B>> {
         let home = self.home();
         loop {
             let idle = lock(&self.shards[home]).pop_back();
@@ -251,7 +257,7 @@ impl<B: RequestBody> Pool<B> {
     }
 
     /// A new connection.
-    async fn connect(&self) -> Result<UpstreamConn<B>, BoxError> {
+    async fn connect(&self) -> Result<Conn<B>, BoxError> {
         let stream = match &self.address {
             Address::Socket(addr) => TcpStream::connect(addr).await?,
             Address::Name(host, port) => TcpStream::connect((host.as_str(), *port)).await?,
@@ -259,16 +265,16 @@ impl<B: RequestBody> Pool<B> {
         stream.set_nodelay(true)?;
         tracing::debug!("new upstream connection");
         let (sender, driver) = self.builder.handshake(TokioIo::new(stream)).await?;
-        Ok(UpstreamConn {
+        Ok(Box::new(UpstreamConn {
             sender,
             driver: Some(driver),
             reused: false,
-        })
+        }))
     }
 
     /// Takes back a connection whose response has ended: kept if it can take another
     /// request and this thread's shard has room, closed otherwise.
-    pub(super) fn put(&self, mut conn: UpstreamConn<B>) {
+    pub(super) fn put(&self, mut conn: Conn<B>) {
         // Polled with a waker that does nothing: the connection settles into its idle
         // state, and a close while it waits wakes no task (the next checkout sees it).
         if !conn.ready(&mut Context::from_waker(Waker::noop())) {
