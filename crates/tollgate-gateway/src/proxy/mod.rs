@@ -103,7 +103,7 @@ impl Proxy {
         if !trusted {
             drop_forwarding(&mut parts.headers, &ip_text);
         }
-        add_forwarding(&mut parts.headers, ip, &ip_text, host.as_ref());
+        add_forwarding(&mut parts.headers, ip, &ip_text, host.as_ref(), !trusted);
         if host.is_none() {
             parts.headers.insert(HOST, self.host.clone());
         }
