@@ -3,6 +3,10 @@
 
 use tollgate_core::ClientKey;
 
+/// The longest identity (source, separator and value) hashed from one stack buffer; longer
+/// ones are streamed.
+const ONE_SHOT: usize = 256;
+
 /// Turns an identity (its source and value) into a [`ClientKey`] with keyed BLAKE3.
 #[derive(Clone)]
 pub struct IdentityHasher {
@@ -34,13 +38,29 @@ impl IdentityHasher {
     /// the header's name, say), hashed as their concatenation: the same key, without building
     /// the name on every request.
     pub fn client_key_parts(&self, source: &[&[u8]], value: &[u8]) -> ClientKey {
-        let mut h = blake3::Hasher::new_keyed(&self.key);
-        for part in source {
-            h.update(part);
-        }
-        h.update(&[0]);
-        h.update(value);
-        let out = h.finalize();
+        let len = source.iter().map(|p| p.len()).sum::<usize>() + 1 + value.len();
+        let out = if len <= ONE_SHOT {
+            // The whole input in one buffer, hashed in one call: BLAKE3's one-shot hash skips
+            // the streaming hasher's work per update (about 400 of a request's 1,100
+            // instructions here, under callgrind). The hash of the same bytes either way.
+            let mut buf = [0u8; ONE_SHOT];
+            let mut at = 0;
+            for part in source.iter().copied().chain([&[0u8][..], value]) {
+                if let Some(to) = buf.get_mut(at..at + part.len()) {
+                    to.copy_from_slice(part);
+                }
+                at += part.len();
+            }
+            blake3::keyed_hash(&self.key, &buf[..at.min(ONE_SHOT)])
+        } else {
+            let mut h = blake3::Hasher::new_keyed(&self.key);
+            for part in source {
+                h.update(part);
+            }
+            h.update(&[0]);
+            h.update(value);
+            h.finalize()
+        };
         let mut k = [0u8; 16];
         k.copy_from_slice(&out.as_bytes()[..16]);
         ClientKey(k)
@@ -50,6 +70,37 @@ impl IdentityHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Identities short enough for one buffer and longer ones (streamed) hash to what the
+    /// streaming hasher gives for the same bytes: no client changes its key (nor its Redis
+    /// key) across the two paths or across this change.
+    #[test]
+    fn one_buffer_and_streaming_give_the_same_key() {
+        let h = IdentityHasher::new(b"secret");
+        let streamed = |source: &[u8], value: &[u8]| {
+            let mut s = blake3::Hasher::new_keyed(&h.key);
+            s.update(source);
+            s.update(&[0]);
+            s.update(value);
+            let mut k = [0u8; 16];
+            k.copy_from_slice(&s.finalize().as_bytes()[..16]);
+            ClientKey(k)
+        };
+        let source = b"header:x-api-key";
+        for len in [0, 1, 64, 238, 239, 240, 255, 256, 1024, 5000] {
+            let value: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            assert_eq!(
+                h.client_key_parts(&[b"header:", b"x-api-key"], &value),
+                streamed(source, &value),
+                "a value of {len} bytes"
+            );
+        }
+        // A key written down before this path existed: the keys every store already holds
+        // stay where they are.
+        let k = IdentityHasher::new(b"bench").client_key("ip", b"127.0.0.1");
+        let hex: String = k.0.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "9ef347243136c9596ff8992c354fcad7");
+    }
 
     #[test]
     fn a_source_in_pieces_is_the_same_key() {
