@@ -83,10 +83,14 @@ fn is_canonical(path: &str) -> bool {
 
 /// The path part of a request target: no scheme and authority, no query, no fragment.
 fn path_of(target: &str) -> &str {
-    // Only a target that does not start with `/` can be absolute: `/x?u=http://h/api` is the
-    // path `/x`, whatever its query says.
-    let absolute = !target.starts_with('/');
-    let path = match target.find("://").filter(|_| absolute) {
+    // Only a target that does not start with `/` can be absolute, and only such a target is
+    // searched for a scheme: `/x?u=http://h/api` is the path `/x`, whatever its query says.
+    let scheme_end = if target.starts_with('/') {
+        None
+    } else {
+        target.find("://")
+    };
+    let path = match scheme_end {
         Some(i) => {
             let after = &target[i + 3..];
             after.find(['/', '?', '#']).map_or("/", |j| &after[j..])
