@@ -83,6 +83,27 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present == 0 {
         return;
     }
+    if present & 1 != 0 && names_more(headers) {
+        remove_listed(headers);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Whether `Connection` names a header beyond the fixed list (and `close`). Most messages
+/// say only `keep-alive` or `close`: that is two comparisons, no splitting.
+fn names_more(headers: &HeaderMap) -> bool {
+    headers.get_all(CONNECTION).iter().any(|v| {
+        let v = v.as_bytes();
+        !(v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close"))
+    })
+}
+
+/// Removes the headers `Connection` lists (its tokens beyond the fixed list and `close`).
+fn remove_listed(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -100,11 +121,6 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .collect();
     for name in listed {
         headers.remove(name);
-    }
-    for (i, name) in HOP_BY_HOP.iter().enumerate() {
-        if present & (1 << i) != 0 {
-            headers.remove(name);
-        }
     }
 }
 
@@ -152,7 +168,19 @@ pub(super) fn add_forwarding(
     if let Ok(v) = xff {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    let mut element = String::with_capacity(64);
+    // Written in a buffer of its exact size, which `Bytes` takes without another allocation.
+    let quoted_host = host.and_then(|h| h.to_str().ok()).filter(|h| {
+        !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    });
+    let size = match peer {
+        IpAddr::V4(_) => "for=".len() + peer_text.len(),
+        // `"[` and `]"` around at most 39 characters.
+        IpAddr::V6(_) => "for=".len() + 4 + 39,
+    } + ";proto=http".len()
+        + quoted_host.map_or(0, |h| ";host=\"\"".len() + h.len());
+    let mut element = String::with_capacity(size);
     element.push_str("for=");
     match peer {
         // An address's text is ASCII.
@@ -162,15 +190,10 @@ pub(super) fn add_forwarding(
         }
     }
     element.push_str(";proto=http");
-    if let Some(h) = host.and_then(|h| h.to_str().ok()) {
-        if !h.is_empty()
-            && h.bytes()
-                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
-        {
-            element.push_str(";host=\"");
-            element.push_str(h);
-            element.push('"');
-        }
+    if let Some(h) = quoted_host {
+        element.push_str(";host=\"");
+        element.push_str(h);
+        element.push('"');
     }
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(element)) {
         headers.append(http::header::FORWARDED, v);
@@ -231,6 +254,49 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-end-to-end"));
+    }
+
+    #[test]
+    fn connection_naming_only_keep_alive_or_close_is_removed_alone_and_any_other_name_goes_too() {
+        // (value of each `Connection` line, other headers, what stays)
+        let cases: [(&[&str], &[&str], &[&str]); 6] = [
+            (&["keep-alive"], &["x-a"], &["x-a"]),
+            (&["Keep-Alive"], &["x-a"], &["x-a"]),
+            (&["CLOSE"], &["x-a"], &["x-a"]),
+            (&["keep-alive, x-a"], &["x-a", "x-b"], &["x-b"]),
+            // A second line naming a header is not hidden by a first that names none.
+            (&["close", "X-A"], &["x-a", "x-b"], &["x-b"]),
+            (&["keep-alive,close", "keep-alive"], &["x-a"], &["x-a"]),
+        ];
+        for (lines, others, kept) in cases {
+            let mut h = HeaderMap::new();
+            for l in lines {
+                h.append(CONNECTION, HeaderValue::from_str(l).expect("value"));
+            }
+            for o in others {
+                h.insert(*o, HeaderValue::from_static("1"));
+            }
+            h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+            strip_hop_by_hop(&mut h);
+            let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+            left.sort_unstable();
+            assert_eq!(left, kept, "Connection: {lines:?}");
+        }
+    }
+
+    #[test]
+    fn a_host_that_cannot_be_quoted_is_left_out_of_forwarded_only() {
+        let mut h = HeaderMap::new();
+        let peer: IpAddr = "192.0.2.7".parse().expect("ip");
+        let text = ip_text(peer);
+        let host = HeaderValue::from_static("evil\"; for=1.2.3.4");
+        add_forwarding(&mut h, peer, &text, Some(&host), true);
+        assert_eq!(h["forwarded"], "for=192.0.2.7;proto=http");
+        assert_eq!(h["x-forwarded-host"], host);
+        let mut h = HeaderMap::new();
+        add_forwarding(&mut h, peer, &text, None, true);
+        assert_eq!(h["forwarded"], "for=192.0.2.7;proto=http");
+        assert!(!h.contains_key("x-forwarded-host"));
     }
 
     #[test]
