@@ -25,6 +25,7 @@ use crate::assemble::{assemble, Assembled, PolicyRules};
 use crate::config::{Config, ConfigErrors, PolicyConfig, Upstream};
 use crate::http::conn_limit::ConnLimits;
 use crate::http::metrics::HttpMetrics;
+use crate::http::server::GatewayService;
 use crate::http::util::Answer;
 use crate::http::util::BoxBody;
 use crate::proxy::{Proxy, ProxyLimits, Target};
@@ -40,7 +41,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 use tollgate::Limiter;
 use tollgate_rls::LiveRls;
-use tollgate_tower::{RateLimit, ResponseFuture};
+use tollgate_tower::{RateLimit, ResponseFuture, TrustedPeer};
 use tower_service::Service;
 
 /// How often watched files are looked at.
@@ -74,6 +75,21 @@ impl Service<Request<Incoming>> for LiveService {
             let decided = current.decide(req);
             return Box::pin(async move { Ok(crate::proxy::decision_answer(decided.await)) });
         }
+        let mut service = Current::clone(&current);
+        service.call(req)
+    }
+}
+
+impl GatewayService for LiveService {
+    fn call_from(&mut self, mut req: Request<Incoming>, peer: &TrustedPeer) -> Self::Future {
+        let current = self.current.load();
+        if let Target::Decision = current.get_ref() {
+            // The peer goes to the decision as it is: nothing else reads the request.
+            let decided = current.decide_from(req, peer);
+            return Box::pin(async move { Ok(crate::proxy::decision_answer(decided.await)) });
+        }
+        // The proxy reads the peer in the extensions, after the layer.
+        req.extensions_mut().insert(peer.clone());
         let mut service = Current::clone(&current);
         service.call(req)
     }

@@ -4,6 +4,7 @@
 use crate::response::{add_headers, bad_request, too_many_requests, unauthorized, unavailable};
 use crate::settle::{Pending, Settling};
 use crate::shared::{Shared, Unverified};
+use crate::TrustedPeer;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
@@ -79,7 +80,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
-        match self.shared.prepare(&req) {
+        match self.shared.prepare(&req, None) {
             Prepared::Answer(resp) => Box::pin(async move { Ok(resp.map(Either::Right)) }),
             Prepared::Unmatched => Box::pin(async move {
                 std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
@@ -114,8 +115,22 @@ impl<S> RateLimit<S> {
     /// the request is dropped then: a server's read buffer is free for the next request at
     /// once, where a future holding the request would make it allocate another.
     pub fn decide<B>(&self, req: Request<B>) -> DecideFuture {
+        self.decide_with(req, None)
+    }
+
+    /// [`RateLimit::decide`] for a request from `peer`, as the server that accepted its
+    /// connection decided it, given here instead of in the request's extensions (a server
+    /// that answers the request itself saves putting it there: a map and two allocations a
+    /// request). The answer is the one `decide` gives with `peer` as the request's
+    /// [`TrustedPeer`] extension; the peer's address is `peer`'s when it carries one
+    /// ([`TrustedPeer::with_addr`]), else what the layer reads from the extensions.
+    pub fn decide_from<B>(&self, req: Request<B>, peer: &TrustedPeer) -> DecideFuture {
+        self.decide_with(req, Some(peer))
+    }
+
+    fn decide_with<B>(&self, req: Request<B>, given: Option<&TrustedPeer>) -> DecideFuture {
         let shared = self.shared.clone();
-        match self.shared.prepare(&req) {
+        match self.shared.prepare(&req, given) {
             Prepared::Answer(resp) => Box::pin(std::future::ready(Decided::Answered(resp))),
             Prepared::Unmatched => Box::pin(std::future::ready(Decided::Unmatched)),
             Prepared::Unverified(u, span) => {
@@ -199,15 +214,15 @@ enum Prepared {
 }
 
 impl Shared {
-    fn prepare<B>(&self, req: &Request<B>) -> Prepared {
-        let peer = (self.peer)(req.extensions());
-        let target = match self.resolve(
-            req.method(),
-            req.uri(),
-            req.headers(),
-            peer,
-            req.extensions().get::<crate::TrustedPeer>(),
-        ) {
+    /// `given`: the peer as the server decided it, when it is given apart from the request
+    /// (see [`RateLimit::decide_from`]); else the request's extensions say.
+    fn prepare<B>(&self, req: &Request<B>, given: Option<&TrustedPeer>) -> Prepared {
+        let peer = match given.and_then(TrustedPeer::addr) {
+            Some(addr) => Some(addr.ip()),
+            None => (self.peer)(req.extensions()),
+        };
+        let decided = given.or_else(|| req.extensions().get::<TrustedPeer>());
+        let target = match self.resolve(req.method(), req.uri(), req.headers(), peer, decided) {
             Ok(t) => t,
             Err(e) => return Prepared::Answer(bad_request(&e)),
         };

@@ -439,3 +439,82 @@ async fn the_peer_address_may_come_with_the_trusted_peer_alone() {
         StatusCode::OK
     );
 }
+
+/// `decide_from` (the peer given beside the request, as the gateway's decision mode does)
+/// answers what `decide` answers with the same peer in the extensions: the same client by
+/// the peer's address, the forwarding header believed only from a trusted proxy, and a peer
+/// decided under another trust list (a reload since) judged again.
+#[tokio::test]
+async fn decide_from_answers_as_decide_with_the_peer_in_the_extensions() {
+    use tollgate_tower::{Decided, Trust, TrustedPeer};
+    let proxies = Trust::new(vec!["10.0.0.0/8".parse().expect("net")], 64);
+    let limiter = Limiter::new(LimiterConfig::default());
+    let identity = tollgate_tower::IdentityConfig {
+        trust: proxies.clone(),
+        ..Default::default()
+    };
+    let layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(b"t"))
+        .identity(identity)
+        .policy(RoutedPolicy::new(policy(&limiter, "ip", 1, false)));
+    let svc = layer.layer(Ok200);
+    let request = |xff: Option<&str>| {
+        let mut req = Request::builder().uri("/x");
+        if let Some(v) = xff {
+            req = req.header("x-forwarded-for", v);
+        }
+        req.body(()).expect("request")
+    };
+    let allowed = |d: &Decided| matches!(d, Decided::Allowed(_));
+    let peer = |trust: &Trust, addr: &str| {
+        let addr: SocketAddr = addr.parse().expect("addr");
+        TrustedPeer::of(trust, addr.ip()).with_addr(addr)
+    };
+    // Both ways, each on its own client: the first request passes, the second is limited.
+    for (n, (via_proxy, client)) in [
+        ("10.1.1.1:1", "198.51.100.1"),
+        ("10.1.1.1:2", "198.51.100.2"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = peer(&proxies, via_proxy);
+        let given = |xff| svc.decide_from(request(xff), &p);
+        let in_ext = |xff| {
+            let mut req = request(xff);
+            req.extensions_mut().insert(p.clone());
+            svc.decide(req)
+        };
+        let (first, second) = if n == 0 {
+            (given(Some(client)).await, in_ext(Some(client)).await)
+        } else {
+            (in_ext(Some(client)).await, given(Some(client)).await)
+        };
+        assert!(allowed(&first), "a new client behind a trusted proxy");
+        assert!(
+            !allowed(&second),
+            "the same client, told by the same header"
+        );
+    }
+    // An untrusted peer's header is not believed: two "clients" are one address.
+    let stranger = peer(&proxies, "192.0.2.9:1");
+    assert!(allowed(
+        &svc.decide_from(request(Some("198.51.100.3")), &stranger)
+            .await
+    ));
+    assert!(!allowed(
+        &svc.decide_from(request(Some("198.51.100.4")), &stranger)
+            .await
+    ));
+    // Decided as trusted under a list the layer no longer has: judged again, and not trusted
+    // under the layer's own list.
+    let old = Trust::new(vec!["192.0.2.0/24".parse().expect("net")], 64);
+    let stale = peer(&old, "192.0.2.10:1");
+    assert!(stale.is_trusted());
+    assert!(allowed(
+        &svc.decide_from(request(Some("198.51.100.5")), &stale).await
+    ));
+    assert!(
+        !allowed(&svc.decide_from(request(Some("198.51.100.6")), &stale).await),
+        "a forwarding header believed from a trust the layer no longer has"
+    );
+}

@@ -42,14 +42,14 @@ pub(crate) trait GatewayService:
     + 'static
     + Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send + 'static>
 {
-}
-
-impl<S> GatewayService for S where
-    S: Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send + 'static>
-        + Clone
-        + Send
-        + 'static
-{
+    /// Calls the service for a request from `peer` (the connection's, as it was decided when
+    /// the connection was accepted). This puts `peer` in the request's extensions, where the
+    /// layer and the proxy read it; a service that can take it apart (the decision mode, see
+    /// `LiveService`) saves that map and its two allocations a request.
+    fn call_from(&mut self, mut req: Request<Incoming>, peer: &TrustedPeer) -> Self::Future {
+        req.extensions_mut().insert(peer.clone());
+        self.call(req)
+    }
 }
 
 /// Serves the gateway on `listener` until `stop` changes, then drains for up to [`GRACE`]
@@ -120,15 +120,14 @@ where
     let conn_metrics = metrics.clone();
     // One extension per request: the trust decision, carrying the peer's address.
     let trusted = trusted.with_addr(peer);
-    let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(trusted.clone());
+    let hyper_svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let metrics = metrics.clone();
         // The service is called here, not in the future: hyper reads on before it polls
         // that future, and a request held until then keeps the connection's read buffer,
         // which then has to allocate another for every request.
         let answer = match refusal(&req) {
             Some(resp) => Either::Left(resp),
-            None => Either::Right(service.clone().call(req)),
+            None => Either::Right(service.clone().call_from(req, &trusted)),
         };
         async move {
             let resp = match answer {
