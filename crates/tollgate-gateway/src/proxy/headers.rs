@@ -28,6 +28,10 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+/// Values written on every proxied request, checked once (`from_static` checks its text on
+/// every call).
+static HTTP: HeaderValue = HeaderValue::from_static("http");
+pub(super) static TRAILERS: HeaderValue = HeaderValue::from_static("trailers");
 static FORWARDING: [&HeaderName; 5] = [
     &X_FORWARDED_FOR,
     &X_FORWARDED_PROTO,
@@ -199,7 +203,7 @@ pub(super) fn add_forwarding(
         headers.append(http::header::FORWARDED, v);
     }
     if cleared || !headers.contains_key(&X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+        headers.insert(X_FORWARDED_PROTO.clone(), HTTP.clone());
     }
     if let Some(h) = host {
         if cleared || !headers.contains_key(&X_FORWARDED_HOST) {

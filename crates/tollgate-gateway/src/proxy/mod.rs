@@ -94,7 +94,7 @@ impl Proxy {
         // which an HTTP/1.1 upstream sends only to a client that says it takes them.
         parts
             .headers
-            .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+            .insert(http::header::TE, headers::TRAILERS.clone());
         let ip = tollgate_tower::forwarded::canonical(peer.ip());
         // The peer's address as header text, written once for the headers that carry it.
         let ip_text = headers::ip_text(ip);
