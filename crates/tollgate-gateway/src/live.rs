@@ -69,27 +69,37 @@ impl Service<Request<Incoming>> for LiveService {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let current = self.current.load();
-        if let Target::Decision = current.get_ref() {
-            // Decided without the request held (see `RateLimit::decide`).
-            let decided = current.decide(req);
-            return Box::pin(async move { Ok(crate::proxy::decision_answer(decided.await)) });
-        }
-        let mut service = Current::clone(&current);
-        service.call(req)
+        self.answer(req, None)
     }
 }
 
 impl GatewayService for LiveService {
-    fn call_from(&mut self, mut req: Request<Incoming>, peer: &TrustedPeer) -> Self::Future {
+    fn call_from(&mut self, req: Request<Incoming>, peer: &TrustedPeer) -> Self::Future {
+        self.answer(req, Some(peer))
+    }
+}
+
+impl LiveService {
+    /// The current generation's answer to `req`, from `peer` when the server gives it apart
+    /// from the request. Decision mode decides without the request held (see
+    /// `RateLimit::decide`) and takes the peer as it is; the proxy reads it in the request's
+    /// extensions, after the layer.
+    fn answer(
+        &self,
+        mut req: Request<Incoming>,
+        peer: Option<&TrustedPeer>,
+    ) -> ResponseFuture<BoxBody, Infallible> {
         let current = self.current.load();
         if let Target::Decision = current.get_ref() {
-            // The peer goes to the decision as it is: nothing else reads the request.
-            let decided = current.decide_from(req, peer);
+            let decided = match peer {
+                Some(peer) => current.decide_from(req, peer),
+                None => current.decide(req),
+            };
             return Box::pin(async move { Ok(crate::proxy::decision_answer(decided.await)) });
         }
-        // The proxy reads the peer in the extensions, after the layer.
-        req.extensions_mut().insert(peer.clone());
+        if let Some(peer) = peer {
+            req.extensions_mut().insert(peer.clone());
+        }
         let mut service = Current::clone(&current);
         service.call(req)
     }

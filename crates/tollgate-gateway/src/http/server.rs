@@ -43,13 +43,10 @@ pub(crate) trait GatewayService:
     + Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send + 'static>
 {
     /// Calls the service for a request from `peer` (the connection's, as it was decided when
-    /// the connection was accepted). This puts `peer` in the request's extensions, where the
-    /// layer and the proxy read it; a service that can take it apart (the decision mode, see
-    /// `LiveService`) saves that map and its two allocations a request.
-    fn call_from(&mut self, mut req: Request<Incoming>, peer: &TrustedPeer) -> Self::Future {
-        req.extensions_mut().insert(peer.clone());
-        self.call(req)
-    }
+    /// the connection was accepted). The service puts `peer` where it is read: the request's
+    /// extensions for the layer and the proxy, or beside the request where it answers itself
+    /// (decision mode), which saves the extensions' map and two allocations a request.
+    fn call_from(&mut self, req: Request<Incoming>, peer: &TrustedPeer) -> Self::Future;
 }
 
 /// Serves the gateway on `listener` until `stop` changes, then drains for up to [`GRACE`]

@@ -6,7 +6,6 @@
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION};
 use http::HeaderMap;
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 /// Headers that describe one connection, never forwarded (plus those `Connection` names).
@@ -77,7 +76,7 @@ pub(super) fn ip_text(ip: IpAddr) -> Bytes {
 /// Most responses carry only `Connection: keep-alive` (or `close`), which names nothing
 /// beyond the fixed list: that costs no allocation either.
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Bit i: HOP_BY_HOP[i] is present.
+    // Bit i: HOP_BY_HOP[i] is present (bit 0: `Connection`).
     let mut present = 0u16;
     for k in headers.keys() {
         if let Some(i) = HOP_BY_HOP.iter().position(|h| h == k) {
@@ -143,7 +142,7 @@ pub(super) fn drop_forwarding(headers: &mut HeaderMap, peer: &Bytes) {
 
 /// Appends the peer to `X-Forwarded-For` and `Forwarded`, and sets `X-Forwarded-Proto` and
 /// `X-Forwarded-Host` when absent (a trusted proxy's values are kept). `peer_text` is the
-/// peer's address as text. `cleared`: [`drop_forwarding`] has just removed every forwarding
+/// peer's address as text ([`ip_text`]). `cleared`: [`drop_forwarding`] has just removed every forwarding
 /// header (an untrusted peer), so none is looked up (four lookups of a request saved).
 pub(super) fn add_forwarding(
     headers: &mut HeaderMap,
@@ -152,6 +151,8 @@ pub(super) fn add_forwarding(
     host: Option<&HeaderValue>,
     cleared: bool,
 ) {
+    // An address's text is ASCII.
+    let text = std::str::from_utf8(peer_text).unwrap_or_default();
     let mut prior = (!cleared)
         .then(|| headers.get_all(&X_FORWARDED_FOR).iter())
         .into_iter()
@@ -166,7 +167,7 @@ pub(super) fn add_forwarding(
             xff.push_str(v);
             xff.push_str(", ");
         }
-        xff.push_str(std::str::from_utf8(peer_text).unwrap_or_default());
+        xff.push_str(text);
         HeaderValue::from_maybe_shared(Bytes::from(xff))
     };
     if let Ok(v) = xff {
@@ -178,21 +179,20 @@ pub(super) fn add_forwarding(
             && h.bytes()
                 .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
     });
-    let size = match peer {
-        IpAddr::V4(_) => "for=".len() + peer_text.len(),
-        // `"[` and `]"` around at most 39 characters.
-        IpAddr::V6(_) => "for=".len() + 4 + 39,
-    } + ";proto=http".len()
+    // An IPv6 address is quoted in brackets.
+    let (open, close) = match peer {
+        IpAddr::V4(_) => ("for=", ""),
+        IpAddr::V6(_) => ("for=\"[", "]\""),
+    };
+    let size = open.len()
+        + text.len()
+        + close.len()
+        + ";proto=http".len()
         + quoted_host.map_or(0, |h| ";host=\"\"".len() + h.len());
     let mut element = String::with_capacity(size);
-    element.push_str("for=");
-    match peer {
-        // An address's text is ASCII.
-        IpAddr::V4(_) => element.push_str(std::str::from_utf8(peer_text).unwrap_or_default()),
-        IpAddr::V6(v6) => {
-            let _ = write!(element, "\"[{v6}]\"");
-        }
-    }
+    element.push_str(open);
+    element.push_str(text);
+    element.push_str(close);
     element.push_str(";proto=http");
     if let Some(h) = quoted_host {
         element.push_str(";host=\"");
@@ -357,5 +357,27 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "example.com");
         // A trusted proxy's scheme is kept, not replaced.
         assert_eq!(h["x-forwarded-proto"], "https");
+    }
+
+    #[test]
+    fn forwarded_names_every_address_as_rfc_7239_writes_it() {
+        for ip in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "::",
+            "2001:db8::7",
+            "fe80::1:2:3:4",
+            "2001:db8:1234:5678:9abc:def0:1234:5678",
+        ] {
+            let peer: IpAddr = ip.parse().expect("ip");
+            let mut h = HeaderMap::new();
+            add_forwarding(&mut h, peer, &ip_text(peer), None, true);
+            let want = match peer {
+                IpAddr::V4(v4) => format!("for={v4};proto=http"),
+                IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto=http"),
+            };
+            assert_eq!(h["forwarded"], want.as_str());
+            assert_eq!(h["x-forwarded-for"], ip);
+        }
     }
 }

@@ -87,9 +87,6 @@ impl Proxy {
         };
         let host = parts.headers.get(HOST).cloned();
         strip_hop_by_hop(&mut parts.headers);
-        // Room for the six headers written below at once: one regrowth of the map (and its
-        // rehash) instead of one at each doubling.
-        parts.headers.reserve(6);
         // The gateway reads trailers (a real cost sent after the body, `cost_from_response`),
         // which an HTTP/1.1 upstream sends only to a client that says it takes them.
         parts
