@@ -611,7 +611,7 @@ impl Limiter {
         timed: bool,
     ) -> Result<(Verdict, Vec<Micros>), Micros> {
         let i = &self.inner;
-        let started = Instant::now();
+        let started = trace::store_call_started();
         let call = async {
             if timed {
                 i.store.check_timed(checks, now, i.timeout).await
@@ -627,7 +627,7 @@ impl Limiter {
         } else {
             call.await.map_err(|_| 0)
         };
-        trace::record_store_call(started.elapsed(), checks.len());
+        trace::record_store_call(started, checks.len());
         result
     }
 

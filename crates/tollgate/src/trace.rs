@@ -9,7 +9,7 @@
 //! without a subscriber asking for the target the span costs one disabled-callsite check.
 
 use crate::{Action, LimitResult, Plan};
-use std::time::Duration;
+use std::time::Instant;
 use tracing::field::Empty;
 use tracing::Span;
 
@@ -77,17 +77,27 @@ pub fn record_decision(span: &Span, plan: &Plan, result: &LimitResult) {
 }
 
 /// Puts one store call on the decision span being recorded, when there is one: its latency
-/// and what it carried (the plans in the call, one as each plan is its own call, and the
-/// plan's checks). Without a subscriber that records it this is one thread-local read.
-pub(crate) fn record_store_call(elapsed: Duration, checks: usize) {
+/// (from `started`) and what it carried (the plans in the call, one as each plan is its own
+/// call, and the plan's checks). Without a subscriber that records it this is one
+/// thread-local read, and `started` is `None`: the clock is read only for a span that records.
+pub(crate) fn record_store_call(started: Option<Instant>, checks: usize) {
+    let Some(started) = started else {
+        return;
+    };
     let span = Span::current();
     if span.is_disabled() {
         return;
     }
     span.record(
         "store_latency_us",
-        u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+        u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
     );
     span.record("batch_size", 1_u64);
     span.record("store_checks", checks as u64);
+}
+
+/// When a store call starts: the instant, if a span is being recorded (see
+/// [`record_store_call`]).
+pub(crate) fn store_call_started() -> Option<Instant> {
+    (!Span::current().is_disabled()).then(Instant::now)
 }
