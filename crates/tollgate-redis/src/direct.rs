@@ -334,9 +334,18 @@ impl Socket {
     }
 
     async fn read_reply(&mut self) -> Result<Value, RedisError> {
+        // Built in one pass on the first try (most replies arrive whole); measured first on
+        // the tries after it found the reply incomplete (see `resp.rs`).
+        let mut first = true;
         loop {
             if !self.buf.is_empty() {
-                match resp::parse(&self.buf) {
+                let parsed = if first {
+                    resp::parse_once(&self.buf)
+                } else {
+                    resp::parse(&self.buf)
+                };
+                first = false;
+                match parsed {
                     Ok(Some((v, used))) => {
                         self.buf.drain(..used);
                         return Ok(v);

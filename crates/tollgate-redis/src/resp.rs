@@ -1,9 +1,12 @@
 //! A RESP2 reply reader for the store's own connections (`direct.rs`).
 //!
-//! The connection reads bytes into a buffer and asks [`parse`] for one reply: `Ok(None)` while
-//! the buffer holds only part of it, `Ok(Some((value, used)))` once it holds all of it. A first
-//! pass only measures the reply (no allocation), so a reply that arrives in many reads is
-//! measured again on each, and built once. Errors are the values redis-rs builds (it parses
+//! The connection reads bytes into a buffer and asks for one reply: `Ok(None)` while the buffer
+//! holds only part of it, `Ok(Some((value, used)))` once it holds all of it. Most replies
+//! arrive in one read, so the first try after a reply's first read builds it at once
+//! ([`parse_once`], one pass); when that finds it incomplete, the tries after the next reads
+//! first measure it without allocating ([`parse`]), so a reply that arrives in many reads is
+//! measured again on each and built once. Both read a whole reply the same way: the same
+//! value, the same length, the same error. Errors are the values redis-rs builds (it parses
 //! the error line), so their kinds (NOSCRIPT, READONLY, ...) read as with redis-rs's own
 //! connections; a top-level error is a `Value::ServerError` the caller turns into an `Err`.
 //!
@@ -40,20 +43,44 @@ fn bad(what: impl Into<String>) -> ProtocolError {
 }
 
 /// One reply from the start of `buf`, and how many bytes it took; `None` when `buf` holds only
-/// part of it.
+/// part of it. Measures before it builds: no allocation for an incomplete reply.
 pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
     let Some(len) = measure(buf, 0, 0)? else {
-        if buf.len() > MAX_REPLY {
-            return Err(bad(format!("a reply longer than {MAX_REPLY} bytes")));
-        }
-        return Ok(None);
+        return incomplete(buf);
     };
     if len > MAX_REPLY {
-        return Err(bad(format!("a reply longer than {MAX_REPLY} bytes")));
+        return Err(too_long());
     }
-    let (value, used) = build(buf, 0)?;
-    debug_assert_eq!(used, len);
-    Ok(Some((value, used)))
+    match build(buf, 0, 0)? {
+        Some((value, used)) => {
+            debug_assert_eq!(used, len);
+            Ok(Some((value, used)))
+        }
+        None => Err(bad("a reply that ended early")),
+    }
+}
+
+/// [`parse`] in one pass: builds as it reads, so an incomplete reply costs the values built
+/// before its end (use [`parse`] once a reply has been found incomplete).
+pub(crate) fn parse_once(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
+    match build(buf, 0, 0)? {
+        Some((_, used)) if used > MAX_REPLY => Err(too_long()),
+        Some(done) => Ok(Some(done)),
+        None => incomplete(buf),
+    }
+}
+
+/// What an incomplete reply in `buf` is: `None`, or an error once `buf` is longer than any
+/// reply may be.
+fn incomplete(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
+    if buf.len() > MAX_REPLY {
+        return Err(too_long());
+    }
+    Ok(None)
+}
+
+fn too_long() -> ProtocolError {
+    bad(format!("a reply longer than {MAX_REPLY} bytes"))
 }
 
 /// The line at `at` (its end, not counting CRLF, and where the next item starts); `None` when
@@ -150,14 +177,18 @@ fn measure(buf: &[u8], at: usize, depth: usize) -> Result<Option<usize>, Protoco
     }
 }
 
-/// Builds the item at `at`, which [`measure`] found complete.
-fn build(buf: &[u8], at: usize) -> Result<(Value, usize), ProtocolError> {
-    let kind = buf[at];
+/// Builds the item at `at`; `None` when the buffer ends first. It checks what [`measure`]
+/// checks, in the same order (and an error line as redis-rs reads it), so the two agree on
+/// every reply whose bytes are all there.
+fn build(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, ProtocolError> {
+    let Some(&kind) = buf.get(at) else {
+        return Ok(None);
+    };
     let Some((end, next)) = line(buf, at + 1)? else {
-        return Err(bad("a reply that ended early"));
+        return Ok(None);
     };
     let text = &buf[at + 1..end];
-    Ok(match kind {
+    Ok(Some(match kind {
         b'+' if text == b"OK" => (Value::Okay, next),
         b'+' => (
             Value::SimpleString(String::from_utf8_lossy(text).into_owned()),
@@ -168,22 +199,34 @@ fn build(buf: &[u8], at: usize) -> Result<(Value, usize), ProtocolError> {
         b'$' => {
             let n = length(text)?;
             if n < 0 {
-                return Ok((Value::Nil, next));
+                return Ok(Some((Value::Nil, next)));
             }
             let stop = next + n as usize;
+            if buf.len() < stop + 2 {
+                return Ok(None);
+            }
+            if &buf[stop..stop + 2] != b"\r\n" {
+                return Err(bad("a bulk string not followed by CRLF"));
+            }
             (Value::BulkString(buf[next..stop].to_vec()), stop + 2)
         }
         b'*' => {
             let n = length(text)?;
-            if n < 0 {
-                return Ok((Value::Nil, next));
+            if depth + 1 > MAX_DEPTH {
+                return Err(bad(format!("arrays nested deeper than {MAX_DEPTH}")));
             }
-            // Every item takes at least 3 bytes ("+\r\n").
+            if n < 0 {
+                return Ok(Some((Value::Nil, next)));
+            }
+            // Every item takes at least 3 bytes ("+\r\n"): an announced length reserves no
+            // more than the bytes received could hold.
             let room = (buf.len() - next) / 3;
             let mut items = Vec::with_capacity((n as usize).min(room));
             let mut at = next;
             for _ in 0..n {
-                let (v, end) = build(buf, at)?;
+                let Some((v, end)) = build(buf, at, depth + 1)? else {
+                    return Ok(None);
+                };
                 items.push(v);
                 at = end;
             }
@@ -195,7 +238,7 @@ fn build(buf: &[u8], at: usize) -> Result<(Value, usize), ProtocolError> {
                 char::from(other)
             )))
         }
-    })
+    }))
 }
 
 /// An error line (`-CODE detail\r\n`) as redis-rs reads it, so its kind is redis-rs's.
@@ -278,7 +321,8 @@ mod tests {
             encode(&v, &mut bytes);
             let len = bytes.len();
             bytes.extend_from_slice(&tail);
-            prop_assert_eq!(parse(&bytes), Ok(Some((v, len))));
+            prop_assert_eq!(parse(&bytes), Ok(Some((v.clone(), len))));
+            prop_assert_eq!(parse_once(&bytes), Ok(Some((v, len))));
         }
 
         /// Every strict prefix of a reply is incomplete, never an error or a wrong value.
@@ -288,6 +332,7 @@ mod tests {
             encode(&v, &mut bytes);
             for cut in 0..bytes.len() {
                 prop_assert_eq!(parse(&bytes[..cut]), Ok(None), "cut at {}", cut);
+                prop_assert_eq!(parse_once(&bytes[..cut]), Ok(None), "cut at {}", cut);
             }
         }
 
@@ -297,6 +342,7 @@ mod tests {
             if let Ok(Some((_, used))) = parse(&bytes) {
                 prop_assert!(used <= bytes.len());
             }
+            agree(&bytes)?;
         }
 
         /// Bytes close to RESP (its type bytes, digits, CRLF) never panic either.
@@ -307,7 +353,23 @@ mod tests {
             if let Ok(Some((_, used))) = parse(&bytes) {
                 prop_assert!(used <= bytes.len());
             }
+            agree(&bytes)?;
         }
+    }
+
+    /// The one-pass reader and the measuring one read whatever is whole alike: a value found
+    /// by either is found by both, with the same length, and an error on all the bytes of a
+    /// reply is an error for both.
+    fn agree(bytes: &[u8]) -> Result<(), TestCaseError> {
+        let (two, one) = (parse(bytes), parse_once(bytes));
+        match (&two, &one) {
+            (Ok(Some(_)), _) | (_, Ok(Some(_))) => prop_assert_eq!(&two, &one),
+            // An incomplete array may hold an error line redis-rs cannot read: the one-pass
+            // reader finds it first, the measuring one once the array is whole.
+            (Ok(None), Err(_)) => {}
+            _ => prop_assert_eq!(two.is_err(), one.is_err()),
+        }
+        Ok(())
     }
 
     #[test]
@@ -348,9 +410,37 @@ mod tests {
     }
 
     #[test]
+    fn the_one_pass_reader_refuses_what_the_measuring_one_refuses() {
+        for bytes in [
+            &b"*2147483647\r\n:1\r\n"[..],
+            b"$99999999999\r\n",
+            b"*-2\r\n",
+            b":12345678901234567890\r\n",
+            b":1\n",
+            b"$3\r\nabcd\r\n",
+            b"%1\r\n",
+            b"*1\r\n$3\r\nabcd\r\n",
+        ] {
+            assert!(parse_once(bytes).is_err(), "{bytes:?}");
+        }
+        assert_eq!(parse_once(b"*1000000\r\n:1\r\n"), Ok(None));
+        let deep = "*1\r\n".repeat(MAX_DEPTH + 1) + ":1\r\n";
+        assert!(parse_once(deep.as_bytes()).is_err());
+        let ok = "*1\r\n".repeat(MAX_DEPTH) + ":1\r\n";
+        assert!(matches!(parse_once(ok.as_bytes()), Ok(Some(_))));
+        // A whole reply past the bound is refused, built or not.
+        let mut big = format!("${}\r\n", MAX_REPLY).into_bytes();
+        big.resize(big.len() + MAX_REPLY, b'a');
+        big.extend_from_slice(b"\r\n");
+        assert!(parse_once(&big).is_err());
+        assert!(parse(&big).is_err());
+    }
+
+    #[test]
     fn a_line_without_its_end_is_bounded() {
         let mut long = vec![b'+'];
         long.resize(MAX_REPLY + 2, b'a');
         assert!(parse(&long).is_err());
+        assert!(parse_once(&long).is_err());
     }
 }
