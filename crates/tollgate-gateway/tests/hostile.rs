@@ -664,3 +664,75 @@ async fn a_second_sigterm_during_the_grace_period_exits_at_once() {
     in_flight.abort();
     hold.abort();
 }
+
+/// Reads from `s` until `got` holds `n` whole answers (or `WAIT` passes).
+async fn read_answers(s: &mut TcpStream, got: &mut Vec<u8>, n: usize) -> bool {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut buf = [0u8; 4096];
+    while got.windows(15).filter(|w| w == b"HTTP/1.1 200 OK").count() < n || !whole_tail(got) {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Whether the last answer in `got` is whole.
+fn whole_tail(got: &[u8]) -> bool {
+    let last = got.windows(9).rposition(|w| w == b"HTTP/1.1 ").unwrap_or(0);
+    whole_answer(&got[last..])
+}
+
+/// How long after `since` the gateway closes `s`, up to `within`.
+async fn closed_after(s: &mut TcpStream, since: Instant, within: Duration) -> Option<Duration> {
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    closed.ok().map(|()| since.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_not_read_within_ten_seconds_closes_its_connection_and_each_answer_restarts_the_wait(
+) {
+    const TIMEOUT: Duration = Duration::from_secs(10);
+    // The wait is kept in whole seconds by a sweeper: closed within two more (and slack for a
+    // loaded machine).
+    const LATEST: Duration = Duration::from_secs(20);
+    let gw = Gateway::start("", "");
+    let start = Instant::now();
+    let mut partial = connect(&gw).await;
+    partial
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .expect("write");
+    let kept = async {
+        let mut s = connect(&gw).await;
+        let mut got = Vec::new();
+        let once = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n";
+        s.write_all(once).await.expect("write");
+        assert!(read_answers(&mut s, &mut got, 1).await, "first answer");
+        // Six seconds idle, then more than ten seconds after the connection opened: the
+        // wait began again with the answer.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        s.write_all(once).await.expect("write");
+        assert!(read_answers(&mut s, &mut got, 2).await, "second answer");
+        let answered = Instant::now();
+        closed_after(&mut s, answered, LATEST).await
+    };
+    let (partial_at, kept_idle) = tokio::join!(closed_after(&mut partial, start, LATEST), kept);
+    let partial_at = partial_at.expect("a partial head's connection is closed");
+    assert!(partial_at >= TIMEOUT, "closed after {partial_at:?}");
+    let kept_idle = kept_idle.expect("an idle kept-alive connection is closed");
+    assert!(
+        kept_idle >= TIMEOUT,
+        "closed {kept_idle:?} after its last answer"
+    );
+}

@@ -6,6 +6,7 @@
 //! Requests HTTP/1.1 forbids are refused before any policy sees them (see `refusal.rs`).
 
 use crate::http::conn_limit::ConnLimits;
+use crate::http::head_timeout::{HeadClock, HeadWatch, WaitAfter, Watched};
 use crate::http::metrics::HttpMetrics;
 use crate::http::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
 use crate::http::util::BoxBody;
@@ -63,6 +64,7 @@ where
     S: GatewayService,
 {
     let graceful = GracefulShutdown::new();
+    let heads = HeadClock::gateway();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -81,7 +83,7 @@ where
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let conn = connection(stream, peer, slot.peer.clone(), service.clone(), metrics.clone());
+                let conn = connection(stream, peer, slot.peer.clone(), service.clone(), metrics.clone(), heads.watch());
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let _slot = slot;
@@ -101,7 +103,7 @@ where
 }
 
 /// Serves one client connection: an HTTP/2 preface gets a 505, silence a close; otherwise
-/// hyper serves it,
+/// hyper serves it, under `watch`'s header read timeout (see `head_timeout.rs`),
 /// each request through [`refusal`] and then `service`. The returned closure starts it under
 /// the graceful-shutdown watcher.
 fn connection<S>(
@@ -110,6 +112,7 @@ fn connection<S>(
     trusted: TrustedPeer,
     service: S,
     metrics: Arc<HttpMetrics>,
+    watch: Arc<HeadWatch>,
 ) -> impl FnOnce(Watcher) -> Pin<Box<dyn Future<Output = ()> + Send>>
 where
     S: GatewayService,
@@ -117,8 +120,12 @@ where
     let conn_metrics = metrics.clone();
     // One extension per request: the trust decision, carrying the peer's address.
     let trusted = trusted.with_addr(peer);
+    let svc_watch = Arc::clone(&watch);
     let hyper_svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let metrics = metrics.clone();
+        // A head was read: no wait for one until this answer's body is handed over whole.
+        svc_watch.serving();
+        let watch = Arc::clone(&svc_watch);
         // The service is called here, not in the future: hyper reads on before it polls
         // that future, and a request held until then keeps the connection's read buffer,
         // which then has to allocate another for every request.
@@ -132,7 +139,7 @@ where
                 Either::Right(call) => call.await?.map(unify),
             };
             metrics.response(resp.status().as_u16());
-            Ok::<_, Infallible>(resp)
+            Ok::<_, Infallible>(resp.map(|body| WaitAfter::new(body, watch)))
         }
     });
     move |watcher: Watcher| {
@@ -146,7 +153,10 @@ where
                 }
                 Opening::Silent => return,
             }
-            let conn = builder().serve_connection(TokioIo::new(stream), hyper_svc);
+            // The wait for the first head starts with hyper (the opening had its own).
+            watch.waiting();
+            let io = Watched::new(TokioIo::new(stream), watch);
+            let conn = builder(Heads::Swept).serve_connection(io, hyper_svc);
             if let Err(e) = watcher.watch(conn).await {
                 if let Some(code) = parse_error_status(&e) {
                     conn_metrics.response(code);
@@ -169,15 +179,28 @@ fn unify(body: tollgate_tower::RateLimitBody<BoxBody>) -> BoxBody {
     }
 }
 
+/// Who keeps a server's header read timeout.
+#[derive(Clone, Copy)]
+enum Heads {
+    /// hyper, with a timer per request (the admin endpoints).
+    Hyper,
+    /// The connection's [`HeadWatch`] (the gateway: see `head_timeout.rs`).
+    Swept,
+}
+
 /// The HTTP/1 connection settings. [`MAX_HEADERS`] is hyper's own default bound, left
 /// unset on purpose: hyper parses into a fixed array of that size on the stack, and setting
 /// the same bound explicitly makes it build a vector of that many entries for every request
 /// (3 % of a decision-mode request's CPU, measured with perf). The test
 /// `more_than_max_headers_is_431` in tests/hostile.rs holds hyper to it.
-fn builder() -> http1::Builder {
+fn builder(heads: Heads) -> http1::Builder {
     let mut b = http1::Builder::new();
     b.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(match heads {
+            Heads::Hyper => Some(HEADER_READ_TIMEOUT),
+            // hyper's default with a timer is 30 s: off, explicitly.
+            Heads::Swept => None,
+        })
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
     b
@@ -213,7 +236,7 @@ pub(crate) async fn serve_admin<H, F>(
                     let answer = handle(req);
                     async move { Ok::<_, Infallible>(answer.await) }
                 });
-                let conn = graceful.watch(builder().serve_connection(TokioIo::new(stream), svc));
+                let conn = graceful.watch(builder(Heads::Hyper).serve_connection(TokioIo::new(stream), svc));
                 tokio::spawn(async move {
                     let _slot = slot;
                     let _ = conn.await;

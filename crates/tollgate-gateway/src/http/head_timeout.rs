@@ -1,0 +1,625 @@
+//! The gateway's header read timeout ([`HEADER_READ_TIMEOUT`]): a connection waiting for a
+//! request head (the first one, or the next on a kept-alive connection) longer than that is
+//! closed, without an answer, however slowly the head trickles in.
+//!
+//! hyper's own timeout (`header_read_timeout`) arms a timer each time a connection starts to
+//! wait for a head and drops it when the head is parsed: an entry put into tokio's timer wheel
+//! and taken out again for every request, and the wheel's work each time the runtime parks.
+//! That was 1,300 of a decision-mode request's 15,300 instructions (callgrind, 100,000 keys on
+//! the memory store) and 9% of its CPU time (utime + stime per request, pinned to one core).
+//! Here a connection's wait has a deadline in whole seconds, one atomic word, and one sweeper
+//! task compares every connection's deadline with its clock once a second, so a request
+//! costs two stores and no timer. A connection is closed between [`HEADER_READ_TIMEOUT`] and
+//! two seconds more after its wait began (the clock is a second's tick).
+//!
+//! The wait is as hyper's: it begins when the connection opens and each time an answer's
+//! body has been handed to hyper whole (the body is dropped), and ends when a head has been
+//! read (the service is called). A request being served (however long its answer or its
+//! body take) is never cut; nor is a connection whose last write found the client not
+//! reading (hyper waits for no head then either), and a write that proceeds restarts the
+//! wait, as hyper starts it only once its answer is written.
+//!
+//! A connection past its deadline is marked (its deadline set to [`EXPIRED`] by a compare and
+//! swap, so a head read at that instant wins) and woken; its next read or write fails with
+//! `TimedOut` and hyper closes it.
+
+use crate::http::refusal::HEADER_READ_TIMEOUT;
+use atomic_waker::AtomicWaker;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// A deadline that has passed: the connection is closed.
+const EXPIRED: u32 = u32::MAX;
+/// No deadline: a request is being served.
+const SERVING: u32 = 0;
+
+/// The clock and the connections of one listener, and the sweeper's work on them.
+pub(crate) struct HeadClock {
+    epoch: tokio::time::Instant,
+    /// Whole seconds since `epoch` at the last tick, plus one (so no deadline is 0).
+    now: AtomicU32,
+    /// The wait allowed, in whole seconds.
+    allowed: u32,
+    /// Every open connection (and some closed since the last sweep).
+    conns: Mutex<Vec<Weak<HeadWatch>>>,
+}
+
+/// One connection's wait for a head.
+pub(crate) struct HeadWatch {
+    clock: Arc<HeadClock>,
+    /// The clock's second after which the wait has lasted too long; [`SERVING`] while a
+    /// request is being served; [`EXPIRED`] once the sweeper closed the connection.
+    deadline: AtomicU32,
+    /// The last write could not proceed: the client is not reading what it was answered.
+    write_blocked: AtomicBool,
+    /// The connection's task while a read waits.
+    waker: AtomicWaker,
+}
+
+impl HeadClock {
+    /// A clock allowing `allowed` (rounded up to whole seconds, at least one), and its
+    /// sweeper, which runs on the current runtime while the clock or a connection lives.
+    pub(crate) fn start(allowed: Duration) -> Arc<Self> {
+        let secs = allowed.as_secs() + u64::from(allowed.subsec_nanos() > 0);
+        let clock = Arc::new(Self {
+            epoch: tokio::time::Instant::now(),
+            now: AtomicU32::new(1),
+            allowed: u32::try_from(secs.max(1)).unwrap_or(u32::MAX / 2),
+            conns: Mutex::new(Vec::new()),
+        });
+        tokio::spawn(sweep(Arc::downgrade(&clock)));
+        clock
+    }
+
+    /// [`HeadClock::start`] with [`HEADER_READ_TIMEOUT`].
+    pub(crate) fn gateway() -> Arc<Self> {
+        Self::start(HEADER_READ_TIMEOUT)
+    }
+
+    /// A new connection, waiting for its first head from now.
+    pub(crate) fn watch(self: &Arc<Self>) -> Arc<HeadWatch> {
+        let watch = Arc::new(HeadWatch {
+            clock: Arc::clone(self),
+            deadline: AtomicU32::new(self.deadline()),
+            write_blocked: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        });
+        self.lock().push(Arc::downgrade(&watch));
+        watch
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<HeadWatch>>> {
+        self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The deadline of a wait that begins now. The clock may be up to a tick behind, so one
+    /// second more: a wait is never cut short.
+    fn deadline(&self) -> u32 {
+        self.now
+            .load(Relaxed)
+            .saturating_add(self.allowed)
+            .saturating_add(1)
+            .min(EXPIRED - 1)
+    }
+
+    /// One tick: the clock advanced, and every connection waiting past its deadline closed.
+    /// Returns how many were closed.
+    fn tick(&self) -> usize {
+        let secs = self.epoch.elapsed().as_secs().saturating_add(1);
+        self.tick_at(u32::try_from(secs).unwrap_or(EXPIRED - 1).min(EXPIRED - 1))
+    }
+
+    /// [`HeadClock::tick`] with the clock at `now`.
+    fn tick_at(&self, now: u32) -> usize {
+        self.now.store(now, Relaxed);
+        // Swept outside the lock: connections opening meanwhile are not held up.
+        let conns = std::mem::take(&mut *self.lock());
+        let mut open = Vec::with_capacity(conns.len());
+        let mut closed = 0;
+        for weak in conns {
+            let Some(watch) = weak.upgrade() else {
+                continue;
+            };
+            if watch.expire_if_past(now) {
+                closed += 1;
+            }
+            open.push(weak);
+        }
+        self.lock().append(&mut open);
+        closed
+    }
+}
+
+/// The sweeper: a tick a second while the clock lives.
+async fn sweep(clock: Weak<HeadClock>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(clock) = clock.upgrade() else {
+            return;
+        };
+        let closed = clock.tick();
+        if closed > 0 {
+            tracing::debug!(
+                closed,
+                "closed connections that sent no request head in time"
+            );
+        }
+    }
+}
+
+impl HeadWatch {
+    /// A head has been read: its request is being served, and no wait runs.
+    pub(crate) fn serving(&self) {
+        self.set(SERVING);
+    }
+
+    /// An answer has been handed to hyper whole: the wait for the next head begins.
+    pub(crate) fn waiting(&self) {
+        self.set(self.clock.deadline());
+    }
+
+    fn set(&self, deadline: u32) {
+        // An expired connection stays expired (it is being closed).
+        let _ = self
+            .deadline
+            .fetch_update(Relaxed, Relaxed, |d| (d != EXPIRED).then_some(deadline));
+    }
+
+    fn expired(&self) -> bool {
+        self.deadline.load(Relaxed) == EXPIRED
+    }
+
+    /// Marks the connection expired and wakes it when it has waited past `now`; whether it
+    /// did.
+    fn expire_if_past(&self, now: u32) -> bool {
+        let d = self.deadline.load(Relaxed);
+        if d == SERVING || d == EXPIRED || d >= now || self.write_blocked.load(Relaxed) {
+            return false;
+        }
+        // A head read at this instant (or a write that proceeded) changed the deadline: the
+        // connection lives.
+        if self
+            .deadline
+            .compare_exchange(d, EXPIRED, Relaxed, Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.waker.wake();
+        true
+    }
+
+    /// A write proceeded: while waiting, the wait restarts (hyper starts it only once its
+    /// answer is written).
+    fn wrote(&self) {
+        if self.write_blocked.load(Relaxed) {
+            self.write_blocked.store(false, Relaxed);
+        }
+        let d = self.deadline.load(Relaxed);
+        if d != SERVING && d != EXPIRED {
+            let next = self.clock.deadline();
+            if next != d {
+                let _ = self.deadline.compare_exchange(d, next, Relaxed, Relaxed);
+            }
+        }
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "no request head within the header read timeout",
+    )
+}
+
+/// A connection's I/O under its [`HeadWatch`].
+pub(crate) struct Watched<T> {
+    io: T,
+    watch: Arc<HeadWatch>,
+}
+
+impl<T> Watched<T> {
+    pub(crate) fn new(io: T, watch: Arc<HeadWatch>) -> Self {
+        Self { io, watch }
+    }
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Watched<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.watch.expired() {
+            return Poll::Ready(Err(timed_out()));
+        }
+        let read = Pin::new(&mut this.io).poll_read(cx, buf);
+        if read.is_pending() {
+            this.watch.waker.register(cx.waker());
+            // Expired between the check and the registration: not woken, so answered now.
+            if this.watch.expired() {
+                return Poll::Ready(Err(timed_out()));
+            }
+        }
+        read
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> Watched<T> {
+    fn after_write(&self, written: &Poll<io::Result<usize>>) {
+        match written {
+            Poll::Ready(Ok(n)) if *n > 0 => self.watch.wrote(),
+            Poll::Pending => self.watch.write_blocked.store(true, Relaxed),
+            _ => {}
+        }
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Watched<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.watch.expired() {
+            return Poll::Ready(Err(timed_out()));
+        }
+        let written = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.after_write(&written);
+        written
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.watch.expired() {
+            return Poll::Ready(Err(timed_out()));
+        }
+        let written = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.after_write(&written);
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// An answer's body that starts the connection's wait for the next head when hyper drops
+/// it: after its last frame, or with the connection.
+pub(crate) struct WaitAfter<B> {
+    body: B,
+    watch: Arc<HeadWatch>,
+}
+
+impl<B> WaitAfter<B> {
+    pub(crate) fn new(body: B, watch: Arc<HeadWatch>) -> Self {
+        Self { body, watch }
+    }
+}
+
+impl<B> Drop for WaitAfter<B> {
+    fn drop(&mut self) {
+        self.watch.waiting();
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for WaitAfter<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Incoming;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use std::convert::Infallible;
+    use std::time::Instant;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    type TestBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+    /// How long a test waits for what should happen within a second or three.
+    const PATIENCE: Duration = Duration::from_secs(8);
+
+    /// Serves connections on a loopback port as the gateway does (`server.rs`, `connection`):
+    /// hyper without its own header timer, the I/O watched, each call marking the connection
+    /// serving and its answer's body starting the wait at its end, under a clock allowing
+    /// one second. Answers: `/slow`, "ok" after 3.5 s; `/stream`, eight chunks 500 ms apart;
+    /// `/big`, 16 MiB; anything else, "ok" at once.
+    async fn serve() -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let clock = HeadClock::start(Duration::from_secs(1));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let watch = clock.watch();
+                let svc_watch = Arc::clone(&watch);
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    svc_watch.serving();
+                    let watch = Arc::clone(&svc_watch);
+                    let path = req.uri().path().to_string();
+                    async move {
+                        let body: TestBody = match path.as_str() {
+                            "/slow" => {
+                                tokio::time::sleep(Duration::from_millis(3500)).await;
+                                Full::new(Bytes::from_static(b"ok")).boxed()
+                            }
+                            "/stream" => Chunks::start(8, Duration::from_millis(500)).boxed(),
+                            "/big" => Full::new(Bytes::from(vec![b'x'; 16 << 20])).boxed(),
+                            _ => Full::new(Bytes::from_static(b"ok")).boxed(),
+                        };
+                        Ok::<_, Infallible>(Response::new(WaitAfter::new(body, watch)))
+                    }
+                });
+                let mut b = hyper::server::conn::http1::Builder::new();
+                b.timer(TokioTimer::new()).header_read_timeout(None);
+                let io = Watched::new(TokioIo::new(stream), watch);
+                tokio::spawn(async move {
+                    let _ = b.serve_connection(io, svc).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A chunked body: `n` chunks of "chunk", `every` apart.
+    struct Chunks(tokio::sync::mpsc::Receiver<Bytes>);
+
+    impl Chunks {
+        fn start(n: usize, every: Duration) -> Self {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(async move {
+                for _ in 0..n {
+                    tokio::time::sleep(every).await;
+                    if tx.send(Bytes::from_static(b"chunk")).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Chunks(rx)
+        }
+    }
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            self.get_mut()
+                .0
+                .poll_recv(cx)
+                .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
+        }
+    }
+
+    fn get(path: &str) -> Vec<u8> {
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").into_bytes()
+    }
+
+    /// Reads until `done` holds of what came (true) or the peer closes or `PATIENCE` passes
+    /// (false).
+    async fn read_until(
+        s: &mut TcpStream,
+        got: &mut Vec<u8>,
+        done: impl Fn(&[u8]) -> bool,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let mut buf = vec![0u8; 64 << 10];
+        while !done(got) {
+            match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// How long until the peer closes `s` (EOF or reset), reading and dropping what comes;
+    /// `None` past `PATIENCE`.
+    async fn closes_after(s: &mut TcpStream, since: Instant) -> Option<Duration> {
+        let mut buf = [0u8; 1024];
+        let closed = tokio::time::timeout(PATIENCE, async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        closed.ok().map(|()| since.elapsed())
+    }
+
+    fn answered(got: &[u8], n: usize) -> bool {
+        got.windows(4).filter(|w| w == b"\r\nok").count() >= n
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_connection_a_partial_head_and_a_trickled_head_are_closed() {
+        let addr = serve().await;
+        let start = Instant::now();
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        let mut partial = TcpStream::connect(addr).await.expect("connect");
+        partial
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .expect("write");
+        let trickled = TcpStream::connect(addr).await.expect("connect");
+        let (mut rd, mut wr) = trickled.into_split();
+        // A header line, one byte every 200 ms: never silent, never done.
+        let trickle = tokio::spawn(async move {
+            let _ = wr.write_all(b"GET / HTTP/1.1\r\n").await;
+            for _ in 0..100 {
+                if wr.write_all(b"a").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let mut buf = [0u8; 64];
+        let trickled_closed = tokio::time::timeout(PATIENCE, rd.read(&mut buf));
+        let (a, b, c) = tokio::join!(
+            closes_after(&mut silent, start),
+            closes_after(&mut partial, start),
+            trickled_closed
+        );
+        let trickled_at = start.elapsed();
+        trickle.abort();
+        for (what, at) in [("silent", a), ("partial", b)] {
+            let at = at.unwrap_or_else(|| panic!("{what}: still open after {PATIENCE:?}"));
+            assert!(at >= Duration::from_secs(1), "{what}: closed after {at:?}");
+        }
+        assert!(matches!(c, Ok(Ok(0)) | Ok(Err(_))), "trickled: {c:?}");
+        assert!(
+            trickled_at >= Duration::from_secs(1),
+            "trickled: {trickled_at:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_wait_restarts_after_each_answer_and_an_idle_connection_is_closed() {
+        let addr = serve().await;
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut got = Vec::new();
+        // Five requests 700 ms apart: 3.5 s in all, past any one wait, each within its own.
+        for i in 1..=5 {
+            s.write_all(&get("/")).await.expect("write");
+            assert!(
+                read_until(&mut s, &mut got, |g| answered(g, i)).await,
+                "answer {i}"
+            );
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        let idle = Instant::now();
+        let at = closes_after(&mut s, idle)
+            .await
+            .expect("an idle connection is closed");
+        assert!(at >= Duration::from_millis(300), "closed after {at:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_answer_and_a_long_stream_are_not_cut() {
+        let addr = serve().await;
+        let mut slow = TcpStream::connect(addr).await.expect("connect");
+        slow.write_all(&get("/slow")).await.expect("write");
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(&get("/stream")).await.expect("write");
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let (slow_done, stream_done) = tokio::join!(
+            read_until(&mut slow, &mut a, |g| answered(g, 1)),
+            // The chunked body's end: a zero-size chunk.
+            read_until(&mut stream, &mut b, |g| g.ends_with(b"\r\n0\r\n\r\n")),
+        );
+        assert!(slow_done, "{}", String::from_utf8_lossy(&a));
+        assert!(stream_done, "{}", String::from_utf8_lossy(&b));
+        assert_eq!(b.windows(9).filter(|w| w == b"\r\nchunk\r\n").count(), 8);
+        // Both connections serve another request.
+        slow.write_all(&get("/")).await.expect("write");
+        assert!(read_until(&mut slow, &mut a, |g| answered(g, 2)).await);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_does_not_read_its_answer_is_not_cut_while_blocked() {
+        let addr = serve().await;
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(&get("/big")).await.expect("write");
+        // 16 MiB outgrows the sockets' buffers: the gateway's write blocks while we sleep.
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        let mut got = Vec::new();
+        let whole = |g: &[u8]| {
+            g.windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .is_some_and(|end| g.len() >= end + 4 + (16 << 20))
+        };
+        assert!(
+            read_until(&mut s, &mut got, whole).await,
+            "{} bytes",
+            got.len()
+        );
+        // The wait starts again once the answer is out.
+        let at = closes_after(&mut s, Instant::now())
+            .await
+            .expect("closed when idle");
+        assert!(at >= Duration::from_millis(300), "closed after {at:?}");
+    }
+
+    #[tokio::test]
+    async fn the_sweeper_closes_only_what_waited_past_its_deadline() {
+        let clock = HeadClock::start(Duration::from_millis(1500));
+        assert_eq!(clock.allowed, 2, "rounded up to whole seconds");
+        // The clock at second 10: a wait beginning now ends after second 13 (2 s allowed and
+        // a second for the tick the clock may be behind).
+        clock.tick_at(10);
+        let waiting = clock.watch();
+        let serving = clock.watch();
+        serving.serving();
+        let blocked = clock.watch();
+        blocked.write_blocked.store(true, Relaxed);
+        let gone = clock.watch();
+        drop(gone);
+        assert_eq!(clock.tick_at(13), 0, "at its deadline, not past it");
+        assert_eq!(clock.tick_at(14), 1, "the waiting one");
+        assert!(waiting.expired());
+        assert!(!serving.expired(), "a request being served is never cut");
+        assert!(
+            !blocked.expired(),
+            "nor a connection whose client does not read"
+        );
+        // A write that proceeds unblocks it and restarts its wait from the clock's now.
+        blocked.wrote();
+        assert_eq!(clock.tick_at(17), 0);
+        assert_eq!(clock.tick_at(18), 1);
+        assert!(blocked.expired());
+        // An expired connection stays so; one that is gone leaves the sweep.
+        waiting.waiting();
+        assert!(waiting.expired());
+        assert_eq!(clock.lock().len(), 3);
+        drop((waiting, serving, blocked));
+        clock.tick_at(19);
+        assert!(clock.lock().is_empty());
+    }
+}
