@@ -2,7 +2,10 @@
 //! gateway's connection settings, the gateway's runtime) answering every request with the
 //! decision-mode 200, with no limiter at all. `cargo xtask bench` (section gateway) runs it
 //! pinned beside the gateways, so docs/benchmarks.md can say how much of a request is the
-//! limiter and how much the server under it.
+//! limiter and how much the server under it. Since 2026-12-03 the gateway keeps its header
+//! read timeout with a sweeper of its own instead of hyper's timer per request
+//! (`src/http/head_timeout.rs`); the floor has none at all (about 200 instructions a request
+//! under the gateway's, by callgrind), so it stays a floor.
 //!
 //!     cargo run --release -p tollgate-gateway --example http_floor -- 127.0.0.1:8080
 
@@ -48,7 +51,8 @@ async fn serve(addr: &str) -> std::io::Result<()> {
         });
         let mut b = http1::Builder::new();
         b.timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10))
+            // hyper's default with a timer is 30 s: off, explicitly.
+            .header_read_timeout(None)
             .max_buf_size(64 * 1024)
             .keep_alive(true);
         let conn = b.serve_connection(TokioIo::new(stream), svc);
