@@ -77,6 +77,10 @@ impl GatewayService for LiveService {
     fn call_from(&mut self, req: Request<Incoming>, peer: &TrustedPeer) -> Self::Future {
         self.answer(req, Some(peer))
     }
+
+    fn answers_itself(&self) -> bool {
+        matches!(self.current.load().get_ref(), Target::Decision)
+    }
 }
 
 impl LiveService {
