@@ -684,21 +684,6 @@ fn whole_tail(got: &[u8]) -> bool {
     whole_answer(&got[last..])
 }
 
-/// How long after `since` the gateway closes `s`, up to `within`.
-async fn closed_after(s: &mut TcpStream, since: Instant, within: Duration) -> Option<Duration> {
-    let mut buf = [0u8; 1024];
-    let closed = tokio::time::timeout(within, async {
-        loop {
-            match s.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-    closed.ok().map(|()| since.elapsed())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_not_read_within_ten_seconds_closes_its_connection_and_each_answer_restarts_the_wait(
 ) {
@@ -725,9 +710,12 @@ async fn a_head_not_read_within_ten_seconds_closes_its_connection_and_each_answe
         s.write_all(once).await.expect("write");
         assert!(read_answers(&mut s, &mut got, 2).await, "second answer");
         let answered = Instant::now();
-        closed_after(&mut s, answered, LATEST).await
+        tollgate_testkit::net::closed_after(&mut s, answered, LATEST).await
     };
-    let (partial_at, kept_idle) = tokio::join!(closed_after(&mut partial, start, LATEST), kept);
+    let (partial_at, kept_idle) = tokio::join!(
+        tollgate_testkit::net::closed_after(&mut partial, start, LATEST),
+        kept
+    );
     let partial_at = partial_at.expect("a partial head's connection is closed");
     assert!(partial_at >= TIMEOUT, "closed after {partial_at:?}");
     let kept_idle = kept_idle.expect("an idle kept-alive connection is closed");

@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod cluster;
+pub mod net;
 mod process;
 pub mod program;
 mod sentinel;

@@ -457,20 +457,9 @@ mod tests {
         true
     }
 
-    /// How long until the peer closes `s` (EOF or reset), reading and dropping what comes;
-    /// `None` past `PATIENCE`.
+    /// How long until the peer closes `s`, from `since`; `None` past `PATIENCE`.
     async fn closes_after(s: &mut TcpStream, since: Instant) -> Option<Duration> {
-        let mut buf = [0u8; 1024];
-        let closed = tokio::time::timeout(PATIENCE, async {
-            loop {
-                match s.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                }
-            }
-        })
-        .await;
-        closed.ok().map(|()| since.elapsed())
+        tollgate_testkit::net::closed_after(s, since, PATIENCE).await
     }
 
     fn answered(got: &[u8], n: usize) -> bool {
