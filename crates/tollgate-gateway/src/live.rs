@@ -62,7 +62,7 @@ pub(crate) struct LiveService {
 impl Service<Request<Incoming>> for LiveService {
     type Response = Answer;
     type Error = Infallible;
-    type Future = ResponseFuture<BoxBody, Infallible>;
+    type Future = LiveFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -88,24 +88,41 @@ impl LiveService {
     /// from the request. Decision mode decides without the request held (see
     /// `RateLimit::decide`) and takes the peer as it is; the proxy reads it in the request's
     /// extensions, after the layer.
-    fn answer(
-        &self,
-        mut req: Request<Incoming>,
-        peer: Option<&TrustedPeer>,
-    ) -> ResponseFuture<BoxBody, Infallible> {
+    fn answer(&self, mut req: Request<Incoming>, peer: Option<&TrustedPeer>) -> LiveFuture {
         let current = self.current.load();
         if let Target::Decision = current.get_ref() {
-            let decided = match peer {
+            return LiveFuture::Decision(match peer {
                 Some(peer) => current.decide_from(req, peer),
                 None => current.decide(req),
-            };
-            return Box::pin(async move { Ok(crate::proxy::decision_answer(decided.await)) });
+            });
         }
         if let Some(peer) = peer {
             req.extensions_mut().insert(peer.clone());
         }
         let mut service = Current::clone(&current);
-        service.call(req)
+        LiveFuture::Proxy(service.call(req))
+    }
+}
+
+/// A [`LiveService`] answer as it is made: decision mode's, written when its decision is
+/// ready (the decision's own future is the only box), or the proxy's.
+pub(crate) enum LiveFuture {
+    Decision(tollgate_tower::DecideFuture),
+    Proxy(ResponseFuture<BoxBody, Infallible>),
+}
+
+impl std::future::Future for LiveFuture {
+    type Output = Result<Answer, Infallible>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Both are boxed futures, so `LiveFuture` is `Unpin`.
+        match self.get_mut() {
+            LiveFuture::Decision(decided) => decided
+                .as_mut()
+                .poll(cx)
+                .map(|d| Ok(crate::proxy::decision_answer(d))),
+            LiveFuture::Proxy(answer) => answer.as_mut().poll(cx),
+        }
     }
 }
 
