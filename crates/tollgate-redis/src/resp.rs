@@ -130,57 +130,81 @@ fn length(text: &[u8]) -> Result<i64, ProtocolError> {
     Ok(n)
 }
 
-/// Where the item at `at` ends, without building it; `None` when the buffer ends first.
-fn measure(buf: &[u8], at: usize, depth: usize) -> Result<Option<usize>, ProtocolError> {
-    let Some(&kind) = buf.get(at) else {
-        return Ok(None);
-    };
-    let Some((end, next)) = line(buf, at + 1)? else {
-        return Ok(None);
-    };
-    let text = &buf[at + 1..end];
-    match kind {
-        b'+' | b'-' => Ok(Some(next)),
-        b':' => integer(text).map(|_| Some(next)),
-        b'$' => {
-            let n = length(text)?;
-            if n < 0 {
-                return Ok(Some(next));
-            }
-            let stop = next + n as usize;
-            if buf.len() < stop + 2 {
-                return Ok(None);
-            }
-            if &buf[stop..stop + 2] != b"\r\n" {
-                return Err(bad("a bulk string not followed by CRLF"));
-            }
-            Ok(Some(stop + 2))
+/// What reading an item makes of it: nothing (measuring, [`Measure`]) or its value
+/// ([`Build`]). One reader ([`read`]) serves both, so they check the same things in the same
+/// order and agree on every reply whose bytes are all there.
+trait Make {
+    type Item;
+    fn simple(text: &[u8]) -> Self::Item;
+    /// The whole error line, CRLF included.
+    fn error(line: &[u8]) -> Result<Self::Item, ProtocolError>;
+    fn int(n: i64) -> Self::Item;
+    fn nil() -> Self::Item;
+    fn bulk(bytes: &[u8]) -> Self::Item;
+    /// `items` of a measured array are `()`: its vector never allocates.
+    fn array(items: Vec<Self::Item>) -> Self::Item;
+}
+
+/// Reads where an item ends, allocating nothing (an error line is not looked into).
+struct Measure;
+
+impl Make for Measure {
+    type Item = ();
+    fn simple(_: &[u8]) {}
+    fn error(_: &[u8]) -> Result<(), ProtocolError> {
+        Ok(())
+    }
+    fn int(_: i64) {}
+    fn nil() {}
+    fn bulk(_: &[u8]) {}
+    fn array(_: Vec<()>) {}
+}
+
+/// Builds the item's value.
+struct Build;
+
+impl Make for Build {
+    type Item = Value;
+    fn simple(text: &[u8]) -> Value {
+        if text == b"OK" {
+            Value::Okay
+        } else {
+            Value::SimpleString(String::from_utf8_lossy(text).into_owned())
         }
-        b'*' => {
-            let n = length(text)?;
-            if depth + 1 > MAX_DEPTH {
-                return Err(bad(format!("arrays nested deeper than {MAX_DEPTH}")));
-            }
-            let mut at = next;
-            for _ in 0..n.max(0) {
-                match measure(buf, at, depth + 1)? {
-                    Some(end) => at = end,
-                    None => return Ok(None),
-                }
-            }
-            Ok(Some(at))
-        }
-        other => Err(bad(format!(
-            "a reply of type {:?} (this connection speaks RESP2)",
-            char::from(other)
-        ))),
+    }
+    fn error(line: &[u8]) -> Result<Value, ProtocolError> {
+        server_error(line)
+    }
+    fn int(n: i64) -> Value {
+        Value::Int(n)
+    }
+    fn nil() -> Value {
+        Value::Nil
+    }
+    fn bulk(bytes: &[u8]) -> Value {
+        Value::BulkString(bytes.to_vec())
+    }
+    fn array(items: Vec<Value>) -> Value {
+        Value::Array(items)
     }
 }
 
-/// Builds the item at `at`; `None` when the buffer ends first. It checks what [`measure`]
-/// checks, in the same order (and an error line as redis-rs reads it), so the two agree on
-/// every reply whose bytes are all there.
+/// Where the item at `at` ends, without building it; `None` when the buffer ends first.
+fn measure(buf: &[u8], at: usize, depth: usize) -> Result<Option<usize>, ProtocolError> {
+    Ok(read::<Measure>(buf, at, depth)?.map(|((), end)| end))
+}
+
+/// Builds the item at `at`; `None` when the buffer ends first.
 fn build(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, ProtocolError> {
+    read::<Build>(buf, at, depth)
+}
+
+/// The item at `at` as `M` makes it, and where it ends; `None` when the buffer ends first.
+fn read<M: Make>(
+    buf: &[u8],
+    at: usize,
+    depth: usize,
+) -> Result<Option<(M::Item, usize)>, ProtocolError> {
     let Some(&kind) = buf.get(at) else {
         return Ok(None);
     };
@@ -189,17 +213,13 @@ fn build(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, 
     };
     let text = &buf[at + 1..end];
     Ok(Some(match kind {
-        b'+' if text == b"OK" => (Value::Okay, next),
-        b'+' => (
-            Value::SimpleString(String::from_utf8_lossy(text).into_owned()),
-            next,
-        ),
-        b'-' => (server_error(&buf[at..next])?, next),
-        b':' => (Value::Int(integer(text)?), next),
+        b'+' => (M::simple(text), next),
+        b'-' => (M::error(&buf[at..next])?, next),
+        b':' => (M::int(integer(text)?), next),
         b'$' => {
             let n = length(text)?;
             if n < 0 {
-                return Ok(Some((Value::Nil, next)));
+                return Ok(Some((M::nil(), next)));
             }
             let stop = next + n as usize;
             if buf.len() < stop + 2 {
@@ -208,7 +228,7 @@ fn build(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, 
             if &buf[stop..stop + 2] != b"\r\n" {
                 return Err(bad("a bulk string not followed by CRLF"));
             }
-            (Value::BulkString(buf[next..stop].to_vec()), stop + 2)
+            (M::bulk(&buf[next..stop]), stop + 2)
         }
         b'*' => {
             let n = length(text)?;
@@ -216,7 +236,7 @@ fn build(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, 
                 return Err(bad(format!("arrays nested deeper than {MAX_DEPTH}")));
             }
             if n < 0 {
-                return Ok(Some((Value::Nil, next)));
+                return Ok(Some((M::nil(), next)));
             }
             // Every item takes at least 3 bytes ("+\r\n"): an announced length reserves no
             // more than the bytes received could hold.
@@ -224,13 +244,13 @@ fn build(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, 
             let mut items = Vec::with_capacity((n as usize).min(room));
             let mut at = next;
             for _ in 0..n {
-                let Some((v, end)) = build(buf, at, depth + 1)? else {
+                let Some((v, end)) = read::<M>(buf, at, depth + 1)? else {
                     return Ok(None);
                 };
                 items.push(v);
                 at = end;
             }
-            (Value::Array(items), at)
+            (M::array(items), at)
         }
         other => {
             return Err(bad(format!(

@@ -78,8 +78,8 @@ pub fn record_decision(span: &Span, plan: &Plan, result: &LimitResult) {
 
 /// Puts one store call on the decision span being recorded, when there is one: its latency
 /// (from `started`) and what it carried (the plans in the call, one as each plan is its own
-/// call, and the plan's checks). Without a subscriber that records it this is one
-/// thread-local read, and `started` is `None`: the clock is read only for a span that records.
+/// call, and the plan's checks). `started` is [`store_call_started`]'s: `None` without a
+/// span that records, and then this does nothing (the clock is read only for such a span).
 pub(crate) fn record_store_call(started: Option<Instant>, checks: usize) {
     let Some(started) = started else {
         return;
@@ -97,7 +97,8 @@ pub(crate) fn record_store_call(started: Option<Instant>, checks: usize) {
 }
 
 /// When a store call starts: the instant, if a span is being recorded (see
-/// [`record_store_call`]).
+/// [`record_store_call`]). Without a subscriber that records it this is one thread-local
+/// read.
 pub(crate) fn store_call_started() -> Option<Instant> {
     (!Span::current().is_disabled()).then(Instant::now)
 }

@@ -6,9 +6,10 @@
 //! wait for a head and drops it when the head is parsed: an entry put into tokio's timer wheel
 //! and taken out again for every request, and the wheel's work each time the runtime parks.
 //! That was 1,300 of a decision-mode request's 15,300 user-space instructions (callgrind,
-//! 100,000 keys on the memory store; see docs/benchmarks.md). Here a connection's wait has a deadline in whole seconds, one atomic word, and one sweeper
-//! task compares every connection's deadline with its clock once a second, so a request
-//! costs two stores and no timer. A connection is closed between [`HEADER_READ_TIMEOUT`] and
+//! 100,000 keys on the memory store; see docs/benchmarks.md). Here a connection's wait has a
+//! deadline in whole seconds, one atomic word, and one sweeper task compares every
+//! connection's deadline with its clock once a second, so a request costs two stores and no
+//! timer. A connection is closed between [`HEADER_READ_TIMEOUT`] and
 //! two seconds more after its wait began (the clock is a second's tick).
 //!
 //! The wait is as hyper's: it begins when the connection opens and each time an answer's
@@ -202,13 +203,10 @@ impl HeadWatch {
         if self.write_blocked.load(Relaxed) {
             self.write_blocked.store(false, Relaxed);
         }
-        let d = self.deadline.load(Relaxed);
-        if d != SERVING && d != EXPIRED {
-            let next = self.clock.deadline();
-            if next != d {
-                let _ = self.deadline.compare_exchange(d, next, Relaxed, Relaxed);
-            }
-        }
+        let next = self.clock.deadline();
+        let _ = self.deadline.fetch_update(Relaxed, Relaxed, |d| {
+            (d != SERVING && d != EXPIRED && d != next).then_some(next)
+        });
     }
 }
 
@@ -254,12 +252,22 @@ impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Watched<T> {
 }
 
 impl<T: hyper::rt::Write + Unpin> Watched<T> {
-    fn after_write(&self, written: &Poll<io::Result<usize>>) {
+    /// A write by `write` unless the connection expired, noting whether it proceeded.
+    fn write(
+        self: Pin<&mut Self>,
+        write: impl FnOnce(Pin<&mut T>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.watch.expired() {
+            return Poll::Ready(Err(timed_out()));
+        }
+        let written = write(Pin::new(&mut this.io));
         match written {
-            Poll::Ready(Ok(n)) if *n > 0 => self.watch.wrote(),
-            Poll::Pending => self.watch.write_blocked.store(true, Relaxed),
+            Poll::Ready(Ok(n)) if n > 0 => this.watch.wrote(),
+            Poll::Pending => this.watch.write_blocked.store(true, Relaxed),
             _ => {}
         }
+        written
     }
 }
 
@@ -269,13 +277,7 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Watched<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.watch.expired() {
-            return Poll::Ready(Err(timed_out()));
-        }
-        let written = Pin::new(&mut this.io).poll_write(cx, buf);
-        this.after_write(&written);
-        written
+        self.write(|io| io.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -283,13 +285,7 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Watched<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.watch.expired() {
-            return Poll::Ready(Err(timed_out()));
-        }
-        let written = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
-        this.after_write(&written);
-        written
+        self.write(|io| io.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
