@@ -22,14 +22,22 @@
 //! A connection past its deadline is marked (its deadline set to [`EXPIRED`] by a compare and
 //! swap, so a head read at that instant wins) and woken; its next read or write fails with
 //! `TimedOut` and hyper closes it.
+//!
+//! The same list drains the listener at shutdown ([`HeadClock::drain`]): every connection is
+//! told and woken, finishes the request it is serving (an idle one closes at once), and
+//! [`HeadClock::drained`] resolves when the last has closed. A connection reads one atomic
+//! flag each time it is polled ([`until_drained`]), where a watch channel's receiver (hyper's
+//! graceful-shutdown helper) cost 340 of a decision-mode request's instructions and 670 of one
+//! decided on Redis (callgrind; see docs/benchmarks.md).
 
 use crate::http::refusal::HEADER_READ_TIMEOUT;
 use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -48,6 +56,12 @@ pub(crate) struct HeadClock {
     allowed: u32,
     /// Every open connection (and some closed since the last sweep).
     conns: Mutex<Vec<Weak<HeadWatch>>>,
+    /// Connections not yet closed (their watches alive).
+    open: AtomicUsize,
+    /// The listener is shutting down: each connection finishes its request and closes.
+    draining: AtomicBool,
+    /// Told when the last connection closes while draining.
+    all_closed: tokio::sync::Notify,
 }
 
 /// One connection's wait for a head.
@@ -62,6 +76,15 @@ pub(crate) struct HeadWatch {
     waker: AtomicWaker,
 }
 
+impl Drop for HeadWatch {
+    fn drop(&mut self) {
+        let clock = &self.clock;
+        if clock.open.fetch_sub(1, SeqCst) == 1 && clock.draining.load(SeqCst) {
+            clock.all_closed.notify_waiters();
+        }
+    }
+}
+
 impl HeadClock {
     /// A clock allowing `allowed` (rounded up to whole seconds, at least one), and its
     /// sweeper, which runs on the current runtime while the clock or a connection lives.
@@ -72,6 +95,9 @@ impl HeadClock {
             now: AtomicU32::new(1),
             allowed: u32::try_from(secs.max(1)).unwrap_or(u32::MAX / 2),
             conns: Mutex::new(Vec::new()),
+            open: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            all_closed: tokio::sync::Notify::new(),
         });
         tokio::spawn(sweep(Arc::downgrade(&clock)));
         clock
@@ -84,6 +110,7 @@ impl HeadClock {
 
     /// A new connection, waiting for its first head from now.
     pub(crate) fn watch(self: &Arc<Self>) -> Arc<HeadWatch> {
+        self.open.fetch_add(1, SeqCst);
         let watch = Arc::new(HeadWatch {
             clock: Arc::clone(self),
             deadline: AtomicU32::new(self.deadline()),
@@ -96,6 +123,28 @@ impl HeadClock {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<HeadWatch>>> {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Shutdown: every connection is told, and woken if it waits for a read, to finish the
+    /// request it is serving and close (see [`until_drained`]).
+    pub(crate) fn drain(&self) {
+        self.draining.store(true, SeqCst);
+        let conns = self.lock().clone();
+        for watch in conns.iter().filter_map(Weak::upgrade) {
+            watch.waker.wake();
+        }
+    }
+
+    /// Resolves once every connection has closed (after [`HeadClock::drain`]).
+    pub(crate) async fn drained(&self) {
+        loop {
+            // Made before the count is read, so a close in between still wakes this wait.
+            let closed = self.all_closed.notified();
+            if self.open.load(SeqCst) == 0 {
+                return;
+            }
+            closed.await;
+        }
     }
 
     /// The deadline of a wait that begins now. The clock may be up to a tick behind, so one
@@ -177,6 +226,11 @@ impl HeadWatch {
         self.deadline.load(Relaxed) == EXPIRED
     }
 
+    /// The listener is shutting down.
+    fn draining(&self) -> bool {
+        self.clock.draining.load(Relaxed)
+    }
+
     /// Marks the connection expired and wakes it when it has waited past `now`; whether it
     /// did.
     fn expire_if_past(&self, now: u32) -> bool {
@@ -207,6 +261,50 @@ impl HeadWatch {
         let _ = self.deadline.fetch_update(Relaxed, Relaxed, |d| {
             (d != SERVING && d != EXPIRED && d != next).then_some(next)
         });
+    }
+}
+
+/// Runs a connection (`conn`, which `shut` asks to close gracefully) until it ends; once its
+/// listener drains, it is asked once, and finishes the request it serves (an idle one closes
+/// at once). `watch` is the connection's own. Boxed: pinned once a connection, polled in place.
+pub(crate) fn until_drained<F: Future>(
+    conn: F,
+    watch: Arc<HeadWatch>,
+    shut: fn(Pin<&mut F>),
+) -> UntilDrained<F> {
+    UntilDrained {
+        conn: Box::pin(conn),
+        watch,
+        shut,
+        asked: false,
+    }
+}
+
+/// See [`until_drained`].
+pub(crate) struct UntilDrained<F> {
+    conn: Pin<Box<F>>,
+    watch: Arc<HeadWatch>,
+    shut: fn(Pin<&mut F>),
+    asked: bool,
+}
+
+impl<F: Future> Future for UntilDrained<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        loop {
+            if !this.asked && this.watch.draining() {
+                this.asked = true;
+                (this.shut)(this.conn.as_mut());
+            }
+            let polled = this.conn.as_mut().poll(cx);
+            // Told while polled, before a read registered the wake: asked now, polled again.
+            if polled.is_pending() && !this.asked && this.watch.draining() {
+                continue;
+            }
+            return polled;
+        }
     }
 }
 
@@ -369,9 +467,13 @@ mod tests {
     /// [`ALLOWED`]. Answers: `/slow`, "ok" after [`PAST_ANY_WAIT`]; `/stream`, nine chunks
     /// 600 ms apart (5.4 s); `/big`, 16 MiB; anything else, "ok" at once.
     async fn serve() -> std::net::SocketAddr {
+        serve_with(HeadClock::start(ALLOWED)).await
+    }
+
+    /// [`serve`] under `clock`, each connection run [`until_drained`], as the gateway runs it.
+    async fn serve_with(clock: Arc<HeadClock>) -> std::net::SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let clock = HeadClock::start(ALLOWED);
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let watch = clock.watch();
@@ -395,9 +497,10 @@ mod tests {
                 });
                 let mut b = hyper::server::conn::http1::Builder::new();
                 b.timer(TokioTimer::new()).header_read_timeout(None);
-                let io = Watched::new(TokioIo::new(stream), watch);
+                let io = Watched::new(TokioIo::new(stream), Arc::clone(&watch));
+                let conn = b.serve_connection(io, svc);
                 tokio::spawn(async move {
-                    let _ = b.serve_connection(io, svc).await;
+                    let _ = until_drained(conn, watch, |c| c.graceful_shutdown()).await;
                 });
             }
         });
@@ -579,6 +682,59 @@ mod tests {
             at >= ALLOWED - Duration::from_millis(700),
             "closed after {at:?}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_closes_idle_connections_and_lets_a_request_being_served_finish() {
+        // A wait far longer than the test: whatever closes was closed by the drain.
+        let clock = HeadClock::start(Duration::from_secs(600));
+        let addr = serve_with(Arc::clone(&clock)).await;
+        let mut idle = TcpStream::connect(addr).await.expect("connect");
+        let mut got = Vec::new();
+        idle.write_all(&get("/")).await.expect("write");
+        assert!(read_until(&mut idle, &mut got, |g| answered(g, 1)).await);
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        let mut slow = TcpStream::connect(addr).await.expect("connect");
+        slow.write_all(&get("/slow")).await.expect("write");
+        // Every connection is counted (the last one once its request is being served).
+        let counted = tokio::time::timeout(PATIENCE, async {
+            while clock.open.load(SeqCst) < 3 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        assert!(counted.await.is_ok(), "{}", clock.open.load(SeqCst));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let start = Instant::now();
+        clock.drain();
+        let (idle_at, silent_at) = tokio::join!(
+            closes_after(&mut idle, start),
+            closes_after(&mut silent, start)
+        );
+        let idle_at = idle_at.expect("the idle connection is closed");
+        assert!(silent_at.is_some(), "the silent connection is closed");
+        // The one being served is not: its answer comes whole, and says the connection closes.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), clock.drained())
+                .await
+                .is_err(),
+            "drained while a request was being served"
+        );
+        let drained = tokio::time::timeout(PATIENCE, clock.drained());
+        let mut answer = Vec::new();
+        assert!(
+            read_until(&mut slow, &mut answer, |g| answered(g, 1)).await,
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+        let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        assert!(text.contains("connection: close"), "{text}");
+        assert!(drained.await.is_ok(), "every connection closed");
+        // Not held until the request being served was answered.
+        assert!(
+            idle_at < PAST_ANY_WAIT,
+            "the idle connection closed at {idle_at:?}"
+        );
+        assert_eq!(clock.open.load(SeqCst), 0);
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@
 //! Requests HTTP/1.1 forbids are refused before any policy sees them (see `refusal.rs`).
 
 use crate::http::conn_limit::ConnLimits;
-use crate::http::head_timeout::{HeadClock, HeadWatch, WaitAfter, Watched};
+use crate::http::head_timeout::{until_drained, HeadClock, HeadWatch, WaitAfter, Watched};
 use crate::http::metrics::HttpMetrics;
 use crate::http::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
 use crate::http::util::BoxBody;
@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -68,7 +68,7 @@ pub(crate) async fn serve_gateway<S>(
 where
     S: GatewayService,
 {
-    let graceful = GracefulShutdown::new();
+    // Keeps the connections' header read timeout and drains them at shutdown.
     let heads = HeadClock::gateway();
     loop {
         tokio::select! {
@@ -89,18 +89,18 @@ where
                 };
                 let _ = stream.set_nodelay(true);
                 let conn = connection(stream, peer, slot.peer.clone(), service.clone(), metrics.clone(), heads.watch());
-                let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let _slot = slot;
-                    conn(watcher).await;
+                    conn.await;
                 });
             }
             _ = stop.changed() => break,
         }
     }
     drop(listener);
+    heads.drain();
     tokio::select! {
-        _ = graceful.shutdown() => {}
+        _ = heads.drained() => {}
         _ = tokio::time::sleep(GRACE) => tracing::warn!("grace period over; dropping remaining connections"),
         _ = force => tracing::warn!("second signal; dropping remaining connections"),
     }
@@ -108,9 +108,8 @@ where
 }
 
 /// Serves one client connection: an HTTP/2 preface gets a 505, silence a close; otherwise
-/// hyper serves it, under `watch`'s header read timeout (see `head_timeout.rs`),
-/// each request through [`refusal`] and then `service`. The returned closure starts it under
-/// the graceful-shutdown watcher.
+/// hyper serves it, under `watch`'s header read timeout and its listener's drain (see
+/// `head_timeout.rs`), each request through [`refusal`] and then `service`.
 fn connection<S>(
     stream: TcpStream,
     peer: SocketAddr,
@@ -118,7 +117,7 @@ fn connection<S>(
     service: S,
     metrics: Arc<HttpMetrics>,
     watch: Arc<HeadWatch>,
-) -> impl FnOnce(Watcher) -> Pin<Box<dyn Future<Output = ()> + Send>>
+) -> Pin<Box<dyn Future<Output = ()> + Send>>
 where
     S: GatewayService,
 {
@@ -148,29 +147,28 @@ where
             Ok::<_, Infallible>(resp.map(|body| WaitAfter::new(body, watch)))
         }
     });
-    move |watcher: Watcher| {
-        Box::pin(async move {
-            match opening(&stream).await {
-                Opening::Http1 => {}
-                Opening::Http2 => {
-                    conn_metrics.response(505);
-                    refuse_h2(stream).await;
-                    return;
-                }
-                Opening::Silent => return,
+    Box::pin(async move {
+        match opening(&stream).await {
+            Opening::Http1 => {}
+            Opening::Http2 => {
+                conn_metrics.response(505);
+                refuse_h2(stream).await;
+                return;
             }
-            // The wait for the first head starts with hyper (the opening had its own).
-            watch.waiting();
-            let io = Watched::new(TokioIo::new(stream), watch);
-            let conn = builder(Heads::Swept, small_answers).serve_connection(io, hyper_svc);
-            if let Err(e) = watcher.watch(conn).await {
-                if let Some(code) = parse_error_status(&e) {
-                    conn_metrics.response(code);
-                }
-                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            Opening::Silent => return,
+        }
+        // The wait for the first head starts with hyper (the opening had its own).
+        watch.waiting();
+        let io = Watched::new(TokioIo::new(stream), Arc::clone(&watch));
+        let conn = builder(Heads::Swept, small_answers).serve_connection(io, hyper_svc);
+        let ended = until_drained(conn, watch, |c| c.graceful_shutdown()).await;
+        if let Err(e) = ended {
+            if let Some(code) = parse_error_status(&e) {
+                conn_metrics.response(code);
             }
-        })
-    }
+            tracing::debug!(error = %e, %peer, "connection ended with an error");
+        }
+    })
 }
 
 /// One body type for the connection: the layer's own bodies are boxed like upstream ones.
