@@ -26,9 +26,10 @@
 //! The same list drains the listener at shutdown ([`HeadClock::drain`]): every connection is
 //! told and woken, finishes the request it is serving (an idle one closes at once), and
 //! [`HeadClock::drained`] resolves when the last has closed. A connection reads one atomic
-//! flag each time it is polled ([`until_drained`]), where a watch channel's receiver (hyper's
-//! graceful-shutdown helper) cost 340 of a decision-mode request's instructions and 670 of one
-//! decided on Redis (callgrind; see docs/benchmarks.md).
+//! flag each time it is polled ([`until_drained`]), where hyper-util's graceful-shutdown
+//! helper polled a watch channel's receiver: 210 fewer instructions a decision-mode request on
+//! the memory store, 380 fewer on Redis, whose requests are polled more often (callgrind; see
+//! docs/benchmarks.md).
 
 use crate::http::refusal::HEADER_READ_TIMEOUT;
 use atomic_waker::AtomicWaker;
