@@ -8,11 +8,11 @@
 //! script, exactly as with `max_batch = 1`: no hand-off, no added wait. When that call ends
 //! and plans have queued behind it, a task is spawned that drains the queue, one batch per
 //! call, in arrival order, until it finds the queue empty and marks the lane idle again. A
-//! plan whose caller gave up (its `store.timeout` passed) before its batch left is dropped
-//! from the queue, so nothing is charged for it.
+//! plan whose caller gave up, or whose deadline (`call_timeout` after it was queued) passed,
+//! before its batch left is dropped from the queue, so nothing is charged for it.
 //!
-//! Failures are per plan: a batch that fails or outlives `call_timeout` answers every one of
-//! its plans with that error (each caller then applies its own failure policy), and a plan
+//! Failures are per plan: a batch that fails or outlives the earliest deadline of its plans
+//! answers every one of them with that error (each caller then applies its own failure policy), and a plan
 //! whose arguments the script refuses fails alone.
 
 use crate::batch_script::MAX_BATCH_FORMS;
@@ -116,6 +116,10 @@ pub(crate) struct State {
 pub(crate) struct Waiting {
     pub(crate) job: Job,
     pub(crate) reply: oneshot::Sender<Answer>,
+    /// When the plan's caller stops waiting (`call_timeout` after it was queued): a plan
+    /// still queued then is answered with a timeout and never sent, and a batch's call is
+    /// bounded by the earliest deadline of its plans.
+    pub(crate) deadline: tokio::time::Instant,
 }
 
 impl Lane {
@@ -132,9 +136,15 @@ impl Lane {
     }
 
     /// Up to `max` queued calls of one kind (plans of at most [`MAX_BATCH_FORMS`] forms,
-    /// or leases), in arrival order, without those whose callers are gone; none (and the lane
+    /// or leases), in arrival order, without those whose callers are gone; those past their
+    /// deadline are answered `timed_out` (`call_timeout`) and not sent; none (and the lane
     /// marked idle) when the queue is empty.
-    pub(crate) fn take(&self, max: usize) -> (Vec<Waiting>, Vec<Form>) {
+    pub(crate) fn take(
+        &self,
+        max: usize,
+        call_timeout: std::time::Duration,
+    ) -> (Vec<Waiting>, Vec<Form>) {
+        let now = tokio::time::Instant::now();
         let mut state = self.lock();
         let mut batch: Vec<Waiting> = Vec::with_capacity(max.min(state.queue.len()));
         let mut shapes: Vec<Form> = Vec::new();
@@ -144,6 +154,14 @@ impl Lane {
             };
             if next.reply.is_closed() {
                 state.queue.pop_front();
+                continue;
+            }
+            if next.deadline <= now {
+                if let Some(late) = state.queue.pop_front() {
+                    let _ = late
+                        .reply
+                        .send(Err(RedisStoreError::timed_out(call_timeout)));
+                }
                 continue;
             }
             if batch

@@ -599,24 +599,13 @@ impl RedisStore {
         };
         if let (Some(s), Some(shape)) = (script, shape) {
             let reply_base = shape.reply_base();
-            let job = PlanJob {
-                keys: checks
-                    .iter()
-                    .map(|c| self.key(&c.client, c.rule.name()))
-                    .collect(),
-                costs: checks.iter().map(|c| c.cost.min(MAX_COST)).collect(),
-                now,
-                shape,
-                script: s,
-            };
+            let job = self.plan_job(checks, now, shape, s);
             // Only the plans of one slot (`check`) coalesce; the calls of a plan across
             // slots (packed replies) go one by one.
             let reply = if self.max_batch > 1 && coalesce {
-                let (lane, refresh) = self.lanes.of_plan(&checks[0].client);
-                if refresh {
-                    self.refresh_nodes_soon();
-                }
-                self.submit(&lane, Job::Plan(job)).await?
+                let deadline = tokio::time::Instant::now() + self.call_timeout();
+                self.submit(&self.lane_of(&checks[0].client), Job::Plan(job), deadline)
+                    .await?
             } else {
                 // Boxed, like a lane's call (see `submit`).
                 Box::pin(self.run_job(&job)).await?
@@ -628,6 +617,76 @@ impl RedisStore {
         }))
         .await?;
         parse_reply(&reply, limits(), 0)
+    }
+
+    /// A plan's job for its shape's script.
+    fn plan_job(
+        &self,
+        checks: &[Check<'_>],
+        now: Micros,
+        shape: Box<Shape>,
+        script: Arc<Script>,
+    ) -> PlanJob {
+        PlanJob {
+            keys: checks
+                .iter()
+                .map(|c| self.key(&c.client, c.rule.name()))
+                .collect(),
+            costs: checks.iter().map(|c| c.cost.min(MAX_COST)).collect(),
+            now,
+            shape,
+            script,
+        }
+    }
+
+    /// The lane of a plan (its first client's), asking for the Cluster's node table when a
+    /// slot's node is not known.
+    fn lane_of(&self, client: &ClientKey) -> Arc<Lane> {
+        let (lane, refresh) = self.lanes.of_plan(client);
+        if refresh {
+            self.refresh_nodes_soon();
+        }
+        lane
+    }
+
+    /// [`RedisStore::check`] within the store's call timeout (`store.timeout`) as a whole: a
+    /// timeout error once it has passed. A plan that coalesces on the store's own connection
+    /// (a standalone server, or the master the sentinels name) with its script loaded has
+    /// no timer of its own: the lane's bound it (the call it leads, or the batch it leaves
+    /// in, whose call is bounded by the earliest deadline of its plans; a plan still queued
+    /// at its deadline is answered then, unsent). Any other plan runs under one timer. This
+    /// saves a timer a decision: an entry put into tokio's timer wheel and taken out again.
+    pub async fn check_bounded(
+        &self,
+        checks: &[Check<'_>],
+        now: Micros,
+    ) -> Result<Verdict, RedisStoreError> {
+        let timeout = self.call_timeout();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let own_lanes = self.max_batch > 1 && !matches!(self.lane_conn, LaneConn::Shared);
+        let first = checks.first().map(|c| c.client);
+        if let Some(first) = first.filter(|_| own_lanes && twice(checks).is_none()) {
+            let rules = checks.iter().map(|c| RuleShape {
+                limit: *c.rule.limit(),
+                mode: c.mode,
+            });
+            if let Some(shape) = Shape::new(rules, true).map(Box::new) {
+                if let Some(script) = self.ready_script(&shape.form()) {
+                    let reply_base = shape.reply_base();
+                    let job = self.plan_job(checks, now, shape, script);
+                    let reply = self
+                        .submit(&self.lane_of(&first), Job::Plan(job), deadline)
+                        .await?;
+                    let limits = checks.iter().map(|c| c.rule.limit().quota().limit());
+                    let reply = parse_reply(&reply, limits, reply_base)?;
+                    return Ok(verdict(checks, reply.decisions));
+                }
+            }
+        }
+        match tokio::time::timeout_at(deadline, self.check(checks, now)).await {
+            Ok(r) => r,
+            Err(_) => Err(RedisStoreError::timed_out(timeout)),
+        }
     }
 
     /// A Cluster plan whose clients live in several slots: one script call per slot, the slots
@@ -1061,8 +1120,9 @@ impl RedisStore {
         self.max_batch
     }
 
-    /// The bound of a coalesced call.
-    pub(crate) fn call_timeout(&self) -> std::time::Duration {
+    /// The bound of a call (`store.timeout`): of each coalesced call, and of
+    /// [`RedisStore::check_bounded`] as a whole.
+    pub fn call_timeout(&self) -> std::time::Duration {
         self.call_timeout
     }
 
@@ -1239,7 +1299,8 @@ impl RedisStore {
             if refresh {
                 self.refresh_nodes_soon();
             }
-            self.submit(&lane, Job::Lease(job)).await?
+            let deadline = tokio::time::Instant::now() + self.call_timeout();
+            self.submit(&lane, Job::Lease(job), deadline).await?
         } else {
             self.run_lease(&job).await?
         };
@@ -1316,13 +1377,24 @@ impl Drop for Busy<'_> {
 }
 
 impl RedisStore {
-    /// Runs `job` on `lane`: at once when the lane is idle, else in the next batch.
-    pub(crate) async fn submit(&self, lane: &Arc<Lane>, job: Job) -> Answer {
+    /// Runs `job` on `lane`: at once when the lane is idle, else in the next batch; by
+    /// `deadline` (a timeout error then) on the store's own connection, where the lane's
+    /// timers are the call's only ones (see [`RedisStore::check_bounded`]).
+    pub(crate) async fn submit(
+        &self,
+        lane: &Arc<Lane>,
+        job: Job,
+        deadline: tokio::time::Instant,
+    ) -> Answer {
         let waiting = {
             let mut state = lane.lock();
             if state.busy {
                 let (tx, rx) = oneshot::channel();
-                state.queue.push_back(Waiting { job, reply: tx });
+                state.queue.push_back(Waiting {
+                    job,
+                    reply: tx,
+                    deadline,
+                });
                 Err(rx)
             } else {
                 state.busy = true;
@@ -1333,7 +1405,7 @@ impl RedisStore {
             // Boxed: the call's future is large, and only the plan that leads the lane needs
             // it; the others wait on their oneshot. A plan's future is moved several times on
             // its way through the gateway, so its size is paid per request.
-            Ok(job) => Box::pin(self.lead(lane, job)).await,
+            Ok(job) => Box::pin(self.lead(lane, job, deadline)).await,
             Err(rx) => match rx.await {
                 Ok(answer) => answer,
                 Err(_) => Err(RedisStoreError::dropped()),
@@ -1343,16 +1415,24 @@ impl RedisStore {
 
     /// The call of a plan that found its lane idle, sent at once; the lane is marked idle (or
     /// drained) when it ends.
-    async fn lead(&self, lane: &Arc<Lane>, job: Job) -> Answer {
+    async fn lead(&self, lane: &Arc<Lane>, job: Job, deadline: tokio::time::Instant) -> Answer {
         let _busy = Busy { store: self, lane };
         if matches!(self.lane_conn, LaneConn::Shared) {
             return self.run_alone(&job).await.map_err(Into::into);
         }
         // The store's own connection has no timer of its own: this is the one.
-        let timeout = self.call_timeout();
-        match tokio::time::timeout(timeout, self.run_alone(&job)).await {
+        self.by(deadline, self.run_alone(&job)).await
+    }
+
+    /// `call`'s answer, or a timeout error (`call_timeout`) at `deadline`.
+    async fn by(
+        &self,
+        deadline: tokio::time::Instant,
+        call: impl std::future::Future<Output = Result<redis::Value, redis::RedisError>>,
+    ) -> Answer {
+        match tokio::time::timeout_at(deadline, call).await {
             Ok(r) => r.map_err(Into::into),
-            Err(_) => Err(RedisStoreError::timed_out(timeout)),
+            Err(_) => Err(RedisStoreError::timed_out(self.call_timeout())),
         }
     }
 
@@ -1367,11 +1447,12 @@ impl RedisStore {
     /// One batch: the plans' batch script (or, alone, the plan's own), every plan answered.
     async fn run_batch(&self, batch: Vec<Waiting>, shapes: &[Form], across: bool) {
         let timeout = self.call_timeout();
+        // The earliest deadline of the plans: the batch's call is theirs, bounded by each.
+        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else {
+            return;
+        };
         if let [one] = &batch[..] {
-            let answer = match tokio::time::timeout(timeout, self.run_alone(&one.job)).await {
-                Ok(r) => r.map_err(Into::into),
-                Err(_) => Err(RedisStoreError::timed_out(timeout)),
-            };
+            let answer = self.by(deadline, self.run_alone(&one.job)).await;
             if let Some(w) = batch.into_iter().next() {
                 let _ = w.reply.send(answer);
             }
@@ -1390,13 +1471,7 @@ impl RedisStore {
         };
         let Some(script) = script else {
             // No batch script for this list (past the bound): one call each, in order.
-            for w in batch {
-                let answer = match tokio::time::timeout(timeout, self.run_alone(&w.job)).await {
-                    Ok(r) => r.map_err(Into::into),
-                    Err(_) => Err(RedisStoreError::timed_out(timeout)),
-                };
-                let _ = w.reply.send(answer);
-            }
+            self.run_each_alone(batch).await;
             return;
         };
         let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
@@ -1418,13 +1493,13 @@ impl RedisStore {
             true,
             room,
         );
-        let reply = match tokio::time::timeout(timeout, call).await {
+        let reply = match tokio::time::timeout_at(deadline, call).await {
             // A server that refuses the across-slots script itself (older than Redis 7):
             // slot lanes from now on, and these plans alone.
             Ok(Err(e)) if across && refuses_script_flags(&e) => {
                 tracing::warn!(error = %e, "the cluster refused the across-slots batch script; batching per slot");
                 self.disable_node_lanes();
-                self.run_each_alone(batch, timeout).await;
+                self.run_each_alone(batch).await;
                 return;
             }
             Ok(Ok(redis::Value::Array(items))) if items.len() == batch.len() => Ok(items),
@@ -1454,7 +1529,7 @@ impl RedisStore {
                 }
                 if !elsewhere.is_empty() {
                     self.refresh_nodes_soon();
-                    self.run_each_alone(elsewhere, timeout).await;
+                    self.run_each_alone(elsewhere).await;
                 }
             }
             Err(e) => {
@@ -1465,16 +1540,13 @@ impl RedisStore {
         }
     }
 
-    /// Runs each call alone, in order, each within `timeout`.
-    async fn run_each_alone(&self, batch: Vec<Waiting>, timeout: std::time::Duration) {
+    /// Runs each call alone, in order, each by its deadline.
+    async fn run_each_alone(&self, batch: Vec<Waiting>) {
         for w in batch {
             if w.reply.is_closed() {
                 continue;
             }
-            let answer = match tokio::time::timeout(timeout, self.run_alone(&w.job)).await {
-                Ok(r) => r.map_err(Into::into),
-                Err(_) => Err(RedisStoreError::timed_out(timeout)),
-            };
+            let answer = self.by(w.deadline, self.run_alone(&w.job)).await;
             let _ = w.reply.send(answer);
         }
     }
@@ -1605,7 +1677,7 @@ fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<(usize, usize, String
 /// Drains `lane`: one batch per call until the queue is empty (which marks the lane idle).
 async fn drain(store: RedisStore, lane: Arc<Lane>) {
     loop {
-        let (batch, shapes) = lane.take(store.max_batch());
+        let (batch, shapes) = lane.take(store.max_batch(), store.call_timeout());
         if batch.is_empty() {
             return;
         }

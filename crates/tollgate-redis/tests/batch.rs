@@ -232,6 +232,70 @@ async fn a_frozen_server_fails_every_plan_of_a_batch_with_a_timeout_and_serves_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn check_bounded_answers_plans_queued_behind_a_frozen_call_by_their_own_deadline() {
+    // `check_bounded` puts no timer on a plan that coalesces: the call it leads or the batch it
+    // leaves in bounds it. A plan queued behind a call the server never answers must still be
+    // answered `store.timeout` after it began, not that call's timeout and then its batch's.
+    const T: Duration = Duration::from_secs(2);
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url()).with_call_timeout(T)).await;
+    assert_eq!(store.call_timeout(), T);
+    let r = Arc::new(rule("bounded", Algorithm::Gcra, 100, HOUR));
+    let warm = [Check::new(client(1), &r, 1)];
+    assert!(store.check_bounded(&warm, 0).await.expect("warm").allowed);
+    server.pause();
+    let timed = |who: u128| {
+        let (store, r) = (store.clone(), r.clone());
+        tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            let checks = [Check::new(client(who), &r, 1)];
+            let answer = store.check_bounded(&checks, 0).await;
+            (answer.map(|v| v.allowed), start.elapsed())
+        })
+    };
+    let leader = timed(2);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued: Vec<_> = (0..20).map(|i| timed(10 + i)).collect();
+    let mut all = vec![tokio::time::timeout(HANG, leader)
+        .await
+        .expect("no hang")
+        .expect("task")];
+    for q in queued {
+        all.push(
+            tokio::time::timeout(HANG, q)
+                .await
+                .expect("no hang")
+                .expect("task"),
+        );
+    }
+    server.resume();
+    for (answer, took) in &all {
+        let e = answer.as_ref().expect_err("frozen");
+        assert_eq!(e.kind(), tollgate_redis::ErrorKind::Timeout, "{e}");
+        // Never cut short; and answered by its own deadline (a second allowed for a loaded
+        // machine), where the leader's timeout and then a batch's of its own would be 3.8 s.
+        assert!(
+            *took >= T - Duration::from_millis(50),
+            "answered after {took:?}"
+        );
+        assert!(
+            *took < T + Duration::from_secs(1),
+            "answered after {took:?}"
+        );
+    }
+    // The store serves again.
+    let mut served = false;
+    for _ in 0..100 {
+        if store.check_bounded(&warm, 0).await.is_ok() {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "the store did not serve again after the thaw");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_killed_under_a_batch_fails_each_of_its_plans() {
     let mut server = RedisServer::start();
     let config = RedisConfig::standalone(server.url()).with_call_timeout(Duration::from_secs(5));

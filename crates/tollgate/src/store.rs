@@ -394,6 +394,16 @@ impl LazyRedis {
         now: Micros,
         timeout: Duration,
     ) -> Result<Verdict, StoreFailure> {
+        // Connected, and the bound is the store's own: the store keeps it, with no timer of
+        // its own where its lanes bound the call (`RedisStore::check_bounded`).
+        if let Some(store) = self.store.get() {
+            if timeout == store.call_timeout() {
+                return store
+                    .check_bounded(checks, now)
+                    .await
+                    .map_err(|e| failure(&e));
+            }
+        }
         within(timeout, async {
             let store = self.get().await?;
             store.check(checks, now).await
