@@ -57,6 +57,10 @@ pub(crate) struct Shared {
     pub(crate) peer: PeerFn,
 }
 
+/// The identities a request resolved, by identity source list: on the stack for the few
+/// lists a request's policies use (most use one).
+type Keys<'a> = smallvec::SmallVec<[(Option<&'a [IdentitySource]>, ClientKey); 2]>;
+
 impl Shared {
     /// Matches policies on `method` and the normalised `path` (see `Shared::resolve`) and
     /// resolves identities (each distinct identity source list once): the request's plan,
@@ -76,7 +80,7 @@ impl Shared {
             trusted,
         } = target;
         let (path, trusted) = (path.as_str(), *trusted);
-        let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
+        let mut keys: Keys<'_> = Keys::new();
         let mut plan = Plan::new();
         // `None` until a policy needs the claims; then the verified claims, if any.
         let mut claims: Option<Option<Claims>> = None;
@@ -148,7 +152,7 @@ impl Shared {
         if !matched().any(|p| p.reads_jwt(defaults)) {
             return None;
         }
-        let mut keys: Vec<(Option<&[IdentitySource]>, ClientKey)> = Vec::new();
+        let mut keys: Keys<'_> = Keys::new();
         let mut plan = Plan::new();
         for routed in matched().filter(|p| !p.reads_jwt(defaults)) {
             let sources = routed.identity_sources();

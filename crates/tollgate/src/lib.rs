@@ -111,6 +111,10 @@ use store::{BreakerConfig, Store, StoreFailure};
 use tollgate_core::{duration_to_micros, micros_to_duration, Check, Micros, Mode, Verdict};
 use tollgate_memory::MemoryStore;
 
+/// A plan's items or checks, on the stack up to four (a request matched by more policies
+/// spills to the heap).
+type Few<T> = smallvec::SmallVec<[T; 4]>;
+
 /// Errors building a limiter or a policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -399,7 +403,8 @@ impl Limiter {
         }
         let mut results = Vec::with_capacity(plan.len());
         let mut taken = Vec::new();
-        let (leased, exact): (Vec<_>, Vec<_>) = plan
+        // On the stack for a plan of a few policies (most are of one).
+        let (leased, exact): (Few<_>, Few<_>) = plan
             .iter()
             .partition(|(_, p)| p.mode() == Mode::Enforce && self.leases(p));
         if !leased.is_empty() {
@@ -579,7 +584,7 @@ impl Limiter {
         let Some((first, _)) = items.first() else {
             return (Action::Allow, Vec::new());
         };
-        let checks: Vec<Check<'_>> = items
+        let checks: Few<Check<'_>> = items
             .iter()
             .map(|(client, p)| Check {
                 client: **client,
