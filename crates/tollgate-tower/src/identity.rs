@@ -9,7 +9,7 @@
 use crate::forwarded::{client_ip, ForwardHeader};
 use crate::jwt::{claim_value, Claims, JwtVerifier};
 use crate::trust::Trust;
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -149,11 +149,27 @@ impl IdentityConfig {
         headers: &HeaderMap,
         claims: Option<&Claims>,
     ) -> ClientKey {
+        self.client_key_by(hasher, sources, peer, headers, claims, |name| {
+            headers.get(name)
+        })
+    }
+
+    /// [`IdentityConfig::client_key_with`], each identity header's value found by `get` (a
+    /// caller that has looked the headers up already saves a lookup each).
+    pub(crate) fn client_key_by<'h>(
+        &self,
+        hasher: &IdentityHasher,
+        sources: Option<&[IdentitySource]>,
+        peer: Option<IpAddr>,
+        headers: &HeaderMap,
+        claims: Option<&Claims>,
+        get: impl Fn(&HeaderName) -> Option<&'h HeaderValue>,
+    ) -> ClientKey {
         let sources = sources.unwrap_or(&self.sources);
         for source in sources {
             match source {
                 IdentitySource::Header(name) => {
-                    if let Some(v) = headers.get(name) {
+                    if let Some(v) = get(name) {
                         if !v.as_bytes().is_empty() {
                             let source = [&b"header:"[..], name.as_str().as_bytes()];
                             return hasher.client_key_parts(&source, v.as_bytes());

@@ -36,12 +36,19 @@ pub fn normalize_path(target: &str) -> String {
 
 /// [`normalize_path`], or the reason the path is ambiguous.
 pub fn normalize_strict(target: &str) -> Result<String, AmbiguousPath> {
+    normalize_strict_borrowed(target).map(std::borrow::Cow::into_owned)
+}
+
+/// [`normalize_strict`], borrowing `target`'s path when it is its own normal form (most
+/// paths: nothing to decode, resolve or refuse), so a request's path is not copied.
+pub(crate) fn normalize_strict_borrowed(
+    target: &str,
+) -> Result<std::borrow::Cow<'_, str>, AmbiguousPath> {
     let path = path_of(target);
     if is_canonical(path) {
-        // Most paths: nothing to decode, resolve or refuse, so the result is the path.
-        return Ok(path.to_string());
+        return Ok(std::borrow::Cow::Borrowed(path));
     }
-    normalize_decoded(path)
+    normalize_decoded(path).map(std::borrow::Cow::Owned)
 }
 
 /// [`normalize_strict`] of a path, every step taken.

@@ -4,7 +4,7 @@
 
 use crate::identity::{IdentityConfig, IdentitySource};
 use crate::jwt::{Claims, InvalidToken};
-use crate::path::{normalize_path, normalize_strict};
+use crate::path::{normalize_path, normalize_strict_borrowed};
 use crate::route::{RoutedPolicy, TierInput};
 use crate::target::{original_request, single, BadRequest, ForwardAuth, Target};
 use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
@@ -78,8 +78,14 @@ impl Shared {
             method,
             path,
             trusted,
+            identity_values,
         } = target;
-        let (path, trusted) = (path.as_str(), *trusted);
+        // An identity header's value as `resolve` found it (a lookup saved per identity).
+        let get = |name: &HeaderName| match self.identity_headers.iter().position(|n| n == name) {
+            Some(i) => identity_values.get(i).copied().flatten(),
+            None => headers.get(name),
+        };
+        let (path, trusted) = (&**path, *trusted);
         let mut keys: Keys<'_> = Keys::new();
         let mut plan = Plan::new();
         // `None` until a policy needs the claims; then the verified claims, if any.
@@ -100,12 +106,13 @@ impl Shared {
             let key = match keys.iter().find(|k| k.0 == sources) {
                 Some(k) => k.1,
                 None => {
-                    let key = self.identity.client_key_with(
+                    let key = self.identity.client_key_by(
                         &self.hasher,
                         sources,
                         peer,
                         headers,
                         verified,
+                        get,
                     );
                     keys.push((sources, key));
                     key
@@ -146,7 +153,7 @@ impl Shared {
         if !headers.contains_key(jwt.header_name()) {
             return None;
         }
-        let (method, path) = (&target.method, target.path.as_str());
+        let (method, path) = (&target.method, &*target.path);
         let defaults = &self.identity.sources;
         let matched = || self.policies.iter().filter(|p| p.matches(method, path));
         if !matched().any(|p| p.reads_jwt(defaults)) {
@@ -195,7 +202,7 @@ impl Shared {
         target: &Target,
         headers: &HeaderMap,
     ) -> Result<(), BadRequest> {
-        let (method, path) = (&target.method, target.path.as_str());
+        let (method, path) = (&target.method, &*target.path);
         for routed in self.policies.iter().filter(|p| p.matches(method, path)) {
             if let Err(max) = routed.cost_sources().estimate(headers) {
                 let name = routed
@@ -249,17 +256,19 @@ impl Shared {
     }
 
     /// The request's target, or why it is refused.
-    pub(crate) fn resolve(
+    pub(crate) fn resolve<'r>(
         &self,
         method: &Method,
-        uri: &Uri,
-        headers: &HeaderMap,
+        uri: &'r Uri,
+        headers: &'r HeaderMap,
         peer: Option<IpAddr>,
         decided: Option<&crate::TrustedPeer>,
-    ) -> Result<Target, BadRequest> {
-        for name in &self.identity_headers {
-            single(headers, name)?;
-        }
+    ) -> Result<Target<'r>, BadRequest> {
+        let identity_values = self
+            .identity_headers
+            .iter()
+            .map(|name| single(headers, name))
+            .collect::<Result<_, _>>()?;
         // Decided once for the connection by the server when it is still the same trust
         // list; else (another server, or a reload since) judged here.
         let trusted = decided
@@ -271,6 +280,7 @@ impl Shared {
                     method,
                     path: self.normalize(path)?,
                     trusted,
+                    identity_values,
                 });
             }
         }
@@ -278,6 +288,7 @@ impl Shared {
             method: method.clone(),
             path: self.normalize(uri.path())?,
             trusted,
+            identity_values,
         })
     }
 
@@ -286,11 +297,11 @@ impl Shared {
         peer.is_some_and(|ip| self.identity.trust.is_trusted(ip))
     }
 
-    fn normalize(&self, path: &str) -> Result<String, BadRequest> {
+    fn normalize<'a>(&self, path: &'a str) -> Result<std::borrow::Cow<'a, str>, BadRequest> {
         if self.allow_ambiguous_paths {
-            Ok(normalize_path(path))
+            Ok(std::borrow::Cow::Owned(normalize_path(path)))
         } else {
-            normalize_strict(path).map_err(|e| BadRequest(e.to_string()))
+            normalize_strict_borrowed(path).map_err(|e| BadRequest(e.to_string()))
         }
     }
 }

@@ -47,11 +47,15 @@ impl fmt::Display for BadRequest {
 impl std::error::Error for BadRequest {}
 
 /// The method and normalised path policies are matched on.
-pub(crate) struct Target {
+pub(crate) struct Target<'a> {
     pub(crate) method: Method,
-    pub(crate) path: String,
+    /// Borrowed from the request when it is already normal.
+    pub(crate) path: std::borrow::Cow<'a, str>,
     /// Whether the peer is a trusted proxy (found once, read again by the plan).
     pub(crate) trusted: bool,
+    /// The value of each identity header (`Shared::identity_headers`, in its order), as
+    /// `resolve` found it checking that none is repeated: the plan reads them from here.
+    pub(crate) identity_values: smallvec::SmallVec<[Option<&'a HeaderValue>; 2]>,
 }
 
 /// The one value of `name`, `None` when absent; twice is an error.
