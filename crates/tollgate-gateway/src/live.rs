@@ -105,7 +105,8 @@ impl LiveService {
 }
 
 /// A [`LiveService`] answer as it is made: decision mode's, written when its decision is
-/// ready (the decision's own future is the only box), or the proxy's.
+/// ready (at once on the in-process store, with nothing boxed; else when the decision's own
+/// boxed future is), or the proxy's.
 pub(crate) enum LiveFuture {
     Decision(tollgate_tower::DecideFuture),
     Proxy(ResponseFuture<BoxBody, Infallible>),
@@ -115,10 +116,9 @@ impl std::future::Future for LiveFuture {
     type Output = Result<Answer, Infallible>;
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Both are boxed futures, so `LiveFuture` is `Unpin`.
+        // Both are `Unpin` (a decision's future is ready or boxed; the proxy's is boxed).
         match self.get_mut() {
-            LiveFuture::Decision(decided) => decided
-                .as_mut()
+            LiveFuture::Decision(decided) => std::pin::Pin::new(decided)
                 .poll(cx)
                 .map(|d| Ok(crate::proxy::decision_answer(d))),
             LiveFuture::Proxy(answer) => answer.as_mut().poll(cx),

@@ -93,17 +93,30 @@ where
                 drop(req);
                 Box::pin(async move { Ok(shared.unverified(u, span).await.map(Either::Right)) })
             }
-            Prepared::Plan(plan, span) => Box::pin(async move {
-                match shared.decide(&plan, span).await {
-                    Err(resp) => Ok(resp.map(Either::Right)),
-                    Ok(allowed) => {
-                        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                        // (An inner error drops the reservation: estimates stand, holds go.)
-                        let resp = inner.call(req).await?;
-                        Ok(allowed.respond(resp))
+            Prepared::Plan(plan, span) => {
+                // On the in-process store the decision is made here, not in the future.
+                let now = (!Shared::reserves(&plan))
+                    .then(|| shared.check_now(&plan, &span))
+                    .flatten();
+                Box::pin(async move {
+                    let decided = match now {
+                        Some(result) => shared.decided(result, None),
+                        None => {
+                            let (result, reservation) = shared.decide(&plan, span).await;
+                            shared.decided(result, reservation)
+                        }
+                    };
+                    match decided {
+                        Err(resp) => Ok(resp.map(Either::Right)),
+                        Ok(allowed) => {
+                            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                            // (An inner error drops the reservation: estimates stand, holds go.)
+                            let resp = inner.call(req).await?;
+                            Ok(allowed.respond(resp))
+                        }
                     }
-                }
-            }),
+                })
+            }
         }
     }
 }
@@ -131,27 +144,72 @@ impl<S> RateLimit<S> {
     fn decide_with<B>(&self, req: Request<B>, given: Option<&TrustedPeer>) -> DecideFuture {
         let shared = self.shared.clone();
         match self.shared.prepare(&req, given) {
-            Prepared::Answer(resp) => Box::pin(std::future::ready(Decided::Answered(resp))),
-            Prepared::Unmatched => Box::pin(std::future::ready(Decided::Unmatched)),
+            Prepared::Answer(resp) => DecideFuture::ready(Decided::Answered(resp)),
+            Prepared::Unmatched => DecideFuture::ready(Decided::Unmatched),
             Prepared::Unverified(u, span) => {
                 drop(req);
-                Box::pin(async move { Decided::Answered(shared.unverified(u, span).await) })
+                DecideFuture::waiting(
+                    async move { Decided::Answered(shared.unverified(u, span).await) },
+                )
             }
             Prepared::Plan(plan, span) => {
                 drop(req);
-                Box::pin(async move {
-                    match shared.decide(&plan, span).await {
-                        Ok(allowed) => Decided::Allowed(allowed),
-                        Err(resp) => Decided::Answered(resp),
+                // On the in-process store the decision is made here: no future to box.
+                if !Shared::reserves(&plan) {
+                    if let Some(result) = shared.check_now(&plan, &span) {
+                        return DecideFuture::ready(into_decided(shared.decided(result, None)));
                     }
+                }
+                DecideFuture::waiting(async move {
+                    let (result, reservation) = shared.decide(&plan, span).await;
+                    into_decided(shared.decided(result, reservation))
                 })
             }
         }
     }
 }
 
-/// The future of [`RateLimit::decide`].
-pub type DecideFuture = Pin<Box<dyn Future<Output = Decided> + Send>>;
+/// [`Shared::decided`] as [`RateLimit::decide`] tells it.
+fn into_decided(decided: Result<Allowed, Box<Response<Full<Bytes>>>>) -> Decided {
+    match decided {
+        Ok(allowed) => Decided::Allowed(allowed),
+        Err(resp) => Decided::Answered(*resp),
+    }
+}
+
+/// The future of [`RateLimit::decide`]: ready at once where the decision waited for nothing
+/// (the in-process store, a request refused or matched by no policy), else a boxed future.
+pub struct DecideFuture(Decide);
+
+enum Decide {
+    Ready(Option<Decided>),
+    Waiting(Pin<Box<dyn Future<Output = Decided> + Send>>),
+}
+
+impl DecideFuture {
+    fn ready(decided: Decided) -> Self {
+        Self(Decide::Ready(Some(decided)))
+    }
+
+    fn waiting(decide: impl Future<Output = Decided> + Send + 'static) -> Self {
+        Self(Decide::Waiting(Box::pin(decide)))
+    }
+}
+
+impl Future for DecideFuture {
+    type Output = Decided;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Decided> {
+        match &mut self.get_mut().0 {
+            Decide::Waiting(decide) => decide.as_mut().poll(cx),
+            Decide::Ready(decided) => match decided.take() {
+                Some(d) => std::task::Poll::Ready(d),
+                // Polled again after it answered: a caller's bug, never an answer twice.
+                None => std::task::Poll::Pending,
+            },
+        }
+    }
+}
 
 /// What [`RateLimit::decide`] found.
 pub enum Decided {
@@ -257,23 +315,32 @@ impl Shared {
     /// Decides `plan` (reserving when a policy settles or holds): allowed, or the layer's
     /// own answer (429, 503).
     async fn decide(
-        self: Arc<Self>,
+        &self,
         plan: &Plan,
         span: tracing::Span,
-    ) -> Result<Allowed, Response<Full<Bytes>>> {
-        let (result, reservation) = if Shared::reserves(plan) {
+    ) -> (tollgate::LimitResult, Option<tollgate::Reservation>) {
+        if Shared::reserves(plan) {
             self.reserve_in(plan, span).await
         } else {
             (self.check_in(plan, span).await, None)
-        };
+        }
+    }
+
+    /// What a decision makes of the request: allowed, or its 429 or 503 (boxed: an answer
+    /// is large, and only a refused request pays for the box).
+    fn decided(
+        self: Arc<Self>,
+        result: tollgate::LimitResult,
+        reservation: Option<tollgate::Reservation>,
+    ) -> Result<Allowed, Box<Response<Full<Bytes>>>> {
         match result.action {
             Action::Allow => Ok(Allowed {
                 result,
                 reservation,
                 shared: self,
             }),
-            Action::Limit { retry_after } => Err(too_many_requests(&result, retry_after)),
-            Action::Unavailable { retry_after } => Err(unavailable(&result, retry_after)),
+            Action::Limit { retry_after } => Err(Box::new(too_many_requests(&result, retry_after))),
+            Action::Unavailable { retry_after } => Err(Box::new(unavailable(&result, retry_after))),
         }
     }
 }

@@ -243,6 +243,14 @@ impl Shared {
         self.check_in(plan, Self::span(headers)).await
     }
 
+    /// [`Shared::check_in`] answered at once where it waits for nothing (see
+    /// `Limiter::check_now`); `None` where it would wait.
+    pub(crate) fn check_now(&self, plan: &Plan, span: &tracing::Span) -> Option<LimitResult> {
+        let result = span.in_scope(|| self.limiter.check_now(plan))?;
+        tollgate::trace::record_decision(span, plan, &result);
+        Some(result)
+    }
+
     /// [`Shared::check`] inside `span`.
     pub(crate) async fn check_in(&self, plan: &Plan, span: tracing::Span) -> LimitResult {
         let result = self.limiter.check(plan).instrument(span.clone()).await;

@@ -115,6 +115,19 @@ use tollgate_memory::MemoryStore;
 /// spills to the heap).
 type Few<T> = smallvec::SmallVec<[T; 4]>;
 
+/// The store checks of a plan's items, in their order.
+fn checks_of<'p>(items: &[(&ClientKey, &'p Policy)]) -> Few<Check<'p>> {
+    items
+        .iter()
+        .map(|(client, p)| Check {
+            client: **client,
+            rule: p.rule(),
+            cost: p.cost(),
+            mode: p.mode(),
+        })
+        .collect()
+}
+
 /// Errors building a limiter or a policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -381,6 +394,24 @@ impl Limiter {
         self.check_inner(plan, false).await.0
     }
 
+    /// [`Limiter::check`] answered at once where it waits for nothing: on the in-process
+    /// store with no leased policy (every plan of a limiter on the embedded store), the same
+    /// decision, outcomes and metrics, with no future to build, box and poll. `None` where
+    /// the decision needs a store call that waits: then call [`Limiter::check`].
+    pub fn check_now(&self, plan: &Plan) -> Option<LimitResult> {
+        let store = self.inner.store.memory()?;
+        if plan
+            .iter()
+            .any(|(_, p)| p.mode() == Mode::Enforce && self.leases(p))
+        {
+            return None;
+        }
+        let items: Few<(&ClientKey, &Policy)> = plan.iter().collect();
+        let mut results = Vec::with_capacity(items.len());
+        let action = self.decide_in_process(store, &items, self.inner.clock.now(), &mut results);
+        Some(LimitResult { action, results })
+    }
+
     /// [`Limiter::check`], with the store's instant of each plan item's decision (for
     /// [`Limiter::reserve`]; `now` where the store gives none).
     /// Each result's client and instant, in the order of the results.
@@ -393,6 +424,11 @@ impl Limiter {
         plan: &Plan,
         timed: bool,
     ) -> (LimitResult, Vec<(ClientKey, Micros)>) {
+        if !timed {
+            if let Some(result) = self.check_now(plan) {
+                return (result, Vec::new());
+            }
+        }
         let now = self.inner.clock.now();
         // A denial holds nothing: no instants needed.
         let untimed = |r: LimitResult| (r, Vec::new());
@@ -584,15 +620,7 @@ impl Limiter {
         let Some((first, _)) = items.first() else {
             return (Action::Allow, Vec::new());
         };
-        let checks: Few<Check<'_>> = items
-            .iter()
-            .map(|(client, p)| Check {
-                client: **client,
-                rule: p.rule(),
-                cost: p.cost(),
-                mode: p.mode(),
-            })
-            .collect();
+        let checks = checks_of(items);
         match self.call_store(first, &checks, now, timed).await {
             Ok((verdict, at)) => (
                 self.apply_verdict(items, &checks, verdict, now, results),
@@ -603,6 +631,25 @@ impl Limiter {
                 Vec::new(),
             ),
         }
+    }
+
+    /// [`Limiter::decide`] on the in-process store, which answers at once (an untimed
+    /// call: the same store call, traced the same way).
+    fn decide_in_process(
+        &self,
+        store: &MemoryStore,
+        items: &[(&ClientKey, &Policy)],
+        now: Micros,
+        results: &mut Vec<PolicyResult>,
+    ) -> Action {
+        if items.is_empty() {
+            return Action::Allow;
+        }
+        let checks = checks_of(items);
+        let started = trace::store_call_started();
+        let verdict = store.check(&checks, now);
+        trace::record_store_call(started, checks.len());
+        self.apply_verdict(items, &checks, verdict, now, results)
     }
 
     /// One store call behind the breaker and the timeout. On failure, returns how long until
