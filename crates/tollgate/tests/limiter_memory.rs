@@ -338,3 +338,60 @@ async fn header_values_as_bytes_are_the_strings_byte_for_byte() {
     let value = ratelimit(&l.check(&plan).await).expect("a value");
     assert!(value.starts_with("\"we\\\"ird\\\\ n?\";r=6;t="), "{value}");
 }
+
+#[tokio::test]
+async fn check_now_decides_as_check_does_on_the_in_process_store() {
+    // Two limiters fed the same requests, one through `check`, one through `check_now`:
+    // every answer, outcome and remaining count is the same, and so are the metrics.
+    let clock = ManualClock::new(T0);
+    let (a, b) = (limiter(&clock), limiter(&clock));
+    let mut dry = spec("dry", Algorithm::TokenBucket, 3, Duration::from_secs(60));
+    dry.shadow = true;
+    let (a_dry, b_dry) = (
+        a.policy(dry.clone()).expect("policy"),
+        b.policy(dry).expect("policy"),
+    );
+    let a_api = policy(&a, "api", Algorithm::Gcra, 5, 60);
+    let b_api = policy(&b, "api", Algorithm::Gcra, 5, 60);
+    let mut denied = 0;
+    for i in 0..12u8 {
+        let c = i % 2;
+        let via_check = a
+            .check(&tollgate::Plan::for_client(client(c), [&a_api, &a_dry]))
+            .await;
+        let now = b
+            .check_now(&tollgate::Plan::for_client(client(c), [&b_api, &b_dry]))
+            .expect("the in-process store answers at once");
+        assert_eq!(via_check.action, now.action, "request {i}");
+        let outcomes = |r: &tollgate::LimitResult| -> Vec<(Outcome, Option<u64>)> {
+            r.results
+                .iter()
+                .map(|p| (p.outcome, p.decision.map(|d| d.remaining)))
+                .collect()
+        };
+        assert_eq!(outcomes(&via_check), outcomes(&now), "request {i}");
+        denied += usize::from(now.action != Action::Allow);
+        clock.advance(Duration::from_secs(1));
+    }
+    // Each client had 6 requests against 5 (plus the seconds' drip): some were denied.
+    assert!(denied > 0);
+    let metrics = |l: &Limiter| {
+        let mut s = String::new();
+        l.render_metrics(&mut s);
+        s
+    };
+    assert_eq!(metrics(&a), metrics(&b));
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn check_now_does_not_answer_for_a_remote_store() {
+    // A remote store waits for its answer: no answer now, and no call is made (nothing
+    // listens on port 1, and nothing here awaits).
+    let redis = tollgate::store::RedisConfig::standalone("redis://127.0.0.1:1");
+    let remote = Limiter::new(LimiterConfig::new(tollgate::Backend::Redis(redis)));
+    let p = policy(&remote, "api", Algorithm::Gcra, 5, 60);
+    assert!(remote
+        .check_now(&tollgate::Plan::for_client(client(1), [&p]))
+        .is_none());
+}
