@@ -584,50 +584,41 @@ impl RedisStore {
         integer_reply: bool,
         coalesce: bool,
     ) -> Result<Reply, RedisStoreError> {
-        let rules = checks.iter().map(|c| RuleShape {
-            limit: *c.rule.limit(),
-            mode: c.mode,
-        });
-        let limits = || checks.iter().map(|c| c.rule.limit().quota().limit());
         // Boxed at once: a shape is several hundred bytes, and it lives across the script
         // lookup's await and then in the job, so inline it would be copied with the future
         // and the job each time they move (a plan's future moves several times a request).
-        let shape = Shape::new(rules, integer_reply).map(Box::new);
+        let shape = Shape::new(rule_shapes(checks), integer_reply).map(Box::new);
         let script = match &shape {
             Some(shape) => self.loaded(shape.form()).await?,
             None => None,
         };
         if let (Some(s), Some(shape)) = (script, shape) {
-            let reply_base = shape.reply_base();
-            let job = self.plan_job(checks, now, shape, s);
-            // Only the plans of one slot (`check`) coalesce; the calls of a plan across
-            // slots (packed replies) go one by one.
-            let reply = if self.max_batch > 1 && coalesce {
-                let deadline = tokio::time::Instant::now() + self.call_timeout();
-                self.submit(&self.lane_of(&checks[0].client), Job::Plan(job), deadline)
-                    .await?
-            } else {
-                // Boxed, like a lane's call (see `submit`).
-                Box::pin(self.run_job(&job)).await?
-            };
-            return parse_reply(&reply, limits(), reply_base);
+            let deadline = tokio::time::Instant::now() + self.call_timeout();
+            return self
+                .send_plan(checks, now, shape, s, coalesce, deadline)
+                .await;
         }
         let reply = Box::pin(self.run_script(generic_script(), |cmd| {
             self.push_generic_args(cmd, checks, now)
         }))
         .await?;
-        parse_reply(&reply, limits(), 0)
+        parse_reply(&reply, limits_of(checks), 0)
     }
 
-    /// A plan's job for its shape's script.
-    fn plan_job(
+    /// A plan whose shape has a script of its own, loaded: on its lane when it coalesces
+    /// (only the plans of one slot do; the calls of a plan across slots go one by one),
+    /// bounded there by `deadline`, else alone.
+    async fn send_plan(
         &self,
         checks: &[Check<'_>],
         now: Micros,
         shape: Box<Shape>,
         script: Arc<Script>,
-    ) -> PlanJob {
-        PlanJob {
+        coalesce: bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<Reply, RedisStoreError> {
+        let reply_base = shape.reply_base();
+        let job = PlanJob {
             keys: checks
                 .iter()
                 .map(|c| self.key(&c.client, c.rule.name()))
@@ -636,7 +627,16 @@ impl RedisStore {
             now,
             shape,
             script,
-        }
+        };
+        let reply = match checks.first().filter(|_| self.max_batch > 1 && coalesce) {
+            Some(first) => {
+                self.submit(&self.lane_of(&first.client), Job::Plan(job), deadline)
+                    .await?
+            }
+            // Boxed, like a lane's call (see `submit`).
+            None => Box::pin(self.run_job(&job)).await?,
+        };
+        parse_reply(&reply, limits_of(checks), reply_base)
     }
 
     /// The lane of a plan (its first client's), asking for the Cluster's node table when a
@@ -664,21 +664,13 @@ impl RedisStore {
         let timeout = self.call_timeout();
         let deadline = tokio::time::Instant::now() + timeout;
         let own_lanes = self.max_batch > 1 && !matches!(self.lane_conn, LaneConn::Shared);
-        let first = checks.first().map(|c| c.client);
-        if let Some(first) = first.filter(|_| own_lanes && twice(checks).is_none()) {
-            let rules = checks.iter().map(|c| RuleShape {
-                limit: *c.rule.limit(),
-                mode: c.mode,
-            });
-            if let Some(shape) = Shape::new(rules, true).map(Box::new) {
+        if own_lanes && !checks.is_empty() && twice(checks).is_none() {
+            // Its script loaded already: nothing to wait for before the lane.
+            if let Some(shape) = Shape::new(rule_shapes(checks), true).map(Box::new) {
                 if let Some(script) = self.ready_script(&shape.form()) {
-                    let reply_base = shape.reply_base();
-                    let job = self.plan_job(checks, now, shape, script);
                     let reply = self
-                        .submit(&self.lane_of(&first), Job::Plan(job), deadline)
+                        .send_plan(checks, now, shape, script, true, deadline)
                         .await?;
-                    let limits = checks.iter().map(|c| c.rule.limit().quota().limit());
-                    let reply = parse_reply(&reply, limits, reply_base)?;
                     return Ok(verdict(checks, reply.decisions));
                 }
             }
@@ -1675,6 +1667,19 @@ fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<(usize, usize, String
 }
 
 /// Drains `lane`: one batch per call until the queue is empty (which marks the lane idle).
+/// The shapes of a plan's rules, in plan order.
+fn rule_shapes<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = RuleShape> + 'a {
+    checks.iter().map(|c| RuleShape {
+        limit: *c.rule.limit(),
+        mode: c.mode,
+    })
+}
+
+/// The limits of a plan's rules, in plan order (what its reply is read against).
+fn limits_of<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = u64> + 'a {
+    checks.iter().map(|c| c.rule.limit().quota().limit())
+}
+
 async fn drain(store: RedisStore, lane: Arc<Lane>) {
     loop {
         let (batch, shapes) = lane.take(store.max_batch(), store.call_timeout());

@@ -95,11 +95,11 @@ where
             }
             Prepared::Plan(plan, span) => {
                 // On the in-process store the decision is made here, not in the future.
-                let now = (!Shared::reserves(&plan))
+                let decided_now = (!Shared::reserves(&plan))
                     .then(|| shared.check_now(&plan, &span))
                     .flatten();
                 Box::pin(async move {
-                    let decided = match now {
+                    let decided = match decided_now {
                         Some(result) => shared.decided(result, None),
                         None => {
                             let (result, reservation) = shared.decide(&plan, span).await;
