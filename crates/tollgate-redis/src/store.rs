@@ -593,10 +593,19 @@ impl RedisStore {
             None => None,
         };
         if let (Some(s), Some(shape)) = (script, shape) {
-            let deadline = tokio::time::Instant::now() + self.call_timeout();
-            return self
-                .send_plan(checks, now, shape, s, coalesce, deadline)
-                .await;
+            let reply_base = shape.reply_base();
+            let job = self.plan_job(checks, now, shape, s);
+            // Only the plans of one slot (`check`) coalesce; the calls of a plan across
+            // slots (packed replies) go one by one.
+            let reply = if self.max_batch > 1 && coalesce {
+                let deadline = tokio::time::Instant::now() + self.call_timeout();
+                self.submit(&self.lane_of(&checks[0].client), Job::Plan(job), deadline)
+                    .await?
+            } else {
+                // Boxed, like a lane's call (see `submit`).
+                Box::pin(self.run_job(&job)).await?
+            };
+            return parse_reply(&reply, limits_of(checks), reply_base);
         }
         let reply = Box::pin(self.run_script(generic_script(), |cmd| {
             self.push_generic_args(cmd, checks, now)
@@ -605,20 +614,15 @@ impl RedisStore {
         parse_reply(&reply, limits_of(checks), 0)
     }
 
-    /// A plan whose shape has a script of its own, loaded: on its lane when it coalesces
-    /// (only the plans of one slot do; the calls of a plan across slots go one by one),
-    /// bounded there by `deadline`, else alone.
-    async fn send_plan(
+    /// A plan's job for its shape's own script.
+    fn plan_job(
         &self,
         checks: &[Check<'_>],
         now: Micros,
         shape: Box<Shape>,
         script: Arc<Script>,
-        coalesce: bool,
-        deadline: tokio::time::Instant,
-    ) -> Result<Reply, RedisStoreError> {
-        let reply_base = shape.reply_base();
-        let job = PlanJob {
+    ) -> PlanJob {
+        PlanJob {
             keys: checks
                 .iter()
                 .map(|c| self.key(&c.client, c.rule.name()))
@@ -627,16 +631,7 @@ impl RedisStore {
             now,
             shape,
             script,
-        };
-        let reply = match checks.first().filter(|_| self.max_batch > 1 && coalesce) {
-            Some(first) => {
-                self.submit(&self.lane_of(&first.client), Job::Plan(job), deadline)
-                    .await?
-            }
-            // Boxed, like a lane's call (see `submit`).
-            None => Box::pin(self.run_job(&job)).await?,
-        };
-        parse_reply(&reply, limits_of(checks), reply_base)
+        }
     }
 
     /// The lane of a plan (its first client's), asking for the Cluster's node table when a
@@ -664,13 +659,19 @@ impl RedisStore {
         let timeout = self.call_timeout();
         let deadline = tokio::time::Instant::now() + timeout;
         let own_lanes = self.max_batch > 1 && !matches!(self.lane_conn, LaneConn::Shared);
-        if own_lanes && !checks.is_empty() && twice(checks).is_none() {
-            // Its script loaded already: nothing to wait for before the lane.
+        let first = checks
+            .first()
+            .filter(|_| own_lanes && twice(checks).is_none());
+        if let Some(first) = first {
+            // Its script loaded already: nothing to wait for before the lane (`run_plan`'s
+            // coalescing path, with the deadline set here).
             if let Some(shape) = Shape::new(rule_shapes(checks), true).map(Box::new) {
                 if let Some(script) = self.ready_script(&shape.form()) {
-                    let reply = self
-                        .send_plan(checks, now, shape, script, true, deadline)
-                        .await?;
+                    let reply_base = shape.reply_base();
+                    let job = self.plan_job(checks, now, shape, script);
+                    let lane = self.lane_of(&first.client);
+                    let reply = self.submit(&lane, Job::Plan(job), deadline).await?;
+                    let reply = parse_reply(&reply, limits_of(checks), reply_base)?;
                     return Ok(verdict(checks, reply.decisions));
                 }
             }
