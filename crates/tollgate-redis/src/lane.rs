@@ -8,12 +8,12 @@
 //! script, exactly as with `max_batch = 1`: no hand-off, no added wait. When that call ends
 //! and plans have queued behind it, a task is spawned that drains the queue, one batch per
 //! call, in arrival order, until it finds the queue empty and marks the lane idle again. A
-//! plan whose caller gave up, or whose deadline (`call_timeout` after it was queued) passed,
-//! before its batch left is dropped from the queue, so nothing is charged for it.
+//! plan whose caller gave up, or whose deadline (`call_timeout` after its call began)
+//! passed, before its batch left is dropped from the queue, so nothing is charged for it.
 //!
 //! Failures are per plan: a batch that fails or outlives the earliest deadline of its plans
-//! answers every one of them with that error (each caller then applies its own failure policy), and a plan
-//! whose arguments the script refuses fails alone.
+//! answers every one of them with that error (each caller then applies its own failure
+//! policy), and a plan whose arguments the script refuses fails alone.
 
 use crate::batch_script::MAX_BATCH_FORMS;
 use crate::error::RedisStoreError;
@@ -116,7 +116,7 @@ pub(crate) struct State {
 pub(crate) struct Waiting {
     pub(crate) job: Job,
     pub(crate) reply: oneshot::Sender<Answer>,
-    /// When the plan's caller stops waiting (`call_timeout` after it was queued): a plan
+    /// When the plan's caller stops waiting (`call_timeout` after its call began): a plan
     /// still queued then is answered with a timeout and never sent, and a batch's call is
     /// bounded by the earliest deadline of its plans.
     pub(crate) deadline: tokio::time::Instant,

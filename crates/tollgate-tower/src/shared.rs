@@ -7,7 +7,7 @@ use crate::jwt::{Claims, InvalidToken};
 use crate::path::{normalize_path, normalize_strict_borrowed};
 use crate::route::{RoutedPolicy, TierInput};
 use crate::target::{original_request, single, BadRequest, ForwardAuth, Target};
-use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use std::net::{IpAddr, SocketAddr};
 use tollgate::{ClientKey, IdentityHasher, LimitResult, Limiter, Plan};
 use tracing::Instrument as _;
@@ -80,11 +80,7 @@ impl Shared {
             trusted,
             identity_values,
         } = target;
-        // An identity header's value as `resolve` found it (a lookup saved per identity).
-        let get = |name: &HeaderName| match self.identity_headers.iter().position(|n| n == name) {
-            Some(i) => identity_values.get(i).copied().flatten(),
-            None => headers.get(name),
-        };
+        let get = self.identity_lookup(identity_values, headers);
         let (path, trusted) = (&**path, *trusted);
         let mut keys: Keys<'_> = Keys::new();
         let mut plan = Plan::new();
@@ -166,9 +162,14 @@ impl Shared {
             let key = match keys.iter().find(|k| k.0 == sources) {
                 Some(k) => k.1,
                 None => {
-                    let key =
-                        self.identity
-                            .client_key_with(&self.hasher, sources, peer, headers, None);
+                    let key = self.identity.client_key_by(
+                        &self.hasher,
+                        sources,
+                        peer,
+                        headers,
+                        None,
+                        self.identity_lookup(&target.identity_values, headers),
+                    );
                     keys.push((sources, key));
                     key
                 }
@@ -241,6 +242,20 @@ impl Shared {
     /// (all-or-nothing), inside the decision's span (see `tollgate::trace`).
     pub(crate) async fn check(&self, plan: &Plan, headers: &HeaderMap) -> LimitResult {
         self.check_in(plan, Self::span(headers)).await
+    }
+
+    /// An identity header's value as `resolve` found it checking it for repeats
+    /// (`found`, in the order of `identity_headers`): no second lookup; any other header's
+    /// from `headers`.
+    fn identity_lookup<'r>(
+        &'r self,
+        found: &'r [Option<&'r HeaderValue>],
+        headers: &'r HeaderMap,
+    ) -> impl Fn(&HeaderName) -> Option<&'r HeaderValue> + Copy + 'r {
+        move |name| match self.identity_headers.iter().position(|n| n == name) {
+            Some(i) => found.get(i).copied().flatten(),
+            None => headers.get(name),
+        }
     }
 
     /// [`Shared::check_in`] answered at once where it waits for nothing (see

@@ -395,17 +395,13 @@ impl Limiter {
     }
 
     /// [`Limiter::check`] answered at once where it waits for nothing: on the in-process
-    /// store with no leased policy (every plan of a limiter on the embedded store), the same
+    /// store (which leases nothing: every plan of a limiter on the embedded store), the same
     /// decision, outcomes and metrics, with no future to build, box and poll. `None` where
     /// the decision needs a store call that waits: then call [`Limiter::check`].
     pub fn check_now(&self, plan: &Plan) -> Option<LimitResult> {
         let store = self.inner.store.memory()?;
-        if plan
-            .iter()
-            .any(|(_, p)| p.mode() == Mode::Enforce && self.leases(p))
-        {
-            return None;
-        }
+        // The in-process store leases nothing (`Store::can_lease`): every item is exact.
+        debug_assert!(self.inner.leases.is_none());
         let items: Few<(&ClientKey, &Policy)> = plan.iter().collect();
         let mut results = Vec::with_capacity(items.len());
         let action = self.decide_in_process(store, &items, self.inner.clock.now(), &mut results);

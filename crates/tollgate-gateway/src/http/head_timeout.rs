@@ -158,8 +158,9 @@ impl HeadClock {
             .min(EXPIRED - 1)
     }
 
-    /// One tick: the clock advanced, and every connection waiting past its deadline closed.
-    /// Returns how many were closed.
+    /// One tick: the clock advanced, and every connection waiting past its deadline closed;
+    /// while draining, every connection woken again (a drain that ran while a tick had the
+    /// list out woke none of them). Returns how many were closed.
     fn tick(&self) -> usize {
         let secs = self.epoch.elapsed().as_secs().saturating_add(1);
         self.tick_at(u32::try_from(secs).unwrap_or(EXPIRED - 1).min(EXPIRED - 1))
@@ -170,6 +171,7 @@ impl HeadClock {
         self.now.store(now, Relaxed);
         // Swept outside the lock: connections opening meanwhile are not held up.
         let conns = std::mem::take(&mut *self.lock());
+        let draining = self.draining.load(SeqCst);
         let mut open = Vec::with_capacity(conns.len());
         let mut closed = 0;
         for weak in conns {
@@ -178,6 +180,8 @@ impl HeadClock {
             };
             if watch.expire_if_past(now) {
                 closed += 1;
+            } else if draining {
+                watch.waker.wake();
             }
             open.push(weak);
         }
@@ -697,7 +701,8 @@ mod tests {
         let mut silent = TcpStream::connect(addr).await.expect("connect");
         let mut slow = TcpStream::connect(addr).await.expect("connect");
         slow.write_all(&get("/slow")).await.expect("write");
-        // Every connection is counted (the last one once its request is being served).
+        // Every connection is counted (from its accept); then a moment for the slow request
+        // to be read, so that it is being served when the drain comes.
         let counted = tokio::time::timeout(PATIENCE, async {
             while clock.open.load(SeqCst) < 3 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -736,6 +741,38 @@ mod tests {
             "the idle connection closed at {idle_at:?}"
         );
         assert_eq!(clock.open.load(SeqCst), 0);
+    }
+
+    /// A waker that counts its wakes.
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_drain_that_misses_a_connection_mid_sweep_wakes_it_at_the_next_tick() {
+        let clock = HeadClock::start(Duration::from_secs(600));
+        let watch = clock.watch();
+        let wakes = Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
+        watch
+            .waker
+            .register(&std::task::Waker::from(Arc::clone(&wakes)));
+        // The drain comes while a tick has the list out (as on another worker thread).
+        let taken = std::mem::take(&mut *clock.lock());
+        clock.drain();
+        assert_eq!(wakes.0.load(SeqCst), 0, "the drain saw no connection");
+        clock.lock().extend(taken);
+        // The next tick wakes it; it is not expired (it waited no time at all).
+        watch
+            .waker
+            .register(&std::task::Waker::from(Arc::clone(&wakes)));
+        assert_eq!(clock.tick_at(2), 0);
+        assert_eq!(wakes.0.load(SeqCst), 1);
+        assert!(!watch.expired());
+        assert!(watch.draining());
     }
 
     #[tokio::test]
