@@ -316,6 +316,45 @@ async fn sigterm_lets_in_flight_requests_finish() {
     assert!(status.success(), "{status}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_connections_that_sent_nothing_yet_without_waiting_for_them() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Decision mode on the embedded store: nothing is in flight.
+    let mut gw = Gateway::start("", API_POLICY);
+    // Connections a load balancer opens ahead of need: silent, and one with half an HTTP/2
+    // preface (the opening waits for the rest).
+    let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    let mut partial = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    partial.write_all(b"PRI * HT").await.expect("write");
+    // Answered on a third connection: the two before it were accepted.
+    let answer = raw(
+        gw.port,
+        b"GET /api HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let started = std::time::Instant::now();
+    gw.terminate();
+    // Well before the opening's own wait (the header read timeout, 10 s) could end.
+    let status = gw
+        .wait_exit(Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("still running 5 s after SIGTERM: {}", gw.log_text()));
+    assert!(status.success(), "{status}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    for s in [&mut silent, &mut partial] {
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "closed without an answer: {read:?}"
+        );
+    }
+}
+
 fn check_config(text: &str) -> (i32, String) {
     let path = support::scratch("check.toml");
     std::fs::write(&path, text).expect("write config");

@@ -236,6 +236,24 @@ impl HeadWatch {
         self.clock.draining.load(Relaxed)
     }
 
+    /// Resolves once the listener drains: for a connection that has not begun to be read
+    /// (its opening), whose task [`HeadClock::drain`] (or a tick while draining) wakes through
+    /// the same waker as a read.
+    pub(crate) fn drain_begun(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            if self.draining() {
+                return Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            // Told between the first look and the registration: the wake went to nobody.
+            if self.draining() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+
     /// Marks the connection expired and wakes it when it has waited past `now`; whether it
     /// did.
     fn expire_if_past(&self, now: u32) -> bool {

@@ -148,7 +148,14 @@ where
         }
     });
     Box::pin(async move {
-        match opening(&stream).await {
+        // A drain closes a connection still in its opening at once, as an idle one: the
+        // opening's own wait (up to the header read timeout) would hold shutdown up.
+        let opened = tokio::select! {
+            biased;
+            o = opening(&stream) => o,
+            () = watch.drain_begun() => Opening::Silent,
+        };
+        match opened {
             Opening::Http1 => {}
             Opening::Http2 => {
                 conn_metrics.response(505);
