@@ -32,6 +32,15 @@ impl<B> Settling<B> {
             pending: None,
         }
     }
+
+    /// The same body, settling the same reservation, with its inner body changed by `f`
+    /// (boxed, say).
+    pub fn map<C>(self, f: impl FnOnce(B) -> C) -> Settling<C> {
+        Settling {
+            inner: f(self.inner),
+            pending: self.pending,
+        }
+    }
 }
 
 impl<B: Body> Settling<B> {

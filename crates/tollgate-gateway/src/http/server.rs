@@ -9,7 +9,7 @@ use crate::http::conn_limit::ConnLimits;
 use crate::http::head_timeout::{until_drained, HeadClock, HeadWatch, WaitAfter, Watched};
 use crate::http::metrics::HttpMetrics;
 use crate::http::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
-use crate::http::util::BoxBody;
+use crate::http::util::{BoxBody, ConnBody};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
@@ -140,7 +140,7 @@ where
         };
         async move {
             let resp = match answer {
-                Either::Left(resp) => resp,
+                Either::Left(resp) => resp.map(ConnBody::Boxed),
                 Either::Right(call) => call.await?.map(unify),
             };
             metrics.response(resp.status().as_u16());
@@ -178,15 +178,15 @@ where
     })
 }
 
-/// One body type for the connection: the layer's own bodies are boxed like upstream ones.
-fn unify(body: tollgate_tower::RateLimitBody<BoxBody>) -> BoxBody {
+/// One body type for the connection: the layer's own bodies as they are, others boxed.
+fn unify(body: tollgate_tower::RateLimitBody<BoxBody>) -> ConnBody {
     match body {
         // Boxed again only when it settles a reservation at its end (costs known later).
-        Either::Left(b) => match b.into_plain() {
+        Either::Left(b) => ConnBody::Boxed(match b.into_plain() {
             Ok(plain) => plain,
             Err(settling) => settling.boxed(),
-        },
-        Either::Right(full) => full.map_err(|never| match never {}).boxed(),
+        }),
+        Either::Right(full) => ConnBody::Own(full),
     }
 }
 

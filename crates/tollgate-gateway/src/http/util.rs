@@ -21,6 +21,17 @@ pub fn status_response(status: StatusCode, text: &'static str) -> Response<BoxBo
     typed_response(status, TEXT_PLAIN.clone(), text.into())
 }
 
+/// [`status_response`], its body not boxed.
+pub(crate) fn status_response_full(
+    status: StatusCode,
+    text: &'static str,
+) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN.clone());
+    resp
+}
+
 /// An error answer: `problem` as `application/problem+json`.
 pub fn problem_response(problem: Problem) -> Response<BoxBody> {
     problem
@@ -54,6 +65,47 @@ fn typed_response(
 
 /// What the rate-limited service answers.
 pub(crate) type Answer = Response<tollgate_tower::RateLimitBody<BoxBody>>;
+
+/// The body of a gateway connection's answer: the gateway's own, whole (decision mode's 200,
+/// a 429 or another refusal), or any other, boxed (an upstream's, one that settles a
+/// reservation at its end). The gateway's own are not boxed: decision mode answers every
+/// request with one, and a box is an allocation, a free and a dynamic call per poll.
+pub(crate) enum ConnBody {
+    Own(Full<Bytes>),
+    Boxed(BoxBody),
+}
+
+impl http_body::Body for ConnBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        // Both are `Unpin`.
+        match self.get_mut() {
+            ConnBody::Own(full) => std::pin::Pin::new(full)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            ConnBody::Boxed(body) => std::pin::Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ConnBody::Own(full) => full.is_end_stream(),
+            ConnBody::Boxed(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            ConnBody::Own(full) => full.size_hint(),
+            ConnBody::Boxed(body) => body.size_hint(),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -14,13 +14,13 @@ mod pool;
 use crate::config::Upstream;
 use crate::http::client_body::{BodyFault, ClientBody};
 use crate::http::metrics::{HttpMetrics, UpstreamError};
-use crate::http::util::{problem_response, status_response, BoxBody};
+use crate::http::util::{problem_response, status_response_full, BoxBody};
 use bytes::Bytes;
 use headers::{add_forwarding, drop_forwarding, strip_hop_by_hop};
 use http::header::{HeaderValue, HOST};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
-use http_body_util::{BodyExt, Either};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use pool::{Failure, Pool};
 use std::convert::Infallible;
@@ -30,7 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tollgate_tower::{Problem, ProblemKind, Settling, Trust};
+use tollgate_tower::{Problem, ProblemKind, Trust};
 use tower_service::Service;
 
 pub use pool::{IDLE_TIMEOUT, MAX_IDLE_PER_WORKER};
@@ -234,15 +234,25 @@ pub enum Target {
 pub(crate) fn decision_answer(decided: tollgate_tower::Decided) -> crate::http::util::Answer {
     use tollgate_tower::Decided;
     match decided {
-        Decided::Unmatched => decision_ok().map(|b| Either::Left(Settling::plain(b))),
-        Decided::Allowed(allowed) => allowed.respond(decision_ok()),
+        Decided::Unmatched => decision_ok().map(Either::Right),
+        // The body is the gateway's own (not boxed) unless it settles a reservation at its
+        // end (an empty body settles at once: see `Settling`).
+        Decided::Allowed(allowed) => allowed.respond(decision_ok()).map(|body| match body {
+            Either::Left(settling) => match settling.into_plain() {
+                Ok(full) => Either::Right(full),
+                Err(settling) => {
+                    Either::Left(settling.map(|full| full.map_err(|never| match never {}).boxed()))
+                }
+            },
+            Either::Right(full) => Either::Right(full),
+        }),
         Decided::Answered(resp) => resp.map(Either::Right),
     }
 }
 
 /// The 200 decision mode answers an allowed request with.
-fn decision_ok() -> Response<BoxBody> {
-    status_response(http::StatusCode::OK, "")
+fn decision_ok() -> Response<Full<Bytes>> {
+    status_response_full(http::StatusCode::OK, "")
 }
 
 impl Service<Request<Incoming>> for Target {
@@ -271,7 +281,9 @@ impl Service<Request<Incoming>> for Target {
                     Ok(p.forward(req, peer).await)
                 })
             }
-            Target::Decision => Box::pin(async { Ok(decision_ok()) }),
+            Target::Decision => Box::pin(async {
+                Ok(decision_ok().map(|full| full.map_err(|never| match never {}).boxed()))
+            }),
         }
     }
 }
