@@ -66,6 +66,8 @@ struct Shape {
     descriptors: usize,
     /// `--descriptor` values, one per descriptor; empty: HTTP.
     flags: Vec<String>,
+    /// HTTP: the policies every request matches (each its own rule, counting the client).
+    policies: usize,
 }
 
 fn shapes() -> Vec<Shape> {
@@ -75,23 +77,42 @@ fn shapes() -> Vec<Shape> {
             name: "HTTP decision mode",
             descriptors: 0,
             flags: Vec::new(),
+            policies: 1,
         },
         Shape {
             name: "RLS simple",
             descriptors: 1,
             flags: vec!["client={client}".into()],
+            policies: 1,
         },
         Shape {
             name: "RLS nested wildcard",
             descriptors: 1,
             flags: vec!["tenant=acme,path=/api/v1/items/42,client={client}".into()],
+            policies: 1,
         },
         Shape {
             name: "RLS 10 descriptors",
             descriptors: 10,
             flags: ten,
+            policies: 10,
+        },
+        Shape {
+            name: "HTTP decision mode, 10 policies",
+            descriptors: 0,
+            flags: Vec::new(),
+            policies: 10,
         },
     ]
+}
+
+/// The HTTP shape that does the work of `shapes()[s]` (as many rules, one plan): the one
+/// with as many policies as it has descriptors (or policies).
+fn http_twin(shapes: &[Shape], s: usize) -> Option<usize> {
+    let want = shapes[s].policies;
+    shapes
+        .iter()
+        .position(|t| t.descriptors == 0 && t.policies == want)
 }
 
 /// The YAML with the ten descriptors' rules appended (`d0` to `d9`, each its own rule).
@@ -106,15 +127,27 @@ fn yaml() -> String {
     y
 }
 
-/// The config of one gateway: decision mode and the RLS on one Redis, one limiter.
-fn config(ports: Ports, redis: u16, yaml: &Path) -> String {
+/// The config of one gateway: decision mode and the RLS on one Redis, one limiter; the HTTP
+/// side with `policies` policies, each matching every request.
+fn config(ports: Ports, redis: u16, yaml: &Path, policies: usize) -> String {
+    let mut policy = String::new();
+    for p in 0..policies.max(1) {
+        let name = if p == 0 {
+            "api".to_owned()
+        } else {
+            format!("api{p}")
+        };
+        policy.push_str(&format!(
+            "[[policy]]\nname = \"{name}\"\nalgorithm = \"token_bucket\"\nlimit = 1000000000\n\
+             period = \"1h\"\n"
+        ));
+    }
     format!(
         "[server]\nlisten = \"127.0.0.1:{}\"\nadmin_listen = \"127.0.0.1:{}\"\n\
          [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{redis}\"\ntimeout = \"1s\"\n\
          on_failure = \"closed\"\n\
          [identity]\nsources = [\"header:x-api-key\"]\nsecret = \"bench\"\n\
-         [[policy]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 1000000000\n\
-         period = \"1h\"\n[rls]\nlisten = \"127.0.0.1:{}\"\nconfig = \"{}\"\n",
+         {policy}[rls]\nlisten = \"127.0.0.1:{}\"\nconfig = \"{}\"\n",
         ports.http,
         ports.admin,
         ports.rls,
@@ -228,7 +261,11 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
          trailing, so the file means the same to a prefix matcher and to a wildcard-anywhere \
          one); *10 descriptors*: `d0=<key>` .. `d9=<key>`, each its own rule, one plan (ten \
          rules are more than the eight a generated script holds, so this plan takes the \
-         generic script, which the Redis CPU column shows). A \
+         generic script, which the Redis CPU column shows); *HTTP decision mode, 10 policies*: \
+         the same GET matched by ten policies (each its own rule counting the client), the \
+         HTTP front end doing what *10 descriptors* does: ten rules in one plan, one store \
+         call (*vs HTTP with as many rules* divides each shape by the HTTP shape of as many \
+         rules). A \
          decision is one answer (one request, whatever its descriptors). CPU per decision: the \
          gateway's utime + stime over the run / decisions; Redis CPU likewise for redis-server; \
          store calls: EVAL/EVALSHA per decision. min / median / max of {} repetition(s), the \
@@ -274,6 +311,7 @@ fn main_table(
         "decisions/s",
         "gateway CPU µs per decision",
         "vs HTTP decision mode (CPU)",
+        "vs HTTP with as many rules (CPU)",
         "Redis CPU µs per decision",
         "store calls per decision",
         "p99 ms",
@@ -289,6 +327,14 @@ fn main_table(
             } else {
                 spread(&ratios(&r.cpu_us, &http.cpu_us), Digits::Fixed(2))
             };
+            let vs_twin = match http_twin(shapes, s) {
+                Some(t) if t == s => "1".to_owned(),
+                Some(t) => {
+                    let twin = runs.get(&(t, b)).unwrap_or(&empty);
+                    spread(&ratios(&r.cpu_us, &twin.cpu_us), Digits::Fixed(2))
+                }
+                None => "-".to_owned(),
+            };
             t.row(&[
                 shape.name.to_owned(),
                 (*label).to_owned(),
@@ -300,6 +346,7 @@ fn main_table(
                 spread(&r.per_s, Digits::Fixed(0)),
                 spread(&r.cpu_us, sig),
                 vs_http,
+                vs_twin,
                 spread(&r.redis_us, sig),
                 spread(&r.calls, Digits::Fixed(2)),
                 spread(&r.p99_ms, sig),
@@ -365,7 +412,7 @@ impl Rig<'_> {
             rls: procs::free_port()?,
         };
         let toml = dir.join("gateway.toml");
-        std::fs::write(&toml, config(ports, redis.port(), yaml))
+        std::fs::write(&toml, config(ports, redis.port(), yaml, shape.policies))
             .with_context(|| format!("cannot write {}", toml.display()))?;
         let mut cmd = servers::pinned(bin, Some(GATEWAY_CPU));
         cmd.arg("serve")
@@ -497,10 +544,38 @@ mod tests {
             },
             4,
             Path::new("/x/bench.yaml"),
+            1,
         );
         assert!(c.contains("listen = \"127.0.0.1:1\""));
         assert!(c.contains("[rls]\nlisten = \"127.0.0.1:3\"\nconfig = \"/x/bench.yaml\""));
         assert!(c.contains("url = \"redis://127.0.0.1:4\""));
         assert!(!c.contains("upstream"));
+        assert_eq!(c.matches("[[policy]]").count(), 1);
+    }
+
+    #[test]
+    fn each_shape_is_compared_with_the_http_shape_of_as_many_rules() {
+        let s = shapes();
+        let names: Vec<Option<&str>> = (0..s.len())
+            .map(|i| http_twin(&s, i).map(|t| s[t].name))
+            .collect();
+        assert_eq!(names[0], Some("HTTP decision mode"));
+        assert_eq!(names[1], Some("HTTP decision mode"));
+        assert_eq!(names[2], Some("HTTP decision mode"));
+        assert_eq!(names[3], Some("HTTP decision mode, 10 policies"));
+        assert_eq!(names[4], Some("HTTP decision mode, 10 policies"));
+        let ten = config(
+            Ports {
+                http: 1,
+                admin: 2,
+                rls: 3,
+            },
+            4,
+            Path::new("/x/bench.yaml"),
+            10,
+        );
+        assert_eq!(ten.matches("[[policy]]").count(), 10);
+        assert_eq!(ten.matches("name = \"api").count(), 10);
+        assert!(!ten.contains("match"), "every policy matches every request");
     }
 }
