@@ -234,6 +234,16 @@ impl Allowed {
         &self.result
     }
 
+    /// The decision, when the answer has nothing to settle at its end (no reservation is
+    /// held): the caller writes the `RateLimit` headers itself ([`crate::response`]). Else
+    /// the request back, for [`Allowed::respond`].
+    pub fn into_result(self) -> Result<tollgate::LimitResult, Allowed> {
+        if self.reservation.as_ref().is_some_and(|r| !r.is_empty()) {
+            return Err(self);
+        }
+        Ok(self.result)
+    }
+
     /// `resp` with the `RateLimit` headers, its body settling the request's reservation (if
     /// any) when it ends.
     pub fn respond<B: http_body::Body>(self, mut resp: Response<B>) -> Response<RateLimitBody<B>> {

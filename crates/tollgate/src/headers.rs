@@ -45,12 +45,20 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
 /// as it was written when the policy was built (no allocation, no copy), or the list written
 /// as [`ratelimit_policy`] writes it.
 pub fn ratelimit_policy_value(result: &LimitResult) -> Option<bytes::Bytes> {
+    ratelimit_policy_item(result).or_else(|| ratelimit_policy(result).map(bytes::Bytes::from))
+}
+
+/// The `RateLimit-Policy` value of a result with exactly one enforced policy: that policy's
+/// item, shared as it was written when the policy was built (the same bytes, at the same
+/// address, for every result of that policy and of its [`crate::Policy::with_cost`] copies);
+/// `None` when no policy or several are advertised.
+pub fn ratelimit_policy_item(result: &LimitResult) -> Option<bytes::Bytes> {
     let mut enforced = result.results.iter().filter(|r| !r.policy.is_shadow());
     let first = enforced.next()?;
-    if enforced.next().is_none() {
-        return Some(first.policy.advertised_bytes());
-    }
-    ratelimit_policy(result).map(bytes::Bytes::from)
+    enforced
+        .next()
+        .is_none()
+        .then(|| first.policy.advertised_bytes())
 }
 
 /// `"name";r=` for a policy named `name` (the start of its `RateLimit` value).

@@ -14,7 +14,7 @@ pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 
 /// The content type of [`status_response`], checked once: `HeaderValue::from_static` checks
 /// its text byte by byte each time it runs, and decision mode answers every request with it.
-static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+pub(crate) static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 
 /// A text response with `status`.
 pub fn status_response(status: StatusCode, text: &'static str) -> Response<BoxBody> {

@@ -8,6 +8,7 @@
 //! hanging and never sees a 500.
 
 mod body;
+mod decision_head;
 mod headers;
 mod pool;
 
@@ -235,19 +236,28 @@ pub(crate) fn decision_answer(decided: tollgate_tower::Decided) -> crate::http::
     use tollgate_tower::Decided;
     match decided {
         Decided::Unmatched => decision_ok().map(Either::Right),
-        // The body is the gateway's own (not boxed) unless it settles a reservation at its
-        // end (an empty body settles at once: see `Settling`).
-        Decided::Allowed(allowed) => allowed.respond(decision_ok()).map(|body| match body {
-            Either::Left(settling) => match settling.into_plain() {
-                Ok(full) => Either::Right(full),
-                Err(settling) => {
-                    Either::Left(settling.map(|full| full.map_err(|never| match never {}).boxed()))
-                }
-            },
-            Either::Right(full) => Either::Right(full),
-        }),
+        // Nothing to settle at the answer's end: its head from a template.
+        Decided::Allowed(allowed) => match allowed.into_result() {
+            Ok(result) => decision_head::allowed(&result).map(Either::Right),
+            Err(allowed) => settling_ok(allowed),
+        },
         Decided::Answered(resp) => resp.map(Either::Right),
     }
+}
+
+/// The 200 of a request whose reservation settles at the answer's end. The body is the
+/// gateway's own (not boxed) unless it still settles then (an empty body settles at once:
+/// see `Settling`).
+fn settling_ok(allowed: tollgate_tower::Allowed) -> crate::http::util::Answer {
+    allowed.respond(decision_ok()).map(|body| match body {
+        Either::Left(settling) => match settling.into_plain() {
+            Ok(full) => Either::Right(full),
+            Err(settling) => {
+                Either::Left(settling.map(|full| full.map_err(|never| match never {}).boxed()))
+            }
+        },
+        Either::Right(full) => Either::Right(full),
+    })
 }
 
 /// The 200 decision mode answers an allowed request with.

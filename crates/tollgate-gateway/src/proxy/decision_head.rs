@@ -1,0 +1,223 @@
+//! Decision mode's 200 head, cloned from a template.
+//!
+//! Decision mode answers nearly every request with the same head: `Content-Type`, the one
+//! advertised policy's `RateLimit-Policy` item, and a `RateLimit` value of its own. Written
+//! header by header, that is three inserts into a new map (each name hashed, the map grown on
+//! the first, each value checked byte by byte): about 1,100 instructions a request. A map
+//! cloned from a template that holds the first two and a `RateLimit` placeholder, whose value
+//! is then replaced in place, costs a third of that (callgrind; see docs/benchmarks.md).
+//!
+//! The templates are kept per worker thread, a few per thread, keyed by the address of the
+//! policy's item (the same bytes for every result of one policy, see
+//! `tollgate::headers::ratelimit_policy_item`); a template keeps its item, so the address
+//! cannot be reused by another policy's while it is kept. A policy replaced by a reload
+//! simply stops being asked for; its template goes when another takes its place. An answer
+//! that advertises several policies (or none) is written header by header, as before.
+
+use crate::http::util::{status_response_full, TEXT_PLAIN};
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, Response, StatusCode};
+use http_body_util::Full;
+use std::cell::RefCell;
+use tollgate::LimitResult;
+use tollgate_tower::response::{add_headers, RATELIMIT, RATELIMIT_POLICY};
+
+/// Templates per thread: the policies a gateway's requests advertise are few, and a miss
+/// only costs the inserts it would have cost anyway (plus the template's making).
+const SLOTS: usize = 8;
+
+/// Where `RateLimit` sits in a template (its entries are in insertion order).
+const RATELIMIT_AT: usize = 2;
+
+struct Template {
+    /// The policy's `RateLimit-Policy` item, kept (its address is the key).
+    item: Bytes,
+    head: HeaderMap,
+}
+
+thread_local! {
+    static TEMPLATES: RefCell<[Option<Template>; SLOTS]> =
+        const { RefCell::new([const { None }; SLOTS]) };
+}
+
+/// The 200 decision mode answers an allowed request with, its `RateLimit` headers those of
+/// `result`.
+pub(crate) fn allowed(result: &LimitResult) -> Response<Full<Bytes>> {
+    if let Some(head) = templated(result) {
+        let mut resp = Response::new(Full::new(Bytes::new()));
+        *resp.headers_mut() = head;
+        return resp;
+    }
+    let mut resp = status_response_full(StatusCode::OK, "");
+    add_headers(resp.headers_mut(), result);
+    resp
+}
+
+/// The head of `result`'s 200 from its policy's template; `None` when the answer does not
+/// advertise exactly one policy with a decision.
+fn templated(result: &LimitResult) -> Option<HeaderMap> {
+    let item = tollgate::headers::ratelimit_policy_item(result)?;
+    let value = HeaderValue::from_maybe_shared(tollgate::headers::ratelimit_value(result)?).ok()?;
+    let mut head = TEMPLATES
+        .try_with(|t| {
+            let mut slots = t.try_borrow_mut().ok()?;
+            let slot = &mut slots[(item.as_ptr() as usize >> 4) % SLOTS];
+            match slot {
+                Some(t) if t.item.as_ptr() == item.as_ptr() && t.item.len() == item.len() => {
+                    Some(t.head.clone())
+                }
+                _ => {
+                    let head = template(&item)?;
+                    let copy = head.clone();
+                    *slot = Some(Template { item, head });
+                    Some(copy)
+                }
+            }
+        })
+        .ok()
+        .flatten()?;
+    let (name, at) = head.iter_mut().nth(RATELIMIT_AT)?;
+    // Always so (the template is written below); checked, as it costs one comparison.
+    if name != RATELIMIT {
+        return None;
+    }
+    *at = value;
+    Some(head)
+}
+
+/// A template: `Content-Type`, `RateLimit-Policy: item`, and a `RateLimit` placeholder.
+fn template(item: &Bytes) -> Option<HeaderMap> {
+    let mut head = HeaderMap::with_capacity(RATELIMIT_AT + 1);
+    head.insert(CONTENT_TYPE, TEXT_PLAIN.clone());
+    head.insert(
+        RATELIMIT_POLICY.clone(),
+        HeaderValue::from_maybe_shared(item.clone()).ok()?,
+    );
+    head.insert(RATELIMIT.clone(), HeaderValue::from_static("-"));
+    Some(head)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tollgate::quota::{Algorithm, Limit, Quota};
+    use tollgate::{ClientKey, Limiter, LimiterConfig, Plan, Policy, PolicySpec};
+
+    fn spec(name: &str, limit: u64) -> PolicySpec {
+        let quota = Quota::new(limit, Duration::from_secs(60)).expect("quota");
+        PolicySpec::new(
+            name,
+            Limit::new(Algorithm::TokenBucket, quota).expect("limit"),
+        )
+    }
+
+    fn policy(l: &Limiter, name: &str, limit: u64) -> Policy {
+        l.policy(spec(name, limit)).expect("policy")
+    }
+
+    async fn decide(l: &Limiter, policies: &[&Policy], client: u8) -> LimitResult {
+        l.check(&Plan::for_client(
+            ClientKey([client; 16]),
+            policies.iter().copied(),
+        ))
+        .await
+    }
+
+    /// The head written header by header, as `add_headers` writes it.
+    fn written(result: &LimitResult) -> HeaderMap {
+        let mut resp = status_response_full(StatusCode::OK, "");
+        add_headers(resp.headers_mut(), result);
+        resp.headers().clone()
+    }
+
+    fn same(a: &HeaderMap, b: &HeaderMap) {
+        assert_eq!(a.len(), b.len(), "{a:?} / {b:?}");
+        for (name, value) in a {
+            let theirs: Vec<_> = b.get_all(name).iter().collect();
+            assert_eq!(theirs, vec![value], "{name}: {a:?} / {b:?}");
+        }
+    }
+
+    fn remaining(resp: &Response<Full<Bytes>>) -> String {
+        resp.headers()[&RATELIMIT]
+            .to_str()
+            .expect("ascii")
+            .to_owned()
+    }
+
+    #[tokio::test]
+    async fn the_templated_head_is_the_head_written_header_by_header() {
+        let l = Limiter::new(LimiterConfig::default());
+        let api = policy(&l, "api", 3);
+        let other = policy(&l, "other \"quoted\"", 50);
+        // Each answer, from a template made on the first and reused after, across policies
+        // that may share a slot, says what the inserts say, and its own remaining count.
+        for round in 0..3u64 {
+            for (p, client) in [(&api, 1), (&other, 2), (&api, 3)] {
+                let result = decide(&l, &[p], client).await;
+                assert!(result.is_allowed(), "round {round}: {result:?}");
+                let resp = allowed(&result);
+                assert_eq!(resp.status(), StatusCode::OK);
+                assert!(templated(&result).is_some(), "one policy: templated");
+                same(resp.headers(), &written(&result));
+                let left = if client == 2 { 49 - round } else { 2 - round };
+                assert!(
+                    remaining(&resp).contains(&format!(";r={left};")),
+                    "{}",
+                    remaining(&resp)
+                );
+            }
+        }
+        // A copy of a policy at another cost shares its item, and so its template.
+        let dear = api.with_cost(2);
+        let result = decide(&l, &[&dear], 4).await;
+        assert!(templated(&result).is_some());
+        same(allowed(&result).headers(), &written(&result));
+    }
+
+    #[tokio::test]
+    async fn several_policies_or_none_advertised_are_written_header_by_header() {
+        let l = Limiter::new(LimiterConfig::default());
+        let api = policy(&l, "api", 10);
+        let burst = policy(&l, "burst", 5);
+        let both = decide(&l, &[&api, &burst], 1).await;
+        assert!(templated(&both).is_none());
+        let resp = allowed(&both);
+        same(resp.headers(), &written(&both));
+        assert!(resp.headers()[&RATELIMIT_POLICY]
+            .to_str()
+            .expect("ascii")
+            .contains(", "));
+        let mut dry = spec("watch", 10);
+        dry.shadow = true;
+        let dry = l.policy(dry).expect("policy");
+        let none = decide(&l, &[&dry], 2).await;
+        assert!(templated(&none).is_none());
+        let resp = allowed(&none);
+        assert!(resp.headers().get(&RATELIMIT_POLICY).is_none());
+        assert!(resp.headers().get(&RATELIMIT).is_none());
+        assert_eq!(resp.headers()[CONTENT_TYPE], TEXT_PLAIN);
+    }
+
+    #[tokio::test]
+    async fn more_policies_than_slots_evict_and_still_answer_exactly() {
+        let l = Limiter::new(LimiterConfig::default());
+        let many: Vec<Policy> = (0..SLOTS * 4)
+            .map(|i| policy(&l, &format!("p{i}"), 7))
+            .collect();
+        for round in 0..2u64 {
+            for (i, p) in many.iter().enumerate() {
+                let result = decide(&l, &[p], i as u8).await;
+                let resp = allowed(&result);
+                same(resp.headers(), &written(&result));
+                let left = remaining(&resp);
+                assert!(
+                    left.starts_with(&format!("\"p{i}\";r={};", 6 - round)),
+                    "{left}"
+                );
+            }
+        }
+    }
+}
