@@ -137,8 +137,8 @@ pub(crate) fn push_batch_call(
     let spec: Vec<u8> = plans
         .iter()
         .map(|p| {
-            let form = p.shape.form();
-            let s = forms.iter().position(|f| *f == form).unwrap_or(0);
+            let form = p.shape.form_ref();
+            let s = forms.iter().position(|f| f == form).unwrap_or(0);
             // At most MAX_BATCH_FORMS (< 16) forms: the number fits the low bits.
             let mut b = u8::try_from(s + 1).unwrap_or(0);
             if costs(p) {
@@ -528,7 +528,7 @@ mod tests {
                 costs: vec![u64::MAX; rules],
                 now: u64::MAX,
                 script: crate::script::plan_script(&shape.form()).expect("script"),
-                shape: Box::new(shape),
+                shape: Box::new(shape.clone()),
             };
             for plans in [1, 2, 64] {
                 let calls: Vec<CallPlan<'_>> = (0..plans)
@@ -569,7 +569,7 @@ mod tests {
             (Algorithm::Gcra, Mode::Enforce),
             (Algorithm::SlidingWindowLog, Mode::Shadow),
         ]);
-        let s = batch_script(&[one, two]).expect("script");
+        let s = batch_script(&[one.clone(), two.clone()]).expect("script");
         assert!(s.text.contains("  if s == 1 then\n") && s.text.contains("  elseif s == 2 then\n"));
         assert!(s.text.contains("local rules_of = {1, 2}\n"));
         // One MGET reads every key; a key written earlier in the batch is read from `written`.
@@ -607,16 +607,19 @@ mod tests {
                 3,
             ),
         );
-        assert_eq!((one_b, two_b), (one, two));
+        assert_eq!((&one_b, &two_b), (&one, &two));
         assert_eq!(batch_script(&[one_b, two_b]).expect("script").sha, s.sha);
         assert!(s.text.trim_end().ends_with("return out"));
         assert!(!s.text.contains("local function"));
         // The same list is the same script; another order is another one.
-        let again = batch_script(&[one, two]).expect("script");
+        let again = batch_script(&[one.clone(), two.clone()]).expect("script");
         assert_eq!(again.sha, s.sha);
-        assert_ne!(batch_script(&[two, one]).expect("script").sha, s.sha);
+        assert_ne!(
+            batch_script(&[two, one.clone()]).expect("script").sha,
+            s.sha
+        );
         assert!(batch_script(&[]).is_none());
-        assert!(batch_script(&[one; MAX_BATCH_FORMS + 1]).is_none());
+        assert!(batch_script(&vec![one; MAX_BATCH_FORMS + 1]).is_none());
     }
 
     #[test]
@@ -676,7 +679,7 @@ mod tests {
             (Algorithm::FixedWindow, Mode::Enforce),
             (Algorithm::Gcra, Mode::Enforce),
         ]);
-        let s = batch_script_across(&[one, two]).expect("script");
+        let s = batch_script_across(&[one.clone(), two.clone()]).expect("script");
         // The flag line comes first, or Redis reads it as no flag at all.
         assert!(s
             .text

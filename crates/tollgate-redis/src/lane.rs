@@ -171,12 +171,12 @@ impl Lane {
                 break;
             }
             if let Job::Plan(plan) = &next.job {
-                let form = plan.shape.form();
-                if !shapes.contains(&form) {
+                let form = plan.shape.form_ref();
+                if !shapes.contains(form) {
                     if shapes.len() == MAX_BATCH_FORMS {
                         break;
                     }
-                    shapes.push(form);
+                    shapes.push(form.clone());
                 }
             }
             if let Some(w) = state.queue.pop_front() {

@@ -34,6 +34,7 @@
 //! answers in the same format.
 
 use crate::error::RedisStoreError;
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -58,14 +59,14 @@ pub struct RuleShape {
     pub mode: Mode,
 }
 
-/// What selects a generated script: its rules in order (at most [`MAX_INLINE_RULES`], kept
-/// inline, so looking a plan's script up allocates nothing) and the reply it may give.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What selects a generated script: its rules in order (at most [`MAX_INLINE_RULES`]; up to
+/// [`INLINE_RULES`] of them kept inline, so looking a common plan's script up allocates
+/// nothing) and the reply it may give.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Shape {
-    len: u8,
-    /// The rules, then copies of the first up to the array's end (so equal shapes compare and
-    /// hash equal whole).
-    rules: [RuleShape; MAX_INLINE_RULES],
+    rules: SmallVec<[RuleShape; INLINE_RULES]>,
+    /// Its rules' algorithms and modes, written once (a plan's script is looked up by it).
+    form: Form,
     /// Whether an allowed one-rule plan may be answered with an integer. Off for the scripts
     /// of a Redis Cluster plan that spans slots: a give-back needs the script's `now`.
     pub(crate) integer_reply: bool,
@@ -82,39 +83,38 @@ impl Shape {
         if n == 0 || n > MAX_INLINE_RULES {
             return None;
         }
-        let mut rules = rules.peekable();
-        let first = *rules.peek()?;
-        let mut all = [first; MAX_INLINE_RULES];
-        for (slot, rule) in all.iter_mut().zip(rules) {
-            *slot = rule;
-        }
-        if n == 1 {
+        let mut rules: SmallVec<[RuleShape; INLINE_RULES]> = rules.collect();
+        if let [one] = &mut rules[..] {
             // One rule: a shadow or quota rule runs the enforced rule's script (the verdict
             // is the caller's; a quota rule alone denies when it denies).
-            all = [RuleShape {
-                mode: Mode::Enforce,
-                ..first
-            }; MAX_INLINE_RULES];
+            one.mode = Mode::Enforce;
         }
+        let form = Form {
+            rules: rules
+                .iter()
+                .map(|r| (r.limit.algorithm(), r.mode))
+                .collect(),
+        };
         Some(Self {
-            len: u8::try_from(n).ok()?,
-            rules: all,
+            rules,
+            form,
             integer_reply,
         })
     }
 
     /// The rules, in plan order.
     pub(crate) fn rules(&self) -> &[RuleShape] {
-        &self.rules[..usize::from(self.len)]
+        &self.rules
     }
 
     /// What its script is generated for: each rule's algorithm and mode, not its quota.
     pub(crate) fn form(&self) -> Form {
-        let pick = |r: &RuleShape| (r.limit.algorithm(), r.mode);
-        Form {
-            len: self.len,
-            rules: self.rules.map(|r| pick(&r)),
-        }
+        self.form.clone()
+    }
+
+    /// [`Shape::form`], borrowed.
+    pub(crate) fn form_ref(&self) -> &Form {
+        &self.form
     }
 
     /// The base of an allowed one-rule plan's integer reply (see [`reply_base`]); 0 when the
@@ -134,14 +134,15 @@ impl Shape {
     /// 2^53, and every bound of the core is); a one-rule plan adds its integer reply's base
     /// and bound (0, 0: none).
     pub(crate) fn constants(&self) -> Quotas {
+        // Written at its exact size, zeroed once, then number by number.
         let mut out = Quotas {
-            bytes: [0; QUOTA_BYTES * MAX_INLINE_RULES],
-            len: 0,
+            bytes: SmallVec::from_elem(0, constants_len(self.rules.len())),
         };
+        let mut at = 0;
         let mut put = |v: u64| {
-            if let Some(to) = out.bytes.get_mut(out.len..out.len + 7) {
+            if let Some(to) = out.bytes.get_mut(at..at + 7) {
                 to.copy_from_slice(&v.to_be_bytes()[1..]);
-                out.len += 7;
+                at += 7;
             }
         };
         for r in self.rules() {
@@ -149,7 +150,7 @@ impl Shape {
             for v in [l, p, b, t] {
                 put(v);
             }
-            if self.len == 1 {
+            if self.rules.len() == 1 {
                 let (base, bound) = if self.integer_reply {
                     reply_base(l, p, b, t)
                 } else {
@@ -163,15 +164,15 @@ impl Shape {
     }
 }
 
-/// A plan's quotas, packed for its script (kept inline: no allocation per call).
+/// A plan's quotas, packed for its script (kept inline up to [`INLINE_RULES`] rules: no
+/// allocation per call).
 pub(crate) struct Quotas {
-    bytes: [u8; QUOTA_BYTES * MAX_INLINE_RULES],
-    len: usize,
+    bytes: SmallVec<[u8; QUOTA_BYTES * INLINE_RULES + 14]>,
 }
 
 impl Quotas {
     pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
+        &self.bytes
     }
 }
 
@@ -191,17 +192,15 @@ pub(crate) fn constants_len(rules: usize) -> usize {
 
 /// What selects a generated script: each rule's algorithm and mode, in plan order (a
 /// shape without its quotas, which the call carries).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Form {
-    len: u8,
-    /// The rules, then copies of the first (as in [`Shape`]).
-    rules: [(Algorithm, Mode); MAX_INLINE_RULES],
+    rules: SmallVec<[(Algorithm, Mode); INLINE_RULES]>,
 }
 
 impl Form {
     /// The rules, in plan order.
     pub(crate) fn rules(&self) -> &[(Algorithm, Mode)] {
-        &self.rules[..usize::from(self.len)]
+        &self.rules
     }
 }
 
@@ -211,8 +210,17 @@ pub(crate) struct Script {
 }
 
 /// The most rules a generated script inlines. Each rule adds seven Lua locals and its body
-/// twice; Lua 5.1 allows 200 locals per function. Larger plans run `check.lua`.
-pub const MAX_INLINE_RULES: usize = 8;
+/// twice; Lua 5.1 allows 200 locals per function (a batch script's branch for a plan of
+/// sixteen rules holds about 150 with the batch's own). Larger plans run `check.lua`. Sixteen,
+/// not fewer: an Envoy request of ten descriptors (or a request matched by ten policies) is
+/// a plan of ten rules, and a generated script coalesces where the generic one goes alone
+/// through redis-rs's connection (see docs/benchmarks.md).
+pub const MAX_INLINE_RULES: usize = 16;
+
+/// The rules a [`Shape`] (and its [`Form`] and [`Quotas`]) holds without an allocation: a
+/// plan of more (up to [`MAX_INLINE_RULES`]) pays one. Plans are mostly of a rule or a few,
+/// and every rule kept inline is written and read for each of them.
+const INLINE_RULES: usize = 8;
 
 /// How many forms get a script of their own. Configurations have a handful (quotas are no
 /// part of a form); the bound keeps a configuration of very many distinct rule lists from
@@ -465,7 +473,7 @@ pub(crate) fn plan_script(form: &Form) -> Option<Arc<Script>> {
     if map.len() >= MAX_SCRIPTS {
         return None;
     }
-    Some(Arc::clone(map.entry(*form).or_insert(built)))
+    Some(Arc::clone(map.entry(form.clone()).or_insert(built)))
 }
 
 /// A hasher for the script caches, which every check reads: their keys are a few trusted
@@ -1067,7 +1075,12 @@ mod tests {
         swapped.swap(0, 1);
         assert_ne!(plan_script_sha(&rules), plan_script_sha(&swapped));
         // Beyond the inline bound: the generic script.
-        let many: Vec<RuleShape> = rules.iter().chain(&rules).copied().collect();
+        let many: Vec<RuleShape> = rules
+            .iter()
+            .cycle()
+            .take(MAX_INLINE_RULES + 1)
+            .copied()
+            .collect();
         assert!(plan_script_text(&many).is_none());
     }
 

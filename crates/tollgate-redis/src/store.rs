@@ -589,7 +589,7 @@ impl RedisStore {
         // and the job each time they move (a plan's future moves several times a request).
         let shape = Shape::new(rule_shapes(checks), integer_reply).map(Box::new);
         let script = match &shape {
-            Some(shape) => self.loaded(shape.form()).await?,
+            Some(shape) => self.loaded(shape.form_ref()).await?,
             None => None,
         };
         if let (Some(s), Some(shape)) = (script, shape) {
@@ -666,7 +666,7 @@ impl RedisStore {
             // Its script loaded already: nothing to wait for before the lane (`run_plan`'s
             // coalescing path, with the deadline set here).
             if let Some(shape) = Shape::new(rule_shapes(checks), true).map(Box::new) {
-                if let Some(script) = self.ready_script(&shape.form()) {
+                if let Some(script) = self.ready_script(shape.form_ref()) {
                     let reply_base = shape.reply_base();
                     let job = self.plan_job(checks, now, shape, script);
                     let lane = self.lane_of(&first.client);
@@ -822,11 +822,11 @@ impl RedisStore {
 
     /// The script of `form`, loaded into this store's server(s) on first use; `None` when the
     /// plan runs the generic script.
-    async fn loaded(&self, form: Form) -> Result<Option<Arc<Script>>, RedisStoreError> {
-        if let Some(s) = self.ready_script(&form) {
+    async fn loaded(&self, form: &Form) -> Result<Option<Arc<Script>>, RedisStoreError> {
+        if let Some(s) = self.ready_script(form) {
             return Ok(Some(s));
         }
-        Box::pin(self.load_form(form)).await
+        Box::pin(self.load_form(form.clone())).await
     }
 
     /// The script of `form` when it is loaded already.
@@ -885,7 +885,7 @@ impl RedisStore {
             .iter()
             .filter_map(|r| Shape::new(r.iter().copied(), true))
         {
-            self.loaded(shape.form()).await?;
+            self.loaded(shape.form_ref()).await?;
         }
         self.load(lease_script()).await
     }

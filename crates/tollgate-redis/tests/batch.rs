@@ -497,7 +497,7 @@ async fn batched_plans_match_core_decided_one_after_another() {
     for seed in 0..6u64 {
         let mut rng = Rng::new(900 + seed);
         let rules: Arc<Vec<Rule>> = Arc::new(
-            (0..4)
+            (0..tollgate_redis::MAX_INLINE_RULES)
                 .map(|i| {
                     let a = Algorithm::ALL[(i + seed as usize) % Algorithm::ALL.len()];
                     Rule::new(format!("bd-{seed}-{i}"), random_limit(&mut rng, a))
@@ -505,6 +505,8 @@ async fn batched_plans_match_core_decided_one_after_another() {
                 .collect(),
         );
         let modes = [Mode::Enforce, Mode::Enforce, Mode::Shadow, Mode::Quota];
+        // Four forms (a batch script's most), one of them the most rules a generated script
+        // holds: its branch has the most Lua locals a batch script can.
         let templates: Vec<Template> = vec![
             vec![(0, Mode::Enforce)],
             vec![(1, *rng.pick(&modes)), (2, *rng.pick(&modes))],
@@ -513,6 +515,10 @@ async fn batched_plans_match_core_decided_one_after_another() {
                 (0, *rng.pick(&modes)),
                 (1, *rng.pick(&modes)),
             ],
+            (0..tollgate_redis::MAX_INLINE_RULES)
+                .rev()
+                .map(|r| (r, *rng.pick(&modes)))
+                .collect(),
         ];
         let clients: Vec<u128> = (0..2).map(|i| u128::from(seed) << 8 | i).collect();
         let mut now = common::EPOCH_2026;

@@ -1,8 +1,8 @@
 //! The Lua scripts make exactly tollgate-core's decisions: random plans (times, costs, rules,
 //! a client per rule, enforced or shadow) run through `tollgate_core::decide` in Rust and
 //! through the Redis store with the local clock, and every verdict must be identical. Every
-//! plan shape the generator makes (one to eight rules, every algorithm) and the generic script
-//! (nine rules) are covered.
+//! plan shape the generator makes (one to sixteen rules, every algorithm) and the generic
+//! script (seventeen rules) are covered.
 
 mod common;
 
@@ -219,10 +219,10 @@ async fn mixed_policies_are_decided_all_or_nothing_like_core() {
     assert_covers_every_outcome(&outcomes);
 }
 
-/// Every plan shape the generator makes: one to eight rules (every rule in every plan), the
+/// Every plan shape the generator makes: one to sixteen rules (every rule in every plan), the
 /// algorithms in turn, random modes and clients.
 #[tokio::test]
-async fn plans_of_one_to_eight_rules_match_core() {
+async fn plans_of_one_to_sixteen_rules_match_core() {
     let server = RedisServer::start();
     let store = local_store(&server).await;
     let mut outcomes = Outcomes::default();
@@ -241,16 +241,16 @@ async fn plans_of_one_to_eight_rules_match_core() {
     assert_covers_every_outcome(&outcomes);
 }
 
-/// Requests matched by more policies than a policy-set script takes (8) go through the
+/// Requests matched by more policies than a policy-set script takes (16) go through the
 /// generic multi-policy script (check.lua): the same decisions.
 #[tokio::test]
-async fn requests_with_nine_policies_use_the_generic_script_and_match_core() {
+async fn requests_with_seventeen_policies_use_the_generic_script_and_match_core() {
     let server = RedisServer::start();
     let store = local_store(&server).await;
     let mut outcomes = Outcomes::default();
     for seed in 200..206 {
         let mut rng = Rng::new(seed);
-        let rules: Vec<Rule> = (0..9)
+        let rules: Vec<Rule> = (0..=tollgate_redis::MAX_INLINE_RULES)
             .map(|i| {
                 let a = Algorithm::ALL[i % Algorithm::ALL.len()];
                 Rule::new(format!("{a}-{seed}-{i}"), random_limit(&mut rng, a))

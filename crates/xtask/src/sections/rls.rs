@@ -259,9 +259,8 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
          `tenant=acme, path=/api/v1/items/42, client=<key>`, matched by `tenant` > `path: \
          /api/*` > `client` beside sibling rules `/admin/*` and `/api/v1/users` (the `*` is \
          trailing, so the file means the same to a prefix matcher and to a wildcard-anywhere \
-         one); *10 descriptors*: `d0=<key>` .. `d9=<key>`, each its own rule, one plan (ten \
-         rules are more than the eight a generated script holds, so this plan takes the \
-         generic script, which the Redis CPU column shows); *HTTP decision mode, 10 policies*: \
+         one); *10 descriptors*: `d0=<key>` .. `d9=<key>`, each its own rule, one plan (a \
+         generated script holds up to sixteen rules, so this plan coalesces like the others); *HTTP decision mode, 10 policies*: \
          the same GET matched by ten policies (each its own rule counting the client), the \
          HTTP front end doing what *10 descriptors* does: ten rules in one plan, one store \
          call (*vs HTTP with as many rules* divides each shape by the HTTP shape of as many \
