@@ -275,7 +275,7 @@ impl Problem {
         out.push_str(",\"title\":");
         push_str(&mut out, self.kind.title());
         out.push_str(",\"status\":");
-        push_u64(&mut out, u64::from(self.kind.status().as_u16()));
+        tollgate::headers::push_u64(&mut out, u64::from(self.kind.status().as_u16()));
         if let Some(d) = &self.detail {
             out.push_str(",\"detail\":");
             push_str(&mut out, d);
@@ -328,7 +328,7 @@ impl From<Problem> for Response<Full<Bytes>> {
 fn push_member(out: &mut String, value: &Member) {
     match value {
         Member::Text(s) => push_str(out, s),
-        Member::Count(n) => push_u64(out, *n),
+        Member::Count(n) => tollgate::headers::push_u64(out, *n),
         Member::Flag(b) => out.push_str(if *b { "true" } else { "false" }),
         Member::Null => out.push_str("null"),
         Member::Texts(v) => {
@@ -354,24 +354,6 @@ static PLAIN: [bool; 256] = {
     }
     plain
 };
-
-/// Appends `n` in decimal (without the formatting machinery).
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // ASCII digits: always UTF-8.
-    if let Ok(text) = std::str::from_utf8(&digits[at..]) {
-        out.push_str(text);
-    }
-}
 
 /// Appends `s` as a JSON string (RFC 8259 section 7): `"` and `\` escaped, every control
 /// character below U+0020 escaped, everything else written as UTF-8. DEL and U+2028/U+2029
@@ -438,11 +420,6 @@ mod tests {
                 let plain = (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\';
                 assert_eq!(out == format!("\"{text}\""), plain, "{b:#x}: {out}");
             }
-        }
-        for n in [0, 7, 10, 429, 1_000_000_007, u64::MAX] {
-            let mut out = String::new();
-            push_u64(&mut out, n);
-            assert_eq!(out, n.to_string());
         }
     }
 

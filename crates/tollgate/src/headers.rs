@@ -182,8 +182,9 @@ fn push_sf_string(out: &mut String, text: &str) {
     out.push('"');
 }
 
-/// Appends `n` in decimal to `out`.
-fn push_u64(out: &mut String, n: u64) {
+/// Appends `n` in decimal to `out`, without the formatting machinery (the header values
+/// here and the problem bodies of the HTTP layer write their numbers with it).
+pub fn push_u64(out: &mut String, n: u64) {
     // ASCII digits: always UTF-8.
     if let Ok(text) = std::str::from_utf8(digits(n).as_slice()) {
         out.push_str(text);

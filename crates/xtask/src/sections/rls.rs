@@ -533,18 +533,19 @@ mod tests {
         assert!(sample(&json!({"status": {}}), 1, 1, 1).is_err());
     }
 
+    /// A gateway's config with `policies` policies on ports 1-3 and a Redis on port 4.
+    fn test_config(policies: usize) -> String {
+        let ports = Ports {
+            http: 1,
+            admin: 2,
+            rls: 3,
+        };
+        config(ports, 4, Path::new("/x/bench.yaml"), policies)
+    }
+
     #[test]
     fn the_gateway_config_serves_both_front_ends_on_one_store() {
-        let c = config(
-            Ports {
-                http: 1,
-                admin: 2,
-                rls: 3,
-            },
-            4,
-            Path::new("/x/bench.yaml"),
-            1,
-        );
+        let c = test_config(1);
         assert!(c.contains("listen = \"127.0.0.1:1\""));
         assert!(c.contains("[rls]\nlisten = \"127.0.0.1:3\"\nconfig = \"/x/bench.yaml\""));
         assert!(c.contains("url = \"redis://127.0.0.1:4\""));
@@ -563,16 +564,7 @@ mod tests {
         assert_eq!(names[2], Some("HTTP decision mode"));
         assert_eq!(names[3], Some("HTTP decision mode, 10 policies"));
         assert_eq!(names[4], Some("HTTP decision mode, 10 policies"));
-        let ten = config(
-            Ports {
-                http: 1,
-                admin: 2,
-                rls: 3,
-            },
-            4,
-            Path::new("/x/bench.yaml"),
-            10,
-        );
+        let ten = test_config(10);
         assert_eq!(ten.matches("[[policy]]").count(), 10);
         assert_eq!(ten.matches("name = \"api").count(), 10);
         assert!(!ten.contains("match"), "every policy matches every request");
