@@ -38,8 +38,8 @@
 //! did.
 
 use crate::script::{
-    across_slots, body, constants_len, decide, finish, uncharged_and_reply, unpack_format, Cache,
-    Form, RuleShape, Script, Shape,
+    across_slots, body, constants_len, decide, finish, uncharged_and_reply, unpack_format, Bound,
+    Cache, Form, RuleShape, Script, Shape,
 };
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
@@ -49,12 +49,17 @@ use tollgate_core::{Algorithm, Micros, Mode};
 /// more form, which leaves first in the next call.
 pub(crate) const MAX_BATCH_FORMS: usize = 4;
 
-/// How many form lists get a batch script. Past it, a batch whose list has none runs its
-/// plans one call each (as `max_batch = 1` does).
-const MAX_BATCH_SCRIPTS: usize = 256;
+/// How many form lists get a batch script, and how many bytes of text their scripts may take
+/// (a list of four forms of sixteen rules is about 390 KB; 64 MiB is more than 256 lists of
+/// eight-rule forms took). Past either, a batch whose list has none runs its plans one call
+/// each (as `max_batch = 1` does).
+const BATCH_SCRIPTS: Bound = Bound {
+    scripts: 256,
+    bytes: 64 << 20,
+};
 
 /// The batch script for plans of these forms (distinct, at most [`MAX_BATCH_FORMS`]),
-/// generated and kept on first use; `None` once [`MAX_BATCH_SCRIPTS`] lists are known.
+/// generated and kept on first use; `None` past [`BATCH_SCRIPTS`].
 pub(crate) fn batch_script(forms: &[Form]) -> Option<Arc<Script>> {
     static SCRIPTS: Cache<Vec<Form>> = OnceLock::new();
     cached(&SCRIPTS, forms, false)
@@ -75,26 +80,9 @@ fn cached(scripts: &Cache<Vec<Form>>, forms: &[Form], across: bool) -> Option<Ar
     if forms.is_empty() || forms.len() > MAX_BATCH_FORMS {
         return None;
     }
-    let scripts = scripts.get_or_init(Default::default);
-    {
-        let map = scripts
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(s) = map.get(forms) {
-            return Some(Arc::clone(s));
-        }
-        if map.len() >= MAX_BATCH_SCRIPTS {
-            return None;
-        }
-    }
-    let built = Arc::new(generate(forms, across));
-    let mut map = scripts
-        .write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if map.len() >= MAX_BATCH_SCRIPTS {
-        return None;
-    }
-    Some(Arc::clone(map.entry(forms.to_vec()).or_insert(built)))
+    scripts
+        .get_or_init(Default::default)
+        .get_or_make(forms, BATCH_SCRIPTS, || generate(forms, across))
 }
 
 /// One plan of a batch call, as [`push_batch_call`] writes it: its keys and costs in rule

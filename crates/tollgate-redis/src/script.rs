@@ -446,34 +446,104 @@ pub(crate) fn body(a: Algorithm) -> &'static str {
 }
 
 /// A process-wide cache of generated scripts.
-pub(crate) type Cache<K> = OnceLock<RwLock<HashMap<K, Arc<Script>, LimitHash>>>;
+pub(crate) type Cache<K> = OnceLock<ScriptCache<K>>;
 
-/// The script of `form`, generated and kept on first use; `None` once [`MAX_SCRIPTS`] forms
-/// are known (the generic script serves the rest).
-pub(crate) fn plan_script(form: &Form) -> Option<Arc<Script>> {
-    static SCRIPTS: Cache<Form> = OnceLock::new();
-    let scripts = SCRIPTS.get_or_init(Default::default);
+/// How much a cache of generated scripts keeps: scripts, and bytes of their text. Redis keeps
+/// every script it is sent until it restarts, so both bound its script memory as well as
+/// ours: a script of sixteen rules is about 100 KB, and the requests' choice of policies picks
+/// which forms exist.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bound {
+    pub(crate) scripts: usize,
+    pub(crate) bytes: usize,
+}
+
+/// The plan scripts' bound: [`MAX_SCRIPTS`] forms, 64 MiB of text (more than 1,024 scripts of
+/// eight rules take, the most a cache could hold before plans of sixteen rules had scripts).
+pub(crate) const PLAN_SCRIPTS: Bound = Bound {
+    scripts: MAX_SCRIPTS,
+    bytes: 64 << 20,
+};
+
+/// Generated scripts by key, and the bytes of their text.
+pub(crate) struct ScriptCache<K> {
+    map: RwLock<HashMap<K, Arc<Script>, LimitHash>>,
+    bytes: std::sync::atomic::AtomicUsize,
+}
+
+impl<K> Default for ScriptCache<K> {
+    fn default() -> Self {
+        Self {
+            map: RwLock::new(HashMap::default()),
+            bytes: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+}
+
+impl<K: Eq + std::hash::Hash> ScriptCache<K> {
+    /// The script of `key`, made by `make` and kept on first use; `None` once the cache holds
+    /// `bound.scripts` scripts or `bound.bytes` of text. Decided before making one, so a key
+    /// past the bound costs a lookup, not a script's text and its SHA-1 on every call (the last
+    /// script kept may pass the byte bound by its own size).
+    pub(crate) fn get_or_make<Q>(
+        &self,
+        key: &Q,
+        bound: Bound,
+        make: impl FnOnce() -> Script,
+    ) -> Option<Arc<Script>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let map = scripts
-            .read()
+        use std::sync::atomic::Ordering::Relaxed;
+        let full = |n: usize| n >= bound.scripts || self.bytes.load(Relaxed) >= bound.bytes;
+        {
+            let map = self
+                .map
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(s) = map.get(key) {
+                return Some(Arc::clone(s));
+            }
+            if full(map.len()) {
+                return None;
+            }
+        }
+        let built = Arc::new(make());
+        let mut map = self
+            .map
+            .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(s) = map.get(form) {
+        if let Some(s) = map.get(key) {
             return Some(Arc::clone(s));
         }
-        // Full: decided before generating, so a new form past the bound costs a lookup, not
-        // a script's text and its SHA-1 on every request.
-        if map.len() >= MAX_SCRIPTS {
+        if full(map.len()) {
             return None;
         }
+        self.bytes.fetch_add(built.text.len(), Relaxed);
+        map.insert(key.to_owned(), Arc::clone(&built));
+        Some(built)
     }
-    let built = Arc::new(generate(form));
-    let mut map = scripts
-        .write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if map.len() >= MAX_SCRIPTS {
-        return None;
+
+    /// How many scripts it keeps, and their bytes.
+    #[cfg(test)]
+    pub(crate) fn size(&self) -> (usize, usize) {
+        let n = self
+            .map
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len();
+        (n, self.bytes.load(std::sync::atomic::Ordering::Relaxed))
     }
-    Some(Arc::clone(map.entry(form.clone()).or_insert(built)))
+}
+
+/// The script of `form`, generated and kept on first use; `None` past [`PLAN_SCRIPTS`] (the
+/// generic script serves the rest).
+pub(crate) fn plan_script(form: &Form) -> Option<Arc<Script>> {
+    static SCRIPTS: Cache<Form> = OnceLock::new();
+    SCRIPTS
+        .get_or_init(Default::default)
+        .get_or_make(form, PLAN_SCRIPTS, || generate(form))
 }
 
 /// A hasher for the script caches, which every check reads: their keys are a few trusted
@@ -979,6 +1049,68 @@ mod tests {
             .chunks_exact(7)
             .map(|c| c.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
             .collect()
+    }
+
+    /// A cache of generated scripts stops making new ones at its count or at its bytes,
+    /// whichever comes first, and keeps serving the ones it has.
+    #[test]
+    fn a_script_cache_is_bounded_by_count_and_by_bytes() {
+        let script = |n: usize| Script {
+            text: "x".repeat(n),
+            sha: String::new(),
+        };
+        let by_bytes = Bound {
+            scripts: 100,
+            bytes: 250,
+        };
+        let cache: ScriptCache<u32> = ScriptCache::default();
+        for k in 0..3 {
+            assert!(
+                cache.get_or_make(&k, by_bytes, || script(100)).is_some(),
+                "{k}"
+            );
+        }
+        // 300 bytes kept: past the bound (the last one passed it by its own size).
+        assert_eq!(cache.size(), (3, 300));
+        let mut made = false;
+        assert!(cache
+            .get_or_make(&3, by_bytes, || {
+                made = true;
+                script(1)
+            })
+            .is_none());
+        assert!(!made, "nothing is made past the bound");
+        assert!(cache.get_or_make(&1, by_bytes, || script(1)).is_some());
+        assert_eq!(cache.size(), (3, 300));
+        let by_count = Bound {
+            scripts: 2,
+            bytes: usize::MAX,
+        };
+        let cache: ScriptCache<u32> = ScriptCache::default();
+        assert!(cache.get_or_make(&0, by_count, || script(10)).is_some());
+        assert!(cache.get_or_make(&1, by_count, || script(10)).is_some());
+        assert!(cache.get_or_make(&2, by_count, || script(10)).is_none());
+        assert_eq!(cache.size(), (2, 20));
+        // The plan scripts' byte bound holds more than the count bound of the largest
+        // eight-rule scripts did, and bounds the sixteen-rule ones.
+        let rules = |n: usize| -> Vec<RuleShape> {
+            (0..n)
+                .map(|i| RuleShape {
+                    limit: Limit::new(
+                        Algorithm::ALL[i % Algorithm::ALL.len()],
+                        tollgate_core::Quota::per_minute(100).expect("quota"),
+                    )
+                    .expect("limit"),
+                    mode: Mode::Enforce,
+                })
+                .collect()
+        };
+        let eight = plan_script_text(&rules(8)).expect("script").len();
+        let sixteen = plan_script_text(&rules(MAX_INLINE_RULES))
+            .expect("script")
+            .len();
+        assert!(MAX_SCRIPTS * eight < PLAN_SCRIPTS.bytes, "{eight}");
+        assert!(MAX_SCRIPTS * sixteen > PLAN_SCRIPTS.bytes, "{sixteen}");
     }
 
     #[test]
