@@ -167,7 +167,7 @@ impl Shape {
 /// A plan's quotas, packed for its script (kept inline up to [`INLINE_RULES`] rules: no
 /// allocation per call).
 pub(crate) struct Quotas {
-    bytes: SmallVec<[u8; QUOTA_BYTES * INLINE_RULES + 14]>,
+    bytes: SmallVec<[u8; QUOTA_BYTES * INLINE_RULES]>,
 }
 
 impl Quotas {
@@ -210,8 +210,8 @@ pub(crate) struct Script {
 }
 
 /// The most rules a generated script inlines. Each rule adds seven Lua locals and its body
-/// twice; Lua 5.1 allows 200 locals per function (a batch script's branch for a plan of
-/// sixteen rules holds about 150 with the batch's own). Larger plans run `check.lua`. Sixteen,
+/// twice; Lua 5.1 allows 200 locals per function (a batch script of four sixteen-rule
+/// branches loads and decides: tests/batch.rs). Larger plans run `check.lua`. Sixteen,
 /// not fewer: an Envoy request of ten descriptors (or a request matched by ten policies) is
 /// a plan of ten rules, and a generated script coalesces where the generic one goes alone
 /// through redis-rs's connection (see docs/benchmarks.md).

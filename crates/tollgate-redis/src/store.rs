@@ -1667,7 +1667,6 @@ fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<(usize, usize, String
     Some(ranges)
 }
 
-/// Drains `lane`: one batch per call until the queue is empty (which marks the lane idle).
 /// The shapes of a plan's rules, in plan order.
 fn rule_shapes<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = RuleShape> + 'a {
     checks.iter().map(|c| RuleShape {
@@ -1681,6 +1680,7 @@ fn limits_of<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = u64> 
     checks.iter().map(|c| c.rule.limit().quota().limit())
 }
 
+/// Drains `lane`: one batch per call until the queue is empty (which marks the lane idle).
 async fn drain(store: RedisStore, lane: Arc<Lane>) {
     loop {
         let (batch, shapes) = lane.take(store.max_batch(), store.call_timeout());

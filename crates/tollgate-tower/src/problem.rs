@@ -362,7 +362,8 @@ fn push_str(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     // Most strings (every fixed one: the type, the title, a 429's detail) need no escape:
     // checked a byte at a time and written whole. A 429 is what a flood of refused requests
-    // gets, and decoding its text a character at a time was a third of its cost.
+    // gets, and decoding its text a character at a time was two thirds of its cost
+    // (callgrind: 4,940 of `too_many_requests`' 7,420 instructions).
     if s.bytes().all(|b| PLAIN[usize::from(b)]) {
         out.push('"');
         out.push_str(s);

@@ -3,9 +3,9 @@
 //! Decision mode answers nearly every request with the same head: `Content-Type`, the one
 //! advertised policy's `RateLimit-Policy` item, and a `RateLimit` value of its own. Written
 //! header by header, that is three inserts into a new map (each name hashed, the map grown on
-//! the first, each value checked byte by byte): about 1,100 instructions a request. A map
+//! the first, each value checked byte by byte): about 1,460 instructions a request. A map
 //! cloned from a template that holds the first two and a `RateLimit` placeholder, whose value
-//! is then replaced in place, costs a third of that (callgrind; see docs/benchmarks.md).
+//! is then replaced in place, costs about 950 (callgrind; see docs/benchmarks.md).
 //!
 //! The templates are kept per worker thread, a few per thread, keyed by the address of the
 //! policy's item (the same bytes for every result of one policy, see
