@@ -18,7 +18,9 @@
 --
 -- Reply: per item, the units applied: refunded, charged as a debt, released, renewed or
 -- given back (fewer than asked when the window charged has passed, the state refilled, the
--- debt bound was reached, the hold expired or the state held fewer).
+-- debt bound was reached, the hold expired or the state held fewer); then the instant the
+-- call ran at (Redis TIME with clock = store), which a renewed hold is now counted at: the
+-- gateway keeps it to renew or release the hold next, as its own clock may differ.
 --
 -- Every argument is checked before the first write, so a refused call changes nothing.
 
@@ -448,4 +450,5 @@ for i = 1, n do
     out[i] = done
   end
 end
+out[n + 1] = now
 return out

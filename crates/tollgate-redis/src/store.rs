@@ -375,6 +375,17 @@ impl RedisStore {
         items: &[SettleItem<'_>],
         now: Micros,
     ) -> Result<Vec<u64>, RedisStoreError> {
+        Ok(self.settle_timed(items, now).await?.0)
+    }
+
+    /// [`RedisStore::settle`], also telling when (on the store's clock) each item was applied:
+    /// the instant a renewed hold is counted at from then on, which its next renewal or its
+    /// release must name (the gateway's own clock may be in another bucket, or another hour).
+    pub async fn settle_timed(
+        &self,
+        items: &[SettleItem<'_>],
+        now: Micros,
+    ) -> Result<(Vec<u64>, Vec<Micros>), RedisStoreError> {
         let args: Vec<SettleArgs<'_>> = items
             .iter()
             .map(|it| SettleArgs {
@@ -408,22 +419,28 @@ impl RedisStore {
                 real: GIVE_BACK,
             })
             .collect();
-        self.run_settle(&args, now).await
+        Ok(self.run_settle(&args, now).await?.0)
     }
 
+    /// The settle script over `items`: the units applied to each, and the instant each call
+    /// ran at (as `now` on a clock = local store).
     async fn run_settle(
         &self,
         items: &[SettleArgs<'_>],
         now: Micros,
-    ) -> Result<Vec<u64>, RedisStoreError> {
+    ) -> Result<(Vec<u64>, Vec<Micros>), RedisStoreError> {
         let mut out = vec![0; items.len()];
+        let mut at = vec![now; items.len()];
         // On a Cluster whose node table is known, the items of one node go in one call of the
         // across-slots settle script; what it answers "elsewhere" (and what no node is known
         // for) goes by slot, like everything on an older Cluster.
         let (by_node, mut by_slot) = self.settle_groups_by_node(items);
         for members in by_node {
             for chunk in members.chunks(SETTLE_CHUNK) {
-                by_slot.extend(self.settle_across(items, chunk, now, &mut out).await?);
+                by_slot.extend(
+                    self.settle_across(items, chunk, now, &mut out, &mut at)
+                        .await?,
+                );
             }
         }
         by_slot.sort_unstable();
@@ -451,7 +468,9 @@ impl RedisStore {
                         self.push_settle_args(cmd, items, chunk, now);
                     })
                     .await?;
-                for (i, v) in settle_values(reply, chunk.len())?.into_iter().enumerate() {
+                let (values, ran_at) = settle_values(reply, chunk.len())?;
+                for (i, v) in values.into_iter().enumerate() {
+                    at[chunk[i]] = ran_at;
                     out[chunk[i]] = match v {
                         redis::Value::Int(n) => u64::try_from(n).unwrap_or(0),
                         other => {
@@ -463,7 +482,7 @@ impl RedisStore {
                 }
             }
         }
-        Ok(out)
+        Ok((out, at))
     }
 
     /// The settle script's arguments after its keys: now, the PX floor, 7 per item.
@@ -533,6 +552,7 @@ impl RedisStore {
         chunk: &[usize],
         now: Micros,
         out: &mut [u64],
+        at: &mut [Micros],
     ) -> Result<Vec<usize>, RedisStoreError> {
         let Some(script) = settle_script_across() else {
             return Ok(chunk.to_vec());
@@ -557,10 +577,14 @@ impl RedisStore {
             Err(e) => return Err(e.into()),
         };
         let mut elsewhere = Vec::new();
-        for (j, v) in settle_values(reply, chunk.len())?.into_iter().enumerate() {
+        let (values, ran_at) = settle_values(reply, chunk.len())?;
+        for (j, v) in values.into_iter().enumerate() {
             let i = chunk[j];
             match v {
-                redis::Value::Int(n) => out[i] = u64::try_from(n).unwrap_or(0),
+                redis::Value::Int(n) => {
+                    out[i] = u64::try_from(n).unwrap_or(0);
+                    at[i] = ran_at;
+                }
                 redis::Value::ServerError(e) if e.code() == ELSEWHERE => elsewhere.push(i),
                 other => {
                     return Err(RedisStoreError::protocol(format!(
@@ -1601,20 +1625,29 @@ impl RedisStore {
     }
 }
 
-/// The settle script's reply: one value per item of the `n` it was given.
-fn settle_values(reply: redis::Value, n: usize) -> Result<Vec<redis::Value>, RedisStoreError> {
-    let redis::Value::Array(values) = reply else {
+/// The settle script's reply: one value per item of the `n` it was given, and the instant the
+/// call ran at.
+fn settle_values(
+    reply: redis::Value,
+    n: usize,
+) -> Result<(Vec<redis::Value>, Micros), RedisStoreError> {
+    let redis::Value::Array(mut values) = reply else {
         return Err(RedisStoreError::protocol(format!(
             "the settle script answered {reply:?}, expected an array"
         )));
     };
-    if values.len() != n {
+    if values.len() != n + 1 {
         return Err(RedisStoreError::protocol(format!(
-            "the settle script answered {} items for {n}",
+            "the settle script answered {} values for {n} items and its instant",
             values.len()
         )));
     }
-    Ok(values)
+    match values.pop() {
+        Some(redis::Value::Int(t)) if t >= 0 => Ok((values, t.unsigned_abs())),
+        other => Err(RedisStoreError::protocol(format!(
+            "the settle script answered {other:?} for its instant"
+        ))),
+    }
 }
 
 /// Whether `e` is a server refusing a script's `#!lua flags=` line (Redis before 7 cannot

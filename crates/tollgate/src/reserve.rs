@@ -123,7 +123,13 @@ enum Job {
 struct Live {
     client: ClientKey,
     policy: Policy,
+    /// The units held and the store's instant of their bucket (the hold's take or its last
+    /// renewal): what the next renewal or the release names.
     charge: Charge,
+    /// The limiter's own clock when the hold was taken or last renewed, read before the store
+    /// call: when the next renewal is due. A shared store with clock = store counts holds on
+    /// its own clock, which the limiter's clock is never compared with.
+    since: Micros,
     fallback: bool,
     /// A renewal of it is in flight.
     renewing: bool,
@@ -152,6 +158,8 @@ impl Limiter {
     /// request holds (see [`Reservation`]): settle it with the real cost once the response
     /// is done, or drop it. The estimate of a settling policy is its cost, as for `check`.
     pub async fn reserve(&self, plan: &crate::Plan) -> (crate::LimitResult, Option<Reservation>) {
+        // The renewal schedule's start: no later than the store's instant of the holds.
+        let since = self.inner.clock.now();
         let (result, at) = self.check_timed(plan).await;
         if !result.is_allowed() {
             return (result, None);
@@ -173,7 +181,7 @@ impl Limiter {
             };
             let hold = p
                 .is_concurrency()
-                .then(|| self.hold(client, p.clone(), charge, fallback));
+                .then(|| self.hold(client, p.clone(), charge, since, fallback));
             held.push(Held {
                 client,
                 policy: p.clone(),
@@ -202,7 +210,14 @@ impl Limiter {
     }
 
     /// Registers a live hold with the renewer; its id.
-    fn hold(&self, client: ClientKey, policy: Policy, charge: Charge, fallback: bool) -> u64 {
+    fn hold(
+        &self,
+        client: ClientKey,
+        policy: Policy,
+        charge: Charge,
+        since: Micros,
+        fallback: bool,
+    ) -> u64 {
         let r = &self.inner.reservations;
         let id = r.next.fetch_add(1, Ordering::Relaxed);
         policy.inner.stats.hold(charge.units, true);
@@ -212,6 +227,7 @@ impl Limiter {
                 client,
                 policy,
                 charge,
+                since,
                 fallback,
                 renewing: false,
                 released: false,
@@ -378,7 +394,8 @@ impl Limiter {
         });
     }
 
-    /// Renews the holds whose last renewal is a bucket width (`hold_ttl / 8`) old.
+    /// Renews the holds whose last renewal is a bucket width (`hold_ttl / 8`) old, by the
+    /// limiter's clock.
     async fn renew_due(&self) {
         let i = &self.inner;
         let now = i.clock.now();
@@ -392,7 +409,7 @@ impl Limiter {
                     // lives 2W + hold_ttl from its start, so the holds of a process that
                     // dies are dropped no sooner than hold_ttl after its death.
                     let tick = tollgate_core::duration_to_micros(RENEW_TICK);
-                    !l.renewing && now.saturating_add(tick) >= l.charge.at.saturating_add(w)
+                    !l.renewing && now.saturating_add(tick) >= l.since.saturating_add(w)
                 })
                 .map(|(&id, l)| {
                     l.renewing = true;
@@ -405,7 +422,8 @@ impl Limiter {
                 .iter()
                 .filter(|d| !d.4 && i.store.is_remote())
                 .collect();
-            let mut renewed: HashMap<u64, Option<u64>> = HashMap::new();
+            // Per hold: the units still held and the store's instant they are counted at.
+            let mut renewed: HashMap<u64, Option<(u64, Micros)>> = HashMap::new();
             for (id, client, p, charge, fallback) in
                 chunk.iter().filter(|d| d.4 || !i.store.is_remote())
             {
@@ -415,7 +433,7 @@ impl Limiter {
                     (i.store.memory(), p.rule())
                 };
                 let units = m.map_or(0, |m| m.settle(client, rule, *charge, None, now));
-                renewed.insert(*id, Some(units));
+                renewed.insert(*id, Some((units, now)));
             }
             if let Some(first) = remote.first() {
                 let items: Vec<Settle<'_>> = remote
@@ -431,7 +449,10 @@ impl Limiter {
                     .guarded(&first.1, now, i.store.settle(&items, now, i.timeout))
                     .await;
                 for (k, d) in remote.iter().enumerate() {
-                    let units = result.as_ref().ok().and_then(|v| v.get(k).copied());
+                    let units = result
+                        .as_ref()
+                        .ok()
+                        .and_then(|(units, at)| Some((*units.get(k)?, *at.get(k)?)));
                     if units.is_none() {
                         d.2.inner.stats.settle_error(SettleError::Store);
                     }
@@ -442,9 +463,10 @@ impl Limiter {
         }
     }
 
-    /// Records the renewals' results: each hold moves to `now` (with the units still held),
-    /// is dropped when none is, or is released when its reservation ended meanwhile.
-    fn renewed(&self, renewed: HashMap<u64, Option<u64>>, now: Micros) {
+    /// Records the renewals' results: each hold moves to the store's instant of its renewal
+    /// (with the units still held; its next renewal is due from `now` on the limiter's
+    /// clock), is dropped when none is, or is released when its reservation ended meanwhile.
+    fn renewed(&self, renewed: HashMap<u64, Option<(u64, Micros)>>, now: Micros) {
         let mut release = Vec::new();
         {
             let mut holds = self.inner.reservations.holds();
@@ -453,14 +475,15 @@ impl Limiter {
                     continue;
                 };
                 live.renewing = false;
-                if let Some(units) = units {
+                if let Some((units, at)) = units {
                     let lost = live.charge.units.saturating_sub(units);
                     if lost > 0 {
                         let stats = &live.policy.inner.stats;
                         stats.holds_expired(lost);
                         stats.hold(lost, false);
                     }
-                    live.charge = Charge { units, at: now };
+                    live.charge = Charge { units, at };
+                    live.since = now;
                 }
                 if live.released || live.charge.units == 0 {
                     if let Some(live) = holds.remove(&id) {
@@ -534,7 +557,7 @@ impl Limiter {
             .guarded(&first.client, now, i.store.settle(&items, now, i.timeout))
             .await;
         for (k, p) in batch.iter().enumerate() {
-            match result.as_ref().ok().and_then(|v| v.get(k).copied()) {
+            match result.as_ref().ok().and_then(|(v, _)| v.get(k).copied()) {
                 Some(units) => self.applied(p, Ok(units)),
                 None => {
                     p.policy.inner.stats.settle_error(SettleError::Store);

@@ -183,21 +183,23 @@ impl Store {
         }
     }
 
-    /// Settles, releases or renews charges (see [`Settle`]): the units applied to each.
+    /// Settles, releases or renews charges (see [`Settle`]): the units applied to each, and
+    /// the store's instant each was applied at (a renewed hold is counted at it from then on).
     pub(crate) async fn settle(
         &self,
         items: &[Settle<'_>],
         now: Micros,
         timeout: Duration,
-    ) -> Result<Vec<u64>, StoreFailure> {
+    ) -> Result<(Vec<u64>, Vec<Micros>), StoreFailure> {
         match self {
             #[cfg(feature = "memory")]
             Store::Memory(m) => {
                 let _ = timeout;
-                Ok(items
+                let units = items
                     .iter()
                     .map(|it| m.settle(&it.client, it.rule, it.charge, it.real, now))
-                    .collect())
+                    .collect();
+                Ok((units, vec![now; items.len()]))
             }
             #[cfg(feature = "redis")]
             Store::Redis(r) => {
@@ -213,7 +215,7 @@ impl Store {
                     .collect();
                 Box::pin(within(timeout, async {
                     let store = r.get().await?;
-                    store.settle(&redis_items, now).await
+                    store.settle_timed(&redis_items, now).await
                 }))
                 .await
             }

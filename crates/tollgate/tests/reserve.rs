@@ -325,6 +325,67 @@ async fn gateways_sharing_redis_never_hold_more_than_the_limit_and_a_dead_ones_h
     drop(freed);
 }
 
+/// The system clock moved by a fixed offset: a gateway whose clock is wrong.
+#[cfg(feature = "redis")]
+struct Skewed(i64);
+
+#[cfg(feature = "redis")]
+impl tollgate::clock::Clock for Skewed {
+    fn now(&self) -> u64 {
+        tollgate::clock::SystemClock
+            .now()
+            .saturating_add_signed(self.0)
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_hold_on_redis_is_renewed_whatever_the_gateways_clock_says() {
+    // clock = store: Redis counts holds in buckets of its own TIME. A gateway clock an hour
+    // behind or ahead of it, or merely a bucket boundary between the gateway's reading and
+    // Redis's, must neither stop the renewals nor make one name a bucket the hold is not in
+    // (either loses the hold while its request is live: one more request would be let in).
+    let server = RedisServer::start();
+    let hour: i64 = 3_600_000_000;
+    for skew in [-hour, hour, 0] {
+        let mut config = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(server.url())));
+        config.timeout = Duration::from_secs(2);
+        config.clock = Arc::new(Skewed(skew));
+        let l = Limiter::new(config);
+        assert!(l.connect(Duration::from_secs(5)).await);
+        // hold_ttl 400 ms: a bucket is 50 ms, so the 100 ms renewer crosses bucket
+        // boundaries on nearly every renewal.
+        let name = format!("inflight{skew}");
+        let p = in_flight(&l, &name, 1, Duration::from_millis(400));
+        let client = ClientKey([11; 16]);
+        let plan = Plan::for_client(client, [&p]);
+        let (r, held) = l.reserve(&plan).await;
+        assert!(r.is_allowed(), "skew {skew}");
+        // Three seconds: seven hold_ttls.
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            assert!(
+                !l.reserve(&plan).await.0.is_allowed(),
+                "skew {skew}: the live hold was lost"
+            );
+        }
+        assert_eq!(
+            l.metrics().policy(&name).map(|c| c.holds_expired()),
+            Some(0),
+            "skew {skew}"
+        );
+        // Its release names the bucket the last renewal moved it to: freed at once, not
+        // after hold_ttl.
+        drop(held);
+        l.flush_settles().await;
+        assert!(
+            l.reserve(&plan).await.0.is_allowed(),
+            "skew {skew}: released"
+        );
+    }
+}
+
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn settles_on_redis_are_coalesced_and_exact() {
