@@ -340,3 +340,84 @@ async fn on_a_cluster_settles_go_per_node_and_follow_a_moved_slot() {
         .expect("query");
     assert_eq!(v.decisions[0].remaining, 9);
 }
+
+/// With clock = store, a renewal moves a hold to the bucket of Redis's TIME, whatever `now`
+/// the gateway passes: `settle_timed` answers that instant, and only a renewal or release
+/// naming it finds the hold again (one naming the gateway's `now` finds an empty bucket).
+#[tokio::test]
+async fn a_renewal_on_the_stores_clock_answers_the_instant_the_hold_moved_to() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Store).await;
+    let rule = common::rule(
+        "held",
+        Algorithm::Concurrency,
+        1,
+        std::time::Duration::from_secs(8),
+    );
+    let client = common::client(77);
+    let wall = || {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock");
+        u64::try_from(d.as_micros()).expect("micros")
+    };
+    // The gateway's clock is an hour behind; Redis's is the machine's.
+    let gateway_now = wall() - 3_600_000_000;
+    let before = wall();
+    let (v, at) = store
+        .check_timed(&[Check::new(client, &rule, 1)], gateway_now)
+        .await
+        .expect("hold");
+    assert!(v.allowed);
+    assert!(at[0] >= before && at[0] <= wall(), "taken at Redis's time");
+    let renew = |at: u64, real: Option<u64>| SettleItem {
+        client,
+        rule: &rule,
+        units: 1,
+        at,
+        real,
+    };
+    // A bucket (1 s) later, so the renewal moves the hold to another bucket.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let before = wall();
+    let (units, moved) = store
+        .settle_timed(&[renew(at[0], None)], gateway_now)
+        .await
+        .expect("renew");
+    assert_eq!(units, vec![1], "renewed");
+    assert!(
+        moved[0] >= before && moved[0] <= wall() && moved[0] / 1_000_000 > at[0] / 1_000_000,
+        "the instant the hold moved to: {} (taken at {})",
+        moved[0],
+        at[0]
+    );
+    // The old instant no longer names it, and neither does the gateway's clock...
+    for stale in [at[0], gateway_now] {
+        let (units, _) = store
+            .settle_timed(&[renew(stale, Some(0))], gateway_now)
+            .await
+            .expect("release");
+        assert_eq!(units, vec![0], "nothing held at {stale}");
+    }
+    assert!(
+        !store
+            .check(&[Check::new(client, &rule, 1)], gateway_now)
+            .await
+            .expect("check")
+            .allowed,
+        "still held"
+    );
+    // ...the instant answered does.
+    let (units, _) = store
+        .settle_timed(&[renew(moved[0], Some(0))], gateway_now)
+        .await
+        .expect("release");
+    assert_eq!(units, vec![1], "released");
+    assert!(
+        store
+            .check(&[Check::new(client, &rule, 1)], gateway_now)
+            .await
+            .expect("check")
+            .allowed
+    );
+}
