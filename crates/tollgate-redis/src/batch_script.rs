@@ -39,7 +39,7 @@
 
 use crate::script::{
     across_slots, body, constants_len, decide, finish, uncharged_and_reply, unpack_format, Bound,
-    Cache, Form, RuleShape, Script, Shape,
+    Cache, Form, Quotas, RuleShape, Script, Shape,
 };
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
@@ -91,7 +91,8 @@ pub(crate) struct CallPlan<'a> {
     pub(crate) keys: &'a [String],
     pub(crate) costs: &'a [u64],
     pub(crate) now: Micros,
-    pub(crate) shape: &'a Shape,
+    pub(crate) form: &'a Form,
+    pub(crate) quotas: &'a Quotas,
 }
 
 /// A batch call's arguments after the script's SHA (see "The call" and "Across slots"
@@ -125,8 +126,7 @@ pub(crate) fn push_batch_call(
     let spec: Vec<u8> = plans
         .iter()
         .map(|p| {
-            let form = p.shape.form_ref();
-            let s = forms.iter().position(|f| f == form).unwrap_or(0);
+            let s = forms.iter().position(|f| f == p.form).unwrap_or(0);
             // At most MAX_BATCH_FORMS (< 16) forms: the number fits the low bits.
             let mut b = u8::try_from(s + 1).unwrap_or(0);
             if costs(p) {
@@ -147,7 +147,7 @@ pub(crate) fn push_batch_call(
         if local {
             cmd.arg(p.now);
         }
-        cmd.arg(p.shape.constants().as_bytes());
+        cmd.arg(p.quotas.as_bytes());
         if costs(p) {
             for c in p.costs {
                 cmd.arg(*c);
@@ -182,13 +182,15 @@ pub fn batch_script_args(rules: &[RuleShape], keys: &[String]) -> Option<Vec<Vec
         return None;
     }
     let costs = vec![1; rules.len()];
+    let (form, quotas) = (shape.form(), shape.constants());
     let plans: Vec<CallPlan<'_>> = keys
         .chunks(rules.len())
         .map(|keys| CallPlan {
             keys,
             costs: &costs,
             now: 0,
-            shape: &shape,
+            form: &form,
+            quotas: &quotas,
         })
         .collect();
     let mut cmd = redis::Cmd::new();
@@ -513,10 +515,11 @@ mod tests {
                 keys: (0..rules)
                     .map(|i| format!("tollgate:{{{:032x}}}:a-policy-name-{i}", u128::MAX))
                     .collect(),
-                costs: vec![u64::MAX; rules],
+                costs: smallvec::smallvec![u64::MAX; rules],
                 now: u64::MAX,
                 script: crate::script::plan_script(&shape.form()).expect("script"),
-                shape: Box::new(shape.clone()),
+                form: shape.form(),
+                quotas: shape.constants(),
             };
             for plans in [1, 2, 64] {
                 let calls: Vec<CallPlan<'_>> = (0..plans)
@@ -524,7 +527,8 @@ mod tests {
                         keys: &job.keys,
                         costs: &job.costs,
                         now: job.now,
-                        shape: &job.shape,
+                        form: &job.form,
+                        quotas: &job.quotas,
                     })
                     .collect();
                 let mut cmd = redis::Cmd::new();

@@ -18,7 +18,8 @@
 use crate::batch_script::MAX_BATCH_FORMS;
 use crate::error::RedisStoreError;
 use crate::lease::LeaseJob;
-use crate::script::{Form, Script, Shape};
+use crate::script::{Form, Quotas, Script};
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
@@ -41,12 +42,14 @@ impl Job {
 /// One plan, owned, as it waits in a queue: its keys and costs in rule order, its `now` (for
 /// the local clock), its shape and its shape's own script.
 pub(crate) struct PlanJob {
-    pub(crate) keys: Vec<String>,
+    pub(crate) keys: SmallVec<[String; 1]>,
     /// In rule order, clamped to the scripts' bound.
-    pub(crate) costs: Vec<u64>,
+    pub(crate) costs: SmallVec<[u64; 2]>,
     pub(crate) now: Micros,
-    /// Boxed: see `RedisStore::run_plan`.
-    pub(crate) shape: Box<Shape>,
+    /// Which script: the batch script's branch for it.
+    pub(crate) form: Form,
+    /// Its quotas, packed once (the script's first argument).
+    pub(crate) quotas: Quotas,
     pub(crate) script: Arc<Script>,
 }
 
@@ -171,7 +174,7 @@ impl Lane {
                 break;
             }
             if let Job::Plan(plan) = &next.job {
-                let form = plan.shape.form_ref();
+                let form = &plan.form;
                 if !shapes.contains(form) {
                     if shapes.len() == MAX_BATCH_FORMS {
                         break;

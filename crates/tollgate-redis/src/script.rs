@@ -25,7 +25,7 @@
 //!
 //! The reply (one format, parsed by [`parse_reply`]): the integer
 //! `reset_after * base + remaining` for an allowed one-rule plan whose bounds fit below 2^53
-//! ([`Shape::reply_base`] > 0, sent with the quota); otherwise a string, struct `'>I7' .. n x 'BI7I7I7'`: the
+//! ([`reply_base`] > 0, sent with the quota); otherwise a string, struct `'>I7' .. n x 'BI7I7I7'`: the
 //! script's `now` (us), then per rule allowed (1/0), remaining, reset_after (us) and
 //! retry_after + 1 (us; 0: allowed, or retrying never helps).
 //!
@@ -59,13 +59,15 @@ pub struct RuleShape {
     pub mode: Mode,
 }
 
-/// What selects a generated script: its rules in order (at most [`MAX_INLINE_RULES`]; up to
-/// [`INLINE_RULES`] of them kept inline, so looking a common plan's script up allocates
-/// nothing) and the reply it may give.
+/// A plan's rules as its script sees them (at most [`MAX_INLINE_RULES`]) and the reply it may
+/// give: its [`Form`] and its [`Quotas`] in one, for the scripts' generators, the preparation
+/// of scripts and tests. A request's plan computes only its form and quotas from its checks
+/// (`RedisStore::plan_job`): this is several hundred bytes, and a request paid for writing
+/// and moving it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Shape {
     rules: SmallVec<[RuleShape; INLINE_RULES]>,
-    /// Its rules' algorithms and modes, written once (a plan's script is looked up by it).
+    /// Its rules' algorithms and modes.
     form: Form,
     /// Whether an allowed one-rule plan may be answered with an integer. Off for the scripts
     /// of a Redis Cluster plan that spans slots: a give-back needs the script's `now`.
@@ -84,17 +86,11 @@ impl Shape {
             return None;
         }
         let mut rules: SmallVec<[RuleShape; INLINE_RULES]> = rules.collect();
+        let form = Form::new(rules.iter().map(|r| (r.limit.algorithm(), r.mode)))?;
         if let [one] = &mut rules[..] {
-            // One rule: a shadow or quota rule runs the enforced rule's script (the verdict
-            // is the caller's; a quota rule alone denies when it denies).
+            // As its form: one rule runs the enforced rule's script.
             one.mode = Mode::Enforce;
         }
-        let form = Form {
-            rules: rules
-                .iter()
-                .map(|r| (r.limit.algorithm(), r.mode))
-                .collect(),
-        };
         Some(Self {
             rules,
             form,
@@ -102,79 +98,86 @@ impl Shape {
         })
     }
 
-    /// The rules, in plan order.
-    pub(crate) fn rules(&self) -> &[RuleShape] {
-        &self.rules
-    }
-
     /// What its script is generated for: each rule's algorithm and mode, not its quota.
     pub(crate) fn form(&self) -> Form {
         self.form.clone()
     }
 
-    /// [`Shape::form`], borrowed.
-    pub(crate) fn form_ref(&self) -> &Form {
-        &self.form
-    }
-
-    /// The base of an allowed one-rule plan's integer reply (see [`reply_base`]); 0 when the
-    /// plan is answered with the packed string.
-    pub(crate) fn reply_base(&self) -> u64 {
-        match self.rules() {
-            [one] if self.integer_reply => {
-                let (l, p, b, t) = constants(&one.limit);
-                reply_base(l, p, b, t).0
-            }
-            _ => 0,
-        }
-    }
-
     /// The quotas as the script's first argument: per rule its limit, period (us), burst and
     /// emission interval (us), 7 bytes each, big-endian (struct `'>I7'`, exact in Lua below
     /// 2^53, and every bound of the core is); a one-rule plan adds its integer reply's base
-    /// and bound (0, 0: none).
+    /// and bound (0, 0: none; see [`reply_base`]).
     pub(crate) fn constants(&self) -> Quotas {
-        // Written at its exact size, zeroed once, then number by number.
-        let mut out = Quotas {
-            bytes: SmallVec::from_elem(0, constants_len(self.rules.len())),
-        };
-        let mut at = 0;
-        let mut put = |v: u64| {
-            if let Some(to) = out.bytes.get_mut(at..at + 7) {
-                to.copy_from_slice(&v.to_be_bytes()[1..]);
-                at += 7;
-            }
-        };
-        for r in self.rules() {
-            let (l, p, b, t) = constants(&r.limit);
-            for v in [l, p, b, t] {
-                put(v);
-            }
-            if self.rules.len() == 1 {
-                let (base, bound) = if self.integer_reply {
-                    reply_base(l, p, b, t)
-                } else {
-                    (0, 0)
-                };
-                put(base);
-                put(bound);
-            }
-        }
-        out
+        Quotas::pack(self.rules.iter().map(|r| &r.limit), self.integer_reply).0
     }
 }
 
-/// A plan's quotas, packed for its script (kept inline up to [`INLINE_RULES`] rules: no
-/// allocation per call).
+/// A plan's quotas, packed for its script as [`Shape::constants`] describes (kept inline up
+/// to [`QUOTA_INLINE_RULES`] rules: no allocation for the common plan, and small to move).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Quotas {
-    bytes: SmallVec<[u8; QUOTA_BYTES * INLINE_RULES]>,
+    bytes: SmallVec<[u8; QUOTA_BYTES * QUOTA_INLINE_RULES]>,
 }
 
 impl Quotas {
+    /// The quotas of a plan of these limits (1 to [`MAX_INLINE_RULES`]), and its integer
+    /// reply's base (see [`Shape::reply_base`]; 0: none, always for several rules or without
+    /// `integer_reply`).
+    pub(crate) fn pack<'a>(
+        limits: impl ExactSizeIterator<Item = &'a Limit>,
+        integer_reply: bool,
+    ) -> (Quotas, u64) {
+        let n = limits.len();
+        let len = constants_len(n);
+        let mut base = 0;
+        let fill = |out: &mut [u8]| {
+            let mut at = 0;
+            let mut put = |v: u64| {
+                if let Some(to) = out.get_mut(at..at + 7) {
+                    to.copy_from_slice(&v.to_be_bytes()[1..]);
+                }
+                at += 7;
+            };
+            for limit in limits {
+                let (l, p, b, t) = constants(limit);
+                for v in [l, p, b, t] {
+                    put(v);
+                }
+                if n == 1 {
+                    let bound;
+                    (base, bound) = if integer_reply {
+                        reply_base(l, p, b, t)
+                    } else {
+                        (0, 0)
+                    };
+                    put(base);
+                    put(bound);
+                }
+            }
+        };
+        // Written in place at its exact size: a plan of few rules on the stack, then moved
+        // into the inline buffer whole (smallvec's element-by-element fill and extend cost
+        // a request more than the numbers themselves).
+        let bytes = if len <= QUOTA_BYTES * QUOTA_INLINE_RULES {
+            let mut buf = [0u8; QUOTA_BYTES * QUOTA_INLINE_RULES];
+            fill(&mut buf);
+            SmallVec::from_buf_and_len(buf, len)
+        } else {
+            let mut v = vec![0u8; len];
+            fill(&mut v);
+            SmallVec::from_vec(v)
+        };
+        (Quotas { bytes }, base)
+    }
+
     pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes
     }
 }
+
+/// The rules whose quotas a [`Quotas`] keeps inline: most plans are of one rule or two, and a
+/// plan's quotas move with it through its lane's queue.
+const QUOTA_INLINE_RULES: usize = 2;
 
 /// The bytes of one rule's quota in [`Shape::constants`]: four numbers of 7 bytes.
 const QUOTA_BYTES: usize = 4 * 7;
@@ -198,6 +201,22 @@ pub(crate) struct Form {
 }
 
 impl Form {
+    /// The form of a plan of these rules (algorithm and mode, in plan order); `None` for the
+    /// plans the generic script serves (no rule, or more than [`MAX_INLINE_RULES`]). One rule
+    /// alone runs the enforced rule's script whatever its mode: the verdict is the caller's (a
+    /// quota rule alone denies when it denies).
+    pub(crate) fn new(rules: impl ExactSizeIterator<Item = (Algorithm, Mode)>) -> Option<Form> {
+        let n = rules.len();
+        if n == 0 || n > MAX_INLINE_RULES {
+            return None;
+        }
+        let mut rules: SmallVec<[(Algorithm, Mode); INLINE_RULES]> = rules.collect();
+        if let [one] = &mut rules[..] {
+            one.1 = Mode::Enforce;
+        }
+        Some(Form { rules })
+    }
+
     /// The rules, in plan order.
     pub(crate) fn rules(&self) -> &[(Algorithm, Mode)] {
         &self.rules
@@ -1156,16 +1175,18 @@ mod tests {
         );
         assert_eq!((base, bound), (101, 120_000_001));
         let packed = Shape::new([rule].into_iter(), false).expect("shape");
-        assert_eq!(packed.reply_base(), 0);
         assert_eq!(
             unpacked(packed.constants().as_bytes()),
             [100, 60_000_000, 100, 600_000, 0, 0]
         );
+        assert_eq!(Quotas::pack([&rule.limit].into_iter(), false).1, 0);
+        assert_eq!(Quotas::pack([&rule.limit].into_iter(), true).1, 101);
+        // Two rules: no integer reply, whatever the call allows.
+        let (two, base) = Quotas::pack([&rule.limit, &rule.limit].into_iter(), true);
+        assert_eq!(base, 0);
         assert_eq!(
-            Shape::new([rule].into_iter(), true)
-                .expect("shape")
-                .reply_base(),
-            101
+            unpacked(two.as_bytes()),
+            [100, 60_000_000, 100, 600_000, 100, 60_000_000, 100, 600_000]
         );
     }
 

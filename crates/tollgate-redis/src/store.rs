@@ -10,8 +10,8 @@ use crate::lane::{Answer, Job, Lane, PlanJob, Room, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
 use crate::reply::reply_of;
 use crate::script::{
-    generic_script, lease_script, parse_reply, plan_script, Form, LimitHash, Reply, RuleShape,
-    Script, Shape,
+    generic_script, lease_script, parse_reply, plan_script, Form, LimitHash, Quotas, Reply,
+    RuleShape, Script,
 };
 use crate::script::{
     lease_batch_script, lease_batch_script_across, settle_script, settle_script_across,
@@ -21,6 +21,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -608,17 +609,13 @@ impl RedisStore {
         integer_reply: bool,
         coalesce: bool,
     ) -> Result<Reply, RedisStoreError> {
-        // Boxed at once: a shape is several hundred bytes, and it lives across the script
-        // lookup's await and then in the job, so inline it would be copied with the future
-        // and the job each time they move (a plan's future moves several times a request).
-        let shape = Shape::new(rule_shapes(checks), integer_reply).map(Box::new);
-        let script = match &shape {
-            Some(shape) => self.loaded(shape.form_ref()).await?,
+        let form = form_of(checks);
+        let script = match &form {
+            Some(form) => self.loaded(form).await?,
             None => None,
         };
-        if let (Some(s), Some(shape)) = (script, shape) {
-            let reply_base = shape.reply_base();
-            let job = self.plan_job(checks, now, shape, s);
+        if let (Some(s), Some(form)) = (script, form) {
+            let (job, reply_base) = self.plan_job(checks, now, form, s, integer_reply);
             // Only the plans of one slot (`check`) coalesce; the calls of a plan across
             // slots (packed replies) go one by one.
             let reply = if self.max_batch > 1 && coalesce {
@@ -638,24 +635,40 @@ impl RedisStore {
         parse_reply(&reply, limits_of(checks), 0)
     }
 
-    /// A plan's job for its shape's own script.
+    /// A plan's job for its form's own script, and the base of its integer reply (0: none).
     fn plan_job(
         &self,
         checks: &[Check<'_>],
         now: Micros,
-        shape: Box<Shape>,
+        form: Form,
         script: Arc<Script>,
-    ) -> PlanJob {
-        PlanJob {
-            keys: checks
-                .iter()
-                .map(|c| self.key(&c.client, c.rule.name()))
-                .collect(),
-            costs: checks.iter().map(|c| c.cost.min(MAX_COST)).collect(),
+        integer_reply: bool,
+    ) -> (PlanJob, u64) {
+        let (quotas, reply_base) =
+            Quotas::pack(checks.iter().map(|c| c.rule.limit()), integer_reply);
+        let (keys, costs) = match checks {
+            // Most plans: built whole, without smallvec's general collect.
+            [c] => (
+                SmallVec::from_buf([self.key(&c.client, c.rule.name())]),
+                SmallVec::from_buf_and_len([c.cost.min(MAX_COST), 0], 1),
+            ),
+            _ => (
+                checks
+                    .iter()
+                    .map(|c| self.key(&c.client, c.rule.name()))
+                    .collect(),
+                checks.iter().map(|c| c.cost.min(MAX_COST)).collect(),
+            ),
+        };
+        let job = PlanJob {
+            keys,
+            costs,
             now,
-            shape,
+            form,
+            quotas,
             script,
-        }
+        };
+        (job, reply_base)
     }
 
     /// The lane of a plan (its first client's), asking for the Cluster's node table when a
@@ -689,10 +702,9 @@ impl RedisStore {
         if let Some(first) = first {
             // Its script loaded already: nothing to wait for before the lane (`run_plan`'s
             // coalescing path, with the deadline set here).
-            if let Some(shape) = Shape::new(rule_shapes(checks), true).map(Box::new) {
-                if let Some(script) = self.ready_script(shape.form_ref()) {
-                    let reply_base = shape.reply_base();
-                    let job = self.plan_job(checks, now, shape, script);
+            if let Some(form) = form_of(checks) {
+                if let Some(script) = self.ready_script(&form) {
+                    let (job, reply_base) = self.plan_job(checks, now, form, script, true);
                     let lane = self.lane_of(&first.client);
                     let reply = self.submit(&lane, Job::Plan(job), deadline).await?;
                     let reply = parse_reply(&reply, limits_of(checks), reply_base)?;
@@ -700,7 +712,10 @@ impl RedisStore {
                 }
             }
         }
-        match tokio::time::timeout_at(deadline, self.check(checks, now)).await {
+        // Boxed: the script's first load, the generic script and a Cluster plan across slots
+        // are large futures that the common case above never needs, and a plan's future is
+        // moved (and boxed by its callers) whole on its way through the gateway.
+        match Box::pin(tokio::time::timeout_at(deadline, self.check(checks, now))).await {
             Ok(r) => r,
             Err(_) => Err(RedisStoreError::timed_out(timeout)),
         }
@@ -905,11 +920,11 @@ impl RedisStore {
     /// Loads the scripts of these plan shapes now, so the first request of each is one
     /// EVALSHA like the others (otherwise it also pays a SCRIPT LOAD round trip).
     pub async fn prepare(&self, shapes: &[Vec<RuleShape>]) -> Result<(), RedisStoreError> {
-        for shape in shapes
+        for form in shapes
             .iter()
-            .filter_map(|r| Shape::new(r.iter().copied(), true))
+            .filter_map(|r| Form::new(r.iter().map(|s| (s.limit.algorithm(), s.mode))))
         {
-            self.loaded(shape.form_ref()).await?;
+            self.loaded(&form).await?;
         }
         self.load(lease_script()).await
     }
@@ -1168,7 +1183,7 @@ impl RedisStore {
         for k in &job.keys {
             cmd.arg(k);
         }
-        cmd.arg(job.shape.constants().as_bytes());
+        cmd.arg(job.quotas.as_bytes());
         let now = job.now;
         let plain = self.clock == StoreClock::Store && self.ttl_floor_ms.is_none();
         if plain && job.costs.iter().all(|&c| c == 1) {
@@ -1608,7 +1623,8 @@ impl RedisStore {
                     keys: &p.keys,
                     costs: &p.costs,
                     now: p.now,
-                    shape: &p.shape,
+                    form: &p.form,
+                    quotas: &p.quotas,
                 }),
                 Job::Lease(_) => None,
             })
@@ -1701,11 +1717,9 @@ fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<(usize, usize, String
 }
 
 /// The shapes of a plan's rules, in plan order.
-fn rule_shapes<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = RuleShape> + 'a {
-    checks.iter().map(|c| RuleShape {
-        limit: *c.rule.limit(),
-        mode: c.mode,
-    })
+/// The form of a plan's script (see [`Form::new`]).
+fn form_of(checks: &[Check<'_>]) -> Option<Form> {
+    Form::new(checks.iter().map(|c| (c.rule.limit().algorithm(), c.mode)))
 }
 
 /// The limits of a plan's rules, in plan order (what its reply is read against).
@@ -1807,7 +1821,15 @@ mod future_size {
         let checks = [Check::new(ClientKey::from_u128(1), &r, 1)];
         let check = std::mem::size_of_val(&store.check(&checks, 0));
         let timed = std::mem::size_of_val(&store.check_timed(&checks, 0));
-        eprintln!("check {check} bytes, check_timed {timed} bytes");
+        let bounded = std::mem::size_of_val(&store.check_bounded(&checks, 0));
+        eprintln!("check {check} bytes, check_timed {timed} bytes, check_bounded {bounded}");
+        // The gateway's call, 592 bytes in a debug build: its job travels inline (192 bytes:
+        // keys, costs, form and packed quotas, where a boxed 440-byte shape was built and
+        // copied), and its rare path (a first script load, a plan across slots) is boxed.
+        assert!(
+            bounded <= 640,
+            "RedisStore::check_bounded's future is {bounded} bytes"
+        );
         // 5,376 and 5,440 bytes before the boxing (a debug build).
         assert!(check <= 3072, "RedisStore::check's future is {check} bytes");
         assert!(

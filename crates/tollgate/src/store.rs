@@ -406,10 +406,12 @@ impl LazyRedis {
                     .map_err(|e| failure(&e));
             }
         }
-        within(timeout, async {
+        // Boxed: not connected yet, or a bound of the caller's own; a rare path whose future
+        // is three times the common one's, which every call would otherwise carry and move.
+        Box::pin(within(timeout, async {
             let store = self.get().await?;
             store.check(checks, now).await
-        })
+        }))
         .await
     }
 
