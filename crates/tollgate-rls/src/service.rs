@@ -284,7 +284,12 @@ impl RlsService {
         let rules: Vec<Option<usize>> = found.iter().map(|f| f.map(|f| f.rule)).collect();
         let replaced = self.replaced(&rules);
         let mut slots = Vec::with_capacity(found.len());
-        let mut items = Items::default();
+        // Sized once: a request's items are at most its descriptors (the identity's bytes
+        // are a scratch buffer, reused for each).
+        let mut items = Items {
+            list: Vec::with_capacity(found.len()),
+            key: Vec::with_capacity(256),
+        };
         for (d, f) in req.descriptors.iter().zip(&found) {
             let cost = d.hits_addend.unwrap_or(request_hits);
             let f = f.filter(|f| !replaced.contains(&f.rule));
@@ -300,7 +305,7 @@ impl RlsService {
                 it.cost = 0;
             }
         }
-        let mut plan = Plan::new();
+        let mut plan = Plan::with_capacity(items.len());
         let mut given = Plan::new();
         // Each item's policy must be a distinct value (results are matched back by identity):
         // the registered policy itself for the first item of its rule at its own cost, a copy
@@ -695,7 +700,7 @@ impl RlsService {
             .collect();
         let mut statuses = Vec::with_capacity(a.slots.len());
         // Which descriptors passed, with the rule whose metadata they pass on.
-        let mut passed: Vec<Option<usize>> = Vec::new();
+        let mut passed: Vec<Option<usize>> = Vec::with_capacity(a.slots.len());
         for (n, slot) in a.slots.iter().enumerate() {
             let (status, outcome, meta) = match slot {
                 Slot::NoLimit => (

@@ -25,6 +25,15 @@ impl Plan {
         Self::default()
     }
 
+    /// An empty plan with room for `n` pairs (a front end that knows how many it will push,
+    /// as the RLS does from a request's descriptors, grows it once).
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            items: Vec::with_capacity(n),
+            seen: None,
+        }
+    }
+
     /// A plan of `policies`, all for `client`.
     pub fn for_client<'a>(
         client: ClientKey,

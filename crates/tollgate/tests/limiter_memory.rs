@@ -395,3 +395,73 @@ fn check_now_does_not_answer_for_a_remote_store() {
         .check_now(&tollgate::Plan::for_client(client(1), [&p]))
         .is_none());
 }
+
+/// `most_constrained` (what `RateLimit` reports) is the greatest `constraint()` among the
+/// enforced results with a decision, the last of equals: checked against that definition
+/// written as an iterator chain, over random results with many ties, shadow policies and
+/// results without a decision.
+#[test]
+fn the_most_constrained_result_is_the_last_greatest_enforced_one() {
+    use tollgate::{Decision, LimitResult, PolicyResult};
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let mut policies = Vec::new();
+    for i in 0..4 {
+        policies.push(policy(&l, &format!("p{i}"), Algorithm::TokenBucket, 10, 60));
+        let mut s = spec(
+            &format!("s{i}"),
+            Algorithm::TokenBucket,
+            10,
+            Duration::from_secs(60),
+        );
+        s.shadow = true;
+        policies.push(l.policy(s).expect("policy"));
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    for case in 0..2_000 {
+        let len = next(9) as usize;
+        let results: Vec<PolicyResult> = (0..len)
+            .map(|_| {
+                let allowed = next(2) == 0;
+                let decision = (next(6) != 0).then(|| Decision {
+                    allowed,
+                    limit: 10,
+                    remaining: next(3),
+                    reset_after: Duration::from_secs(next(3)),
+                    retry_after: match (allowed, next(4)) {
+                        (true, _) => None,
+                        (false, 0) => None,
+                        (false, w) => Some(Duration::from_millis(w)),
+                    },
+                });
+                PolicyResult {
+                    policy: policies[next(policies.len() as u64) as usize].clone(),
+                    outcome: Outcome::Allowed,
+                    decision,
+                }
+            })
+            .collect();
+        let r = LimitResult {
+            action: Action::Allow,
+            results,
+        };
+        let expected = r
+            .results
+            .iter()
+            .filter(|x| !x.policy.is_shadow())
+            .filter_map(|x| Some((x, x.decision?)))
+            .max_by_key(|(_, d)| d.constraint())
+            .map(|(x, _)| x as *const PolicyResult);
+        assert_eq!(
+            r.most_constrained().map(|x| x as *const PolicyResult),
+            expected,
+            "case {case}"
+        );
+    }
+}
