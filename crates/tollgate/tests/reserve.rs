@@ -4,7 +4,9 @@
 //! process died), on the memory store and on a real redis-server shared by several limiters.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(feature = "redis")]
+use std::time::Instant;
 use tollgate::clock::ManualClock;
 use tollgate::metrics::SettleError;
 use tollgate::quota::{Algorithm, Limit, Quota};
