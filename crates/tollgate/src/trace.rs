@@ -97,8 +97,13 @@ pub(crate) fn record_store_call(started: Option<Instant>, checks: usize) {
 }
 
 /// When a store call starts: the instant, if a span is being recorded (see
-/// [`record_store_call`]). Without a subscriber that records it this is one thread-local
-/// read.
+/// [`record_store_call`]). Without a subscriber that records it this is one atomic load.
 pub(crate) fn store_call_started() -> Option<Instant> {
+    // Decision spans are TRACE: below that global level none is recorded, and an atomic
+    // load answers without asking the subscriber for the current span (about 75
+    // instructions a Redis call under callgrind).
+    if !tracing::level_enabled!(tracing::Level::TRACE) {
+        return None;
+    }
     (!Span::current().is_disabled()).then(Instant::now)
 }
