@@ -39,6 +39,7 @@ mod service;
 mod settle;
 mod shared;
 mod target;
+pub mod template;
 mod trust;
 
 pub use forwarded::ForwardHeader;

@@ -1,18 +1,11 @@
-//! Decision mode's 200 head, cloned from a template.
+//! Decision mode's 200 head, cloned from a template (`tollgate_tower::template`).
 //!
 //! Decision mode answers nearly every request with the same head: `Content-Type`, the one
 //! advertised policy's `RateLimit-Policy` item, and a `RateLimit` value of its own. Written
-//! header by header, that is three inserts into a new map (each name hashed, the map grown on
-//! the first, each value checked byte by byte): about 1,460 instructions a request. A map
-//! cloned from a template that holds the first two and a `RateLimit` placeholder, whose value
-//! is then replaced in place, costs about 950 (callgrind; see docs/benchmarks.md).
-//!
-//! The templates are kept per worker thread, a few per thread, keyed by the address of the
-//! policy's item (the same bytes for every result of one policy, see
-//! `tollgate::headers::ratelimit_policy_item`); a template keeps its item, so the address
-//! cannot be reused by another policy's while it is kept. A policy replaced by a reload
-//! simply stops being asked for; its template goes when another takes its place. An answer
-//! that advertises several policies (or none) is written header by header, as before.
+//! header by header, that is three inserts into a new map: about 1,460 instructions a request.
+//! A map cloned from a template that holds the first two and a `RateLimit` placeholder, whose
+//! value is then replaced in place, costs about 950 (callgrind; see docs/benchmarks.md). An
+//! answer that advertises several policies (or none) is written header by header, as before.
 
 use crate::http::util::{status_response_full, TEXT_PLAIN};
 use bytes::Bytes;
@@ -22,23 +15,13 @@ use http_body_util::Full;
 use std::cell::RefCell;
 use tollgate::LimitResult;
 use tollgate_tower::response::{add_headers, RATELIMIT, RATELIMIT_POLICY};
-
-/// Templates per thread: the policies a gateway's requests advertise are few, and a miss
-/// only costs the inserts it would have cost anyway (plus the template's making).
-const SLOTS: usize = 8;
+use tollgate_tower::template::{fill, Templates};
 
 /// Where `RateLimit` sits in a template (its entries are in insertion order).
 const RATELIMIT_AT: usize = 2;
 
-struct Template {
-    /// The policy's `RateLimit-Policy` item, kept (its address is the key).
-    item: Bytes,
-    head: HeaderMap,
-}
-
 thread_local! {
-    static TEMPLATES: RefCell<[Option<Template>; SLOTS]> =
-        const { RefCell::new([const { None }; SLOTS]) };
+    static TEMPLATES: RefCell<Templates> = const { RefCell::new(Templates::new()) };
 }
 
 /// The 200 decision mode answers an allowed request with, its `RateLimit` headers those of
@@ -57,32 +40,8 @@ pub(crate) fn allowed(result: &LimitResult) -> Response<Full<Bytes>> {
 /// The head of `result`'s 200 from its policy's template; `None` when the answer does not
 /// advertise exactly one policy with a decision.
 fn templated(result: &LimitResult) -> Option<HeaderMap> {
-    let item = tollgate::headers::ratelimit_policy_item(result)?;
-    let value = HeaderValue::from_maybe_shared(tollgate::headers::ratelimit_value(result)?).ok()?;
-    let mut head = TEMPLATES
-        .try_with(|t| {
-            let mut slots = t.try_borrow_mut().ok()?;
-            let slot = &mut slots[(item.as_ptr() as usize >> 4) % SLOTS];
-            match slot {
-                Some(t) if t.item.as_ptr() == item.as_ptr() && t.item.len() == item.len() => {
-                    Some(t.head.clone())
-                }
-                _ => {
-                    let head = template(&item)?;
-                    let copy = head.clone();
-                    *slot = Some(Template { item, head });
-                    Some(copy)
-                }
-            }
-        })
-        .ok()
-        .flatten()?;
-    let (name, at) = head.iter_mut().nth(RATELIMIT_AT)?;
-    // Always so (the template is written below); checked, as it costs one comparison.
-    if name != RATELIMIT {
-        return None;
-    }
-    *at = value;
+    let (mut head, value) = tollgate_tower::template::for_result(&TEMPLATES, result, template)?;
+    fill(&mut head, RATELIMIT_AT, &RATELIMIT, value)?;
     Some(head)
 }
 
@@ -204,7 +163,7 @@ mod tests {
     #[tokio::test]
     async fn more_policies_than_slots_evict_and_still_answer_exactly() {
         let l = Limiter::new(LimiterConfig::default());
-        let many: Vec<Policy> = (0..SLOTS * 4)
+        let many: Vec<Policy> = (0..tollgate_tower::template::SLOTS * 4)
             .map(|i| policy(&l, &format!("p{i}"), 7))
             .collect();
         for round in 0..2u64 {
