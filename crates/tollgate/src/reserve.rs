@@ -126,10 +126,11 @@ struct Live {
     /// The units held and the store's instant of their bucket (the hold's take or its last
     /// renewal): what the next renewal or the release names.
     charge: Charge,
-    /// The limiter's own clock when the hold was taken or last renewed, read before the store
-    /// call: when the next renewal is due. A shared store with clock = store counts holds on
-    /// its own clock, which the limiter's clock is never compared with.
-    since: Micros,
+    /// When the hold was taken or last renewed, on this process's monotonic clock, read
+    /// before the store call: when the next renewal is due. Neither the store's clock (a
+    /// shared store with clock = store counts holds on its own) nor the limiter's wall clock
+    /// (which an operator or NTP may step back, which would stall the renewals) decides it.
+    since: tokio::time::Instant,
     fallback: bool,
     /// A renewal of it is in flight.
     renewing: bool,
@@ -159,7 +160,7 @@ impl Limiter {
     /// is done, or drop it. The estimate of a settling policy is its cost, as for `check`.
     pub async fn reserve(&self, plan: &crate::Plan) -> (crate::LimitResult, Option<Reservation>) {
         // The renewal schedule's start: no later than the store's instant of the holds.
-        let since = self.inner.clock.now();
+        let since = tokio::time::Instant::now();
         let (result, at) = self.check_timed(plan).await;
         if !result.is_allowed() {
             return (result, None);
@@ -215,7 +216,7 @@ impl Limiter {
         client: ClientKey,
         policy: Policy,
         charge: Charge,
-        since: Micros,
+        since: tokio::time::Instant,
         fallback: bool,
     ) -> u64 {
         let r = &self.inner.reservations;
@@ -394,11 +395,12 @@ impl Limiter {
         });
     }
 
-    /// Renews the holds whose last renewal is a bucket width (`hold_ttl / 8`) old, by the
-    /// limiter's clock.
+    /// Renews the holds whose last renewal is a bucket width (`hold_ttl / 8`) old, by this
+    /// process's monotonic clock.
     async fn renew_due(&self) {
         let i = &self.inner;
         let now = i.clock.now();
+        let started = tokio::time::Instant::now();
         let due: Vec<(u64, ClientKey, Policy, Charge, bool)> = {
             let mut holds = i.reservations.holds();
             holds
@@ -408,8 +410,8 @@ impl Limiter {
                     // A tick early, so that renewals are at most a bucket apart: a bucket
                     // lives 2W + hold_ttl from its start, so the holds of a process that
                     // dies are dropped no sooner than hold_ttl after its death.
-                    let tick = tollgate_core::duration_to_micros(RENEW_TICK);
-                    !l.renewing && now.saturating_add(tick) >= l.since.saturating_add(w)
+                    let w = Duration::from_micros(w);
+                    !l.renewing && started + RENEW_TICK >= l.since + w
                 })
                 .map(|(&id, l)| {
                     l.renewing = true;
@@ -459,14 +461,14 @@ impl Limiter {
                     renewed.insert(d.0, units);
                 }
             }
-            self.renewed(renewed, now);
+            self.renewed(renewed, started);
         }
     }
 
     /// Records the renewals' results: each hold moves to the store's instant of its renewal
-    /// (with the units still held; its next renewal is due from `now` on the limiter's
-    /// clock), is dropped when none is, or is released when its reservation ended meanwhile.
-    fn renewed(&self, renewed: HashMap<u64, Option<(u64, Micros)>>, now: Micros) {
+    /// (with the units still held; its next renewal is due from `started`), is dropped when
+    /// none is, or is released when its reservation ended meanwhile.
+    fn renewed(&self, renewed: HashMap<u64, Option<(u64, Micros)>>, started: tokio::time::Instant) {
         let mut release = Vec::new();
         {
             let mut holds = self.inner.reservations.holds();
@@ -483,7 +485,7 @@ impl Limiter {
                         stats.hold(lost, false);
                     }
                     live.charge = Charge { units, at };
-                    live.since = now;
+                    live.since = started;
                 }
                 if live.released || live.charge.units == 0 {
                     if let Some(live) = holds.remove(&id) {

@@ -327,16 +327,18 @@ async fn gateways_sharing_redis_never_hold_more_than_the_limit_and_a_dead_ones_h
     drop(freed);
 }
 
-/// The system clock moved by a fixed offset: a gateway whose clock is wrong.
+/// The system clock moved by an offset that the test may change: a gateway whose clock is
+/// wrong, or is stepped.
 #[cfg(feature = "redis")]
-struct Skewed(i64);
+#[derive(Clone)]
+struct Skewed(Arc<std::sync::atomic::AtomicI64>);
 
 #[cfg(feature = "redis")]
 impl tollgate::clock::Clock for Skewed {
     fn now(&self) -> u64 {
         tollgate::clock::SystemClock
             .now()
-            .saturating_add_signed(self.0)
+            .saturating_add_signed(self.0.load(std::sync::atomic::Ordering::SeqCst))
     }
 }
 
@@ -347,22 +349,26 @@ async fn a_live_hold_on_redis_is_renewed_whatever_the_gateways_clock_says() {
     // behind or ahead of it, or merely a bucket boundary between the gateway's reading and
     // Redis's, must neither stop the renewals nor make one name a bucket the hold is not in
     // (either loses the hold while its request is live: one more request would be let in).
+    // Nor may the gateway's clock stepped back an hour while the hold is live (an operator,
+    // or NTP) stall the renewals until it has caught up.
     let server = RedisServer::start();
     let hour: i64 = 3_600_000_000;
-    for skew in [-hour, hour, 0] {
+    for (skew, stepped) in [(-hour, -hour), (hour, hour), (0, 0), (0, -hour)] {
         let mut config = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(server.url())));
         config.timeout = Duration::from_secs(2);
-        config.clock = Arc::new(Skewed(skew));
+        let clock = Skewed(Arc::new(std::sync::atomic::AtomicI64::new(skew)));
+        config.clock = Arc::new(clock.clone());
         let l = Limiter::new(config);
         assert!(l.connect(Duration::from_secs(5)).await);
         // hold_ttl 400 ms: a bucket is 50 ms, so the 100 ms renewer crosses bucket
         // boundaries on nearly every renewal.
-        let name = format!("inflight{skew}");
+        let name = format!("inflight{skew}{stepped}");
         let p = in_flight(&l, &name, 1, Duration::from_millis(400));
         let client = ClientKey([11; 16]);
         let plan = Plan::for_client(client, [&p]);
         let (r, held) = l.reserve(&plan).await;
         assert!(r.is_allowed(), "skew {skew}");
+        clock.0.store(stepped, std::sync::atomic::Ordering::SeqCst);
         // Three seconds: seven hold_ttls.
         let until = Instant::now() + Duration::from_secs(3);
         while Instant::now() < until {
