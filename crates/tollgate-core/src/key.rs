@@ -234,7 +234,7 @@ mod tests {
             k.write_hex(&mut appended);
             assert_eq!(appended, format!("tollgate:{{{expected}"));
         }
-        // Every byte value, in every position.
+        // Every byte value, the positions in turn (each position sees sixteen values).
         for b in 0..=255u8 {
             let mut bytes = [0u8; 16];
             bytes[usize::from(b) % 16] = b;

@@ -39,7 +39,7 @@
 
 use crate::script::{
     across_slots, body, constants_len, decide, finish, uncharged_and_reply, unpack_format, Bound,
-    Cache, Form, Quotas, RuleShape, Script, Shape,
+    Cache, Form, Quotas, RuleShape, Script,
 };
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
@@ -161,13 +161,13 @@ pub(crate) fn push_batch_call(
 /// [`crate::MAX_INLINE_RULES`]), the one the store loads.
 #[doc(hidden)]
 pub fn batch_script_text(rules: &[RuleShape]) -> Option<String> {
-    batch_script(&[Shape::new(rules.iter().copied(), true)?.form()]).map(|s| s.text.clone())
+    batch_script(&[Form::of(rules)?]).map(|s| s.text.clone())
 }
 
 /// For benchmarks: the SHA1 of [`batch_script_text`], as EVALSHA names it.
 #[doc(hidden)]
 pub fn batch_script_sha(rules: &[RuleShape]) -> Option<String> {
-    batch_script(&[Shape::new(rules.iter().copied(), true)?.form()]).map(|s| s.sha.clone())
+    batch_script(&[Form::of(rules)?]).map(|s| s.sha.clone())
 }
 
 /// For benchmarks: what follows the SHA in a batch call of plans of these rules on a
@@ -177,12 +177,12 @@ pub fn batch_script_sha(rules: &[RuleShape]) -> Option<String> {
 /// rules no batch script serves.
 #[doc(hidden)]
 pub fn batch_script_args(rules: &[RuleShape], keys: &[String]) -> Option<Vec<Vec<u8>>> {
-    let shape = Shape::new(rules.iter().copied(), true)?;
+    let form = Form::of(rules)?;
     if keys.is_empty() || !keys.len().is_multiple_of(rules.len()) {
         return None;
     }
     let costs = vec![1; rules.len()];
-    let (form, quotas) = (shape.form(), shape.constants());
+    let (quotas, _) = Quotas::pack(rules.iter().map(|r| &r.limit), true);
     let plans: Vec<CallPlan<'_>> = keys
         .chunks(rules.len())
         .map(|keys| CallPlan {
@@ -194,7 +194,14 @@ pub fn batch_script_args(rules: &[RuleShape], keys: &[String]) -> Option<Vec<Vec
         })
         .collect();
     let mut cmd = redis::Cmd::new();
-    push_batch_call(&mut cmd, &plans, &[shape.form()], false, false, 0);
+    push_batch_call(
+        &mut cmd,
+        &plans,
+        std::slice::from_ref(&form),
+        false,
+        false,
+        0,
+    );
     Some(
         cmd.args_iter()
             .filter_map(|a| match a {
@@ -482,7 +489,7 @@ fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::script::{RuleShape, Shape};
+    use crate::script::RuleShape;
     use tollgate_core::{Algorithm, Limit, Quota};
 
     fn shape(rules: &[(Algorithm, Mode)]) -> Form {
@@ -491,11 +498,14 @@ mod tests {
 
     fn shape_of(rules: &[(Algorithm, Mode)], per_minute: u64) -> Form {
         let quota = Quota::per_minute(per_minute).expect("quota");
-        let rules = rules.iter().map(|&(a, mode)| RuleShape {
-            limit: Limit::new(a, quota).expect("limit"),
-            mode,
-        });
-        Shape::new(rules, true).expect("shape").form()
+        let rules: Vec<RuleShape> = rules
+            .iter()
+            .map(|&(a, mode)| RuleShape {
+                limit: Limit::new(a, quota).expect("limit"),
+                mode,
+            })
+            .collect();
+        Form::of(&rules).expect("form")
     }
 
     /// The room a batch's plans ask for (`PlanJob::room`) holds every argument the batch
@@ -510,16 +520,17 @@ mod tests {
                 limit: Limit::new(Algorithm::Gcra, quota).expect("limit"),
                 mode: Mode::Shadow,
             };
-            let shape = Shape::new(std::iter::repeat_n(rule, rules), true).expect("shape");
+            let shape = vec![rule; rules];
+            let form = Form::of(&shape).expect("form");
             let job = PlanJob {
                 keys: (0..rules)
                     .map(|i| format!("tollgate:{{{:032x}}}:a-policy-name-{i}", u128::MAX))
                     .collect(),
                 costs: smallvec::smallvec![u64::MAX; rules],
                 now: u64::MAX,
-                script: crate::script::plan_script(&shape.form()).expect("script"),
-                form: shape.form(),
-                quotas: shape.constants(),
+                script: crate::script::plan_script(&form).expect("script"),
+                form: form.clone(),
+                quotas: Quotas::pack(shape.iter().map(|r| &r.limit), true).0,
             };
             for plans in [1, 2, 64] {
                 let calls: Vec<CallPlan<'_>> = (0..plans)
@@ -532,7 +543,14 @@ mod tests {
                     })
                     .collect();
                 let mut cmd = redis::Cmd::new();
-                push_batch_call(&mut cmd, &calls, &[shape.form()], true, true, u64::MAX);
+                push_batch_call(
+                    &mut cmd,
+                    &calls,
+                    std::slice::from_ref(&form),
+                    true,
+                    true,
+                    u64::MAX,
+                );
                 let room = (0..plans).fold(Room::SMALL, |r, _| r.and(job.room()));
                 let args = cmd.args_iter().len();
                 let bytes: usize = cmd
@@ -621,7 +639,7 @@ mod tests {
             limit: Limit::new(Algorithm::TokenBucket, quota).expect("limit"),
             mode: Mode::Enforce,
         };
-        let form = Shape::new([rule].into_iter(), true).expect("shape").form();
+        let form = Form::of(&[rule]).expect("form");
         let loaded = batch_script(&[form]).expect("script");
         let text = batch_script_text(&[rule]).expect("text");
         assert_eq!(text, loaded.text);

@@ -40,7 +40,7 @@ impl Job {
 }
 
 /// One plan, owned, as it waits in a queue: its keys and costs in rule order, its `now` (for
-/// the local clock), its shape and its shape's own script.
+/// the local clock), its form and packed quotas, and its form's own script.
 pub(crate) struct PlanJob {
     pub(crate) keys: SmallVec<[String; 1]>,
     /// In rule order, clamped to the scripts' bound.

@@ -20,7 +20,7 @@
 //! - is one block without `return` or `break`.
 //!
 //! The call: KEYS are the rules' state keys in plan order; ARGV[1] is the quotas, packed by
-//! [`Shape::constants`]; then nothing (every cost 1, Redis TIME, no PX floor) or the costs
+//! [`Quotas::pack`]; then nothing (every cost 1, Redis TIME, no PX floor) or the costs
 //! 1..n, then optionally `now` ('' = Redis TIME), then optionally a PX floor in milliseconds.
 //!
 //! The reply (one format, parsed by [`parse_reply`]): the integer
@@ -59,61 +59,11 @@ pub struct RuleShape {
     pub mode: Mode,
 }
 
-/// A plan's rules as its script sees them (at most [`MAX_INLINE_RULES`]) and the reply it may
-/// give: its [`Form`] and its [`Quotas`] in one, for the scripts' generators, the preparation
-/// of scripts and tests. A request's plan computes only its form and quotas from its checks
-/// (`RedisStore::plan_job`): this is several hundred bytes, and a request paid for writing
-/// and moving it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Shape {
-    rules: SmallVec<[RuleShape; INLINE_RULES]>,
-    /// Its rules' algorithms and modes.
-    form: Form,
-    /// Whether an allowed one-rule plan may be answered with an integer. Off for the scripts
-    /// of a Redis Cluster plan that spans slots: a give-back needs the script's `now`.
-    pub(crate) integer_reply: bool,
-}
-
-impl Shape {
-    /// The shape of these rules; `None` for the plans the generic script serves (no rule, or
-    /// more than [`MAX_INLINE_RULES`]).
-    pub(crate) fn new(
-        rules: impl ExactSizeIterator<Item = RuleShape>,
-        integer_reply: bool,
-    ) -> Option<Self> {
-        let n = rules.len();
-        if n == 0 || n > MAX_INLINE_RULES {
-            return None;
-        }
-        let mut rules: SmallVec<[RuleShape; INLINE_RULES]> = rules.collect();
-        let form = Form::new(rules.iter().map(|r| (r.limit.algorithm(), r.mode)))?;
-        if let [one] = &mut rules[..] {
-            // As its form: one rule runs the enforced rule's script.
-            one.mode = Mode::Enforce;
-        }
-        Some(Self {
-            rules,
-            form,
-            integer_reply,
-        })
-    }
-
-    /// What its script is generated for: each rule's algorithm and mode, not its quota.
-    pub(crate) fn form(&self) -> Form {
-        self.form.clone()
-    }
-
-    /// The quotas as the script's first argument: per rule its limit, period (us), burst and
-    /// emission interval (us), 7 bytes each, big-endian (struct `'>I7'`, exact in Lua below
-    /// 2^53, and every bound of the core is); a one-rule plan adds its integer reply's base
-    /// and bound (0, 0: none; see [`reply_base`]).
-    pub(crate) fn constants(&self) -> Quotas {
-        Quotas::pack(self.rules.iter().map(|r| &r.limit), self.integer_reply).0
-    }
-}
-
-/// A plan's quotas, packed for its script as [`Shape::constants`] describes (kept inline up
-/// to [`QUOTA_INLINE_RULES`] rules: no allocation for the common plan, and small to move).
+/// A plan's quotas as its script's first argument: per rule its limit, period (us), burst
+/// and emission interval (us), 7 bytes each, big-endian (struct `'>I7'`, exact in Lua below
+/// 2^53, and every bound of the core is); a one-rule plan adds its integer reply's base and
+/// bound (0, 0: none; see [`reply_base`]). Kept inline up to [`QUOTA_INLINE_RULES`] rules: no
+/// allocation for the common plan, and small to move.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Quotas {
     bytes: SmallVec<[u8; QUOTA_BYTES * QUOTA_INLINE_RULES]>,
@@ -121,7 +71,7 @@ pub(crate) struct Quotas {
 
 impl Quotas {
     /// The quotas of a plan of these limits (1 to [`MAX_INLINE_RULES`]), and its integer
-    /// reply's base (see [`Shape::reply_base`]; 0: none, always for several rules or without
+    /// reply's base (see [`reply_base`]; 0: none, always for several rules or without
     /// `integer_reply`).
     pub(crate) fn pack<'a>(
         limits: impl ExactSizeIterator<Item = &'a Limit>,
@@ -179,22 +129,22 @@ impl Quotas {
 /// plan's quotas move with it through its lane's queue.
 const QUOTA_INLINE_RULES: usize = 2;
 
-/// The bytes of one rule's quota in [`Shape::constants`]: four numbers of 7 bytes.
+/// The bytes of one rule's quota in [`Quotas`]: four numbers of 7 bytes.
 const QUOTA_BYTES: usize = 4 * 7;
 
-/// The numbers of [`Shape::constants`] for a plan of `rules` rules: four a rule, and the
+/// The numbers of [`Quotas`] for a plan of `rules` rules: four a rule, and the
 /// integer reply's base and bound for one rule alone.
 fn constants_count(rules: usize) -> usize {
     4 * rules + if rules == 1 { 2 } else { 0 }
 }
 
-/// The bytes of [`Shape::constants`] for a plan of `rules` rules.
+/// The bytes of [`Quotas`] for a plan of `rules` rules.
 pub(crate) fn constants_len(rules: usize) -> usize {
     7 * constants_count(rules)
 }
 
-/// What selects a generated script: each rule's algorithm and mode, in plan order (a
-/// shape without its quotas, which the call carries).
+/// What selects a generated script: each rule's algorithm and mode, in plan order (not its
+/// quotas, which the call carries).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Form {
     rules: SmallVec<[(Algorithm, Mode); INLINE_RULES]>,
@@ -217,6 +167,11 @@ impl Form {
         Some(Form { rules })
     }
 
+    /// [`Form::new`] of these rules.
+    pub(crate) fn of(rules: &[RuleShape]) -> Option<Form> {
+        Form::new(rules.iter().map(|r| (r.limit.algorithm(), r.mode)))
+    }
+
     /// The rules, in plan order.
     pub(crate) fn rules(&self) -> &[(Algorithm, Mode)] {
         &self.rules
@@ -236,9 +191,9 @@ pub(crate) struct Script {
 /// through redis-rs's connection (see docs/benchmarks.md).
 pub const MAX_INLINE_RULES: usize = 16;
 
-/// The rules a [`Shape`] (and its [`Form`] and [`Quotas`]) holds without an allocation: a
-/// plan of more (up to [`MAX_INLINE_RULES`]) pays one. Plans are mostly of a rule or a few,
-/// and every rule kept inline is written and read for each of them.
+/// The rules a [`Form`] holds without an allocation: a plan of more (up to
+/// [`MAX_INLINE_RULES`]) pays one. Plans are mostly of a rule or a few, and every rule kept
+/// inline is written and read for each of them.
 const INLINE_RULES: usize = 8;
 
 /// How many forms get a script of their own. Configurations have a handful (quotas are no
@@ -515,29 +470,30 @@ impl<K: Eq + std::hash::Hash> ScriptCache<K> {
         Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         use std::sync::atomic::Ordering::Relaxed;
-        let full = |n: usize| n >= bound.scripts || self.bytes.load(Relaxed) >= bound.bytes;
-        {
-            let map = self
-                .map
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(s) = map.get(key) {
-                return Some(Arc::clone(s));
+        // The answer the map gives without a new script: the kept one, or none past the
+        // bound; asked under the read lock, then again under the write lock.
+        let settled = |map: &HashMap<K, Arc<Script>, LimitHash>| match map.get(key) {
+            Some(s) => Some(Some(Arc::clone(s))),
+            None if map.len() >= bound.scripts || self.bytes.load(Relaxed) >= bound.bytes => {
+                Some(None)
             }
-            if full(map.len()) {
-                return None;
-            }
+            None => None,
+        };
+        let read = self
+            .map
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(answer) = settled(&read) {
+            return answer;
         }
+        drop(read);
         let built = Arc::new(make());
         let mut map = self
             .map
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(s) = map.get(key) {
-            return Some(Arc::clone(s));
-        }
-        if full(map.len()) {
-            return None;
+        if let Some(answer) = settled(&map) {
+            return answer;
         }
         self.bytes.fetch_add(built.text.len(), Relaxed);
         map.insert(key.to_owned(), Arc::clone(&built));
@@ -665,7 +621,7 @@ fn generate(form: &Form) -> Script {
     finish(&[&lua])
 }
 
-/// The struct format of [`Shape::constants`] for `rules` rules.
+/// The struct format of [`Quotas`] for `rules` rules.
 pub(crate) fn unpack_format(rules: usize) -> String {
     format!(">{}", "I7".repeat(constants_count(rules)))
 }
@@ -994,27 +950,24 @@ pub(crate) fn parse_reply(
     }
 }
 
-/// The text of the script a plan of this shape runs (`None`: it runs the generic script,
+/// The text of the script a plan of these rules runs (`None`: it runs the generic script,
 /// [`generic_script_text`]): for redis-benchmark, and for operators who want to read what runs
 /// in their Redis.
 pub fn plan_script_text(rules: &[RuleShape]) -> Option<String> {
-    plan_script(&Shape::new(rules.iter().copied(), true)?.form()).map(|s| s.text.clone())
+    plan_script(&Form::of(rules)?).map(|s| s.text.clone())
 }
 
 /// The SHA1 of [`plan_script_text`], as EVALSHA names it.
 pub fn plan_script_sha(rules: &[RuleShape]) -> Option<String> {
-    plan_script(&Shape::new(rules.iter().copied(), true)?.form()).map(|s| s.sha.clone())
+    plan_script(&Form::of(rules)?).map(|s| s.sha.clone())
 }
 
 /// The quotas of a plan of these rules as its script's first argument (ARGV[1], see the
 /// module docs), with the integer reply allowed for one rule.
 pub fn plan_script_quotas(rules: &[RuleShape]) -> Option<Vec<u8>> {
-    Some(
-        Shape::new(rules.iter().copied(), true)?
-            .constants()
-            .as_bytes()
-            .to_vec(),
-    )
+    Form::of(rules)?;
+    let (quotas, _) = Quotas::pack(rules.iter().map(|r| &r.limit), true);
+    Some(quotas.as_bytes().to_vec())
 }
 
 /// The generic script's text (`check.lua`: any number of rules, quotas as arguments).
@@ -1174,9 +1127,9 @@ mod tests {
             [100, 60_000_000, 100, 600_000, base, bound]
         );
         assert_eq!((base, bound), (101, 120_000_001));
-        let packed = Shape::new([rule].into_iter(), false).expect("shape");
+        let (packed, _) = Quotas::pack([&rule.limit].into_iter(), false);
         assert_eq!(
-            unpacked(packed.constants().as_bytes()),
+            unpacked(packed.as_bytes()),
             [100, 60_000_000, 100, 600_000, 0, 0]
         );
         assert_eq!(Quotas::pack([&rule.limit].into_iter(), false).1, 0);

@@ -920,10 +920,7 @@ impl RedisStore {
     /// Loads the scripts of these plan shapes now, so the first request of each is one
     /// EVALSHA like the others (otherwise it also pays a SCRIPT LOAD round trip).
     pub async fn prepare(&self, shapes: &[Vec<RuleShape>]) -> Result<(), RedisStoreError> {
-        for form in shapes
-            .iter()
-            .filter_map(|r| Form::new(r.iter().map(|s| (s.limit.algorithm(), s.mode))))
-        {
+        for form in shapes.iter().filter_map(|r| Form::of(r)) {
             self.loaded(&form).await?;
         }
         self.load(lease_script()).await
@@ -1659,7 +1656,9 @@ fn settle_values(
         )));
     }
     match values.pop() {
-        Some(redis::Value::Int(t)) if t >= 0 => Ok((values, t.unsigned_abs())),
+        Some(redis::Value::Int(t)) => u64::try_from(t).map(|t| (values, t)).map_err(|_| {
+            RedisStoreError::protocol(format!("the settle script answered the instant {t}"))
+        }),
         other => Err(RedisStoreError::protocol(format!(
             "the settle script answered {other:?} for its instant"
         ))),
@@ -1716,7 +1715,6 @@ fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<(usize, usize, String
     Some(ranges)
 }
 
-/// The shapes of a plan's rules, in plan order.
 /// The form of a plan's script (see [`Form::new`]).
 fn form_of(checks: &[Check<'_>]) -> Option<Form> {
     Form::new(checks.iter().map(|c| (c.rule.limit().algorithm(), c.mode)))

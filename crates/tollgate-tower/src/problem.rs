@@ -335,8 +335,8 @@ fn write_head(out: &mut String, kind: ProblemKind) {
 }
 
 /// [`write_head`] of `kind`, written once per kind (a 429 is what a flood of refused requests
-/// gets: its head cost about 400 instructions written each time, under callgrind); `None`
-/// for a kind missing from [`ProblemKind::ALL`].
+/// gets: with this and the word check of [`plain`], a refused request went from 16,156 to
+/// 15,296 instructions under callgrind); `None` for a kind missing from [`ProblemKind::ALL`].
 fn json_head(kind: ProblemKind) -> Option<&'static str> {
     static HEADS: OnceLock<Vec<String>> = OnceLock::new();
     let heads = HEADS.get_or_init(|| {
@@ -416,7 +416,7 @@ fn plain(s: &[u8]) -> bool {
 fn push_str(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     // Most strings (every fixed one: the type, the title, a 429's detail) need no escape:
-    // checked a byte at a time and written whole. A 429 is what a flood of refused requests
+    // checked (see `plain`) and written whole. A 429 is what a flood of refused requests
     // gets, and decoding its text a character at a time was two thirds of its cost
     // (callgrind: 4,940 of `too_many_requests`' 7,420 instructions).
     if plain(s.as_bytes()) {

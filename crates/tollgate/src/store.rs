@@ -406,8 +406,9 @@ impl LazyRedis {
                     .map_err(|e| failure(&e));
             }
         }
-        // Boxed: not connected yet, or a bound of the caller's own; a rare path whose future
-        // is three times the common one's, which every call would otherwise carry and move.
+        // Boxed: not connected yet, or a bound of the caller's own; a rare path every call
+        // would otherwise carry and move (this check's future: 1,608 bytes with it inline,
+        // 672 boxed, in a debug build).
         Box::pin(within(timeout, async {
             let store = self.get().await?;
             store.check(checks, now).await
