@@ -188,7 +188,9 @@ async fn the_image_limits_requests_as_a_non_root_user_on_a_read_only_root() {
     ])));
     assert!(checked.contains(": ok"), "{checked}");
 
-    // Serving: our config mounted over the default one, on free ports of the host network.
+    // Serving: our config mounted over the default one, on free ports of the host network,
+    // counting in an hour window (so clear of the hour's edge).
+    tollgate_testkit::start_clear_of_the_hour();
     let (port, admin_port) = (free_port(), free_port());
     let config = scratch("image.toml");
     std::fs::write(

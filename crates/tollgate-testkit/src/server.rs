@@ -37,6 +37,7 @@ impl RedisServer {
     /// placeholders `{bus}` (the cluster bus) and `{tls}` (the TLS port), each replaced by
     /// another free port.
     pub(crate) fn start_with(extra: Vec<String>, attempt_seed: u32) -> Self {
+        crate::start_clear_of_the_hour();
         let dir = process::temp_dir(&format!("redis{attempt_seed}"));
         let mut server = RedisServer {
             port: 0,

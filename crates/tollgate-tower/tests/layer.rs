@@ -43,7 +43,9 @@ fn policy(limiter: &Limiter, name: &str, limit: u64, shadow: bool) -> tollgate::
     limiter.policy(spec).expect("policy")
 }
 
+/// On the wall clock, in hour windows: started clear of the hour's edge.
 fn service(policies: impl FnOnce(&Limiter) -> Vec<RoutedPolicy>) -> RateLimit<Ok200> {
+    tollgate_testkit::start_clear_of_the_hour();
     let limiter = Limiter::new(LimiterConfig::default());
     let mut layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(b"t"));
     for p in policies(&limiter) {

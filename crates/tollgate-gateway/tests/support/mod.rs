@@ -48,7 +48,10 @@ pub fn bench_report(output: &Output, json: &Path) -> serde_json::Value {
     serde_json::from_str(&text).expect("valid json")
 }
 
+/// Every test that starts the binary starts clear of the hour's edge (see
+/// `tollgate_testkit::edge`): the gateways of these tests count in hour windows.
 pub fn tollgate() -> Command {
+    tollgate_testkit::start_clear_of_the_hour();
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
 }
 
