@@ -224,6 +224,9 @@ pub(crate) struct PolicyInner {
     /// Its item of `RateLimit-Policy`, written once (`crate::headers::policy_item`), shared
     /// by the responses that carry it alone.
     pub(crate) advertised: bytes::Bytes,
+    /// The same item as text, for a list of several (checking the bytes are UTF-8 cost about
+    /// 57 instructions an item, ten an RLS answer with ten descriptors, under callgrind).
+    pub(crate) advertised_text: Arc<str>,
     /// The start of its `RateLimit` value, `"name";r=`, written once.
     pub(crate) remaining_prefix: Arc<str>,
 }
@@ -270,11 +273,13 @@ impl Policy {
                 }
             })?;
         let rule = Rule::new(spec.name.clone(), spec.limit);
+        let item = crate::headers::policy_item(rule.name(), rule.limit());
         Ok(Self {
             inner: Arc::new(PolicyInner {
                 fallback: Rule::new(format!("{}:local", spec.name), fallback),
                 deny_key: deny_key(&rule),
-                advertised: crate::headers::policy_item(rule.name(), rule.limit()).into(),
+                advertised: bytes::Bytes::copy_from_slice(item.as_bytes()),
+                advertised_text: item.into(),
                 remaining_prefix: crate::headers::remaining_prefix(rule.name()).into(),
                 rule,
                 cost: spec.cost,
@@ -298,8 +303,7 @@ impl Policy {
 
     /// Its item of the `RateLimit-Policy` header.
     pub(crate) fn advertised(&self) -> &str {
-        // Written from a `String` (`policy_item`): always UTF-8.
-        std::str::from_utf8(&self.inner.advertised).unwrap_or_default()
+        &self.inner.advertised_text
     }
 
     /// [`Policy::advertised`], shared (no copy).
@@ -408,6 +412,7 @@ impl Policy {
                 stats: Arc::clone(&i.stats),
                 deny_key: i.deny_key,
                 advertised: i.advertised.clone(),
+                advertised_text: Arc::clone(&i.advertised_text),
                 remaining_prefix: Arc::clone(&i.remaining_prefix),
             }),
         }
