@@ -10,7 +10,9 @@
 //! CI runs often cross a whole hour, so [`start_clear_of_the_hour`] waits, once per process
 //! (nextest runs each test in its own), until the hour has turned when fewer than
 //! [`MARGIN`] are left of it. The testkit calls it where a test starts its real processes
-//! (every [`crate::RedisServer`]); a test on a wall clock without them calls it first.
+//! (every [`crate::RedisServer`]); a test on a wall clock without them calls it first. The
+//! xtask benchmarks start their Redis servers through the testkit too: a bench run started in
+//! the last minute of an hour waits likewise, once, saying so.
 
 use std::sync::Once;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
