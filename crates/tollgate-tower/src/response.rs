@@ -293,9 +293,9 @@ mod tests {
 
     /// Every 429 of one advertised policy comes from its template, its body from the policy's
     /// (see [`Bodies`]), and is the 429 written header by header and member by member (names
-    /// that need escapes included): across more policies than a thread keeps templates for (so slots
-    /// are taken over and templates made again), a policy's cost copy (the same item), and
-    /// its `Retry-After` and `RateLimit` of its own.
+    /// that need escapes included): across more policies than a thread keeps templates and
+    /// bodies for (so slots are taken over and both made again), a policy's cost copy (the
+    /// same item), and its `Retry-After` and `RateLimit` of its own.
     #[tokio::test]
     async fn a_templated_429_is_the_429_written_header_by_header() {
         let l = Limiter::new(LimiterConfig::default());
