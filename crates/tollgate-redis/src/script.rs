@@ -963,8 +963,10 @@ pub fn plan_script_sha(rules: &[RuleShape]) -> Option<String> {
 }
 
 /// The quotas of a plan of these rules as its script's first argument (ARGV[1], see the
-/// module docs), with the integer reply allowed for one rule.
+/// module docs), with the integer reply allowed for one rule; `None` for the plans the
+/// generic script serves (as [`plan_script_text`]).
 pub fn plan_script_quotas(rules: &[RuleShape]) -> Option<Vec<u8>> {
+    // No form, no script of its own (and nothing to pack its quotas for).
     Form::of(rules)?;
     let (quotas, _) = Quotas::pack(rules.iter().map(|r| &r.limit), true);
     Some(quotas.as_bytes().to_vec())

@@ -49,87 +49,13 @@ pub fn too_many_requests(
     result: &LimitResult,
     retry_after: Option<Duration>,
 ) -> Response<Full<Bytes>> {
-    if let Some(wait) = retry_after {
-        if let Some(head) = templated_429(result, wait) {
-            let body = refusal_body(result, wait);
-            let mut resp = Response::new(Full::new(body));
-            *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            *resp.headers_mut() = head;
-            return resp;
-        }
+    if let Some((head, body)) = retry_after.and_then(|wait| templated_429(result, wait)) {
+        let mut resp = Response::new(Full::new(body));
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *resp.headers_mut() = head;
+        return resp;
     }
     written_429(refusal(result, retry_after), result, retry_after)
-}
-
-thread_local! {
-    static BODIES_429: RefCell<Bodies> = const { RefCell::new(Bodies::new()) };
-}
-
-/// The bodies of 429s that name one violated policy, per policy name: each the body
-/// [`refusal`] writes, up to its `retry_after` number (the last member, so only it and the
-/// closing brace follow). A refused request is what a flood gets: with its body built member
-/// by member (the policy's name copied into a list of its own, every string checked for
-/// escapes) it cost 14,877 / 14,897 instructions, from this 13,603 / 13,603 (callgrind,
-/// decision mode on memory, two runs each, docs/benchmarks.md).
-struct Bodies {
-    /// A policy's name and its body up to the number, taken over in turn when all are used.
-    slots: [Option<(Box<str>, Box<str>)>; crate::template::SLOTS],
-    next: usize,
-}
-
-impl Bodies {
-    const fn new() -> Self {
-        Self {
-            slots: [const { None }; crate::template::SLOTS],
-            next: 0,
-        }
-    }
-
-    /// The body of a 429 that names `policy` alone and waits `secs`.
-    fn body(&mut self, policy: &str, secs: u64) -> Bytes {
-        let found = self
-            .slots
-            .iter()
-            .flatten()
-            .find(|(name, _)| &**name == policy);
-        let head = match found {
-            Some((_, head)) => head,
-            None => {
-                let i = self.next % self.slots.len();
-                self.next = self.next.wrapping_add(1);
-                let head = body_head(policy);
-                &self.slots[i].insert((policy.into(), head)).1
-            }
-        };
-        let mut body = String::with_capacity(head.len() + 21);
-        body.push_str(head);
-        tollgate::headers::push_u64(&mut body, secs);
-        body.push('}');
-        Bytes::from(body)
-    }
-}
-
-/// [`refusal`]'s body for `policy` alone, cut before its `retry_after` number.
-fn body_head(policy: &str) -> Box<str> {
-    let mut json = quota_exceeded(vec![policy.to_owned()], Some(0)).to_json();
-    // It ends with `:0}`: what remains ends with `"retry_after":`.
-    debug_assert!(json.ends_with("\"retry_after\":0}"), "{json}");
-    json.truncate(json.len().saturating_sub(2));
-    json.into_boxed_str()
-}
-
-/// A 429's body: from the body of its one violated policy when there is one (see
-/// [`Bodies`]), written member by member otherwise. The same bytes either way.
-fn refusal_body(result: &LimitResult, wait: Duration) -> Bytes {
-    let mut violated = result.violated();
-    if let (Some(one), None) = (violated.next(), violated.next()) {
-        let secs = retry_after_secs(wait);
-        let body = BODIES_429.try_with(|b| Some(b.try_borrow_mut().ok()?.body(one, secs)));
-        if let Ok(Some(body)) = body {
-            return body;
-        }
-    }
-    Bytes::from(refusal(result, Some(wait)).to_json())
 }
 
 /// The problem of a 429 for `result`.
@@ -155,31 +81,66 @@ fn quota_exceeded(violated: Vec<String>, retry_secs: Option<u64>) -> Problem {
 const RETRY_AFTER_AT: usize = 1;
 const RATELIMIT_AT_429: usize = 3;
 
-thread_local! {
-    static TEMPLATES_429: RefCell<Templates> = const { RefCell::new(Templates::new()) };
+/// A 429's template: its head with placeholders, and its body up to the one number that
+/// varies, for the policy it was made for.
+struct Template429 {
+    head: HeaderMap,
+    /// The violated policy its body names.
+    policy: Box<str>,
+    /// The body [`refusal`] writes for that policy alone, cut before its `retry_after` number
+    /// (its last member: only the number and the closing brace follow).
+    body: Box<str>,
 }
 
-/// The head of a 429 for `result` that waits `wait`, from its policy's template
+thread_local! {
+    static TEMPLATES_429: RefCell<Templates<Template429>> =
+        const { RefCell::new(Templates::new()) };
+}
+
+/// The head and body of a 429 for `result` that waits `wait`, from its policy's template
 /// ([`crate::template`]): `Content-Type`, `Retry-After`, `RateLimit-Policy`, `RateLimit`, as
-/// [`written_429`] writes them; `None` when the answer does not advertise exactly one policy
-/// with a decision. A refused request is what a flood gets: written header by header it cost
-/// 15,177 / 15,236 instructions, from the template 14,881 / 14,896 (callgrind, decision mode
-/// on memory, docs/benchmarks.md).
-fn templated_429(result: &LimitResult, wait: Duration) -> Option<HeaderMap> {
-    let (mut head, value) = crate::template::for_result(&TEMPLATES_429, result, template_429)?;
+/// [`written_429`] writes them, and the body [`refusal`] writes; `None` when the answer does
+/// not advertise exactly one policy with a decision, or does not name exactly that one as
+/// violated. A refused request is what a flood gets (callgrind, decision mode on memory,
+/// docs/benchmarks.md): written header by header and member by member it cost 15,177 / 15,236
+/// instructions, with the head from the template 14,881 / 14,896, and with the body kept in
+/// the template too 13,493 / 13,547 (the policy's name no longer copied into a list of its
+/// own, the problem's members no longer built and checked for escapes).
+fn templated_429(result: &LimitResult, wait: Duration) -> Option<(HeaderMap, Bytes)> {
+    let mut violated = result.violated();
+    let (Some(policy), None) = (violated.next(), violated.next()) else {
+        return None;
+    };
+    let secs = retry_after_secs(wait);
+    let ((mut head, body), value) = crate::template::for_result(
+        &TEMPLATES_429,
+        result,
+        |item| template_429(item, policy),
+        |t| {
+            if *t.policy != *policy {
+                return None;
+            }
+            let mut body = String::with_capacity(t.body.len() + 21);
+            body.push_str(&t.body);
+            tollgate::headers::push_u64(&mut body, secs);
+            body.push('}');
+            Some((t.head.clone(), body))
+        },
+    )?;
     fill(
         &mut head,
         RETRY_AFTER_AT,
         &RETRY_AFTER,
-        HeaderValue::from(retry_after_secs(wait)),
+        HeaderValue::from(secs),
     )?;
     fill(&mut head, RATELIMIT_AT_429, &RATELIMIT, value)?;
-    Some(head)
+    Some((head, Bytes::from(body)))
 }
 
-/// A 429's template: `Content-Type`, a `Retry-After` placeholder, `RateLimit-Policy: item`
-/// and a `RateLimit` placeholder.
-fn template_429(item: &Bytes) -> Option<HeaderMap> {
+/// A 429's template for the policy of `item`, named `policy`: `Content-Type`, a `Retry-After`
+/// placeholder, `RateLimit-Policy: item` and a `RateLimit` placeholder; its body cut before
+/// the number.
+fn template_429(item: &Bytes, policy: &str) -> Option<Template429> {
     let mut head = HeaderMap::with_capacity(RATELIMIT_AT_429 + 1);
     head.insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_PROBLEM));
     head.insert(RETRY_AFTER, HeaderValue::from_static("-"));
@@ -188,7 +149,15 @@ fn template_429(item: &Bytes) -> Option<HeaderMap> {
         HeaderValue::from_maybe_shared(item.clone()).ok()?,
     );
     head.insert(RATELIMIT.clone(), HeaderValue::from_static("-"));
-    Some(head)
+    let mut body = quota_exceeded(vec![policy.to_owned()], Some(0)).to_json();
+    // It ends with `"retry_after":0}`: cut before the number.
+    let cut = body.strip_suffix("0}")?.len();
+    body.truncate(cut);
+    Some(Template429 {
+        head,
+        policy: policy.into(),
+        body: body.into_boxed_str(),
+    })
 }
 
 /// The 429 of `problem`, written header by header.
@@ -308,7 +277,7 @@ mod tests {
                 let p = if round == 1 { &dear } else { p };
                 let r = refused(&l, &[p], i as u8 + 64 * round).await;
                 let wait = r.retry_after().expect("a wait");
-                let head = templated_429(&r, wait).expect("one policy: templated");
+                let (head, _) = templated_429(&r, wait).expect("one policy: templated");
                 assert_eq!(head.len(), 4);
                 same(too_many_requests(&r, Some(wait)), written(&r, Some(wait))).await;
             }

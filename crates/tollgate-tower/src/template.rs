@@ -6,7 +6,8 @@
 //! header by header, each is a run of inserts into a new map (each name hashed, the map grown
 //! on the first, each value checked byte by byte). A map cloned from a template whose varying
 //! values are placeholders, replaced in place, costs less (callgrind figures in
-//! docs/benchmarks.md).
+//! docs/benchmarks.md). A 429's template also keeps its body up to the one number that
+//! varies.
 //!
 //! A [`Templates`] keeps a few templates, keyed by the address of the policy's item (the same
 //! bytes for every result of one policy, see `tollgate::headers::ratelimit_policy_item`). A
@@ -26,24 +27,25 @@ use tollgate::LimitResult;
 /// making).
 pub const SLOTS: usize = 8;
 
-struct Template {
+struct Template<T> {
     /// The policy's `RateLimit-Policy` item, kept (its address is the key).
     item: Bytes,
-    head: HeaderMap,
+    kept: T,
 }
 
-/// The templates of one kind of answer (see the module docs).
-pub struct Templates {
-    slots: [Option<Template>; SLOTS],
+/// The templates of one kind of answer (see the module docs): a head, or whatever else the
+/// answer keeps per policy (a 429 keeps its body too).
+pub struct Templates<T = HeaderMap> {
+    slots: [Option<Template<T>>; SLOTS],
 }
 
-impl Default for Templates {
+impl<T> Default for Templates<T> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Templates {
+impl<T> Templates<T> {
     /// No template yet.
     pub const fn new() -> Self {
         Self {
@@ -51,44 +53,40 @@ impl Templates {
         }
     }
 
-    /// A copy of the template of the policy whose item is `item`, made by `make` when this
-    /// thread keeps none for it (or another policy's took its slot). `None` when `make` fails.
-    pub fn head(
-        &mut self,
-        item: Bytes,
-        make: impl FnOnce(&Bytes) -> Option<HeaderMap>,
-    ) -> Option<HeaderMap> {
+    /// The template of the policy whose item is `item`, made by `make` when this thread keeps
+    /// none for it (or another policy's took its slot). `None` when `make` fails.
+    pub fn get(&mut self, item: Bytes, make: impl FnOnce(&Bytes) -> Option<T>) -> Option<&T> {
         let slot = &mut self.slots[(item.as_ptr() as usize >> 4) % SLOTS];
-        match slot {
-            Some(t) if t.item.as_ptr() == item.as_ptr() && t.item.len() == item.len() => {
-                Some(t.head.clone())
-            }
-            _ => {
-                let head = make(&item)?;
-                let copy = head.clone();
-                *slot = Some(Template { item, head });
-                Some(copy)
-            }
+        let kept = matches!(
+            slot,
+            Some(t) if t.item.as_ptr() == item.as_ptr() && t.item.len() == item.len()
+        );
+        if !kept {
+            let made = make(&item)?;
+            *slot = Some(Template { item, kept: made });
         }
+        slot.as_ref().map(|t| &t.kept)
     }
 }
 
-/// A copy of the template of `result`'s one advertised policy, from this thread's
-/// `templates` (made by `make` when missing), and `result`'s `RateLimit` value to put in it;
-/// `None` when the answer does not advertise exactly one policy with a decision (or this
-/// thread's templates are in use or gone: then the caller writes the head as usual).
-pub fn for_result(
-    templates: &'static LocalKey<RefCell<Templates>>,
+/// What `read` takes from the template of `result`'s one advertised policy (from this
+/// thread's `templates`, made by `make` when missing), and `result`'s `RateLimit` value to put
+/// in it; `None` when the answer does not advertise exactly one policy with a decision, when
+/// `read` declines, or when this thread's templates are in use or gone: then the caller writes
+/// the answer as usual.
+pub fn for_result<T, R>(
+    templates: &'static LocalKey<RefCell<Templates<T>>>,
     result: &LimitResult,
-    make: impl FnOnce(&Bytes) -> Option<HeaderMap>,
-) -> Option<(HeaderMap, HeaderValue)> {
+    make: impl FnOnce(&Bytes) -> Option<T>,
+    read: impl FnOnce(&T) -> Option<R>,
+) -> Option<(R, HeaderValue)> {
     let item = tollgate::headers::ratelimit_policy_item(result)?;
     let value = HeaderValue::from_maybe_shared(tollgate::headers::ratelimit_value(result)?).ok()?;
-    let head = templates
-        .try_with(|t| t.try_borrow_mut().ok()?.head(item, make))
+    let read = templates
+        .try_with(|t| read(t.try_borrow_mut().ok()?.get(item, make)?))
         .ok()
         .flatten()?;
-    Some((head, value))
+    Some((read, value))
 }
 
 /// Puts `value` in place of the placeholder at `index` of `head` (its entries are in insertion

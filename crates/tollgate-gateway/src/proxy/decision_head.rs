@@ -40,7 +40,8 @@ pub(crate) fn allowed(result: &LimitResult) -> Response<Full<Bytes>> {
 /// The head of `result`'s 200 from its policy's template; `None` when the answer does not
 /// advertise exactly one policy with a decision.
 fn templated(result: &LimitResult) -> Option<HeaderMap> {
-    let (mut head, value) = tollgate_tower::template::for_result(&TEMPLATES, result, template)?;
+    let (mut head, value) =
+        tollgate_tower::template::for_result(&TEMPLATES, result, template, |h| Some(h.clone()))?;
     fill(&mut head, RATELIMIT_AT, &RATELIMIT, value)?;
     Some(head)
 }
