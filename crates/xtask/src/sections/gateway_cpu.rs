@@ -61,9 +61,12 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
     for proxy in [false, true] {
         let mode = if proxy { "proxy" } else { "decision" };
         cases.push((format!("nginx {mode}"), proxy, Case::Nginx));
-        if !proxy {
-            cases.push(("http floor (no limiter)".into(), proxy, Case::Floor));
-        }
+        let floor = if proxy {
+            "proxy floor (no limiter)"
+        } else {
+            "http floor (no limiter)"
+        };
+        cases.push((floor.into(), proxy, Case::Floor));
         cases.push((
             format!("tollgate {mode} memory"),
             proxy,
@@ -173,8 +176,11 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
          wrk run divided by the requests completed. min / median / max of {} interleaved \
          repetition(s); the ratio is to nginx in the same mode and repetition. \"http floor\" \
          is the example `http_floor`: the gateway's HTTP server and runtime answering the same \
-         200 with no limiter, the floor under decision mode.{} Errors: answers of 400 or more \
-         and socket errors, over all repetitions.\n\n{}",
+         200 with no limiter, the floor under decision mode; \"proxy floor\" is the same \
+         example given the upstream: each request forwarded as it came, no header rewritten, \
+         on one upstream connection per downstream connection (hyper's `client::conn::http1`, \
+         driven from the downstream connection's task), the floor under proxy mode.{} Errors: \
+         answers of 400 or more and socket errors, over all repetitions.\n\n{}",
         ctx.reps,
         ctx.baseline.as_ref().map_or(String::new(), |b| format!(
             " \"baseline\" rows: the binary `{}`, in the same rounds; \"this build / \
@@ -198,6 +204,9 @@ fn start(ctx: &Ctx, dir: &Path, case: Case, upstream: Option<u16>) -> anyhow::Re
             let port = procs::free_port()?;
             let mut cmd = servers::pinned(&ctx.bins.http_floor, cpu);
             cmd.arg(format!("127.0.0.1:{port}"));
+            if let Some(up) = upstream {
+                cmd.arg(format!("127.0.0.1:{up}"));
+            }
             let mut p = Proc::spawn("http_floor", cmd, &dir.join("http_floor.log"))?;
             p.wait_port(port, Duration::from_secs(15))?;
             Ok((p, port))
