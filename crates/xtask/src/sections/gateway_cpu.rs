@@ -26,6 +26,8 @@ const LOAD_CPU: u32 = 0;
 #[derive(Debug, Clone, Copy)]
 enum Case {
     Nginx,
+    /// nginx in proxy mode writing the forwarding headers tollgate writes.
+    NginxForwarding,
     Floor,
     Tollgate(Store),
     /// The `--baseline` binary.
@@ -61,6 +63,13 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
     for proxy in [false, true] {
         let mode = if proxy { "proxy" } else { "decision" };
         cases.push((format!("nginx {mode}"), proxy, Case::Nginx));
+        if proxy {
+            cases.push((
+                "nginx proxy, forwarding headers".into(),
+                proxy,
+                Case::NginxForwarding,
+            ));
+        }
         let floor = if proxy {
             "proxy floor (no limiter)"
         } else {
@@ -179,7 +188,11 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
          200 with no limiter, the floor under decision mode; \"proxy floor\" is the same \
          example given the upstream: each request forwarded as it came, no header rewritten, \
          on one upstream connection per downstream connection (hyper's `client::conn::http1`, \
-         driven from the downstream connection's task), the floor under proxy mode.{} Errors: \
+         driven from the downstream connection's task), the floor under proxy mode. \
+         \"nginx proxy, forwarding headers\" is nginx told to send what tollgate's proxy \
+         sends on every request (the client's `Host`, `X-Forwarded-For`, `X-Real-IP`, \
+         `X-Forwarded-Proto`, `X-Forwarded-Host`, `Forwarded`); its ratio is still to plain \
+         nginx.{} Errors: \
          answers of 400 or more and socket errors, over all repetitions.\n\n{}",
         ctx.reps,
         ctx.baseline.as_ref().map_or(String::new(), |b| format!(
@@ -195,9 +208,13 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
 fn start(ctx: &Ctx, dir: &Path, case: Case, upstream: Option<u16>) -> anyhow::Result<(Proc, u16)> {
     let cpu = Some(GATEWAY_CPU);
     match case {
-        Case::Nginx => {
+        Case::Nginx | Case::NginxForwarding => {
             let port = procs::free_port()?;
-            let body = servers::nginx_limit_body(port, upstream);
+            let extra = match case {
+                Case::NginxForwarding => servers::NGINX_FORWARDING,
+                _ => "",
+            };
+            let body = servers::nginx_limit_body_with(port, upstream, extra);
             Ok((servers::nginx(dir, "gateway", &body, port, cpu)?, port))
         }
         Case::Floor => {

@@ -87,13 +87,30 @@ pub fn upstream_body(port: u16) -> String {
 /// nginx's limiter keyed on the same header as tollgate's policy: 100/min with a burst of
 /// 100, like token_bucket 100/min; `upstream` = proxy to it, none = answer 200 itself.
 pub fn nginx_limit_body(port: u16, upstream: Option<u16>) -> String {
+    nginx_limit_body_with(port, upstream, "")
+}
+
+/// What nginx must be told to pass on what tollgate's proxy writes on every request: the
+/// client's `Host` (nginx sends the upstream's name by default) and the forwarding headers
+/// (`X-Forwarded-For` extended, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host`, an
+/// RFC 7239 `Forwarded`), so the two proxies do the same work on a request's head.
+pub const NGINX_FORWARDING: &str = "proxy_set_header Host $http_host; \
+     proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; \
+     proxy_set_header X-Real-IP $remote_addr; proxy_set_header X-Forwarded-Proto $scheme; \
+     proxy_set_header X-Forwarded-Host $http_host; \
+     proxy_set_header Forwarded \"for=$remote_addr;proto=$scheme;host=\\\"$http_host\\\"\";";
+
+/// [`nginx_limit_body`] with more directives in the proxy's location (`extra`, e.g.
+/// [`NGINX_FORWARDING`]).
+pub fn nginx_limit_body_with(port: u16, upstream: Option<u16>, extra: &str) -> String {
     let zone = "limit_req_zone $http_x_api_key zone=api:64m rate=100r/m;";
     let limit = "limit_req zone=api burst=100 nodelay; limit_req_status 429;";
     match upstream {
         Some(up) => format!(
             "upstream backend {{ server 127.0.0.1:{up}; keepalive 1024; }} {zone} \
              server {{ listen 127.0.0.1:{port} backlog=4096; location / {{ {limit} \
-             proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }} }}"
+             proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; \
+             {extra} }} }}"
         ),
         None => format!(
             "{zone} server {{ listen 127.0.0.1:{port} backlog=4096; location / {{ {limit} return 200 \"ok\\n\"; }} }}"
@@ -352,5 +369,10 @@ mod tests {
         assert!(!serve_config(1, 2, None, Store::Memory).contains("upstream"));
         assert!(nginx_limit_body(5, Some(6)).contains("proxy_pass http://backend"));
         assert!(nginx_limit_body(5, None).contains("return 200"));
+        let fwd = nginx_limit_body_with(5, Some(6), NGINX_FORWARDING);
+        assert!(fwd.contains("proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;"));
+        assert!(fwd.contains(
+            r#"proxy_set_header Forwarded "for=$remote_addr;proto=$scheme;host=\"$http_host\"";"#
+        ));
     }
 }
