@@ -113,7 +113,8 @@ impl Proxy {
         parts.version = http::Version::HTTP_11;
         let (body, fault) = ClientBody::new(body, self.body_timeout);
         let req = Request::from_parts(parts, body);
-        let answer = tokio::time::timeout(self.timeout, self.pool.send(req)).await;
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let answer = self.pool.send(req, deadline).await;
         match fault.get() {
             Some(BodyFault::Broken) => {
                 return problem_response(
@@ -129,24 +130,12 @@ impl Proxy {
             None => {}
         }
         match answer {
-            Ok(Ok(resp)) => {
+            Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 Response::from_parts(parts, body.boxed())
             }
-            Ok(Err(failure)) => {
-                let (kind, error): (_, &dyn std::fmt::Display) = match &failure {
-                    Failure::Connect(e) => (UpstreamError::Connect, e),
-                    Failure::Exchange(e) => (UpstreamError::Response, e),
-                };
-                self.metrics.upstream_error(kind);
-                tracing::warn!(error = %error, kind = kind.as_str(), "upstream request failed");
-                problem_response(
-                    Problem::new(ProblemKind::UpstreamUnavailable)
-                        .detail("the upstream could not be reached or broke off its answer"),
-                )
-            }
-            Err(_) => {
+            Err(Failure::Timeout) => {
                 self.metrics.upstream_error(UpstreamError::Timeout);
                 tracing::warn!(timeout = ?self.timeout, "upstream timed out");
                 problem_response(
@@ -154,7 +143,19 @@ impl Proxy {
                         .detail("the upstream did not answer within upstream_timeout"),
                 )
             }
+            Err(Failure::Connect(e)) => self.unavailable(UpstreamError::Connect, &e),
+            Err(Failure::Exchange(e)) => self.unavailable(UpstreamError::Response, &e),
         }
+    }
+
+    /// The 502 of an upstream that could not be reached or broke off (`kind`, `error`).
+    fn unavailable(&self, kind: UpstreamError, error: &dyn std::fmt::Display) -> Response<BoxBody> {
+        self.metrics.upstream_error(kind);
+        tracing::warn!(error = %error, kind = kind.as_str(), "upstream request failed");
+        problem_response(
+            Problem::new(ProblemKind::UpstreamUnavailable)
+                .detail("the upstream could not be reached or broke off its answer"),
+        )
     }
 
     /// The path and query sent upstream for a request to `uri`: the upstream's base path,

@@ -17,6 +17,14 @@
 //! A request that hyper hands back unsent (the connection turned out to be closed before it
 //! was written) is retried on another connection; one already written is not (it may not be
 //! idempotent), and its failure is the caller's 502.
+//!
+//! A request waits for its response head until a deadline (`upstream_timeout` from when the
+//! proxy took it). The wait on a connection is timed by a timer the connection keeps, moved
+//! on to each request's deadline: tokio's timer then only has its expiry pushed later (one
+//! compare-and-swap) where a timer per request was put into the timer wheel and taken out
+//! again (and the wheel's lock taken twice). A timer left behind by the last request fires at
+//! most once and wakes that request's task for nothing; a connection's next request re-arms
+//! it. A new connection is made under a timer of its own (rare: the pool keeps them).
 
 use crate::http::util::BoxError;
 use bytes::Bytes;
@@ -34,6 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 use super::body::UpstreamBody;
 
@@ -67,25 +76,16 @@ pub(super) struct UpstreamConn<B: RequestBody> {
     driver: Option<Connection<TokioIo<TcpStream>, B>>,
     /// Whether it served a request before (a request it hands back unsent is then retried).
     reused: bool,
+    /// The timer of the request it serves, kept for the next one (see the module's doc);
+    /// `None` until its first request.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<B: RequestBody> UpstreamConn<B> {
     /// Does the connection's pending I/O (waking `cx` when there is more); false once the
     /// connection is over.
     pub(super) fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(driver) = &mut self.driver else {
-            return false;
-        };
-        match Pin::new(driver).poll(cx) {
-            Poll::Pending => true,
-            Poll::Ready(ended) => {
-                if let Err(e) = ended {
-                    tracing::debug!(error = %e, "upstream connection ended");
-                }
-                self.driver = None;
-                false
-            }
-        }
+        drive(&mut self.driver, cx)
     }
 
     /// Whether it can take a request now, after doing its pending I/O.
@@ -93,17 +93,55 @@ impl<B: RequestBody> UpstreamConn<B> {
         self.drive(cx) && self.sender.is_ready()
     }
 
-    /// Sends `req` and waits for the response head, doing the connection's I/O meanwhile.
+    /// Sends `req` and waits for the response head until `deadline` (`None` past it), doing
+    /// the connection's I/O meanwhile.
     async fn send(
         &mut self,
         req: Request<B>,
-    ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<B>>> {
+        deadline: Instant,
+    ) -> Option<Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<B>>>> {
+        let timer = match &mut self.timer {
+            Some(timer) => {
+                // Later than the last request's deadline (the same `upstream_timeout` from a
+                // later instant), so tokio only pushes the expiry on.
+                timer.as_mut().reset(deadline);
+                timer
+            }
+            None => self
+                .timer
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
         let mut answer = std::pin::pin!(self.sender.try_send_request(req));
+        let driver = &mut self.driver;
         std::future::poll_fn(|cx| {
-            self.drive(cx);
-            answer.as_mut().poll(cx)
+            drive(driver, cx);
+            if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
+                return Poll::Ready(Some(answer));
+            }
+            timer.as_mut().poll(cx).map(|()| None)
         })
         .await
+    }
+}
+
+/// Does a connection's pending I/O (waking `cx` when there is more); false once it is over
+/// (`driver` is then `None`).
+fn drive<B: RequestBody>(
+    driver: &mut Option<Connection<TokioIo<TcpStream>, B>>,
+    cx: &mut Context<'_>,
+) -> bool {
+    let Some(d) = driver else {
+        return false;
+    };
+    match Pin::new(d).poll(cx) {
+        Poll::Pending => true,
+        Poll::Ready(ended) => {
+            if let Err(e) = ended {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+            *driver = None;
+            false
+        }
     }
 }
 
@@ -120,6 +158,8 @@ pub(super) enum Failure {
     Connect(BoxError),
     /// Connected, but the exchange broke before a response head arrived.
     Exchange(hyper::Error),
+    /// No response head by the deadline.
+    Timeout,
 }
 
 /// Where the upstream is.
@@ -220,18 +260,27 @@ impl<B: RequestBody> Pool<B> {
     }
 
     /// Sends `req` on an idle connection, or a new one, and returns the response (its body
-    /// gives the connection back when it ends).
+    /// gives the connection back when it ends), or [`Failure::Timeout`] when no response
+    /// head has come by `deadline` (connecting included).
     pub(super) async fn send(
         self: &Arc<Self>,
         mut req: Request<B>,
+        deadline: Instant,
     ) -> Result<Response<UpstreamBody<B>>, Failure> {
         loop {
             let idle = std::future::poll_fn(|cx| Poll::Ready(self.checkout(cx))).await;
             let mut conn = match idle {
                 Some(conn) => conn,
-                None => self.connect().await.map_err(Failure::Connect)?,
+                None => match tokio::time::timeout_at(deadline, self.connect()).await {
+                    Ok(made) => made.map_err(Failure::Connect)?,
+                    Err(_) => return Err(Failure::Timeout),
+                },
             };
-            match conn.send(req).await {
+            // Past the deadline the connection is dropped with the request on it.
+            let Some(sent) = conn.send(req, deadline).await else {
+                return Err(Failure::Timeout);
+            };
+            match sent {
                 Ok(resp) => return Ok(resp.map(|body| UpstreamBody::new(body, conn, self.clone()))),
                 Err(mut e) => match e.take_message() {
                     // Never written: safe to send again, on another connection.
@@ -269,6 +318,7 @@ impl<B: RequestBody> Pool<B> {
             sender,
             driver: Some(driver),
             reused: false,
+            timer: None,
         }))
     }
 
@@ -414,15 +464,91 @@ mod tests {
     }
 
     async fn get(pool: &Arc<Pool<Empty<Bytes>>>) -> Response<UpstreamBody<Empty<Bytes>>> {
+        get_within(pool, Duration::from_secs(10))
+            .await
+            .expect("the upstream answers within 10 s")
+    }
+
+    async fn get_within(
+        pool: &Arc<Pool<Empty<Bytes>>>,
+        limit: Duration,
+    ) -> Result<Response<UpstreamBody<Empty<Bytes>>>, Failure> {
         let req = Request::builder()
             .uri("/")
             .header(http::header::HOST, "up")
             .body(Empty::new())
             .expect("request");
-        tokio::time::timeout(Duration::from_secs(10), pool.send(req))
+        pool.send(req, Instant::now() + limit).await
+    }
+
+    /// An upstream that answers the first `answered` requests of its one connection at
+    /// once and never the rest (it reads them and waits); the task ends with the test.
+    async fn answers_then_stalls(answered: usize) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .expect("an answer within 10 s")
-            .expect("the upstream answers")
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (mut buf, mut chunk, mut done) = (Vec::new(), [0u8; 1024], 0);
+            loop {
+                while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    buf.drain(..end + 4);
+                    if done < answered {
+                        done += 1;
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if stream.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        });
+        (addr, task)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_connection_s_timer_moves_to_each_request_s_deadline_earlier_or_later() {
+        let (addr, task) = answers_then_stalls(2).await;
+        let authority: Authority = addr.to_string().parse().expect("authority");
+        let pool = Pool::<Empty<Bytes>>::new(&authority, 1, 4);
+        // The first request arms the connection's timer 50 ms out; it passes while the
+        // connection is idle (the timer fires with nobody waiting).
+        let first = get_within(&pool, Duration::from_millis(50)).await;
+        let body = first.expect("answered").into_body().collect().await;
+        assert_eq!(&body.expect("body").to_bytes()[..], b"ok");
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert_eq!(pool.idle(), 1);
+        // A fired timer is re-armed: the second request has its whole 10 s.
+        let second = get_within(&pool, Duration::from_secs(10)).await;
+        let body = second.expect("answered").into_body().collect().await;
+        assert_eq!(&body.expect("body").to_bytes()[..], b"ok");
+        // An earlier deadline than the one armed (a reload that shortened
+        // upstream_timeout): the third request, never answered, ends at its own 150 ms.
+        let start = std::time::Instant::now();
+        let third = get_within(&pool, Duration::from_millis(150)).await;
+        let took = start.elapsed();
+        assert!(
+            matches!(third, Err(Failure::Timeout)),
+            "the third request: {}",
+            match &third {
+                Ok(_) => "answered".to_string(),
+                Err(e) => format!("{e:?}"),
+            }
+        );
+        assert!(
+            took >= Duration::from_millis(150) && took < Duration::from_secs(5),
+            "timed out after {took:?}"
+        );
+        // The connection with its request still on it is not kept.
+        assert_eq!(pool.idle(), 0);
+        task.abort();
     }
 
     async fn get_ok(pool: &Arc<Pool<Empty<Bytes>>>) {
