@@ -15,7 +15,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 /// What went wrong with a client's body.
@@ -33,17 +32,23 @@ pub type FaultSlot = Arc<OnceLock<BodyFault>>;
 /// The client's body, with a deadline.
 pub struct ClientBody {
     inner: Incoming,
-    deadline: Pin<Box<Sleep>>,
+    deadline: Instant,
+    /// The timer that wakes the body's reader at `deadline`, made the first time the body
+    /// has to be waited for. Most proxied requests have no body (a `GET`), or one already
+    /// read with the head: they never make one (a boxed `Sleep` with a handle on the
+    /// runtime, made and dropped per request, and the timer wheel's work if it was polled).
+    timer: Option<Pin<Box<Sleep>>>,
     fault: FaultSlot,
 }
 
 impl ClientBody {
-    /// `inner`, which must arrive in full within `limit` from now.
-    pub fn new(inner: Incoming, limit: Duration) -> (Self, FaultSlot) {
+    /// `inner`, which must arrive in full by `deadline`.
+    pub fn new(inner: Incoming, deadline: Instant) -> (Self, FaultSlot) {
         let fault = FaultSlot::default();
         let body = Self {
             inner,
-            deadline: Box::pin(tokio::time::sleep_until(Instant::now() + limit)),
+            deadline,
+            timer: None,
             fault: fault.clone(),
         };
         (body, fault)
@@ -77,7 +82,12 @@ impl Body for ClientBody {
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
+        // Waiting for the client: from here on the deadline has a timer.
+        let deadline = this.deadline;
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.as_mut().poll(cx).is_ready() {
             let _ = this.fault.set(BodyFault::Timeout);
             return Poll::Ready(Some(Err(Box::new(BodyTimedOut))));
         }

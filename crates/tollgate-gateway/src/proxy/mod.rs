@@ -111,10 +111,10 @@ impl Proxy {
         // Origin form: the connection is to the upstream itself.
         parts.uri = Uri::from(path);
         parts.version = http::Version::HTTP_11;
-        let (body, fault) = ClientBody::new(body, self.body_timeout);
+        let now = tokio::time::Instant::now();
+        let (body, fault) = ClientBody::new(body, now + self.body_timeout);
         let req = Request::from_parts(parts, body);
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let answer = self.pool.send(req, deadline).await;
+        let answer = self.pool.send(req, now + self.timeout).await;
         match fault.get() {
             Some(BodyFault::Broken) => {
                 return problem_response(
