@@ -440,15 +440,23 @@ mod tests {
     }
 
     /// Answers every request head on `stream` with a 2-byte `ok` (requests have no body).
-    async fn answer_ok(mut stream: TcpStream) {
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 1024];
+    async fn answer_ok(stream: TcpStream) {
+        answer_first(stream, usize::MAX).await;
+    }
+
+    /// Answers the first `answered` request heads on `stream` with a 2-byte `ok` and reads
+    /// the rest without a word, until the peer closes.
+    async fn answer_first(mut stream: TcpStream, answered: usize) {
+        let (mut buf, mut chunk, mut done) = (Vec::new(), [0u8; 1024], 0);
         loop {
             while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 buf.drain(..end + 4);
-                let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                if stream.write_all(ok).await.is_err() {
-                    return;
+                if done < answered {
+                    done += 1;
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if stream.write_all(ok).await.is_err() {
+                        return;
+                    }
                 }
             }
             match stream.read(&mut chunk).await {
@@ -489,25 +497,8 @@ mod tests {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let task = tokio::spawn(async move {
-            let Ok((mut stream, _)) = listener.accept().await else {
-                return;
-            };
-            let (mut buf, mut chunk, mut done) = (Vec::new(), [0u8; 1024], 0);
-            loop {
-                while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    buf.drain(..end + 4);
-                    if done < answered {
-                        done += 1;
-                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                        if stream.write_all(ok).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                match stream.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
+            if let Ok((stream, _)) = listener.accept().await {
+                answer_first(stream, answered).await;
             }
         });
         (addr, task)
