@@ -129,10 +129,18 @@ impl Upstream {
 
     /// Does the connection's pending reads and writes.
     fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(d) = &mut self.driver {
-            if Pin::new(d).poll(cx).is_ready() {
-                self.driver = None;
-            }
+        drive(&mut self.driver, cx);
+    }
+}
+
+/// Does a connection's pending reads and writes; `driver` is `None` once it is over.
+fn drive(
+    driver: &mut Option<client::Connection<TokioIo<TcpStream>, Incoming>>,
+    cx: &mut Context<'_>,
+) {
+    if let Some(d) = driver {
+        if Pin::new(d).poll(cx).is_ready() {
+            *driver = None;
         }
     }
 }
@@ -159,11 +167,7 @@ async fn forward(
         let Upstream { sender, driver } = &mut *conn;
         let mut answer = pin!(sender.send_request(req));
         poll_fn(|cx| {
-            if let Some(d) = driver {
-                if Pin::new(d).poll(cx).is_ready() {
-                    *driver = None;
-                }
-            }
+            drive(driver, cx);
             answer.as_mut().poll(cx)
         })
         .await?

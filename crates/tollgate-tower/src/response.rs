@@ -260,8 +260,8 @@ mod tests {
         written_429(refusal(result, retry_after), result, retry_after)
     }
 
-    /// Every 429 of one advertised policy comes from its template, its body from the policy's
-    /// (see [`Bodies`]), and is the 429 written header by header and member by member (names
+    /// Every 429 of one advertised policy comes from its template (head and body, see
+    /// [`Template429`]), and is the 429 written header by header and member by member (names
     /// that need escapes included): across more policies than a thread keeps templates and
     /// bodies for (so slots are taken over and both made again), a policy's cost copy (the
     /// same item), and its `Retry-After` and `RateLimit` of its own.

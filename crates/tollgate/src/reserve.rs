@@ -406,11 +406,12 @@ impl Limiter {
             holds
                 .iter_mut()
                 .filter(|(_, l)| {
-                    let w = tollgate_core::algorithms::concurrency::width(l.policy.limit().quota());
+                    let w = Duration::from_micros(tollgate_core::algorithms::concurrency::width(
+                        l.policy.limit().quota(),
+                    ));
                     // A tick early, so that renewals are at most a bucket apart: a bucket
                     // lives 2W + hold_ttl from its start, so the holds of a process that
                     // dies are dropped no sooner than hold_ttl after its death.
-                    let w = Duration::from_micros(w);
                     !l.renewing && started + RENEW_TICK >= l.since + w
                 })
                 .map(|(&id, l)| {
