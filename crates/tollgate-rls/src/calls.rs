@@ -22,10 +22,10 @@
 use crate::budget;
 use crate::health::HealthService;
 use crate::live::LiveRls;
-use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::proto::grpc::health::v1::HealthCheckRequest;
+use crate::request::RlsRequest;
 use crate::wire::answer::Answer;
-use crate::wire::{deadline, frame};
+use crate::wire::{deadline, frame, response};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
@@ -152,22 +152,7 @@ where
     };
     let place = Some(place);
     match method {
-        Method::ShouldRateLimit => {
-            let (request, trailers) = match unary::<RateLimitRequest, B>(&headers, body).await {
-                Ok(call) => call,
-                Err(status) => return Answer::status(&status, place),
-            };
-            let service = services.rls.current();
-            let span =
-                tollgate::trace::decision_span(|| traceparent(&headers, trailers.as_deref()));
-            // Boxed: the decision's future is most of a call's, and a call's future lives
-            // inline in the task hyper spawns for the stream, which lasts as long as the
-            // stream (a client that never reads keeps it): boxed, it is freed once decided.
-            match Box::pin(service.decide(&request).instrument(span)).await {
-                Ok(response) => framed(&response, place),
-                Err(status) => Answer::status(&status, place),
-            }
-        }
+        Method::ShouldRateLimit => should_rate_limit(&services, &headers, body, place).await,
         Method::HealthCheck => match unary::<HealthCheckRequest, B>(&headers, body).await {
             Ok((request, _)) => match services.health.check(&request).await {
                 Ok(response) => framed(&response, place),
@@ -181,6 +166,54 @@ where
         },
         Method::Unknown => Answer::unimplemented(place),
         Method::NoService => Answer::no_service(place),
+    }
+}
+
+/// `ShouldRateLimit`: its message read in place ([`RlsRequest::decode`]: the strings borrow
+/// the body's bytes) and decided. As [`unary`]: the first message is decoded the moment it is
+/// whole, then the body is read to its end, every further message decoded and dropped.
+async fn should_rate_limit<B>(
+    services: &Services,
+    headers: &HeaderMap,
+    body: B,
+    place: Option<Place>,
+) -> Response<Answer>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if let Err(status) = frame::uncompressed(headers) {
+        return Answer::status(&status, place);
+    }
+    let mut messages = frame::Messages::new(body, MAX_MESSAGE_BYTES);
+    let message = match messages.first().await {
+        Ok(message) => message,
+        Err(status) => return Answer::status(&status, place),
+    };
+    let request = match RlsRequest::decode(&message) {
+        Ok(request) => request,
+        Err(e) => return Answer::status(&frame::decode_error(e), place),
+    };
+    if let Err(status) = messages
+        .rest(|more| RlsRequest::decode(&more).map(drop))
+        .await
+    {
+        return Answer::status(&status, place);
+    }
+    let trailers = messages.take_trailers();
+    drop(messages);
+    let service = services.rls.current();
+    let span = tollgate::trace::decision_span(|| traceparent(headers, trailers.as_deref()));
+    // Boxed: the decision's future is most of a call's, and a call's future lives inline in
+    // the task hyper spawns for the stream, which lasts as long as the stream (a client that
+    // never reads keeps it): boxed, it is freed once decided.
+    let framed = match Box::pin(service.decide_request(&request).instrument(span)).await {
+        Ok(response) => response::encode(response),
+        Err(status) => Err(status),
+    };
+    match framed {
+        Ok(bytes) => Answer::message(bytes, place),
+        Err(status) => Answer::status(&status, place),
     }
 }
 

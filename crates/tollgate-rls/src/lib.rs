@@ -8,6 +8,8 @@
 //! - [`config`]: the YAML loader ([`config::load_dir_or_file`]) and the matching rules.
 //! - [`RlsService`]: a request's descriptors -> one plan -> one [`tollgate::Limiter::check`]
 //!   (descriptors with `is_negative_hits`: one [`tollgate::Limiter::give_back`] before it).
+//! - [`request::RlsRequest`]: a `RateLimitRequest` read in place, its strings borrowed from
+//!   the message's bytes.
 //! - [`serve`]: the gRPC listener (HTTP/2 cleartext): hyper's HTTP/2 connection and a
 //!   hand-written unary gRPC layer (tonic's generated messages, not its server stack).
 #![deny(missing_docs)]
@@ -22,6 +24,7 @@ mod incoming;
 mod live;
 pub mod metrics;
 pub mod proto;
+pub mod request;
 mod server;
 mod service;
 mod wire;

@@ -19,11 +19,11 @@
 use crate::config::{Found, RlsConfig, RuleLimit, Unit};
 use crate::metrics::DescriptorMetrics;
 use crate::proto::envoy::config::core::v3::HeaderValue;
-use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::request::{Descriptor, Override, RlsRequest};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tollgate::policy::{FailurePolicy, SyncMode};
@@ -259,6 +259,12 @@ impl RlsService {
     /// request that cannot be decided, `UNAVAILABLE` when the store fails and a rule fails
     /// closed (Envoy then applies its own `failure_mode_deny`).
     pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        self.decide_request(&RlsRequest::of(req)).await
+    }
+
+    /// [`RlsService::decide`] for a request read in place ([`RlsRequest::decode`]), as the
+    /// server reads every call's.
+    pub async fn decide_request(&self, req: &RlsRequest<'_>) -> Result<RateLimitResponse, Status> {
         let i = &self.inner;
         if req.domain.is_empty() {
             return Err(Status::invalid_argument(
@@ -279,7 +285,7 @@ impl RlsService {
         let found: Vec<Option<Found>> = req
             .descriptors
             .iter()
-            .map(|d| self.rule_of(&req.domain, d))
+            .map(|d| self.rule_of(req.domain, d))
             .collect::<Result<_, _>>()?;
         let rules: Vec<Option<usize>> = found.iter().map(|f| f.map(|f| f.rule)).collect();
         let replaced = self.replaced(&rules);
@@ -293,7 +299,7 @@ impl RlsService {
         for (d, f) in req.descriptors.iter().zip(&found) {
             let cost = d.hits_addend.unwrap_or(request_hits);
             let f = f.filter(|f| !replaced.contains(&f.rule));
-            slots.push(self.slot(&req.domain, d, f, cost, &mut items)?);
+            slots.push(self.slot(req.domain, d, f, cost, &mut items)?);
         }
         let mut items = items.list;
         // A blocked descriptor denies the request (nothing is charged): the store is asked
@@ -405,7 +411,7 @@ impl RlsService {
     fn slot(
         &self,
         domain: &str,
-        d: &RateLimitDescriptor,
+        d: &Descriptor<'_>,
         found: Option<Found>,
         cost: u64,
         items: &mut Items,
@@ -416,7 +422,7 @@ impl RlsService {
         let configured = rule.map(|r| &i.config.rules()[r]);
         let rule_shadow = configured.is_some_and(|r| r.shadow) || i.options.shadow_mode;
         let quota = (configured.is_some_and(|r| r.quota) || i.options.quota_mode) && !rule_shadow;
-        if let Some(o) = d.limit.as_ref().filter(|_| i.config.has_domain(domain)) {
+        if let Some(o) = d.limit.filter(|_| i.config.has_domain(domain)) {
             if o.requests_per_unit == 0 {
                 let unit = Unit::from_proto(o.unit).ok_or_else(|| {
                     Status::invalid_argument("the limit override needs a unit (SECOND to WEEK)")
@@ -438,7 +444,7 @@ impl RlsService {
                 });
             }
             // As envoyproxy: an override is never in shadow or quota mode.
-            let (policy, current, salt) = self.override_policy(domain, rule, o)?;
+            let (policy, current, salt) = self.override_policy(domain, rule, &o)?;
             let client = self.client(domain, d, None, Some(&salt), &mut items.key);
             let item = Item {
                 client,
@@ -510,16 +516,13 @@ impl RlsService {
     }
 
     /// The rule of one request descriptor (before `replaces`).
-    fn rule_of(&self, domain: &str, d: &RateLimitDescriptor) -> Result<Option<Found>, Status> {
+    fn rule_of(&self, domain: &str, d: &Descriptor<'_>) -> Result<Option<Found>, Status> {
         if d.entries.len() > MAX_ENTRIES {
             return Err(Status::invalid_argument(format!(
                 "at most {MAX_ENTRIES} entries per descriptor"
             )));
         }
-        Ok(self.inner.config.find(
-            domain,
-            d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-        ))
+        Ok(self.inner.config.find(domain, d.pairs()))
     }
 
     /// The rules that another matched rule of the same request `replaces` (by name).
@@ -567,7 +570,7 @@ impl RlsService {
     fn client(
         &self,
         domain: &str,
-        d: &RateLimitDescriptor,
+        d: &Descriptor<'_>,
         found: Option<Found>,
         salt: Option<&str>,
         bytes: &mut Vec<u8>,
@@ -582,11 +585,7 @@ impl RlsService {
         for (n, e) in d.entries.iter().enumerate() {
             part(e.key.as_bytes());
             let pattern = if n < 64 && shared >> n & 1 == 1 {
-                self.inner.config.shared_pattern(
-                    domain,
-                    d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-                    n,
-                )
+                self.inner.config.shared_pattern(domain, d.pairs(), n)
             } else {
                 None
             };
@@ -612,7 +611,7 @@ impl RlsService {
         &self,
         domain: &str,
         rule: Option<usize>,
-        o: &crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride,
+        o: &Override,
     ) -> Result<(Policy, RateLimit, String), Status> {
         let i = &self.inner;
         let unit = Unit::from_proto(o.unit).ok_or_else(|| {
@@ -668,7 +667,7 @@ impl RlsService {
 
     fn respond(
         &self,
-        req: &RateLimitRequest,
+        req: &RlsRequest<'_>,
         found: &[Option<Found>],
         a: &Answer<'_>,
     ) -> Result<RateLimitResponse, Status> {
@@ -790,12 +789,8 @@ impl RlsService {
                 let rule = &i.config.rules()[f.rule];
                 if rule.detailed_metric || rule.value_to_metric {
                     let d = &req.descriptors[n];
-                    let entries: Vec<(&str, &str)> = d
-                        .entries
-                        .iter()
-                        .map(|e| (e.key.as_str(), e.value.as_str()))
-                        .collect();
-                    if let Some(key) = i.config.metric_key(&req.domain, &entries) {
+                    let entries: Vec<(&str, &str)> = d.pairs().collect();
+                    if let Some(key) = i.config.metric_key(req.domain, &entries) {
                         i.metrics.record(&key, outcome);
                     }
                 }
@@ -881,7 +876,7 @@ impl RlsService {
     /// configured `metadata` of the rules of the descriptors that passed, merged.
     fn dynamic_metadata(
         &self,
-        req: &RateLimitRequest,
+        req: &RlsRequest<'_>,
         passed: &[Option<usize>],
     ) -> prost_types::Struct {
         use prost_types::value::Kind;
@@ -907,7 +902,7 @@ impl RlsService {
                         kind: Some(Kind::ListValue(prost_types::ListValue { values: entries })),
                     },
                 );
-                if let Some(o) = &d.limit {
+                if let Some(o) = d.limit {
                     let unit = Unit::from_proto(o.unit)
                         .map_or_else(|| "UNKNOWN".to_string(), |u| u.name().to_uppercase());
                     fields.insert(
@@ -927,7 +922,7 @@ impl RlsService {
             })
             .collect();
         let mut fields = std::collections::BTreeMap::new();
-        fields.insert("domain".to_string(), text(req.domain.clone()));
+        fields.insert("domain".to_string(), text(req.domain.to_string()));
         fields.insert(
             "descriptors".to_string(),
             prost_types::Value {

@@ -3,7 +3,7 @@
 use super::*;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use crate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
+use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::proto::grpc::health::v1::HealthCheckResponse;
 use crate::service::{RlsOptions, RlsService};
 use http_body::Frame;

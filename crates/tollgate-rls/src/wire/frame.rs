@@ -107,6 +107,25 @@ where
         }
     }
 
+    /// A unary request's one message: the first, which must be there.
+    pub(crate) async fn first(&mut self) -> Result<Bytes, Status> {
+        self.next()
+            .await?
+            .ok_or_else(|| Status::internal("Missing request message."))
+    }
+
+    /// The rest of a unary request's body, after its first message: every further message is
+    /// checked by `decode` (and can fail the call) and dropped, up to the body's end.
+    pub(crate) async fn rest<E: std::fmt::Display>(
+        &mut self,
+        decode: impl Fn(Bytes) -> Result<(), E>,
+    ) -> Result<(), Status> {
+        while let Some(more) = self.next().await? {
+            decode(more).map_err(decode_error)?;
+        }
+        Ok(())
+    }
+
     /// The body's trailers, once [`Self::next`] has reached them.
     pub(crate) fn take_trailers(&mut self) -> Option<Box<HeaderMap>> {
         self.trailers.take()
@@ -201,18 +220,13 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut messages = Messages::new(body, limit);
-    let first = messages
-        .next()
-        .await?
-        .ok_or_else(|| Status::internal("Missing request message."))?;
-    let message = M::decode(first).map_err(decode_error)?;
-    while let Some(more) = messages.next().await? {
-        M::decode(more).map_err(decode_error)?;
-    }
+    let message = M::decode(messages.first().await?).map_err(decode_error)?;
+    messages.rest(|more| M::decode(more).map(drop)).await?;
     Ok((message, messages.take_trailers()))
 }
 
-fn decode_error(e: prost::DecodeError) -> Status {
+/// A message that could not be decoded: `INTERNAL`, with the decoder's words.
+pub(crate) fn decode_error(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }
 
