@@ -144,20 +144,39 @@ impl<V: Clone> OverrideCache<V> {
 /// A request's plan items, and the bytes of the client key being built (one buffer for all
 /// the request's descriptors).
 #[derive(Default)]
-struct Items {
-    list: Vec<Item>,
+struct Items<'c> {
+    list: Vec<Item<'c>>,
     key: Vec<u8>,
 }
 
+/// A descriptor's `current_limit` as the answer reports it, its name borrowed from the
+/// configuration (written into the answer, never copied per request).
+#[derive(Debug, Clone, Copy)]
+struct Current<'c> {
+    name: &'c str,
+    requests_per_unit: u32,
+    unit: i32,
+}
+
+impl Current<'_> {
+    fn proto(&self) -> RateLimit {
+        RateLimit {
+            name: self.name.to_string(),
+            requests_per_unit: self.requests_per_unit,
+            unit: self.unit,
+        }
+    }
+}
+
 /// A request descriptor's answer before the store call.
-enum Slot {
+enum Slot<'c> {
     /// No rule (unknown domain, no match, replaced): OK without a limit.
     NoLimit,
     /// An unlimited rule.
     Unlimited,
     /// `requests_per_unit: 0` (or a limit override of 0): over the limit, nothing stored.
     Blocked {
-        current: RateLimit,
+        current: Current<'c>,
         unit: Unit,
         /// The rule's own `shadow_mode`: reported OK.
         shadow: bool,
@@ -168,15 +187,15 @@ enum Slot {
     /// Checked as plan item `item`.
     Item(usize),
     /// A negative-hits descriptor of a blocked rule: nothing stored, nothing to give back.
-    NothingToGive { current: RateLimit },
+    NothingToGive { current: Current<'c> },
 }
 
 /// One (client, policy) of the plan and how its status reads.
-struct Item {
+struct Item<'c> {
     client: ClientKey,
     policy: Policy,
     cost: u64,
-    current: RateLimit,
+    current: Current<'c>,
     /// In quota mode (and not a shadow).
     quota: bool,
     /// The rule's own `shadow_mode` (a descriptor of it never reports OVER_LIMIT).
@@ -377,7 +396,7 @@ impl RlsService {
 
     /// Whether a blocked descriptor denies the request: an enforced one (not in quota mode),
     /// or quota descriptors that are all blocked. The global shadow mode denies nothing.
-    fn blocked_denies(&self, slots: &[Slot], items: &[Item]) -> bool {
+    fn blocked_denies(&self, slots: &[Slot<'_>], items: &[Item<'_>]) -> bool {
         if self.inner.options.shadow_mode {
             return false;
         }
@@ -408,14 +427,14 @@ impl RlsService {
     /// What one request descriptor needs: a plan item (added to `items`), or an answer
     /// without the store. `found` is its rule after `replaces`; a limit override (in a known
     /// domain) wins over it.
-    fn slot(
-        &self,
+    fn slot<'s>(
+        &'s self,
         domain: &str,
         d: &Descriptor<'_>,
         found: Option<Found>,
         cost: u64,
-        items: &mut Items,
-    ) -> Result<Slot, Status> {
+        items: &mut Items<'s>,
+    ) -> Result<Slot<'s>, Status> {
         let i = &self.inner;
         let negative = d.is_negative_hits;
         let rule = found.map(|f| f.rule);
@@ -427,8 +446,8 @@ impl RlsService {
                 let unit = Unit::from_proto(o.unit).ok_or_else(|| {
                     Status::invalid_argument("the limit override needs a unit (SECOND to WEEK)")
                 })?;
-                let current = RateLimit {
-                    name: configured.map(|r| r.name.clone()).unwrap_or_default(),
+                let current = Current {
+                    name: configured.map_or("", |r| r.name.as_str()),
                     requests_per_unit: 0,
                     unit: unit.proto(),
                 };
@@ -475,8 +494,8 @@ impl RlsService {
         };
         match (&i.policies[f.rule], configured.limit, limited) {
             (Some(policy), _, Some((requests_per_unit, unit))) => {
-                let current = RateLimit {
-                    name: configured.name.clone(),
+                let current = Current {
+                    name: &configured.name,
                     requests_per_unit,
                     unit,
                 };
@@ -494,15 +513,15 @@ impl RlsService {
                 Ok(Self::add(items, item))
             }
             (_, RuleLimit::Blocked { unit }, _) if negative => Ok(Slot::NothingToGive {
-                current: RateLimit {
-                    name: configured.name.clone(),
+                current: Current {
+                    name: &configured.name,
                     requests_per_unit: 0,
                     unit: unit.proto(),
                 },
             }),
             (_, RuleLimit::Blocked { unit }, _) => Ok(Slot::Blocked {
-                current: RateLimit {
-                    name: configured.name.clone(),
+                current: Current {
+                    name: &configured.name,
                     requests_per_unit: 0,
                     unit: unit.proto(),
                 },
@@ -547,7 +566,7 @@ impl RlsService {
     /// Adds a plan item, or charges an identical one of the same request again. A linear
     /// search: a request has a few descriptors (at most [`MAX_DESCRIPTORS`]), where a map
     /// would cost an allocation and a hash per descriptor.
-    fn add(items: &mut Items, item: Item) -> Slot {
+    fn add<'c>(items: &mut Items<'c>, item: Item<'c>) -> Slot<'c> {
         let id = item.policy.id();
         match items.list.iter().position(|it| {
             it.client == item.client && it.policy.id() == id && it.negative == item.negative
@@ -575,7 +594,10 @@ impl RlsService {
         salt: Option<&str>,
         bytes: &mut Vec<u8>,
     ) -> ClientKey {
+        // The identity's source ("rls") and its separator first: the buffer is hashed as it
+        // stands (`client_key_joined`), the same key as `client_key("rls", parts)`.
         bytes.clear();
+        bytes.extend_from_slice(b"rls\0");
         let mut part = |s: &[u8]| {
             bytes.extend_from_slice(&(s.len() as u64).to_le_bytes());
             bytes.extend_from_slice(s);
@@ -602,7 +624,7 @@ impl RlsService {
         if let Some(s) = salt {
             part(s.as_bytes());
         }
-        self.inner.hasher.client_key("rls", bytes)
+        self.inner.hasher.client_key_joined(bytes)
     }
 
     /// The policy of a request's limit override: the matched rule's algorithm (fixed_window
@@ -612,7 +634,7 @@ impl RlsService {
         domain: &str,
         rule: Option<usize>,
         o: &Override,
-    ) -> Result<(Policy, RateLimit, String), Status> {
+    ) -> Result<(Policy, Current<'_>, String), Status> {
         let i = &self.inner;
         let unit = Unit::from_proto(o.unit).ok_or_else(|| {
             Status::invalid_argument("the limit override needs a unit (SECOND to WEEK)")
@@ -630,8 +652,8 @@ impl RlsService {
             1,
         )
         .map_err(|e| Status::invalid_argument(format!("invalid limit override: {e}")))?;
-        let current = RateLimit {
-            name: configured.map(|r| r.name.clone()).unwrap_or_default(),
+        let current = Current {
+            name: configured.map_or("", |r| r.name.as_str()),
             requests_per_unit: o.requests_per_unit,
             unit: unit.proto(),
         };
@@ -734,7 +756,7 @@ impl RlsService {
                     };
                     let status = DescriptorStatus {
                         code: code.into(),
-                        current_limit: Some(current.clone()),
+                        current_limit: Some(current.proto()),
                         limit_remaining: 0,
                         duration_until_reset: Some(proto_duration(until_window_end(*unit))),
                     };
@@ -748,7 +770,7 @@ impl RlsService {
                 Slot::NothingToGive { current } => (
                     DescriptorStatus {
                         code: Code::Ok.into(),
-                        current_limit: Some(current.clone()),
+                        current_limit: Some(current.proto()),
                         ..Default::default()
                     },
                     None,
@@ -769,7 +791,7 @@ impl RlsService {
                     let status = match r.and_then(|r| r.decision) {
                         Some(d) => DescriptorStatus {
                             code: if over { Code::OverLimit } else { Code::Ok }.into(),
-                            current_limit: Some(it.current.clone()),
+                            current_limit: Some(it.current.proto()),
                             limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
                             duration_until_reset: Some(proto_duration(d.reset_after)),
                         },
@@ -777,7 +799,7 @@ impl RlsService {
                         // charged and nothing is known to be used.
                         None => DescriptorStatus {
                             code: if over { Code::OverLimit } else { Code::Ok }.into(),
-                            current_limit: Some(it.current.clone()),
+                            current_limit: Some(it.current.proto()),
                             limit_remaining: it.current.requests_per_unit,
                             duration_until_reset: None,
                         },
@@ -838,7 +860,7 @@ impl RlsService {
             let name = if current.name.is_empty() {
                 "blocked"
             } else {
-                current.name.as_str()
+                current.name
             };
             let name = tollgate::headers::sf_string(name);
             let own = format!("{name};q=0;w={}", unit.seconds());
@@ -957,8 +979,8 @@ impl RlsService {
 
 /// A decided request, as [`RlsService::respond`] reads it.
 struct Answer<'a> {
-    slots: &'a [Slot],
-    items: &'a [Item],
+    slots: &'a [Slot<'a>],
+    items: &'a [Item<'a>],
     policies: &'a [Policy],
     result: &'a LimitResult,
     /// A blocked descriptor denied the request.
