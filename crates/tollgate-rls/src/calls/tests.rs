@@ -435,3 +435,54 @@ async fn a_calls_future_stays_small() {
     let (call, decision) = (size_of_val(&call), size_of_val(&decision));
     assert!(call <= 1024, "{call} bytes (the decision's: {decision})");
 }
+
+/// Hostile messages through the whole call, read in place: each is refused with the status
+/// and words tonic's prost decoder gave (or, read whole, with the service's own refusal),
+/// nothing panics, and the next call is decided as before.
+#[tokio::test]
+async fn hostile_messages_are_refused_as_prost_refused_them_and_the_next_call_is_decided() {
+    fn framed(message: &[u8]) -> Vec<u8> {
+        let mut out = vec![0];
+        out.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+        out.extend_from_slice(message);
+        out
+    }
+    // Unknown field 9 as groups nested `n` deep: prost skips a hundred, refuses one more.
+    let groups = |n: usize| [vec![0x4b; n], vec![0x4c; n]].concat();
+    // A descriptor whose entry's key is not UTF-8.
+    let bad_key = [0x12, 0x06, 0x0a, 0x04, 0x0a, 0x02, 0xc3, 0x28];
+    // As many empty descriptors as the message bound allows.
+    let many = [0x12, 0x00].repeat(30_000);
+    let cases: [(Vec<u8>, &str, &str); 4] = [
+        (groups(101), "13", "recursion limit reached"),
+        (
+            bad_key.to_vec(),
+            "13",
+            "RateLimitDescriptor.entries: RateLimitRequest.descriptors: invalid string value",
+        ),
+        // Read whole (a hundred groups skipped): no domain, which the service refuses.
+        (groups(100), "3", "domain must not be empty"),
+        (
+            [&[0x0a, 0x04][..], b"edge", &many].concat(),
+            "3",
+            "at most 256 descriptors",
+        ),
+    ];
+    let s = services(8);
+    for (message, status, words) in cases {
+        let theirs = RateLimitRequest::decode(&message[..])
+            .map(drop)
+            .map_err(|e| e.to_string());
+        let read = answered(&s, call(SHOULD_RATE_LIMIT, &framed(&message))).await;
+        assert_eq!(read.status(), Some(status), "{words}");
+        let said = read.grpc_message().unwrap_or_default().replace("%20", " ");
+        assert!(said.contains(words), "{words}: {said}");
+        if let Err(prost_said) = theirs {
+            assert_eq!(said, prost_said, "prost's words");
+        }
+        assert_eq!(
+            answered(&s, rls_call("192.0.2.9")).await.status(),
+            Some("0")
+        );
+    }
+}
