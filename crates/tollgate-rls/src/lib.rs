@@ -37,5 +37,6 @@ pub use grpc::{serve, serve_bounded, serve_with, Bounds};
 pub use health::{HealthService, READY_CACHE, SERVICE_NAME};
 pub use incoming::{Admit, Admitted, ACCEPT_BACKOFF, PREFACE_TIMEOUT};
 pub use live::LiveRls;
+pub use request::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use server::MAX_STREAMS;
-pub use service::{RlsOptions, RlsService, MAX_DESCRIPTORS, MAX_ENTRIES, UNLIMITED_REMAINING};
+pub use service::{RlsOptions, RlsService, UNLIMITED_REMAINING};

@@ -16,21 +16,32 @@
 //!   field appends;
 //! - `uint32` and enum values are the varint's low 32 bits, as prost casts them.
 //!
-//! What the service checks after decoding (at most [`crate::service::MAX_DESCRIPTORS`]
-//! descriptors, [`crate::service::MAX_ENTRIES`] entries) it still checks: the message is
-//! bounded before it is read ([`crate::calls::MAX_MESSAGE_BYTES`]), and reading it allocates
-//! at most its descriptors' list.
+//! What it keeps is bounded, not only what it reads ([`crate::MAX_MESSAGE_BYTES`]): the
+//! service refuses a request of more than [`MAX_DESCRIPTORS`] descriptors or a descriptor of
+//! more than [`MAX_ENTRIES`] entries, so descriptors and entries past one more than those are
+//! read (a message prost refuses is still refused) and dropped. A request is held while the
+//! rest of its body is awaited (up to the call's deadline, 1,024 calls from one address): a
+//! 64 KiB message of empty descriptors was 32,768 of them, 1.8 MiB as prost decoded them
+//! (56 bytes each; 112 in this reader), and is now 257. The most a 64 KiB message keeps is
+//! now entries spread over 257 descriptors, about 1 MiB, what prost kept for it too; a valid
+//! request of 256 descriptors of 64 entries needs most of that.
 
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use smallvec::SmallVec;
 use std::fmt;
+
+/// The most descriptors one request may carry.
+pub const MAX_DESCRIPTORS: usize = 256;
+/// The most entries one descriptor may carry.
+pub const MAX_ENTRIES: usize = 64;
 
 /// A `RateLimitRequest` whose strings borrow the message's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RlsRequest<'a> {
     /// `domain` (1).
     pub domain: &'a str,
-    /// `descriptors` (2).
+    /// `descriptors` (2): decoded, at most [`MAX_DESCRIPTORS`] + 1 of them (one more than
+    /// the service accepts: the rest are read and dropped).
     pub descriptors: Vec<Descriptor<'a>>,
     /// `hits_addend` (3).
     pub hits_addend: u32,
@@ -39,7 +50,8 @@ pub struct RlsRequest<'a> {
 /// A request's `RateLimitDescriptor`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Descriptor<'a> {
-    /// `entries` (1). Two inline: most descriptors have one or two.
+    /// `entries` (1). Two inline: most descriptors have one or two. Decoded, at most
+    /// [`MAX_ENTRIES`] + 1 of them (the rest are read and dropped).
     pub entries: SmallVec<[Entry<'a>; 2]>,
     /// `limit` (2): the request's own quota for this descriptor.
     pub limit: Option<Override>,
@@ -86,7 +98,9 @@ impl<'a> RlsRequest<'a> {
                     let mut d = Descriptor::default();
                     r.message(wire, ROOT, |r, depth| d.field(r, depth))
                         .map_err(|e| e.at(NAME, "descriptors"))?;
-                    req.descriptors.push(d);
+                    if req.descriptors.len() <= MAX_DESCRIPTORS {
+                        req.descriptors.push(d);
+                    }
                 }
                 3 => {
                     req.hits_addend =
@@ -149,7 +163,9 @@ impl<'a> Descriptor<'a> {
                     Ok(())
                 })
                 .map_err(|e| e.at(NAME, "entries"))?;
-                self.entries.push(e);
+                if self.entries.len() <= MAX_ENTRIES {
+                    self.entries.push(e);
+                }
             }
             2 => {
                 // Merged into the one given before, if any, as prost merges a message field.

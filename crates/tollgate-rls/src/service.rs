@@ -23,7 +23,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::request::{Descriptor, Override, RlsRequest};
+use crate::request::{Descriptor, Override, RlsRequest, MAX_DESCRIPTORS, MAX_ENTRIES};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tollgate::policy::{FailurePolicy, SyncMode};
@@ -35,10 +35,6 @@ use tonic::Status;
 
 /// `limit_remaining` of an `unlimited` rule (u32::MAX, as envoyproxy/ratelimit answers).
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
-/// The most descriptors one request may carry.
-pub const MAX_DESCRIPTORS: usize = 256;
-/// The most entries one descriptor may carry.
-pub const MAX_ENTRIES: usize = 64;
 /// The most limit-override quotas whose policy is kept for later requests (bounded memory);
 /// past it, the least recently used one is evicted. Override policies share one metric name
 /// per rule (`<rule>.override`, or `<domain>.override` when none matched), so the limiter's

@@ -365,3 +365,39 @@ fn a_refused_message_says_why() {
         );
     }
 }
+
+/// Past one more than the service accepts, descriptors and entries are read and dropped:
+/// what a request keeps is bounded whatever its size, the service still sees that there
+/// were too many, and a message prost refuses is still refused.
+#[test]
+fn descriptors_and_entries_past_the_bounds_are_read_and_not_kept() {
+    let mut d = Vec::new();
+    for _ in 0..MAX_ENTRIES + 10 {
+        delimited(1, &entry("k", "v"), &mut d);
+    }
+    let mut bytes = Vec::new();
+    delimited(1, b"edge", &mut bytes);
+    for _ in 0..MAX_DESCRIPTORS + 40 {
+        delimited(2, &d, &mut bytes);
+    }
+    let r = RlsRequest::decode(&bytes).expect("valid");
+    assert_eq!(r.descriptors.len(), MAX_DESCRIPTORS + 1);
+    assert!(r
+        .descriptors
+        .iter()
+        .all(|d| d.entries.len() == MAX_ENTRIES + 1));
+    drop(r);
+    // A message of nothing but empty descriptors (two bytes each) keeps 257 of them, not
+    // thirty thousand.
+    let mut bomb = Vec::new();
+    delimited(1, b"edge", &mut bomb);
+    bomb.extend([0x12, 0x00].repeat(30_000));
+    let r = RlsRequest::decode(&bomb).expect("valid");
+    assert_eq!(r.descriptors.len(), MAX_DESCRIPTORS + 1);
+    assert!(r.descriptors.capacity() <= 2 * (MAX_DESCRIPTORS + 1));
+    drop(r);
+    // Damaged after the bound: refused as prost refuses it.
+    bytes.extend_from_slice(&[0x12, 0x05, 0x0a]);
+    agree(&bytes);
+    assert!(RlsRequest::decode(&bytes).is_err());
+}
