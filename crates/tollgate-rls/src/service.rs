@@ -16,7 +16,7 @@
 //! values. A request descriptor's client key is the keyed hash of the domain and its entries:
 //! each distinct value counts on its own, and raw values never reach the store.
 
-use crate::config::{Found, RlsConfig, RuleLimit, Unit};
+use crate::config::{Found, Level, RlsConfig, RuleLimit, Unit};
 use crate::metrics::DescriptorMetrics;
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -297,10 +297,12 @@ impl RlsService {
             )));
         }
         let request_hits = u64::from(req.hits_addend.max(1));
+        // The domain's descriptors, found once for all the request's.
+        let domain = i.config.level(req.domain);
         let found: Vec<Option<Found>> = req
             .descriptors
             .iter()
-            .map(|d| self.rule_of(req.domain, d))
+            .map(|d| self.rule_of(domain, d))
             .collect::<Result<_, _>>()?;
         let rules: Vec<Option<usize>> = found.iter().map(|f| f.map(|f| f.rule)).collect();
         let replaced = self.replaced(&rules);
@@ -531,13 +533,13 @@ impl RlsService {
     }
 
     /// The rule of one request descriptor (before `replaces`).
-    fn rule_of(&self, domain: &str, d: &Descriptor<'_>) -> Result<Option<Found>, Status> {
+    fn rule_of(&self, domain: Option<&Level>, d: &Descriptor<'_>) -> Result<Option<Found>, Status> {
         if d.entries.len() > MAX_ENTRIES {
             return Err(Status::invalid_argument(format!(
                 "at most {MAX_ENTRIES} entries per descriptor"
             )));
         }
-        Ok(self.inner.config.find(domain, d.pairs()))
+        Ok(self.inner.config.find_in(domain, d.pairs()))
     }
 
     /// The rules that another matched rule of the same request `replaces` (by name).

@@ -305,8 +305,23 @@ impl RlsConfig {
         domain: &str,
         entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
     ) -> Option<Found> {
+        self.find_in(self.level(domain), entries)
+    }
+
+    /// `domain`'s descriptors, found once for a request's many descriptors
+    /// ([`RlsConfig::find_in`]).
+    pub(crate) fn level(&self, domain: &str) -> Option<&Level> {
+        self.domains.get(domain)
+    }
+
+    /// [`RlsConfig::find`] in a domain already found (`None`: an unknown domain).
+    pub(crate) fn find_in<'a>(
+        &self,
+        level: Option<&Level>,
+        entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    ) -> Option<Found> {
         let mut shared = 0u64;
-        let rule = self.walk(domain, entries, |i, step| {
+        let rule = Self::walk_in(level?, entries, |i, step| {
             if let Matched::Wildcard(_, true) = step.matched {
                 if i < 64 {
                     shared |= 1 << i;
@@ -322,9 +337,16 @@ impl RlsConfig {
         &'c self,
         domain: &str,
         entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+        visit: impl FnMut(usize, Step<'c>),
+    ) -> Option<usize> {
+        Self::walk_in(self.domains.get(domain)?, entries, visit)
+    }
+
+    fn walk_in<'a, 'c>(
+        mut level: &'c Level,
+        entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
         mut visit: impl FnMut(usize, Step<'c>),
     ) -> Option<usize> {
-        let mut level = self.domains.get(domain)?;
         let last = entries.len().checked_sub(1)?;
         let mut found = None;
         for (i, (key, value)) in entries.enumerate() {
