@@ -19,7 +19,7 @@ pub const KEPT: &str =
 pub struct RunInfo {
     /// `2026-12-01 11:02 UTC`.
     pub when: String,
-    /// `full` or `quick (...)`.
+    /// `full`, or `--only` and the sections it chose; `, quick (...)` after it for short runs.
     pub mode: String,
     /// Repetitions.
     pub reps: u32,

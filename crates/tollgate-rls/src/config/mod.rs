@@ -2,8 +2,8 @@
 //! descriptors of `key` and optional `value`, each with an optional `rate_limit`.
 //!
 //! Loading is staged like the gateway's TOML: the YAML is parsed into a tree that keeps every
-//! node's line ([`crate::yaml`]), then [`load`] checks it into a [`RlsConfig`] whose quotas
-//! cannot be invalid, reporting every problem with file, line and key.
+//! node's line (the crate's `yaml` module), then `load` checks it into a [`RlsConfig`] whose
+//! quotas cannot be invalid, reporting every problem with file, line and key.
 //!
 //! Matching follows envoyproxy/ratelimit: the request's entries are walked level by level;
 //! at each level an exact `key`+`value` wins over a `value` with `*` wildcards (anywhere in

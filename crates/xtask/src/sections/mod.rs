@@ -242,11 +242,7 @@ pub fn run_all(settings: &Settings) -> anyhow::Result<bool> {
 
     let info = RunInfo {
         when: utc_now(),
-        mode: if settings.quick {
-            "quick (--quick: short runs, smoke figures only)".into()
-        } else {
-            "full".into()
-        },
+        mode: run_mode(settings.quick, &settings.sections),
         reps: settings.reps,
         total_s: started.elapsed().as_secs(),
         build_s,
@@ -391,9 +387,42 @@ fn split_json_lines(text: &str) -> (Vec<serde_json::Value>, String) {
     (objects, markdown)
 }
 
+/// What the results' header says of a run's extent: `full` only when every section ran;
+/// otherwise the sections `--only` chose (the others' figures are an earlier run's).
+fn run_mode(quick: bool, sections: &[Section]) -> String {
+    let extent = if Section::ALL.iter().all(|s| sections.contains(s)) {
+        "full".to_owned()
+    } else {
+        let names: Vec<&str> = Section::ALL
+            .iter()
+            .filter(|s| sections.contains(s))
+            .map(|s| s.name())
+            .collect();
+        format!("--only {}", names.join(","))
+    };
+    if quick {
+        format!("{extent}, quick (--quick: short runs, smoke figures only)")
+    } else {
+        extent
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_of_some_sections_is_not_called_full() {
+        assert_eq!(run_mode(false, &Section::ALL), "full");
+        assert_eq!(
+            run_mode(false, &[Section::Rls, Section::Memory]),
+            "--only memory,rls"
+        );
+        assert_eq!(
+            run_mode(true, &Section::ALL),
+            "full, quick (--quick: short runs, smoke figures only)"
+        );
+    }
 
     #[test]
     fn json_lines_are_told_apart_from_the_table() {
