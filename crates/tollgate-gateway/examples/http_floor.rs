@@ -37,6 +37,11 @@ use tollgate_gateway::http::util::status_response;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The gateway's allocator, so that the floor differs from the gateway only in what the
+/// gateway does (until 2026-12-03 the floor ran on glibc's malloc).
+#[global_allocator]
+static GLOBAL: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
+
 fn main() -> std::process::ExitCode {
     let mut args = std::env::args().skip(1);
     let Some(addr) = args.next() else {
