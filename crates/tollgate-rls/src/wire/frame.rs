@@ -18,7 +18,7 @@
 //! - several messages in a unary request: the first is the request, the others are decoded
 //!   (and can fail the call) and dropped. Trailers end the messages.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName};
 use http_body::Body;
 use prost::Message;
@@ -258,17 +258,23 @@ pub(crate) fn uncompressed(headers: &HeaderMap) -> Result<(), Status> {
 
 /// `message` framed (not compressed) in one buffer, the prefix first.
 pub(crate) fn encode<M: Message>(message: &M) -> Result<Bytes, Status> {
-    let len = message.encoded_len();
+    let mut buf = prefixed(message.encoded_len())?;
+    message.encode_raw(&mut buf);
+    Ok(Bytes::from(buf))
+}
+
+/// A buffer for a message of `len` bytes, its prefix written: exactly the frame's size, so
+/// that `Bytes` takes it over without a copy.
+pub(crate) fn prefixed(len: usize) -> Result<Vec<u8>, Status> {
     let Ok(prefix) = u32::try_from(len) else {
         return Err(Status::resource_exhausted(format!(
             "Cannot return body with more than 4GB of data but got {len} bytes"
         )));
     };
-    let mut buf = BytesMut::with_capacity(PREFIX + len);
-    buf.put_u8(0);
-    buf.put_u32(prefix);
-    message.encode_raw(&mut buf);
-    Ok(buf.freeze())
+    let mut buf = Vec::with_capacity(PREFIX + len);
+    buf.push(0);
+    buf.extend_from_slice(&prefix.to_be_bytes());
+    Ok(buf)
 }
 
 #[cfg(test)]

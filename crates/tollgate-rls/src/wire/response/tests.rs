@@ -2,6 +2,9 @@
 
 use super::*;
 use crate::proto::envoy::config::core::v3::HeaderValue;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    DescriptorStatus, RateLimit,
+};
 use proptest::prelude::*;
 
 fn same_as_prost(response: &RateLimitResponse) {
