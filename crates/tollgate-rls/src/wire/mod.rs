@@ -13,7 +13,7 @@
 //! - [`frame`]: reading a request's messages under a hard bound, and framing an answer.
 //! - [`answer`]: the response: one message then `grpc-status: 0`, or a status alone.
 //! - [`deadline`]: how long a call may take (`grpc-timeout` and the server's bound).
-//! - [`response`]: a `RateLimitResponse` framed, its statuses written without prost.
+//! - [`response`]: a `RateLimitResponse` framed with each descriptor status measured once.
 
 pub(crate) mod answer;
 pub(crate) mod deadline;
