@@ -28,7 +28,11 @@
 //! ```text
 //! redis_bench --script-floor --url redis://127.0.0.1:PORT [--keys 1000000[,100000...]]
 //!             [--batch 64] [--seconds 5] [--warmup 1] [--rounds 3] [--pipeline 64] [--calls 4]
+//!             [--cases single,batch,minimal,set]
 //! ```
+//!
+//! `--cases` runs some of the cases only (ratios to `single` need it in the list): one case
+//! alone is what a profile of redis-server (callgrind) wants.
 
 use crate::resp::{self, Reply};
 use std::collections::VecDeque;
@@ -86,6 +90,9 @@ pub struct Options {
     rounds: u32,
     pipeline: usize,
     calls: usize,
+    /// Which cases run (all by default, in [`Case::ALL`]'s order): one alone, for a profile of
+    /// redis-server under one script.
+    cases: Vec<Case>,
 }
 
 /// The options after `--script-floor`.
@@ -99,6 +106,7 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Options, String> {
         rounds: 3,
         pipeline: 64,
         calls: 4,
+        cases: Case::ALL.to_vec(),
     };
     let mut it = args;
     while let Some(flag) = it.next() {
@@ -142,6 +150,25 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Options, String> {
             "--rounds" => o.rounds = u32::try_from(bounded(1, 20)?).map_err(|e| e.to_string())?,
             "--pipeline" => o.pipeline = size(bounded(1, 10_000)?)?,
             "--calls" => o.calls = size(bounded(1, 1_000)?)?,
+            "--cases" => {
+                let named: Result<Vec<Case>, String> = value
+                    .split(',')
+                    .map(|n| {
+                        Case::ALL
+                            .into_iter()
+                            .find(|c| c.name() == n.trim())
+                            .ok_or(format!(
+                                "--cases takes single, batch, minimal or set, not {n:?}"
+                            ))
+                    })
+                    .collect();
+                // In Case::ALL's order, each once.
+                let named = named?;
+                o.cases = Case::ALL
+                    .into_iter()
+                    .filter(|c| named.contains(c))
+                    .collect();
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -599,7 +626,7 @@ fn summary(runs: &[Run], o: &Options) -> String {
     );
     for &keys in &o.keys {
         out.push_str(&format!("keys={keys}\n"));
-        for case in Case::ALL {
+        for &case in &o.cases {
             let mine: Vec<&Run> = runs
                 .iter()
                 .filter(|r| r.keys == keys && r.case == case)
@@ -642,7 +669,13 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
     let (pid, version) = server_info(&info)?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map_err(|e| format!("redis-server's process {pid} is not on this machine: {e}"))?;
-    if !comm.contains("redis") {
+    // A redis-server run under valgrind (for a profile) is named after the tool; its command
+    // line still names the server.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let names_redis = cmdline
+        .split(|&b| b == 0)
+        .any(|arg| arg.ends_with(b"redis-server"));
+    if !comm.contains("redis") && !names_redis {
         return Err(format!(
             "process {pid} is {:?}, not redis-server: the server must be local",
             comm.trim()
@@ -676,7 +709,7 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
     let mut runs = Vec::new();
     for round in 1..=o.rounds {
         for &keys in &o.keys {
-            for case in Case::ALL {
+            for &case in &o.cases {
                 let run = bench.run(case, keys, round, &o)?;
                 println!("{}", run.json(o.batch));
                 runs.push(run);
@@ -726,9 +759,19 @@ mod tests {
             "--url u --rounds 0",
             "--url u --calls",
             "--url u --fast 1",
+            "--url u --cases batch,bogus",
+            "--url u --cases",
         ] {
             assert!(options(bad).is_err(), "{bad}");
         }
+        assert_eq!(options("--url u").expect("valid").cases, Case::ALL.to_vec());
+        // Named cases run in the rounds' usual order, each once.
+        assert_eq!(
+            options("--url u --cases minimal,batch,minimal")
+                .expect("valid")
+                .cases,
+            vec![Case::Batch, Case::Minimal]
+        );
     }
 
     #[test]
