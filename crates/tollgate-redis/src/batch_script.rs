@@ -267,7 +267,8 @@ fn generate(forms: &[Form], across: bool) -> Script {
          end\n\
          local out, clock, k, a = {{}}, nil, 0, {first_arg}\n\
          if plans == 0 then\n  return out\nend\n\
-         local all, written = {{}}, {{}}",
+         local all, written = {{}}, {{}}
+         local quotas_of, unpacked_of = {{}}, {{}}",
         forms.len(),
         if across { ", across slots" } else { "" },
         rules_of.join(", "),
@@ -308,7 +309,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
     for (j, form) in forms.iter().enumerate() {
         let word = if j == 0 { "if" } else { "elseif" };
         let _ = writeln!(lua, "  {word} s == {} then", j + 1);
-        branch(&mut lua, form, across);
+        branch(&mut lua, form, j + 1, across);
     }
     lua.push_str("  end\nend\nreturn out\n");
     let script = finish(&[&lua]);
@@ -322,7 +323,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
 /// One form's branch: its quotas and costs read (and the argument cursor moved past them),
 /// then the plan decided, charged all or nothing and answered in `out[i]`; the key cursor
 /// moves past its keys.
-fn branch(lua: &mut String, form: &Form, across: bool) {
+fn branch(lua: &mut String, form: &Form, number: usize, across: bool) {
     let rules = form.rules();
     let n = rules.len();
     let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
@@ -381,6 +382,18 @@ fn branch(lua: &mut String, form: &Form, across: bool) {
         "      out[i] = redis.error_reply('ERR tollgate: plan ' .. i .. ': ' .. bad)\n    \
          else\n",
     );
+    // The plan's quotas unpacked, or the last plan's of this form where they are the same
+    // string (Lua interns strings: the comparison is of two pointers): plans of one policy
+    // under the same limit, the common batch, unpack them once.
+    let _ = writeln!(
+        lua,
+        "    local K = unpacked_of[{number}]\n    \
+         if quotas ~= quotas_of[{number}] then\n      \
+         K = {{sunpack('{}', quotas)}}\n      \
+         quotas_of[{number}], unpacked_of[{number}] = quotas, K\n    \
+         end",
+        unpack_format(n)
+    );
     match rules {
         [one] => one_rule(lua, *one),
         _ => several_rules(lua, rules),
@@ -391,14 +404,12 @@ fn branch(lua: &mut String, form: &Form, across: bool) {
 /// A one-rule plan: GET, the body, SET when allowed; the integer reply where the caller sent
 /// a base, as the form's own script answers.
 fn one_rule(lua: &mut String, (algorithm, _): (Algorithm, Mode)) {
-    let _ = writeln!(
-        lua,
+    lua.push_str(
         "    local cost, key = cost_1, keys[k + 1]\n    \
-         local limit, p, burst, t, base, bound = sunpack('{}', quotas)\n    \
+         local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n    \
          local raw = written[key] or all[k + 1]\n    \
          local ok, remaining, reset, retry, value, idle_at\n    \
-         do",
-        unpack_format(1)
+         do\n",
     );
     lua.push_str(body(algorithm));
     lua.push_str(
@@ -429,9 +440,7 @@ fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)]) {
         .collect();
     let _ = writeln!(
         lua,
-        "    local K = {{sunpack('{}', quotas)}}\n    \
-         local denied = 0\n    local raws = {{{}}}",
-        unpack_format(rules.len()),
+        "    local denied = 0\n    local raws = {{{}}}",
         raws.join(", ")
     );
     if quota {
@@ -600,12 +609,17 @@ mod tests {
         assert!(s.text.contains("out[i] = reset * base + remaining"));
         // Each plan's quotas are its own argument: one per plan, read before its costs.
         assert!(s.text.contains("need_args = need_args + 1\n"));
+        // Unpacked once per run of plans of a form with the same quotas.
         assert!(s.text.contains(
-            "local limit, p, burst, t, base, bound = sunpack('>I7I7I7I7I7I7', quotas)\n"
+            "if quotas ~= quotas_of[1] then\n      K = {sunpack('>I7I7I7I7I7I7', quotas)}\n"
         ));
-        assert!(s
-            .text
-            .contains("local K = {sunpack('>I7I7I7I7I7I7I7I7', quotas)}\n"));
+        assert!(s.text.contains(
+            "if quotas ~= quotas_of[2] then\n      K = {sunpack('>I7I7I7I7I7I7I7I7', quotas)}\n"
+        ));
+        assert_eq!(s.text.matches("sunpack('>I7I7I7I7I7I7").count(), 2);
+        assert!(s.text.contains(
+            "local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n"
+        ));
         // Plans of the same rules under other quotas (overrides) run the same script.
         let (one_b, two_b) = (
             shape_of(&[(Algorithm::TokenBucket, Mode::Enforce)], 7),
