@@ -54,7 +54,9 @@ mod sentinel;
 mod store;
 
 #[doc(hidden)]
-pub use batch_script::{batch_script_args, batch_script_sha, batch_script_text};
+pub use batch_script::{
+    batch_script_args, batch_script_sha, batch_script_text, largest_batch_scripts,
+};
 pub use config::{check_url, redact_url, RedisConfig, StoreClock, DEFAULT_MAX_BATCH, MAX_BATCH};
 pub use error::{ErrorKind, RedisStoreError};
 pub use lease::{Lease, LeaseRequest};

@@ -826,13 +826,34 @@ fn cost(lua: &mut String, at: usize) {
 /// quotient is the floor (no math.floor call, measured ~1,000 instructions dearer); GET makes
 /// SET answer a bulk string rather than a status (a Lua table: -750 instructions).
 pub(crate) fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
+    write_px(lua, key, value, idle, false);
+}
+
+/// [`write`]; `cached`: the PX text is kept in the locals `px_ms` and `px_text` (declared by
+/// the caller) and formatted again only for other milliseconds than the last write's.
+pub(crate) fn write_px(lua: &mut String, key: &str, value: &str, idle: &str, cached: bool) {
     let _ = writeln!(
         lua,
         "  local ms = ({idle} - now + 999) / 1000\n  \
          if ms < 1 then\n    ms = 1\n  end\n  \
-         if ms < ttl_floor then\n    ms = ttl_floor\n  end\n  \
-         redis.call('SET', {key}, {value}, 'PX', string.format('%d', ms), 'GET')"
+         if ms < ttl_floor then\n    ms = ttl_floor\n  end"
     );
+    if cached {
+        lua.push_str(
+            "  if ms ~= px_ms then\n    \
+             px_ms, px_text = ms, string.format('%d', ms)\n  \
+             end\n  \
+             redis.call('SET', KEY, VALUE, 'PX', px_text, 'GET')\n"
+                .replace("KEY", key)
+                .replace("VALUE", value)
+                .as_str(),
+        );
+    } else {
+        let _ = writeln!(
+            lua,
+            "  redis.call('SET', {key}, {value}, 'PX', string.format('%d', ms), 'GET')"
+        );
+    }
 }
 
 /// How an allowed one-rule decision fits one integer reply (a table costs Redis ~5,000

@@ -915,3 +915,91 @@ async fn plans_of_many_limits_share_their_scripts_and_each_keeps_its_limit() {
         "200 limits in plans of one and two rules left {added} scripts in Redis"
     );
 }
+
+/// A Lua function holds at most 200 locals, and a batch script is one function: the scripts
+/// with the most (a branch of the most rules a script holds, every algorithm, one slot and
+/// across slots) must compile on a real redis-server, with room to spare for the next change
+/// (ten more locals at the top still compile).
+#[tokio::test]
+async fn the_batch_scripts_with_the_most_locals_compile() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut con = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let texts = tollgate_redis::largest_batch_scripts();
+    assert_eq!(texts.len(), 2 * Algorithm::ALL.len());
+    let spare = format!(
+        "local {} = 0\n",
+        (0..10)
+            .map(|i| format!("spare_{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for text in texts {
+        // After the flags line of an across-slots script, which must stay first.
+        let (head, rest) = match text.split_once('\n') {
+            Some((head, rest)) if head.starts_with("#!") => (format!("{head}\n"), rest),
+            _ => (String::new(), text.as_str()),
+        };
+        for padded in [text.clone(), format!("{head}{spare}{rest}")] {
+            let loaded: Result<String, _> = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(&padded)
+                .query_async(&mut con)
+                .await;
+            assert!(
+                loaded.is_ok(),
+                "{loaded:?} for the script beginning {:?}",
+                &padded[..padded.len().min(300)]
+            );
+        }
+    }
+}
+
+/// Each plan of a batch writes its key with its own PX (the batch script keeps the last PX's
+/// text and formats it again only for other milliseconds): fresh token buckets charged 1, 50,
+/// 100 or 7 of 100 a minute expire when each is full again, 0.6 s a token, whatever the plan
+/// before them wrote.
+#[tokio::test(flavor = "current_thread")]
+async fn each_plan_of_a_batch_expires_when_its_own_state_is_fresh_again() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    let r = Arc::new(rule("px", Algorithm::TokenBucket, 100, Duration::from_secs(60)));
+    let costs = [1u64, 1, 50, 50, 1, 100, 7, 1];
+    let before = script_calls(|a| server.cli(a));
+    // Spawned at once on one thread: the first leaves alone, the rest queue behind it.
+    let tasks: Vec<_> = costs
+        .iter()
+        .zip(500u128..)
+        .map(|(&cost, who)| {
+            let (store, r) = (store.clone(), r.clone());
+            tokio::spawn(async move {
+                store
+                    .check(&[Check::new(client(who), &r, cost)], common::EPOCH_2026)
+                    .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        let verdict = tokio::time::timeout(HANG, t)
+            .await
+            .expect("in time")
+            .expect("join")
+            .expect("check");
+        assert!(verdict.allowed);
+    }
+    let calls = script_calls(|a| server.cli(a)) - before;
+    assert!(calls < costs.len() as u64, "{calls} script calls: no batch");
+    for (&cost, who) in costs.iter().zip(500u128..) {
+        let key = store.key(&client(who), r.name());
+        let pttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("pttl");
+        let want = i64::try_from(cost * 600).expect("small");
+        // At most its idle time, and not much less (the test's own seconds).
+        assert!(
+            pttl <= want && pttl + 5_000 > want,
+            "cost {cost}: pttl {pttl}, want {want}"
+        );
+    }
+}
