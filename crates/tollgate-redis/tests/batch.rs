@@ -966,7 +966,12 @@ async fn the_batch_scripts_with_the_most_locals_compile() {
 async fn each_plan_of_a_batch_expires_when_its_own_state_is_fresh_again() {
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
-    let r = Arc::new(rule("px", Algorithm::TokenBucket, 100, Duration::from_secs(60)));
+    let r = Arc::new(rule(
+        "px",
+        Algorithm::TokenBucket,
+        100,
+        Duration::from_secs(60),
+    ));
     let costs = [1u64, 1, 50, 50, 1, 100, 7, 1];
     let before = script_calls(|a| server.cli(a));
     // Spawned at once on one thread: the first leaves alone, the rest queue behind it.
