@@ -973,6 +973,11 @@ async fn each_plan_of_a_batch_expires_when_its_own_state_is_fresh_again() {
         Duration::from_secs(60),
     ));
     let costs = [1u64, 1, 50, 50, 1, 100, 7, 1];
+    // The plan's script loaded first (a cost of 0 writes nothing), so the plans coalesce.
+    store
+        .check(&[Check::new(client(499), &r, 0)], common::EPOCH_2026)
+        .await
+        .expect("check");
     let before = script_calls(|a| server.cli(a));
     // Spawned at once on one thread: the first leaves alone, the rest queue behind it.
     let tasks: Vec<_> = costs
