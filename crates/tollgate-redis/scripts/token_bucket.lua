@@ -9,7 +9,7 @@
 --
 -- State: one string key, 15 bytes: "T", tokens (7 bytes), last (7 bytes), big-endian
 -- integers: the whole tokens in hand at `last`, the instant the partial token being accrued
--- started. Missing (or another algorithm's value) is a full bucket: tokens = burst, last = 0.
+-- started. Missing (or another algorithm's value) is a full bucket: tokens = burst, last = now.
 -- A bucket in debt (written only by settle.lua) is "t", the tokens owed, last: negative
 -- tokens, paid off by refill before the bucket holds one again.
 --
@@ -18,25 +18,28 @@
 -- `last`, and `last` cannot be recovered from TAT alone. Two integers keep the port exact.
 -- The key expires when the bucket is full again: last + (burst - tokens) * T.
 --
-local tokens, last = burst, 0
+-- A missing state is full at `now` (refilling one of last = 0 gives the same), so only a
+-- state found is refilled: a fresh client's plan skips the division and math.floor.
+local now = now -- clamped below when the clock went back; the driver keeps its own
+local tokens, last = burst, now
 if raw and #raw == 15 then
   local tag, a, b = struct.unpack('>BI7I7', raw)
-  if tag == 84 then
+  if tag == 84 or tag == 116 then
     tokens, last = a, b
-  elseif tag == 116 then
-    -- A settled debt (settle.lua): `a` tokens owed below empty at `last`.
-    tokens, last = -a, b
+    if tag == 116 then
+      -- A settled debt (settle.lua): `a` tokens owed below empty at `last`.
+      tokens = -a
+    end
+    if now < last then
+      now = last
+    end
+    local n = math.floor((now - last) / t)
+    if (tokens < burst and tokens or burst) + n >= burst then
+      tokens, last = burst, now
+    else
+      tokens, last = tokens + n, last + n * t
+    end
   end
-end
-local now = now -- clamped below when the clock went back; the driver keeps its own
-if now < last then
-  now = last
-end
-local n = math.floor((now - last) / t)
-if (tokens < burst and tokens or burst) + n >= burst then
-  tokens, last = burst, now
-else
-  tokens, last = tokens + n, last + n * t
 end
 if cost <= burst and tokens >= cost then
   local left = tokens - cost
