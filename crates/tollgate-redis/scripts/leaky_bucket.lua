@@ -9,27 +9,28 @@
 --
 -- State: one string key, 15 bytes: "L", level (7 bytes), last (7 bytes), big-endian
 -- integers: the units in the bucket at `last`, the instant the partial unit being drained
--- started. Missing (or another algorithm's value) is an empty bucket: level 0, last 0.
+-- started. Missing (or another algorithm's value) is an empty bucket: level 0, last = now.
 -- Two integers rather than one for the same reason as the token bucket (the clamp of a clock
 -- that went back needs `last`). The key expires when the bucket is empty: last + level * T.
 --
-local level, last = 0, 0
-if raw and #raw == 15 then
-  local tag
-  tag, level, last = struct.unpack('>BI7I7', raw)
-  if tag ~= 76 then
-    level, last = 0, 0
-  end
-end
+-- A missing state is empty at `now` (draining one of last = 0 gives the same), so only a
+-- state found is drained: a fresh client's plan skips the division and math.floor.
 local now = now -- clamped below when the clock went back; the driver keeps its own
-if now < last then
-  now = last
-end
-local drained = math.floor((now - last) / t)
-if drained >= level then
-  level, last = 0, now
-else
-  level, last = level - drained, last + drained * t
+local level, last = 0, now
+if raw and #raw == 15 then
+  local tag, found, at = struct.unpack('>BI7I7', raw)
+  if tag == 76 then
+    level, last = found, at
+    if now < last then
+      now = last
+    end
+    local drained = math.floor((now - last) / t)
+    if drained >= level then
+      level, last = 0, now
+    else
+      level, last = level - drained, last + drained * t
+    end
+  end
 end
 local new_level = level + cost
 if cost <= burst and new_level <= burst then
