@@ -28,8 +28,11 @@
 //! ```text
 //! redis_bench --script-floor --url redis://127.0.0.1:PORT [--keys 1000000[,100000...]]
 //!             [--batch 64] [--seconds 5] [--warmup 1] [--rounds 3] [--pipeline 64] [--calls 4]
-//!             [--cases single,batch,minimal,set]
+//!             [--cases single,batch,minimal,set] [--limits 1]
 //! ```
+//!
+//! `--limits N`: the batch case's plans take N quotas in turn (100 tokens over 60 s, 61 s, ...):
+//! 1, one policy's plans; a few, tiers; thousands, a distinct limit a plan (overrides).
 //!
 //! `--cases` runs some of the cases only (ratios to `single` need it in the list): one case
 //! alone is what a profile of redis-server (callgrind) wants.
@@ -90,6 +93,9 @@ pub struct Options {
     rounds: u32,
     pipeline: usize,
     calls: usize,
+    /// How many quotas the batch case's plans take turns with: 1, every plan the same limit
+    /// (one policy); a few, tiers; many, a distinct one a plan (limit overrides).
+    limits: usize,
     /// Which cases run (all by default, in [`Case::ALL`]'s order): one alone, for a profile of
     /// redis-server under one script.
     cases: Vec<Case>,
@@ -106,6 +112,7 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Options, String> {
         rounds: 3,
         pipeline: 64,
         calls: 4,
+        limits: 1,
         cases: Case::ALL.to_vec(),
     };
     let mut it = args;
@@ -150,6 +157,7 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Options, String> {
             "--rounds" => o.rounds = u32::try_from(bounded(1, 20)?).map_err(|e| e.to_string())?,
             "--pipeline" => o.pipeline = size(bounded(1, 10_000)?)?,
             "--calls" => o.calls = size(bounded(1, 1_000)?)?,
+            "--limits" => o.limits = size(bounded(1, 100_000)?)?,
             "--cases" => {
                 let named: Result<Vec<Case>, String> = value
                     .split(',')
@@ -264,6 +272,22 @@ struct Expect {
     plans: u64,
 }
 
+/// The quotas of `n` token buckets of 100 tokens, each over its own period (60 s, 61 s, ...):
+/// another quotas string each, the same base and limit, so every plan's answer reads alike.
+fn quotas_of(n: usize) -> Result<Vec<Vec<u8>>, String> {
+    (0..n as u64)
+        .map(|i| {
+            let quota = Quota::new(100, Duration::from_secs(60 + i)).map_err(|e| e.to_string())?;
+            let rule = RuleShape {
+                limit: Limit::new(Algorithm::TokenBucket, quota).map_err(|e| e.to_string())?,
+                mode: Mode::Enforce,
+            };
+            tollgate_redis::plan_script_quotas(&[rule])
+                .ok_or_else(|| "no generated script for token_bucket".to_string())
+        })
+        .collect()
+}
+
 /// The commands of each case, built with the store's own arguments.
 struct Load {
     rule: RuleShape,
@@ -280,6 +304,9 @@ struct Load {
     pipeline: usize,
     calls: usize,
     next: u64,
+    /// The batch case's quotas, one a limit (`--limits`), taken in turn plan after plan.
+    limits: Vec<Vec<u8>>,
+    next_limit: usize,
 }
 
 impl Load {
@@ -308,6 +335,8 @@ impl Load {
             pipeline: o.pipeline,
             calls: o.calls,
             next: 0,
+            limits: quotas_of(o.limits)?,
+            next_limit: 0,
         })
     }
 
@@ -335,8 +364,14 @@ impl Load {
             Case::Batch => {
                 for _ in 0..self.calls {
                     let ks: Vec<String> = (0..n).map(|_| self.pick(keys)).collect();
-                    let args = tollgate_redis::batch_script_args(&[self.rule], &ks)
+                    let mut args = tollgate_redis::batch_script_args(&[self.rule], &ks)
                         .ok_or("no batch call for token_bucket")?;
+                    // The plans' quotas are the call's last arguments, one a plan.
+                    let first = args.len() - n;
+                    for q in &mut args[first..] {
+                        *q = self.limits[self.next_limit % self.limits.len()].clone();
+                        self.next_limit += 1;
+                    }
                     resp::header(out, b'*', 2 + args.len());
                     resp::bulk(out, b"EVALSHA");
                     resp::bulk(out, self.batch_sha.as_bytes());
@@ -761,6 +796,8 @@ mod tests {
             "--url u --fast 1",
             "--url u --cases batch,bogus",
             "--url u --cases",
+            "--url u --limits 0",
+            "--url u --limits 100001",
         ] {
             assert!(options(bad).is_err(), "{bad}");
         }
@@ -835,6 +872,27 @@ mod tests {
             }
         }
         out
+    }
+
+    /// `--limits 3`: the batch case's plans take three quotas in turn, each another string of
+    /// the same base and limit (so an answer reads as with one), the first the default's.
+    #[test]
+    fn the_batch_plans_take_the_limits_in_turn() {
+        let o = options("--url u --batch 4 --calls 2 --limits 3").expect("o");
+        let mut l = Load::new(&o).expect("load");
+        let mut out = Vec::new();
+        l.chunk(Case::Batch, 1000, &mut out).expect("chunk");
+        let quotas: Vec<Vec<u8>> = commands(&out)
+            .into_iter()
+            .flat_map(|c| c[c.len() - 4..].to_vec())
+            .collect();
+        assert_eq!(quotas.len(), 8);
+        assert_eq!(quotas[0], l.quotas);
+        for (i, q) in quotas.iter().enumerate() {
+            assert_eq!(q, &quotas[i % 3]);
+            assert_eq!((int7(q, 0), int7(q, 28)), (l.limit, l.base));
+        }
+        assert!(quotas[0] != quotas[1] && quotas[1] != quotas[2] && quotas[0] != quotas[2]);
     }
 
     #[test]
