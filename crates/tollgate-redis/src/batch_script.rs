@@ -27,13 +27,13 @@
 //! What a plan costs Redis beyond its keys' own work is Lua, so the script does per plan only
 //! what differs between plans: a call whose plans all have one byte in ARGV[1] (one form, the
 //! same flags: the common batch) is counted once, not plan by plan, and that byte is not read
-//! again for each; a plan's quotas are unpacked only when they are another string than the
-//! last plan's of its form; a write's PX text is formatted only for other milliseconds than
-//! the last write's (every fresh bucket of a policy writes the same); `math`, `struct` and
-//! `redis` are locals. Measured with callgrind on redis-server (64 token-bucket plans a call,
-//! 1,000,000 random keys, `redis_bench --script-floor --cases batch`): 31,567 instructions a
-//! plan before these, 26,890 after; a minimal script that only reads and writes the keys is
-//! 17,423. A Lua function holds at most 200 locals and the script is one function: a test
+//! again for each; each distinct quotas string is unpacked once a call (kept by the string,
+//! so plans of a few limits, tiers among them, unpack each once); a write's PX text is
+//! formatted only for other milliseconds than the last write's (every fresh bucket of a
+//! policy writes the same); `math`, `struct` and `redis` are locals. Measured with callgrind
+//! on redis-server (64 token-bucket plans a call, 1,000,000 random keys, `redis_bench
+//! --script-floor --cases batch`): 31,567 instructions a plan before these, 26,890 after; a
+//! minimal script that only reads and writes the keys is 17,423. A Lua function holds at most 200 locals and the script is one function: a test
 //! compiles the scripts with the most on a real redis-server.
 //!
 //! Across slots (a Redis Cluster, Redis 7 or later): plans of the many slots one node serves
@@ -326,7 +326,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
          local out, clock, k, a = {{}}, nil, 0, {first_arg}\n\
          if plans == 0 then\n  return out\nend\n\
          local all, written = {{}}, {{}}\n\
-         local quotas_of, unpacked_of = {{}}, {{}}\n\
+         local unpacked = {{}}\n\
          local spec_of = uniform and byte(spec, 1)\n\
          local px_ms, px_text",
         forms.len(),
@@ -369,7 +369,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
     for (j, form) in forms.iter().enumerate() {
         let word = if j == 0 { "if" } else { "elseif" };
         let _ = writeln!(lua, "  {word} s == {} then", j + 1);
-        branch(&mut lua, form, j + 1, across);
+        branch(&mut lua, form, across);
     }
     lua.push_str("  end\nend\nreturn out\n");
     let script = finish(&[&lua]);
@@ -383,7 +383,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
 /// One form's branch: its quotas and costs read (and the argument cursor moved past them),
 /// then the plan decided, charged all or nothing and answered in `out[i]`; the key cursor
 /// moves past its keys.
-fn branch(lua: &mut String, form: &Form, number: usize, across: bool) {
+fn branch(lua: &mut String, form: &Form, across: bool) {
     let rules = form.rules();
     let n = rules.len();
     let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
@@ -442,15 +442,15 @@ fn branch(lua: &mut String, form: &Form, number: usize, across: bool) {
         "      out[i] = redis.error_reply('ERR tollgate: plan ' .. i .. ': ' .. bad)\n    \
          else\n",
     );
-    // The plan's quotas unpacked, or the last plan's of this form where they are the same
-    // string (Lua interns strings: the comparison is of two pointers): plans of one policy
-    // under the same limit, the common batch, unpack them once.
+    // The plan's quotas unpacked once a call: kept by their string (Lua interns strings, so
+    // the lookup hashes nothing), so that the plans of a few limits (one policy, or tiers)
+    // unpack each limit once. Their length was checked: it fixes the format, whatever the form.
     let _ = writeln!(
         lua,
-        "    local K = unpacked_of[{number}]\n    \
-         if quotas ~= quotas_of[{number}] then\n      \
+        "    local K = unpacked[quotas]\n    \
+         if not K then\n      \
          K = {{sunpack('{}', quotas)}}\n      \
-         quotas_of[{number}], unpacked_of[{number}] = quotas, K\n    \
+         unpacked[quotas] = K\n    \
          end",
         unpack_format(n)
     );
@@ -676,12 +676,12 @@ mod tests {
         assert!(s.text.contains("out[i] = reset * base + remaining"));
         // Each plan's quotas are its own argument: one per plan, read before its costs.
         assert!(s.text.contains("need_args = need_args + 1\n"));
-        // Unpacked once per run of plans of a form with the same quotas.
+        // Each quotas string unpacked once a call, kept by the string.
         assert!(s.text.contains(
-            "if quotas ~= quotas_of[1] then\n      K = {sunpack('>I7I7I7I7I7I7', quotas)}\n"
+            "local K = unpacked[quotas]\n    if not K then\n      K = {sunpack('>I7I7I7I7I7I7', quotas)}\n      unpacked[quotas] = K\n"
         ));
         assert!(s.text.contains(
-            "if quotas ~= quotas_of[2] then\n      K = {sunpack('>I7I7I7I7I7I7I7I7', quotas)}\n"
+            "local K = unpacked[quotas]\n    if not K then\n      K = {sunpack('>I7I7I7I7I7I7I7I7', quotas)}\n      unpacked[quotas] = K\n"
         ));
         assert_eq!(s.text.matches("sunpack('>I7I7I7I7I7I7").count(), 2);
         assert!(s.text.contains(
