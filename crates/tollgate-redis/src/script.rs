@@ -838,22 +838,20 @@ pub(crate) fn write_px(lua: &mut String, key: &str, value: &str, idle: &str, cac
          if ms < 1 then\n    ms = 1\n  end\n  \
          if ms < ttl_floor then\n    ms = ttl_floor\n  end"
     );
-    if cached {
+    let px = if cached {
         lua.push_str(
             "  if ms ~= px_ms then\n    \
              px_ms, px_text = ms, string.format('%d', ms)\n  \
-             end\n  \
-             redis.call('SET', KEY, VALUE, 'PX', px_text, 'GET')\n"
-                .replace("KEY", key)
-                .replace("VALUE", value)
-                .as_str(),
+             end\n",
         );
+        "px_text"
     } else {
-        let _ = writeln!(
-            lua,
-            "  redis.call('SET', {key}, {value}, 'PX', string.format('%d', ms), 'GET')"
-        );
-    }
+        "string.format('%d', ms)"
+    };
+    let _ = writeln!(
+        lua,
+        "  redis.call('SET', {key}, {value}, 'PX', {px}, 'GET')"
+    );
 }
 
 /// How an allowed one-rule decision fits one integer reply (a table costs Redis ~5,000
