@@ -85,10 +85,10 @@ impl GatewayService for LiveService {
 
 impl LiveService {
     /// The current generation's answer to `req`, from `peer` when the server gives it apart
-    /// from the request. Decision mode decides without the request held (see
-    /// `RateLimit::decide`) and takes the peer as it is; the proxy reads it in the request's
-    /// extensions, after the layer.
-    fn answer(&self, mut req: Request<Incoming>, peer: Option<&TrustedPeer>) -> LiveFuture {
+    /// from the request: decision mode decides without the request held (see
+    /// `RateLimit::decide`), the proxy hands the peer on beside the request
+    /// (`RateLimit::call_from`); neither puts it in the request's extensions.
+    fn answer(&self, req: Request<Incoming>, peer: Option<&TrustedPeer>) -> LiveFuture {
         let current = self.current.load();
         if let Target::Decision = current.get_ref() {
             return LiveFuture::Decision(match peer {
@@ -96,11 +96,11 @@ impl LiveService {
                 None => current.decide(req),
             });
         }
-        if let Some(peer) = peer {
-            req.extensions_mut().insert(peer.clone());
-        }
         let mut service = Current::clone(&current);
-        LiveFuture::Proxy(service.call(req))
+        LiveFuture::Proxy(match peer {
+            Some(peer) => service.call_from(req, peer),
+            None => service.call(req),
+        })
     }
 }
 

@@ -396,3 +396,89 @@ async fn a_refused_reload_names_the_key_and_never_echoes_its_value() {
         assert!(!text.contains(digits), "{what} echoes the value: {text}");
     }
 }
+
+/// A keep-alive connection never keeps a trust the operator took away: on one connection
+/// from 127.0.0.1, the proxy extends the client's `X-Forwarded-For` while 127.0.0.1 is a
+/// trusted proxy, and replaces it once a reload has removed it from `trusted_proxies`; the
+/// identity by IP follows the same way (the forwarded address counted, then the peer's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_removes_a_trusted_proxy_applies_to_its_open_connection() {
+    use http_body_util::{BodyExt, Empty};
+    let config = |trusted: &str| {
+        format!(
+            "[identity]\nsources = [\"ip\"]\ntrusted_proxies = [{trusted}]\n\
+             [[policy]]\nname = \"per-ip\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1h\"\n"
+        )
+    };
+    let up = Upstream::start().await;
+    let g = Gateway::proxy(&up, &server_extra(), &config("\"127.0.0.1\""));
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    let driver = tokio::spawn(conn);
+    // Sends one request on the connection: what the upstream saw as X-Forwarded-For, and the
+    // remaining count the gateway announced.
+    let mut send = async |xff: &str| {
+        let req = http::Request::get("/")
+            .header("host", "example.test")
+            .header("x-forwarded-for", xff)
+            .body(Empty::<bytes::Bytes>::new())
+            .expect("request");
+        let resp = sender
+            .send_request(req)
+            .await
+            .expect("answer on the open connection");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let seen = resp.headers()["x-echo-xff"]
+            .to_str()
+            .expect("text")
+            .to_string();
+        let remaining = resp.headers()["ratelimit"]
+            .to_str()
+            .expect("text")
+            .to_string();
+        let _ = resp.into_body().collect().await;
+        (seen, remaining)
+    };
+    let (seen, remaining) = send("203.0.113.7").await;
+    assert_eq!(
+        seen, "203.0.113.7, 127.0.0.1",
+        "a trusted proxy's header is extended"
+    );
+    assert!(remaining.contains("r=99"), "{remaining}");
+    let (_, remaining) = send("203.0.113.8").await;
+    assert!(
+        remaining.contains("r=99"),
+        "another forwarded client: {remaining}"
+    );
+    g.rewrite(&config(""));
+    g.hangup();
+    // Reloaded once the peer's own address is what is counted and forwarded.
+    let started = Instant::now();
+    loop {
+        let (seen, remaining) = send("203.0.113.9").await;
+        if seen == "127.0.0.1" {
+            // The peer itself, a client of its own: one request so far, this one.
+            assert!(remaining.contains("r=99"), "{remaining}");
+            let (seen, remaining) = send("203.0.113.10").await;
+            assert_eq!(seen, "127.0.0.1", "an untrusted peer's header is replaced");
+            assert!(
+                remaining.contains("r=98"),
+                "the same client, by its address: {remaining}"
+            );
+            break;
+        }
+        assert_eq!(seen, "203.0.113.9, 127.0.0.1");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the reload never applied to the open connection\n{}",
+            g.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    driver.abort();
+}

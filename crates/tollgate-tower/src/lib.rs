@@ -49,7 +49,9 @@ pub use layer::{RateLimitLayer, Refused};
 pub use path::{normalize_path, normalize_strict, AmbiguousPath};
 pub use problem::{Problem, ProblemKind};
 pub use route::{Costs, RoutedPolicy, TierSource};
-pub use service::{Allowed, DecideFuture, Decided, RateLimit, RateLimitBody, ResponseFuture};
+pub use service::{
+    Allowed, CallFrom, DecideFuture, Decided, RateLimit, RateLimitBody, ResponseFuture,
+};
 pub use settle::Settling;
 pub use shared::{peer_addr, PeerAddr, PeerFn};
 pub use target::{BadRequest, ForwardAuth};

@@ -77,15 +77,68 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        self.call_given(req, None, |inner, req| inner.call(req))
+    }
+}
+
+/// A service that can be told a request's peer apart from the request: the server that
+/// accepted the connection gives it, where [`Service::call`] reads it in the request's
+/// extensions (see [`RateLimit::call_from`]).
+pub trait CallFrom<Req>: Service<Req> {
+    /// Calls the service for `req` from `peer`, answering as [`Service::call`] does for the
+    /// same request with `peer` as its [`TrustedPeer`] extension.
+    fn call_from(&mut self, req: Req, peer: &TrustedPeer) -> Self::Future;
+}
+
+impl<S> RateLimit<S> {
+    /// [`Service::call`] for a request from `peer`, given apart from the request and handed
+    /// on to the inner service the same way ([`CallFrom`]). A server that knows each
+    /// connection's peer saves putting it in every request's extensions: a map and two
+    /// allocations a request, and the lookups that read it back. The answer is the one
+    /// `call` gives with `peer` as the request's [`TrustedPeer`] extension; the peer's
+    /// address is `peer`'s when it carries one ([`TrustedPeer::with_addr`]), else what the
+    /// layer reads from the extensions.
+    pub fn call_from<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+        peer: &TrustedPeer,
+    ) -> ResponseFuture<ResBody, S::Error>
+    where
+        S: CallFrom<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: http_body::Body + 'static,
+    {
+        let owned = peer.clone();
+        self.call_given(req, Some(peer), move |inner, req| {
+            inner.call_from(req, &owned)
+        })
+    }
+
+    /// What `call` and `call_from` do: decide (with the peer `given`, else the one the
+    /// extensions name), then answer, or call the inner service with `call_inner` once it
+    /// is ready.
+    fn call_given<ReqBody, ResBody, F>(
+        &mut self,
+        req: Request<ReqBody>,
+        given: Option<&TrustedPeer>,
+        call_inner: F,
+    ) -> ResponseFuture<ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: http_body::Body + 'static,
+        F: FnOnce(&mut S, Request<ReqBody>) -> S::Future + Send + 'static,
+    {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
-        match self.shared.prepare(&req, None) {
+        match self.shared.prepare(&req, given) {
             Prepared::Answer(resp) => Box::pin(async move { Ok(resp.map(Either::Right)) }),
             Prepared::Unmatched => Box::pin(async move {
                 std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                Ok(inner
-                    .call(req)
+                Ok(call_inner(&mut inner, req)
                     .await?
                     .map(|b| Either::Left(Settling::plain(b))))
             }),
@@ -111,7 +164,7 @@ where
                         Ok(allowed) => {
                             std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
                             // (An inner error drops the reservation: estimates stand, holds go.)
-                            let resp = inner.call(req).await?;
+                            let resp = call_inner(&mut inner, req).await?;
                             Ok(allowed.respond(resp))
                         }
                     }

@@ -520,3 +520,158 @@ async fn decide_from_answers_as_decide_with_the_peer_in_the_extensions() {
         "a forwarding header believed from a trust the layer no longer has"
     );
 }
+
+/// An inner service that answers with who it was told the peer is: `given <addr>` from
+/// `call_from`, `extensions <addr>` from `call` (the `TrustedPeer` in the extensions), or
+/// `nobody`.
+#[derive(Clone)]
+struct SaysPeer;
+
+impl SaysPeer {
+    fn answer(said: String) -> Ready<Result<Response<Full<Bytes>>, Infallible>> {
+        ready(Ok(Response::new(Full::new(Bytes::from(said)))))
+    }
+}
+
+impl Service<Request<()>> for SaysPeer {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, req: Request<()>) -> Self::Future {
+        Self::answer(
+            match req
+                .extensions()
+                .get::<tollgate_tower::TrustedPeer>()
+                .and_then(|p| p.addr())
+            {
+                Some(addr) => format!("extensions {addr}"),
+                None => "nobody".to_string(),
+            },
+        )
+    }
+}
+
+impl tollgate_tower::CallFrom<Request<()>> for SaysPeer {
+    fn call_from(&mut self, req: Request<()>, peer: &tollgate_tower::TrustedPeer) -> Self::Future {
+        assert!(
+            req.extensions()
+                .get::<tollgate_tower::TrustedPeer>()
+                .is_none(),
+            "the peer goes beside the request, not into it"
+        );
+        Self::answer(match peer.addr() {
+            Some(addr) => format!("given {addr}"),
+            None => "given, without an address".to_string(),
+        })
+    }
+}
+
+/// `call_from` (the peer given beside the request, as the gateway's proxy mode does) answers
+/// what `call` answers with the same peer in the extensions: the same client by the peer's
+/// address, the forwarding header believed only from a trusted proxy, a peer decided under
+/// another trust list judged again; and the inner service is told the peer by `call_from`
+/// too, never through the request's extensions.
+#[tokio::test]
+async fn call_from_answers_as_call_with_the_peer_in_the_extensions() {
+    use tollgate_tower::{Trust, TrustedPeer};
+    let proxies = Trust::new(vec!["10.0.0.0/8".parse().expect("net")], 64);
+    let limiter = Limiter::new(LimiterConfig::default());
+    let identity = tollgate_tower::IdentityConfig {
+        trust: proxies.clone(),
+        ..Default::default()
+    };
+    let layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(b"t"))
+        .identity(identity)
+        .policy(RoutedPolicy::new(policy(&limiter, "ip", 1, false)).path_prefix("/limited"));
+    let mut svc = layer.layer(SaysPeer);
+    let request = |path: &str, xff: Option<&str>| {
+        let mut req = Request::builder().uri(path);
+        if let Some(v) = xff {
+            req = req.header("x-forwarded-for", v);
+        }
+        req.body(()).expect("request")
+    };
+    let peer = |trust: &Trust, addr: &str| {
+        let addr: SocketAddr = addr.parse().expect("addr");
+        TrustedPeer::of(trust, addr.ip()).with_addr(addr)
+    };
+    let body = |resp: Response<tollgate_tower::RateLimitBody<Full<Bytes>>>| async move {
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    };
+    // Both ways, each on its own client: the first request passes, the second is limited.
+    for (n, (via_proxy, client)) in [
+        ("10.1.1.1:1", "198.51.100.1"),
+        ("10.1.1.1:2", "198.51.100.2"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = peer(&proxies, via_proxy);
+        let in_ext = || {
+            let mut req = request("/limited", Some(client));
+            req.extensions_mut().insert(p.clone());
+            req
+        };
+        // (On the in-process store a call decides when it is made: each is made in turn.)
+        let (first, second) = if n == 0 {
+            let first = svc.call_from(request("/limited", Some(client)), &p).await;
+            let second = svc.call(in_ext()).await;
+            (first, second)
+        } else {
+            let first = svc.call(in_ext()).await;
+            let second = svc.call_from(request("/limited", Some(client)), &p).await;
+            (first, second)
+        };
+        let first = body(first.expect("answer")).await;
+        let second = body(second.expect("answer")).await;
+        let told = if n == 0 { "given" } else { "extensions" };
+        assert_eq!(
+            first,
+            (StatusCode::OK, format!("{told} {via_proxy}")),
+            "a new client behind a trusted proxy, the inner service told its peer"
+        );
+        assert_eq!(
+            second.0,
+            StatusCode::TOO_MANY_REQUESTS,
+            "the same client, told by the same header"
+        );
+    }
+    // A request no policy matches reaches the inner service with its peer too.
+    let p = peer(&proxies, "10.1.1.1:3");
+    assert_eq!(
+        body(
+            svc.call_from(request("/free", None), &p)
+                .await
+                .expect("answer")
+        )
+        .await,
+        (StatusCode::OK, "given 10.1.1.1:3".to_string())
+    );
+    // An untrusted peer's header is not believed: two "clients" are one address.
+    let stranger = peer(&proxies, "192.0.2.9:1");
+    let first = svc.call_from(request("/limited", Some("198.51.100.3")), &stranger);
+    assert_eq!(first.await.expect("answer").status(), StatusCode::OK);
+    let second = svc.call_from(request("/limited", Some("198.51.100.4")), &stranger);
+    assert_eq!(
+        second.await.expect("answer").status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Decided as trusted under a list the layer no longer has: judged again, and not trusted
+    // under the layer's own list.
+    let old = Trust::new(vec!["192.0.2.0/24".parse().expect("net")], 64);
+    let stale = peer(&old, "192.0.2.10:1");
+    assert!(stale.is_trusted());
+    let first = svc.call_from(request("/limited", Some("198.51.100.5")), &stale);
+    assert_eq!(first.await.expect("answer").status(), StatusCode::OK);
+    let second = svc.call_from(request("/limited", Some("198.51.100.6")), &stale);
+    assert_eq!(
+        second.await.expect("answer").status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a forwarding header believed from a trust the layer no longer has"
+    );
+}

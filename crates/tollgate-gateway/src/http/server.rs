@@ -44,9 +44,9 @@ pub(crate) trait GatewayService:
     + Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send + 'static>
 {
     /// Calls the service for a request from `peer` (the connection's, as it was decided when
-    /// the connection was accepted). The service puts `peer` where it is read: the request's
-    /// extensions for the layer and the proxy, or beside the request where it answers itself
-    /// (decision mode), which saves the extensions' map and two allocations a request.
+    /// the connection was accepted). The service hands `peer` on beside the request, to the
+    /// layer and to the proxy (see `tollgate_tower::CallFrom`), rather than in the request's
+    /// extensions: that saves the extensions' map and two allocations a request.
     fn call_from(&mut self, req: Request<Incoming>, peer: &TrustedPeer) -> Self::Future;
 
     /// Whether the service answers requests itself (decision mode) rather than forwarding

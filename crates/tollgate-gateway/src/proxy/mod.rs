@@ -31,7 +31,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tollgate_tower::{Problem, ProblemKind, Trust};
+use tollgate_tower::{CallFrom, Problem, ProblemKind, Trust, TrustedPeer};
 use tower_service::Service;
 
 pub use pool::{IDLE_TIMEOUT, MAX_IDLE_PER_WORKER};
@@ -79,7 +79,15 @@ impl Proxy {
     }
 
     /// Forwards `req` from `peer` and returns the upstream's response (or 502 / 504).
-    pub async fn forward(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<BoxBody> {
+    ///
+    /// `trusted`: whether `peer` is a trusted proxy, as the server that accepted its
+    /// connection decided under this proxy's trust list (`None`: decide it here).
+    pub async fn forward(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        trusted: Option<bool>,
+    ) -> Response<BoxBody> {
         let (mut parts, body) = req.into_parts();
         let Some(path) = self.upstream_path(&parts.uri) else {
             return problem_response(
@@ -96,11 +104,7 @@ impl Proxy {
         let ip = tollgate_tower::forwarded::canonical(peer.ip());
         // The peer's address as header text, written once for the headers that carry it.
         let ip_text = headers::ip_text(ip);
-        let trusted = parts
-            .extensions
-            .get::<tollgate_tower::TrustedPeer>()
-            .and_then(|d| d.under(&self.trusted))
-            .unwrap_or_else(|| self.trusted.is_trusted(ip));
+        let trusted = trusted.unwrap_or_else(|| self.trusted.is_trusted(ip));
         if !trusted {
             drop_forwarding(&mut parts.headers, &ip_text);
         }
@@ -276,10 +280,41 @@ impl Service<Request<Incoming>> for Target {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let decided = req.extensions().get::<TrustedPeer>();
+        let trusted = match (&*self, decided) {
+            (Target::Proxy(p), Some(d)) => d.under(&p.trusted),
+            _ => None,
+        };
+        let peer = tollgate_tower::peer_addr(req.extensions());
+        self.answer(req, peer, trusted)
+    }
+}
+
+impl CallFrom<Request<Incoming>> for Target {
+    fn call_from(&mut self, req: Request<Incoming>, peer: &TrustedPeer) -> Self::Future {
+        let trusted = match &*self {
+            Target::Proxy(p) => peer.under(&p.trusted),
+            Target::Decision => None,
+        };
+        let addr = peer
+            .addr()
+            .or_else(|| tollgate_tower::peer_addr(req.extensions()));
+        self.answer(req, addr, trusted)
+    }
+}
+
+impl Target {
+    /// The answer to `req` from `peer`; `trusted`: whether the server found the peer a
+    /// trusted proxy, when it decided that under the proxy's own trust list.
+    fn answer(
+        &self,
+        req: Request<Incoming>,
+        peer: Option<SocketAddr>,
+        trusted: Option<bool>,
+    ) -> <Self as Service<Request<Incoming>>>::Future {
         match self {
             Target::Proxy(p) => {
                 let p = p.clone();
-                let peer = tollgate_tower::peer_addr(req.extensions());
                 Box::pin(async move {
                     let Some(peer) = peer else {
                         // The server names the peer of every request it serves, so this
@@ -289,7 +324,7 @@ impl Service<Request<Incoming>> for Target {
                                 .detail("the connection's peer address is unknown"),
                         ));
                     };
-                    Ok(p.forward(req, peer).await)
+                    Ok(p.forward(req, peer, trusted).await)
                 })
             }
             Target::Decision => Box::pin(async {
