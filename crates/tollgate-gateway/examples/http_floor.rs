@@ -17,6 +17,12 @@
 //!
 //!     cargo run --release -p tollgate-gateway --example http_floor -- 127.0.0.1:8080
 //!     cargo run --release -p tollgate-gateway --example http_floor -- 127.0.0.1:8080 127.0.0.1:8081
+//!
+//! `--busy-ns N` (first) makes it spin for N ns on every request before answering or
+//! forwarding it: the floor slowed to another gateway's rate, so that the kernel's share of a
+//! request can be compared at the same requests a second (`scripts/cpu-split`; on a shared
+//! machine the cost of waking the load generator and the upstream depends on how often they
+//! are idle, which depends on the rate).
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -43,9 +49,21 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 static GLOBAL: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
 
 fn main() -> std::process::ExitCode {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let busy = match args.next_if(|a| a == "--busy-ns").map(|_| args.next()) {
+        None => Duration::ZERO,
+        Some(Some(n)) if n.parse::<u64>().is_ok_and(|n| n <= 1_000_000) => {
+            Duration::from_nanos(n.parse().unwrap_or(0))
+        }
+        Some(n) => {
+            let n = n.unwrap_or_default();
+            eprintln!("error: --busy-ns takes nanoseconds, 0 to 1000000, not {n:?}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    BUSY.get_or_init(|| busy);
     let Some(addr) = args.next() else {
-        eprintln!("usage: http_floor ADDRESS:PORT [UPSTREAM_ADDRESS:PORT]");
+        eprintln!("usage: http_floor [--busy-ns N] ADDRESS:PORT [UPSTREAM_ADDRESS:PORT]");
         return std::process::ExitCode::from(2);
     };
     let upstream = match args.next().map(|u| (u.parse::<SocketAddr>(), u)) {
@@ -72,6 +90,20 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// How long each request spins before it is answered or forwarded (`--busy-ns`).
+static BUSY: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// Spins for `--busy-ns` (nothing without it).
+fn busy() {
+    let Some(&busy) = BUSY.get().filter(|b| !b.is_zero()) else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    while started.elapsed() < busy {
+        std::hint::spin_loop();
+    }
+}
+
 /// The gateway's server settings, with no header read timeout.
 fn server() -> http1::Builder {
     let mut b = http1::Builder::new();
@@ -95,6 +127,7 @@ async fn serve(addr: &str, upstream: Option<SocketAddr>) -> std::io::Result<()> 
         match upstream {
             None => {
                 let svc = hyper::service::service_fn(|_req: Request<Incoming>| async {
+                    busy();
                     Ok::<_, Infallible>(status_response(http::StatusCode::OK, ""))
                 });
                 let conn = server().serve_connection(io, svc);
@@ -158,6 +191,7 @@ async fn forward(
     slot: Slot,
     req: Request<Incoming>,
 ) -> Result<Response<Relay>, BoxError> {
+    busy();
     let idle = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
     let mut conn = match idle {
         Some(c) if c.driver.is_some() => c,
