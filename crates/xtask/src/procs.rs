@@ -205,6 +205,11 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 
 /// User + system CPU time of process `pid` so far, in clock ticks (/proc/PID/stat).
 pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    cpu_ticks_split(pid).map(|(user, kernel)| user + kernel)
+}
+
+/// [`cpu_ticks`] apart: the process's CPU time in user space and in the kernel (utime, stime).
+pub fn cpu_ticks_split(pid: u32) -> anyhow::Result<(u64, u64)> {
     let path = format!("/proc/{pid}/stat");
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
     // The command name may contain spaces and parentheses: the fields start after the last ')'.
@@ -220,7 +225,7 @@ pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
             .with_context(|| format!("{path}: field {i} is not a number"))
     };
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
-    Ok(field(11)? + field(12)?)
+    Ok((field(11)?, field(12)?))
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`; 100 where that does not answer).

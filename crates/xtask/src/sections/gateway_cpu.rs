@@ -29,6 +29,11 @@ enum Case {
     /// nginx in proxy mode writing the forwarding headers tollgate writes.
     NginxForwarding,
     Floor,
+    /// The floor spinning on every request for as long as tollgate on the memory store spent
+    /// above it in user space in the same repetition (its `--busy-ns`): the floor at
+    /// tollgate's rate, to tell the kernel time a slower gateway pays for waking its peers
+    /// (see docs/benchmarks.md, "tenth session") from tollgate's own.
+    FloorAtRate,
     Tollgate(Store),
     /// The `--baseline` binary.
     Baseline(Store),
@@ -39,6 +44,8 @@ struct Runs {
     rps: Vec<f64>,
     p99_ms: Vec<f64>,
     cpu_us: Vec<f64>,
+    user_us: Vec<f64>,
+    kernel_us: Vec<f64>,
     errors: u64,
 }
 
@@ -82,6 +89,14 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
             Case::Tollgate(Store::Memory),
         ));
         cases.push((
+            format!(
+                "{} at tollgate memory's rate",
+                floor.trim_end_matches(" (no limiter)")
+            ),
+            proxy,
+            Case::FloorAtRate,
+        ));
+        cases.push((
             format!("tollgate {mode} redis"),
             proxy,
             Case::Tollgate(store_redis),
@@ -105,27 +120,48 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
     let tick_us = 1e6 / procs::ticks_per_second() as f64;
     let mut runs: BTreeMap<String, Runs> = BTreeMap::new();
     for rep in 1..=ctx.reps {
+        // User µs a request of this repetition's floor and tollgate on memory, by mode.
+        let mut user_of: BTreeMap<(bool, &'static str), f64> = BTreeMap::new();
         for (name, proxy, case) in &cases {
             log(&format!("gateway cpu rep {rep}/{}: {name}", ctx.reps));
             flush(&redis);
             let upstream = proxy.then_some(up);
-            let (proc, port) = start(ctx, &dir, *case, upstream)?;
+            let busy = match case {
+                Case::FloorAtRate => Some(busy_ns(&user_of, *proxy)),
+                _ => None,
+            };
+            let (proc, port) = start(ctx, &dir, *case, upstream, busy)?;
             std::thread::sleep(Duration::from_millis(300));
-            let c0 = procs::cpu_ticks(proc.pid())?;
+            let (u0, k0) = procs::cpu_ticks_split(proc.pid())?;
             let w = wrk.run(&dir, port, &ctx.logs.join("gateway-cpu-wrk.txt"))?;
-            let c1 = procs::cpu_ticks(proc.pid())?;
+            let (u1, k1) = procs::cpu_ticks_split(proc.pid())?;
             drop(proc);
-            let cpu_us = (c1 - c0) as f64 * tick_us / w.requests.max(1) as f64;
+            let per_request = |ticks: u64| ticks as f64 * tick_us / w.requests.max(1) as f64;
+            let (user_us, kernel_us) = (per_request(u1 - u0), per_request(k1 - k0));
+            let cpu_us = user_us + kernel_us;
+            match case {
+                Case::Floor => {
+                    user_of.insert((*proxy, "floor"), user_us);
+                }
+                Case::Tollgate(Store::Memory) => {
+                    user_of.insert((*proxy, "memory"), user_us);
+                }
+                _ => {}
+            }
             let r = runs.entry(name.clone()).or_default();
             r.rps.push(w.rps());
             r.p99_ms.push(w.p99_us as f64 / 1000.0);
             r.cpu_us.push(cpu_us);
+            r.user_us.push(user_us);
+            r.kernel_us.push(kernel_us);
             r.errors += w.status_errors + w.socket_errors;
             ctx.emit(
                 "gateway_cpu",
                 json!({"name": name, "rep": rep, "requests": w.requests,
                 "requests_per_s": w.rps(), "p50_us": w.p50_us, "p99_us": w.p99_us,
-                "cpu_us_per_request": cpu_us, "status_errors": w.status_errors,
+                "cpu_us_per_request": cpu_us, "user_us_per_request": user_us,
+                "kernel_us_per_request": kernel_us, "busy_ns": busy,
+                "status_errors": w.status_errors,
                 "socket_errors": w.socket_errors}),
             )?;
         }
@@ -136,6 +172,8 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
         "requests/s",
         "p99 ms",
         "CPU µs per request",
+        "user µs",
+        "kernel µs",
         "vs nginx, same mode",
     ];
     if ctx.baseline.is_some() {
@@ -158,6 +196,8 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
             spread(&r.rps, Digits::Fixed(0)),
             spread(&r.p99_ms, sig),
             spread(&r.cpu_us, sig),
+            spread(&r.user_us, sig),
+            spread(&r.kernel_us, sig),
             spread(&ratios(&r.cpu_us, &base.cpu_us), Digits::Fixed(2)),
         ];
         if ctx.baseline.is_some() {
@@ -182,7 +222,8 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
          almost every request is allowed and is one store call. Decision mode answers 200 \
          itself (nginx: `return 200`); proxy mode forwards to the upstream (nginx: `proxy_pass` \
          with upstream keepalive). CPU per request is the gateway's utime + stime during the \
-         wrk run divided by the requests completed. min / median / max of {} interleaved \
+         wrk run divided by the requests completed, and apart: user µs (utime) and kernel µs \
+         (stime). min / median / max of {} interleaved \
          repetition(s); the ratio is to nginx in the same mode and repetition. \"http floor\" \
          is the example `http_floor`: the gateway's HTTP server and runtime answering the same \
          200 with no limiter, the floor under decision mode; \"proxy floor\" is the same \
@@ -192,7 +233,13 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
          \"nginx proxy, forwarding headers\" is nginx told to send what tollgate's proxy \
          sends on every request (the client's `Host`, `X-Forwarded-For`, `X-Real-IP`, \
          `X-Forwarded-Proto`, `X-Forwarded-Host`, `Forwarded`); its ratio is still to plain \
-         nginx.{} Errors: \
+         nginx. \"... floor at tollgate memory's rate\" is the same floor spinning on every \
+         request (`http_floor --busy-ns N`) for as long as tollgate on the memory store spent \
+         above the floor in user space in the same repetition: as slow as tollgate, doing \
+         nothing else tollgate does. On this machine a gateway's kernel time per request grows \
+         as its rate falls (wrk and the upstream share the other CPU, and a slower gateway \
+         finds them asleep more often: waking them is charged to it), so its kernel µs less the \
+         floor's at full rate is what tollgate's rate alone costs in the kernel.{} Errors: \
          answers of 400 or more and socket errors, over all repetitions.\n\n{}",
         ctx.reps,
         ctx.baseline.as_ref().map_or(String::new(), |b| format!(
@@ -204,8 +251,29 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
     ))
 }
 
-/// Starts one case pinned to the gateway CPU; returns it with its port.
-fn start(ctx: &Ctx, dir: &Path, case: Case, upstream: Option<u16>) -> anyhow::Result<(Proc, u16)> {
+/// The `--busy-ns` of the floor at tollgate's rate in `proxy` mode: what tollgate on the memory
+/// store spent above the floor in user space, per request, this repetition (none when either
+/// is missing or the floor spent more).
+fn busy_ns(user_of: &BTreeMap<(bool, &'static str), f64>, proxy: bool) -> u64 {
+    match (
+        user_of.get(&(proxy, "memory")),
+        user_of.get(&(proxy, "floor")),
+    ) {
+        // Bounded as the floor bounds it (1 ms).
+        (Some(t), Some(f)) if t > f => ((t - f) * 1000.0).round().min(1_000_000.0) as u64,
+        _ => 0,
+    }
+}
+
+/// Starts one case pinned to the gateway CPU (the floor spinning `busy` ns a request when
+/// given); returns it with its port.
+fn start(
+    ctx: &Ctx,
+    dir: &Path,
+    case: Case,
+    upstream: Option<u16>,
+    busy: Option<u64>,
+) -> anyhow::Result<(Proc, u16)> {
     let cpu = Some(GATEWAY_CPU);
     match case {
         Case::Nginx | Case::NginxForwarding => {
@@ -217,9 +285,12 @@ fn start(ctx: &Ctx, dir: &Path, case: Case, upstream: Option<u16>) -> anyhow::Re
             let body = servers::nginx_limit_body_with(port, upstream, extra);
             Ok((servers::nginx(dir, "gateway", &body, port, cpu)?, port))
         }
-        Case::Floor => {
+        Case::Floor | Case::FloorAtRate => {
             let port = procs::free_port()?;
             let mut cmd = servers::pinned(&ctx.bins.http_floor, cpu);
+            if let Some(ns) = busy {
+                cmd.arg("--busy-ns").arg(ns.to_string());
+            }
             cmd.arg(format!("127.0.0.1:{port}"));
             if let Some(up) = upstream {
                 cmd.arg(format!("127.0.0.1:{up}"));
@@ -238,5 +309,25 @@ fn start(ctx: &Ctx, dir: &Path, case: Case, upstream: Option<u16>) -> anyhow::Re
             let g = servers::serve(bin, dir, name, upstream, store, cpu)?;
             Ok((g.proc, g.port))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_floor_spins_for_what_tollgate_spent_above_it_in_its_own_mode() {
+        let mut user_of = BTreeMap::new();
+        assert_eq!(busy_ns(&user_of, true), 0, "nothing measured yet");
+        user_of.insert((true, "floor"), 3.0);
+        user_of.insert((true, "memory"), 5.25);
+        user_of.insert((false, "floor"), 0.9);
+        assert_eq!(busy_ns(&user_of, true), 2250);
+        assert_eq!(busy_ns(&user_of, false), 0, "decision mode's tollgate not run yet");
+        user_of.insert((false, "memory"), 0.8);
+        assert_eq!(busy_ns(&user_of, false), 0, "a floor slower than tollgate");
+        user_of.insert((false, "memory"), 5000.0);
+        assert_eq!(busy_ns(&user_of, false), 1_000_000, "bounded as the floor bounds it");
     }
 }
