@@ -324,10 +324,18 @@ mod tests {
         user_of.insert((true, "memory"), 5.25);
         user_of.insert((false, "floor"), 0.9);
         assert_eq!(busy_ns(&user_of, true), 2250);
-        assert_eq!(busy_ns(&user_of, false), 0, "decision mode's tollgate not run yet");
+        assert_eq!(
+            busy_ns(&user_of, false),
+            0,
+            "decision mode's tollgate not run yet"
+        );
         user_of.insert((false, "memory"), 0.8);
         assert_eq!(busy_ns(&user_of, false), 0, "a floor slower than tollgate");
         user_of.insert((false, "memory"), 5000.0);
-        assert_eq!(busy_ns(&user_of, false), 1_000_000, "bounded as the floor bounds it");
+        assert_eq!(
+            busy_ns(&user_of, false),
+            1_000_000,
+            "bounded as the floor bounds it"
+        );
     }
 }
