@@ -428,6 +428,11 @@ async fn a_reload_that_removes_a_trusted_proxy_applies_to_its_open_connection() 
             .header("x-forwarded-for", xff)
             .body(Empty::<bytes::Bytes>::new())
             .expect("request");
+        // The last answer's end leaves the connection ready again after a poll of its own.
+        sender
+            .ready()
+            .await
+            .expect("the open connection takes another request");
         let resp = sender
             .send_request(req)
             .await
