@@ -442,14 +442,10 @@ async fn the_peer_address_may_come_with_the_trusted_peer_alone() {
     );
 }
 
-/// `decide_from` (the peer given beside the request, as the gateway's decision mode does)
-/// answers what `decide` answers with the same peer in the extensions: the same client by
-/// the peer's address, the forwarding header believed only from a trusted proxy, and a peer
-/// decided under another trust list (a reload since) judged again.
-#[tokio::test]
-async fn decide_from_answers_as_decide_with_the_peer_in_the_extensions() {
-    use tollgate_tower::{Decided, Trust, TrustedPeer};
-    let proxies = Trust::new(vec!["10.0.0.0/8".parse().expect("net")], 64);
+/// A layer trusting the proxies of 10.0.0.0/8 (returned), with one policy `ip`: 1 an hour per
+/// client IP, on paths under `prefix`.
+fn behind_proxies(prefix: &str) -> (tollgate_tower::Trust, RateLimitLayer) {
+    let proxies = tollgate_tower::Trust::new(vec!["10.0.0.0/8".parse().expect("net")], 64);
     let limiter = Limiter::new(LimiterConfig::default());
     let identity = tollgate_tower::IdentityConfig {
         trust: proxies.clone(),
@@ -457,20 +453,37 @@ async fn decide_from_answers_as_decide_with_the_peer_in_the_extensions() {
     };
     let layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(b"t"))
         .identity(identity)
-        .policy(RoutedPolicy::new(policy(&limiter, "ip", 1, false)));
+        .policy(RoutedPolicy::new(policy(&limiter, "ip", 1, false)).path_prefix(prefix));
+    (proxies, layer)
+}
+
+/// A GET of `path`, with `X-Forwarded-For: xff` when given.
+fn forwarded_get(path: &str, xff: Option<&str>) -> Request<()> {
+    let mut req = Request::builder().uri(path);
+    if let Some(v) = xff {
+        req = req.header("x-forwarded-for", v);
+    }
+    req.body(()).expect("request")
+}
+
+/// `addr` (an IP address and port) decided under `trust`, carrying its address.
+fn peer_at(trust: &tollgate_tower::Trust, addr: &str) -> tollgate_tower::TrustedPeer {
+    let addr: SocketAddr = addr.parse().expect("addr");
+    tollgate_tower::TrustedPeer::of(trust, addr.ip()).with_addr(addr)
+}
+
+/// `decide_from` (the peer given beside the request, as the gateway's decision mode does)
+/// answers what `decide` answers with the same peer in the extensions: the same client by
+/// the peer's address, the forwarding header believed only from a trusted proxy, and a peer
+/// decided under another trust list (a reload since) judged again.
+#[tokio::test]
+async fn decide_from_answers_as_decide_with_the_peer_in_the_extensions() {
+    use tollgate_tower::{Decided, Trust};
+    let (proxies, layer) = behind_proxies("/");
     let svc = layer.layer(Ok200);
-    let request = |xff: Option<&str>| {
-        let mut req = Request::builder().uri("/x");
-        if let Some(v) = xff {
-            req = req.header("x-forwarded-for", v);
-        }
-        req.body(()).expect("request")
-    };
+    let request = |xff: Option<&str>| forwarded_get("/x", xff);
     let allowed = |d: &Decided| matches!(d, Decided::Allowed(_));
-    let peer = |trust: &Trust, addr: &str| {
-        let addr: SocketAddr = addr.parse().expect("addr");
-        TrustedPeer::of(trust, addr.ip()).with_addr(addr)
-    };
+    let peer = peer_at;
     // Both ways, each on its own client: the first request passes, the second is limited.
     for (n, (via_proxy, client)) in [
         ("10.1.1.1:1", "198.51.100.1"),
@@ -576,28 +589,11 @@ impl tollgate_tower::CallFrom<Request<()>> for SaysPeer {
 /// too, never through the request's extensions.
 #[tokio::test]
 async fn call_from_answers_as_call_with_the_peer_in_the_extensions() {
-    use tollgate_tower::{Trust, TrustedPeer};
-    let proxies = Trust::new(vec!["10.0.0.0/8".parse().expect("net")], 64);
-    let limiter = Limiter::new(LimiterConfig::default());
-    let identity = tollgate_tower::IdentityConfig {
-        trust: proxies.clone(),
-        ..Default::default()
-    };
-    let layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(b"t"))
-        .identity(identity)
-        .policy(RoutedPolicy::new(policy(&limiter, "ip", 1, false)).path_prefix("/limited"));
+    use tollgate_tower::Trust;
+    let (proxies, layer) = behind_proxies("/limited");
     let mut svc = layer.layer(SaysPeer);
-    let request = |path: &str, xff: Option<&str>| {
-        let mut req = Request::builder().uri(path);
-        if let Some(v) = xff {
-            req = req.header("x-forwarded-for", v);
-        }
-        req.body(()).expect("request")
-    };
-    let peer = |trust: &Trust, addr: &str| {
-        let addr: SocketAddr = addr.parse().expect("addr");
-        TrustedPeer::of(trust, addr.ip()).with_addr(addr)
-    };
+    let request = forwarded_get;
+    let peer = peer_at;
     let body = |resp: Response<tollgate_tower::RateLimitBody<Full<Bytes>>>| async move {
         let status = resp.status();
         let bytes = resp.into_body().collect().await.expect("body").to_bytes();
