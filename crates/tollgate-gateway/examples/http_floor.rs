@@ -52,13 +52,15 @@ fn main() -> std::process::ExitCode {
     let mut args = std::env::args().skip(1).peekable();
     let busy = match args.next_if(|a| a == "--busy-ns").map(|_| args.next()) {
         None => Duration::ZERO,
-        Some(Some(n)) if n.parse::<u64>().is_ok_and(|n| n <= 1_000_000) => {
-            Duration::from_nanos(n.parse().unwrap_or(0))
-        }
         Some(n) => {
             let n = n.unwrap_or_default();
-            eprintln!("error: --busy-ns takes nanoseconds, 0 to 1000000, not {n:?}");
-            return std::process::ExitCode::from(2);
+            match n.parse::<u64>() {
+                Ok(ns) if ns <= 1_000_000 => Duration::from_nanos(ns),
+                _ => {
+                    eprintln!("error: --busy-ns takes nanoseconds, 0 to 1000000, not {n:?}");
+                    return std::process::ExitCode::from(2);
+                }
+            }
         }
     };
     BUSY.get_or_init(|| busy);
