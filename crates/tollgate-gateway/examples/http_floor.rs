@@ -63,7 +63,6 @@ fn main() -> std::process::ExitCode {
             }
         }
     };
-    BUSY.get_or_init(|| busy);
     let Some(addr) = args.next() else {
         eprintln!("usage: http_floor [--busy-ns N] ADDRESS:PORT [UPSTREAM_ADDRESS:PORT]");
         return std::process::ExitCode::from(2);
@@ -83,7 +82,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(serve(&addr, upstream)) {
+    match rt.block_on(serve(&addr, upstream, busy)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -92,14 +91,11 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// How long each request spins before it is answered or forwarded (`--busy-ns`).
-static BUSY: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-
-/// Spins for `--busy-ns` (nothing without it).
-fn busy() {
-    let Some(&busy) = BUSY.get().filter(|b| !b.is_zero()) else {
+/// Spins for `busy` (`--busy-ns`; nothing when zero).
+fn spin(busy: Duration) {
+    if busy.is_zero() {
         return;
-    };
+    }
     let started = std::time::Instant::now();
     while started.elapsed() < busy {
         std::hint::spin_loop();
@@ -117,7 +113,8 @@ fn server() -> http1::Builder {
     b
 }
 
-async fn serve(addr: &str, upstream: Option<SocketAddr>) -> std::io::Result<()> {
+/// Serves on `addr`, each request spinning `busy` first.
+async fn serve(addr: &str, upstream: Option<SocketAddr>, busy: Duration) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -128,8 +125,8 @@ async fn serve(addr: &str, upstream: Option<SocketAddr>) -> std::io::Result<()> 
         let io = TokioIo::new(stream);
         match upstream {
             None => {
-                let svc = hyper::service::service_fn(|_req: Request<Incoming>| async {
-                    busy();
+                let svc = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
+                    spin(busy);
                     Ok::<_, Infallible>(status_response(http::StatusCode::OK, ""))
                 });
                 let conn = server().serve_connection(io, svc);
@@ -139,7 +136,8 @@ async fn serve(addr: &str, upstream: Option<SocketAddr>) -> std::io::Result<()> 
             }
             Some(up) => {
                 let slot: Slot = Arc::default();
-                let svc = hyper::service::service_fn(move |req| forward(up, slot.clone(), req));
+                let svc =
+                    hyper::service::service_fn(move |req| forward(up, slot.clone(), req, busy));
                 let conn = server().serve_connection(io, svc);
                 tokio::spawn(async move {
                     let _ = conn.await;
@@ -192,8 +190,9 @@ async fn forward(
     up: SocketAddr,
     slot: Slot,
     req: Request<Incoming>,
+    busy: Duration,
 ) -> Result<Response<Relay>, BoxError> {
-    busy();
+    spin(busy);
     let idle = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
     let mut conn = match idle {
         Some(c) if c.driver.is_some() => c,

@@ -120,14 +120,15 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
     let tick_us = 1e6 / procs::ticks_per_second() as f64;
     let mut runs: BTreeMap<String, Runs> = BTreeMap::new();
     for rep in 1..=ctx.reps {
-        // User µs a request of this repetition's floor and tollgate on memory, by mode.
-        let mut user_of: BTreeMap<(bool, &'static str), f64> = BTreeMap::new();
+        // User µs a request of this repetition's floor and tollgate on memory, by mode
+        // (decision, proxy).
+        let mut user_of = [UserTime::default(); 2];
         for (name, proxy, case) in &cases {
             log(&format!("gateway cpu rep {rep}/{}: {name}", ctx.reps));
             flush(&redis);
             let upstream = proxy.then_some(up);
             let busy = match case {
-                Case::FloorAtRate => Some(busy_ns(&user_of, *proxy)),
+                Case::FloorAtRate => Some(user_of[usize::from(*proxy)].busy_ns()),
                 _ => None,
             };
             let (proc, port) = start(ctx, &dir, *case, upstream, busy)?;
@@ -139,13 +140,10 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
             let per_request = |ticks: u64| ticks as f64 * tick_us / w.requests.max(1) as f64;
             let (user_us, kernel_us) = (per_request(u1 - u0), per_request(k1 - k0));
             let cpu_us = user_us + kernel_us;
+            let seen = &mut user_of[usize::from(*proxy)];
             match case {
-                Case::Floor => {
-                    user_of.insert((*proxy, "floor"), user_us);
-                }
-                Case::Tollgate(Store::Memory) => {
-                    user_of.insert((*proxy, "memory"), user_us);
-                }
+                Case::Floor => seen.floor = Some(user_us),
+                Case::Tollgate(Store::Memory) => seen.tollgate = Some(user_us),
                 _ => {}
             }
             let r = runs.entry(name.clone()).or_default();
@@ -251,17 +249,23 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
     ))
 }
 
-/// The `--busy-ns` of the floor at tollgate's rate in `proxy` mode: what tollgate on the memory
-/// store spent above the floor in user space, per request, this repetition (none when either
-/// is missing or the floor spent more).
-fn busy_ns(user_of: &BTreeMap<(bool, &'static str), f64>, proxy: bool) -> u64 {
-    match (
-        user_of.get(&(proxy, "memory")),
-        user_of.get(&(proxy, "floor")),
-    ) {
-        // Bounded as the floor bounds it (1 ms).
-        (Some(t), Some(f)) if t > f => ((t - f) * 1000.0).round().min(1_000_000.0) as u64,
-        _ => 0,
+/// User µs a request of one mode's floor and of tollgate on the memory store, in one
+/// repetition, as they are measured.
+#[derive(Debug, Clone, Copy, Default)]
+struct UserTime {
+    floor: Option<f64>,
+    tollgate: Option<f64>,
+}
+
+impl UserTime {
+    /// The `--busy-ns` of the floor at tollgate's rate: what tollgate spent above the floor in
+    /// user space, per request (none when either is missing or the floor spent more), bounded
+    /// as the floor bounds it (1 ms).
+    fn busy_ns(self) -> u64 {
+        match (self.tollgate, self.floor) {
+            (Some(t), Some(f)) if t > f => ((t - f) * 1000.0).round().min(1_000_000.0) as u64,
+            _ => 0,
+        }
     }
 }
 
@@ -318,22 +322,23 @@ mod tests {
 
     #[test]
     fn the_floor_spins_for_what_tollgate_spent_above_it_in_its_own_mode() {
-        let mut user_of = BTreeMap::new();
-        assert_eq!(busy_ns(&user_of, true), 0, "nothing measured yet");
-        user_of.insert((true, "floor"), 3.0);
-        user_of.insert((true, "memory"), 5.25);
-        user_of.insert((false, "floor"), 0.9);
-        assert_eq!(busy_ns(&user_of, true), 2250);
+        // (decision, proxy), as the table keeps them.
+        let mut user_of = [UserTime::default(); 2];
+        assert_eq!(user_of[1].busy_ns(), 0, "nothing measured yet");
+        user_of[1].floor = Some(3.0);
+        user_of[1].tollgate = Some(5.25);
+        user_of[0].floor = Some(0.9);
+        assert_eq!(user_of[1].busy_ns(), 2250);
         assert_eq!(
-            busy_ns(&user_of, false),
+            user_of[0].busy_ns(),
             0,
             "decision mode's tollgate not run yet"
         );
-        user_of.insert((false, "memory"), 0.8);
-        assert_eq!(busy_ns(&user_of, false), 0, "a floor slower than tollgate");
-        user_of.insert((false, "memory"), 5000.0);
+        user_of[0].tollgate = Some(0.8);
+        assert_eq!(user_of[0].busy_ns(), 0, "a floor slower than tollgate");
+        user_of[0].tollgate = Some(5000.0);
         assert_eq!(
-            busy_ns(&user_of, false),
+            user_of[0].busy_ns(),
             1_000_000,
             "bounded as the floor bounds it"
         );
