@@ -181,6 +181,8 @@ pub fn run_all(settings: &Settings) -> anyhow::Result<bool> {
     std::fs::create_dir_all(root.join("docs/bench")).context("cannot create docs/bench")?;
     let results = Results::create(&out.join("results.jsonl"))?;
     install_tools(&logs);
+    // What is built is what is measured: the tree as it is now, committed or not.
+    let revision = git_revision(&root);
     log("building release binaries");
     let bins = build::binaries(&root, &logs)?;
     let peers = settings
@@ -247,7 +249,7 @@ pub fn run_all(settings: &Settings) -> anyhow::Result<bool> {
         total_s: started.elapsed().as_secs(),
         build_s,
         machine: machine(),
-        revision: git_revision(&root),
+        revision,
         failed: failed.clone(),
     };
     let block = document::render_block(&info, &parts);
@@ -308,15 +310,46 @@ fn utc_now() -> String {
         .unwrap_or_default()
 }
 
+/// The paths whose changes change the binaries measured.
+const SOURCES: [&str; 5] = [
+    "crates",
+    "benches",
+    "Cargo.toml",
+    "Cargo.lock",
+    "rust-toolchain.toml",
+];
+
+/// HEAD's short revision, and whether the sources built differ from it: a run on a tree with
+/// uncommitted changes names its revision "with uncommitted changes", not as HEAD's alone.
 fn git_revision(root: &Path) -> String {
-    Command::new("git")
+    let rev = Command::new("git")
         .current_dir(root)
         .args(["rev-parse", "--short", "HEAD"])
         .output()
         .ok()
+        .filter(|o| o.status.success())
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|| "?".into())
+        .unwrap_or_else(|| "?".into());
+    // `git diff --quiet` exits 1 when the tracked sources differ from HEAD; untracked files
+    // under them count too (a new module).
+    let changed = Command::new("git")
+        .current_dir(root)
+        .args(["diff", "--quiet", "HEAD", "--"])
+        .args(SOURCES)
+        .status()
+        .is_ok_and(|s| s.code() == Some(1));
+    let untracked = Command::new("git")
+        .current_dir(root)
+        .args(["ls-files", "--others", "--exclude-standard", "--"])
+        .args(SOURCES)
+        .output()
+        .is_ok_and(|o| o.status.success() && !o.stdout.is_empty());
+    if changed || untracked {
+        format!("{rev} with uncommitted changes")
+    } else {
+        rev
+    }
 }
 
 /// Cores, CPU model, memory, kernel and the load average at the end of the run.
@@ -410,6 +443,55 @@ fn run_mode(quick: bool, sections: &[Section]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_with_uncommitted_sources_is_named_so() {
+        let dir = std::env::temp_dir().join(format!("xtask-rev-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("crates")).expect("dir");
+        let git = |args: &[&str]| {
+            let ok = Command::new("git")
+                .current_dir(&dir)
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "-c",
+                    "commit.gpgsign=false",
+                ])
+                .args(args)
+                .output()
+                .expect("git")
+                .status
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        std::fs::write(dir.join("crates/a.rs"), "1").expect("write");
+        std::fs::write(dir.join("notes.md"), "1").expect("write");
+        git(&["add", "."]);
+        git(&["commit", "-q", "-m", "one"]);
+        let clean = git_revision(&dir);
+        assert!(!clean.is_empty() && !clean.contains(' '), "{clean}");
+        // A change outside the sources (a document the run rewrites) changes nothing.
+        std::fs::write(dir.join("notes.md"), "2").expect("write");
+        assert_eq!(git_revision(&dir), clean);
+        // A changed source, or a new one, is named.
+        std::fs::write(dir.join("crates/a.rs"), "2").expect("write");
+        assert_eq!(
+            git_revision(&dir),
+            format!("{clean} with uncommitted changes")
+        );
+        git(&["checkout", "-q", "--", "crates/a.rs"]);
+        assert_eq!(git_revision(&dir), clean);
+        std::fs::write(dir.join("crates/b.rs"), "new").expect("write");
+        assert_eq!(
+            git_revision(&dir),
+            format!("{clean} with uncommitted changes")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_run_of_some_sections_is_not_called_full() {
