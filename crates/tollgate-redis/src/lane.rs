@@ -14,15 +14,6 @@
 //! Failures are per plan: a batch that fails or outlives the earliest deadline of its plans
 //! answers every one of them with that error (each caller then applies its own failure
 //! policy), and a plan whose arguments the script refuses fails alone.
-//!
-//! Before each batch leaves, the drain lets the runtime run other tasks for as long as plans
-//! keep arriving ([`Lane::gather`]): a pass of the runtime reads the requests that came in
-//! meanwhile, and their plans join the batch. It stops at the first pass that adds none, at
-//! `max_batch`, after [`GATHER_PASSES`] passes, or after [`GATHER_FOR`] (at most a tenth of
-//! the call timeout), whichever comes first. Only a drain gathers (a lane that had plans
-//! queued behind a call), so a plan that finds its lane idle still leaves at once. Under
-//! load a batch then carries more plans, and each call wakes Redis once, which costs it
-//! about the same whatever the call carries (docs/benchmarks.md, issue #25).
 
 use crate::batch_script::MAX_BATCH_FORMS;
 use crate::error::RedisStoreError;
@@ -31,16 +22,8 @@ use crate::script::{Form, Quotas, Script};
 use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 use tokio::sync::oneshot;
 use tollgate_core::Micros;
-
-/// The most passes of the runtime a drain waits for more plans before a batch leaves.
-pub(crate) const GATHER_PASSES: usize = 16;
-
-/// The longest a drain waits for more plans before a batch leaves (and never more than a
-/// tenth of the call timeout).
-pub(crate) const GATHER_FOR: Duration = Duration::from_micros(500);
 
 /// A call that coalesces: a plan's check or a lease call. A batch holds calls of one kind
 /// (a call of the other kind leaves in the next batch), so arrival order holds across both.
@@ -155,20 +138,6 @@ impl Lane {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How many calls wait in the queue.
-    fn queued(&self) -> usize {
-        self.lock().queue.len()
-    }
-
-    /// Lets plans that are still arriving join the next batch (see the module's
-    /// documentation): returns once a pass of the runtime added none, `max` are queued,
-    /// [`GATHER_PASSES`] passes went by, or [`GATHER_FOR`] (a tenth of `call_timeout` when
-    /// that is less) has passed.
-    pub(crate) async fn gather(&self, max: usize, call_timeout: Duration) {
-        let bound = gather_bound(call_timeout);
-        gather_while_growing(|| self.queued(), max, GATHER_PASSES, bound).await;
-    }
-
     /// Up to `max` queued calls of one kind (plans of at most [`MAX_BATCH_FORMS`] forms,
     /// or leases), in arrival order, without those whose callers are gone; those past their
     /// deadline are answered `timed_out` (`call_timeout`) and not sent; none (and the lane
@@ -221,127 +190,5 @@ impl Lane {
             state.busy = false;
         }
         (batch, shapes)
-    }
-}
-
-/// How long a drain may wait for more plans under `call_timeout`: [`GATHER_FOR`], or a tenth
-/// of the timeout when that is less.
-fn gather_bound(call_timeout: Duration) -> Duration {
-    GATHER_FOR.min(call_timeout / 10)
-}
-
-/// Yields to the runtime while `queued` grows, and returns the number of passes it took: none
-/// when `max` are already queued; otherwise until a pass adds nothing, `max` are queued,
-/// `passes` went by or `bound` has passed since it began. An empty queue waits one pass too:
-/// a drain whose batch just came back keeps its lane for the plans that pass brings, rather
-/// than leaving the first of them to a call of its own.
-async fn gather_while_growing(
-    queued: impl Fn() -> usize,
-    max: usize,
-    passes: usize,
-    bound: Duration,
-) -> usize {
-    let began = tokio::time::Instant::now();
-    let mut n = queued();
-    let mut taken = 0;
-    while taken < passes && n < max && began.elapsed() < bound {
-        tokio::task::yield_now().await;
-        taken += 1;
-        let now = queued();
-        if now <= n {
-            break;
-        }
-        n = now;
-    }
-    taken
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// A queue's length, and a task that adds one to it on each of its `adds` polls.
-    fn arriving(start: usize, adds: usize) -> Arc<AtomicUsize> {
-        let queued = Arc::new(AtomicUsize::new(start));
-        let q = Arc::clone(&queued);
-        tokio::spawn(async move {
-            for _ in 0..adds {
-                q.fetch_add(1, Ordering::SeqCst);
-                tokio::task::yield_now().await;
-            }
-        });
-        queued
-    }
-
-    const LONG: Duration = Duration::from_secs(60);
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_drain_waits_while_plans_arrive_and_no_longer() {
-        // Five more plans arrive, one a pass: all of them are gathered, and the gather stops
-        // at the first pass that adds none.
-        let queued = arriving(1, 5);
-        let passes = gather_while_growing(|| queued.load(Ordering::SeqCst), 64, 16, LONG).await;
-        assert_eq!(queued.load(Ordering::SeqCst), 6);
-        assert!((5..=7).contains(&passes), "{passes} passes");
-
-        // Nothing arrives: one pass, not sixteen.
-        let queued = arriving(3, 0);
-        let passes = gather_while_growing(|| queued.load(Ordering::SeqCst), 64, 16, LONG).await;
-        assert_eq!(passes, 1);
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_drain_stops_gathering_at_its_bounds() {
-        let len = |q: &Arc<AtomicUsize>| q.load(Ordering::SeqCst);
-        // Nothing queued: one pass, and more while plans arrive.
-        let queued = arriving(0, 0);
-        assert_eq!(gather_while_growing(|| len(&queued), 64, 16, LONG).await, 1);
-        let queued = arriving(0, 3);
-        gather_while_growing(|| len(&queued), 64, 16, LONG).await;
-        assert_eq!(len(&queued), 3);
-        // A full batch: no wait at all.
-        let queued = arriving(64, 100);
-        assert_eq!(gather_while_growing(|| len(&queued), 64, 16, LONG).await, 0);
-        // Plans that keep coming: it stops once the batch is full...
-        let queued = arriving(1, 1000);
-        let passes = gather_while_growing(|| len(&queued), 10, 16, LONG).await;
-        assert!(len(&queued) >= 10 && passes < 16, "{passes} passes");
-        // ... or after its passes...
-        let queued = arriving(1, 1000);
-        assert_eq!(
-            gather_while_growing(|| len(&queued), 1024, 16, LONG).await,
-            16
-        );
-        // ... or its time: a zero bound waits for nothing, and a pass slower than the bound
-        // is the last, though it added a plan.
-        let queued = arriving(1, 1000);
-        assert_eq!(
-            gather_while_growing(|| len(&queued), 1024, 16, Duration::ZERO).await,
-            0
-        );
-        let slow = Arc::new(AtomicUsize::new(1));
-        let s = Arc::clone(&slow);
-        tokio::spawn(async move {
-            for _ in 0..100 {
-                // Blocks this runtime's only thread: each pass takes 2 ms.
-                std::thread::sleep(Duration::from_millis(2));
-                s.fetch_add(1, Ordering::SeqCst);
-                tokio::task::yield_now().await;
-            }
-        });
-        let passes = gather_while_growing(|| len(&slow), 1024, 16, Duration::from_millis(1)).await;
-        assert_eq!(passes, 1);
-    }
-
-    #[test]
-    fn a_short_call_timeout_shortens_the_gather() {
-        assert_eq!(
-            gather_bound(Duration::from_millis(1)),
-            Duration::from_micros(100)
-        );
-        assert_eq!(gather_bound(Duration::from_millis(5)), GATHER_FOR);
-        assert_eq!(gather_bound(LONG), GATHER_FOR);
-        assert_eq!(gather_bound(Duration::ZERO), Duration::ZERO);
     }
 }

@@ -1725,11 +1725,9 @@ fn limits_of<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = u64> 
     checks.iter().map(|c| c.rule.limit().quota().limit())
 }
 
-/// Drains `lane`: one batch per call, each after the plans still arriving have joined it
-/// ([`Lane::gather`]), until the queue is empty (which marks the lane idle).
+/// Drains `lane`: one batch per call until the queue is empty (which marks the lane idle).
 async fn drain(store: RedisStore, lane: Arc<Lane>) {
     loop {
-        lane.gather(store.max_batch(), store.call_timeout()).await;
         let (batch, shapes) = lane.take(store.max_batch(), store.call_timeout());
         if batch.is_empty() {
             return;
