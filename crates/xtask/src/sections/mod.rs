@@ -310,45 +310,35 @@ fn utc_now() -> String {
         .unwrap_or_default()
 }
 
-/// The paths whose changes change the binaries measured.
-const SOURCES: [&str; 5] = [
+/// The paths whose changes change the binaries measured (`.cargo`: build flags).
+const SOURCES: [&str; 6] = [
     "crates",
     "benches",
     "Cargo.toml",
     "Cargo.lock",
     "rust-toolchain.toml",
+    ".cargo",
 ];
 
 /// HEAD's short revision, and whether the sources built differ from it: a run on a tree with
 /// uncommitted changes names its revision "with uncommitted changes", not as HEAD's alone.
 fn git_revision(root: &Path) -> String {
-    let rev = Command::new("git")
-        .current_dir(root)
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|| "?".into());
-    // `git diff --quiet` exits 1 when the tracked sources differ from HEAD; untracked files
-    // under them count too (a new module).
-    let changed = Command::new("git")
-        .current_dir(root)
-        .args(["diff", "--quiet", "HEAD", "--"])
-        .args(SOURCES)
-        .status()
-        .is_ok_and(|s| s.code() == Some(1));
-    let untracked = Command::new("git")
-        .current_dir(root)
-        .args(["ls-files", "--others", "--exclude-standard", "--"])
-        .args(SOURCES)
-        .output()
-        .is_ok_and(|o| o.status.success() && !o.stdout.is_empty());
-    if changed || untracked {
-        format!("{rev} with uncommitted changes")
-    } else {
-        rev
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let rev = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
+    // Changed, staged or new (untracked, not ignored) files under the sources, one a line.
+    let mut status = vec!["status", "--porcelain", "--"];
+    status.extend(SOURCES);
+    match git(&status) {
+        Some(changes) if !changes.is_empty() => format!("{rev} with uncommitted changes"),
+        _ => rev,
     }
 }
 
@@ -486,6 +476,12 @@ mod tests {
         git(&["checkout", "-q", "--", "crates/a.rs"]);
         assert_eq!(git_revision(&dir), clean);
         std::fs::write(dir.join("crates/b.rs"), "new").expect("write");
+        assert_eq!(
+            git_revision(&dir),
+            format!("{clean} with uncommitted changes")
+        );
+        // Staged and not committed is still not HEAD.
+        git(&["add", "crates/b.rs"]);
         assert_eq!(
             git_revision(&dir),
             format!("{clean} with uncommitted changes")
