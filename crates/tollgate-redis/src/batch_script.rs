@@ -49,6 +49,7 @@
 //! until the script ends (nothing runs beside a script), so a plan's writes go where its reads
 //! did.
 
+use crate::command::Args;
 use crate::script::{
     across_slots, body, constants_len, decide, finish, uncharged_and_reply, unpack_format, Bound,
     Cache, Form, Quotas, RuleShape, Script,
@@ -111,7 +112,7 @@ pub(crate) struct CallPlan<'a> {
 /// above): `plans` in order, `forms` the list the script was generated for, `local` when each
 /// plan's `now` travels (the local clock), `floor_ms` the PX floor (0: none).
 pub(crate) fn push_batch_call(
-    cmd: &mut redis::Cmd,
+    cmd: &mut dyn Args,
     plans: &[CallPlan<'_>],
     forms: &[Form],
     across: bool,
@@ -119,7 +120,7 @@ pub(crate) fn push_batch_call(
     floor_ms: u64,
 ) {
     let keys: usize = plans.iter().map(|p| p.keys.len()).sum();
-    let push_keys = |cmd: &mut redis::Cmd| {
+    let push_keys = |cmd: &mut dyn Args| {
         for p in plans {
             for k in p.keys {
                 cmd.arg(k);

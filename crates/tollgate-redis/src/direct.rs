@@ -78,7 +78,6 @@ struct Socket {
     stream: Stream,
     /// Bytes read and not yet parsed.
     buf: Vec<u8>,
-    out: Vec<u8>,
     /// Replies of abandoned calls, still to be read and discarded.
     owed: usize,
 }
@@ -127,8 +126,9 @@ impl Direct {
         })
     }
 
-    /// Sends `cmd` and reads its reply. A server error is an `Err`, as with redis-rs.
-    pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+    /// Sends `cmd` (a whole command's RESP bytes, `command.rs`) and reads its reply. A server
+    /// error is an `Err`, as with redis-rs.
+    pub(crate) async fn query(&self, cmd: &[u8]) -> Result<Value, RedisError> {
         let idle = self
             .idle
             .lock()
@@ -158,9 +158,6 @@ impl Direct {
                 if s.buf.capacity() > KEEP_BUFFER {
                     s.buf = Vec::with_capacity(4096);
                 }
-                if s.out.capacity() > KEEP_BUFFER {
-                    s.out = Vec::with_capacity(4096);
-                }
                 self.put(s);
             }
         } else {
@@ -186,7 +183,7 @@ impl Direct {
     /// a PING now makes it reconnect first.
     pub(crate) async fn query_beside(
         &self,
-        cmd: &Cmd,
+        cmd: &[u8],
         shared: &redis::aio::ConnectionManager,
     ) -> Result<Value, RedisError> {
         let reply = self.query(cmd).await;
@@ -242,7 +239,6 @@ impl Direct {
         let mut socket = Socket {
             stream,
             buf: Vec::with_capacity(4096),
-            out: Vec::with_capacity(4096),
             owed: 0,
         };
         if let Some(password) = &t.password {
@@ -288,18 +284,16 @@ struct Call<'a> {
 }
 
 impl Call<'_> {
-    async fn run(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+    async fn run(&mut self, cmd: &[u8]) -> Result<Value, RedisError> {
         let Some(socket) = self.socket.as_mut() else {
             return Err(io_error("Redis connection", "no socket".to_string()));
         };
-        socket.out.clear();
-        cmd.write_packed_command(&mut socket.out);
         // Replies of calls given up earlier come first.
         while socket.owed > 0 {
             socket.read_reply().await?;
             socket.owed -= 1;
         }
-        socket.write_out().await?;
+        socket.stream.write_all(cmd).await?;
         self.written = true;
         socket.read_reply().await
     }
@@ -320,17 +314,8 @@ impl Drop for Call<'_> {
 impl Socket {
     /// Writes `cmd` whole and reads its reply (the connection's setup calls).
     async fn call(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
-        self.out.clear();
-        cmd.write_packed_command(&mut self.out);
-        self.write_out().await?;
+        self.stream.write_all(&cmd.get_packed_command()).await?;
         self.read_reply().await
-    }
-
-    async fn write_out(&mut self) -> Result<(), RedisError> {
-        let out = std::mem::take(&mut self.out);
-        let r = self.stream.write_all(&out).await;
-        self.out = out;
-        Ok(r?)
     }
 
     async fn read_reply(&mut self) -> Result<Value, RedisError> {

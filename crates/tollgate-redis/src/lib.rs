@@ -42,6 +42,7 @@
 #![deny(missing_docs)]
 
 mod batch_script;
+mod command;
 mod config;
 mod direct;
 mod error;

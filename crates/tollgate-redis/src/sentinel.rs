@@ -21,6 +21,7 @@
 //! shorter than a lookup across three sentinels) does not cancel it, so the next caller finds
 //! the master already connected. One lookup runs at a time.
 
+use crate::command::Packed;
 use crate::config::{redact, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -107,17 +108,28 @@ impl SentinelConnection {
 
     /// Runs `cmd` on the master; forgets the master when the answer says it is gone.
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
-        self.query_on(cmd, false).await
+        let master = self.master().await?;
+        let reply = crate::reply::reply_of(&mut master.conn.clone(), cmd).await;
+        self.after(&master, reply)
     }
 
-    /// [`SentinelConnection::query`], over the store's own connection to the master
-    /// (`direct.rs`) when `own` and it has one.
-    pub(crate) async fn query_on(&self, cmd: &Cmd, own: bool) -> Result<Value, RedisError> {
+    /// [`SentinelConnection::query`] of a command written for the store's own connection to
+    /// the master (`direct.rs`), sent on it when the master has one (else on redis-rs's).
+    pub(crate) async fn query_own(&self, cmd: &mut Packed) -> Result<Value, RedisError> {
         let master = self.master().await?;
-        let reply = match (&master.direct, own) {
-            (Some(d), true) => d.query_beside(cmd, &master.conn).await,
-            _ => crate::reply::reply_of(&mut master.conn.clone(), cmd).await,
+        let reply = match &master.direct {
+            Some(d) => d.query_beside(cmd.bytes(), &master.conn).await,
+            None => crate::reply::reply_of(&mut master.conn.clone(), &cmd.to_cmd()).await,
         };
+        self.after(&master, reply)
+    }
+
+    /// Forgets `master` when `reply` says it is gone.
+    fn after(
+        &self,
+        master: &Master,
+        reply: Result<Value, RedisError>,
+    ) -> Result<Value, RedisError> {
         if let Err(e) = &reply {
             if master_gone(e) {
                 self.forget(master.lookup);

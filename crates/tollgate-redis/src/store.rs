@@ -4,6 +4,7 @@
 use crate::batch_script::{
     batch_script, batch_script_across, push_batch_call, CallPlan, ELSEWHERE,
 };
+use crate::command::{Args, Packed};
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
 use crate::lane::{Answer, Job, Lane, PlanJob, Room, Waiting};
@@ -489,7 +490,7 @@ impl RedisStore {
     /// The settle script's arguments after its keys: now, the PX floor, 7 per item.
     fn push_settle_args(
         &self,
-        cmd: &mut Cmd,
+        cmd: &mut dyn Args,
         items: &[SettleArgs<'_>],
         chunk: &[usize],
         now: Micros,
@@ -993,7 +994,7 @@ impl RedisStore {
     }
 
     /// The generic script's arguments (see `scripts/check.lua`).
-    fn push_generic_args(&self, cmd: &mut Cmd, checks: &[Check<'_>], now: Micros) {
+    fn push_generic_args(&self, cmd: &mut dyn Args, checks: &[Check<'_>], now: Micros) {
         cmd.arg(checks.len());
         for c in checks {
             cmd.arg(self.key(&c.client, c.rule.name()));
@@ -1175,7 +1176,7 @@ impl RedisStore {
     /// is 1 with the store clock and no PX floor (each argument costs Redis a string and a
     /// table slot); otherwise the costs, then now (store clock: empty) and the floor, each
     /// only when used.
-    fn push_plan_args(&self, cmd: &mut Cmd, job: &PlanJob) {
+    fn push_plan_args(&self, cmd: &mut dyn Args, job: &PlanJob) {
         cmd.arg(job.keys.len());
         for k in &job.keys {
             cmd.arg(k);
@@ -1209,7 +1210,7 @@ impl RedisStore {
     pub(crate) async fn run_script(
         &self,
         s: &Script,
-        args: impl Fn(&mut Cmd),
+        args: impl Fn(&mut dyn Args),
     ) -> Result<redis::Value, RedisError> {
         self.run_script_on(s, args, false, Room::SMALL).await
     }
@@ -1220,35 +1221,59 @@ impl RedisStore {
     pub(crate) async fn run_script_on(
         &self,
         s: &Script,
-        args: impl Fn(&mut Cmd),
+        args: impl Fn(&mut dyn Args),
         lane: bool,
         room: Room,
     ) -> Result<redis::Value, RedisError> {
+        if lane && self.lanes_own_connection() {
+            // Written once, as the bytes the store's own connection sends (`command.rs`).
+            let packed = |first: &[u8], second: &[u8]| {
+                let mut p = Packed::with_capacity(room.bytes + room.args * 8 + 64);
+                p.bulk(first);
+                p.bulk(second);
+                args(&mut p);
+                p
+            };
+            return match self.query_on(packed(b"EVALSHA", s.sha.as_bytes())).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    self.query_on(packed(b"EVAL", s.text.as_bytes())).await
+                }
+                other => other,
+            };
+        }
         let mut cmd = Cmd::with_capacity(room.args + 2, room.bytes + 64);
         cmd.arg("EVALSHA").arg(&s.sha);
         args(&mut cmd);
-        match self.query_on(&cmd, lane).await {
+        match self.query(&cmd).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(&s.text);
                 args(&mut eval);
-                self.query_on(&eval, lane).await
+                self.query(&eval).await
             }
             other => other,
         }
     }
 
-    /// `cmd` on the lane's own connection (`direct.rs`) when `lane` and there is one, else
-    /// on redis-rs's.
-    async fn query_on(&self, cmd: &Cmd, lane: bool) -> Result<redis::Value, RedisError> {
-        match (&self.lane_conn, &self.conn, lane) {
-            (LaneConn::Own(d), Connection::Standalone(shared), true) => {
-                d.query_beside(cmd, shared).await
+    /// Whether a lane's calls go on the store's own connection (`direct.rs`): a standalone
+    /// server's, or the one to the master the sentinels name.
+    fn lanes_own_connection(&self) -> bool {
+        matches!(
+            (&self.lane_conn, &self.conn),
+            (LaneConn::Own(_), Connection::Standalone(_))
+                | (LaneConn::SentinelMaster, Connection::Sentinel(_))
+        )
+    }
+
+    /// `cmd` on the lane's own connection (`direct.rs`).
+    async fn query_on(&self, mut cmd: Packed) -> Result<redis::Value, RedisError> {
+        match (&self.lane_conn, &self.conn) {
+            (LaneConn::Own(d), Connection::Standalone(shared)) => {
+                d.query_beside(cmd.bytes(), shared).await
             }
-            (LaneConn::SentinelMaster, Connection::Sentinel(c), true) => {
-                c.query_on(cmd, true).await
-            }
-            _ => self.query(cmd).await,
+            (LaneConn::SentinelMaster, Connection::Sentinel(c)) => c.query_own(&mut cmd).await,
+            // Not reached (`lanes_own_connection`); correct all the same.
+            _ => self.query(&cmd.to_cmd()).await,
         }
     }
 
@@ -1356,7 +1381,7 @@ impl RedisStore {
     }
 
     /// `lease.lua`'s arguments for `job` (without its key): 9, or 10 with a PX floor.
-    pub(crate) fn push_lease_args(&self, cmd: &mut redis::Cmd, job: &LeaseJob) {
+    pub(crate) fn push_lease_args(&self, cmd: &mut dyn Args, job: &LeaseJob) {
         match self.clock() {
             StoreClock::Store => cmd.arg(""),
             StoreClock::Local => cmd.arg(job.now),
@@ -1581,7 +1606,7 @@ impl RedisStore {
     }
 
     /// The lease batch script's arguments (see `lease_batch_script`).
-    fn push_lease_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], across: bool) {
+    fn push_lease_batch_args(&self, cmd: &mut dyn Args, jobs: &[&Job], across: bool) {
         let leases: Vec<&LeaseJob> = jobs
             .iter()
             .filter_map(|j| match j {
@@ -1612,7 +1637,7 @@ impl RedisStore {
     }
 
     /// The batch script's arguments (see `batch_script.rs`).
-    fn push_batch_args(&self, cmd: &mut redis::Cmd, jobs: &[&Job], shapes: &[Form], across: bool) {
+    fn push_batch_args(&self, cmd: &mut dyn Args, jobs: &[&Job], shapes: &[Form], across: bool) {
         let plans: Vec<CallPlan<'_>> = jobs
             .iter()
             .filter_map(|j| match j {
