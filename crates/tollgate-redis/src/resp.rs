@@ -105,20 +105,31 @@ fn integer(text: &[u8]) -> Result<i64, ProtocolError> {
         [b'-', rest @ ..] => (true, rest),
         _ => (false, text),
     };
-    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-        return Err(bad(format!(
+    let not_an_integer = || {
+        bad(format!(
             "{:?} is not an integer",
             String::from_utf8_lossy(&text[..text.len().min(32)])
-        )));
+        ))
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return Err(not_an_integer());
     }
-    let mut n: i64 = 0;
+    // Nineteen digits fit a u64: checked and summed in one pass (every reply of a batch is
+    // such an integer), then put in range (i64::MIN included).
+    let mut n: u64 = 0;
     for &d in digits {
-        n = n
-            .checked_mul(10)
-            .and_then(|n| n.checked_add(i64::from(d - b'0')))
-            .ok_or_else(|| bad("an integer out of range"))?;
+        let v = d.wrapping_sub(b'0');
+        if v > 9 {
+            return Err(not_an_integer());
+        }
+        n = n * 10 + u64::from(v);
     }
-    Ok(if neg { -n } else { n })
+    let n = if neg {
+        0i64.checked_sub_unsigned(n)
+    } else {
+        i64::try_from(n).ok()
+    };
+    n.ok_or_else(|| bad("an integer out of range"))
 }
 
 /// A bulk string's or array's announced length: -1 (nil) or 0..=MAX_REPLY.
@@ -427,6 +438,52 @@ mod tests {
         assert!(parse(deep.as_bytes()).is_err());
         let ok = "*1\r\n".repeat(MAX_DEPTH) + ":1\r\n";
         assert!(matches!(parse(ok.as_bytes()), Ok(Some(_))));
+    }
+
+    /// Integers of every width read as std reads them, and a line std refuses (or one of
+    /// more than 19 digits) is refused, whichever byte is wrong: the one-pass check of the
+    /// first 18 digits and the checked 19th agree with it.
+    #[test]
+    fn integers_read_as_std_reads_them() {
+        let mut texts: Vec<String> = vec![
+            "0".into(),
+            "-0".into(),
+            "-".into(),
+            "".into(),
+            "+1".into(),
+            i64::MAX.to_string(),
+            (i64::MIN + 1).to_string(),
+            i64::MIN.to_string(),
+            "9223372036854775808".into(),
+            "99999999999999999999".into(),
+        ];
+        for width in 1..=20 {
+            let digits: String = (0..width)
+                .map(|i| char::from(b'1' + (i % 9) as u8))
+                .collect();
+            texts.push(digits.clone());
+            texts.push(format!("-{digits}"));
+            for bad_at in 0..width {
+                for bad in [b'/', b':', b' ', b'a'] {
+                    let mut b = digits.clone().into_bytes();
+                    b[bad_at] = bad;
+                    texts.push(String::from_utf8(b).unwrap_or_default());
+                }
+            }
+        }
+        for t in &texts {
+            let std = t.parse::<i64>().ok().filter(|_| {
+                let digits = t.strip_prefix('-').unwrap_or(t);
+                !digits.is_empty() && digits.len() <= 19 && !t.starts_with('+')
+            });
+            let line = format!(":{t}\r\n");
+            let ours = parse(line.as_bytes());
+            match std {
+                // -0 reads as 0, as std has it.
+                Some(n) => assert_eq!(ours, Ok(Some((Value::Int(n), line.len()))), "{t:?}"),
+                None => assert!(ours.is_err(), "{t:?} was read as {ours:?}"),
+            }
+        }
     }
 
     #[test]
