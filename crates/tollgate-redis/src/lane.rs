@@ -16,6 +16,7 @@
 //! policy), and a plan whose arguments the script refuses fails alone.
 
 use crate::batch_script::MAX_BATCH_FORMS;
+use crate::direct::Direct;
 use crate::error::RedisStoreError;
 use crate::lease::LeaseJob;
 use crate::script::{Form, Quotas, Script};
@@ -108,6 +109,15 @@ pub(crate) struct Lane {
     /// A Cluster node's lane: its calls are of several slots, and a batch of them runs an
     /// across-slots batch script (`batch_script.rs`, or the lease batch's variant).
     pub(crate) across_slots: bool,
+    /// A Cluster node's own connection (`direct.rs`), where its calls go; `None` where they
+    /// go on the store's other connections.
+    pub(crate) node: Option<NodeConn>,
+}
+
+/// The store's own connection to one Cluster node, and the address it was made for.
+pub(crate) struct NodeConn {
+    pub(crate) addr: (String, u16),
+    pub(crate) direct: Arc<Direct>,
 }
 
 #[derive(Default)]
@@ -126,12 +136,18 @@ pub(crate) struct Waiting {
 }
 
 impl Lane {
-    /// A Cluster node's lane (see [`Lane::across_slots`]).
-    pub(crate) fn across_slots() -> Self {
+    /// A Cluster node's lane (see [`Lane::across_slots`]), with its own connection or none.
+    pub(crate) fn across_slots(node: Option<NodeConn>) -> Self {
         Self {
             state: Mutex::default(),
             across_slots: true,
+            node,
         }
+    }
+
+    /// The address of the node's own connection (see [`Lane::node`]).
+    pub(crate) fn node_addr(&self) -> Option<&(String, u16)> {
+        self.node.as_ref().map(|n| &n.addr)
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -7,7 +7,7 @@ use crate::batch_script::{
 use crate::command::{Args, Packed};
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::error::RedisStoreError;
-use crate::lane::{Answer, Job, Lane, PlanJob, Room, Waiting};
+use crate::lane::{Answer, Job, Lane, NodeConn, PlanJob, Room, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
 use crate::reply::reply_of;
 use crate::script::{
@@ -21,7 +21,7 @@ use crate::script::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::fmt;
@@ -191,6 +191,45 @@ enum LaneConn {
     Own(Arc<crate::direct::Direct>),
     /// The own connection to the master the sentinels name (`sentinel.rs`).
     SentinelMaster,
+    /// A Cluster's: each node's lane has its own connection (`direct.rs`, [`Lane::node`]) to
+    /// the address the node table gives, with this (the first URL's) credentials and TLS;
+    /// a slot's lane (its node not known) and every other call use redis-rs's cluster
+    /// connection.
+    ClusterNodes(Box<redis::ConnectionInfo>),
+}
+
+/// How a call goes: on the store's shared connections (redis-rs's), or as a lane's call
+/// (on the lane's own connection where it has one).
+#[derive(Clone, Copy)]
+pub(crate) enum Via<'a> {
+    Shared,
+    Lane(&'a Lane),
+}
+
+/// The store's own connection a lane's call goes on.
+#[derive(Clone, Copy)]
+enum Own<'a> {
+    Standalone(&'a crate::direct::Direct, &'a ConnectionManager),
+    Sentinel(&'a crate::sentinel::SentinelConnection),
+    Node(&'a crate::direct::Direct),
+}
+
+/// Whether a Cluster node's answer `e` says it did not run the call: another node serves
+/// the slot (MOVED, ASK), the Cluster cannot serve it now (TRYAGAIN, CLUSTERDOWN,
+/// MASTERDOWN), the node is a replica (READONLY), or the node could not be reached at all.
+/// An I/O error after the call was written is none of these: the call may have run.
+fn not_run_here(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        )
+    ) || e.is_connection_refusal()
 }
 
 /// Scripts loaded into a store's server(s), by form.
@@ -269,7 +308,14 @@ impl RedisStore {
             Connection::Standalone(_) => crate::direct::Direct::for_url(&config.urls[0])
                 .map_or(LaneConn::Shared, |d| LaneConn::Own(Arc::new(d))),
             Connection::Sentinel(_) => LaneConn::SentinelMaster,
-            Connection::Cluster(_) => LaneConn::Shared,
+            Connection::Cluster(_) => config
+                .urls
+                .first()
+                .and_then(|u| u.as_str().into_connection_info().ok())
+                .filter(|info| crate::direct::Direct::for_info(info, String::new()).is_some())
+                .map_or(LaneConn::Shared, |info| {
+                    LaneConn::ClusterNodes(Box::new(info))
+                }),
         };
         let store = Self {
             conn,
@@ -696,7 +742,7 @@ impl RedisStore {
     ) -> Result<Verdict, RedisStoreError> {
         let timeout = self.call_timeout();
         let deadline = tokio::time::Instant::now() + timeout;
-        let own_lanes = self.max_batch > 1 && !matches!(self.lane_conn, LaneConn::Shared);
+        let own_lanes = self.lanes_bound_plans();
         let first = checks
             .first()
             .filter(|_| own_lanes && twice(checks).is_none());
@@ -1022,6 +1068,35 @@ impl RedisStore {
         }
     }
 
+    /// The store's own connection to the Cluster node at `host:port`, with the first URL's
+    /// credentials and TLS; `None` where node lanes use redis-rs's connection.
+    fn node_connection(&self, (host, port): &(String, u16)) -> Option<NodeConn> {
+        let LaneConn::ClusterNodes(template) = &self.lane_conn else {
+            return None;
+        };
+        let addr = match template.addr() {
+            redis::ConnectionAddr::Tcp(..) => redis::ConnectionAddr::Tcp(host.clone(), *port),
+            redis::ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => redis::ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => return None,
+        };
+        let info = (**template).clone().set_addr(addr);
+        let direct =
+            crate::direct::Direct::for_info(&info, format!("the Cluster node at {host}:{port}"))?;
+        Some(NodeConn {
+            addr: (host.clone(), *port),
+            direct: Arc::new(direct),
+        })
+    }
+
     /// Reads which node serves each slot (`CLUSTER SLOTS`) into the node lanes: at connect,
     /// and after a batch met a key its node does not serve. Nothing on a standalone server,
     /// with `max_batch = 1`, or once the servers refused the across-slots script flag. A
@@ -1065,25 +1140,30 @@ impl RedisStore {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        // A node keeps its lane across refreshes (by its id), so a refresh splits no queue.
+        // A node keeps its lane across refreshes (by its id, while its address stays), so a
+        // refresh splits no queue.
         let mut by_node: HashMap<String, Arc<Lane>> = HashMap::new();
         if let Some(old) = &old {
             for (slot, lane) in old.iter().enumerate() {
                 if let Some(lane) = lane {
-                    if let Some((_, _, id)) = ranges.iter().find(|r| r.0 <= slot && slot <= r.1) {
-                        by_node
-                            .entry(id.clone())
-                            .or_insert_with(|| Arc::clone(lane));
+                    if let Some(r) = ranges.iter().find(|r| r.start <= slot && slot <= r.end) {
+                        if lane.node_addr() == self.node_addr(r) {
+                            by_node
+                                .entry(r.id.clone())
+                                .or_insert_with(|| Arc::clone(lane));
+                        }
                     }
                 }
             }
         }
         let mut table: Vec<Option<Arc<Lane>>> = vec![None; 16384];
-        for (start, end, id) in &ranges {
-            let lane = by_node
-                .entry(id.clone())
-                .or_insert_with(|| Arc::new(Lane::across_slots()));
-            for slot in table.iter_mut().take(end + 1).skip(*start) {
+        for r in &ranges {
+            let lane = by_node.entry(r.id.clone()).or_insert_with(|| {
+                Arc::new(Lane::across_slots(
+                    self.node_addr(r).and_then(|a| self.node_connection(a)),
+                ))
+            });
+            for slot in table.iter_mut().take(r.end + 1).skip(r.start) {
                 *slot = Some(Arc::clone(lane));
             }
         }
@@ -1091,6 +1171,15 @@ impl RedisStore {
             .table
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(table.into());
+    }
+
+    /// The address a node lane's own connection goes to: the range's master's, when node
+    /// lanes have connections of their own.
+    fn node_addr<'r>(&self, r: &'r SlotRange) -> Option<&'r (String, u16)> {
+        match self.lane_conn {
+            LaneConn::ClusterNodes(_) => r.addr.as_ref(),
+            _ => None,
+        }
     }
 
     /// [`RedisStore::refresh_nodes`] in a task of its own, unless one runs or ran less than
@@ -1158,15 +1247,15 @@ impl RedisStore {
 
     /// One plan alone: its shape's script.
     pub(crate) async fn run_job(&self, job: &PlanJob) -> Result<redis::Value, RedisError> {
-        self.run_job_on(job, false).await
+        self.run_job_on(job, Via::Shared).await
     }
 
     /// [`RedisStore::run_job`], on the lane's own connection when `lane`.
-    async fn run_job_on(&self, job: &PlanJob, lane: bool) -> Result<redis::Value, RedisError> {
+    async fn run_job_on(&self, job: &PlanJob, via: Via<'_>) -> Result<redis::Value, RedisError> {
         self.run_script_on(
             &job.script,
             |cmd| self.push_plan_args(cmd, job),
-            lane,
+            via,
             job.room(),
         )
         .await
@@ -1212,7 +1301,7 @@ impl RedisStore {
         s: &Script,
         args: impl Fn(&mut dyn Args),
     ) -> Result<redis::Value, RedisError> {
-        self.run_script_on(s, args, false, Room::SMALL).await
+        self.run_script_on(s, args, Via::Shared, Room::SMALL).await
     }
 
     /// [`RedisStore::run_script`] on the lane's own connection when `lane` and there is one.
@@ -1222,10 +1311,10 @@ impl RedisStore {
         &self,
         s: &Script,
         args: impl Fn(&mut dyn Args),
-        lane: bool,
+        via: Via<'_>,
         room: Room,
     ) -> Result<redis::Value, RedisError> {
-        if lane && self.lanes_own_connection() {
+        if let Some(own) = self.own_connection(via) {
             // Written once, as the bytes the store's own connection sends (`command.rs`).
             let packed = |first: &[u8], second: &[u8]| {
                 let mut p = Packed::with_capacity(room.bytes + room.args * 8 + 64);
@@ -1234,9 +1323,13 @@ impl RedisStore {
                 args(&mut p);
                 p
             };
-            return match self.query_on(packed(b"EVALSHA", s.sha.as_bytes())).await {
+            return match self
+                .query_own(own, packed(b"EVALSHA", s.sha.as_bytes()))
+                .await
+            {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    self.query_on(packed(b"EVAL", s.text.as_bytes())).await
+                    self.query_own(own, packed(b"EVAL", s.text.as_bytes()))
+                        .await
                 }
                 other => other,
             };
@@ -1255,25 +1348,44 @@ impl RedisStore {
         }
     }
 
-    /// Whether a lane's calls go on the store's own connection (`direct.rs`): a standalone
-    /// server's, or the one to the master the sentinels name.
-    fn lanes_own_connection(&self) -> bool {
-        matches!(
-            (&self.lane_conn, &self.conn),
-            (LaneConn::Own(_), Connection::Standalone(_))
-                | (LaneConn::SentinelMaster, Connection::Sentinel(_))
-        )
+    /// Whether a plan that coalesces has no timer of its own, its lane bounding it (see
+    /// [`RedisStore::check_bounded`]): on a standalone server's or a Sentinel master's own
+    /// connection. A Cluster's plans (of one slot or several) run under their caller's timer.
+    fn lanes_bound_plans(&self) -> bool {
+        self.max_batch > 1 && matches!(self.lane_conn, LaneConn::Own(_) | LaneConn::SentinelMaster)
     }
 
-    /// `cmd` on the lane's own connection (`direct.rs`).
-    async fn query_on(&self, mut cmd: Packed) -> Result<redis::Value, RedisError> {
+    /// The store's own connection that a call by `via` goes on, if any: a standalone
+    /// server's, the Sentinel master's, or a Cluster node's lane's.
+    fn own_connection<'a>(&'a self, via: Via<'a>) -> Option<Own<'a>> {
+        let Via::Lane(lane) = via else {
+            return None;
+        };
         match (&self.lane_conn, &self.conn) {
-            (LaneConn::Own(d), Connection::Standalone(shared)) => {
-                d.query_beside(cmd.bytes(), shared).await
+            (LaneConn::Own(d), Connection::Standalone(shared)) => Some(Own::Standalone(d, shared)),
+            (LaneConn::SentinelMaster, Connection::Sentinel(c)) => Some(Own::Sentinel(c)),
+            (LaneConn::ClusterNodes(_), Connection::Cluster(_)) => {
+                lane.node.as_ref().map(|n| Own::Node(&n.direct))
             }
-            (LaneConn::SentinelMaster, Connection::Sentinel(c)) => c.query_own(&mut cmd).await,
-            // Not reached (`lanes_own_connection`); correct all the same.
-            _ => self.query(&cmd.to_cmd()).await,
+            _ => None,
+        }
+    }
+
+    /// `cmd` on the store's own connection `own`. A Cluster node that does not run it (the
+    /// slot moved, or is moving; the node is down, or is not a master any more) has not
+    /// charged anything: it is sent again on redis-rs's cluster connection, which follows the
+    /// redirection, and the node table is read again.
+    async fn query_own(&self, own: Own<'_>, mut cmd: Packed) -> Result<redis::Value, RedisError> {
+        match own {
+            Own::Standalone(d, shared) => d.query_beside(cmd.bytes(), shared).await,
+            Own::Sentinel(c) => c.query_own(&mut cmd).await,
+            Own::Node(d) => match d.query(cmd.bytes()).await {
+                Err(e) if not_run_here(&e) => {
+                    self.refresh_nodes_soon();
+                    self.query(&cmd.to_cmd()).await
+                }
+                other => other,
+            },
         }
     }
 
@@ -1363,18 +1475,18 @@ impl RedisStore {
 
     /// One lease call alone: `lease.lua`.
     pub(crate) async fn run_lease(&self, job: &LeaseJob) -> Result<redis::Value, RedisError> {
-        self.run_lease_on(job, false).await
+        self.run_lease_on(job, Via::Shared).await
     }
 
     /// [`RedisStore::run_lease`], on the lane's own connection when `lane`.
-    async fn run_lease_on(&self, job: &LeaseJob, lane: bool) -> Result<redis::Value, RedisError> {
+    async fn run_lease_on(&self, job: &LeaseJob, via: Via<'_>) -> Result<redis::Value, RedisError> {
         self.run_script_on(
             lease_script(),
             |cmd| {
                 cmd.arg(1).arg(&job.key);
                 self.push_lease_args(cmd, job);
             },
-            lane,
+            via,
             Room::lease(job),
         )
         .await
@@ -1471,11 +1583,16 @@ impl RedisStore {
     /// drained) when it ends.
     async fn lead(&self, lane: &Arc<Lane>, job: Job, deadline: tokio::time::Instant) -> Answer {
         let _busy = Busy { store: self, lane };
-        if matches!(self.lane_conn, LaneConn::Shared) {
-            return self.run_alone(&job).await.map_err(Into::into);
+        if !self.lanes_bound_plans() {
+            // Its caller's timer bounds it (`check_bounded`).
+            return self
+                .run_alone(&job, Via::Lane(lane))
+                .await
+                .map_err(Into::into);
         }
         // The store's own connection has no timer of its own: this is the one.
-        self.by(deadline, self.run_alone(&job)).await
+        self.by(deadline, self.run_alone(&job, Via::Lane(lane)))
+            .await
     }
 
     /// `call`'s answer, or a timeout error (`call_timeout`) at `deadline`.
@@ -1491,22 +1608,25 @@ impl RedisStore {
     }
 
     /// One call alone, with its own script.
-    async fn run_alone(&self, job: &Job) -> Result<redis::Value, redis::RedisError> {
+    async fn run_alone(&self, job: &Job, via: Via<'_>) -> Result<redis::Value, redis::RedisError> {
         match job {
-            Job::Plan(plan) => self.run_job_on(plan, true).await,
-            Job::Lease(lease) => self.run_lease_on(lease, true).await,
+            Job::Plan(plan) => self.run_job_on(plan, via).await,
+            Job::Lease(lease) => self.run_lease_on(lease, via).await,
         }
     }
 
     /// One batch: the plans' batch script (or, alone, the plan's own), every plan answered.
-    async fn run_batch(&self, batch: Vec<Waiting>, shapes: &[Form], across: bool) {
+    async fn run_batch(&self, lane: &Lane, batch: Vec<Waiting>, shapes: &[Form]) {
+        let across = lane.across_slots;
         let timeout = self.call_timeout();
         // The earliest deadline of the plans: the batch's call is theirs, bounded by each.
         let Some(deadline) = batch.iter().map(|w| w.deadline).min() else {
             return;
         };
         if let [one] = &batch[..] {
-            let answer = self.by(deadline, self.run_alone(&one.job)).await;
+            let answer = self
+                .by(deadline, self.run_alone(&one.job, Via::Lane(lane)))
+                .await;
             if let Some(w) = batch.into_iter().next() {
                 let _ = w.reply.send(answer);
             }
@@ -1525,7 +1645,7 @@ impl RedisStore {
         };
         let Some(script) = script else {
             // No batch script for this list (past the bound): one call each, in order.
-            self.run_each_alone(batch).await;
+            self.run_each_alone(batch, Via::Lane(lane)).await;
             return;
         };
         let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
@@ -1544,7 +1664,7 @@ impl RedisStore {
                     self.push_batch_args(cmd, &jobs, shapes, across);
                 }
             },
-            true,
+            Via::Lane(lane),
             room,
         );
         let reply = match tokio::time::timeout_at(deadline, call).await {
@@ -1553,7 +1673,7 @@ impl RedisStore {
             Ok(Err(e)) if across && refuses_script_flags(&e) => {
                 tracing::warn!(error = %e, "the cluster refused the across-slots batch script; batching per slot");
                 self.disable_node_lanes();
-                self.run_each_alone(batch).await;
+                self.run_each_alone(batch, Via::Shared).await;
                 return;
             }
             Ok(Ok(redis::Value::Array(items))) if items.len() == batch.len() => Ok(items),
@@ -1583,7 +1703,8 @@ impl RedisStore {
                 }
                 if !elsewhere.is_empty() {
                     self.refresh_nodes_soon();
-                    self.run_each_alone(elsewhere).await;
+                    // On redis-rs's cluster connection, which follows them to their node.
+                    self.run_each_alone(elsewhere, Via::Shared).await;
                 }
             }
             Err(e) => {
@@ -1595,12 +1716,12 @@ impl RedisStore {
     }
 
     /// Runs each call alone, in order, each by its deadline.
-    async fn run_each_alone(&self, batch: Vec<Waiting>) {
+    async fn run_each_alone(&self, batch: Vec<Waiting>, via: Via<'_>) {
         for w in batch {
             if w.reply.is_closed() {
                 continue;
             }
-            let answer = self.by(w.deadline, self.run_alone(&w.job)).await;
+            let answer = self.by(w.deadline, self.run_alone(&w.job, via)).await;
             let _ = w.reply.send(answer);
         }
     }
@@ -1700,7 +1821,7 @@ fn refuses_script_flags(e: &RedisError) -> bool {
 
 /// `CLUSTER SLOTS`' ranges as (first slot, last slot, the master's id, or its address
 /// where the reply carries no id); `None` for a reply of another form.
-fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<(usize, usize, String)>> {
+fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<SlotRange>> {
     let redis::Value::Array(entries) = reply else {
         return None;
     };
@@ -1727,17 +1848,36 @@ fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<(usize, usize, String
         if start > end || end >= 16384 {
             return None;
         }
+        let host = master.first().and_then(text)?;
+        let port = master.get(1).and_then(text)?;
+        // Where the node says it is: an empty host or `?` is a node that does not know its
+        // own address (no connection of ours is made to it).
+        let addr = match (host.as_str(), port.parse::<u16>()) {
+            ("" | "?", _) | (_, Err(_)) => None,
+            (h, Ok(p)) => Some((h.to_owned(), p)),
+        };
         let id = match master.get(2).and_then(text) {
             Some(id) if !id.is_empty() => id,
-            _ => format!(
-                "{}:{}",
-                master.first().and_then(text)?,
-                master.get(1).and_then(text)?
-            ),
+            _ => format!("{host}:{port}"),
         };
-        ranges.push((start, end, id));
+        ranges.push(SlotRange {
+            start,
+            end,
+            id,
+            addr,
+        });
     }
     Some(ranges)
+}
+
+/// One range of `CLUSTER SLOTS`: its slots, its master's id (or address, for a server that
+/// gives no id), and the master's address when it gives one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SlotRange {
+    start: usize,
+    end: usize,
+    id: String,
+    addr: Option<(String, u16)>,
 }
 
 /// The form of a plan's script (see [`Form::new`]).
@@ -1757,7 +1897,7 @@ async fn drain(store: RedisStore, lane: Arc<Lane>) {
         if batch.is_empty() {
             return;
         }
-        store.run_batch(batch, &shapes, lane.across_slots).await;
+        store.run_batch(&lane, batch, &shapes).await;
     }
 }
 
@@ -1785,11 +1925,32 @@ mod tests {
             ]),
             Array(vec![Int(5461), Int(16383), node("10.0.0.2", 6380, "")]),
         ]);
+        let range = |start, end, id: &str, addr: Option<(&str, u16)>| SlotRange {
+            start,
+            end,
+            id: id.to_string(),
+            addr: addr.map(|(h, p)| (h.to_string(), p)),
+        };
         assert_eq!(
             parse_cluster_slots(&reply),
             Some(vec![
-                (0, 5460, "aaa".to_string()),
-                (5461, 16383, "10.0.0.2:6380".to_string())
+                range(0, 5460, "aaa", Some(("10.0.0.1", 6379))),
+                range(5461, 16383, "10.0.0.2:6380", Some(("10.0.0.2", 6380)))
+            ])
+        );
+        // A node that does not know its address (`?` or empty), or a port out of range: no
+        // address, so no connection of the store's own to it.
+        let unknown = Array(vec![
+            Array(vec![Int(0), Int(10), node("?", 7000, "q")]),
+            Array(vec![Int(11), Int(20), node("", 7001, "e")]),
+            Array(vec![Int(21), Int(30), node("h", 70000, "p")]),
+        ]);
+        assert_eq!(
+            parse_cluster_slots(&unknown),
+            Some(vec![
+                range(0, 10, "q", None),
+                range(11, 20, "e", None),
+                range(21, 30, "p", None)
             ])
         );
         // Out of range, reversed, or of another form: no table rather than a wrong one.

@@ -755,6 +755,59 @@ async fn a_stale_node_table_sends_moved_plans_alone_and_decides_them_exactly() {
     assert_eq!(keys_there, 1);
 }
 
+/// A slot in the middle of a resharding (its owner migrating it, the new node importing):
+/// the owner answers ASK for a key it does not hold, on the node's own connection too; the
+/// plan is then sent where the client follows the redirection (ASKING), once, and decided
+/// exactly: five of eight admitted, the state on the importing node only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_being_migrated_sends_its_new_keys_to_the_importing_node_once() {
+    let cluster = RedisCluster::start(3, 0);
+    let r = Arc::new(rule("ask", Algorithm::TokenBucket, 5, HOUR));
+    let who = 88_888u128;
+    let slot = u32::from(client(who).cluster_slot());
+    let from = cluster.master_of_slot(slot).expect("owner");
+    let to = cluster
+        .master_indices()
+        .into_iter()
+        .find(|&i| i != from)
+        .expect("another master");
+    let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
+    // The plan's script loaded (on every master) before the migration begins.
+    let other = (1u128..)
+        .find(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(from))
+        .expect("a client of the same node");
+    store
+        .check(&[Check::new(client(other), &r, 0)], 0)
+        .await
+        .expect("warm");
+    assert!(
+        cluster.begin_migration(slot, to),
+        "the migration did not begin"
+    );
+    let mut admitted = 0;
+    for i in 0..8 {
+        let v = tokio::time::timeout(HANG, store.check(&[Check::new(client(who), &r, 1)], 0))
+            .await
+            .expect("hung")
+            .unwrap_or_else(|e| panic!("check {i} failed: {e}"));
+        admitted += usize::from(v.allowed);
+    }
+    assert_eq!(admitted, 5);
+    let keys_in_slot = |node: usize| -> u64 {
+        cluster.nodes()[node]
+            .cli(&["cluster", "countkeysinslot", &slot.to_string()])
+            .trim()
+            .parse()
+            .unwrap_or(u64::MAX)
+    };
+    assert_eq!(keys_in_slot(to), 1, "the state is on the importing node");
+    assert_eq!(
+        keys_in_slot(from),
+        0,
+        "and nothing was written on the owner"
+    );
+}
+
 /// A plan the script refuses (here a local clock past 2^53 us) fails alone: the other plans
 /// of its batch are decided and charged as if it had not been there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

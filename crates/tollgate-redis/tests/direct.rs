@@ -1,6 +1,7 @@
 //! The store's own connection for coalesced calls (`src/direct.rs`) against a real
-//! redis-server: which connection the calls take, credentials and database from the URL, a
-//! Unix socket, replies owed to callers that gave up, and servers that close connections.
+//! redis-server: which connection the calls take (on a Cluster, each node's own), credentials
+//! and database from the URL, a Unix socket, replies owed to callers that gave up, and servers
+//! that close connections.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Rule};
 use tollgate_redis::{RedisConfig, RedisStore};
-use tollgate_testkit::RedisServer;
+use tollgate_testkit::{RedisCluster, RedisServer};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -152,6 +153,68 @@ async fn a_user_refused_client_commands_still_gets_the_own_connection() {
         "the plans ran on the own connection, unnamed: {clients:?}"
     );
     assert!(!any_with(&clients, &["tollgate-batch"]), "{clients:?}");
+}
+
+/// On a Cluster, each node's coalesced calls go on the store's own connection to that node
+/// (named, as on a standalone server), at the address the node table gives; with
+/// `max_batch = 1` there is none. Every plan is decided exactly the same either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_each_node_gets_the_stores_own_connection() {
+    let cluster = RedisCluster::start(3, 0);
+    let r = rule("nodes", Algorithm::TokenBucket, 4, HOUR);
+    // Clients on every master, each asked five times: four admitted, the fifth refused.
+    let masters = cluster.master_indices();
+    let mut who: Vec<u128> = Vec::new();
+    for &m in &masters {
+        who.extend(
+            (1_000u128..)
+                .filter(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(m))
+                .take(3),
+        );
+    }
+    let store = RedisStore::connect(RedisConfig::cluster(cluster.seed_urls()))
+        .await
+        .expect("connect");
+    for &w in &who {
+        for left in [3, 2, 1, 0, 0] {
+            assert_eq!(remaining(&store, &r, w).await, left, "client {w}");
+        }
+    }
+    for &m in &masters {
+        let clients = store_clients(&cluster.nodes()[m], &[]);
+        assert!(
+            any_with(&clients, &[" name=tollgate-batch ", "cmd=evalsha"]),
+            "master {m}: its plans ran on the store's own, named connection: {clients:?}"
+        );
+    }
+    drop(store);
+
+    let one = RedisStore::connect(RedisConfig::cluster(cluster.seed_urls()).with_max_batch(1))
+        .await
+        .expect("connect");
+    let fresh = rule("nodes-1", Algorithm::TokenBucket, 4, HOUR);
+    for &w in &who {
+        assert_eq!(remaining(&one, &fresh, w).await, 3, "client {w}");
+    }
+    // The first store's connections close as it drops (bounded wait: 50 x 40 ms).
+    let named = |m: usize| {
+        any_with(
+            &store_clients(&cluster.nodes()[m], &[]),
+            &["tollgate-batch"],
+        )
+    };
+    for _ in 0..50 {
+        if !masters.iter().any(|&m| named(m)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    for &m in &masters {
+        assert!(
+            !named(m),
+            "master {m}: max_batch = 1 opens no connection of its own"
+        );
+    }
 }
 
 #[cfg(unix)]

@@ -181,6 +181,28 @@ impl RedisCluster {
         process::wait_until(CLUSTER_TIMEOUT, || self.master_of_slot(slot) == Some(to))
     }
 
+    /// Starts handing `slot` to node `to` and stops there, as a resharding does before it
+    /// moves the slot's keys: `to` importing, the owner migrating. The owner then answers ASK
+    /// for a key of the slot it does not hold, and `to` serves such a key to a client that
+    /// sends ASKING first. Whether both nodes took it.
+    pub fn begin_migration(&self, slot: u32, to: usize) -> bool {
+        let Some(from) = self.master_of_slot(slot) else {
+            return false;
+        };
+        if from == to {
+            return false;
+        }
+        let id = |i: usize| self.nodes[i].cli(&["cluster", "myid"]).trim().to_string();
+        let (from_id, to_id) = (id(from), id(to));
+        let slot_arg = slot.to_string();
+        self.nodes[to]
+            .cli(&["cluster", "setslot", &slot_arg, "importing", &from_id])
+            .contains("OK")
+            && self.nodes[from]
+                .cli(&["cluster", "setslot", &slot_arg, "migrating", &to_id])
+                .contains("OK")
+    }
+
     /// Kills (SIGKILL) the master serving `key` and returns its index.
     pub fn kill_master_of_key(&mut self, key: &str) -> usize {
         let i = match self.master_of_key(key) {
