@@ -1,4 +1,7 @@
-//! The store's own connection to one Redis server, for the coalesced calls (`lane.rs`).
+//! The store's own connection to one Redis server, for the coalesced calls (`lane.rs`): a
+//! standalone server's, the Sentinel master's, or one Cluster node's (a node lane's, at the
+//! address the node table gives; `store.rs` sends a call again on redis-rs's cluster
+//! connection when the node answers that it did not run it).
 //!
 //! A lane has at most one call in flight, and the caller that leads it (the plan that found
 //! the lane idle, or the task draining its queue) writes that call on the socket and reads its
