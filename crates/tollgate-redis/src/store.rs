@@ -729,11 +729,13 @@ impl RedisStore {
     }
 
     /// [`RedisStore::check`] within the store's call timeout (`store.timeout`) as a whole: a
-    /// timeout error once it has passed. A plan that coalesces on the store's own connection
-    /// (a standalone server, or the master the sentinels name) with its script loaded has
-    /// no timer of its own: the lane's bound it (the call it leads, or the batch it leaves
-    /// in, whose call is bounded by the earliest deadline of its plans; a plan still queued
-    /// at its deadline is answered then, unsent). Any other plan runs under one timer. This
+    /// timeout error once it has passed. A plan that coalesces where lanes have the store's
+    /// own connections (a standalone server, the master the sentinels name, a Cluster: there,
+    /// a plan of one slot) with its script loaded has no timer of its own: the lane's bound
+    /// it (the call it leads, or the batch it leaves in, whose call is bounded by the earliest
+    /// deadline of its plans; a plan still queued at its deadline is answered then, unsent;
+    /// on a Cluster, a call sent again on redis-rs's client within the same deadline). Any
+    /// other plan (a Cluster plan across slots among them) runs under one timer. This
     /// saves a timer a decision: an entry put into tokio's timer wheel and taken out again.
     pub async fn check_bounded(
         &self,
@@ -745,7 +747,7 @@ impl RedisStore {
         let own_lanes = self.lanes_bound_plans();
         let first = checks
             .first()
-            .filter(|_| own_lanes && twice(checks).is_none());
+            .filter(|first| own_lanes && twice(checks).is_none() && self.one_slot(first, checks));
         if let Some(first) = first {
             // Its script loaded already: nothing to wait for before the lane (`run_plan`'s
             // coalescing path, with the deadline set here).
@@ -1349,10 +1351,27 @@ impl RedisStore {
     }
 
     /// Whether a plan that coalesces has no timer of its own, its lane bounding it (see
-    /// [`RedisStore::check_bounded`]): on a standalone server's or a Sentinel master's own
-    /// connection. A Cluster's plans (of one slot or several) run under their caller's timer.
+    /// [`RedisStore::check_bounded`]): where lanes have connections of the store's own (a
+    /// standalone server's, a Sentinel master's, a Cluster's nodes'). With redis-rs's
+    /// connections only, plans run under their caller's timer.
     fn lanes_bound_plans(&self) -> bool {
-        self.max_batch > 1 && matches!(self.lane_conn, LaneConn::Own(_) | LaneConn::SentinelMaster)
+        self.max_batch > 1
+            && matches!(
+                self.lane_conn,
+                LaneConn::Own(_) | LaneConn::SentinelMaster | LaneConn::ClusterNodes(_)
+            )
+    }
+
+    /// Whether every check of `checks` is in `first`'s slot (always, off a Cluster): one call
+    /// decides the plan, on one lane.
+    fn one_slot(&self, first: &Check<'_>, checks: &[Check<'_>]) -> bool {
+        if !matches!(self.conn, Connection::Cluster(_)) {
+            return true;
+        }
+        let slot = first.client.cluster_slot();
+        checks
+            .iter()
+            .all(|c| c.client == first.client || c.client.cluster_slot() == slot)
     }
 
     /// The store's own connection that a call by `via` goes on, if any: a standalone

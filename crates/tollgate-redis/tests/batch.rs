@@ -295,6 +295,72 @@ async fn check_bounded_answers_plans_queued_behind_a_frozen_call_by_their_own_de
     assert!(served, "the store did not serve again after the thaw");
 }
 
+/// On a Cluster too, a plan of one slot carries no timer of its own (`check_bounded`): the
+/// call its node's lane leads, or the batch it leaves in, bounds it. Plans of a node that
+/// never answers (frozen) are each answered by their own deadline, the leader's and those
+/// queued behind it, and the store serves again once the node does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_plans_behind_a_frozen_node_are_answered_by_their_own_deadline() {
+    const T: Duration = Duration::from_secs(2);
+    let cluster = RedisCluster::start(3, 0);
+    let store = store(RedisConfig::cluster(cluster.seed_urls()).with_call_timeout(T)).await;
+    let r = Arc::new(rule("bounded-c", Algorithm::Gcra, 100, HOUR));
+    let node = cluster.master_indices()[0];
+    let of_node: Vec<u128> = (1u128..)
+        .filter(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(node))
+        .take(22)
+        .collect();
+    let warm = [Check::new(client(of_node[0]), &r, 1)];
+    assert!(store.check_bounded(&warm, 0).await.expect("warm").allowed);
+    cluster.nodes()[node].pause();
+    let timed = |who: u128| {
+        let (store, r) = (store.clone(), r.clone());
+        tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            let checks = [Check::new(client(who), &r, 1)];
+            let answer = store.check_bounded(&checks, 0).await;
+            (answer.map(|v| v.allowed), start.elapsed())
+        })
+    };
+    let leader = timed(of_node[1]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued: Vec<_> = of_node[2..].iter().map(|&w| timed(w)).collect();
+    let mut all = vec![tokio::time::timeout(HANG, leader)
+        .await
+        .expect("no hang")
+        .expect("task")];
+    for q in queued {
+        all.push(
+            tokio::time::timeout(HANG, q)
+                .await
+                .expect("no hang")
+                .expect("task"),
+        );
+    }
+    cluster.nodes()[node].resume();
+    for (answer, took) in &all {
+        let e = answer.as_ref().expect_err("frozen");
+        assert_eq!(e.kind(), tollgate_redis::ErrorKind::Timeout, "{e}");
+        assert!(
+            *took >= T - Duration::from_millis(50),
+            "answered after {took:?}"
+        );
+        assert!(
+            *took < T + Duration::from_secs(1),
+            "answered after {took:?}"
+        );
+    }
+    let mut served = false;
+    for _ in 0..100 {
+        if store.check_bounded(&warm, 0).await.is_ok() {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served, "the store did not serve again after the thaw");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_killed_under_a_batch_fails_each_of_its_plans() {
     let mut server = RedisServer::start();
