@@ -126,6 +126,23 @@ impl RedisStoreError {
     }
 }
 
+/// Whether a Cluster node's answer of this kind says it did not run the call: another node
+/// serves the slot (MOVED, ASK), the Cluster cannot serve it now (TRYAGAIN, CLUSTERDOWN,
+/// MASTERDOWN), or the node is a replica (READONLY).
+pub(crate) fn not_run_by_node(kind: redis::ErrorKind) -> bool {
+    matches!(
+        kind,
+        redis::ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        )
+    )
+}
+
 impl From<RedisError> for RedisStoreError {
     fn from(e: RedisError) -> Self {
         let kind = if e.is_timeout() {
@@ -140,15 +157,11 @@ impl From<RedisError> for RedisStoreError {
                 | redis::ErrorKind::MasterNameNotFoundBySentinel
                 | redis::ErrorKind::NoValidReplicasFoundBySentinel => Kind::Connection,
                 redis::ErrorKind::EmptySentinelList => Kind::Config,
-                redis::ErrorKind::Server(
-                    ServerErrorKind::Moved
-                    | ServerErrorKind::Ask
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-                    | ServerErrorKind::CrossSlot,
-                ) => Kind::Cluster,
+                k if not_run_by_node(k)
+                    || k == redis::ErrorKind::Server(ServerErrorKind::CrossSlot) =>
+                {
+                    Kind::Cluster
+                }
                 redis::ErrorKind::Server(ServerErrorKind::BusyLoading) => Kind::Busy,
                 redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => Kind::Protocol,
                 // A refused AUTH (wrong password, unknown user) or a server that wants one.

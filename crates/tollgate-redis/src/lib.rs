@@ -58,6 +58,8 @@ mod store;
 pub use batch_script::{
     batch_script_args, batch_script_sha, batch_script_text, largest_batch_scripts,
 };
+#[doc(hidden)]
+pub use command::{push_bulk, push_header};
 pub use config::{check_url, redact_url, RedisConfig, StoreClock, DEFAULT_MAX_BATCH, MAX_BATCH};
 pub use error::{ErrorKind, RedisStoreError};
 pub use lease::{Lease, LeaseRequest};

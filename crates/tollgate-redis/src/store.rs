@@ -214,22 +214,11 @@ enum Own<'a> {
     Node(&'a crate::direct::Direct),
 }
 
-/// Whether a Cluster node's answer `e` says it did not run the call: another node serves
-/// the slot (MOVED, ASK), the Cluster cannot serve it now (TRYAGAIN, CLUSTERDOWN,
-/// MASTERDOWN), the node is a replica (READONLY), or the node could not be reached at all.
-/// An I/O error after the call was written is none of these: the call may have run.
+/// Whether a Cluster node's answer `e` says it did not run the call
+/// ([`crate::error::not_run_by_node`]), or the node could not be reached at all. An I/O error
+/// after the call was written is neither: the call may have run.
 fn not_run_here(e: &RedisError) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::Moved
-                | ServerErrorKind::Ask
-                | ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::ReadOnly
-        )
-    ) || e.is_connection_refusal()
+    crate::error::not_run_by_node(e.kind()) || e.is_connection_refusal()
 }
 
 /// Scripts loaded into a store's server(s), by form.

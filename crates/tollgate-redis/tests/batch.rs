@@ -244,6 +244,24 @@ async fn check_bounded_answers_plans_queued_behind_a_frozen_call_by_their_own_de
     let warm = [Check::new(client(1), &r, 1)];
     assert!(store.check_bounded(&warm, 0).await.expect("warm").allowed);
     server.pause();
+    let queued: Vec<u128> = (10..30).collect();
+    each_answered_by_its_own_deadline(&store, &r, T, 2, &queued).await;
+    server.resume();
+    served_again(&store, &warm).await;
+}
+
+/// Sends a leader plan (client `leader`), then 200 ms later one plan per client of `queued`,
+/// through `check_bounded` while their server does not answer (the caller froze it), and
+/// requires each answered with a timeout by its own deadline: never cut short, and within a
+/// second of `t` after it began (a loaded machine), where the leader's timeout and then a
+/// batch's of its own would be nearly `2 t`.
+async fn each_answered_by_its_own_deadline(
+    store: &RedisStore,
+    r: &Arc<Rule>,
+    t: Duration,
+    leader: u128,
+    queued: &[u128],
+) {
     let timed = |who: u128| {
         let (store, r) = (store.clone(), r.clone());
         tokio::spawn(async move {
@@ -253,9 +271,9 @@ async fn check_bounded_answers_plans_queued_behind_a_frozen_call_by_their_own_de
             (answer.map(|v| v.allowed), start.elapsed())
         })
     };
-    let leader = timed(2);
+    let leader = timed(leader);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let queued: Vec<_> = (0..20).map(|i| timed(10 + i)).collect();
+    let queued: Vec<_> = queued.iter().map(|&w| timed(w)).collect();
     let mut all = vec![tokio::time::timeout(HANG, leader)
         .await
         .expect("no hang")
@@ -268,37 +286,33 @@ async fn check_bounded_answers_plans_queued_behind_a_frozen_call_by_their_own_de
                 .expect("task"),
         );
     }
-    server.resume();
     for (answer, took) in &all {
         let e = answer.as_ref().expect_err("frozen");
         assert_eq!(e.kind(), tollgate_redis::ErrorKind::Timeout, "{e}");
-        // Never cut short; and answered by its own deadline (a second allowed for a loaded
-        // machine), where the leader's timeout and then a batch's of its own would be 3.8 s.
         assert!(
-            *took >= T - Duration::from_millis(50),
+            *took >= t - Duration::from_millis(50),
             "answered after {took:?}"
         );
         assert!(
-            *took < T + Duration::from_secs(1),
+            *took < t + Duration::from_secs(1),
             "answered after {took:?}"
         );
     }
-    // The store serves again.
+}
+
+/// The store serves `warm` again within a bounded while (100 tries, 100 ms apart).
+async fn served_again(store: &RedisStore, warm: &[Check<'_>]) {
     let mut served = false;
     for _ in 0..100 {
-        if store.check_bounded(&warm, 0).await.is_ok() {
+        if store.check_bounded(warm, 0).await.is_ok() {
             served = true;
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(served, "the store did not serve again after the thaw");
 }
 
-/// On a Cluster too, a plan of one slot carries no timer of its own (`check_bounded`): the
-/// call its node's lane leads, or the batch it leaves in, bounds it. Plans of a node that
-/// never answers (frozen) are each answered by their own deadline, the leader's and those
-/// queued behind it, and the store serves again once the node does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_plans_behind_a_frozen_node_are_answered_by_their_own_deadline() {
     const T: Duration = Duration::from_secs(2);
@@ -313,52 +327,9 @@ async fn on_a_cluster_plans_behind_a_frozen_node_are_answered_by_their_own_deadl
     let warm = [Check::new(client(of_node[0]), &r, 1)];
     assert!(store.check_bounded(&warm, 0).await.expect("warm").allowed);
     cluster.nodes()[node].pause();
-    let timed = |who: u128| {
-        let (store, r) = (store.clone(), r.clone());
-        tokio::spawn(async move {
-            let start = std::time::Instant::now();
-            let checks = [Check::new(client(who), &r, 1)];
-            let answer = store.check_bounded(&checks, 0).await;
-            (answer.map(|v| v.allowed), start.elapsed())
-        })
-    };
-    let leader = timed(of_node[1]);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let queued: Vec<_> = of_node[2..].iter().map(|&w| timed(w)).collect();
-    let mut all = vec![tokio::time::timeout(HANG, leader)
-        .await
-        .expect("no hang")
-        .expect("task")];
-    for q in queued {
-        all.push(
-            tokio::time::timeout(HANG, q)
-                .await
-                .expect("no hang")
-                .expect("task"),
-        );
-    }
+    each_answered_by_its_own_deadline(&store, &r, T, of_node[1], &of_node[2..]).await;
     cluster.nodes()[node].resume();
-    for (answer, took) in &all {
-        let e = answer.as_ref().expect_err("frozen");
-        assert_eq!(e.kind(), tollgate_redis::ErrorKind::Timeout, "{e}");
-        assert!(
-            *took >= T - Duration::from_millis(50),
-            "answered after {took:?}"
-        );
-        assert!(
-            *took < T + Duration::from_secs(1),
-            "answered after {took:?}"
-        );
-    }
-    let mut served = false;
-    for _ in 0..100 {
-        if store.check_bounded(&warm, 0).await.is_ok() {
-            served = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(served, "the store did not serve again after the thaw");
+    served_again(&store, &warm).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -764,12 +735,7 @@ async fn a_stale_node_table_sends_moved_plans_alone_and_decides_them_exactly() {
     // A client whose slot nothing has written yet, and the node that serves it.
     let who = 77_777u128;
     let slot = u32::from(client(who).cluster_slot());
-    let from = cluster.master_of_slot(slot).expect("owner");
-    let to = cluster
-        .master_indices()
-        .into_iter()
-        .find(|&i| i != from)
-        .expect("another master");
+    let (from, to) = cluster.owner_and_other(slot);
     // Clients served by the same node, to keep its lane busy.
     let neighbours: Vec<u128> = (200_000..)
         .filter(|&w| {
@@ -831,12 +797,7 @@ async fn a_slot_being_migrated_sends_its_new_keys_to_the_importing_node_once() {
     let r = Arc::new(rule("ask", Algorithm::TokenBucket, 5, HOUR));
     let who = 88_888u128;
     let slot = u32::from(client(who).cluster_slot());
-    let from = cluster.master_of_slot(slot).expect("owner");
-    let to = cluster
-        .master_indices()
-        .into_iter()
-        .find(|&i| i != from)
-        .expect("another master");
+    let (from, to) = cluster.owner_and_other(slot);
     let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
     // The plan's script loaded (on every master) before the migration begins.
     let other = (1u128..)

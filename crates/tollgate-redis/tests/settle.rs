@@ -253,12 +253,7 @@ async fn on_a_cluster_settles_go_per_node_and_follow_a_moved_slot() {
     let mut clients: Vec<ClientKey> = (1_000..1_300).map(common::client).collect();
     let mover = common::client(9_999);
     let slot = u32::from(mover.cluster_slot());
-    let from = cluster.master_of_slot(slot).expect("owner");
-    let to = cluster
-        .master_indices()
-        .into_iter()
-        .find(|&i| i != from)
-        .expect("another master");
+    let (from, to) = cluster.owner_and_other(slot);
     clients.retain(|c| u32::from(c.cluster_slot()) != slot);
     let slots: std::collections::HashSet<u16> = clients.iter().map(|c| c.cluster_slot()).collect();
     for c in &clients {

@@ -158,27 +158,31 @@ impl RedisCluster {
         if from == to {
             return true;
         }
-        let id = |i: usize| self.nodes[i].cli(&["cluster", "myid"]).trim().to_string();
-        let (from_id, to_id) = (id(from), id(to));
-        let slot_arg = slot.to_string();
-        let set = |i: usize, args: &[&str]| {
-            let mut all = vec!["cluster", "setslot", slot_arg.as_str()];
-            all.extend_from_slice(args);
-            self.nodes[i].cli(&all)
-        };
-        if !set(to, &["importing", &from_id]).contains("OK")
-            || !set(from, &["migrating", &to_id]).contains("OK")
-        {
+        if !self.begin_migration(slot, to) {
             return false;
         }
+        let to_id = self.nodes[to].cli(&["cluster", "myid"]).trim().to_string();
+        let slot_arg = slot.to_string();
         let mut order: Vec<usize> = vec![to, from];
         order.extend(
             (0..self.nodes.len()).filter(|&i| i != to && i != from && self.nodes[i].is_up()),
         );
         for i in order {
-            let _ = set(i, &["node", &to_id]);
+            let _ = self.nodes[i].cli(&["cluster", "setslot", &slot_arg, "node", &to_id]);
         }
         process::wait_until(CLUSTER_TIMEOUT, || self.master_of_slot(slot) == Some(to))
+    }
+
+    /// The master serving `slot`, and another master (the lowest index): a slot's owner and
+    /// where to move it. Panics when no master serves it or there is no other.
+    pub fn owner_and_other(&self, slot: u32) -> (usize, usize) {
+        let Some(from) = self.master_of_slot(slot) else {
+            panic!("no master serves slot {slot}");
+        };
+        match self.master_indices().into_iter().find(|&i| i != from) {
+            Some(to) => (from, to),
+            None => panic!("no master other than {from}"),
+        }
     }
 
     /// Starts handing `slot` to node `to` and stops there, as a resharding does before it

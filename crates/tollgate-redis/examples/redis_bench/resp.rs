@@ -34,33 +34,15 @@ pub fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
-/// Appends an array header of `n` elements (a command of `n` arguments follows).
+/// Appends an array header of `n` elements (a command of `n` arguments follows), or `kind`'s
+/// header of `n`: the store's own writer (`tollgate_redis::push_header`).
 pub fn header(out: &mut Vec<u8>, kind: u8, n: usize) {
-    out.push(kind);
-    decimal(out, n);
-    out.extend_from_slice(b"\r\n");
+    tollgate_redis::push_header(out, kind, n as u64);
 }
 
-/// Appends one bulk string.
+/// Appends one bulk string: the store's own writer (`tollgate_redis::push_bulk`).
 pub fn bulk(out: &mut Vec<u8>, data: &[u8]) {
-    header(out, b'$', data.len());
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
-}
-
-fn decimal(out: &mut Vec<u8>, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        // n % 10 < 10: the cast keeps every value.
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+    tollgate_redis::push_bulk(out, data);
 }
 
 /// Reads one reply of at most `max_bytes` bytes (its type bytes, lengths and line ends
