@@ -217,6 +217,48 @@ async fn on_a_cluster_each_node_gets_the_stores_own_connection() {
     }
 }
 
+/// A Cluster node's own connection authenticates as the URL's user, on every master: the
+/// first URL's credentials go with the address the node table gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_nodes_own_connection_authenticates_as_the_urls_user() {
+    let cluster = RedisCluster::start(3, 0);
+    // A user of its own on every node (ACLs are per node); the default user stays open for
+    // the test's own redis-cli.
+    for n in cluster.nodes() {
+        n.cli(&["acl", "setuser", "gw", "on", ">pw-c1", "~*", "+@all"]);
+    }
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://gw:pw-c1@127.0.0.1:{}", n.port()))
+        .collect();
+    let store = RedisStore::connect(RedisConfig::cluster(urls))
+        .await
+        .expect("connect");
+    let r = rule("acl-c", Algorithm::TokenBucket, 3, HOUR);
+    let masters = cluster.master_indices();
+    for &m in &masters {
+        let who = (1u128..)
+            .find(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(m))
+            .expect("a client of this master");
+        assert_eq!(remaining(&store, &r, who).await, 2, "client {who}");
+    }
+    for &m in &masters {
+        let clients = store_clients(&cluster.nodes()[m], &[]);
+        assert!(
+            any_with(
+                &clients,
+                &[" name=tollgate-batch ", " user=gw ", "cmd=evalsha"]
+            ),
+            "master {m}: the plan ran on the own connection as gw: {clients:?}"
+        );
+        assert!(
+            !any_with(&clients, &[" name=tollgate-batch ", " user=default "]),
+            "master {m}: {clients:?}"
+        );
+    }
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn a_unix_socket_url_serves_the_coalesced_calls() {
