@@ -5,8 +5,8 @@
 //! arguments (`push_batch_call`, the lease and plan arguments) for either connection. On the
 //! store's own connection a batch's arguments are written once, into [`Packed`], the bytes the
 //! socket sends: a `redis::Cmd` would keep them in its own buffer and copy them again into
-//! the packed command (under callgrind, about 600 instructions a plan of a batch of fifteen,
-//! against about 120 here; docs/benchmarks.md, "twelfth session").
+//! the packed command (under callgrind, a batch's arguments written and packed cost 623-637
+//! instructions a request that way, 420 this way; docs/benchmarks.md, "twelfth session").
 //!
 //! Every argument is a bulk string (`$<len>\r\n<bytes>\r\n`); integers are their decimal
 //! text, as redis-rs writes them. The array's header (`*<count>\r\n`) is written in front of
@@ -132,8 +132,6 @@ pub(crate) struct Packed {
     /// [`HEAD`] bytes of room, then the arguments.
     buf: Vec<u8>,
     args: u64,
-    /// Where the header begins once written ([`Packed::bytes`]).
-    start: usize,
 }
 
 impl Args for Packed {
@@ -143,30 +141,16 @@ impl Args for Packed {
     }
 }
 
-/// Appends one bulk string to `out`: `$`, the length, CRLF, the bytes, CRLF. The length's
-/// header comes from one stack buffer and the room is reserved once: two copies of any
-/// length and a store of two bytes. (Public for the `redis_bench` example's client.)
+/// Appends one bulk string to `out`: `$`, the length, CRLF, the bytes, CRLF, into room
+/// reserved once. (Public for the `redis_bench` example's client.)
 #[doc(hidden)]
 pub fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
-    let mut head = [0u8; 24];
-    head[0] = b'$';
-    let len = bytes.len();
-    let digits = if len < 10 {
-        head[1] = b'0' + len as u8;
-        1
-    } else if len < 100 {
-        head[1] = b'0' + (len / 10) as u8;
-        head[2] = b'0' + (len % 10) as u8;
-        2
-    } else {
-        let mut d = [0u8; 20];
-        let text = decimal(len as u64, &mut d);
-        head[1..=text.len()].copy_from_slice(text);
-        text.len()
-    };
-    head[digits + 1..digits + 3].copy_from_slice(b"\r\n");
-    out.reserve(digits + 3 + len + 2);
-    out.extend_from_slice(&head[..digits + 3]);
+    let mut digits = [0u8; 20];
+    let len = decimal(bytes.len() as u64, &mut digits);
+    out.reserve(len.len() + bytes.len() + 5);
+    out.push(b'$');
+    out.extend_from_slice(len);
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(bytes);
     out.extend_from_slice(b"\r\n");
 }
@@ -186,11 +170,7 @@ impl Packed {
     pub(crate) fn with_capacity(bytes: usize) -> Self {
         let mut buf = Vec::with_capacity(HEAD + bytes);
         buf.resize(HEAD, 0);
-        Packed {
-            buf,
-            args: 0,
-            start: HEAD,
-        }
+        Packed { buf, args: 0 }
     }
 
     /// The whole command: the array's header, then the arguments.
@@ -201,7 +181,6 @@ impl Packed {
         self.buf[start] = b'*';
         self.buf[start + 1..HEAD - 2].copy_from_slice(count);
         self.buf[HEAD - 2..HEAD].copy_from_slice(b"\r\n");
-        self.start = start;
         &self.buf[start..]
     }
 

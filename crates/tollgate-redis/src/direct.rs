@@ -97,23 +97,15 @@ impl Direct {
         Self::for_info(&info, redact(url))
     }
 
+    /// Whether [`Direct::for_info`] takes `info` (see the module docs).
+    pub(crate) fn takes(info: &redis::ConnectionInfo) -> bool {
+        Self::addr_of(info).is_some()
+    }
+
     /// The connection for `info` (a Sentinel's master: its address, the URL's credentials
     /// and TLS), shown as `shown` in messages.
     pub(crate) fn for_info(info: &redis::ConnectionInfo, shown: String) -> Option<Self> {
-        let addr = match info.addr() {
-            redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
-            #[cfg(feature = "tls")]
-            redis::ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: false,
-                tls_params: None,
-            } => Addr::Tls(host.clone(), *port),
-            #[cfg(unix)]
-            redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
-            #[allow(unreachable_patterns)]
-            _ => return None,
-        };
+        let addr = Self::addr_of(info)?;
         let settings = info.redis_settings();
         Some(Self {
             target: Target {
@@ -126,6 +118,24 @@ impl Direct {
             idle: Mutex::new(None),
             opened: AtomicBool::new(false),
             reopened: AtomicBool::new(false),
+        })
+    }
+
+    /// Where `info` connects, where this connection can reach it.
+    fn addr_of(info: &redis::ConnectionInfo) -> Option<Addr> {
+        Some(match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            #[cfg(feature = "tls")]
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            } => Addr::Tls(host.clone(), *port),
+            #[cfg(unix)]
+            redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
+            #[allow(unreachable_patterns)]
+            _ => return None,
         })
     }
 

@@ -221,6 +221,21 @@ fn not_run_here(e: &RedisError) -> bool {
     crate::error::not_run_by_node(e.kind()) || e.is_connection_refusal()
 }
 
+/// Reads the Cluster's node table again (at most once a second,
+/// [`RedisStore::refresh_nodes_soon`]) when dropped before its node's call was answered.
+struct RefreshUnlessAnswered<'a> {
+    store: &'a RedisStore,
+    answered: bool,
+}
+
+impl Drop for RefreshUnlessAnswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.store.refresh_nodes_soon();
+        }
+    }
+}
+
 /// Scripts loaded into a store's server(s), by form.
 type Ready = Arc<RwLock<HashMap<Form, Arc<Script>, LimitHash>>>;
 
@@ -301,7 +316,7 @@ impl RedisStore {
                 .urls
                 .first()
                 .and_then(|u| u.as_str().into_connection_info().ok())
-                .filter(|info| crate::direct::Direct::for_info(info, String::new()).is_some())
+                .filter(crate::direct::Direct::takes)
                 .map_or(LaneConn::Shared, |info| {
                     LaneConn::ClusterNodes(Box::new(info))
                 }),
@@ -1387,13 +1402,20 @@ impl RedisStore {
         match own {
             Own::Standalone(d, shared) => d.query_beside(cmd.bytes(), shared).await,
             Own::Sentinel(c) => c.query_own(&mut cmd).await,
-            Own::Node(d) => match d.query(cmd.bytes()).await {
-                Err(e) if not_run_here(&e) => {
-                    self.refresh_nodes_soon();
-                    self.query(&cmd.to_cmd()).await
+            Own::Node(d) => {
+                // Unanswered (an error, or a deadline that passed first: a node that fails
+                // over or drops packets never says MOVED), the node table is read again.
+                let mut unanswered = RefreshUnlessAnswered {
+                    store: self,
+                    answered: false,
+                };
+                let reply = d.query(cmd.bytes()).await;
+                unanswered.answered = reply.is_ok();
+                match reply {
+                    Err(e) if not_run_here(&e) => self.query(&cmd.to_cmd()).await,
+                    other => other,
                 }
-                other => other,
-            },
+            }
         }
     }
 

@@ -326,10 +326,28 @@ async fn on_a_cluster_plans_behind_a_frozen_node_are_answered_by_their_own_deadl
         .collect();
     let warm = [Check::new(client(of_node[0]), &r, 1)];
     assert!(store.check_bounded(&warm, 0).await.expect("warm").allowed);
+    for n in cluster.nodes() {
+        n.cli(&["config", "resetstat"]);
+    }
     cluster.nodes()[node].pause();
     each_answered_by_its_own_deadline(&store, &r, T, of_node[1], &of_node[2..]).await;
     cluster.nodes()[node].resume();
     served_again(&store, &warm).await;
+    // A node that stops answering (a failover under way, a host that drops packets) never
+    // says MOVED: its calls' deadlines passing made the store read the node table again.
+    let slots_reads: u64 = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            n.cli(&["info", "commandstats"])
+                .lines()
+                .find_map(|l| l.strip_prefix("cmdstat_cluster|slots:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|c| c.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(slots_reads >= 1, "the node table was not read again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
