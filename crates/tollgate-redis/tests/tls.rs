@@ -16,11 +16,12 @@ use rcgen::{
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard};
 use tollgate_core::{Algorithm, Check};
 use tollgate_redis::{RedisConfig, RedisStore, RedisStoreError};
-use tollgate_testkit::{redis_cli, RedisServer};
+use tollgate_testkit::{redis_cli, RedisCluster, RedisServer};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const PASSWORD: &str = "tls-pw-6f2c91";
@@ -51,7 +52,11 @@ impl Pki {
             .push(DnType::CommonName, "localhost");
         params.subject_alt_names = vec![SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST))];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        // Client too: a Cluster's nodes present it to each other on their TLS bus.
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         params.use_authority_key_identifier_extension = true;
         let key = KeyPair::generate().expect("server key");
         let cert = params.signed_by(&key, &*ca).expect("server certificate");
@@ -263,4 +268,80 @@ async fn a_certificate_from_an_untrusted_ca_is_refused() {
         "UnknownIssuer",
     )
     .await;
+}
+
+/// A Redis Cluster over TLS (`tls-cluster yes`: each node gives a TLS client the TLS ports of
+/// its peers). Every master's coalesced calls go on the store's own connection to the address
+/// the node table gives, over TLS with the node's certificate verified (its IP is the name the
+/// table gives), and concurrent plans of one client are decided exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tls_cluster_gives_each_master_its_own_tls_connection() {
+    let pki = Pki::new("cluster");
+    let _env = trust_only(&pki.path("ca.pem")).await;
+    let (cert, key, ca) = (
+        pki.path("server.pem"),
+        pki.path("server.key"),
+        pki.path("ca.pem"),
+    );
+    let cluster = RedisCluster::start_with_args(
+        3,
+        0,
+        &[
+            "--tls-port",
+            "{tls}",
+            "--tls-cluster",
+            "yes",
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ],
+    );
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.tls_url().expect("a TLS port"))
+        .collect();
+    let store = bounded("connect", RedisStore::connect(RedisConfig::cluster(urls)))
+        .await
+        .expect("the store connects to the Cluster over TLS");
+    let store = Arc::new(store);
+    let r = rule("tls-cluster", Algorithm::TokenBucket, 10, HOUR);
+    let masters = cluster.master_indices();
+    for &m in &masters {
+        let who = (1u128..)
+            .find(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(m))
+            .expect("a client of this master");
+        // Forty at once on a limit of ten: they queue behind the first and leave in batches.
+        let calls: Vec<_> = (0..40)
+            .map(|_| {
+                let (store, r) = (Arc::clone(&store), r.clone());
+                tokio::spawn(async move { store.check(&[Check::new(client(who), &r, 1)], 0).await })
+            })
+            .collect();
+        let mut allowed = 0;
+        for call in calls {
+            let v = bounded("check", call)
+                .await
+                .expect("the task ran")
+                .expect("a decision over TLS");
+            allowed += usize::from(v.allowed);
+        }
+        assert_eq!(allowed, 10, "master {m}: exactly the limit of client {who}");
+    }
+    for &m in &masters {
+        let node = &cluster.nodes()[m];
+        let tls = node.tls_port().expect("a TLS port");
+        let clients = node.cli(&["client", "list"]);
+        assert!(
+            clients.lines().any(|l| l.contains(" name=tollgate-batch ")
+                && l.contains(&format!(" laddr=127.0.0.1:{tls} "))
+                && l.contains("cmd=eval")),
+            "master {m}: its plans ran on the store's own connection, on its TLS port: {clients}"
+        );
+    }
 }

@@ -22,6 +22,14 @@ impl RedisCluster {
     /// Starts `masters` masters with `replicas_per_master` replicas each (0 or 1 in practice),
     /// creates the cluster and waits (bounded) until every node reports `cluster_state:ok`.
     pub fn start(masters: usize, replicas_per_master: usize) -> Self {
+        Self::start_with_args(masters, replicas_per_master, &[])
+    }
+
+    /// [`RedisCluster::start`], every node given `args` besides the cluster's own (the
+    /// placeholder `{tls}` becomes each node's TLS port, as with
+    /// [`RedisServer::start_with_args`]). The plain ports stay open: the cluster is created
+    /// and watched through them.
+    pub fn start_with_args(masters: usize, replicas_per_master: usize, args: &[&str]) -> Self {
         assert!(
             masters >= 3,
             "redis-cli --cluster create needs at least 3 masters"
@@ -45,6 +53,7 @@ impl RedisCluster {
             "no",
         ]
         .iter()
+        .chain(args.iter())
         .map(|s| s.to_string())
         .collect();
         let total = masters * (1 + replicas_per_master);
