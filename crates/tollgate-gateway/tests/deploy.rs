@@ -334,6 +334,8 @@ fn the_kubernetes_manifests_render_and_validate() {
         "name: tollgate-secrets",
         "image: tollgate:0.1.0",
         "requests:",
+        // A pod the autoscaler keeps below a core runs the one-thread scheduler.
+        "- name: TOKIO_WORKER_THREADS\n          value: \"1\"\n",
     ] {
         assert!(base.contains(setting), "no {setting:?} in\n{base}");
     }
