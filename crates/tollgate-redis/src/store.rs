@@ -26,7 +26,7 @@ use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::RwLock;
+use std::sync::{Mutex, PoisonError, RwLock};
 use tokio::sync::oneshot;
 use tollgate_core::{Check, ClientKey, Micros, Mode, Rule, Verdict};
 
@@ -101,11 +101,12 @@ pub struct RedisStore {
     lane_conn: LaneConn,
 }
 
-/// The lanes of coalesced calls: one for a standalone server (or the master the sentinels
-/// name); on a Cluster one per node (the across-slots batch scripts), and one per hash slot for
-/// the calls of slots whose node is not known (no table yet, or servers older than Redis 7).
+/// The lanes of coalesced calls: for a standalone server (or the master the sentinels name)
+/// one per thread that calls (the gateway's workers: see [`ThreadLanes`]); on a Cluster one
+/// per node (the across-slots batch scripts), and one per hash slot for the calls of slots
+/// whose node is not known (no table yet, or servers older than Redis 7).
 enum Lanes {
-    One(Arc<Lane>),
+    One(ThreadLanes),
     Slots {
         slots: Box<[std::sync::OnceLock<Arc<Lane>>]>,
         nodes: NodeLanes,
@@ -142,17 +143,18 @@ impl Lanes {
                 nodes: NodeLanes::default(),
             }
         } else {
-            Lanes::One(Arc::default())
+            Lanes::One(ThreadLanes::default())
         }
     }
 
-    /// The lane of calls whose keys are all in `client`'s slot (or on the one server).
-    fn of(&self, client: &ClientKey) -> &Arc<Lane> {
+    /// The lane of calls whose keys are all in `client`'s slot (or, on one server, this
+    /// thread's).
+    fn of(&self, client: &ClientKey) -> Arc<Lane> {
         match self {
-            Lanes::One(lane) => lane,
+            Lanes::One(lanes) => lanes.here(),
             Lanes::Slots { slots, .. } => {
                 let slot = usize::from(client.cluster_slot()) % slots.len();
-                slots[slot].get_or_init(Arc::default)
+                Arc::clone(slots[slot].get_or_init(Arc::default))
             }
         }
     }
@@ -173,11 +175,38 @@ impl Lanes {
                 }
                 None => {
                     let missing = !nodes.unsupported.load(std::sync::atomic::Ordering::Relaxed);
-                    return (Arc::clone(self.of(client)), missing);
+                    return (self.of(client), missing);
                 }
             }
         }
-        (Arc::clone(self.of(client)), false)
+        (self.of(client), false)
+    }
+}
+
+/// One server's lanes, one for each thread that calls. The gateway runs a current-thread
+/// runtime per worker thread (`tollgate-gateway`'s `runtime.rs`): with a lane of its own, a
+/// worker's plans queue behind its own call and leave in its own batches, on its own socket
+/// (`direct.rs`), and a reply wakes only the worker whose requests wait for it, where one
+/// lane for all would have one worker's drain answer (and wake) every other worker. Plans of
+/// one client from two workers are two concurrent calls either way; each is decided whole,
+/// in the order the server runs them. Under a multi-thread scheduler (tests, or a program of
+/// its own) a plan takes the lane of the thread it was submitted from.
+#[derive(Default)]
+struct ThreadLanes {
+    lanes: Mutex<Vec<(std::thread::ThreadId, Arc<Lane>)>>,
+}
+
+impl ThreadLanes {
+    /// This thread's lane (made at its first call).
+    fn here(&self) -> Arc<Lane> {
+        let me = std::thread::current().id();
+        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, lane)) = lanes.iter().find(|(t, _)| *t == me) {
+            return Arc::clone(lane);
+        }
+        let lane = Arc::new(Lane::default());
+        lanes.push((me, Arc::clone(&lane)));
+        lane
     }
 }
 
