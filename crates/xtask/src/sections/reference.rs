@@ -243,7 +243,12 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
     let (seconds, direct_seconds, ladder, budget): (u64, u64, &[u64], u64) = if ctx.quick {
         (4, 2, &[1000, 2000], 30)
     } else {
-        (8, 4, &[2000, 3000, 4500, 6750, 10000, 15000], 130)
+        (
+            8,
+            4,
+            &[2000, 3000, 4500, 6750, 10000, 15000, 22500, 33750, 50000],
+            180,
+        )
     };
     let dir = ctx.dir("reference")?;
     let up = procs::free_port()?;
