@@ -26,7 +26,7 @@ use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::{Mutex, PoisonError, RwLock};
+use std::sync::RwLock;
 use tokio::sync::oneshot;
 use tollgate_core::{Check, ClientKey, Micros, Mode, Rule, Verdict};
 
@@ -189,24 +189,33 @@ impl Lanes {
 /// (`direct.rs`), and a reply wakes only the worker whose requests wait for it, where one
 /// lane for all would have one worker's drain answer (and wake) every other worker. Plans of
 /// one client from two workers are two concurrent calls either way; each is decided whole,
-/// in the order the server runs them. Under a multi-thread scheduler (tests, or a program of
-/// its own) a plan takes the lane of the thread it was submitted from.
-#[derive(Default)]
+/// in the order the server runs them. A thread finds its lane by its number
+/// ([`tollgate_core::thread_index`]), without a lock shared with the other threads; threads
+/// past [`THREAD_LANES`] share lanes (still correct: a lane serves any number of callers).
+/// Under a multi-thread scheduler (tests, or a program of its own) a plan takes the lane of
+/// the thread it was submitted from.
 struct ThreadLanes {
-    lanes: Mutex<Vec<(std::thread::ThreadId, Arc<Lane>)>>,
+    lanes: Box<[std::sync::OnceLock<Arc<Lane>>]>,
+}
+
+/// Lanes a server keeps for as many threads: more than a gateway has workers.
+const THREAD_LANES: usize = 256;
+
+impl Default for ThreadLanes {
+    fn default() -> Self {
+        Self {
+            lanes: (0..THREAD_LANES)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+        }
+    }
 }
 
 impl ThreadLanes {
     /// This thread's lane (made at its first call).
     fn here(&self) -> Arc<Lane> {
-        let me = std::thread::current().id();
-        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, lane)) = lanes.iter().find(|(t, _)| *t == me) {
-            return Arc::clone(lane);
-        }
-        let lane = Arc::new(Lane::default());
-        lanes.push((me, Arc::clone(&lane)));
-        lane
+        let slot = &self.lanes[tollgate_core::thread_index() % self.lanes.len()];
+        Arc::clone(slot.get_or_init(Arc::default))
     }
 }
 
