@@ -40,7 +40,6 @@ mod key;
 mod quota;
 mod rate;
 pub mod settle;
-mod thread;
 mod time;
 
 pub use algorithms::{decide, Algorithm, Limit, LimitError, State, UnknownAlgorithm};
@@ -49,7 +48,6 @@ pub use key::{plan_allows, Check, ClientKey, Mode, Rule};
 pub use quota::{Quota, QuotaError, MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
 pub use rate::{RateError, RateField};
 pub use settle::{Charge, Settled};
-pub use thread::thread_index;
 pub use time::{
     duration_to_micros, micros_to_duration, micros_to_secs_ceil, Clock, ManualClock, Micros,
     SystemClock,

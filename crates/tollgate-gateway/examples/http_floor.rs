@@ -82,9 +82,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    // Pinned to one CPU, as the benchmarks run it, this is the gateway's one runtime;
-    // unpinned, the floor serves on the main thread alone (not over the gateway's workers).
-    match rt.main.block_on(serve(&addr, upstream, busy)) {
+    match rt.block_on(serve(&addr, upstream, busy)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -12,26 +12,21 @@ use crate::config::{Config, StoreBackend};
 use crate::http::conn_limit::ConnLimits;
 use crate::http::metrics::HttpMetrics;
 use crate::http::server::{serve_admin, serve_gateway, ShutdownSignals, GRACE};
-use crate::http::spread::Spread;
 use crate::live::{Hangup, Live};
 use crate::telemetry::LogFormat;
 use anyhow::Context as _;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tollgate_rls::LiveRls;
 
-/// Binds `[rls] listen` and serves the rate limit service there (on every worker, see
-/// [`on_workers`]) until `stop` changes.
+/// Binds `[rls] listen` and serves the rate limit service there until `stop` changes.
 async fn spawn_rls(
     config: &Config,
     service: Option<LiveRls>,
     limits: Arc<ConnLimits>,
-    stop: watch::Receiver<bool>,
-    workers: &[Handle],
+    mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let (Some(service), Some(addr)) = (service, config.rls.as_ref().and_then(|r| r.listen)) else {
         return Ok(None);
@@ -49,97 +44,22 @@ async fn spawn_rls(
         ?domains,
         "envoy rate limit service listening"
     );
-    let serve = move |listener: TcpListener, spread: Option<(Arc<Spread>, usize)>| {
-        let (service, mut stop) = (service.clone(), stop.clone());
-        let limits = Arc::clone(&limits);
-        let counted = spread.clone();
-        let admit: tollgate_rls::Admit = Arc::new(move |ip| {
-            let Some(slot) = limits.admit(ip) else {
-                tracing::debug!("rls connection limit reached; closing");
-                return None;
-            };
-            let opened = counted.as_ref().map(|(spread, me)| spread.opened(*me));
-            Some(Box::new((slot, opened)) as tollgate_rls::Admitted)
-        });
-        let turn = spread.map(|(spread, me)| {
-            Arc::new(move || {
-                let spread = Arc::clone(&spread);
-                Box::pin(async move { spread.turn(me).await })
-                    as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
-            }) as tollgate_rls::Turn
-        });
-        async move {
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            let bounds = tollgate_rls::Bounds {
-                admit: Some(admit),
-                turn,
-                ..tollgate_rls::Bounds::default()
-            };
-            tollgate_rls::serve_with(listener, service, bounds, shutdown)
-                .await
-                .map_err(anyhow::Error::from)
-        }
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
     };
-    let served = on_workers(listener, workers, serve)?;
+    let admit: tollgate_rls::Admit = Arc::new(move |ip| {
+        let slot = limits.admit(ip);
+        if slot.is_none() {
+            tracing::debug!("rls connection limit reached; closing");
+        }
+        slot.map(|s| Box::new(s) as tollgate_rls::Admitted)
+    });
     Ok(Some(tokio::spawn(async move {
-        if let Err(e) = served.await {
+        if let Err(e) = tollgate_rls::serve_bounded(listener, service, Some(admit), shutdown).await
+        {
             tracing::error!(error = %e, "rls listener failed");
         }
     })))
-}
-
-/// Runs `serve` on `listener`: here when there are no workers, else on every worker, each
-/// given its own handle of the one listening socket and its place in one [`Spread`] (a
-/// worker takes a connection when it holds no more than the others), so that a connection
-/// stays on the worker that accepted it. The future ends when every worker's `serve` has.
-fn on_workers<F, Fut>(
-    listener: TcpListener,
-    workers: &[Handle],
-    serve: F,
-) -> anyhow::Result<std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>>
-where
-    F: Fn(TcpListener, Option<(Arc<Spread>, usize)>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
-{
-    if workers.is_empty() {
-        return Ok(Box::pin(serve(listener, None)));
-    }
-    let spread = Spread::new(workers.len());
-    // Non-blocking, as tokio left it; each handle shares that mode with the socket.
-    let socket = listener
-        .into_std()
-        .context("cannot hand the listening socket to the workers")?;
-    let serve = Arc::new(serve);
-    let mut tasks = Vec::with_capacity(workers.len());
-    for (me, worker) in workers.iter().enumerate() {
-        let own = socket
-            .try_clone()
-            .context("cannot hand the listening socket to the workers")?;
-        let serve = Arc::clone(&serve);
-        let spread = Arc::clone(&spread);
-        tasks.push(worker.spawn(async move {
-            // Registered with this worker's runtime: its connections' events wake this thread.
-            let listener = TcpListener::from_std(own)
-                .context("cannot hand the listening socket to a worker")?;
-            serve(listener, Some((spread, me))).await
-        }));
-    }
-    drop(socket);
-    Ok(Box::pin(async move {
-        let mut first_error = None;
-        for task in tasks {
-            let ended = match task.await {
-                Ok(r) => r,
-                Err(e) => Err(anyhow::anyhow!("a worker's listener stopped: {e}")),
-            };
-            if let Err(e) = ended {
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }))
 }
 
 /// How long startup waits for a shared store to connect before serving anyway.
@@ -147,11 +67,7 @@ const STARTUP_CONNECT: Duration = Duration::from_secs(2);
 
 /// Runs the gateway until SIGTERM or SIGINT; `path` is the file `config` was read from
 /// (`None`: the built-in defaults), which a reload reads again.
-pub async fn run(
-    path: Option<std::path::PathBuf>,
-    config: Config,
-    workers: &[Handle],
-) -> anyhow::Result<()> {
+pub async fn run(path: Option<std::path::PathBuf>, config: Config) -> anyhow::Result<()> {
     let hangup = Hangup::listen();
     let limiter = crate::assemble::limiter(&config);
     let http_metrics = Arc::new(HttpMetrics::default());
@@ -196,7 +112,7 @@ pub async fn run(
     log_start(&config, &listener, &admin_listener);
     let mut signals = ShutdownSignals::new();
     let (stop_tx, stop_rx) = watch::channel(false);
-    let (force_tx, force_rx) = watch::channel(false);
+    let (force_tx, force_rx) = tokio::sync::oneshot::channel::<()>();
     let history = Arc::new(History::default());
     let sampler = tokio::spawn(run_sampler(
         history.clone(),
@@ -224,22 +140,11 @@ pub async fn run(
     ));
     let sighup = tokio::spawn(live.clone().on_sighup(hangup, stop_rx.clone()));
     let watcher = tokio::spawn(live.clone().watch_files(stop_rx.clone()));
-    let rls_task = spawn_rls(&config, rls, rls_limits, stop_rx.clone(), workers).await?;
-    let serve = move |listener: TcpListener, spread: Option<(Arc<Spread>, usize)>| {
-        let mut force = force_rx.clone();
-        serve_gateway(
-            listener,
-            service.clone(),
-            Arc::clone(&http_metrics),
-            Arc::clone(&limits),
-            stop_rx.clone(),
-            async move {
-                let _ = force.wait_for(|f| *f).await;
-            },
-            spread,
-        )
+    let rls_task = spawn_rls(&config, rls, rls_limits, stop_rx.clone()).await?;
+    let force = async {
+        let _ = force_rx.await;
     };
-    let gateway = on_workers(listener, workers, serve)?;
+    let gateway = serve_gateway(listener, service, http_metrics, limits, stop_rx, force);
     tokio::pin!(gateway);
     tokio::select! {
         r = &mut gateway => r?,
@@ -249,7 +154,7 @@ pub async fn run(
             tokio::select! {
                 r = &mut gateway => r?,
                 _ = signals.next() => {
-                    let _ = force_tx.send(true);
+                    let _ = force_tx.send(());
                     gateway.await?;
                     tracing::warn!("stopped by a second signal");
                     return Ok(());
@@ -365,30 +270,21 @@ pub fn main(config_flag: Option<&std::path::Path>, format: Option<LogFormat>) ->
         eprintln!("{w}");
     }
     let exporter = crate::telemetry::install(log_format(format), &config.telemetry);
-    let runtimes = match crate::runtime::build() {
+    let rt = match crate::runtime::build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
             return 1;
         }
     };
-    let crate::runtime::Runtimes {
-        main: main_rt,
-        workers: worker_threads,
-    } = runtimes;
-    let workers = worker_threads.handles();
-    let served = main_rt.block_on(async move {
+    let served = rt.block_on(async move {
         let exporter = exporter.map(crate::telemetry::Exporter::spawn);
-        let served = run(path, config, &workers).await;
+        let served = run(path, config).await;
         if let Some(e) = exporter {
             e.shutdown().await;
         }
         served
     });
-    // The workers first: what is left on them (connections past the grace period) may still
-    // use sockets and timers of the main runtime.
-    drop(worker_threads);
-    drop(main_rt);
     match served {
         Ok(()) => 0,
         Err(e) => {

@@ -292,64 +292,6 @@ async fn bench_rls_loads_the_grpc_service_and_checks_its_accounting() {
     assert_eq!(u(&accuracy["over_admission"]["total"]), 0, "{accuracy}");
 }
 
-/// With several workers, the gRPC port's connections (Envoy opens one per worker thread of
-/// its own) are spread over them like the HTTP port's: each worker serves some, and the
-/// answers keep the limits.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rls_connections_opened_at_once_are_spread_over_the_workers() {
-    let yaml = scratch("rls-spread.yaml");
-    std::fs::write(&yaml, YAML).expect("write yaml");
-    let rls_port = free_port();
-    let body = format!(
-        "[identity]\nsources = [\"header:x-api-key\"]\nsecret = \"rls-secret\"\n\
-         [rls]\nlisten = \"127.0.0.1:{rls_port}\"\nconfig = \"{}\"\n",
-        yaml.display()
-    );
-    let gw = Gateway::start_env("", &body, &[("TOKIO_WORKER_THREADS", "3")]);
-    let mut c = RateLimitServiceClient::new(channel(rls_port).await);
-    assert!(c.should_rate_limit(tenant("warm-up")).await.is_ok());
-    let pid = gw.child.id();
-    let before = worker_ticks(pid);
-    assert_eq!(before.len(), 3, "three worker threads");
-    // Nine clients, each its own HTTP/2 connection, opened at once, before the first call.
-    let opening: Vec<_> = (0..9).map(|_| tokio::spawn(channel(rls_port))).collect();
-    let mut clients = Vec::new();
-    for o in opening {
-        clients.push(RateLimitServiceClient::new(o.await.expect("connected")));
-    }
-    let calls: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut c)| {
-            tokio::spawn(async move {
-                let mut ok = 0;
-                for _ in 0..400 {
-                    let answer = c
-                        .should_rate_limit(tenant(&format!("spread-{i}")))
-                        .await
-                        .expect("an answer")
-                        .into_inner();
-                    ok += usize::from(answer.overall_code == 1);
-                }
-                ok
-            })
-        })
-        .collect();
-    for call in calls {
-        // 400 calls of one tenant on a 50/hour limit: 50 OK.
-        assert_eq!(call.await.expect("task"), 50);
-    }
-    let spent: Vec<u64> = worker_ticks(pid)
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| a - b)
-        .collect();
-    assert!(
-        spent.iter().all(|&t| t > 0),
-        "every worker served some of the gRPC connections (CPU ticks each: {spent:?})"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_rls_yaml_is_served_within_two_seconds_and_a_broken_one_is_refused() {
     let (gw, port) = start_gateway("", "");

@@ -4,8 +4,7 @@
 //! connection when the node answers that it did not run it).
 //!
 //! A lane has at most one call in flight, and the caller that leads it (the plan that found
-//! the lane idle, or the task draining its queue) writes that call on a socket of its thread
-//! (one idle socket kept per thread: a standalone server has a lane per thread) and reads its
+//! the lane idle, or the task draining its queue) writes that call on the socket and reads its
 //! reply itself: no channel to a connection task and no oneshot back, no timer of the
 //! client's own (the caller's `store.timeout`, or the batch's, is the only one). Everything
 //! else (script loads, settles, the generic script, `max_batch = 1`) keeps redis-rs's
@@ -26,7 +25,7 @@
 //! `SSL_CERT_FILE`, as redis-rs's) and Unix sockets; a URL it does not handle this way (TLS
 //! without verification, client certificates) keeps redis-rs's connection for every call.
 
-use crate::config::redact;
+use crate::config::{redact, CONNECT_TIMEOUT};
 use crate::resp;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,20 +38,13 @@ pub(crate) const CLIENT_NAME: &str = "tollgate-batch";
 /// The most replies of abandoned calls a connection may still owe before it is closed.
 pub(crate) const MAX_OWED: usize = 8;
 
-/// The most idle sockets a connection keeps (one a thread that calls: the gateway's workers).
-const MAX_IDLE: usize = 1024;
-
 /// A read buffer that grew past this (a large reply) is shrunk back after the call.
 const KEEP_BUFFER: usize = 64 << 10;
 
-/// The connection of one server: its address and credentials, the idle sockets.
+/// The connection of one server: its address and credentials, the idle socket.
 pub(crate) struct Direct {
     target: Target,
-    /// Each thread's idle socket. A socket's readiness is delivered by the runtime it was
-    /// opened on; the gateway runs a runtime per worker thread, each with lanes of its own
-    /// (`store.rs`), so each thread keeps its own socket, and a reply wakes the thread that
-    /// waits for it and no other.
-    idle: Mutex<Vec<(std::thread::ThreadId, Socket)>>,
+    idle: Mutex<Option<Socket>>,
     /// A connection was opened (the first, at the first call).
     opened: AtomicBool,
     /// A connection was opened again since [`Direct::reconnected`] last asked: the one before
@@ -123,7 +115,7 @@ impl Direct {
                 db: settings.db(),
                 shown,
             },
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(None),
             opened: AtomicBool::new(false),
             reopened: AtomicBool::new(false),
         })
@@ -150,13 +142,11 @@ impl Direct {
     /// Sends `cmd` (a whole command's RESP bytes, `command.rs`) and reads its reply. A server
     /// error is an `Err`, as with redis-rs.
     pub(crate) async fn query(&self, cmd: &[u8]) -> Result<Value, RedisError> {
-        let here = std::thread::current().id();
-        let idle = {
-            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-            idle.iter()
-                .position(|(t, _)| *t == here)
-                .map(|at| idle.swap_remove(at).1)
-        };
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         // A socket the server closed while it sat idle (a restart) is not used: the call
         // would fail on it.
         let idle = idle.filter(|s| !s.stream.closed_by_peer());
@@ -221,29 +211,25 @@ impl Direct {
         reply
     }
 
-    /// Keeps `socket` as this thread's idle one.
     fn put(&self, socket: Socket) {
-        let here = std::thread::current().id();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        // A second socket of one thread (two calls at once, which a thread's lane does not
-        // make, but a task moved between threads by a multi-thread scheduler can) is closed,
-        // and so is one past the bound.
-        if idle.len() < MAX_IDLE && !idle.iter().any(|(t, _)| *t == here) {
-            idle.push((here, socket));
+        // A second socket (two calls at once, which lanes do not make) is closed.
+        if idle.is_none() {
+            *idle = Some(socket);
         }
     }
 
-    /// A new socket. Bounded by the caller's deadline (every call here runs under one:
-    /// `store.timeout`, or its batch's), not a shorter timeout of its own: a thread's first
-    /// call, or its first after a lost connection, opens one, and a server that is slow to
-    /// answer the handshake (AUTH, SELECT) still has the whole of the call's time, as a call
-    /// on an open socket has.
     async fn connect(&self) -> Result<Socket, RedisError> {
-        // The error as it came (its kind tells a refusal from a timeout, which the callers
-        // read); the address only in the log.
-        self.open().await.inspect_err(|e| {
-            tracing::debug!(server = %self.target.shown, error = %e, "the store's own connection could not connect");
-        })
+        match tokio::time::timeout(CONNECT_TIMEOUT, self.open()).await {
+            Ok(r) => r,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no connection to {} within {CONNECT_TIMEOUT:?}",
+                    self.target.shown
+                ),
+            ))),
+        }
     }
 
     async fn open(&self) -> Result<Socket, RedisError> {

@@ -101,12 +101,11 @@ pub struct RedisStore {
     lane_conn: LaneConn,
 }
 
-/// The lanes of coalesced calls: for a standalone server (or the master the sentinels name)
-/// one per thread that calls (the gateway's workers: see [`ThreadLanes`]); on a Cluster one
-/// per node (the across-slots batch scripts), and one per hash slot for the calls of slots
-/// whose node is not known (no table yet, or servers older than Redis 7).
+/// The lanes of coalesced calls: one for a standalone server (or the master the sentinels
+/// name); on a Cluster one per node (the across-slots batch scripts), and one per hash slot for
+/// the calls of slots whose node is not known (no table yet, or servers older than Redis 7).
 enum Lanes {
-    One(ThreadLanes),
+    One(Arc<Lane>),
     Slots {
         slots: Box<[std::sync::OnceLock<Arc<Lane>>]>,
         nodes: NodeLanes,
@@ -143,18 +142,17 @@ impl Lanes {
                 nodes: NodeLanes::default(),
             }
         } else {
-            Lanes::One(ThreadLanes::default())
+            Lanes::One(Arc::default())
         }
     }
 
-    /// The lane of calls whose keys are all in `client`'s slot (or, on one server, this
-    /// thread's).
-    fn of(&self, client: &ClientKey) -> Arc<Lane> {
+    /// The lane of calls whose keys are all in `client`'s slot (or on the one server).
+    fn of(&self, client: &ClientKey) -> &Arc<Lane> {
         match self {
-            Lanes::One(lanes) => lanes.here(),
+            Lanes::One(lane) => lane,
             Lanes::Slots { slots, .. } => {
                 let slot = usize::from(client.cluster_slot()) % slots.len();
-                Arc::clone(slots[slot].get_or_init(Arc::default))
+                slots[slot].get_or_init(Arc::default)
             }
         }
     }
@@ -175,47 +173,11 @@ impl Lanes {
                 }
                 None => {
                     let missing = !nodes.unsupported.load(std::sync::atomic::Ordering::Relaxed);
-                    return (self.of(client), missing);
+                    return (Arc::clone(self.of(client)), missing);
                 }
             }
         }
-        (self.of(client), false)
-    }
-}
-
-/// One server's lanes, one for each thread that calls. The gateway runs a current-thread
-/// runtime per worker thread (`tollgate-gateway`'s `runtime.rs`): with a lane of its own, a
-/// worker's plans queue behind its own call and leave in its own batches, on its own socket
-/// (`direct.rs`), and a reply wakes only the worker whose requests wait for it, where one
-/// lane for all would have one worker's drain answer (and wake) every other worker. Plans of
-/// one client from two workers are two concurrent calls either way; each is decided whole,
-/// in the order the server runs them. A thread finds its lane by its number
-/// ([`tollgate_core::thread_index`]), without a lock shared with the other threads; threads
-/// past [`THREAD_LANES`] share lanes (still correct: a lane serves any number of callers).
-/// Under a multi-thread scheduler (tests, or a program of its own) a plan takes the lane of
-/// the thread it was submitted from.
-struct ThreadLanes {
-    lanes: Box<[std::sync::OnceLock<Arc<Lane>>]>,
-}
-
-/// Lanes a server keeps for as many threads: more than a gateway has workers.
-const THREAD_LANES: usize = 256;
-
-impl Default for ThreadLanes {
-    fn default() -> Self {
-        Self {
-            lanes: (0..THREAD_LANES)
-                .map(|_| std::sync::OnceLock::new())
-                .collect(),
-        }
-    }
-}
-
-impl ThreadLanes {
-    /// This thread's lane (made at its first call).
-    fn here(&self) -> Arc<Lane> {
-        let slot = &self.lanes[tollgate_core::thread_index() % self.lanes.len()];
-        Arc::clone(slot.get_or_init(Arc::default))
+        (Arc::clone(self.of(client)), false)
     }
 }
 

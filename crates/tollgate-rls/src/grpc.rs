@@ -10,7 +10,7 @@
 use crate::budget::{self, MAX_CALLS, MAX_CALLS_PER_ADDRESS};
 use crate::calls::Services;
 use crate::health::HealthService;
-use crate::incoming::{Admit, Turn};
+use crate::incoming::Admit;
 use crate::live::LiveRls;
 use std::future::Future;
 use tokio::net::TcpListener;
@@ -53,8 +53,6 @@ pub struct Bounds {
     pub calls_per_address: usize,
     /// The most calls in progress on the listener.
     pub calls: usize,
-    /// Waited for before each accept (`None`: none).
-    pub turn: Option<Turn>,
 }
 
 impl Default for Bounds {
@@ -63,7 +61,6 @@ impl Default for Bounds {
             admit: None,
             calls_per_address: MAX_CALLS_PER_ADDRESS,
             calls: MAX_CALLS,
-            turn: None,
         }
     }
 }
@@ -82,6 +79,6 @@ pub async fn serve_with(
         health,
         budget: budget::places(bounds.calls_per_address, bounds.calls),
     };
-    crate::server::run(listener, services, bounds.admit, bounds.turn, shutdown).await;
+    crate::server::run(listener, services, bounds.admit, shutdown).await;
     Ok(())
 }

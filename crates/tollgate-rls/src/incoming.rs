@@ -34,10 +34,6 @@ pub type Admitted = Box<dyn Send + Sync>;
 /// Admits a connection from an address, or refuses it (`None`).
 pub type Admit = Arc<dyn Fn(IpAddr) -> Option<Admitted> + Send + Sync>;
 
-/// Waited for before each accept: where several listeners (workers) accept on one socket, a
-/// worker's turn to take the next connection (the gateway spreads connections so).
-pub type Turn = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
-
 /// A TCP stream whose first [`PREFACE_LEN`] bytes must arrive before a deadline.
 pub(crate) struct PrefaceDeadline {
     stream: TcpStream,

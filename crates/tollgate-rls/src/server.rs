@@ -15,7 +15,7 @@
 //! connection has closed.
 
 use crate::calls::{self, Services};
-use crate::incoming::{self, Admit, PrefaceDeadline, Turn};
+use crate::incoming::{self, Admit, PrefaceDeadline};
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::future::Future;
@@ -39,7 +39,6 @@ pub(crate) async fn run(
     listener: TcpListener,
     services: Services,
     admit: Option<Admit>,
-    turn: Option<Turn>,
     shutdown: impl Future<Output = ()>,
 ) {
     let services = Arc::new(services);
@@ -50,12 +49,7 @@ pub(crate) async fn run(
     loop {
         let (io, peer) = tokio::select! {
             () = &mut shutdown => break,
-            conn = async {
-                if let Some(turn) = &turn {
-                    turn().await;
-                }
-                incoming::accept(&listener, admit.as_ref()).await
-            } => conn,
+            conn = incoming::accept(&listener, admit.as_ref()) => conn,
         };
         tokio::spawn(connection(
             Arc::clone(&http2),

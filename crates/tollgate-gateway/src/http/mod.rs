@@ -9,7 +9,6 @@ pub(crate) mod head_timeout;
 pub mod metrics;
 pub(crate) mod refusal;
 pub mod server;
-pub(crate) mod spread;
 pub mod util;
 
 pub use server::{MAX_HEADERS, MAX_HEAD_BYTES};

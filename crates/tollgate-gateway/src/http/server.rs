@@ -9,7 +9,6 @@ use crate::http::conn_limit::ConnLimits;
 use crate::http::head_timeout::{until_drained, HeadClock, HeadWatch, WaitAfter, Watched};
 use crate::http::metrics::HttpMetrics;
 use crate::http::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
-use crate::http::spread::Spread;
 use crate::http::util::{BoxBody, ConnBody};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Either};
@@ -57,8 +56,7 @@ pub(crate) trait GatewayService:
 }
 
 /// Serves the gateway on `listener` until `stop` changes, then drains for up to [`GRACE`]
-/// (less if `force` fires). `spread`: this worker's place among the workers accepting on the
-/// same socket (see `spread.rs`); `None` when it is the only one.
+/// (less if `force` fires).
 pub(crate) async fn serve_gateway<S>(
     listener: TcpListener,
     service: S,
@@ -66,22 +64,15 @@ pub(crate) async fn serve_gateway<S>(
     limits: Arc<ConnLimits>,
     mut stop: watch::Receiver<bool>,
     force: impl std::future::Future<Output = ()>,
-    spread: Option<(Arc<Spread>, usize)>,
 ) -> anyhow::Result<()>
 where
     S: GatewayService,
 {
     // Keeps the connections' header read timeout and drains them at shutdown.
     let heads = HeadClock::gateway();
-    let next = || async {
-        if let Some((spread, me)) = &spread {
-            spread.turn(*me).await;
-        }
-        listener.accept().await
-    };
     loop {
         tokio::select! {
-            accepted = next() => {
+            accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
@@ -97,10 +88,9 @@ where
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let opened = spread.as_ref().map(|(spread, me)| spread.opened(*me));
                 let conn = connection(stream, peer, slot.peer.clone(), service.clone(), metrics.clone(), heads.watch());
                 tokio::spawn(async move {
-                    let _held = (slot, opened);
+                    let _slot = slot;
                     conn.await;
                 });
             }

@@ -38,7 +38,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -207,6 +207,12 @@ pub(super) struct Pool<B: RequestBody> {
     sweeps: AtomicU64,
 }
 
+/// Which shard a thread uses: threads are numbered in the order they first ask.
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed);
+}
+
 fn lock<B: RequestBody>(shard: &Shard<B>) -> MutexGuard<'_, VecDeque<Idle<B>>> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -241,7 +247,7 @@ impl<B: RequestBody> Pool<B> {
 
     /// This thread's shard.
     fn home(&self) -> usize {
-        tollgate_core::thread_index() % self.shards.len()
+        SHARD.with(|i| *i) % self.shards.len()
     }
 
     /// The most recently parked connection of another shard than `home`, from the first
@@ -362,7 +368,6 @@ impl<B: RequestBody> Pool<B> {
 mod tests {
     use super::*;
     use http_body_util::{BodyExt, Empty};
-    use std::sync::atomic::AtomicUsize;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::watch;
 

@@ -490,31 +490,3 @@ pub fn run_check_config(path: &std::path::Path) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     (out.status.success(), printed)
 }
-
-/// CPU ticks (user + system) of each worker thread of process `pid`.
-pub fn worker_ticks(pid: u32) -> Vec<u64> {
-    let mut ticks = Vec::new();
-    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .expect("tasks")
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("tollgate-worker") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        let field = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        // utime and stime: the 14th and 15th fields, 12th and 13th after the name.
-        ticks.push(field(11) + field(12));
-    }
-    ticks
-}
