@@ -20,6 +20,7 @@ mod report;
 mod rls;
 mod settle;
 mod timeline;
+mod warm;
 
 use std::fs::File;
 use std::io::{IsTerminal, Write};
@@ -112,14 +113,11 @@ async fn execute(args: BenchArgs) -> anyhow::Result<(output::Report, anyhow::Res
     // Open the output files first: a long run must not end in "cannot write".
     let json_file = args.json.as_deref().map(create_output).transpose()?;
     let svg_file = args.svg.as_deref().map(create_output).transpose()?;
-    let started_wall = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .context("the system clock is before 1970")?;
     let live = Arc::new(Live::default());
     let progress = progress_bar(&plan, args.quiet);
     let ticker = tokio::spawn(update_progress(progress.clone(), Arc::clone(&live)));
     let settings = output::Settings::from_plan(&plan, &args);
-    let finished = load::drive(plan, Arc::clone(&live), started_wall.as_nanos()).await;
+    let finished = load::drive(plan, Arc::clone(&live)).await;
     ticker.abort();
     progress.finish_and_clear();
     let finished = finished?;

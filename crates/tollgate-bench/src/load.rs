@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use http::header::{HeaderName, HeaderValue};
@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::MissedTickBehavior;
 
 use crate::report::{ErrorKind, Outcome, Recorder, Sample};
+use crate::warm::Warm;
 
 /// The most of a response body that is read (and thrown away) to reuse the connection.
 const MAX_BODY: usize = 1 << 20;
@@ -78,7 +79,7 @@ pub struct Finished {
 
 struct Shared {
     plan: Plan,
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<Warm, Empty<Bytes>>,
     rls: Option<super::rls::RlsClients>,
     start: Instant,
     live: Arc<Live>,
@@ -87,15 +88,37 @@ struct Shared {
 }
 
 /// Runs the plan to the end and returns what happened.
-pub async fn drive(plan: Plan, live: Arc<Live>, start_unix_ns: u128) -> anyhow::Result<Finished> {
+pub async fn drive(plan: Plan, live: Arc<Live>) -> anyhow::Result<Finished> {
     anyhow::ensure!(!plan.targets.is_empty(), "no target");
     anyhow::ensure!(!plan.keys.is_empty(), "no client");
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(plan.timeout));
+    let warm = Warm::new(connector);
     let client = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(plan.connections)
-        .build(connector);
+        .build(warm.clone());
+    let rls = match plan.rls {
+        Some(_) => Some(super::rls::RlsClients::new(&plan.targets, plan.timeout)?),
+        None => None,
+    };
+    if plan.rls.is_none() {
+        // Before the clock starts: a run measures the targets, not a storm of handshakes.
+        // Bounded by one request's timeout in all, however many targets do not answer.
+        let _ =
+            tokio::time::timeout(plan.timeout, warm.open(&plan.targets, opened_ahead(&plan))).await;
+        let warm = warm.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(super::warm::MAX_AGE).await;
+            warm.close_rest();
+        });
+    }
+    // The clock starts here: the wall time the accuracy spans are placed by, and `start`.
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .context("the system clock is before 1970")?
+        .as_nanos();
+    let start = Instant::now();
     let (samples, mut received) = mpsc::channel::<Sample>(4_096);
     let mut recorder = Recorder::new(plan.keys.len(), start_unix_ns);
     let collector = tokio::spawn(async move {
@@ -104,15 +127,11 @@ pub async fn drive(plan: Plan, live: Arc<Live>, start_unix_ns: u128) -> anyhow::
         }
         recorder
     });
-    let rls = match plan.rls {
-        Some(_) => Some(super::rls::RlsClients::new(&plan.targets, plan.timeout)?),
-        None => None,
-    };
     let shared = Arc::new(Shared {
         plan,
         client,
         rls,
-        start: Instant::now(),
+        start,
         live,
         policy_header: OnceLock::new(),
         samples,
@@ -194,6 +213,18 @@ async fn open_loop(shared: &Arc<Shared>, rate: f64) -> anyhow::Result<()> {
         .await
         .context("the request pool closed early")?;
     Ok(())
+}
+
+/// How many connections are opened before the run: every worker's in a closed loop; in an open
+/// loop what the rate keeps busy at 4 ms a request (at least one per target), since the pool
+/// opens more if answers are slower and every one opened ahead and not taken is closed again.
+fn opened_ahead(plan: &Plan) -> usize {
+    let wanted = match plan.rate {
+        None => plan.connections,
+        Some(rate) => ((rate * 0.004).ceil() as usize).max(plan.targets.len()),
+    };
+    let scheduled = usize::try_from(plan.max_requests).unwrap_or(usize::MAX);
+    wanted.min(plan.connections).min(scheduled)
 }
 
 /// Which client and which target request `k` is for.
