@@ -9,9 +9,10 @@
 //! starts and hands them to the pool as it asks for new ones; only what the pool asks for beyond
 //! them is connected during the run.
 //!
-//! A connection opened ahead is used only while it is young ([`MAX_AGE`]): a target may close a
-//! connection that never sent a request (a header read timeout), and the pool must not be given
-//! one that is already closed. What was not taken by then is closed.
+//! A connection opened ahead is used only while it is young ([`MAX_AGE`]) and still quiet (open,
+//! nothing received): a target may close a connection that never sent a request (a header read
+//! timeout), and the pool must not be given one that is already closed. What was not taken by
+//! then is closed.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -101,11 +102,14 @@ impl Warm {
         let mut ready = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
         let list = ready.get_mut(&key(uri))?;
         while let Some((opened, stream)) = list.pop() {
-            if opened.elapsed() < MAX_AGE {
+            if opened.elapsed() >= MAX_AGE {
+                // Too old: the target may have closed it; the rest are older still.
+                list.clear();
+                break;
+            }
+            if quiet(&stream) {
                 return Some(stream);
             }
-            // Too old: the target may have closed it; the rest are older still.
-            list.clear();
         }
         None
     }
@@ -117,6 +121,14 @@ impl Warm {
         ready.clear();
         closed
     }
+}
+
+/// Whether a connection opened ahead is still open and has said nothing: a target that closed it
+/// (end of file) or already answered something (an error page for a request never sent) has
+/// nothing to offer a request.
+fn quiet(stream: &TokioIo<TcpStream>) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(stream.inner().try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 impl Service<Uri> for Warm {
@@ -215,6 +227,37 @@ mod tests {
             "a new connection, not one a second old"
         );
         assert_eq!(warm.close_rest(), 0, "the old ones were dropped with it");
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_target_closed_is_not_handed_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                // The first two are closed at once, as a server with a short idle timeout
+                // would; later ones are kept.
+                if count.fetch_add(1, Ordering::SeqCst) >= 2 {
+                    kept.push(stream);
+                }
+            }
+        });
+        let uri: Uri = format!("http://127.0.0.1:{port}/").parse().expect("uri");
+        let mut warm = Warm::new(HttpConnector::new());
+        assert_eq!(warm.open(std::slice::from_ref(&uri), 2).await, 2);
+        assert_eq!(settled(&accepted, 2).await, 2);
+        warm.call(uri.clone()).await.expect("connect");
+        assert_eq!(
+            settled(&accepted, 3).await,
+            3,
+            "a new connection, not a closed one"
+        );
+        assert_eq!(warm.close_rest(), 0, "both closed ones were passed over");
     }
 
     #[tokio::test]
