@@ -155,25 +155,29 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A listener that counts the connections it accepts and keeps them open.
-    async fn counting() -> (Uri, Arc<AtomicUsize>) {
+    /// A listener that counts the connections it accepts; it closes the first `close_first` at
+    /// once (as a server with a short idle timeout would) and keeps the others open.
+    async fn listening(close_first: usize) -> (Uri, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .expect("connect");
+            .expect("bind");
         let port = listener.local_addr().expect("address").port();
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = Arc::clone(&accepted);
         tokio::spawn(async move {
             let mut kept = Vec::new();
             while let Ok((stream, _)) = listener.accept().await {
-                count.fetch_add(1, Ordering::SeqCst);
-                kept.push(stream);
+                if count.fetch_add(1, Ordering::SeqCst) >= close_first {
+                    kept.push(stream);
+                }
             }
         });
-        (
-            format!("http://127.0.0.1:{port}/").parse().expect("uri"),
-            accepted,
-        )
+        let uri = format!("http://127.0.0.1:{port}/").parse().expect("uri");
+        (uri, accepted)
+    }
+
+    async fn counting() -> (Uri, Arc<AtomicUsize>) {
+        listening(0).await
     }
 
     async fn settled(accepted: &AtomicUsize, want: usize) -> usize {
@@ -231,23 +235,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_target_closed_is_not_handed_out() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("address").port();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&accepted);
-        tokio::spawn(async move {
-            let mut kept = Vec::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                // The first two are closed at once, as a server with a short idle timeout
-                // would; later ones are kept.
-                if count.fetch_add(1, Ordering::SeqCst) >= 2 {
-                    kept.push(stream);
-                }
-            }
-        });
-        let uri: Uri = format!("http://127.0.0.1:{port}/").parse().expect("uri");
+        let (uri, accepted) = listening(2).await;
         let mut warm = Warm::new(HttpConnector::new());
         assert_eq!(warm.open(std::slice::from_ref(&uri), 2).await, 2);
         assert_eq!(settled(&accepted, 2).await, 2);
