@@ -15,6 +15,74 @@ edits = [
      '    if extra and store != "memory":\n        st = st + extra + "\\n"\n'
      '    for i in range(N):\n        cfg = os.path.join(W, f"gw{i}.toml")'),
 ]
+# A sampler, once a second, of every gateway's and Redis's threads: CPU time and time spent
+# runnable but waiting for a CPU (/proc/PID/task/TID/schedstat), the worst single thread's
+# wait, and the machine's runnable threads; each phase's start and end beside them. It says
+# whether a second whose p99 stalls is a second in which threads waited for a CPU.
+SAMPLER = r"""
+import threading
+
+SCHED = open(os.path.join(OUT, "schedstat.jsonl"), "a")
+
+
+def sched_sample(pids, prev):
+    cpu = wait = worst = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    c, w = (int(x) for x in f.read().split()[:2])
+            except (OSError, ValueError):
+                continue
+            pc, pw = prev.get((pid, tid), (c, w))
+            prev[(pid, tid)] = (c, w)
+            cpu += c - pc
+            wait += w - pw
+            worst = max(worst, w - pw)
+    return {"cpu_ms": round(cpu / 1e6, 1), "wait_ms": round(wait / 1e6, 1), "worst_thread_wait_ms": round(worst / 1e6, 1)}
+
+
+def sched_sampler():
+    prev = {}
+    while True:
+        t = time.time()
+        rec = {"t": round(t, 3)}
+        rec["gateways"] = sched_sample([p.pid for p in list(gateways)], prev)
+        rec["redis"] = sched_sample([p.pid for p in list(procs) if p.args[0].endswith("redis-server")], prev)
+        try:
+            with open("/proc/stat") as f:
+                rec["procs_running"] = int(next(l for l in f if l.startswith("procs_running")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            pass
+        SCHED.write(json.dumps(rec) + "\n")
+        SCHED.flush()
+        time.sleep(max(0.0, 1.0 - (time.time() - t)))
+
+
+threading.Thread(target=sched_sampler, daemon=True).start()
+
+
+def marked(run):
+    def phase(label, *args, **kwargs):
+        t0 = time.time()
+        try:
+            return run(label, *args, **kwargs)
+        finally:
+            SCHED.write(json.dumps({"phase": label, "start": round(t0, 3), "end": round(time.time(), 3)}) + "\n")
+            SCHED.flush()
+    return phase
+
+
+wrk_closed = marked(wrk_closed)
+wrk_closed_cluster = marked(wrk_closed_cluster)
+bench_open = marked(bench_open)
+
+try: main()"""
+edits.append(("\ntry: main()", SAMPLER))
 for old, new in edits:
     if source.count(old) != 1:
         sys.exit(f"{sys.argv[1]}: cannot find where to patch: {old[:60]!r}")

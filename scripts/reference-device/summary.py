@@ -20,3 +20,23 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*", "reference_full.jsonl")
         if os.path.exists(jf):
             r = json.load(open(jf))
             print("   timeline p99 ms:", [round(t["p99_us"] / 1000, 1) for t in r.get("timeline", [])], "sent", r.get("requests"))
+
+# Per second of each phase: the bench's p99 (open-loop phases) beside what the threads did.
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*", "schedstat.jsonl"))):
+    step = f.split("/")[-2]
+    samples, phases = [], []
+    for line in open(f):
+        d = json.loads(line)
+        (phases if "phase" in d else samples).append(d)
+    for ph in phases:
+        inside = [s for s in samples if ph["start"] < s["t"] <= ph["end"] + 0.5]
+        if not inside:
+            continue
+        jf = os.path.join(os.path.dirname(f), ph["phase"].replace(" ", "_") + ".json")
+        p99 = []
+        if os.path.exists(jf):
+            p99 = [round(t["p99_us"] / 1000, 1) for t in json.load(open(jf)).get("timeline", [])]
+        print(f"{step} | {ph['phase']}: second, bench p99 ms, gateways cpu ms / runnable-wait ms / worst thread's wait ms, redis wait ms, runnable threads")
+        for n, s in enumerate(inside):
+            g, r = s.get("gateways", {}), s.get("redis", {})
+            print(f"   {n:3d} {p99[n] if n < len(p99) else '-':>6} {g.get('cpu_ms')} / {g.get('wait_ms')} / {g.get('worst_thread_wait_ms')} {r.get('wait_ms')} {s.get('procs_running')}")
