@@ -350,6 +350,8 @@ fn the_kubernetes_manifests_render_and_validate() {
     assert!(tried.contains("name: tollgate-redis"));
     assert!(tried.contains("kind: Secret\n"));
     assert!(tried.contains("redis-url:"));
+    // Redis's expiry in short slices (docs/operations.md, "Redis: `hz 100`").
+    assert!(tried.contains("- --hz\n        - \"100\"\n"), "{tried}");
 
     // The ConfigMap's file is a config `serve` accepts, with the Secret's variables set.
     let out = tollgate()
