@@ -66,13 +66,27 @@ def sched_sampler():
 threading.Thread(target=sched_sampler, daemon=True).start()
 
 
+def redis_latency(*args):
+    # Redis's own latency monitor (events of 5 ms or more: commands, expiry cycles, ...).
+    ports = [RP] + list(cluster_ports)
+    out = {}
+    for port in ports:
+        r = subprocess.run([os.path.join(B, "redis-cli"), "-p", str(port)] + list(args),
+                           capture_output=True, text=True, env=ENV)
+        out[port] = r.stdout.strip()
+    return out
+
+
 def marked(run):
     def phase(label, *args, **kwargs):
+        redis_latency("config", "set", "latency-monitor-threshold", "5")
+        redis_latency("latency", "reset")
         t0 = time.time()
         try:
             return run(label, *args, **kwargs)
         finally:
-            SCHED.write(json.dumps({"phase": label, "start": round(t0, 3), "end": round(time.time(), 3)}) + "\n")
+            SCHED.write(json.dumps({"phase": label, "start": round(t0, 3), "end": round(time.time(), 3),
+                                    "redis_latency": redis_latency("latency", "latest")}) + "\n")
             SCHED.flush()
     return phase
 
@@ -83,6 +97,9 @@ bench_open = marked(bench_open)
 
 try: main()"""
 edits.append(("\ntry: main()", SAMPLER))
+# REDIS_ARGS: more arguments for the one redis-server (e.g. "--hz 100").
+edits.append(('"--appendonly", "no", "--maxclients", "50000"], "redis.log")',
+              '"--appendonly", "no", "--maxclients", "50000"] + os.environ.get("REDIS_ARGS", "").split(), "redis.log")'))
 for old, new in edits:
     if source.count(old) != 1:
         sys.exit(f"{sys.argv[1]}: cannot find where to patch: {old[:60]!r}")

@@ -37,6 +37,9 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*", "schedstat.jsonl"))):
         if os.path.exists(jf):
             p99 = [round(t["p99_us"] / 1000, 1) for t in json.load(open(jf)).get("timeline", [])]
         print(f"{step} | {ph['phase']}: second, bench p99 ms, gateways cpu ms / runnable-wait ms / worst thread's wait ms, redis wait ms, runnable threads")
+        for port, latest in (ph.get("redis_latency") or {}).items():
+            if latest:
+                print(f"   redis {port} LATENCY LATEST (event, time, latest ms, max ms): {' '.join(latest.split())}")
         for n, s in enumerate(inside):
             g, r = s.get("gateways", {}), s.get("redis", {})
             print(f"   {n:3d} {p99[n] if n < len(p99) else '-':>6} {g.get('cpu_ms')} / {g.get('wait_ms')} / {g.get('worst_thread_wait_ms')} {r.get('wait_ms')} {s.get('procs_running')}")
