@@ -46,6 +46,7 @@ mod command;
 mod config;
 mod direct;
 mod error;
+mod expiry;
 mod lane;
 mod lease;
 mod reply;

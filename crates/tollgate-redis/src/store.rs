@@ -338,7 +338,26 @@ impl RedisStore {
         // The generic script; plan scripts load on first use or in `prepare`.
         store.load(generic_script()).await?;
         store.refresh_nodes().await;
+        // Advice only: a server that refuses INFO (renamed, an ACL) is served all the same.
+        if let Ok(hz) = store.expiry_hz().await {
+            if let Some(advice) = hz.iter().min().and_then(|&hz| crate::expiry::advice(hz)) {
+                tracing::warn!("{advice}");
+            }
+        }
         Ok(store)
+    }
+
+    /// Redis's active expiry frequency (`INFO server`: `configured_hz`, else `hz`) on every
+    /// server that answered (a Cluster: each node `INFO` was routed to). Expired keys are
+    /// reclaimed in cycles of up to a quarter of `1000 / hz` ms that hold every command back
+    /// (docs/operations.md, "Redis: `hz 100`"); [`RedisStore::connect`] warns below 100.
+    pub async fn expiry_hz(&self) -> Result<Vec<u32>, RedisStoreError> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("server");
+        let reply = self.query(&cmd).await?;
+        let mut found = Vec::new();
+        crate::expiry::collect_hz(&reply, &mut found);
+        Ok(found)
     }
 
     /// Decides a plan (`checks`, of one or several clients) all-or-nothing (the rules of

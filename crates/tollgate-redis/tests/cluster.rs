@@ -42,6 +42,14 @@ async fn a_clients_keys_share_one_slot_and_clients_spread_over_every_master() {
     assert_eq!(masters.len(), 3, "30 clients land on all three masters");
 }
 
+#[tokio::test]
+async fn the_expiry_frequency_is_read_from_the_nodes() {
+    let cluster = RedisCluster::start_with_args(3, 0, &["--hz", "100"]);
+    let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
+    let hz = store.expiry_hz().await.expect("INFO server");
+    assert!(!hz.is_empty() && hz.iter().all(|&hz| hz == 100), "{hz:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_gateways_admit_exactly_the_limit_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);

@@ -479,3 +479,21 @@ fn enforced(limit: Limit) -> RuleShape {
         mode: tollgate_core::Mode::Enforce,
     }
 }
+
+#[tokio::test]
+async fn the_expiry_frequency_is_read_from_the_server() {
+    // Redis's default, which connect() warns about (docs/operations.md, "Redis: `hz 100`").
+    let default = RedisServer::start();
+    let store = common::connect(&default.url(), StoreClock::Store).await;
+    assert_eq!(store.expiry_hz().await.expect("INFO server"), [10]);
+    let advised = RedisServer::start_with_args(&["--hz", "100"]);
+    let store = common::connect(&advised.url(), StoreClock::Store).await;
+    assert_eq!(store.expiry_hz().await.expect("INFO server"), [100]);
+    // A server that refuses INFO is still served: the advice is all that is lost.
+    let renamed = RedisServer::start_with_args(&["--rename-command", "INFO", "\"\""]);
+    let store = common::connect(&renamed.url(), StoreClock::Store).await;
+    assert!(store.expiry_hz().await.is_err());
+    let r = rule("served", Algorithm::TokenBucket, 1, HOUR);
+    let checks = [Check::new(client(77), &r, 1)];
+    assert!(store.check(&checks, 0).await.expect("check").allowed);
+}
