@@ -36,7 +36,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*", "schedstat.jsonl"))):
         p99 = []
         if os.path.exists(jf):
             p99 = [round(t["p99_us"] / 1000, 1) for t in json.load(open(jf)).get("timeline", [])]
-        print(f"{step} | {ph['phase']}: second, bench p99 ms, gateways cpu ms / runnable-wait ms / worst thread's wait ms, redis wait ms, runnable threads")
+        print(f"{step} | {ph['phase']}: second (the sampler's ticks from the phase's start; the bench's own seconds start after its warm-up, so pair them to within one), bench p99 ms, gateways cpu ms / runnable-wait ms / worst thread's wait ms, redis wait ms, runnable threads")
         for port, latest in (ph.get("redis_latency") or {}).items():
             if latest:
                 print(f"   redis {port} LATENCY LATEST (event, time, latest ms, max ms): {' '.join(latest.split())}")

@@ -3,7 +3,7 @@
 //! The load driver's pool opens a connection when a request finds none idle. At the start of a
 //! run every request does, so the first second used to pay for hundreds of TCP handshakes at
 //! once, and for the targets accepting them all together: on the 16-core reference machine the
-//! first second's p99 was 120 ms against 2-5 ms for every other second, and it alone made the
+//! first second's p99 was 122 ms against 1.7-5.2 ms for every other second, and it alone made the
 //! run's p99.9. A load generator measures a service with its connections already open, as wrk
 //! does, so [`Warm`] opens up to `--connections` of them (spread over the targets) before the run
 //! starts and hands them to the pool as it asks for new ones; only what the pool asks for beyond
@@ -176,10 +176,6 @@ mod tests {
         (uri, accepted)
     }
 
-    async fn counting() -> (Uri, Arc<AtomicUsize>) {
-        listening(0).await
-    }
-
     async fn settled(accepted: &AtomicUsize, want: usize) -> usize {
         for _ in 0..200 {
             if accepted.load(Ordering::SeqCst) >= want {
@@ -193,8 +189,8 @@ mod tests {
 
     #[tokio::test]
     async fn connections_opened_ahead_are_handed_out_before_new_ones() {
-        let (a, accepted_a) = counting().await;
-        let (b, accepted_b) = counting().await;
+        let (a, accepted_a) = listening(0).await;
+        let (b, accepted_b) = listening(0).await;
         let mut warm = Warm::new(HttpConnector::new());
         assert_eq!(warm.open(&[a.clone(), b.clone()], 5).await, 5);
         assert_eq!(settled(&accepted_a, 3).await, 3, "spread over the targets");
@@ -220,7 +216,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_old_connection_is_not_handed_out() {
-        let (a, accepted) = counting().await;
+        let (a, accepted) = listening(0).await;
         let mut warm = Warm::new(HttpConnector::new());
         assert_eq!(warm.open(std::slice::from_ref(&a), 2).await, 2);
         std::thread::sleep(MAX_AGE + Duration::from_millis(50));

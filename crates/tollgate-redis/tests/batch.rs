@@ -320,10 +320,7 @@ async fn on_a_cluster_plans_behind_a_frozen_node_are_answered_by_their_own_deadl
     let store = store(RedisConfig::cluster(cluster.seed_urls()).with_call_timeout(T)).await;
     let r = Arc::new(rule("bounded-c", Algorithm::Gcra, 100, HOUR));
     let node = cluster.master_indices()[0];
-    let of_node: Vec<u128> = (1u128..)
-        .filter(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(node))
-        .take(22)
-        .collect();
+    let of_node: Vec<u128> = common::clients_of(&cluster, node, 1).take(22).collect();
     let warm = [Check::new(client(of_node[0]), &r, 1)];
     assert!(store.check_bounded(&warm, 0).await.expect("warm").allowed);
     for n in cluster.nodes() {
@@ -818,8 +815,8 @@ async fn a_slot_being_migrated_sends_its_new_keys_to_the_importing_node_once() {
     let (from, to) = cluster.owner_and_other(slot);
     let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
     // The plan's script loaded (on every master) before the migration begins.
-    let other = (1u128..)
-        .find(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(from))
+    let other = common::clients_of(&cluster, from, 1)
+        .next()
         .expect("a client of the same node");
     store
         .check(&[Check::new(client(other), &r, 0)], 0)

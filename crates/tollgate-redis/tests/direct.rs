@@ -166,11 +166,7 @@ async fn on_a_cluster_each_node_gets_the_stores_own_connection() {
     let masters = cluster.master_indices();
     let mut who: Vec<u128> = Vec::new();
     for &m in &masters {
-        who.extend(
-            (1_000u128..)
-                .filter(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(m))
-                .take(3),
-        );
+        who.extend(common::clients_of(&cluster, m, 1_000).take(3));
     }
     let store = RedisStore::connect(RedisConfig::cluster(cluster.seed_urls()))
         .await
@@ -238,8 +234,8 @@ async fn a_cluster_nodes_own_connection_authenticates_as_the_urls_user() {
     let r = rule("acl-c", Algorithm::TokenBucket, 3, HOUR);
     let masters = cluster.master_indices();
     for &m in &masters {
-        let who = (1u128..)
-            .find(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(m))
+        let who = common::clients_of(&cluster, m, 1)
+            .next()
             .expect("a client of this master");
         assert_eq!(remaining(&store, &r, who).await, 2, "client {who}");
     }

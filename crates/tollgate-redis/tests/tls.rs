@@ -313,8 +313,8 @@ async fn a_tls_cluster_gives_each_master_its_own_tls_connection() {
     let r = rule("tls-cluster", Algorithm::TokenBucket, 10, HOUR);
     let masters = cluster.master_indices();
     for &m in &masters {
-        let who = (1u128..)
-            .find(|&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(m))
+        let who = common::clients_of(&cluster, m, 1)
+            .next()
             .expect("a client of this master");
         // Forty at once on a limit of ten: they queue behind the first and leave in batches.
         let calls: Vec<_> = (0..40)

@@ -76,6 +76,17 @@ pub fn client(n: u128) -> ClientKey {
     ClientKey::from_u128(n.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834))
 }
 
+/// Clients numbered from `from` on whose keys live on master `m` of `cluster` (each asks the
+/// cluster's node table, so take a few).
+pub fn clients_of(
+    cluster: &tollgate_testkit::RedisCluster,
+    m: usize,
+    from: u128,
+) -> impl Iterator<Item = u128> + '_ {
+    (from..)
+        .filter(move |&w| cluster.master_of_slot(u32::from(client(w).cluster_slot())) == Some(m))
+}
+
 pub fn rule(name: &str, algorithm: Algorithm, limit: u64, period: Duration) -> Rule {
     let quota = match Quota::new(limit, period) {
         Ok(q) => q,
