@@ -229,6 +229,17 @@ impl Packed {
     }
 }
 
+/// The bytes of `cmds` one after another, as one write sends them (a pipeline: the server
+/// answers them in order).
+pub(crate) fn joined(cmds: &mut [Packed]) -> Vec<u8> {
+    let len = cmds.iter().map(|c| c.buf.len()).sum();
+    let mut out = Vec::with_capacity(len);
+    for c in cmds {
+        out.extend_from_slice(c.bytes());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

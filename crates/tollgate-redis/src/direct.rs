@@ -32,6 +32,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+/// The replies of several commands written together: each command's own, or the failure of
+/// them all.
+pub(crate) type Many = Result<Vec<Result<Value, RedisError>>, RedisError>;
+
 /// The name of the store's own connections in `CLIENT LIST`.
 pub(crate) const CLIENT_NAME: &str = "tollgate-batch";
 
@@ -142,6 +146,46 @@ impl Direct {
     /// Sends `cmd` (a whole command's RESP bytes, `command.rs`) and reads its reply. A server
     /// error is an `Err`, as with redis-rs.
     pub(crate) async fn query(&self, cmd: &[u8]) -> Result<Value, RedisError> {
+        let mut call = Call {
+            direct: self,
+            socket: Some(self.socket().await?),
+            written: false,
+            unread: 0,
+        };
+        let reply = call.run(cmd).await;
+        self.finish(&mut call, reply.is_ok());
+        match reply? {
+            Value::ServerError(e) => Err(e.into()),
+            v => Ok(v),
+        }
+    }
+
+    /// Sends `cmds` (the RESP bytes of `n` whole commands, written together) and reads their
+    /// `n` replies, in order, each as [`Direct::query`] gives it (a server error is that
+    /// command's `Err`); an I/O error, or a reply that cannot be read, is the `Err` of them
+    /// all.
+    pub(crate) async fn query_many(&self, cmds: &[u8], n: usize) -> Many {
+        let mut call = Call {
+            direct: self,
+            socket: Some(self.socket().await?),
+            written: false,
+            unread: 0,
+        };
+        let mut replies = Vec::with_capacity(n);
+        let done = call.run_many(cmds, n, &mut replies).await;
+        self.finish(&mut call, done.is_ok());
+        done?;
+        Ok(replies
+            .into_iter()
+            .map(|v| match v {
+                Value::ServerError(e) => Err(e.into()),
+                v => Ok(v),
+            })
+            .collect())
+    }
+
+    /// The idle socket, or a new one.
+    async fn socket(&self) -> Result<Socket, RedisError> {
         let idle = self
             .idle
             .lock()
@@ -149,36 +193,27 @@ impl Direct {
             .take();
         // A socket the server closed while it sat idle (a restart) is not used: the call
         // would fail on it.
-        let idle = idle.filter(|s| !s.stream.closed_by_peer());
-        let socket = match idle {
-            Some(s) => s,
+        match idle.filter(|s| !s.stream.closed_by_peer()) {
+            Some(s) => Ok(s),
             None => {
                 if self.opened.swap(true, Ordering::Relaxed) {
                     self.reopened.store(true, Ordering::Relaxed);
                 }
-                self.connect().await?
+                self.connect().await
             }
-        };
-        let mut call = Call {
-            direct: self,
-            socket: Some(socket),
-            written: false,
-        };
-        let reply = call.run(cmd).await;
-        // Done: the socket goes back unless the call failed (then `call` drops it).
-        if reply.is_ok() {
-            if let Some(mut s) = call.socket.take() {
+        }
+    }
+
+    /// After a call: its socket goes back when it succeeded, and is closed when it failed.
+    fn finish(&self, call: &mut Call<'_>, ok: bool) {
+        match call.socket.take() {
+            Some(mut s) if ok => {
                 if s.buf.capacity() > KEEP_BUFFER {
                     s.buf = Vec::with_capacity(4096);
                 }
                 self.put(s);
             }
-        } else {
-            call.socket = None;
-        }
-        match reply? {
-            Value::ServerError(e) => Err(e.into()),
-            v => Ok(v),
+            _ => {}
         }
     }
 
@@ -200,6 +235,26 @@ impl Direct {
         shared: &redis::aio::ConnectionManager,
     ) -> Result<Value, RedisError> {
         let reply = self.query(cmd).await;
+        self.wake_beside(shared);
+        reply
+    }
+
+    /// [`Direct::query_many`] on a server that `shared` also talks to (see
+    /// [`Direct::query_beside`]).
+    pub(crate) async fn query_many_beside(
+        &self,
+        cmds: &[u8],
+        n: usize,
+        shared: &redis::aio::ConnectionManager,
+    ) -> Many {
+        let replies = self.query_many(cmds, n).await;
+        self.wake_beside(shared);
+        replies
+    }
+
+    /// A PING on `shared` when this connection was opened again (see
+    /// [`Direct::query_beside`]).
+    fn wake_beside(&self, shared: &redis::aio::ConnectionManager) {
         if self.reconnected() {
             let mut shared = shared.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -208,7 +263,6 @@ impl Direct {
                 });
             }
         }
-        reply
     }
 
     fn put(&self, socket: Socket) {
@@ -287,28 +341,58 @@ fn expect_ok(v: Value, what: &'static str) -> Result<(), RedisError> {
     }
 }
 
-/// One call on a socket taken from its connection. Dropped before the end (the caller gave
-/// up), it gives the socket back owing the reply, or closes it when the command was not
-/// written whole.
+/// One call (one command, or several written together) on a socket taken from its
+/// connection. Dropped before the end (the caller gave up), it gives the socket back owing the
+/// replies still unread, or closes it when the commands were not written whole or it would
+/// owe more than [`MAX_OWED`].
 struct Call<'a> {
     direct: &'a Direct,
     socket: Option<Socket>,
     written: bool,
+    /// Replies written for and not read yet.
+    unread: usize,
 }
 
 impl Call<'_> {
+    /// Writes `cmd` (one command) and reads its reply.
     async fn run(&mut self, cmd: &[u8]) -> Result<Value, RedisError> {
+        let socket = self.send(cmd, 1).await?;
+        let v = socket.read_reply().await?;
+        self.unread = 0;
+        Ok(v)
+    }
+
+    /// Writes `cmds` (`n` commands) and reads their `n` replies into `out`, in order.
+    async fn run_many(
+        &mut self,
+        cmds: &[u8],
+        n: usize,
+        out: &mut Vec<Value>,
+    ) -> Result<(), RedisError> {
+        self.send(cmds, n).await?;
+        while self.unread > 0 {
+            let Some(socket) = self.socket.as_mut() else {
+                return Err(io_error("Redis connection", "no socket".to_string()));
+            };
+            out.push(socket.read_reply().await?);
+            self.unread -= 1;
+        }
+        Ok(())
+    }
+
+    /// Reads the replies owed to calls given up earlier, then writes `cmds`, which owe `n`.
+    async fn send(&mut self, cmds: &[u8], n: usize) -> Result<&mut Socket, RedisError> {
         let Some(socket) = self.socket.as_mut() else {
             return Err(io_error("Redis connection", "no socket".to_string()));
         };
-        // Replies of calls given up earlier come first.
         while socket.owed > 0 {
             socket.read_reply().await?;
             socket.owed -= 1;
         }
-        socket.stream.write_all(cmd).await?;
+        socket.stream.write_all(cmds).await?;
         self.written = true;
-        socket.read_reply().await
+        self.unread = n;
+        Ok(socket)
     }
 }
 
@@ -317,8 +401,8 @@ impl Drop for Call<'_> {
         let Some(mut socket) = self.socket.take() else {
             return;
         };
-        if self.written && socket.owed < MAX_OWED {
-            socket.owed += 1;
+        if self.written && socket.owed + self.unread <= MAX_OWED {
+            socket.owed += self.unread;
             self.direct.put(socket);
         }
     }

@@ -6,8 +6,9 @@
 //!
 //! A plan that finds its lane idle is sent at once by its own caller, with its shape's own
 //! script, exactly as with `max_batch = 1`: no hand-off, no added wait. When that call ends
-//! and plans have queued behind it, a task is spawned that drains the queue, one batch per
-//! call, in arrival order, until it finds the queue empty and marks the lane idle again. A
+//! and plans have queued behind it, a task is spawned that drains the queue in arrival order,
+//! each round taking what waits (up to a few batch calls of `max_batch` plans, written
+//! together), until it finds the queue empty and marks the lane idle again. A
 //! plan whose caller gave up, or whose deadline (`call_timeout` after its call began)
 //! passed, before its batch left is dropped from the queue, so nothing is charged for it.
 //!
@@ -154,57 +155,81 @@ impl Lane {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Up to `max` queued calls of one kind (plans of at most [`MAX_BATCH_FORMS`] forms,
-    /// or leases), in arrival order, without those whose callers are gone; those past their
-    /// deadline are answered `timed_out` (`call_timeout`) and not sent; none (and the lane
-    /// marked idle) when the queue is empty.
-    pub(crate) fn take(
+    /// Up to `calls` batches off the queue, one after another (so in arrival order), for
+    /// calls that leave together on one connection; none (and the lane marked idle) when the
+    /// queue is empty. Each batch holds up to `max` queued calls of one kind (plans of at most
+    /// [`MAX_BATCH_FORMS`] forms, or leases), in arrival order, without those whose callers
+    /// are gone; those past their deadline are answered `timed_out` (`call_timeout`) and not
+    /// sent. A queue longer than one batch leaves whole (up to `calls` batches) rather than
+    /// one batch a round trip, which would hold a lane to `max` plans a round trip however
+    /// many wait and however far the server is.
+    pub(crate) fn take_calls(
         &self,
         max: usize,
+        calls: usize,
         call_timeout: std::time::Duration,
-    ) -> (Vec<Waiting>, Vec<Form>) {
+    ) -> Vec<(Vec<Waiting>, Vec<Form>)> {
         let now = tokio::time::Instant::now();
         let mut state = self.lock();
-        let mut batch: Vec<Waiting> = Vec::with_capacity(max.min(state.queue.len()));
-        let mut shapes: Vec<Form> = Vec::new();
-        while batch.len() < max {
-            let Some(next) = state.queue.front() else {
-                break;
-            };
-            if next.reply.is_closed() {
-                state.queue.pop_front();
-                continue;
-            }
-            if next.deadline <= now {
-                if let Some(late) = state.queue.pop_front() {
-                    let _ = late
-                        .reply
-                        .send(Err(RedisStoreError::timed_out(call_timeout)));
-                }
-                continue;
-            }
-            if batch
-                .first()
-                .is_some_and(|f| f.job.is_lease() != next.job.is_lease())
-            {
+        let mut taken = Vec::new();
+        while taken.len() < calls {
+            let next = take_one(&mut state, max, now, call_timeout);
+            if next.0.is_empty() {
                 break;
             }
-            if let Job::Plan(plan) = &next.job {
-                let form = &plan.form;
-                if !shapes.contains(form) {
-                    if shapes.len() == MAX_BATCH_FORMS {
-                        break;
-                    }
-                    shapes.push(form.clone());
-                }
-            }
-            if let Some(w) = state.queue.pop_front() {
-                batch.push(w);
-            }
+            taken.push(next);
         }
-        if batch.is_empty() {
+        if taken.is_empty() {
             state.busy = false;
         }
-        (batch, shapes)
+        taken
     }
+}
+
+/// One batch off the front of `state`'s queue (see [`Lane::take_calls`]); the lane's busy
+/// flag is its caller's to change.
+fn take_one(
+    state: &mut State,
+    max: usize,
+    now: tokio::time::Instant,
+    call_timeout: std::time::Duration,
+) -> (Vec<Waiting>, Vec<Form>) {
+    let mut batch: Vec<Waiting> = Vec::with_capacity(max.min(state.queue.len()));
+    let mut shapes: Vec<Form> = Vec::new();
+    while batch.len() < max {
+        let Some(next) = state.queue.front() else {
+            break;
+        };
+        if next.reply.is_closed() {
+            state.queue.pop_front();
+            continue;
+        }
+        if next.deadline <= now {
+            if let Some(late) = state.queue.pop_front() {
+                let _ = late
+                    .reply
+                    .send(Err(RedisStoreError::timed_out(call_timeout)));
+            }
+            continue;
+        }
+        if batch
+            .first()
+            .is_some_and(|f| f.job.is_lease() != next.job.is_lease())
+        {
+            break;
+        }
+        if let Job::Plan(plan) = &next.job {
+            let form = &plan.form;
+            if !shapes.contains(form) {
+                if shapes.len() == MAX_BATCH_FORMS {
+                    break;
+                }
+                shapes.push(form.clone());
+            }
+        }
+        if let Some(w) = state.queue.pop_front() {
+            batch.push(w);
+        }
+    }
+    (batch, shapes)
 }

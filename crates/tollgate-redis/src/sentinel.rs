@@ -124,6 +124,39 @@ impl SentinelConnection {
         self.after(&master, reply)
     }
 
+    /// [`SentinelConnection::query_own`] of several commands, written together on the
+    /// master's own connection when it has one (else sent one after another on redis-rs's).
+    pub(crate) async fn query_own_many(&self, cmds: &mut [Packed]) -> crate::direct::Many {
+        let master = self.master().await?;
+        let replies = match &master.direct {
+            Some(d) => {
+                let joined = crate::command::joined(cmds);
+                d.query_many_beside(&joined, cmds.len(), &master.conn).await
+            }
+            None => {
+                let mut replies = Vec::with_capacity(cmds.len());
+                for cmd in cmds.iter() {
+                    replies.push(
+                        crate::reply::reply_of(&mut master.conn.clone(), &cmd.to_cmd()).await,
+                    );
+                }
+                Ok(replies)
+            }
+        };
+        match replies {
+            Ok(replies) => Ok(replies
+                .into_iter()
+                .map(|r| self.after(&master, r))
+                .collect()),
+            Err(e) => {
+                if master_gone(&e) {
+                    self.forget(master.lookup);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Forgets `master` when `reply` says it is gone.
     fn after(
         &self,

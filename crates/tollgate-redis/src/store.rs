@@ -4,8 +4,9 @@
 use crate::batch_script::{
     batch_script, batch_script_across, push_batch_call, CallPlan, ELSEWHERE,
 };
-use crate::command::{Args, Packed};
+use crate::command::{joined, Args, Packed};
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use crate::direct::Many;
 use crate::error::RedisStoreError;
 use crate::lane::{Answer, Job, Lane, NodeConn, PlanJob, Room, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
@@ -1341,13 +1342,7 @@ impl RedisStore {
     ) -> Result<redis::Value, RedisError> {
         if let Some(own) = self.own_connection(via) {
             // Written once, as the bytes the store's own connection sends (`command.rs`).
-            let packed = |first: &[u8], second: &[u8]| {
-                let mut p = Packed::with_capacity(room.bytes + room.args * 8 + 64);
-                p.bulk(first);
-                p.bulk(second);
-                args(&mut p);
-                p
-            };
+            let packed = |first: &[u8], second: &[u8]| packed_call(first, second, room, &args);
             return match self
                 .query_own(own, packed(b"EVALSHA", s.sha.as_bytes()))
                 .await
@@ -1434,6 +1429,41 @@ impl RedisStore {
                     Err(e) if not_run_here(&e) => self.query(&cmd.to_cmd()).await,
                     other => other,
                 }
+            }
+        }
+    }
+
+    /// [`RedisStore::query_own`] of several commands written together, each answered in
+    /// order; on a Cluster node, a command the node did not run (`MOVED`, `ASK`, a refused
+    /// connection) is sent again on redis-rs's cluster connection, which follows it.
+    async fn query_own_many(&self, own: Own<'_>, cmds: &mut [Packed]) -> Many {
+        match own {
+            Own::Standalone(d, shared) => {
+                let bytes = joined(cmds);
+                d.query_many_beside(&bytes, cmds.len(), shared).await
+            }
+            Own::Sentinel(c) => c.query_own_many(cmds).await,
+            Own::Node(d) => {
+                let mut unanswered = RefreshUnlessAnswered {
+                    store: self,
+                    answered: false,
+                };
+                let bytes = joined(cmds);
+                let replies = d.query_many(&bytes, cmds.len()).await;
+                unanswered.answered = replies.as_ref().is_ok_and(|r| r.iter().all(Result::is_ok));
+                let replies = match replies {
+                    Ok(replies) => replies,
+                    Err(e) if not_run_here(&e) => cmds.iter().map(|_| Err(e.clone())).collect(),
+                    Err(e) => return Err(e),
+                };
+                let mut answered = Vec::with_capacity(replies.len());
+                for (cmd, reply) in cmds.iter().zip(replies) {
+                    answered.push(match reply {
+                        Err(e) if not_run_here(&e) => self.query(&cmd.to_cmd()).await,
+                        other => other,
+                    });
+                }
+                Ok(answered)
             }
         }
     }
@@ -1666,10 +1696,8 @@ impl RedisStore {
 
     /// One batch: the plans' batch script (or, alone, the plan's own), every plan answered.
     async fn run_batch(&self, lane: &Lane, batch: Vec<Waiting>, shapes: &[Form]) {
-        let across = lane.across_slots;
-        let timeout = self.call_timeout();
         // The earliest deadline of the plans: the batch's call is theirs, bounded by each.
-        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else {
+        let Some(deadline) = earliest(&batch) else {
             return;
         };
         if let [one] = &batch[..] {
@@ -1681,57 +1709,81 @@ impl RedisStore {
             }
             return;
         }
-        let leases = batch.iter().all(|w| w.job.is_lease());
-        let generated = match (leases, across) {
-            (true, _) => None,
-            (false, false) => batch_script(shapes),
-            (false, true) => batch_script_across(shapes),
-        };
-        let script: Option<&Script> = match (leases, across) {
-            (true, false) => Some(lease_batch_script()),
-            (true, true) => Some(lease_batch_script_across()),
-            (false, _) => generated.as_deref(),
-        };
-        let Some(script) = script else {
+        let Some(call) = self.batch_call(lane, &batch, shapes) else {
             // No batch script for this list (past the bound): one call each, in order.
             self.run_each_alone(batch, Via::Lane(lane)).await;
             return;
         };
         let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
-        let room = jobs.iter().fold(Room::SMALL, |room, j| {
-            room.and(match j {
+        let run = self.run_script_on(
+            call.script.get(),
+            |cmd| self.push_call_args(cmd, &jobs, shapes, &call),
+            Via::Lane(lane),
+            call.room,
+        );
+        let reply = tokio::time::timeout_at(deadline, run).await.ok();
+        self.answer_batch(lane, batch, reply).await;
+    }
+
+    /// The script call of a batch of several calls: `None` when there is no batch script for
+    /// its list of forms (past the bound).
+    fn batch_call(&self, lane: &Lane, batch: &[Waiting], shapes: &[Form]) -> Option<BatchCall> {
+        let across = lane.across_slots;
+        let leases = batch.iter().all(|w| w.job.is_lease());
+        let script = match (leases, across) {
+            (true, false) => BatchScript::Fixed(lease_batch_script()),
+            (true, true) => BatchScript::Fixed(lease_batch_script_across()),
+            (false, false) => BatchScript::Generated(batch_script(shapes)?),
+            (false, true) => BatchScript::Generated(batch_script_across(shapes)?),
+        };
+        let room = batch.iter().fold(Room::SMALL, |room, w| {
+            room.and(match &w.job {
                 Job::Plan(p) => p.room(),
                 Job::Lease(l) => Room::lease(l),
             })
         });
-        let call = self.run_script_on(
+        Some(BatchCall {
             script,
-            |cmd| {
-                if leases {
-                    self.push_lease_batch_args(cmd, &jobs, across);
-                } else {
-                    self.push_batch_args(cmd, &jobs, shapes, across);
-                }
-            },
-            Via::Lane(lane),
+            leases,
+            across,
             room,
-        );
-        let reply = match tokio::time::timeout_at(deadline, call).await {
+        })
+    }
+
+    /// A batch call's arguments (after the script).
+    fn push_call_args(&self, cmd: &mut dyn Args, jobs: &[&Job], shapes: &[Form], call: &BatchCall) {
+        if call.leases {
+            self.push_lease_batch_args(cmd, jobs, call.across);
+        } else {
+            self.push_batch_args(cmd, jobs, shapes, call.across);
+        }
+    }
+
+    /// Answers every call of `batch` from its batch call's `reply` (`None`: the call outlived
+    /// the earliest deadline of its calls).
+    async fn answer_batch(
+        &self,
+        lane: &Lane,
+        batch: Vec<Waiting>,
+        reply: Option<Result<redis::Value, RedisError>>,
+    ) {
+        let across = lane.across_slots;
+        let reply = match reply {
             // A server that refuses the across-slots script itself (older than Redis 7):
             // slot lanes from now on, and these plans alone.
-            Ok(Err(e)) if across && refuses_script_flags(&e) => {
+            Some(Err(e)) if across && refuses_script_flags(&e) => {
                 tracing::warn!(error = %e, "the cluster refused the across-slots batch script; batching per slot");
                 self.disable_node_lanes();
                 self.run_each_alone(batch, Via::Shared).await;
                 return;
             }
-            Ok(Ok(redis::Value::Array(items))) if items.len() == batch.len() => Ok(items),
-            Ok(Ok(other)) => Err(RedisStoreError::protocol(format!(
+            Some(Ok(redis::Value::Array(items))) if items.len() == batch.len() => Ok(items),
+            Some(Ok(other)) => Err(RedisStoreError::protocol(format!(
                 "the batch script answered {other:?}, expected an array of {}",
                 batch.len()
             ))),
-            Ok(Err(e)) => Err(e.into()),
-            Err(_) => Err(RedisStoreError::timed_out(timeout)),
+            Some(Err(e)) => Err(e.into()),
+            None => Err(RedisStoreError::timed_out(self.call_timeout())),
         };
         match reply {
             Ok(items) => {
@@ -1760,6 +1812,96 @@ impl RedisStore {
                 for w in batch {
                     let _ = w.reply.send(Err(e.duplicate()));
                 }
+            }
+        }
+    }
+
+    /// Batches that left the queue together (`Lane::take_calls`), in order: those of several
+    /// calls with a batch script written together on the lane's own connection, one write and
+    /// one reply each, in order (a pipeline: the server runs them in that order); any other
+    /// (a call alone, no batch script, no connection of the store's own) on its own after
+    /// those before it.
+    async fn run_batches(&self, lane: &Lane, batches: Vec<(Vec<Waiting>, Vec<Form>)>) {
+        let own = self.own_connection(Via::Lane(lane));
+        let mut together: Vec<(Vec<Waiting>, Vec<Form>, BatchCall)> = Vec::new();
+        for (batch, shapes) in batches {
+            let call = match own {
+                Some(_) if batch.len() > 1 => self.batch_call(lane, &batch, &shapes),
+                _ => None,
+            };
+            match call {
+                Some(call) => together.push((batch, shapes, call)),
+                None => {
+                    self.run_together(lane, own, std::mem::take(&mut together))
+                        .await;
+                    self.run_batch(lane, batch, &shapes).await;
+                }
+            }
+        }
+        self.run_together(lane, own, together).await;
+    }
+
+    /// Batch calls written together on the lane's own connection (see
+    /// [`RedisStore::run_batches`]), bounded as one call by the earliest deadline of their
+    /// calls. A batch whose script the server does not have (a restart) is sent again on its
+    /// own, which loads it.
+    async fn run_together(
+        &self,
+        lane: &Lane,
+        own: Option<Own<'_>>,
+        mut calls: Vec<(Vec<Waiting>, Vec<Form>, BatchCall)>,
+    ) {
+        let own = match (own, calls.len()) {
+            (_, 0) => return,
+            (Some(own), n) if n > 1 => own,
+            _ => {
+                for (batch, shapes, _) in calls {
+                    self.run_batch(lane, batch, &shapes).await;
+                }
+                return;
+            }
+        };
+        let Some(deadline) = calls.iter().filter_map(|c| earliest(&c.0)).min() else {
+            return;
+        };
+        let mut packed: Vec<Packed> = calls
+            .iter_mut()
+            .map(|(batch, shapes, call)| {
+                let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
+                packed_call(
+                    b"EVALSHA",
+                    call.script.get().sha.as_bytes(),
+                    call.room,
+                    |cmd| self.push_call_args(cmd, &jobs, shapes, call),
+                )
+            })
+            .collect();
+        let replies =
+            tokio::time::timeout_at(deadline, self.query_own_many(own, &mut packed)).await;
+        let replies = match replies {
+            Ok(Ok(replies)) if replies.len() == calls.len() => replies,
+            failed => {
+                let e = match failed {
+                    Err(_) => RedisStoreError::timed_out(self.call_timeout()),
+                    Ok(Err(e)) => e.into(),
+                    Ok(Ok(replies)) => RedisStoreError::protocol(format!(
+                        "{} replies to {} calls written together",
+                        replies.len(),
+                        calls.len()
+                    )),
+                };
+                for w in calls.into_iter().flat_map(|c| c.0) {
+                    let _ = w.reply.send(Err(e.duplicate()));
+                }
+                return;
+            }
+        };
+        for ((batch, shapes, _), reply) in calls.into_iter().zip(replies) {
+            match reply {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    self.run_batch(lane, batch, &shapes).await;
+                }
+                reply => self.answer_batch(lane, batch, Some(reply)).await,
             }
         }
     }
@@ -1939,15 +2081,69 @@ fn limits_of<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = u64> 
     checks.iter().map(|c| c.rule.limit().quota().limit())
 }
 
-/// Drains `lane`: one batch per call until the queue is empty (which marks the lane idle).
+/// Drains `lane` until the queue is empty (which marks the lane idle): each round, what
+/// waits leaves at once, up to [`TOGETHER`] batch calls written together.
 async fn drain(store: RedisStore, lane: Arc<Lane>) {
     loop {
-        let (batch, shapes) = lane.take(store.max_batch(), store.call_timeout());
-        if batch.is_empty() {
-            return;
+        let mut batches = lane.take_calls(store.max_batch(), TOGETHER, store.call_timeout());
+        match batches.len() {
+            0 => return,
+            1 => {
+                if let Some((batch, shapes)) = batches.pop() {
+                    store.run_batch(&lane, batch, &shapes).await;
+                }
+            }
+            _ => store.run_batches(&lane, batches).await,
         }
-        store.run_batch(&lane, batch, &shapes).await;
     }
+}
+
+/// The most batch calls a lane writes together (so at most this many times `max_batch`
+/// plans leave in one round trip): as many as the store's own connection may owe replies of
+/// calls given up (`direct::MAX_OWED`), so that a round given up whole keeps its socket.
+const TOGETHER: usize = crate::direct::MAX_OWED;
+
+/// The earliest deadline of `batch`'s calls.
+fn earliest(batch: &[Waiting]) -> Option<tokio::time::Instant> {
+    batch.iter().map(|w| w.deadline).min()
+}
+
+/// The script of a batch call: generated for its forms, or the lease batch's.
+enum BatchScript {
+    Generated(Arc<Script>),
+    Fixed(&'static Script),
+}
+
+impl BatchScript {
+    fn get(&self) -> &Script {
+        match self {
+            BatchScript::Generated(s) => s,
+            BatchScript::Fixed(s) => s,
+        }
+    }
+}
+
+/// What a batch of several calls sends: its script, its kind, and room for its arguments.
+struct BatchCall {
+    script: BatchScript,
+    leases: bool,
+    across: bool,
+    room: Room,
+}
+
+/// A command for the store's own connection: `first` and `second` (`EVALSHA` and the SHA, or
+/// `EVAL` and the text), then `args`, with `room` reserved up front.
+fn packed_call(
+    first: &[u8],
+    second: &[u8],
+    room: Room,
+    args: impl FnOnce(&mut dyn Args),
+) -> Packed {
+    let mut p = Packed::with_capacity(room.bytes + room.args * 8 + 64);
+    p.bulk(first);
+    p.bulk(second);
+    args(&mut p);
+    p
 }
 
 #[cfg(test)]

@@ -69,6 +69,26 @@ async fn concurrent_plans_on_one_key_admit_exactly_the_limit_in_fewer_script_cal
     }
 }
 
+/// A small `max_batch` sends a long queue in calls written together: the limit holds exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_plans_in_calls_written_together_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    for max_batch in [2, 3] {
+        let config = RedisConfig::standalone(server.url()).with_max_batch(max_batch);
+        let store = store(config).await;
+        for algorithm in Algorithm::ALL {
+            let r = Arc::new(rule(
+                &format!("small-{algorithm}-{max_batch}"),
+                algorithm,
+                100,
+                HOUR,
+            ));
+            let allowed = concurrent(&store, &r, 40 + algorithm as u128, 400).await;
+            assert_eq!(allowed, 100, "{algorithm}, max_batch {max_batch}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_max_batch_1_every_plan_is_a_call_of_its_own() {
     let server = RedisServer::start();
@@ -169,14 +189,23 @@ async fn a_batch_mixing_plan_shapes_decides_each_plan_all_or_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_flushed_script_cache_is_refilled_by_the_batch_without_failing_a_plan() {
-    let server = RedisServer::start();
-    let store = store(RedisConfig::standalone(server.url())).await;
-    let r = Arc::new(rule("flush", Algorithm::TokenBucket, 1000, HOUR));
-    assert_eq!(concurrent(&store, &r, 20, 100).await, 100);
-    server.cli(&["script", "flush"]);
-    assert_eq!(concurrent(&store, &r, 20, 100).await, 100);
-    server.cli(&["script", "flush"]);
-    assert_eq!(concurrent(&store, &r, 20, 100).await, 100);
+    // With `max_batch = 2` the queue leaves in calls written together, each answered
+    // NOSCRIPT after a flush.
+    for max_batch in [64, 2] {
+        let server = RedisServer::start();
+        let store = store(RedisConfig::standalone(server.url()).with_max_batch(max_batch)).await;
+        let r = Arc::new(rule("flush", Algorithm::TokenBucket, 1000, HOUR));
+        assert_eq!(concurrent(&store, &r, 20, 100).await, 100, "{max_batch}");
+        server.cli(&["script", "flush"]);
+        assert_eq!(concurrent(&store, &r, 20, 100).await, 100, "{max_batch}");
+        server.cli(&["script", "flush"]);
+        assert_eq!(concurrent(&store, &r, 20, 100).await, 100, "{max_batch}");
+        assert_eq!(
+            remaining_after_one(&store, &r, 20).await,
+            1000 - 301,
+            "{max_batch}"
+        );
+    }
 }
 
 /// `n` checks started at once, each with its own client; every answer (or failure).
@@ -349,8 +378,17 @@ async fn on_a_cluster_plans_behind_a_frozen_node_are_answered_by_their_own_deadl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_killed_under_a_batch_fails_each_of_its_plans() {
+    for max_batch in [64, 2] {
+        killed_under_a_batch(max_batch).await;
+    }
+}
+
+/// With `max_batch = 2`, the hundred plans queued leave in calls written together.
+async fn killed_under_a_batch(max_batch: usize) {
     let mut server = RedisServer::start();
-    let config = RedisConfig::standalone(server.url()).with_call_timeout(Duration::from_secs(5));
+    let config = RedisConfig::standalone(server.url())
+        .with_call_timeout(Duration::from_secs(5))
+        .with_max_batch(max_batch);
     let store = store(config).await;
     let r = Arc::new(rule("killed", Algorithm::Gcra, 100, HOUR));
     assert!(answers(&store, &r, 10).await.iter().all(|a| a.is_ok()));
@@ -652,8 +690,26 @@ async fn batched_plans_match_core_decided_one_after_another() {
 /// across-slots batch call each, decided exactly as alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_plans_of_many_slots_coalesce_per_node_and_decide_exactly() {
+    many_slots(None).await;
+}
+
+/// The same with `max_batch = 3`: each node's long queue leaves in calls written together on
+/// the node's own connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_calls_written_together_per_node_decide_exactly() {
+    many_slots(Some(3)).await;
+}
+
+/// 400 clients' plans over many slots, all at once; with `max_batch` unset (the default), in
+/// few calls.
+async fn many_slots(max_batch: Option<usize>) {
     let cluster = RedisCluster::start(3, 0);
-    let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
+    let config = RedisConfig::cluster(cluster.seed_urls());
+    let store = store(match max_batch {
+        Some(m) => config.with_max_batch(m),
+        None => config,
+    })
+    .await;
     let buckets = Arc::new(rule("tb", Algorithm::TokenBucket, 5, HOUR));
     let windows = Arc::new(rule("fw", Algorithm::FixedWindow, 3, HOUR));
     // Load the plans' scripts first, so every call counted below is a decision (and no
@@ -719,7 +775,7 @@ async fn on_a_cluster_plans_of_many_slots_coalesce_per_node_and_decide_exactly()
     // per node, a few dozen calls carry them all.
     let plans = clients.len() * 12;
     assert!(
-        calls < slots.len() as u64 / 2,
+        max_batch.is_some() || calls < slots.len() as u64 / 2,
         "{plans} plans over {} slots took {calls} script calls",
         slots.len()
     );
@@ -1107,4 +1163,147 @@ async fn each_plan_of_a_batch_expires_when_its_own_state_is_fresh_again() {
             "cost {cost}: pttl {pttl}, want {want}"
         );
     }
+}
+
+/// `n` checks of `rule` for client `who`, each its own task, started now.
+fn spawn_checks(
+    store: &RedisStore,
+    rule: &Arc<Rule>,
+    who: u128,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<Result<tollgate_core::Verdict, tollgate_redis::RedisStoreError>>> {
+    (0..n)
+        .map(|_| {
+            let (store, rule) = (store.clone(), rule.clone());
+            tokio::spawn(async move {
+                let checks = [Check::new(client(who), &rule, 1)];
+                store.check(&checks, 0).await
+            })
+        })
+        .collect()
+}
+
+async fn joined(
+    tasks: Vec<
+        tokio::task::JoinHandle<Result<tollgate_core::Verdict, tollgate_redis::RedisStoreError>>,
+    >,
+) -> Vec<Result<tollgate_core::Verdict, tollgate_redis::RedisStoreError>> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(
+            tokio::time::timeout(HANG, t)
+                .await
+                .expect("no plan may hang")
+                .expect("task"),
+        );
+    }
+    out
+}
+
+/// What remains of `rule` for `who` after one more check.
+async fn remaining_after_one(store: &RedisStore, rule: &Arc<Rule>, who: u128) -> u64 {
+    let v = joined(spawn_checks(store, rule, who, 1)).await;
+    match &v[..] {
+        [Ok(v)] => v.decisions[0].remaining,
+        other => panic!("a check failed: {other:?}"),
+    }
+}
+
+/// A queue longer than `max_batch` leaves in one round trip: its batch calls are written
+/// together on the store's own connection (before the bug this guards against, one batch
+/// left per round trip, so a lane passed at most `max_batch` plans a round trip however
+/// many waited and however far the server was), and every plan is decided as alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queue_longer_than_max_batch_leaves_in_calls_written_together() {
+    let server = RedisServer::start();
+    let relay = common::relay::Relay::start(server.port()).await;
+    let config = RedisConfig::standalone(relay.url())
+        .with_max_batch(2)
+        .with_call_timeout(Duration::from_secs(10));
+    let store = store(config).await;
+    let r = Arc::new(rule("together", Algorithm::TokenBucket, 1000, HOUR));
+    // The own connection opened and the scripts of one plan and of two loaded.
+    assert_eq!(concurrent(&store, &r, 1, 50).await, 50);
+
+    relay.hold();
+    let before = relay.calls();
+    let lead = spawn_checks(&store, &r, 2, 1);
+    relay.wait_for_calls(before + 1).await;
+    // Ten plans queue behind the call the relay holds: five batches of two.
+    let queued = spawn_checks(&store, &r, 2, 10);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    relay.release();
+    let answers = joined(lead.into_iter().chain(queued).collect()).await;
+    assert!(
+        answers.iter().all(|a| a.as_ref().is_ok_and(|v| v.allowed)),
+        "{answers:?}"
+    );
+    let together = relay.most_calls_written_together();
+    assert!(
+        together >= 2,
+        "the queued batches left one a round trip ({together} calls written together at most)"
+    );
+    // Eleven charged, then this one.
+    assert_eq!(remaining_after_one(&store, &r, 2).await, 1000 - 12);
+}
+
+/// Batch calls written together and given up (their deadline passed while the server's
+/// replies were held) leave their replies owed on the socket: the next call skips them all
+/// and reads its own, on the same connection, and what the given-up plans charged (they ran)
+/// shows in the next answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_written_together_and_given_up_leave_no_reply_to_another_call() {
+    let server = RedisServer::start();
+    let relay = common::relay::Relay::start(server.port()).await;
+    let config = RedisConfig::standalone(relay.url())
+        .with_max_batch(2)
+        .with_call_timeout(Duration::from_millis(500));
+    let store = store(config).await;
+    let r = Arc::new(rule("given-up", Algorithm::TokenBucket, 1000, HOUR));
+    assert_eq!(concurrent(&store, &r, 1, 50).await, 50);
+    let batch_clients = || {
+        server
+            .cli(&["client", "list"])
+            .matches("tollgate-batch")
+            .count()
+    };
+    assert_eq!(batch_clients(), 1);
+
+    relay.hold();
+    let before = relay.calls();
+    let lead = spawn_checks(&store, &r, 3, 1);
+    relay.wait_for_calls(before + 1).await;
+    let queued = spawn_checks(&store, &r, 3, 10);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The lead's reply goes through; the five calls written together after it are held.
+    relay.pass_one();
+    relay.wait_for_calls(before + 6).await;
+    let lead = joined(lead).await;
+    assert!(
+        lead.iter().all(|a| a.as_ref().is_ok_and(|v| v.allowed)),
+        "{lead:?}"
+    );
+    for a in joined(queued).await {
+        let e = a.expect_err("held past the deadline");
+        assert!(e.is_transient(), "{e}");
+    }
+    relay.release();
+    // They ran (the server answered; the store stopped waiting): 1 + 10 charged, then one.
+    assert_eq!(remaining_after_one(&store, &r, 3).await, 1000 - 12);
+    assert_eq!(remaining_after_one(&store, &r, 3).await, 1000 - 13);
+    assert_eq!(batch_clients(), 1, "the socket owing the replies was kept");
+}
+
+/// Through Sentinel, the master's long queue leaves in calls written together on the
+/// master's own connection, and the limit holds exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn through_sentinel_calls_written_together_admit_exactly_the_limit() {
+    let set = tokio::task::spawn_blocking(tollgate_testkit::RedisSentinels::start)
+        .await
+        .expect("sentinels");
+    let config = RedisConfig::sentinel(set.sentinel_urls(), set.master_name()).with_max_batch(2);
+    let store = store(config).await;
+    let r = Arc::new(rule("sentinel", Algorithm::TokenBucket, 100, HOUR));
+    assert_eq!(concurrent(&store, &r, 60, 400).await, 100);
+    assert_eq!(remaining_after_one(&store, &r, 61).await, 99);
 }

@@ -2,6 +2,8 @@
 //! connected to servers the tests start themselves.
 #![allow(dead_code)]
 
+pub mod relay;
+
 use std::time::Duration;
 use tollgate_core::{Algorithm, ClientKey, Limit, Quota, Rule};
 use tollgate_redis::{RedisConfig, RedisStore, StoreClock};
