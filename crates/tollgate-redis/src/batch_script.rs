@@ -65,7 +65,9 @@ pub(crate) const MAX_BATCH_FORMS: usize = 4;
 /// How many form lists get a batch script, and how many bytes of text their scripts may take
 /// (a list of four forms of sixteen rules is about 390 KB; 64 MiB is more than 256 lists of
 /// eight-rule forms took). Past either, a batch whose list has none runs its plans one call
-/// each (as `max_batch = 1` does).
+/// each, written together on the lane's own connection (one write, as `max_batch = 1`
+/// pipelines them), not one a round trip: lists are in arrival order, so six forms a client
+/// can choose between make 516 of them.
 const BATCH_SCRIPTS: Bound = Bound {
     scripts: 256,
     bytes: 64 << 20,

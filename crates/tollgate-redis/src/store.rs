@@ -1709,15 +1709,28 @@ impl RedisStore {
             }
             return;
         }
-        let Some(call) = self.batch_call(lane, &batch, shapes) else {
+        match self.batch_call(lane, &batch, shapes) {
+            Some(call) => self.run_batch_call(lane, batch, shapes, &call).await,
             // No batch script for this list (past the bound): one call each, in order.
-            self.run_each_alone(batch, Via::Lane(lane)).await;
+            None => self.run_each_alone(batch, Via::Lane(lane)).await,
+        }
+    }
+
+    /// A batch of several calls in its batch `call`, every call answered.
+    async fn run_batch_call(
+        &self,
+        lane: &Lane,
+        batch: Vec<Waiting>,
+        shapes: &[Form],
+        call: &BatchCall,
+    ) {
+        let Some(deadline) = earliest(&batch) else {
             return;
         };
         let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
         let run = self.run_script_on(
             call.script.get(),
-            |cmd| self.push_call_args(cmd, &jobs, shapes, &call),
+            |cmd| self.push_call_args(cmd, &jobs, shapes, call),
             Via::Lane(lane),
             call.room,
         );
@@ -1816,70 +1829,95 @@ impl RedisStore {
         }
     }
 
-    /// Batches that left the queue together (`Lane::take_calls`), in order: those of several
-    /// calls with a batch script written together on the lane's own connection, one write and
-    /// one reply each, in order (a pipeline: the server runs them in that order); any other
-    /// (a call alone, no batch script, no connection of the store's own) on its own after
-    /// those before it.
+    /// Batches that left the queue together (`Lane::take_calls`), in order. On the lane's own
+    /// connection their calls are written together, one write, and answered in order (a
+    /// pipeline: the server runs them in that order): each batch of several calls its batch
+    /// call, each call alone (a batch of one, or of a list of forms past the batch scripts'
+    /// bound) its own script's. Without an own connection, one batch after another.
     async fn run_batches(&self, lane: &Lane, batches: Vec<(Vec<Waiting>, Vec<Form>)>) {
-        let own = self.own_connection(Via::Lane(lane));
-        let mut together: Vec<(Vec<Waiting>, Vec<Form>, BatchCall)> = Vec::new();
-        for (batch, shapes) in batches {
-            let call = match own {
-                Some(_) if batch.len() > 1 => self.batch_call(lane, &batch, &shapes),
-                _ => None,
-            };
-            match call {
-                Some(call) => together.push((batch, shapes, call)),
-                None => {
-                    self.run_together(lane, own, std::mem::take(&mut together))
-                        .await;
-                    self.run_batch(lane, batch, &shapes).await;
-                }
+        let Some(own) = self.own_connection(Via::Lane(lane)) else {
+            for (batch, shapes) in batches {
+                self.run_batch(lane, batch, &shapes).await;
             }
-        }
-        self.run_together(lane, own, together).await;
-    }
-
-    /// Batch calls written together on the lane's own connection (see
-    /// [`RedisStore::run_batches`]), bounded as one call by the earliest deadline of their
-    /// calls. A batch whose script the server does not have (a restart) is sent again on its
-    /// own, which loads it.
-    async fn run_together(
-        &self,
-        lane: &Lane,
-        own: Option<Own<'_>>,
-        mut calls: Vec<(Vec<Waiting>, Vec<Form>, BatchCall)>,
-    ) {
-        let own = match (own, calls.len()) {
-            (_, 0) => return,
-            (Some(own), n) if n > 1 => own,
-            _ => {
-                for (batch, shapes, _) in calls {
-                    self.run_batch(lane, batch, &shapes).await;
-                }
-                return;
-            }
-        };
-        let Some(deadline) = calls.iter().filter_map(|c| earliest(&c.0)).min() else {
             return;
         };
-        let mut packed: Vec<Packed> = calls
-            .iter_mut()
-            .map(|(batch, shapes, call)| {
-                let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
-                packed_call(
-                    b"EVALSHA",
-                    call.script.get().sha.as_bytes(),
-                    call.room,
-                    |cmd| self.push_call_args(cmd, &jobs, shapes, call),
-                )
+        let mut entries: Vec<Entry> = Vec::with_capacity(batches.len());
+        for (batch, shapes) in batches {
+            let call = if batch.len() > 1 {
+                self.batch_call(lane, &batch, &shapes)
+            } else {
+                None
+            };
+            match call {
+                Some(call) => entries.push(Entry::Batch {
+                    batch,
+                    shapes,
+                    call,
+                }),
+                None => entries.extend(batch.into_iter().map(Entry::Alone)),
+            }
+        }
+        self.run_together(lane, own, entries).await;
+    }
+
+    /// The calls of [`RedisStore::run_batches`] written together on the lane's own
+    /// connection, bounded as one call by the earliest deadline of their plans. One call
+    /// alone goes as it would without the others. A call the server answers NOSCRIPT (a
+    /// restart, a flush) is sent again on its own, which loads its script.
+    async fn run_together(&self, lane: &Lane, own: Own<'_>, mut entries: Vec<Entry>) {
+        if entries.len() <= 1 {
+            match entries.pop() {
+                Some(Entry::Batch {
+                    batch,
+                    shapes,
+                    call,
+                }) => self.run_batch_call(lane, batch, &shapes, &call).await,
+                Some(Entry::Alone(w)) => self.run_batch(lane, vec![w], &[]).await,
+                None => {}
+            }
+            return;
+        }
+        let Some(deadline) = entries.iter().filter_map(Entry::earliest).min() else {
+            return;
+        };
+        let mut packed: Vec<Packed> = entries
+            .iter()
+            .map(|entry| match entry {
+                Entry::Batch {
+                    batch,
+                    shapes,
+                    call,
+                } => {
+                    let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
+                    packed_call(
+                        b"EVALSHA",
+                        call.script.get().sha.as_bytes(),
+                        call.room,
+                        |cmd| self.push_call_args(cmd, &jobs, shapes, call),
+                    )
+                }
+                Entry::Alone(w) => match &w.job {
+                    Job::Plan(p) => {
+                        packed_call(b"EVALSHA", p.script.sha.as_bytes(), p.room(), |cmd| {
+                            self.push_plan_args(cmd, p)
+                        })
+                    }
+                    Job::Lease(l) => packed_call(
+                        b"EVALSHA",
+                        lease_script().sha.as_bytes(),
+                        Room::lease(l),
+                        |cmd| {
+                            cmd.arg(1).arg(&l.key);
+                            self.push_lease_args(cmd, l);
+                        },
+                    ),
+                },
             })
             .collect();
         let replies =
             tokio::time::timeout_at(deadline, self.query_own_many(own, &mut packed)).await;
         let replies = match replies {
-            Ok(Ok(replies)) if replies.len() == calls.len() => replies,
+            Ok(Ok(replies)) if replies.len() == entries.len() => replies,
             failed => {
                 let e = match failed {
                     Err(_) => RedisStoreError::timed_out(self.call_timeout()),
@@ -1887,21 +1925,26 @@ impl RedisStore {
                     Ok(Ok(replies)) => RedisStoreError::protocol(format!(
                         "{} replies to {} calls written together",
                         replies.len(),
-                        calls.len()
+                        entries.len()
                     )),
                 };
-                for w in calls.into_iter().flat_map(|c| c.0) {
+                for w in entries.into_iter().flat_map(Entry::into_waiting) {
                     let _ = w.reply.send(Err(e.duplicate()));
                 }
                 return;
             }
         };
-        for ((batch, shapes, _), reply) in calls.into_iter().zip(replies) {
-            match reply {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+        for (entry, reply) in entries.into_iter().zip(replies) {
+            let noscript = matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
+            match entry {
+                Entry::Batch { batch, shapes, .. } if noscript => {
                     self.run_batch(lane, batch, &shapes).await;
                 }
-                reply => self.answer_batch(lane, batch, Some(reply)).await,
+                Entry::Batch { batch, .. } => self.answer_batch(lane, batch, Some(reply)).await,
+                Entry::Alone(w) if noscript => self.run_batch(lane, vec![w], &[]).await,
+                Entry::Alone(w) => {
+                    let _ = w.reply.send(reply.map_err(Into::into));
+                }
             }
         }
     }
@@ -2082,25 +2125,23 @@ fn limits_of<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = u64> 
 }
 
 /// Drains `lane` until the queue is empty (which marks the lane idle): each round, what
-/// waits leaves at once, up to [`TOGETHER`] batch calls written together.
+/// waits leaves at once, up to [`TOGETHER`] batches, their calls written together (a batch
+/// whose list of forms has no batch script: a call each).
 async fn drain(store: RedisStore, lane: Arc<Lane>) {
     loop {
-        let mut batches = lane.take_calls(store.max_batch(), TOGETHER, store.call_timeout());
-        match batches.len() {
-            0 => return,
-            1 => {
-                if let Some((batch, shapes)) = batches.pop() {
-                    store.run_batch(&lane, batch, &shapes).await;
-                }
-            }
-            _ => store.run_batches(&lane, batches).await,
+        let batches = lane.take_calls(store.max_batch(), TOGETHER, store.call_timeout());
+        if batches.is_empty() {
+            return;
         }
+        store.run_batches(&lane, batches).await;
     }
 }
 
-/// The most batch calls a lane writes together (so at most this many times `max_batch`
-/// plans leave in one round trip): as many as the store's own connection may owe replies of
-/// calls given up (`direct::MAX_OWED`), so that a round given up whole keeps its socket.
+/// The most batches a lane sends in one round (so at most this many times `max_batch` plans
+/// leave in one round trip): as many as the store's own connection may owe replies of calls
+/// given up (`direct::MAX_OWED`), so that a round of batch calls given up whole keeps its
+/// socket (a round of calls alone, past the batch scripts' bound, may owe more: its socket
+/// is closed then).
 const TOGETHER: usize = crate::direct::MAX_OWED;
 
 /// The earliest deadline of `batch`'s calls.
@@ -2129,6 +2170,33 @@ struct BatchCall {
     leases: bool,
     across: bool,
     room: Room,
+}
+
+/// One call of a round written together ([`RedisStore::run_together`]): a batch call, whose
+/// reply is an array with one element a plan, or a call alone, whose reply is its answer.
+enum Entry {
+    Batch {
+        batch: Vec<Waiting>,
+        shapes: Vec<Form>,
+        call: BatchCall,
+    },
+    Alone(Waiting),
+}
+
+impl Entry {
+    fn earliest(&self) -> Option<tokio::time::Instant> {
+        match self {
+            Entry::Batch { batch, .. } => earliest(batch),
+            Entry::Alone(w) => Some(w.deadline),
+        }
+    }
+
+    fn into_waiting(self) -> Vec<Waiting> {
+        match self {
+            Entry::Batch { batch, .. } => batch,
+            Entry::Alone(w) => vec![w],
+        }
+    }
 }
 
 /// A command for the store's own connection: `first` and `second` (`EVALSHA` and the SHA, or
