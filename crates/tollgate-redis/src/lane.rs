@@ -22,7 +22,7 @@ use crate::error::RedisStoreError;
 use crate::lease::LeaseJob;
 use crate::script::{Form, Quotas, Script};
 use smallvec::SmallVec;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
 use tollgate_core::Micros;
@@ -113,6 +113,11 @@ pub(crate) struct Lane {
     /// A Cluster node's own connection (`direct.rs`), where its calls go; `None` where they
     /// go on the store's other connections.
     pub(crate) node: Option<NodeConn>,
+    /// The SHAs of the scripts this lane's calls written together have run on its server:
+    /// such a call of any other script is sent whole (EVAL), so that no call of a round is
+    /// answered NOSCRIPT and run again after the round's later calls, out of arrival order.
+    /// Forgotten when a call is answered NOSCRIPT anyway (a restart, a flush, a failover).
+    pub(crate) loaded: Mutex<HashSet<String>>,
 }
 
 /// The store's own connection to one Cluster node, and the address it was made for.
@@ -143,6 +148,31 @@ impl Lane {
             state: Mutex::default(),
             across_slots: true,
             node,
+            loaded: Mutex::default(),
+        }
+    }
+
+    /// Whether calls written together of the script `sha` have run on this lane's server (see
+    /// [`Lane::loaded`]).
+    pub(crate) fn has_run(&self, sha: &str) -> bool {
+        self.loaded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(sha)
+    }
+
+    /// Notes that `shas` have run on this lane's server, or (`noscript`: the server answered
+    /// that it has a script no more) forgets every script noted.
+    pub(crate) fn note_run<'a>(&self, shas: impl Iterator<Item = &'a str>, noscript: bool) {
+        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        if noscript {
+            loaded.clear();
+            return;
+        }
+        for sha in shas {
+            if !loaded.contains(sha) {
+                loaded.insert(sha.to_string());
+            }
         }
     }
 
@@ -155,28 +185,31 @@ impl Lane {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Up to `calls` batches off the queue, one after another (so in arrival order), for
-    /// calls that leave together on one connection; none (and the lane marked idle) when the
-    /// queue is empty. Each batch holds up to `max` queued calls of one kind (plans of at most
-    /// [`MAX_BATCH_FORMS`] forms, or leases), in arrival order, without those whose callers
-    /// are gone; those past their deadline are answered `timed_out` (`call_timeout`) and not
-    /// sent. A queue longer than one batch leaves whole (up to `calls` batches) rather than
-    /// one batch a round trip, which would hold a lane to `max` plans a round trip however
-    /// many wait and however far the server is.
+    /// Batches off the queue, one after another (so in arrival order), for calls that leave
+    /// together on one connection, up to `rounds` x `max` plans in all; none (and the lane
+    /// marked idle) when the queue is empty. Each batch holds up to `max` queued calls of one
+    /// kind (plans of at most [`MAX_BATCH_FORMS`] forms, or leases), in arrival order, without
+    /// those whose callers are gone; those past their deadline are answered `timed_out`
+    /// (`call_timeout`) and not sent. A queue longer than one batch leaves whole (up to that
+    /// bound) rather than one batch a round trip, which would hold a lane to `max` plans a
+    /// round trip however many wait and however far the server is; the bound counts plans,
+    /// not batches, since plans of many forms make short batches.
     pub(crate) fn take_calls(
         &self,
         max: usize,
-        calls: usize,
+        rounds: usize,
         call_timeout: std::time::Duration,
     ) -> Vec<(Vec<Waiting>, Vec<Form>)> {
         let now = tokio::time::Instant::now();
         let mut state = self.lock();
         let mut taken = Vec::new();
-        while taken.len() < calls {
-            let next = take_one(&mut state, max, now, call_timeout);
+        let mut left = max.saturating_mul(rounds);
+        while left > 0 {
+            let next = take_one(&mut state, max.min(left), now, call_timeout);
             if next.0.is_empty() {
                 break;
             }
+            left -= next.0.len();
             taken.push(next);
         }
         if taken.is_empty() {

@@ -1880,38 +1880,40 @@ impl RedisStore {
         let Some(deadline) = entries.iter().filter_map(Entry::earliest).min() else {
             return;
         };
+        // Each call by its script's SHA once this lane has run that script, else whole (see
+        // `Lane::loaded`).
+        let command = |script: &Script| -> (&'static [u8], Vec<u8>) {
+            if lane.has_run(&script.sha) {
+                (b"EVALSHA", script.sha.as_bytes().to_vec())
+            } else {
+                (b"EVAL", script.text.as_bytes().to_vec())
+            }
+        };
         let mut packed: Vec<Packed> = entries
             .iter()
-            .map(|entry| match entry {
-                Entry::Batch {
-                    batch,
-                    shapes,
-                    call,
-                } => {
-                    let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
-                    packed_call(
-                        b"EVALSHA",
-                        call.script.get().sha.as_bytes(),
-                        call.room,
-                        |cmd| self.push_call_args(cmd, &jobs, shapes, call),
-                    )
-                }
-                Entry::Alone(w) => match &w.job {
-                    Job::Plan(p) => {
-                        packed_call(b"EVALSHA", p.script.sha.as_bytes(), p.room(), |cmd| {
-                            self.push_plan_args(cmd, p)
+            .map(|entry| {
+                let (first, second) = command(entry.script());
+                match entry {
+                    Entry::Batch {
+                        batch,
+                        shapes,
+                        call,
+                    } => {
+                        let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
+                        packed_call(first, &second, call.room, |cmd| {
+                            self.push_call_args(cmd, &jobs, shapes, call)
                         })
                     }
-                    Job::Lease(l) => packed_call(
-                        b"EVALSHA",
-                        lease_script().sha.as_bytes(),
-                        Room::lease(l),
-                        |cmd| {
+                    Entry::Alone(w) => match &w.job {
+                        Job::Plan(p) => {
+                            packed_call(first, &second, p.room(), |cmd| self.push_plan_args(cmd, p))
+                        }
+                        Job::Lease(l) => packed_call(first, &second, Room::lease(l), |cmd| {
                             cmd.arg(1).arg(&l.key);
                             self.push_lease_args(cmd, l);
-                        },
-                    ),
-                },
+                        }),
+                    },
+                }
             })
             .collect();
         let replies =
@@ -1934,8 +1936,13 @@ impl RedisStore {
                 return;
             }
         };
+        let is_noscript = |r: &Result<redis::Value, RedisError>| matches!(r, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
+        lane.note_run(
+            entries.iter().map(|e| e.script().sha.as_str()),
+            replies.iter().any(is_noscript),
+        );
         for (entry, reply) in entries.into_iter().zip(replies) {
-            let noscript = matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
+            let noscript = is_noscript(&reply);
             match entry {
                 Entry::Batch { batch, shapes, .. } if noscript => {
                     self.run_batch(lane, batch, &shapes).await;
@@ -2125,8 +2132,8 @@ fn limits_of<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = u64> 
 }
 
 /// Drains `lane` until the queue is empty (which marks the lane idle): each round, what
-/// waits leaves at once, up to [`TOGETHER`] batches, their calls written together (a batch
-/// whose list of forms has no batch script: a call each).
+/// waits leaves at once, up to [`TOGETHER`] x `max_batch` plans, their calls written
+/// together (a batch whose list of forms has no batch script: a call each).
 async fn drain(store: RedisStore, lane: Arc<Lane>) {
     loop {
         let batches = lane.take_calls(store.max_batch(), TOGETHER, store.call_timeout());
@@ -2137,11 +2144,11 @@ async fn drain(store: RedisStore, lane: Arc<Lane>) {
     }
 }
 
-/// The most batches a lane sends in one round (so at most this many times `max_batch` plans
-/// leave in one round trip): as many as the store's own connection may owe replies of calls
-/// given up (`direct::MAX_OWED`), so that a round of batch calls given up whole keeps its
-/// socket (a round of calls alone, past the batch scripts' bound, may owe more: its socket
-/// is closed then).
+/// At most this many times `max_batch` plans leave a lane in one round (one round trip): as
+/// many full batch calls as the store's own connection may owe replies of calls given up
+/// (`direct::MAX_OWED`), so that a round of full batches given up whole keeps its socket (a
+/// round of shorter batches, plans of many forms, or of calls alone past the batch scripts'
+/// bound, may owe more: its socket is closed then, and the next call opens another).
 const TOGETHER: usize = crate::direct::MAX_OWED;
 
 /// The earliest deadline of `batch`'s calls.
@@ -2184,6 +2191,17 @@ enum Entry {
 }
 
 impl Entry {
+    /// The script the entry's call runs.
+    fn script(&self) -> &Script {
+        match self {
+            Entry::Batch { call, .. } => call.script.get(),
+            Entry::Alone(w) => match &w.job {
+                Job::Plan(p) => &p.script,
+                Job::Lease(_) => lease_script(),
+            },
+        }
+    }
+
     fn earliest(&self) -> Option<tokio::time::Instant> {
         match self {
             Entry::Batch { batch, .. } => earliest(batch),

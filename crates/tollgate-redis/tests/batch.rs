@@ -1307,3 +1307,60 @@ async fn through_sentinel_calls_written_together_admit_exactly_the_limit() {
     assert_eq!(concurrent(&store, &r, 60, 400).await, 100);
     assert_eq!(remaining_after_one(&store, &r, 61).await, 99);
 }
+
+/// A round's batch whose script the server has not run yet goes whole (EVAL), so it is
+/// decided before the round's later batches, in arrival order. Two plans of one client, six
+/// tokens each of ten: the first in a batch of a new list of forms, the second in the next
+/// batch (a list the server has). With the new batch's call answered NOSCRIPT and sent again
+/// after the round, the second would take the tokens and the first be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
+    let server = RedisServer::start();
+    let relay = common::relay::Relay::start(server.port()).await;
+    let config = RedisConfig::standalone(relay.url())
+        .with_max_batch(2)
+        .with_call_timeout(Duration::from_secs(10));
+    let store = store(config).await;
+    let tb = Arc::new(rule("order-tb", Algorithm::TokenBucket, 10, HOUR));
+    let gcra = Arc::new(rule("order-gcra", Algorithm::Gcra, 10, HOUR));
+    // The plan scripts loaded, and batches of token-bucket plans run (their batch script).
+    assert_eq!(concurrent(&store, &tb, 900, 10).await, 10);
+    let one = |who: u128, r: &Arc<Rule>, cost: u64| {
+        let (store, r) = (store.clone(), r.clone());
+        tokio::spawn(async move {
+            let checks = [Check::new(client(who), &r, cost)];
+            store.check(&checks, 0).await.map(|v| v.allowed)
+        })
+    };
+    one(901, &gcra, 1).await.expect("task").expect("gcra");
+
+    relay.hold();
+    let before = relay.calls();
+    let lead = one(902, &tb, 1);
+    relay.wait_for_calls(before + 1).await;
+    // Queued one at a time, so in this order: [first, other] is a batch of a new list of
+    // forms (token bucket, GCRA); [second, last] one of token buckets only.
+    let mut queued = Vec::new();
+    for (who, r, cost) in [(903, &tb, 6), (904, &gcra, 1), (903, &tb, 6), (905, &tb, 1)] {
+        queued.push(one(who, r, cost));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    relay.release();
+    assert!(lead.await.expect("task").expect("lead"));
+    let mut allowed = Vec::new();
+    for t in queued {
+        allowed.push(
+            tokio::time::timeout(HANG, t)
+                .await
+                .expect("hung")
+                .expect("task")
+                .expect("check"),
+        );
+    }
+    assert_eq!(
+        allowed,
+        [true, true, false, true],
+        "decided out of arrival order"
+    );
+    assert!(relay.most_calls_written_together() >= 2);
+}
