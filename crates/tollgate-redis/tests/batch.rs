@@ -1209,26 +1209,46 @@ async fn remaining_after_one(store: &RedisStore, rule: &Arc<Rule>, who: u128) ->
     }
 }
 
+/// A redis-server behind a relay, a store at `max_batch = 2` with `timeout`, and a token
+/// bucket of 1,000 named `name`, its scripts loaded and the own connection open (50 plans of
+/// client 1).
+async fn behind_a_relay(
+    timeout: Duration,
+    name: &str,
+) -> (RedisServer, common::relay::Relay, RedisStore, Arc<Rule>) {
+    let server = RedisServer::start();
+    let relay = common::relay::Relay::start(server.port()).await;
+    let config = RedisConfig::standalone(relay.url())
+        .with_max_batch(2)
+        .with_call_timeout(timeout);
+    let store = store(config).await;
+    let r = Arc::new(rule(name, Algorithm::TokenBucket, 1000, HOUR));
+    assert_eq!(concurrent(&store, &r, 1, 50).await, 50);
+    (server, relay, store, r)
+}
+
+/// A check of `r` for `who` whose call the relay holds (the lane busy behind it).
+async fn held_lead(
+    relay: &common::relay::Relay,
+    store: &RedisStore,
+    r: &Arc<Rule>,
+    who: u128,
+) -> Vec<tokio::task::JoinHandle<Result<tollgate_core::Verdict, tollgate_redis::RedisStoreError>>> {
+    relay.hold();
+    let before = relay.calls();
+    let lead = spawn_checks(store, r, who, 1);
+    relay.wait_for_calls(before + 1).await;
+    lead
+}
+
 /// A queue longer than `max_batch` leaves in one round trip: its batch calls are written
 /// together on the store's own connection (before the bug this guards against, one batch
 /// left per round trip, so a lane passed at most `max_batch` plans a round trip however
 /// many waited and however far the server was), and every plan is decided as alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_queue_longer_than_max_batch_leaves_in_calls_written_together() {
-    let server = RedisServer::start();
-    let relay = common::relay::Relay::start(server.port()).await;
-    let config = RedisConfig::standalone(relay.url())
-        .with_max_batch(2)
-        .with_call_timeout(Duration::from_secs(10));
-    let store = store(config).await;
-    let r = Arc::new(rule("together", Algorithm::TokenBucket, 1000, HOUR));
-    // The own connection opened and the scripts of one plan and of two loaded.
-    assert_eq!(concurrent(&store, &r, 1, 50).await, 50);
-
-    relay.hold();
-    let before = relay.calls();
-    let lead = spawn_checks(&store, &r, 2, 1);
-    relay.wait_for_calls(before + 1).await;
+    let (_server, relay, store, r) = behind_a_relay(Duration::from_secs(10), "together").await;
+    let lead = held_lead(&relay, &store, &r, 2).await;
     // Ten plans queue behind the call the relay holds: five batches of two.
     let queued = spawn_checks(&store, &r, 2, 10);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1253,14 +1273,7 @@ async fn a_queue_longer_than_max_batch_leaves_in_calls_written_together() {
 /// shows in the next answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn calls_written_together_and_given_up_leave_no_reply_to_another_call() {
-    let server = RedisServer::start();
-    let relay = common::relay::Relay::start(server.port()).await;
-    let config = RedisConfig::standalone(relay.url())
-        .with_max_batch(2)
-        .with_call_timeout(Duration::from_millis(500));
-    let store = store(config).await;
-    let r = Arc::new(rule("given-up", Algorithm::TokenBucket, 1000, HOUR));
-    assert_eq!(concurrent(&store, &r, 1, 50).await, 50);
+    let (server, relay, store, r) = behind_a_relay(Duration::from_millis(500), "given-up").await;
     let batch_clients = || {
         server
             .cli(&["client", "list"])
@@ -1268,11 +1281,8 @@ async fn calls_written_together_and_given_up_leave_no_reply_to_another_call() {
             .count()
     };
     assert_eq!(batch_clients(), 1);
-
-    relay.hold();
     let before = relay.calls();
-    let lead = spawn_checks(&store, &r, 3, 1);
-    relay.wait_for_calls(before + 1).await;
+    let lead = held_lead(&relay, &store, &r, 3).await;
     let queued = spawn_checks(&store, &r, 3, 10);
     tokio::time::sleep(Duration::from_millis(100)).await;
     // The lead's reply goes through; the five calls written together after it are held.
