@@ -1245,7 +1245,8 @@ async fn held_lead(
 /// together on the store's own connection (before the bug this guards against, one batch
 /// left per round trip, so a lane passed at most `max_batch` plans a round trip however
 /// many waited and however far the server was), and every plan is decided as alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+// One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
+#[tokio::test(flavor = "current_thread")]
 async fn a_queue_longer_than_max_batch_leaves_in_calls_written_together() {
     let (_server, relay, store, r) = behind_a_relay(Duration::from_secs(10), "together").await;
     let lead = held_lead(&relay, &store, &r, 2).await;
@@ -1271,7 +1272,8 @@ async fn a_queue_longer_than_max_batch_leaves_in_calls_written_together() {
 /// replies were held) leave their replies owed on the socket: the next call skips them all
 /// and reads its own, on the same connection, and what the given-up plans charged (they ran)
 /// shows in the next answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+// One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
+#[tokio::test(flavor = "current_thread")]
 async fn calls_written_together_and_given_up_leave_no_reply_to_another_call() {
     let (server, relay, store, r) = behind_a_relay(Duration::from_millis(500), "given-up").await;
     let batch_clients = || {
@@ -1323,7 +1325,8 @@ async fn through_sentinel_calls_written_together_admit_exactly_the_limit() {
 /// tokens each of ten: the first in a batch of a new list of forms, the second in the next
 /// batch (a list the server has). With the new batch's call answered NOSCRIPT and sent again
 /// after the round, the second would take the tokens and the first be refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+// One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
+#[tokio::test(flavor = "current_thread")]
 async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
     let server = RedisServer::start();
     let relay = common::relay::Relay::start(server.port()).await;
@@ -1348,13 +1351,13 @@ async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
     let before = relay.calls();
     let lead = one(902, &tb, 1);
     relay.wait_for_calls(before + 1).await;
-    // Queued one at a time, so in this order: [first, other] is a batch of a new list of
-    // forms (token bucket, GCRA); [second, last] one of token buckets only.
-    let mut queued = Vec::new();
-    for (who, r, cost) in [(903, &tb, 6), (904, &gcra, 1), (903, &tb, 6), (905, &tb, 1)] {
-        queued.push(one(who, r, cost));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Queued in this order: [first, other] is a batch of a new list of forms (token bucket,
+    // GCRA); [second, last] one of token buckets only.
+    let queued: Vec<_> = [(903, &tb, 6), (904, &gcra, 1), (903, &tb, 6), (905, &tb, 1)]
+        .into_iter()
+        .map(|(who, r, cost)| one(who, r, cost))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
     relay.release();
     assert!(lead.await.expect("task").expect("lead"));
     let mut allowed = Vec::new();
