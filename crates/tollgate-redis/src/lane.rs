@@ -161,19 +161,22 @@ impl Lane {
             .contains(sha)
     }
 
-    /// Notes that `shas` have run on this lane's server, or (`noscript`: the server answered
-    /// that it has a script no more) forgets every script noted.
-    pub(crate) fn note_run<'a>(&self, shas: impl Iterator<Item = &'a str>, noscript: bool) {
+    /// Notes that `shas` have run on this lane's server.
+    pub(crate) fn note_run<'a>(&self, shas: impl Iterator<Item = &'a str>) {
         let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
-        if noscript {
-            loaded.clear();
-            return;
-        }
         for sha in shas {
             if !loaded.contains(sha) {
                 loaded.insert(sha.to_string());
             }
         }
+    }
+
+    /// Forgets every script noted: the server answered that it has one no more.
+    pub(crate) fn forget_run(&self) {
+        self.loaded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 
     /// The address of the node's own connection (see [`Lane::node`]).

@@ -1561,14 +1561,17 @@ impl RedisStore {
     async fn run_lease_on(&self, job: &LeaseJob, via: Via<'_>) -> Result<redis::Value, RedisError> {
         self.run_script_on(
             lease_script(),
-            |cmd| {
-                cmd.arg(1).arg(&job.key);
-                self.push_lease_args(cmd, job);
-            },
+            |cmd| self.push_lease_call_args(cmd, job),
             via,
             Room::lease(job),
         )
         .await
+    }
+
+    /// `lease.lua`'s call for `job` after the script: its one key, then its arguments.
+    fn push_lease_call_args(&self, cmd: &mut dyn Args, job: &LeaseJob) {
+        cmd.arg(1).arg(&job.key);
+        self.push_lease_args(cmd, job);
     }
 
     /// `lease.lua`'s arguments for `job` (without its key): 9, or 10 with a PX floor.
@@ -1696,16 +1699,9 @@ impl RedisStore {
 
     /// One batch: the plans' batch script (or, alone, the plan's own), every plan answered.
     async fn run_batch(&self, lane: &Lane, batch: Vec<Waiting>, shapes: &[Form]) {
-        // The earliest deadline of the plans: the batch's call is theirs, bounded by each.
-        let Some(deadline) = earliest(&batch) else {
-            return;
-        };
-        if let [one] = &batch[..] {
-            let answer = self
-                .by(deadline, self.run_alone(&one.job, Via::Lane(lane)))
-                .await;
+        if batch.len() <= 1 {
             if let Some(w) = batch.into_iter().next() {
-                let _ = w.reply.send(answer);
+                self.run_one(lane, w).await;
             }
             return;
         }
@@ -1716,6 +1712,14 @@ impl RedisStore {
         }
     }
 
+    /// One call alone on `lane`, with its own script, by its deadline, answered.
+    async fn run_one(&self, lane: &Lane, w: Waiting) {
+        let answer = self
+            .by(w.deadline, self.run_alone(&w.job, Via::Lane(lane)))
+            .await;
+        let _ = w.reply.send(answer);
+    }
+
     /// A batch of several calls in its batch `call`, every call answered.
     async fn run_batch_call(
         &self,
@@ -1724,6 +1728,7 @@ impl RedisStore {
         shapes: &[Form],
         call: &BatchCall,
     ) {
+        // The earliest deadline of the plans: the batch's call is theirs, bounded by each.
         let Some(deadline) = earliest(&batch) else {
             return;
         };
@@ -1872,7 +1877,7 @@ impl RedisStore {
                     shapes,
                     call,
                 }) => self.run_batch_call(lane, batch, &shapes, &call).await,
-                Some(Entry::Alone(w)) => self.run_batch(lane, vec![w], &[]).await,
+                Some(Entry::Alone(w)) => self.run_one(lane, w).await,
                 None => {}
             }
             return;
@@ -1880,19 +1885,17 @@ impl RedisStore {
         let Some(deadline) = entries.iter().filter_map(Entry::earliest).min() else {
             return;
         };
-        // Each call by its script's SHA once this lane has run that script, else whole (see
-        // `Lane::loaded`).
-        let command = |script: &Script| -> (&'static [u8], Vec<u8>) {
-            if lane.has_run(&script.sha) {
-                (b"EVALSHA", script.sha.as_bytes().to_vec())
-            } else {
-                (b"EVAL", script.text.as_bytes().to_vec())
-            }
-        };
         let mut packed: Vec<Packed> = entries
             .iter()
             .map(|entry| {
-                let (first, second) = command(entry.script());
+                // By its script's SHA once this lane has run that script, else whole (see
+                // `Lane::loaded`).
+                let script = entry.script();
+                let (first, second): (&[u8], &[u8]) = if lane.has_run(&script.sha) {
+                    (b"EVALSHA", script.sha.as_bytes())
+                } else {
+                    (b"EVAL", script.text.as_bytes())
+                };
                 match entry {
                     Entry::Batch {
                         batch,
@@ -1900,17 +1903,16 @@ impl RedisStore {
                         call,
                     } => {
                         let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
-                        packed_call(first, &second, call.room, |cmd| {
+                        packed_call(first, second, call.room, |cmd| {
                             self.push_call_args(cmd, &jobs, shapes, call)
                         })
                     }
                     Entry::Alone(w) => match &w.job {
                         Job::Plan(p) => {
-                            packed_call(first, &second, p.room(), |cmd| self.push_plan_args(cmd, p))
+                            packed_call(first, second, p.room(), |cmd| self.push_plan_args(cmd, p))
                         }
-                        Job::Lease(l) => packed_call(first, &second, Room::lease(l), |cmd| {
-                            cmd.arg(1).arg(&l.key);
-                            self.push_lease_args(cmd, l);
+                        Job::Lease(l) => packed_call(first, second, Room::lease(l), |cmd| {
+                            self.push_lease_call_args(cmd, l)
                         }),
                     },
                 }
@@ -1937,10 +1939,11 @@ impl RedisStore {
             }
         };
         let is_noscript = |r: &Result<redis::Value, RedisError>| matches!(r, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
-        lane.note_run(
-            entries.iter().map(|e| e.script().sha.as_str()),
-            replies.iter().any(is_noscript),
-        );
+        if replies.iter().any(is_noscript) {
+            lane.forget_run();
+        } else {
+            lane.note_run(entries.iter().map(|e| e.script().sha.as_str()));
+        }
         for (entry, reply) in entries.into_iter().zip(replies) {
             let noscript = is_noscript(&reply);
             match entry {
@@ -1948,7 +1951,7 @@ impl RedisStore {
                     self.run_batch(lane, batch, &shapes).await;
                 }
                 Entry::Batch { batch, .. } => self.answer_batch(lane, batch, Some(reply)).await,
-                Entry::Alone(w) if noscript => self.run_batch(lane, vec![w], &[]).await,
+                Entry::Alone(w) if noscript => self.run_one(lane, w).await,
                 Entry::Alone(w) => {
                     let _ = w.reply.send(reply.map_err(Into::into));
                 }

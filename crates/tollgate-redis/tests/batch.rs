@@ -69,9 +69,10 @@ async fn concurrent_plans_on_one_key_admit_exactly_the_limit_in_fewer_script_cal
     }
 }
 
-/// A small `max_batch` sends a long queue in calls written together: the limit holds exactly.
+/// A small `max_batch` makes rounds of several batches out of a long queue (written together:
+/// the relay tests below watch that): the limit holds exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_plans_in_calls_written_together_admit_exactly_the_limit() {
+async fn a_long_queue_at_a_small_max_batch_admits_exactly_the_limit() {
     let server = RedisServer::start();
     for max_batch in [2, 3] {
         let config = RedisConfig::standalone(server.url()).with_max_batch(max_batch);
@@ -693,10 +694,11 @@ async fn on_a_cluster_plans_of_many_slots_coalesce_per_node_and_decide_exactly()
     many_slots(None).await;
 }
 
-/// The same with `max_batch = 3`: each node's long queue leaves in calls written together on
-/// the node's own connection.
+/// The same with `max_batch = 3`: each node's long queue leaves in rounds of several batches
+/// on the node's own connection; every plan decides exactly (this test does not see how the
+/// calls are written).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn on_a_cluster_calls_written_together_per_node_decide_exactly() {
+async fn on_a_cluster_a_long_queue_per_node_at_a_small_max_batch_decides_exactly() {
     many_slots(Some(3)).await;
 }
 
@@ -1003,7 +1005,11 @@ where
     F: std::future::Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let tasks: Vec<_> = futures.map(tokio::spawn).collect();
+    joined(futures.map(tokio::spawn).collect()).await
+}
+
+/// What spawned `tasks` returned, in order; none may take longer than [`HANG`].
+async fn joined<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
     let mut out = Vec::with_capacity(tasks.len());
     for t in tasks {
         out.push(
@@ -1183,23 +1189,6 @@ fn spawn_checks(
         .collect()
 }
 
-async fn joined(
-    tasks: Vec<
-        tokio::task::JoinHandle<Result<tollgate_core::Verdict, tollgate_redis::RedisStoreError>>,
-    >,
-) -> Vec<Result<tollgate_core::Verdict, tollgate_redis::RedisStoreError>> {
-    let mut out = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        out.push(
-            tokio::time::timeout(HANG, t)
-                .await
-                .expect("no plan may hang")
-                .expect("task"),
-        );
-    }
-    out
-}
-
 /// What remains of `rule` for `who` after one more check.
 async fn remaining_after_one(store: &RedisStore, rule: &Arc<Rule>, who: u128) -> u64 {
     let v = joined(spawn_checks(store, rule, who, 1)).await;
@@ -1306,10 +1295,11 @@ async fn calls_written_together_and_given_up_leave_no_reply_to_another_call() {
     assert_eq!(batch_clients(), 1, "the socket owing the replies was kept");
 }
 
-/// Through Sentinel, the master's long queue leaves in calls written together on the
-/// master's own connection, and the limit holds exactly.
+/// Through Sentinel, the master's long queue at `max_batch = 2` leaves in rounds of several
+/// batches on the master's own connection, and the limit holds exactly (this test does not
+/// see how the calls are written).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn through_sentinel_calls_written_together_admit_exactly_the_limit() {
+async fn through_sentinel_a_long_queue_at_a_small_max_batch_admits_exactly_the_limit() {
     let set = tokio::task::spawn_blocking(tollgate_testkit::RedisSentinels::start)
         .await
         .expect("sentinels");
