@@ -35,12 +35,13 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=20))]
     pub reps: Option<u32>,
     /// Run only these sections (comma- or space-separated): memory, redis, peers, lease,
-    /// abuse, gateway, rls, coalesce, floor, reference. The others keep the figures already in
+    /// abuse, gateway, rls, coalesce, far, floor, reference. The others keep the figures already in
     /// the document, marked as not rerun.
     #[arg(long, value_name = "SECTIONS", value_parser = parse_sections)]
     pub only: Option<Only>,
-    /// A `tollgate` binary (e.g. the previous commit's release build) that the rls section
-    /// measures side by side with this build, alternating runs, and reports ratios against.
+    /// A `tollgate` binary (e.g. the previous commit's release build) that the rls, coalesce,
+    /// far and gateway sections measure side by side with this build, alternating runs, and
+    /// report ratios against.
     #[arg(long, value_name = "TOLLGATE_BIN", value_parser = parse_binary)]
     pub baseline: Option<PathBuf>,
 }

@@ -12,6 +12,7 @@ mod cli;
 mod document;
 mod markdown;
 mod procs;
+mod relay;
 mod results;
 mod sections;
 mod stats;

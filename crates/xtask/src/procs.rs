@@ -136,6 +136,30 @@ pub fn http_status(port: u16, path: &str) -> Option<u16> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The body of `GET path` on 127.0.0.1:`port` (HTTP/1.0, read to the end, at most 8 MiB),
+/// when it answers 200.
+pub fn http_body(port: u16, path: &str) -> anyhow::Result<String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .with_context(|| format!("cannot connect to 127.0.0.1:{port}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())?;
+    let mut all = Vec::new();
+    s.take(8 << 20)
+        .read_to_end(&mut all)
+        .with_context(|| format!("reading http://127.0.0.1:{port}{path}"))?;
+    let text = String::from_utf8_lossy(&all);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("http://127.0.0.1:{port}{path} sent no whole head"))?;
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status != "200" {
+        bail!("http://127.0.0.1:{port}{path} answered {status}");
+    }
+    Ok(body.to_owned())
+}
+
 /// Waits (at most `timeout`) for `GET path` on `port` to answer 200.
 pub fn wait_http_ok(port: u16, path: &str, timeout: Duration) -> anyhow::Result<()> {
     let start = Instant::now();

@@ -79,6 +79,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
         connections: 64,
         seconds,
         cpu: Some(LOAD_CPU),
+        paths: 0,
     };
     let tick_us = 1e6 / procs::ticks_per_second() as f64;
     let mut runs: BTreeMap<Key, Runs> = BTreeMap::new();

@@ -59,6 +59,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
         connections: 64,
         seconds,
         cpu: None,
+        paths: 0,
     };
     let mut rps: [Vec<f64>; 4] = Default::default();
     let mut p50: [Vec<f64>; 4] = Default::default();

@@ -116,6 +116,7 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
         connections: 64,
         seconds,
         cpu: Some(LOAD_CPU),
+        paths: 0,
     };
     let tick_us = 1e6 / procs::ticks_per_second() as f64;
     let mut runs: BTreeMap<String, Runs> = BTreeMap::new();

@@ -3,6 +3,7 @@
 
 mod abuse;
 mod coalesce;
+mod far;
 mod floor;
 mod gateway;
 mod gateway_cpu;
@@ -37,7 +38,7 @@ pub struct Settings {
     /// The sections to run, in document order.
     pub sections: Vec<Section>,
     /// `--baseline`: a `tollgate` binary measured side by side with this build (rls, coalesce,
-    /// gateway).
+    /// far, gateway).
     pub baseline: Option<PathBuf>,
 }
 
@@ -60,6 +61,8 @@ pub enum Section {
     Rls,
     /// Coalesced store calls, the default `max_batch` against 1, standalone and Cluster.
     Coalesce,
+    /// A Redis far away (a delay relay): the default `max_batch` against 1.
+    Far,
     /// What Redis itself spends per plan: the scripts against a minimal script and SETs.
     Floor,
     /// The reference deployment: 20 gateways, one Redis.
@@ -68,7 +71,7 @@ pub enum Section {
 
 impl Section {
     /// Every section, in document order.
-    pub const ALL: [Section; 10] = [
+    pub const ALL: [Section; 11] = [
         Section::Memory,
         Section::Redis,
         Section::Peers,
@@ -77,6 +80,7 @@ impl Section {
         Section::Gateway,
         Section::Rls,
         Section::Coalesce,
+        Section::Far,
         Section::Floor,
         Section::Reference,
     ];
@@ -92,6 +96,7 @@ impl Section {
             Section::Gateway => "gateway",
             Section::Rls => "rls",
             Section::Coalesce => "coalesce",
+            Section::Far => "far",
             Section::Floor => "floor",
             Section::Reference => "reference",
         }
@@ -107,6 +112,7 @@ impl Section {
             Section::Gateway => gateway::run(ctx),
             Section::Rls => rls::run(ctx),
             Section::Coalesce => coalesce::run(ctx),
+            Section::Far => far::run(ctx),
             Section::Floor => floor::run(ctx),
             Section::Reference => reference::run(ctx),
         }

@@ -185,12 +185,18 @@ pub fn serve(
 
 /// wrk's script: one of N requests pre-formatted in init() (`x-api-key: k1..kN`, drawn at
 /// random, a fixed seed), so wrk spends its CPU on sending; done() prints `RESULT {json}`.
+/// With PATHS = P above 0, request i's path is `/p<i mod P>/x` instead of `/`.
 const WRK_LUA: &str = r#"
 local n = tonumber(os.getenv("KEYS") or "100000")
+local paths = tonumber(os.getenv("PATHS") or "0")
 local reqs = {}
 function init(args)
   math.randomseed(7)
-  for i = 1, n do reqs[i] = wrk.format(nil, nil, { ["x-api-key"] = "k" .. i }) end
+  for i = 1, n do
+    local path = nil
+    if paths > 0 then path = "/p" .. (i % paths) .. "/x" end
+    reqs[i] = wrk.format(nil, path, { ["x-api-key"] = "k" .. i })
+  end
 end
 function request() return reqs[math.random(n)] end
 function done(summary, latency, requests)
@@ -237,6 +243,8 @@ pub struct Wrk {
     pub seconds: u64,
     /// Pinned to this CPU.
     pub cpu: Option<u32>,
+    /// Paths `/p0/x` .. `/p<paths - 1>/x`, one per key; 0: every request to `/`.
+    pub paths: u32,
 }
 
 impl Wrk {
@@ -256,7 +264,8 @@ impl Wrk {
             .arg("-s")
             .arg(&lua)
             .arg(format!("http://127.0.0.1:{port}/"))
-            .env("KEYS", "100000");
+            .env("KEYS", "100000")
+            .env("PATHS", self.paths.to_string());
         let out = procs::run(cmd, log, Duration::from_secs(self.seconds + 60))?;
         parse_wrk(&out)
     }
