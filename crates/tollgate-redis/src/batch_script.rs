@@ -66,8 +66,10 @@ pub(crate) const MAX_BATCH_FORMS: usize = 4;
 /// (a list of four forms of sixteen rules is about 390 KB; 64 MiB is more than 256 lists of
 /// eight-rule forms took). Past either, a batch whose list has none runs its plans one call
 /// each, written together on the lane's own connection (one write, as `max_batch = 1`
-/// pipelines them), not one a round trip: lists are in arrival order, so six forms a client
-/// can choose between make 516 of them.
+/// pipelines them), not one a round trip. A list is in one order whatever order its plans
+/// came in (`lane.rs` sorts it), so a client that can choose among n forms makes at most the
+/// sets of up to four of them: 56 for six forms, 385 for ten (in arrival order they were 516
+/// and 5,860 lists).
 const BATCH_SCRIPTS: Bound = Bound {
     scripts: 256,
     bytes: 64 << 20,

@@ -267,5 +267,11 @@ fn take_one(
             batch.push(w);
         }
     }
+    // One order for a set of forms, whatever order its plans came in: the batch script is
+    // generated for the list (each plan names its form by its place in it), so every order of
+    // the same forms shares one script, and a client that chooses among n forms makes at most
+    // the sets of up to four of them (56 for six forms), not their orderings (516): fewer
+    // scripts to generate, load and keep, and fewer batches past the bound on them.
+    shapes.sort_unstable();
     (batch, shapes)
 }

@@ -150,6 +150,23 @@ pub(crate) struct Form {
     rules: SmallVec<[(Algorithm, Mode); INLINE_RULES]>,
 }
 
+/// An order on forms (rule by rule: algorithm, then mode; a shorter form first where one is
+/// the start of the other), so that a batch's list of forms can be put in one order whatever
+/// order its plans came in (see `lane.rs`): the batch script is generated for the list, and
+/// one script then serves every arrival order of the same forms.
+impl Ord for Form {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let key = |&(a, m): &(Algorithm, Mode)| (a as u8, m as u8);
+        self.rules.iter().map(key).cmp(other.rules.iter().map(key))
+    }
+}
+
+impl PartialOrd for Form {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl Form {
     /// The form of a plan of these rules (algorithm and mode, in plan order); `None` for the
     /// plans the generic script serves (no rule, or more than [`MAX_INLINE_RULES`]). One rule

@@ -1030,13 +1030,7 @@ async fn plans_of_many_limits_share_their_scripts_and_each_keeps_its_limit() {
     let server = RedisServer::start();
     let config = RedisConfig::standalone(server.url()).with_clock(StoreClock::Local);
     let store = store(config).await;
-    let cached = || {
-        let info = server.cli(&["info", "memory"]);
-        info.lines()
-            .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .expect("INFO memory counts the cached scripts")
-    };
+    let cached = || common::cached_scripts(|a| server.cli(a));
     let before = cached();
     let per_ip = Arc::new(rule("per-ip", Algorithm::TokenBucket, 1_000_000, HOUR));
     let limits: Vec<u64> = (0..200).map(|i| 200 + i).collect();
@@ -1366,4 +1360,65 @@ async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
         "decided out of arrival order"
     );
     assert!(relay.most_calls_written_together() >= 2);
+}
+
+/// Batches of the same forms in another arrival order share one batch script (a batch's list
+/// of forms is put in one order, each plan naming its form by its place in it), and every plan
+/// is still decided by its own form's branch, in arrival order: a token bucket of 1,000 and a
+/// GCRA of 10, each client's second plan (in the second batch, the forms the other way round)
+/// finding what its first took. With the list in arrival order the second batch needs a
+/// script of its own; with a plan's number taken from another order than its script's, the
+/// GCRA plans would run the token bucket's branch and the other way round.
+// One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
+#[tokio::test(flavor = "current_thread")]
+async fn batches_of_the_same_forms_in_another_order_share_one_script() {
+    let (server, relay, store, tb) = behind_a_relay(Duration::from_secs(10), "forms-tb").await;
+    let gcra = Arc::new(rule("forms-gcra", Algorithm::Gcra, 10, HOUR));
+    let one = |who: u128, r: &Arc<Rule>, cost: u64| {
+        let (store, r) = (store.clone(), r.clone());
+        tokio::spawn(async move {
+            let checks = [Check::new(client(who), &r, cost)];
+            store.check(&checks, 0).await
+        })
+    };
+    // The GCRA plan script loaded (a batch script is what this test counts).
+    let first = one(960, &gcra, 1).await.expect("task").expect("gcra");
+    assert!(first.allowed);
+    let before = common::cached_scripts(|a| server.cli(a));
+    let lead = held_lead(&relay, &store, &tb, 961).await;
+    // At `max_batch = 2`: [token bucket, GCRA], then [GCRA, token bucket].
+    let queued: Vec<_> = [
+        (962, &tb, 600),
+        (963, &gcra, 6),
+        (963, &gcra, 6),
+        (962, &tb, 600),
+    ]
+    .into_iter()
+    .map(|(who, r, cost)| one(who, r, cost))
+    .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    relay.release();
+    let lead = joined(lead).await;
+    assert!(
+        lead.iter().all(|a| a.as_ref().is_ok_and(|v| v.allowed)),
+        "{lead:?}"
+    );
+    let answers: Vec<(bool, u64)> = joined(queued)
+        .await
+        .into_iter()
+        .map(|a| {
+            let v = a.expect("check");
+            (v.allowed, v.decisions[0].remaining)
+        })
+        .collect();
+    assert_eq!(answers[0], (true, 400), "{answers:?}");
+    assert!(answers[1].0 && answers[1].1 <= 4, "{answers:?}");
+    assert!(!answers[2].0, "GCRA's second 6 of 10 allowed: {answers:?}");
+    assert_eq!(answers[3], (false, 400), "{answers:?}");
+    assert!(relay.most_calls_written_together() >= 2);
+    assert_eq!(
+        common::cached_scripts(|a| server.cli(a)) - before,
+        1,
+        "the two orders of the same forms loaded a script each"
+    );
 }

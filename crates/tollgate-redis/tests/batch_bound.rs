@@ -21,11 +21,7 @@ const HANG: Duration = Duration::from_secs(60);
 const BOUND: usize = 256;
 
 fn cached_scripts(server: &RedisServer) -> usize {
-    let info = server.cli(&["info", "memory"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no script count in {info}"))
+    common::cached_scripts(|a| server.cli(a)) as usize
 }
 
 /// A two-rule plan of the given first and second rules (each enforced or shadow): 100 forms.

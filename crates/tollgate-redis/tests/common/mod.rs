@@ -133,3 +133,12 @@ pub fn script_calls(cli: impl Fn(&[&str]) -> String) -> u64 {
         })
         .sum()
 }
+
+/// The scripts a server keeps (`INFO memory`'s `number_of_cached_scripts`).
+pub fn cached_scripts(cli: impl Fn(&[&str]) -> String) -> u64 {
+    let info = cli(&["info", "memory"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no script count in {info}"))
+}
