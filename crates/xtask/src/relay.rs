@@ -164,12 +164,18 @@ mod tests {
         port
     }
 
+    /// A connection to the relay whose reads give up after 10 s (a hung relay fails the test).
+    fn client(relay: &DelayRelay) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", relay.port())).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        s
+    }
+
     #[test]
     fn a_round_trip_takes_the_delay_each_way_and_keeps_the_bytes_in_order() {
         let relay = DelayRelay::start(echo(), Duration::from_millis(40)).expect("relay");
-        let mut s = TcpStream::connect(("127.0.0.1", relay.port())).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
+        let mut s = client(&relay);
         let t0 = Instant::now();
         s.write_all(b"one ").expect("write");
         s.write_all(b"two").expect("write");
@@ -192,9 +198,7 @@ mod tests {
     #[test]
     fn dropping_the_relay_closes_its_connections() {
         let relay = DelayRelay::start(echo(), Duration::from_millis(1)).expect("relay");
-        let mut s = TcpStream::connect(("127.0.0.1", relay.port())).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
+        let mut s = client(&relay);
         s.write_all(b"x").expect("write");
         let mut buf = [0u8; 4];
         assert_eq!(s.read(&mut buf).expect("echo"), 1);
