@@ -230,6 +230,53 @@ pub fn batch_script_args(rules: &[RuleShape], keys: &[String]) -> Option<Vec<Vec
     )
 }
 
+/// The most scripts [`many_forms_batch_scripts`] gives: the sets of one to four of its ten
+/// forms.
+#[doc(hidden)]
+pub const MANY_FORMS_SCRIPTS: usize = 385;
+
+/// For benchmarks: the texts of `n` (at most [`MANY_FORMS_SCRIPTS`]) batch scripts that plans
+/// of ten two-rule forms make, a token bucket then one of five algorithms, enforced or in
+/// shadow (the far section's "many forms"): sets of four forms first, then of three, two and
+/// one, each list in the store's order. What a store keeps loaded on its server when its
+/// clients' requests match many policies. Generated apart from the process's cache.
+#[doc(hidden)]
+pub fn many_forms_batch_scripts(n: usize) -> Vec<String> {
+    let forms: Vec<Form> = Algorithm::ALL
+        .iter()
+        .filter(|&&a| a != Algorithm::SlidingWindowLog)
+        .flat_map(|&a| [Mode::Enforce, Mode::Shadow].map(|m| (a, m)))
+        .filter_map(|second| {
+            Form::new([(Algorithm::TokenBucket, Mode::Enforce), second].into_iter())
+        })
+        .collect();
+    let mut texts = Vec::with_capacity(n.min(MANY_FORMS_SCRIPTS));
+    for size in (1..=MAX_BATCH_FORMS).rev() {
+        let mut pick: Vec<usize> = (0..size).collect();
+        while texts.len() < n && pick.last().is_some_and(|&l| l < forms.len()) {
+            let mut list: Vec<Form> = pick.iter().filter_map(|&i| forms.get(i).cloned()).collect();
+            list.sort_unstable();
+            texts.push(generate(&list, false).text);
+            // The next set of `size` indices in lexicographic order, or past the end.
+            let mut j = size;
+            while j > 0 {
+                j -= 1;
+                if pick[j] < forms.len() - (size - j) {
+                    pick[j] += 1;
+                    for t in j + 1..size {
+                        pick[t] = pick[t - 1] + 1;
+                    }
+                    break;
+                }
+                if j == 0 {
+                    pick[size - 1] = forms.len();
+                }
+            }
+        }
+    }
+    texts
+}
+
 /// For tests: the batch scripts with the most Lua locals, which Redis must compile (a Lua
 /// function holds at most 200): for each algorithm, a branch of [`crate::MAX_INLINE_RULES`]
 /// rules of it (a quota rule among them, as that adds a local) beside three smaller forms,
@@ -570,6 +617,18 @@ fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn many_forms_make_one_script_a_set_of_up_to_four_of_ten() {
+        let all = many_forms_batch_scripts(usize::MAX);
+        assert_eq!(all.len(), MANY_FORMS_SCRIPTS);
+        let distinct: std::collections::HashSet<&String> = all.iter().collect();
+        assert_eq!(distinct.len(), MANY_FORMS_SCRIPTS, "a set came twice");
+        // Sets of four first: each of those scripts has four branches.
+        assert!(all[0].contains("elseif s == 4 then"));
+        assert!(!all[MANY_FORMS_SCRIPTS - 1].contains("s == 2 then"));
+        assert_eq!(many_forms_batch_scripts(7), all[..7].to_vec());
+    }
     use crate::script::RuleShape;
     use tollgate_core::{Algorithm, Limit, Quota};
 

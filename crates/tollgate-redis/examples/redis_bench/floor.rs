@@ -36,6 +36,11 @@
 //!
 //! `--cases` runs some of the cases only (ratios to `single` need it in the list): one case
 //! alone is what a profile of redis-server (callgrind) wants.
+//!
+//! `--ballast 0,256`: the cases run beside that many other batch scripts loaded on the server
+//! (`many_forms_batch_scripts`: those a store keeps when its clients' requests match many
+//! policies, at most 385), each count in turn within a round, after a `SCRIPT FLUSH`: what the
+//! scripts a server keeps cost every call (ratios to the first count, same case and round).
 
 use crate::resp::{self, Reply};
 use std::collections::VecDeque;
@@ -99,6 +104,8 @@ pub struct Options {
     /// Which cases run (all by default, in [`Case::ALL`]'s order): one alone, for a profile of
     /// redis-server under one script.
     cases: Vec<Case>,
+    /// Other batch scripts loaded beside the cases', each count in turn (see the module docs).
+    ballast: Vec<usize>,
 }
 
 /// The options after `--script-floor`.
@@ -114,6 +121,7 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Options, String> {
         calls: 4,
         limits: 1,
         cases: Case::ALL.to_vec(),
+        ballast: vec![0],
     };
     let mut it = args;
     while let Some(flag) = it.next() {
@@ -176,6 +184,21 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Options, String> {
                     .into_iter()
                     .filter(|c| named.contains(c))
                     .collect();
+            }
+            "--ballast" => {
+                o.ballast = value
+                    .split(',')
+                    .map(|n| {
+                        n.trim()
+                            .parse::<usize>()
+                            .ok()
+                            .filter(|&n| n <= tollgate_redis::MANY_FORMS_SCRIPTS)
+                            .ok_or(format!(
+                                "--ballast takes counts in [0, {}], not {n:?}",
+                                tollgate_redis::MANY_FORMS_SCRIPTS
+                            ))
+                    })
+                    .collect::<Result<_, _>>()?;
             }
             other => return Err(format!("unknown flag {other}")),
         }
@@ -518,6 +541,7 @@ impl Conn {
 struct Run {
     case: Case,
     keys: u64,
+    ballast: usize,
     round: u32,
     tally: Tally,
     wall: f64,
@@ -534,11 +558,12 @@ impl Run {
     fn json(&self, batch: usize) -> String {
         let plans = self.tally.plans as f64;
         format!(
-            "{{\"case\":\"{}\",\"keys\":{},\"batch\":{},\"round\":{},\"plans\":{},\"seconds\":{:.3},\
+            "{{\"case\":\"{}\",\"keys\":{},\"ballast\":{},\"batch\":{},\"round\":{},\"plans\":{},\"seconds\":{:.3},\
              \"plans_per_s\":{:.0},\"redis_cpu_us_per_plan\":{:.4},\"redis_busy\":{:.3},\
              \"client_busy\":{:.3},\"allowed\":{},\"full_buckets\":{},\"keys_at_end\":{}}}",
             self.case.name(),
             self.keys,
+            self.ballast,
             if self.case == Case::Single { 1 } else { batch },
             self.round,
             self.tally.plans,
@@ -589,7 +614,14 @@ impl Bench {
         }
     }
 
-    fn run(&mut self, case: Case, keys: u64, round: u32, o: &Options) -> Result<Run, String> {
+    fn run(
+        &mut self,
+        case: Case,
+        keys: u64,
+        ballast: usize,
+        round: u32,
+        o: &Options,
+    ) -> Result<Run, String> {
         match self.conn.call(&[b"FLUSHALL"])? {
             Reply::Status(s) if s == b"OK" => {}
             other => return Err(format!("FLUSHALL answered {other:?}")),
@@ -610,6 +642,7 @@ impl Bench {
         Ok(Run {
             case,
             keys,
+            ballast,
             round,
             tally,
             wall,
@@ -633,6 +666,33 @@ fn server_info(text: &str) -> Result<(String, String), String> {
         return Err(format!("INFO server's process_id {pid:?}"));
     }
     Ok((pid, field("redis_version")?))
+}
+
+/// `SCRIPT FLUSH`, then the cases' scripts (text and SHA) and the `ballast` scripts beside
+/// them.
+fn load_scripts(
+    conn: &mut Conn,
+    cases: &[(String, String)],
+    ballast: &[String],
+) -> Result<(), String> {
+    match conn.call(&[b"SCRIPT", b"FLUSH"])? {
+        Reply::Status(s) if s == b"OK" => {}
+        other => return Err(format!("SCRIPT FLUSH answered {other:?}")),
+    }
+    for (text, sha) in cases {
+        load_script(conn, text, sha)?;
+    }
+    for text in ballast {
+        match conn.call(&[b"SCRIPT", b"LOAD", text.as_bytes()])? {
+            Reply::Bulk(Some(_)) => {}
+            other => {
+                return Err(format!(
+                    "SCRIPT LOAD of a ballast script answered {other:?}"
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Loads `text` and checks that Redis names it `sha`.
@@ -659,35 +719,58 @@ fn summary(runs: &[Run], o: &Options) -> String {
          ratio to single in the same round, median plans/s\n",
         o.batch, o.seconds
     );
+    let first = o.ballast.first().copied().unwrap_or(0);
     for &keys in &o.keys {
-        out.push_str(&format!("keys={keys}\n"));
-        for &case in &o.cases {
-            let mine: Vec<&Run> = runs
-                .iter()
-                .filter(|r| r.keys == keys && r.case == case)
-                .collect();
-            let us: Vec<String> = mine
-                .iter()
-                .map(|r| format!("{:.2}", r.us_per_plan()))
-                .collect();
-            let ratios: Vec<f64> = mine
-                .iter()
-                .filter_map(|r| {
-                    let single = runs
-                        .iter()
-                        .find(|s| s.keys == keys && s.round == r.round && s.case == Case::Single)?;
-                    Some(r.us_per_plan() / single.us_per_plan())
-                })
-                .collect();
-            let shown: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
-            let rate = median(mine.iter().map(|r| r.tally.plans as f64 / r.wall).collect());
-            out.push_str(&format!(
-                "  {:<8} us/plan {:<24} ratio {:<20} (median {:.2})  plans/s {rate:.0}\n",
+        for &n in &o.ballast {
+            out.push_str(&format!("keys={keys} ballast={n}\n"));
+            for &case in &o.cases {
+                let mine: Vec<&Run> = runs
+                    .iter()
+                    .filter(|r| r.keys == keys && r.ballast == n && r.case == case)
+                    .collect();
+                let us: Vec<String> = mine
+                    .iter()
+                    .map(|r| format!("{:.2}", r.us_per_plan()))
+                    .collect();
+                let ratios: Vec<f64> = mine
+                    .iter()
+                    .filter_map(|r| {
+                        let single = runs.iter().find(|s| {
+                            s.keys == keys
+                                && s.ballast == n
+                                && s.round == r.round
+                                && s.case == Case::Single
+                        })?;
+                        Some(r.us_per_plan() / single.us_per_plan())
+                    })
+                    .collect();
+                // The same case, round and keys beside the first ballast count.
+                let to_first: Vec<f64> = mine
+                    .iter()
+                    .filter_map(|r| {
+                        let base = runs.iter().find(|b| {
+                            b.keys == keys
+                                && b.ballast == first
+                                && b.round == r.round
+                                && b.case == case
+                        })?;
+                        Some(r.us_per_plan() / base.us_per_plan())
+                    })
+                    .collect();
+                let shown: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
+                let rate = median(mine.iter().map(|r| r.tally.plans as f64 / r.wall).collect());
+                let beside: Vec<String> = to_first.iter().map(|x| format!("{x:.2}")).collect();
+                out.push_str(&format!(
+                "  {:<8} us/plan {:<24} ratio {:<20} (median {:.2})  to ballast {first} {:<16} \
+                 (median {:.2})  plans/s {rate:.0}\n",
                 case.name(),
                 us.join(" "),
                 shown.join(" "),
                 median(ratios),
+                beside.join(" "),
+                median(to_first),
             ));
+            }
         }
     }
     out
@@ -717,7 +800,7 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
         ));
     }
     let load = Load::new(&o)?;
-    let texts = [
+    let texts: Vec<(String, String)> = [
         (
             tollgate_redis::plan_script_text(&[load.rule]),
             &load.single_sha,
@@ -727,10 +810,12 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
             &load.batch_sha,
         ),
         (Some(MINIMAL.to_string()), &load.minimal_sha),
-    ];
-    for (text, sha) in texts {
-        load_script(&mut conn, &text.ok_or("no generated script")?, sha)?;
-    }
+    ]
+    .into_iter()
+    .map(|(text, sha)| Ok((text.ok_or("no generated script")?, sha.clone())))
+    .collect::<Result<_, String>>()?;
+    let most = o.ballast.iter().copied().max().unwrap_or(0);
+    let ballast = tollgate_redis::many_forms_batch_scripts(most);
     let mut bench = Bench {
         conn,
         load,
@@ -738,16 +823,24 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
         tick_us: 1e6 / ticks_per_second() as f64,
     };
     eprintln!(
-        "redis_bench --script-floor: redis {version}, keys {:?}, batch {}, {} rounds of {} s",
-        o.keys, o.batch, o.rounds, o.seconds
+        "redis_bench --script-floor: redis {version}, keys {:?}, batch {}, ballast {:?}, {} \
+         rounds of {} s",
+        o.keys, o.batch, o.ballast, o.rounds, o.seconds
     );
     let mut runs = Vec::new();
     for round in 1..=o.rounds {
         for &keys in &o.keys {
-            for &case in &o.cases {
-                let run = bench.run(case, keys, round, &o)?;
-                println!("{}", run.json(o.batch));
-                runs.push(run);
+            for &n in &o.ballast {
+                load_scripts(
+                    &mut bench.conn,
+                    &texts,
+                    ballast.get(..n).unwrap_or(&ballast),
+                )?;
+                for &case in &o.cases {
+                    let run = bench.run(case, keys, n, round, &o)?;
+                    println!("{}", run.json(o.batch));
+                    runs.push(run);
+                }
             }
         }
     }
@@ -798,6 +891,8 @@ mod tests {
             "--url u --cases",
             "--url u --limits 0",
             "--url u --limits 100001",
+            "--url u --ballast 386",
+            "--url u --ballast 0,x",
         ] {
             assert!(options(bad).is_err(), "{bad}");
         }
@@ -808,6 +903,13 @@ mod tests {
                 .expect("valid")
                 .cases,
             vec![Case::Batch, Case::Minimal]
+        );
+        assert_eq!(options("--url u").expect("valid").ballast, vec![0]);
+        assert_eq!(
+            options("--url u --ballast 0,256,385")
+                .expect("valid")
+                .ballast,
+            vec![0, 256, 385]
         );
     }
 
@@ -1034,10 +1136,11 @@ mod tests {
 
     #[test]
     fn the_summary_takes_ratios_within_a_round() {
-        let o = options("--url u --keys 10 --rounds 2").expect("o");
-        let run = |case, round, us: f64| Run {
+        let o = options("--url u --keys 10 --rounds 2 --ballast 0,256").expect("o");
+        let run_beside = |case, ballast, round, us: f64| Run {
             case,
             keys: 10,
+            ballast,
             round,
             tally: Tally {
                 plans: 100,
@@ -1048,20 +1151,31 @@ mod tests {
             client_us: 0.0,
             dbsize: 0,
         };
+        let run = |case, round, us| run_beside(case, 0, round, us);
         let runs = [
             run(Case::Single, 1, 6.0),
             run(Case::Batch, 1, 3.0),
+            run_beside(Case::Single, 256, 1, 9.0),
+            run_beside(Case::Batch, 256, 1, 3.3),
             run(Case::Single, 2, 12.0),
             run(Case::Batch, 2, 9.0),
+            run_beside(Case::Single, 256, 2, 15.0),
+            run_beside(Case::Batch, 256, 2, 9.9),
         ];
         let s = summary(&runs, &o);
         assert!(s.contains("single   us/plan 6.00 12.00"), "{s}");
         assert!(s.contains("ratio 0.50 0.75"), "{s}");
         assert!(s.contains("(median 0.50)"), "{s}");
+        // Beside 256 scripts: ratios to single of the same round and ballast, and to the
+        // same case and round without them.
+        let beside = s.split("ballast=256").nth(1).expect("a ballast=256 part");
+        assert!(beside.contains("single   us/plan 9.00 15.00"), "{s}");
+        assert!(beside.contains("to ballast 0 1.50 1.25"), "{s}");
+        assert!(beside.contains("to ballast 0 1.10 1.10"), "{s}");
         let json = runs[1].json(64);
         assert!(
             json.starts_with(
-                "{\"case\":\"batch\",\"keys\":10,\"batch\":64,\"round\":1,\"plans\":100,"
+                "{\"case\":\"batch\",\"keys\":10,\"ballast\":0,\"batch\":64,\"round\":1,\"plans\":100,"
             ),
             "{json}"
         );
