@@ -250,31 +250,22 @@ pub fn many_forms_batch_scripts(n: usize) -> Vec<String> {
             Form::new([(Algorithm::TokenBucket, Mode::Enforce), second].into_iter())
         })
         .collect();
-    let mut texts = Vec::with_capacity(n.min(MANY_FORMS_SCRIPTS));
-    for size in (1..=MAX_BATCH_FORMS).rev() {
-        let mut pick: Vec<usize> = (0..size).collect();
-        while texts.len() < n && pick.last().is_some_and(|&l| l < forms.len()) {
-            let mut list: Vec<Form> = pick.iter().filter_map(|&i| forms.get(i).cloned()).collect();
+    // Each set as a bit mask over `forms`: the larger sets first, in order of mask within a size.
+    let mut sets: Vec<u32> = (1..1u32 << forms.len())
+        .filter(|m| m.count_ones() as usize <= MAX_BATCH_FORMS)
+        .collect();
+    sets.sort_by_key(|m| std::cmp::Reverse(m.count_ones()));
+    sets.into_iter()
+        .take(n)
+        .map(|mask| {
+            let mut list: Vec<Form> = (0..forms.len())
+                .filter(|i| mask >> i & 1 == 1)
+                .filter_map(|i| forms.get(i).cloned())
+                .collect();
             list.sort_unstable();
-            texts.push(generate(&list, false).text);
-            // The next set of `size` indices in lexicographic order, or past the end.
-            let mut j = size;
-            while j > 0 {
-                j -= 1;
-                if pick[j] < forms.len() - (size - j) {
-                    pick[j] += 1;
-                    for t in j + 1..size {
-                        pick[t] = pick[t - 1] + 1;
-                    }
-                    break;
-                }
-                if j == 0 {
-                    pick[size - 1] = forms.len();
-                }
-            }
-        }
-    }
-    texts
+            generate(&list, false).text
+        })
+        .collect()
 }
 
 /// For tests: the batch scripts with the most Lua locals, which Redis must compile (a Lua
@@ -617,6 +608,8 @@ fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::script::RuleShape;
+    use tollgate_core::{Algorithm, Limit, Quota};
 
     #[test]
     fn many_forms_make_one_script_a_set_of_up_to_four_of_ten() {
@@ -629,8 +622,6 @@ mod tests {
         assert!(!all[MANY_FORMS_SCRIPTS - 1].contains("s == 2 then"));
         assert_eq!(many_forms_batch_scripts(7), all[..7].to_vec());
     }
-    use crate::script::RuleShape;
-    use tollgate_core::{Algorithm, Limit, Quota};
 
     fn shape(rules: &[(Algorithm, Mode)]) -> Form {
         shape_of(rules, 100)

@@ -146,18 +146,10 @@ impl Direct {
     /// Sends `cmd` (a whole command's RESP bytes, `command.rs`) and reads its reply. A server
     /// error is an `Err`, as with redis-rs.
     pub(crate) async fn query(&self, cmd: &[u8]) -> Result<Value, RedisError> {
-        let mut call = Call {
-            direct: self,
-            socket: Some(self.socket().await?),
-            written: false,
-            unread: 0,
-        };
+        let mut call = self.call(self.socket().await?);
         let reply = call.run(cmd).await;
         self.finish(&mut call, reply.is_ok());
-        match reply? {
-            Value::ServerError(e) => Err(e.into()),
-            v => Ok(v),
-        }
+        server_error_as_err(reply?)
     }
 
     /// Sends `cmds` (the RESP bytes of `n` whole commands, written together) and reads their
@@ -165,23 +157,22 @@ impl Direct {
     /// command's `Err`); an I/O error, or a reply that cannot be read, is the `Err` of them
     /// all.
     pub(crate) async fn query_many(&self, cmds: &[u8], n: usize) -> Many {
-        let mut call = Call {
-            direct: self,
-            socket: Some(self.socket().await?),
-            written: false,
-            unread: 0,
-        };
+        let mut call = self.call(self.socket().await?);
         let mut replies = Vec::with_capacity(n);
         let done = call.run_many(cmds, n, &mut replies).await;
         self.finish(&mut call, done.is_ok());
         done?;
-        Ok(replies
-            .into_iter()
-            .map(|v| match v {
-                Value::ServerError(e) => Err(e.into()),
-                v => Ok(v),
-            })
-            .collect())
+        Ok(replies.into_iter().map(server_error_as_err).collect())
+    }
+
+    /// A call on `socket`, nothing written yet.
+    fn call(&self, socket: Socket) -> Call<'_> {
+        Call {
+            direct: self,
+            socket: Some(socket),
+            written: false,
+            unread: 0,
+        }
     }
 
     /// The idle socket, or a new one.
@@ -338,6 +329,14 @@ fn expect_ok(v: Value, what: &'static str) -> Result<(), RedisError> {
             "unexpected reply",
             format!("{what} answered {other:?}"),
         ))),
+    }
+}
+
+/// A reply as redis-rs gives it: a server error is an `Err`.
+fn server_error_as_err(v: Value) -> Result<Value, RedisError> {
+    match v {
+        Value::ServerError(e) => Err(e.into()),
+        v => Ok(v),
     }
 }
 

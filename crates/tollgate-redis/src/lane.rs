@@ -152,18 +152,15 @@ impl Lane {
         }
     }
 
-    /// Whether calls written together of the script `sha` have run on this lane's server (see
-    /// [`Lane::loaded`]).
-    pub(crate) fn has_run(&self, sha: &str) -> bool {
-        self.loaded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(sha)
+    /// The SHAs of the scripts calls written together have run on this lane's server (see
+    /// [`Lane::loaded`]), held for as long as the guard lives: one lock for a round's calls.
+    pub(crate) fn scripts_run(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.loaded.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Notes that `shas` have run on this lane's server.
     pub(crate) fn note_run<'a>(&self, shas: impl Iterator<Item = &'a str>) {
-        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut loaded = self.scripts_run();
         for sha in shas {
             if !loaded.contains(sha) {
                 loaded.insert(sha.to_string());
@@ -173,10 +170,7 @@ impl Lane {
 
     /// Forgets every script noted: the server answered that it has one no more.
     pub(crate) fn forget_run(&self) {
-        self.loaded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        self.scripts_run().clear();
     }
 
     /// The address of the node's own connection (see [`Lane::node`]).

@@ -1885,39 +1885,43 @@ impl RedisStore {
         let Some(deadline) = entries.iter().filter_map(Entry::earliest).min() else {
             return;
         };
-        let mut packed: Vec<Packed> = entries
-            .iter()
-            .map(|entry| {
-                // By its script's SHA once this lane has run that script, else whole (see
-                // `Lane::loaded`).
-                let script = entry.script();
-                let (first, second): (&[u8], &[u8]) = if lane.has_run(&script.sha) {
-                    (b"EVALSHA", script.sha.as_bytes())
-                } else {
-                    (b"EVAL", script.text.as_bytes())
-                };
-                match entry {
-                    Entry::Batch {
-                        batch,
-                        shapes,
-                        call,
-                    } => {
-                        let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
-                        packed_call(first, second, call.room, |cmd| {
-                            self.push_call_args(cmd, &jobs, shapes, call)
-                        })
-                    }
-                    Entry::Alone(w) => match &w.job {
-                        Job::Plan(p) => {
-                            packed_call(first, second, p.room(), |cmd| self.push_plan_args(cmd, p))
+        let mut packed: Vec<Packed> = {
+            // One lock for the round's calls, released before the round is sent.
+            let run = lane.scripts_run();
+            entries
+                .iter()
+                .map(|entry| {
+                    // By its script's SHA once this lane has run that script, else whole (see
+                    // `Lane::loaded`).
+                    let script = entry.script();
+                    let (first, second): (&[u8], &[u8]) = if run.contains(&script.sha) {
+                        (b"EVALSHA", script.sha.as_bytes())
+                    } else {
+                        (b"EVAL", script.text.as_bytes())
+                    };
+                    match entry {
+                        Entry::Batch {
+                            batch,
+                            shapes,
+                            call,
+                        } => {
+                            let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
+                            packed_call(first, second, call.room, |cmd| {
+                                self.push_call_args(cmd, &jobs, shapes, call)
+                            })
                         }
-                        Job::Lease(l) => packed_call(first, second, Room::lease(l), |cmd| {
-                            self.push_lease_call_args(cmd, l)
-                        }),
-                    },
-                }
-            })
-            .collect();
+                        Entry::Alone(w) => match &w.job {
+                            Job::Plan(p) => packed_call(first, second, p.room(), |cmd| {
+                                self.push_plan_args(cmd, p)
+                            }),
+                            Job::Lease(l) => packed_call(first, second, Room::lease(l), |cmd| {
+                                self.push_lease_call_args(cmd, l)
+                            }),
+                        },
+                    }
+                })
+                .collect()
+        };
         let replies =
             tokio::time::timeout_at(deadline, self.query_own_many(own, &mut packed)).await;
         let replies = match replies {
@@ -2228,7 +2232,7 @@ fn packed_call(
     room: Room,
     args: impl FnOnce(&mut dyn Args),
 ) -> Packed {
-    let mut p = Packed::with_capacity(room.bytes + room.args * 8 + 64);
+    let mut p = Packed::with_capacity(second.len() + room.bytes + room.args * 8 + 64);
     p.bulk(first);
     p.bulk(second);
     args(&mut p);

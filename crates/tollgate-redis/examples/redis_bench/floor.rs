@@ -145,20 +145,22 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Options, String> {
                 ))
         };
         let size = |n: u64| usize::try_from(n).map_err(|e| format!("{flag}: {e}"));
+        // A comma-separated list of counts, each in [lo, hi].
+        let counts = |lo: u64, hi: u64| -> Result<Vec<u64>, String> {
+            value
+                .split(',')
+                .map(|k| {
+                    k.trim()
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|n| (lo..=hi).contains(n))
+                        .ok_or(format!("{flag} takes counts in [{lo}, {hi}], not {k:?}"))
+                })
+                .collect()
+        };
         match flag.as_str() {
             "--url" => o.url = value.clone(),
-            "--keys" => {
-                o.keys = value
-                    .split(',')
-                    .map(|k| {
-                        k.trim()
-                            .parse::<u64>()
-                            .ok()
-                            .filter(|n| (1..=100_000_000).contains(n))
-                            .ok_or(format!("--keys takes counts in [1, 100000000], not {k:?}"))
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
+            "--keys" => o.keys = counts(1, 100_000_000)?,
             "--batch" => o.batch = size(bounded(2, tollgate_redis::MAX_BATCH as u64)?)?,
             "--seconds" => o.seconds = seconds(0.1)?,
             "--warmup" => o.warmup = seconds(0.0)?,
@@ -186,18 +188,10 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Options, String> {
                     .collect();
             }
             "--ballast" => {
-                o.ballast = value
-                    .split(',')
-                    .map(|n| {
-                        n.trim()
-                            .parse::<usize>()
-                            .ok()
-                            .filter(|&n| n <= tollgate_redis::MANY_FORMS_SCRIPTS)
-                            .ok_or(format!(
-                                "--ballast takes counts in [0, {}], not {n:?}",
-                                tollgate_redis::MANY_FORMS_SCRIPTS
-                            ))
-                    })
+                let most = tollgate_redis::MANY_FORMS_SCRIPTS as u64;
+                o.ballast = counts(0, most)?
+                    .into_iter()
+                    .map(size)
                     .collect::<Result<_, _>>()?;
             }
             other => return Err(format!("unknown flag {other}")),
@@ -716,7 +710,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn summary(runs: &[Run], o: &Options) -> String {
     let mut out = format!(
         "summary: token_bucket 100/min, batch {}, {} s a run; Redis CPU us per plan by round, \
-         ratio to single in the same round, median plans/s\n",
+         ratio to single in the same round (and to the first ballast count), median plans/s\n",
         o.batch, o.seconds
     );
     let first = o.ballast.first().copied().unwrap_or(0);
@@ -728,48 +722,40 @@ fn summary(runs: &[Run], o: &Options) -> String {
                     .iter()
                     .filter(|r| r.keys == keys && r.ballast == n && r.case == case)
                     .collect();
-                let us: Vec<String> = mine
-                    .iter()
-                    .map(|r| format!("{:.2}", r.us_per_plan()))
-                    .collect();
-                let ratios: Vec<f64> = mine
-                    .iter()
-                    .filter_map(|r| {
-                        let single = runs.iter().find(|s| {
-                            s.keys == keys
-                                && s.ballast == n
-                                && s.round == r.round
-                                && s.case == Case::Single
-                        })?;
-                        Some(r.us_per_plan() / single.us_per_plan())
-                    })
-                    .collect();
-                // The same case, round and keys beside the first ballast count.
-                let to_first: Vec<f64> = mine
-                    .iter()
-                    .filter_map(|r| {
-                        let base = runs.iter().find(|b| {
-                            b.keys == keys
-                                && b.ballast == first
-                                && b.round == r.round
-                                && b.case == case
-                        })?;
-                        Some(r.us_per_plan() / base.us_per_plan())
-                    })
-                    .collect();
-                let shown: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
+                // Against the run of the same keys and round, of `case` beside `ballast` others.
+                let against = |case: Case, ballast: usize| -> Vec<f64> {
+                    mine.iter()
+                        .filter_map(|r| {
+                            let base = runs.iter().find(|b| {
+                                b.keys == keys
+                                    && b.round == r.round
+                                    && b.case == case
+                                    && b.ballast == ballast
+                            })?;
+                            Some(r.us_per_plan() / base.us_per_plan())
+                        })
+                        .collect()
+                };
+                let ratios = against(Case::Single, n);
+                let to_first = against(case, first);
                 let rate = median(mine.iter().map(|r| r.tally.plans as f64 / r.wall).collect());
-                let beside: Vec<String> = to_first.iter().map(|x| format!("{x:.2}")).collect();
+                let us: Vec<f64> = mine.iter().map(|r| r.us_per_plan()).collect();
+                let shown = |v: &[f64]| {
+                    let parts: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
+                    parts.join(" ")
+                };
                 out.push_str(&format!(
-                "  {:<8} us/plan {:<24} ratio {:<20} (median {:.2})  to ballast {first} {:<16} \
-                 (median {:.2})  plans/s {rate:.0}\n",
-                case.name(),
-                us.join(" "),
-                shown.join(" "),
-                median(ratios),
-                beside.join(" "),
-                median(to_first),
-            ));
+                    "  {:<8} us/plan {:<24} ratio {:<20} (median {:.2})  ",
+                    case.name(),
+                    shown(&us),
+                    shown(&ratios),
+                    median(ratios.clone()),
+                ));
+                out.push_str(&format!(
+                    "to ballast {first} {:<16} (median {:.2})  plans/s {rate:.0}\n",
+                    shown(&to_first),
+                    median(to_first),
+                ));
             }
         }
     }

@@ -13,14 +13,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
 use serde_json::json;
 use tollgate_testkit::{RedisCluster, RedisServer};
 
 use super::servers::{self, Wrk};
 use super::{log, Ctx};
 use crate::markdown::Table;
-use crate::procs::{self, Proc};
+use crate::procs;
 use crate::stats::{ratios, spread, Digits};
 
 const GATEWAY_CPU: u32 = 1;
@@ -108,7 +107,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                         n.cli(&["flushall"]);
                         n.cli(&["config", "resetstat"]);
                     }
-                    let (proc, port) = serve(bin, &dir, setup, &urls, one)?;
+                    let gateway = serve(bin, &dir, setup, &urls, one)?;
                     std::thread::sleep(Duration::from_millis(300));
                     let pids: Vec<u32> = nodes.iter().filter_map(|n| n.pid()).collect();
                     let redis_ticks = |pids: &[u32]| -> anyhow::Result<u64> {
@@ -119,16 +118,16 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                     };
                     let (r0, g0, s0) = (
                         redis_ticks(&pids)?,
-                        procs::cpu_ticks(proc.pid())?,
+                        procs::cpu_ticks(gateway.proc.pid())?,
                         calls(&nodes)?,
                     );
-                    let w = wrk.run(&dir, port, &ctx.logs.join("coalesce-wrk.txt"))?;
+                    let w = wrk.run(&dir, gateway.port, &ctx.logs.join("coalesce-wrk.txt"))?;
                     let (r1, g1, s1) = (
                         redis_ticks(&pids)?,
-                        procs::cpu_ticks(proc.pid())?,
+                        procs::cpu_ticks(gateway.proc.pid())?,
                         calls(&nodes)?,
                     );
-                    drop(proc);
+                    drop(gateway);
                     let n = w.requests.max(1) as f64;
                     let redis_us = (r1 - r0) as f64 * tick_us / n;
                     let gateway_us = (g1 - g0) as f64 * tick_us / n;
@@ -216,15 +215,14 @@ fn render(runs: &BTreeMap<Key, Runs>, binaries: &[(String, &Path)]) -> String {
 }
 
 /// Starts `tollgate serve` on `urls` (one: standalone; several: a Cluster), pinned to the
-/// gateway's CPU; returns it with its port.
+/// gateway's CPU.
 fn serve(
     bin: &Path,
     dir: &Path,
     setup: Setup,
     urls: &[String],
     one: bool,
-) -> anyhow::Result<(Proc, u16)> {
-    let (port, admin) = (procs::free_port()?, procs::free_port()?);
+) -> anyhow::Result<servers::Gateway> {
     let store = match setup {
         Setup::Standalone => format!(
             "backend = \"redis\"\nurl = \"{}\"\n",
@@ -238,22 +236,19 @@ fn serve(
             )
         }
     };
-    let config = format!(
-        "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
-         [store]\n{store}timeout = \"200ms\"\n{}\
-         [identity]\nsources = [\"header:x-api-key\", \"ip\"]\nsecret = \"bench\"\n\
-         [[policy]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1m\"\n",
-        if one { "max_batch = 1\n" } else { "" }
-    );
-    let path = dir.join("coalesce.toml");
-    std::fs::write(&path, config).with_context(|| format!("cannot write {}", path.display()))?;
-    let mut cmd = servers::pinned(bin, Some(GATEWAY_CPU));
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(&path)
-        .env("TOLLGATE_LOG", "warn");
-    let mut proc = Proc::spawn("tollgate-coalesce", cmd, &dir.join("tollgate-coalesce.log"))?;
-    proc.wait_port(port, Duration::from_secs(20))?;
-    procs::wait_http_ok(admin, "/healthz", Duration::from_secs(20))?;
-    Ok((proc, port))
+    servers::serve_with(
+        bin,
+        dir,
+        "tollgate-coalesce",
+        Some(GATEWAY_CPU),
+        |port, admin| {
+            format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+             [store]\n{store}timeout = \"200ms\"\n{}\
+             [identity]\nsources = [\"header:x-api-key\", \"ip\"]\nsecret = \"bench\"\n\
+             [[policy]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1m\"\n",
+            if one { "max_batch = 1\n" } else { "" }
+        )
+        },
+    )
 }

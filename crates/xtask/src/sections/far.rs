@@ -22,7 +22,7 @@ use tollgate_testkit::RedisServer;
 use super::servers::{self, Wrk};
 use super::{log, Ctx};
 use crate::markdown::Table;
-use crate::procs::{self, Proc};
+use crate::procs;
 use crate::relay::DelayRelay;
 use crate::stats::{ratios, spread, Digits};
 
@@ -102,7 +102,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
     let mut runs: BTreeMap<Key, Runs> = BTreeMap::new();
     for rep in 1..=ctx.reps {
         for case in Case::ALL {
-            let port = if case.far() {
+            let redis_port = if case.far() {
                 relay.port()
             } else {
                 server.port()
@@ -134,7 +134,8 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                 server.cli(&["flushall"]);
                 server.cli(&["script", "flush"]);
                 server.cli(&["config", "resetstat"]);
-                let (proc, port, admin) = serve(bin, &dir, case, port, one)?;
+                let gateway = serve(bin, &dir, case, redis_port, one)?;
+                let (port, admin) = (gateway.port, gateway.admin);
                 let warm = if case.many() { 3 } else { 1 };
                 wrk(warm).run(&dir, port, &ctx.logs.join("far-warm.txt"))?;
                 let (r0, c0, f0) = (
@@ -148,7 +149,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                     servers::script_calls(&server)?,
                     failed_decisions(admin)?,
                 );
-                drop(proc);
+                drop(gateway);
                 let n = w.requests.max(1) as f64;
                 let redis_us = r1.saturating_sub(r0) as f64 * tick_us / n;
                 let per_request = c1.saturating_sub(c0) as f64 / n;
@@ -255,35 +256,24 @@ fn policies(many: bool) -> String {
     out
 }
 
-/// Starts `tollgate serve` (unpinned) on the Redis at 127.0.0.1:`redis_port`; returns it with
-/// its port and admin port.
+/// Starts `tollgate serve` (unpinned) on the Redis at 127.0.0.1:`redis_port`.
 fn serve(
     bin: &Path,
     dir: &Path,
     case: Case,
     redis_port: u16,
     one: bool,
-) -> anyhow::Result<(Proc, u16, u16)> {
-    let (port, admin) = (procs::free_port()?, procs::free_port()?);
-    let config = format!(
-        "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
-         [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{redis_port}\"\n\
-         timeout = \"2s\"\n{}\
-         [identity]\nsources = [\"header:x-api-key\", \"ip\"]\nsecret = \"far\"\n{}",
-        if one { "max_batch = 1\n" } else { "" },
-        policies(case.many())
-    );
-    let path = dir.join("far.toml");
-    std::fs::write(&path, config).with_context(|| format!("cannot write {}", path.display()))?;
-    let mut cmd = servers::pinned(bin, None);
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(&path)
-        .env("TOLLGATE_LOG", "warn");
-    let mut proc = Proc::spawn("tollgate-far", cmd, &dir.join("tollgate-far.log"))?;
-    proc.wait_port(port, Duration::from_secs(20))?;
-    procs::wait_http_ok(admin, "/healthz", Duration::from_secs(20))?;
-    Ok((proc, port, admin))
+) -> anyhow::Result<servers::Gateway> {
+    servers::serve_with(bin, dir, "tollgate-far", None, |port, admin| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+             [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{redis_port}\"\n\
+             timeout = \"2s\"\n{}\
+             [identity]\nsources = [\"header:x-api-key\", \"ip\"]\nsecret = \"far\"\n{}",
+            if one { "max_batch = 1\n" } else { "" },
+            policies(case.many())
+        )
+    })
 }
 
 /// Decisions not made by Redis so far (failed open or closed, or made by the fallback), from

@@ -156,10 +156,11 @@ pub struct Gateway {
     pub proc: Proc,
     /// Where it serves.
     pub port: u16,
+    /// Its admin listener (`/metrics`, `/healthz`).
+    pub admin: u16,
 }
 
-/// Starts `tollgate serve` with `config` (written to `dir/name.toml`) and waits until it
-/// listens and its /healthz answers.
+/// Starts `tollgate serve` with [`serve_config`] (see [`serve_with`]).
 pub fn serve(
     tollgate: &Path,
     dir: &Path,
@@ -168,9 +169,24 @@ pub fn serve(
     store: Store,
     cpu: Option<u32>,
 ) -> anyhow::Result<Gateway> {
+    serve_with(tollgate, dir, name, cpu, |port, admin| {
+        serve_config(port, admin, upstream, store)
+    })
+}
+
+/// Starts `tollgate serve` (pinned to `cpu` when given) with the config `config(port, admin)`
+/// gives for two free loopback ports (written to `dir/name.toml`, its log `dir/name.log`), and
+/// waits until it listens and its /healthz answers.
+pub fn serve_with(
+    tollgate: &Path,
+    dir: &Path,
+    name: &str,
+    cpu: Option<u32>,
+    config: impl FnOnce(u16, u16) -> String,
+) -> anyhow::Result<Gateway> {
     let (port, admin) = (procs::free_port()?, procs::free_port()?);
     let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, serve_config(port, admin, upstream, store))
+    std::fs::write(&path, config(port, admin))
         .with_context(|| format!("cannot write {}", path.display()))?;
     let mut cmd = pinned(tollgate, cpu);
     cmd.arg("serve")
@@ -180,7 +196,7 @@ pub fn serve(
     let mut proc = Proc::spawn(name, cmd, &dir.join(format!("{name}.log")))?;
     proc.wait_port(port, START)?;
     procs::wait_http_ok(admin, "/healthz", START)?;
-    Ok(Gateway { proc, port })
+    Ok(Gateway { proc, port, admin })
 }
 
 /// wrk's script: one of N requests pre-formatted in init() (`x-api-key: k1..kN`, drawn at
