@@ -107,6 +107,27 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr().context("no local address")?.port())
 }
 
+/// `N` loopback ports that were free a moment ago, all different (each is found free on its
+/// own, so a later one may be an earlier one again).
+pub fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
+    let mut ports = [0u16; N];
+    let mut found = 0;
+    for _ in 0..N * 100 {
+        if found == N {
+            break;
+        }
+        let port = free_port()?;
+        if !ports[..found].contains(&port) {
+            ports[found] = port;
+            found += 1;
+        }
+    }
+    if found < N {
+        bail!("the system gave the same free ports again and again");
+    }
+    Ok(ports)
+}
+
 fn connects(port: u16) -> bool {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
@@ -267,6 +288,14 @@ pub fn ticks_per_second() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_are_all_different() {
+        for _ in 0..50 {
+            let [a, b, c] = free_ports().expect("ports");
+            assert!(a != b && b != c && a != c, "{a} {b} {c}");
+        }
+    }
 
     #[test]
     fn a_process_is_stopped_when_dropped() {

@@ -27,7 +27,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
     let cpu = gateway_cpu::table(ctx, seconds)?;
 
     let dir = ctx.dir("gateway")?;
-    let (up, nl) = (procs::free_port()?, procs::free_port()?);
+    let [up, nl] = procs::free_ports()?;
     let _upstream = servers::nginx(&dir, "upstream", &servers::upstream_body(up), up, None)?;
     let _limit = servers::nginx(
         &dir,

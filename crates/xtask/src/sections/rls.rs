@@ -405,11 +405,8 @@ impl Rig<'_> {
             yaml,
             seconds,
         } = *self;
-        let ports = Ports {
-            http: procs::free_port()?,
-            admin: procs::free_port()?,
-            rls: procs::free_port()?,
-        };
+        let [http, admin, rls] = procs::free_ports()?;
+        let ports = Ports { http, admin, rls };
         let toml = dir.join("gateway.toml");
         std::fs::write(&toml, config(ports, redis.port(), yaml, shape.policies))
             .with_context(|| format!("cannot write {}", toml.display()))?;

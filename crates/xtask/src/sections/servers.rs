@@ -184,7 +184,7 @@ pub fn serve_with(
     cpu: Option<u32>,
     config: impl FnOnce(u16, u16) -> String,
 ) -> anyhow::Result<Gateway> {
-    let (port, admin) = (procs::free_port()?, procs::free_port()?);
+    let [port, admin] = procs::free_ports()?;
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, config(port, admin))
         .with_context(|| format!("cannot write {}", path.display()))?;
