@@ -2,9 +2,11 @@
 //!
 //! Most of what one script call costs Redis is the call itself (reading, parsing and
 //! dispatching the command, entering the script), not the decision: a batch pays it once for
-//! every plan queued behind a call in flight (see `lane.rs`). The script is generated for the
-//! list of distinct plan forms of its batch (at most [`MAX_BATCH_FORMS`]; a form is each
-//! rule's algorithm and mode, see `script.rs`), one branch per form, each the same decision
+//! every plan queued behind a call in flight (see `lane.rs`). The script is generated for a
+//! list of plan forms (a form is each rule's algorithm and mode, see `script.rs`): its lane's
+//! list, every form its plans have come in so far, up to [`MAX_SCRIPT_FORMS`] forms of
+//! [`MAX_SCRIPT_RULES`] rules, or past that the batch's own forms (at most
+//! [`MAX_BATCH_FORMS`]); one branch per form, each the same decision
 //! bodies and all-or-nothing rule as the form's own script, every plan with its own quotas (so
 //! plans of one policy under a thousand overrides, each its own limit, share one branch); it
 //! runs the plans in arrival order, each against the state the plans before it left, so a
@@ -58,25 +60,37 @@ use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 use tollgate_core::{Algorithm, Micros, Mode};
 
-/// The most distinct plan forms one batch script serves: a batch stops before a plan of one
-/// more form, which leaves first in the next call.
+/// The most distinct plan forms a batch of its own forms holds (a batch that is not of its
+/// lane's forms, see `lane.rs`): it stops before a plan of one more form, which leaves first
+/// in the next call.
 pub(crate) const MAX_BATCH_FORMS: usize = 4;
+
+/// The most forms one batch script has branches for: a plan names its form in the low four
+/// bits of its byte in ARGV[1] (1..=15). A lane's list of forms grows to at most this.
+pub(crate) const MAX_SCRIPT_FORMS: usize = 15;
+
+/// The most rules the forms of one batch script hold in all: the size of the largest script
+/// (four forms of sixteen rules, about 390 KB of Lua), whose Lua locals and jumps a test
+/// compiles on a real redis-server.
+pub(crate) const MAX_SCRIPT_RULES: usize = MAX_BATCH_FORMS * crate::MAX_INLINE_RULES;
 
 /// How many form lists get a batch script, and how many bytes of text their scripts may take
 /// (a list of four forms of sixteen rules is about 390 KB; 64 MiB is more than 256 lists of
 /// eight-rule forms took). Past either, a batch whose list has none runs its plans one call
 /// each, written together on the lane's own connection (one write, as `max_batch = 1`
-/// pipelines them), not one a round trip. A list is in one order whatever order its plans
-/// came in (`lane.rs` sorts it), so a client that can choose among n forms makes at most the
-/// sets of up to four of them: 56 for six forms, 385 for ten (in arrival order they were 516
-/// and 5,860 lists).
+/// pipelines them), not one a round trip. A lane's list grows one form at a time (at most 15
+/// lists a lane); past it, a list is in one order whatever order its plans came in
+/// (`lane.rs` sorts it), so a client that can choose among n forms makes at most the sets of
+/// up to four of them: 56 for six forms, 385 for ten (in arrival order they were 516 and
+/// 5,860 lists).
 const BATCH_SCRIPTS: Bound = Bound {
     scripts: 256,
     bytes: 64 << 20,
 };
 
-/// The batch script for plans of these forms (distinct, at most [`MAX_BATCH_FORMS`]),
-/// generated and kept on first use; `None` past [`BATCH_SCRIPTS`].
+/// The batch script for plans of these forms (distinct, at most [`MAX_SCRIPT_FORMS`] of at
+/// most [`MAX_SCRIPT_RULES`] rules), generated and kept on first use; `None` past
+/// [`BATCH_SCRIPTS`].
 pub(crate) fn batch_script(forms: &[Form]) -> Option<Arc<Script>> {
     static SCRIPTS: Cache<Vec<Form>> = OnceLock::new();
     cached(&SCRIPTS, forms, false)
@@ -94,7 +108,8 @@ pub(crate) fn batch_script_across(forms: &[Form]) -> Option<Arc<Script>> {
 pub(crate) const ELSEWHERE: &str = "TGELSEWHERE";
 
 fn cached(scripts: &Cache<Vec<Form>>, forms: &[Form], across: bool) -> Option<Arc<Script>> {
-    if forms.is_empty() || forms.len() > MAX_BATCH_FORMS {
+    let rules: usize = forms.iter().map(|f| f.rules().len()).sum();
+    if forms.is_empty() || forms.len() > MAX_SCRIPT_FORMS || rules > MAX_SCRIPT_RULES {
         return None;
     }
     scripts
@@ -144,7 +159,7 @@ pub(crate) fn push_batch_call(
         .iter()
         .map(|p| {
             let s = forms.iter().position(|f| f == p.form).unwrap_or(0);
-            // At most MAX_BATCH_FORMS (< 16) forms: the number fits the low bits.
+            // At most MAX_SCRIPT_FORMS (< 16) forms: the number fits the low bits.
             let mut b = u8::try_from(s + 1).unwrap_or(0);
             if costs(p) {
                 b += 16;
@@ -271,7 +286,7 @@ pub fn many_forms_batch_scripts(n: usize) -> Vec<String> {
 /// For tests: the batch scripts with the most Lua locals, which Redis must compile (a Lua
 /// function holds at most 200): for each algorithm, a branch of [`crate::MAX_INLINE_RULES`]
 /// rules of it (a quota rule among them, as that adds a local) beside three smaller forms,
-/// one slot and across slots.
+/// and the most branches a script has (fifteen forms), one slot and across slots.
 #[doc(hidden)]
 pub fn largest_batch_scripts() -> Vec<String> {
     use tollgate_core::{Limit, Quota};
@@ -291,6 +306,32 @@ pub fn largest_batch_scripts() -> Vec<String> {
         Form::of(&rules)
     };
     let mut texts = Vec::new();
+    // The most branches a script has (a lane's list of forms at its bound): a form of
+    // sixteen rules and fourteen of three, 58 rules.
+    let many: Option<Vec<Form>> =
+        std::iter::once(form(crate::MAX_INLINE_RULES, None, Mode::Shadow))
+            .chain((0..MAX_SCRIPT_FORMS - 1).map(|i| {
+                let rules: Vec<RuleShape> = [
+                    (Algorithm::ALL[i % 5], Mode::Enforce),
+                    (Algorithm::ALL[(i / 5) % 5], Mode::Shadow),
+                    (Algorithm::TokenBucket, Mode::Quota),
+                ]
+                .into_iter()
+                .filter_map(|(a, mode)| {
+                    Some(RuleShape {
+                        limit: Limit::new(a, quota).ok()?,
+                        mode,
+                    })
+                })
+                .collect();
+                Form::of(&rules)
+            }))
+            .collect();
+    if let Some(forms) = many {
+        for across in [false, true] {
+            texts.push(generate(&forms, across).text);
+        }
+    }
     for &a in Algorithm::ALL.iter() {
         let forms: Option<Vec<Form>> = [
             form(crate::MAX_INLINE_RULES, Some(a), Mode::Shadow),
@@ -786,7 +827,37 @@ mod tests {
             s.sha
         );
         assert!(batch_script(&[]).is_none());
-        assert!(batch_script(&vec![one; MAX_BATCH_FORMS + 1]).is_none());
+        // A script has branches for at most fifteen forms (a plan's number is four bits) of
+        // at most MAX_SCRIPT_RULES rules in all.
+        let distinct = |n: usize, rules: usize| -> Vec<Form> {
+            (0..n)
+                .map(|i| {
+                    let mut r = vec![(Algorithm::ALL[i % 5], Mode::Enforce)];
+                    r.extend((1..rules).map(|j| {
+                        let mode = if (i / 5) >> (j - 1) & 1 == 1 {
+                            Mode::Shadow
+                        } else {
+                            Mode::Enforce
+                        };
+                        (Algorithm::ALL[(i + j) % 5], mode)
+                    }));
+                    shape_of(&r, 100)
+                })
+                .collect()
+        };
+        let fifteen = distinct(MAX_SCRIPT_FORMS, 4);
+        assert_eq!(
+            fifteen
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len(),
+            MAX_SCRIPT_FORMS
+        );
+        let s = batch_script(&fifteen).expect("fifteen forms of sixty rules");
+        assert!(s.text.contains("elseif s == 15 then"));
+        assert!(batch_script(&distinct(MAX_SCRIPT_FORMS + 1, 4)).is_none());
+        assert!(batch_script(&distinct(13, 5)).is_none(), "65 rules");
+        assert!(batch_script(&distinct(12, 5)).is_some());
     }
 
     #[test]

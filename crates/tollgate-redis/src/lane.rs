@@ -16,7 +16,7 @@
 //! answers every one of them with that error (each caller then applies its own failure
 //! policy), and a plan whose arguments the script refuses fails alone.
 
-use crate::batch_script::MAX_BATCH_FORMS;
+use crate::batch_script::{MAX_BATCH_FORMS, MAX_SCRIPT_FORMS, MAX_SCRIPT_RULES};
 use crate::direct::Direct;
 use crate::error::RedisStoreError;
 use crate::lease::LeaseJob;
@@ -130,6 +130,23 @@ pub(crate) struct NodeConn {
 pub(crate) struct State {
     pub(crate) busy: bool,
     pub(crate) queue: VecDeque<Waiting>,
+    /// The plan forms this lane's batches name, in one order (see [`take_one`]): a batch
+    /// whose plans are all of these forms runs the one batch script generated for the whole
+    /// list, whichever of them it holds. Grows as forms arrive, up to what one script holds.
+    pub(crate) forms: Vec<Form>,
+}
+
+/// Adds `form` to a lane's forms (in their order) if one batch script still holds them all:
+/// at most [`MAX_SCRIPT_FORMS`] forms of at most [`MAX_SCRIPT_RULES`] rules in all. Whether
+/// it is there now.
+fn admit(forms: &mut Vec<Form>, form: &Form) -> bool {
+    let rules: usize = forms.iter().map(|f| f.rules().len()).sum();
+    if forms.len() >= MAX_SCRIPT_FORMS || rules + form.rules().len() > MAX_SCRIPT_RULES {
+        return false;
+    }
+    let at = forms.partition_point(|f| f < form);
+    forms.insert(at, form.clone());
+    true
 }
 
 pub(crate) struct Waiting {
@@ -185,7 +202,8 @@ impl Lane {
     /// Batches off the queue, one after another (so in arrival order), for calls that leave
     /// together on one connection, up to `rounds` x `max` plans in all; none (and the lane
     /// marked idle) when the queue is empty. Each batch holds up to `max` queued calls of one
-    /// kind (plans of at most [`MAX_BATCH_FORMS`] forms, or leases), in arrival order, without
+    /// kind (plans of the lane's forms, or of at most [`MAX_BATCH_FORMS`] others, or leases;
+    /// see [`take_one`]), in arrival order, without
     /// those whose callers are gone; those past their deadline are answered `timed_out`
     /// (`call_timeout`) and not sent. A queue longer than one batch leaves whole (up to that
     /// bound) rather than one batch a round trip, which would hold a lane to `max` plans a
@@ -216,8 +234,20 @@ impl Lane {
     }
 }
 
-/// One batch off the front of `state`'s queue (see [`Lane::take_calls`]); the lane's busy
-/// flag is its caller's to change.
+/// One batch off the front of `state`'s queue (see [`Lane::take_calls`]) and the list of
+/// forms its script is generated for; the lane's busy flag is its caller's to change.
+///
+/// A batch of plans whose forms are all the lane's (`State::forms`, which takes each new
+/// form while one script still holds them all) names the lane's whole list: every batch of a
+/// lane whose clients choose among a few policies runs one script, whatever mix of forms it
+/// holds, where a list of each batch's own forms made a script for each set of them (385 sets
+/// of up to four of ten forms), each batch stopped at four forms, and every script kept
+/// added to the Lua heap that Redis's garbage collection walks on every call. Measured on ten
+/// two-rule forms (docs/benchmarks.md, "One script for a lane's forms"): script calls a
+/// request 0.25 to 0.043, Redis CPU a decision 10.2 to 8.5 µs (`max_batch = 1`: 10.1).
+/// A plan of a form the full list cannot take ends the batch before it, or, first in its
+/// batch, makes a batch of its own forms as before: at most [`MAX_BATCH_FORMS`] of them, in
+/// one order.
 fn take_one(
     state: &mut State,
     max: usize,
@@ -226,6 +256,11 @@ fn take_one(
 ) -> (Vec<Waiting>, Vec<Form>) {
     let mut batch: Vec<Waiting> = Vec::with_capacity(max.min(state.queue.len()));
     let mut shapes: Vec<Form> = Vec::new();
+    // Whether every plan taken so far is of the lane's forms (`State::forms`); a batch that
+    // starts with a plan of a form they cannot take (the lane's script is full) is of its own
+    // forms instead, at most MAX_BATCH_FORMS of them.
+    let mut known = true;
+    let mut plans = false;
     while batch.len() < max {
         let Some(next) = state.queue.front() else {
             break;
@@ -250,16 +285,30 @@ fn take_one(
         }
         if let Job::Plan(plan) = &next.job {
             let form = &plan.form;
-            if !shapes.contains(form) {
+            let lanes = known && (state.forms.contains(form) || admit(&mut state.forms, form));
+            if known && !lanes && plans {
+                // The plans before it leave with the lane's script; it starts the next batch.
+                break;
+            }
+            known = lanes;
+            if !known && !shapes.contains(form) {
                 if shapes.len() == MAX_BATCH_FORMS {
                     break;
                 }
                 shapes.push(form.clone());
             }
+            plans = true;
         }
         if let Some(w) = state.queue.pop_front() {
             batch.push(w);
         }
+    }
+    if plans && known {
+        // The lane's whole list, whichever of its forms this batch holds: one script for
+        // every batch of a lane whose clients choose among up to MAX_SCRIPT_FORMS forms,
+        // instead of one for each set of them (385 sets of up to four of ten forms), each
+        // kept by Redis, whose Lua heap every call's garbage collection then walks.
+        return (batch, state.forms.clone());
     }
     // One order for a set of forms, whatever order its plans came in: the batch script is
     // generated for the list (each plan names its form by its place in it), so every order of

@@ -1069,8 +1069,9 @@ async fn plans_of_many_limits_share_their_scripts_and_each_keeps_its_limit() {
 
 /// A Lua function holds at most 200 locals, and a batch script is one function: the scripts
 /// with the most (a branch of the most rules a script holds, every algorithm, one slot and
-/// across slots) must compile on a real redis-server, with room to spare for the next change
-/// (ten more locals at the top still compile).
+/// across slots) and the one with the most branches (fifteen forms, a lane's list at its
+/// bound) must compile on a real redis-server, with room to spare for the next change (ten
+/// more locals at the top still compile).
 #[tokio::test]
 async fn the_batch_scripts_with_the_most_locals_compile() {
     let server = RedisServer::start();
@@ -1080,7 +1081,7 @@ async fn the_batch_scripts_with_the_most_locals_compile() {
         .await
         .expect("connect");
     let texts = tollgate_redis::largest_batch_scripts();
-    assert_eq!(texts.len(), 2 * Algorithm::ALL.len());
+    assert_eq!(texts.len(), 2 * Algorithm::ALL.len() + 2);
     let spare = format!(
         "local {} = 0\n",
         (0..10)
@@ -1305,10 +1306,11 @@ async fn through_sentinel_a_long_queue_at_a_small_max_batch_admits_exactly_the_l
 }
 
 /// A round's batch whose script the server has not run yet goes whole (EVAL), so it is
-/// decided before the round's later batches, in arrival order. Two plans of one client, six
-/// tokens each of ten: the first in a batch of a new list of forms, the second in the next
-/// batch (a list the server has). With the new batch's call answered NOSCRIPT and sent again
-/// after the round, the second would take the tokens and the first be refused.
+/// decided before the round's later calls, in arrival order. Two plans of one client, six
+/// tokens each of ten: the first in a batch of a new list of forms (the lane's list grown by
+/// GCRA), the second alone after it (its own script, which the server has). With the new
+/// batch's call answered NOSCRIPT and sent again after the round, the second would take the
+/// tokens and the first be refused.
 // One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
 #[tokio::test(flavor = "current_thread")]
 async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
@@ -1336,8 +1338,8 @@ async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
     let lead = one(902, &tb, 1);
     relay.wait_for_calls(before + 1).await;
     // Queued in this order: [first, other] is a batch of a new list of forms (token bucket,
-    // GCRA); [second, last] one of token buckets only.
-    let queued: Vec<_> = [(903, &tb, 6), (904, &gcra, 1), (903, &tb, 6), (905, &tb, 1)]
+    // GCRA); second leaves alone after it.
+    let queued: Vec<_> = [(903, &tb, 6), (904, &gcra, 1), (903, &tb, 6)]
         .into_iter()
         .map(|(who, r, cost)| one(who, r, cost))
         .collect();
@@ -1354,25 +1356,153 @@ async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
                 .expect("check"),
         );
     }
-    assert_eq!(
-        allowed,
-        [true, true, false, true],
-        "decided out of arrival order"
-    );
+    assert_eq!(allowed, [true, true, false], "decided out of arrival order");
     assert!(relay.most_calls_written_together() >= 2);
 }
 
-/// Batches of the same forms in another arrival order share one batch script (a batch's list
-/// of forms is put in one order, each plan naming its form by its place in it), and every plan
-/// is still decided by its own form's branch, in arrival order: a token bucket of 1,000 and a
-/// GCRA of 10, each client's second plan (in the second batch, the forms the other way round)
-/// finding what its first took. With the list in arrival order the second batch needs a
-/// script of its own; with a plan's number taken from another order than its script's, the
-/// GCRA plans would run the token bucket's branch and the other way round.
+/// Fills the lane's list of forms (`lane.rs`) of a `behind_a_relay` store, whose list holds
+/// its warm-up's one-rule form (`warm`): four forms of 16, 16, 16 and 15 rules, the most rules
+/// one batch script holds in all (64), each first run alone (its plan script loaded), then
+/// queued behind a held call of `warm` so that they leave in batches and join the list.
+async fn fill_the_lanes_forms(relay: &common::relay::Relay, store: &RedisStore, warm: &Arc<Rule>) {
+    let rules: Arc<Vec<Rule>> = Arc::new(
+        (0..tollgate_redis::MAX_INLINE_RULES)
+            .map(|i| rule(&format!("fill-{i}"), Algorithm::ALL[i % 5], 1000, HOUR))
+            .collect(),
+    );
+    // A form: how many rules, and which one (if any) is in shadow mode.
+    let forms = [(16, None), (16, Some(0)), (16, Some(1)), (15, None)];
+    let plan = |who: u128, (n, shadow): (usize, Option<usize>)| {
+        let (store, rules) = (store.clone(), Arc::clone(&rules));
+        tokio::spawn(async move {
+            let checks: Vec<Check<'_>> = rules[..n]
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let c = Check::new(client(who), r, 1);
+                    if shadow == Some(i) {
+                        c.shadow()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            store.check(&checks, 0).await
+        })
+    };
+    for (i, &form) in forms.iter().enumerate() {
+        let alone = plan(1_000 + i as u128, form).await.expect("task");
+        assert!(alone.expect("fill alone").allowed);
+    }
+    let lead = held_lead(relay, store, warm, 1_100).await;
+    let queued: Vec<_> = forms
+        .iter()
+        .enumerate()
+        .map(|(i, &form)| plan(1_200 + i as u128, form))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    relay.release();
+    for a in joined(lead).await.into_iter().chain(joined(queued).await) {
+        assert!(a.expect("fill").allowed);
+    }
+}
+
+/// Plans of more forms than a batch of its own forms holds (four) leave in one batch call
+/// when they are all of the lane's forms, which grow as plans arrive: ten two-rule forms (a
+/// token bucket, then one of five algorithms, enforced or in shadow), twenty plans queued
+/// behind a held call leave in one call of one new batch script (batches of their own forms
+/// took at least three calls and three scripts), each decided by its own form's branch in
+/// arrival order: every client's first plan (cost 6 of 10) allowed, its second refused where
+/// the second rule is enforced and allowed where it is in shadow mode.
+// One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
+#[tokio::test(flavor = "current_thread")]
+async fn plans_of_many_forms_leave_in_one_call_of_the_lanes_script() {
+    let server = RedisServer::start();
+    let relay = common::relay::Relay::start(server.port()).await;
+    let config = RedisConfig::standalone(relay.url())
+        .with_max_batch(64)
+        .with_call_timeout(Duration::from_secs(10));
+    let store = store(config).await;
+    let first = Arc::new(rule("many-first", Algorithm::TokenBucket, 1000, HOUR));
+    let seconds: Arc<Vec<Rule>> = Arc::new(
+        Algorithm::ALL
+            .iter()
+            .map(|&a| rule(&format!("many-{}", a.name()), a, 10, HOUR))
+            .collect(),
+    );
+    // Form f: the token bucket, then algorithm f % 5, in shadow mode from f = 5 on.
+    let plan = |who: u128, f: usize| {
+        let (store, first, seconds) = (store.clone(), first.clone(), Arc::clone(&seconds));
+        tokio::spawn(async move {
+            let second = Check::new(client(who), &seconds[f % 5], 6);
+            let checks = [
+                Check::new(client(who), &first, 6),
+                if f >= 5 { second.shadow() } else { second },
+            ];
+            store.check(&checks, 0).await
+        })
+    };
+    // Each form's plan script loaded, one plan at a time (each alone: the lane's list stays
+    // empty).
+    for f in 0..10 {
+        let alone = plan(1_000 + f as u128, f).await.expect("task");
+        assert!(alone.expect("alone").allowed);
+    }
+    // And the held lead's.
+    assert_eq!(concurrent(&store, &first, 1_999, 1).await, 1);
+    let before = common::cached_scripts(|a| server.cli(a));
+    // Twice: the first time the batch script is new (its call answered NOSCRIPT, then sent
+    // whole: two calls), the second time it is known (one call).
+    for (round, most_calls) in [(0u128, 2), (1, 1)] {
+        let lead = held_lead(&relay, &store, &first, 2_000 + round).await;
+        let calls = relay.calls();
+        // Every client's first plan, then every client's second.
+        let queued: Vec<_> = (0..20)
+            .map(|i| plan(3_000 + round * 100 + (i % 10) as u128, i % 10))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        relay.release();
+        assert!(joined(lead)
+            .await
+            .into_iter()
+            .all(|a| a.expect("lead").allowed));
+        let allowed: Vec<bool> = joined(queued)
+            .await
+            .into_iter()
+            .map(|a| a.expect("check").allowed)
+            .collect();
+        let expected: Vec<bool> = (0..20).map(|i| i < 10 || i % 10 >= 5).collect();
+        assert_eq!(
+            allowed, expected,
+            "decided by another branch or out of order"
+        );
+        let took = relay.calls() - calls;
+        assert!(took <= most_calls, "the twenty plans took {took} calls");
+    }
+    assert_eq!(
+        common::cached_scripts(|a| server.cli(a)) - before,
+        1,
+        "plans of the lane's forms loaded more than one batch script"
+    );
+}
+
+/// Batches of their own forms (forms the lane's full list cannot take) in another arrival
+/// order share one batch script (a batch's list of forms is put in one order, each plan naming
+/// its form by its place in it), and every plan is still decided by its own form's branch, in
+/// arrival order: a fixed window of 1,000 and a GCRA of 10, each client's second plan (in the
+/// second batch, the forms the other way round) finding what its first took. With the list in
+/// arrival order the second batch needs a script of its own; with a plan's number taken from
+/// another order than its script's, the GCRA plans would run the fixed window's branch and the
+/// other way round.
 // One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
 #[tokio::test(flavor = "current_thread")]
 async fn batches_of_the_same_forms_in_another_order_share_one_script() {
-    let (server, relay, store, tb) = behind_a_relay(Duration::from_secs(10), "forms-tb").await;
+    let (server, relay, store, warm) = behind_a_relay(Duration::from_secs(10), "forms-warm").await;
+    // Two forms outside the lane's list: its forms (the warm-up's token bucket, then forms of
+    // sixteen, sixteen, sixteen and fifteen rules) fill what one script holds, so batches of
+    // these two are batches of their own forms.
+    fill_the_lanes_forms(&relay, &store, &warm).await;
+    let tb = Arc::new(rule("forms-tb", Algorithm::FixedWindow, 1000, HOUR));
     let gcra = Arc::new(rule("forms-gcra", Algorithm::Gcra, 10, HOUR));
     let one = |who: u128, r: &Arc<Rule>, cost: u64| {
         let (store, r) = (store.clone(), r.clone());
@@ -1381,9 +1511,10 @@ async fn batches_of_the_same_forms_in_another_order_share_one_script() {
             store.check(&checks, 0).await
         })
     };
-    // The GCRA plan script loaded (a batch script is what this test counts).
+    // The plan scripts loaded (a batch script is what this test counts).
     let first = one(960, &gcra, 1).await.expect("task").expect("gcra");
     assert!(first.allowed);
+    assert!(one(959, &tb, 1).await.expect("task").expect("tb").allowed);
     let before = common::cached_scripts(|a| server.cli(a));
     let lead = held_lead(&relay, &store, &tb, 961).await;
     // At `max_batch = 2`: [token bucket, GCRA], then [GCRA, token bucket].
