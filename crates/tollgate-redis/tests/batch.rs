@@ -1193,6 +1193,20 @@ async fn remaining_after_one(store: &RedisStore, rule: &Arc<Rule>, who: u128) ->
     }
 }
 
+/// A redis-server, a relay in front of it, and a store of `max_batch` through the relay.
+async fn relayed(
+    max_batch: usize,
+    timeout: Duration,
+) -> (RedisServer, common::relay::Relay, RedisStore) {
+    let server = RedisServer::start();
+    let relay = common::relay::Relay::start(server.port()).await;
+    let config = RedisConfig::standalone(relay.url())
+        .with_max_batch(max_batch)
+        .with_call_timeout(timeout);
+    let store = store(config).await;
+    (server, relay, store)
+}
+
 /// A redis-server behind a relay, a store at `max_batch = 2` with `timeout`, and a token
 /// bucket of 1,000 named `name`, its scripts loaded and the own connection open (50 plans of
 /// client 1).
@@ -1200,12 +1214,7 @@ async fn behind_a_relay(
     timeout: Duration,
     name: &str,
 ) -> (RedisServer, common::relay::Relay, RedisStore, Arc<Rule>) {
-    let server = RedisServer::start();
-    let relay = common::relay::Relay::start(server.port()).await;
-    let config = RedisConfig::standalone(relay.url())
-        .with_max_batch(2)
-        .with_call_timeout(timeout);
-    let store = store(config).await;
+    let (server, relay, store) = relayed(2, timeout).await;
     let r = Arc::new(rule(name, Algorithm::TokenBucket, 1000, HOUR));
     assert_eq!(concurrent(&store, &r, 1, 50).await, 50);
     (server, relay, store, r)
@@ -1314,12 +1323,7 @@ async fn through_sentinel_a_long_queue_at_a_small_max_batch_admits_exactly_the_l
 // One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
 #[tokio::test(flavor = "current_thread")]
 async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
-    let server = RedisServer::start();
-    let relay = common::relay::Relay::start(server.port()).await;
-    let config = RedisConfig::standalone(relay.url())
-        .with_max_batch(2)
-        .with_call_timeout(Duration::from_secs(10));
-    let store = store(config).await;
+    let (_server, relay, store) = relayed(2, Duration::from_secs(10)).await;
     let tb = Arc::new(rule("order-tb", Algorithm::TokenBucket, 10, HOUR));
     let gcra = Arc::new(rule("order-gcra", Algorithm::Gcra, 10, HOUR));
     // The plan scripts loaded, and batches of token-bucket plans run (their batch script).
@@ -1417,12 +1421,7 @@ async fn fill_the_lanes_forms(relay: &common::relay::Relay, store: &RedisStore, 
 // One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
 #[tokio::test(flavor = "current_thread")]
 async fn plans_of_many_forms_leave_in_one_call_of_the_lanes_script() {
-    let server = RedisServer::start();
-    let relay = common::relay::Relay::start(server.port()).await;
-    let config = RedisConfig::standalone(relay.url())
-        .with_max_batch(64)
-        .with_call_timeout(Duration::from_secs(10));
-    let store = store(config).await;
+    let (server, relay, store) = relayed(64, Duration::from_secs(10)).await;
     let first = Arc::new(rule("many-first", Algorithm::TokenBucket, 1000, HOUR));
     let seconds: Arc<Vec<Rule>> = Arc::new(
         Algorithm::ALL
