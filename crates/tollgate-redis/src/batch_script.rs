@@ -3,7 +3,7 @@
 //! Most of what one script call costs Redis is the call itself (reading, parsing and
 //! dispatching the command, entering the script), not the decision: a batch pays it once for
 //! every plan queued behind a call in flight (see `lane.rs`). The script is generated for a
-//! list of plan forms (a form is each rule's algorithm and mode, see `script.rs`): its lane's
+//! list of plan forms (a form is each rule's algorithm and mode, see `script.rs`): its store's
 //! list, every form its plans have come in so far, up to [`MAX_SCRIPT_FORMS`] forms of
 //! [`MAX_SCRIPT_RULES`] rules, or past that the batch's own forms (at most
 //! [`MAX_BATCH_FORMS`]); one branch per form, each the same decision
@@ -61,12 +61,12 @@ use std::sync::{Arc, OnceLock};
 use tollgate_core::{Algorithm, Micros, Mode};
 
 /// The most distinct plan forms a batch of its own forms holds (a batch that is not of its
-/// lane's forms, see `lane.rs`): it stops before a plan of one more form, which leaves first
+/// store's forms, see `lane.rs`): it stops before a plan of one more form, which leaves first
 /// in the next call.
 pub(crate) const MAX_BATCH_FORMS: usize = 4;
 
 /// The most forms one batch script has branches for: a plan names its form in the low four
-/// bits of its byte in ARGV[1] (1..=15). A lane's list of forms grows to at most this.
+/// bits of its byte in ARGV[1] (1..=15). A store's list of forms grows to at most this.
 pub(crate) const MAX_SCRIPT_FORMS: usize = 15;
 
 /// The most rules the forms of one batch script hold in all: the size of the largest script
@@ -78,8 +78,8 @@ pub(crate) const MAX_SCRIPT_RULES: usize = MAX_BATCH_FORMS * crate::MAX_INLINE_R
 /// (a list of four forms of sixteen rules is about 390 KB; 64 MiB is more than 256 lists of
 /// eight-rule forms took). Past either, a batch whose list has none runs its plans one call
 /// each, written together on the lane's own connection (one write, as `max_batch = 1`
-/// pipelines them), not one a round trip. A lane's list grows one form at a time (at most 15
-/// lists a lane); past it, a list is in one order whatever order its plans came in
+/// pipelines them), not one a round trip. A store's list grows one form at a time (at most 15
+/// lists a store); past it, a list is in one order whatever order its plans came in
 /// (`lane.rs` sorts it), so a client that can choose among n forms makes at most the sets of
 /// up to four of them: 56 for six forms, 385 for ten (in arrival order they were 516 and
 /// 5,860 lists).
@@ -306,7 +306,7 @@ pub fn largest_batch_scripts() -> Vec<String> {
         Form::of(&rules)
     };
     let mut texts = Vec::new();
-    // The most branches a script has (a lane's list of forms at its bound): a form of
+    // The most branches a script has (a store's list of forms at its bound): a form of
     // sixteen rules and fourteen of three, 58 rules.
     let many: Option<Vec<Form>> =
         std::iter::once(form(crate::MAX_INLINE_RULES, None, Mode::Shadow))

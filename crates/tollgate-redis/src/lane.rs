@@ -130,13 +130,18 @@ pub(crate) struct NodeConn {
 pub(crate) struct State {
     pub(crate) busy: bool,
     pub(crate) queue: VecDeque<Waiting>,
-    /// The plan forms this lane's batches name, in one order (see [`take_one`]): a batch
-    /// whose plans are all of these forms runs the one batch script generated for the whole
-    /// list, whichever of them it holds. Grows as forms arrive, up to what one script holds.
-    pub(crate) forms: Vec<Form>,
 }
 
-/// Adds `form` to a lane's forms (in their order) if one batch script still holds them all:
+/// The plan forms a store's batches name, in one order (see [`take_one`]): a batch whose
+/// plans are all of these forms runs the one batch script generated for the whole list,
+/// whichever of them it holds. Grows as forms arrive, up to what one script holds, and never
+/// shrinks. One list for all of a store's lanes, so that every lane (each Cluster node, each
+/// slot whose node is not known) grows the same lists and shares their scripts: at most
+/// [`MAX_SCRIPT_FORMS`] a store, where a list a lane, each grown in its own arrival order,
+/// made up to that many a lane.
+pub(crate) type Forms = Mutex<Vec<Form>>;
+
+/// Adds `form` to a store's forms (in their order) if one batch script still holds them all:
 /// at most [`MAX_SCRIPT_FORMS`] forms of at most [`MAX_SCRIPT_RULES`] rules in all. Whether
 /// it is there now.
 fn admit(forms: &mut Vec<Form>, form: &Form) -> bool {
@@ -202,7 +207,7 @@ impl Lane {
     /// Batches off the queue, one after another (so in arrival order), for calls that leave
     /// together on one connection, up to `rounds` x `max` plans in all; none (and the lane
     /// marked idle) when the queue is empty. Each batch holds up to `max` queued calls of one
-    /// kind (plans of the lane's forms, or of at most [`MAX_BATCH_FORMS`] others, or leases;
+    /// kind (plans of the store's `forms`, or of at most [`MAX_BATCH_FORMS`] others, or leases;
     /// see [`take_one`]), in arrival order, without
     /// those whose callers are gone; those past their deadline are answered `timed_out`
     /// (`call_timeout`) and not sent. A queue longer than one batch leaves whole (up to that
@@ -214,13 +219,16 @@ impl Lane {
         max: usize,
         rounds: usize,
         call_timeout: std::time::Duration,
+        forms: &Forms,
     ) -> Vec<(Vec<Waiting>, Vec<Form>)> {
         let now = tokio::time::Instant::now();
         let mut state = self.lock();
+        // Always after the lane's state, never before: no other lock order exists.
+        let mut forms = forms.lock().unwrap_or_else(PoisonError::into_inner);
         let mut taken = Vec::new();
         let mut left = max.saturating_mul(rounds);
         while left > 0 {
-            let next = take_one(&mut state, max.min(left), now, call_timeout);
+            let next = take_one(&mut state, &mut forms, max.min(left), now, call_timeout);
             if next.0.is_empty() {
                 break;
             }
@@ -237,28 +245,29 @@ impl Lane {
 /// One batch off the front of `state`'s queue (see [`Lane::take_calls`]) and the list of
 /// forms its script is generated for; the lane's busy flag is its caller's to change.
 ///
-/// A batch of plans whose forms are all the lane's (`State::forms`, which takes each new
-/// form while one script still holds them all) names the lane's whole list: every batch of a
-/// lane whose clients choose among a few policies runs one script, whatever mix of forms it
+/// A batch of plans whose forms are all the store's (`forms`, see [`Forms`], which takes each
+/// new form while one script still holds them all) names the whole list: every batch of a
+/// store whose clients choose among a few policies runs one script, whatever mix of forms it
 /// holds, where a list of each batch's own forms made a script for each set of them (385 sets
 /// of up to four of ten forms), each batch stopped at four forms, and every script kept
 /// added to the Lua heap that Redis's garbage collection walks on every call. Measured on ten
-/// two-rule forms (docs/benchmarks.md, "One script for a lane's forms"): script calls a
+/// two-rule forms (docs/benchmarks.md, "One script for a store's forms"): script calls a
 /// request 0.25 to 0.043, Redis CPU a decision 10.2 to 8.5 µs (`max_batch = 1`: 10.1).
 /// A plan of a form the full list cannot take ends the batch before it, or, first in its
 /// batch, makes a batch of its own forms as before: at most [`MAX_BATCH_FORMS`] of them, in
 /// one order.
 fn take_one(
     state: &mut State,
+    forms: &mut Vec<Form>,
     max: usize,
     now: tokio::time::Instant,
     call_timeout: std::time::Duration,
 ) -> (Vec<Waiting>, Vec<Form>) {
     let mut batch: Vec<Waiting> = Vec::with_capacity(max.min(state.queue.len()));
     let mut shapes: Vec<Form> = Vec::new();
-    // Whether every plan taken so far is of the lane's forms (`State::forms`); a batch that
-    // starts with a plan of a form they cannot take (the lane's script is full) is of its own
-    // forms instead, at most MAX_BATCH_FORMS of them.
+    // Whether every plan taken so far is of the store's forms; a batch that starts with a
+    // plan of a form they cannot take (the list is full) is of its own forms instead, at most
+    // MAX_BATCH_FORMS of them.
     let mut known = true;
     let mut plans = false;
     while batch.len() < max {
@@ -285,12 +294,12 @@ fn take_one(
         }
         if let Job::Plan(plan) = &next.job {
             let form = &plan.form;
-            let lanes = known && (state.forms.contains(form) || admit(&mut state.forms, form));
-            if known && !lanes && plans {
-                // The plans before it leave with the lane's script; it starts the next batch.
+            let listed = known && (forms.contains(form) || admit(forms, form));
+            if known && !listed && plans {
+                // The plans before it leave with the list's script; it starts the next batch.
                 break;
             }
-            known = lanes;
+            known = listed;
             if !known && !shapes.contains(form) {
                 if shapes.len() == MAX_BATCH_FORMS {
                     break;
@@ -304,11 +313,11 @@ fn take_one(
         }
     }
     if plans && known {
-        // The lane's whole list, whichever of its forms this batch holds: one script for
-        // every batch of a lane whose clients choose among up to MAX_SCRIPT_FORMS forms,
+        // The store's whole list, whichever of its forms this batch holds: one script for
+        // every batch of a store whose clients choose among up to MAX_SCRIPT_FORMS forms,
         // instead of one for each set of them (385 sets of up to four of ten forms), each
         // kept by Redis, whose Lua heap every call's garbage collection then walks.
-        return (batch, state.forms.clone());
+        return (batch, forms.clone());
     }
     // One order for a set of forms, whatever order its plans came in: the batch script is
     // generated for the list (each plan names its form by its place in it), so every order of
@@ -317,4 +326,146 @@ fn take_one(
     // scripts to generate, load and keep, and fewer batches past the bound on them.
     shapes.sort_unstable();
     (batch, shapes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::plan_script;
+    use std::time::Duration;
+    use tollgate_core::{Algorithm, Limit, Mode, Quota};
+
+    /// A form of `n` rules: the first of algorithm `a`, the others of `b`, all enforced.
+    fn form(n: usize, a: usize, b: usize) -> Form {
+        let rules = (0..n).map(|i| {
+            let k = if i == 0 { a } else { b };
+            (Algorithm::ALL[k % Algorithm::ALL.len()], Mode::Enforce)
+        });
+        Form::new(rules).expect("form")
+    }
+
+    /// A queue of plans of these forms (their callers kept waiting in `callers`).
+    fn queue(forms: &[Form], callers: &mut Vec<oneshot::Receiver<Answer>>) -> VecDeque<Waiting> {
+        let quota = Quota::new(10, Duration::from_secs(60)).expect("quota");
+        forms
+            .iter()
+            .map(|f| {
+                let limits: Vec<Limit> = f
+                    .rules()
+                    .iter()
+                    .map(|&(a, _)| Limit::new(a, quota).expect("limit"))
+                    .collect();
+                let (reply, caller) = oneshot::channel();
+                callers.push(caller);
+                Waiting {
+                    job: Job::Plan(PlanJob {
+                        keys: (0..f.rules().len()).map(|i| format!("k{i}")).collect(),
+                        costs: f.rules().iter().map(|_| 1).collect(),
+                        now: 0,
+                        form: f.clone(),
+                        quotas: Quotas::pack(limits.iter(), false).0,
+                        script: plan_script(f).expect("script"),
+                    }),
+                    reply,
+                    deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+                }
+            })
+            .collect()
+    }
+
+    fn take(state: &mut State, forms: &mut Vec<Form>, max: usize) -> (usize, Vec<Form>) {
+        let (batch, list) = take_one(
+            state,
+            forms,
+            max,
+            tokio::time::Instant::now(),
+            Duration::from_secs(1),
+        );
+        (batch.len(), list)
+    }
+
+    /// Batches of the store's forms name its whole list, in one order, whatever forms each
+    /// holds and on whichever lane: two lanes grow one list, and more than four forms leave
+    /// in one batch.
+    #[test]
+    fn batches_of_the_stores_forms_name_its_whole_list() {
+        let mut callers = Vec::new();
+        let mut forms = Vec::new();
+        let (a, b, c) = (form(2, 0, 1), form(2, 4, 1), form(2, 2, 3));
+        let mut one = State {
+            queue: queue(&[b.clone(), a.clone()], &mut callers),
+            ..State::default()
+        };
+        let mut two = State {
+            queue: queue(&[c.clone(), a.clone()], &mut callers),
+            ..State::default()
+        };
+        let mut sorted = vec![a.clone(), b.clone()];
+        sorted.sort();
+        assert_eq!(take(&mut one, &mut forms, 64), (2, sorted));
+        let mut all = vec![a.clone(), b.clone(), c.clone()];
+        all.sort();
+        assert_eq!(take(&mut two, &mut forms, 64), (2, all.clone()));
+        // A lane's next batch of one form names the list both grew.
+        one.queue = queue(std::slice::from_ref(&a), &mut callers);
+        assert_eq!(take(&mut one, &mut forms, 64), (1, all));
+
+        // Ten forms, twenty plans: one batch (four forms a batch of its own forms).
+        let ten: Vec<Form> = (0..10).map(|i| form(2, i / 5, i)).collect();
+        let mut state = State {
+            queue: queue(&[ten.clone(), ten.clone()].concat(), &mut callers),
+            ..State::default()
+        };
+        let mut forms = Vec::new();
+        let (n, list) = take(&mut state, &mut forms, 64);
+        assert_eq!((n, list.len()), (20, 10));
+        assert!(list.windows(2).all(|w| w[0] < w[1]), "one order: {list:?}");
+        assert!(state.queue.is_empty());
+    }
+
+    /// The list holds at most fifteen forms of at most 64 rules; a plan of a form past it ends
+    /// the batch of listed forms before it, and first in a batch makes a batch of its own
+    /// forms (at most four, in one order), listed ones among them.
+    #[test]
+    fn a_plan_past_the_full_list_ends_the_batch_or_starts_one_of_its_own_forms() {
+        let mut forms = Vec::new();
+        let two_rules: Vec<Form> = (0..25).map(|i| form(2, i / 5, i)).collect();
+        for f in &two_rules[..MAX_SCRIPT_FORMS] {
+            assert!(admit(&mut forms, f));
+        }
+        assert!(
+            !admit(&mut forms, &two_rules[MAX_SCRIPT_FORMS]),
+            "a 16th form"
+        );
+        let mut big = Vec::new();
+        for f in &[form(16, 0, 1), form(16, 1, 2), form(16, 2, 3)] {
+            assert!(admit(&mut big, f));
+        }
+        assert!(admit(&mut big, &form(15, 3, 4)), "63 rules");
+        assert!(admit(&mut big, &form(1, 4, 4)), "64 rules");
+        assert!(!admit(&mut big, &form(1, 0, 0)), "65 rules");
+
+        let (listed, others) = (&two_rules[0], &two_rules[15..20]);
+        let mut callers = Vec::new();
+        let mut plans = vec![listed.clone()];
+        plans.extend(others.iter().cloned());
+        plans.push(listed.clone());
+        let mut state = State {
+            queue: queue(&plans, &mut callers),
+            ..State::default()
+        };
+        // The listed plan leaves alone, with the list's script.
+        assert_eq!(take(&mut state, &mut forms, 64), (1, forms.clone()));
+        // Then four forms past the list: a batch of its own forms, in one order.
+        let (n, list) = take(&mut state, &mut forms, 64);
+        let mut own = others[..4].to_vec();
+        own.sort();
+        assert_eq!((n, list), (4, own));
+        // Then the fifth, and the listed plan with it: its own forms again.
+        let (n, list) = take(&mut state, &mut forms, 64);
+        let mut own = vec![others[4].clone(), listed.clone()];
+        own.sort();
+        assert_eq!((n, list), (2, own));
+        assert_eq!(forms.len(), MAX_SCRIPT_FORMS, "the list changed");
+    }
 }

@@ -8,7 +8,7 @@ use crate::command::{joined, Args, Packed};
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::direct::Many;
 use crate::error::RedisStoreError;
-use crate::lane::{Answer, Job, Lane, NodeConn, PlanJob, Room, Waiting};
+use crate::lane::{Answer, Forms, Job, Lane, NodeConn, PlanJob, Room, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
 use crate::reply::reply_of;
 use crate::script::{
@@ -96,6 +96,8 @@ pub struct RedisStore {
     loading: Arc<tokio::sync::Mutex<()>>,
     /// Where plans queue while a call is in flight (see `lane.rs`).
     lanes: Arc<Lanes>,
+    /// The plan forms its lanes' batch scripts are generated for (see `lane::Forms`).
+    forms: Arc<Forms>,
     max_batch: usize,
     call_timeout: std::time::Duration,
     /// The connection the coalesced calls go on (`direct.rs`).
@@ -332,6 +334,7 @@ impl RedisStore {
             lanes: Arc::new(Lanes::new(
                 config.cluster && config.sentinel_master.is_none(),
             )),
+            forms: Arc::default(),
             max_batch,
             call_timeout: config.call_timeout,
             lane_conn,
@@ -2143,7 +2146,12 @@ fn limits_of<'a>(checks: &'a [Check<'_>]) -> impl ExactSizeIterator<Item = u64> 
 /// together (a batch whose list of forms has no batch script: a call each).
 async fn drain(store: RedisStore, lane: Arc<Lane>) {
     loop {
-        let batches = lane.take_calls(store.max_batch(), TOGETHER, store.call_timeout());
+        let batches = lane.take_calls(
+            store.max_batch(),
+            TOGETHER,
+            store.call_timeout(),
+            &store.forms,
+        );
         if batches.is_empty() {
             return;
         }

@@ -1069,7 +1069,7 @@ async fn plans_of_many_limits_share_their_scripts_and_each_keeps_its_limit() {
 
 /// A Lua function holds at most 200 locals, and a batch script is one function: the scripts
 /// with the most (a branch of the most rules a script holds, every algorithm, one slot and
-/// across slots) and the one with the most branches (fifteen forms, a lane's list at its
+/// across slots) and the one with the most branches (fifteen forms, a store's list at its
 /// bound) must compile on a real redis-server, with room to spare for the next change (ten
 /// more locals at the top still compile).
 #[tokio::test]
@@ -1316,7 +1316,7 @@ async fn through_sentinel_a_long_queue_at_a_small_max_batch_admits_exactly_the_l
 
 /// A round's batch whose script the server has not run yet goes whole (EVAL), so it is
 /// decided before the round's later calls, in arrival order. Two plans of one client, six
-/// tokens each of ten: the first in a batch of a new list of forms (the lane's list grown by
+/// tokens each of ten: the first in a batch of a new list of forms (the store's list grown by
 /// GCRA), the second alone after it (its own script, which the server has). With the new
 /// batch's call answered NOSCRIPT and sent again after the round, the second would take the
 /// tokens and the first be refused.
@@ -1364,7 +1364,7 @@ async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
     assert!(relay.most_calls_written_together() >= 2);
 }
 
-/// Fills the lane's list of forms (`lane.rs`) of a `behind_a_relay` store, whose list holds
+/// Fills the list of forms (`lane.rs`) of a `behind_a_relay` store, whose list holds
 /// its warm-up's one-rule form (`warm`): four forms of 16, 16, 16 and 15 rules, the most rules
 /// one batch script holds in all (64), each first run alone (its plan script loaded), then
 /// queued behind a held call of `warm` so that they leave in batches and join the list.
@@ -1412,7 +1412,7 @@ async fn fill_the_lanes_forms(relay: &common::relay::Relay, store: &RedisStore, 
 }
 
 /// Plans of more forms than a batch of its own forms holds (four) leave in one batch call
-/// when they are all of the lane's forms, which grow as plans arrive: ten two-rule forms (a
+/// when they are all of the store's forms, which grow as plans arrive: ten two-rule forms (a
 /// token bucket, then one of five algorithms, enforced or in shadow), twenty plans queued
 /// behind a held call leave in one call of one new batch script (batches of their own forms
 /// took at least three calls and three scripts), each decided by its own form's branch in
@@ -1441,7 +1441,7 @@ async fn plans_of_many_forms_leave_in_one_call_of_the_lanes_script() {
             store.check(&checks, 0).await
         })
     };
-    // Each form's plan script loaded, one plan at a time (each alone: the lane's list stays
+    // Each form's plan script loaded, one plan at a time (each alone: the store's list stays
     // empty).
     for f in 0..10 {
         let alone = plan(1_000 + f as u128, f).await.expect("task");
@@ -1481,7 +1481,7 @@ async fn plans_of_many_forms_leave_in_one_call_of_the_lanes_script() {
     assert_eq!(
         common::cached_scripts(|a| server.cli(a)) - before,
         1,
-        "plans of the lane's forms loaded more than one batch script"
+        "plans of the store's forms loaded more than one batch script"
     );
 }
 
@@ -1497,7 +1497,7 @@ async fn plans_of_many_forms_leave_in_one_call_of_the_lanes_script() {
 #[tokio::test(flavor = "current_thread")]
 async fn batches_of_the_same_forms_in_another_order_share_one_script() {
     let (server, relay, store, warm) = behind_a_relay(Duration::from_secs(10), "forms-warm").await;
-    // Two forms outside the lane's list: its forms (the warm-up's token bucket, then forms of
+    // Two forms outside the store's list: its forms (the warm-up's token bucket, then forms of
     // sixteen, sixteen, sixteen and fifteen rules) fill what one script holds, so batches of
     // these two are batches of their own forms.
     fill_the_lanes_forms(&relay, &store, &warm).await;
