@@ -252,7 +252,7 @@ impl Lane {
 /// of up to four of ten forms), each batch stopped at four forms, and every script kept
 /// added to the Lua heap that Redis's garbage collection walks on every call. Measured on ten
 /// two-rule forms (docs/benchmarks.md, "One script for a store's forms"): script calls a
-/// request 0.25 to 0.043, Redis CPU a decision 10.2 to 8.5 µs (`max_batch = 1`: 10.1).
+/// request 0.26 to 0.044, Redis CPU a decision 10.6 to 8.2 µs (`max_batch = 1`: 9.8).
 /// A plan of a form the full list cannot take ends the batch before it, or, first in its
 /// batch, makes a batch of its own forms as before: at most [`MAX_BATCH_FORMS`] of them, in
 /// one order.
