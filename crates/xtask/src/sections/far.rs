@@ -179,7 +179,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
          loopback. *One form*: token_bucket 100/min per `x-api-key`, 100,000 random keys, so \
          nearly every request is allowed and is one plan. *Many forms*: every request a plan of \
          two rules, the second one of ten policies picked by its path at random (five \
-         algorithms, each enforced and in shadow mode): ten forms, one batch script a lane for \
+         algorithms, each enforced and in shadow mode): ten forms, one batch script a store for \
          all of them (before 2026-12-05, a script for each set of up to four, past the \
          process's cache of 256 within the warm-up). wrk (1 thread; 256 \
          connections 1 ms away, 64 on loopback; {seconds} s counted after 1 s of warm-up, 3 s \
