@@ -1368,7 +1368,7 @@ async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
 /// its warm-up's one-rule form (`warm`): four forms of 16, 16, 16 and 15 rules, the most rules
 /// one batch script holds in all (64), each first run alone (its plan script loaded), then
 /// queued behind a held call of `warm` so that they leave in batches and join the list.
-async fn fill_the_lanes_forms(relay: &common::relay::Relay, store: &RedisStore, warm: &Arc<Rule>) {
+async fn fill_the_stores_forms(relay: &common::relay::Relay, store: &RedisStore, warm: &Arc<Rule>) {
     let rules: Arc<Vec<Rule>> = Arc::new(
         (0..tollgate_redis::MAX_INLINE_RULES)
             .map(|i| rule(&format!("fill-{i}"), Algorithm::ALL[i % 5], 1000, HOUR))
@@ -1420,7 +1420,7 @@ async fn fill_the_lanes_forms(relay: &common::relay::Relay, store: &RedisStore, 
 /// the second rule is enforced and allowed where it is in shadow mode.
 // One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
 #[tokio::test(flavor = "current_thread")]
-async fn plans_of_many_forms_leave_in_one_call_of_the_lanes_script() {
+async fn plans_of_many_forms_leave_in_one_call_of_the_stores_script() {
     let (server, relay, store) = relayed(64, Duration::from_secs(10)).await;
     let first = Arc::new(rule("many-first", Algorithm::TokenBucket, 1000, HOUR));
     let seconds: Arc<Vec<Rule>> = Arc::new(
@@ -1500,7 +1500,7 @@ async fn batches_of_the_same_forms_in_another_order_share_one_script() {
     // Two forms outside the store's list: its forms (the warm-up's token bucket, then forms of
     // sixteen, sixteen, sixteen and fifteen rules) fill what one script holds, so batches of
     // these two are batches of their own forms.
-    fill_the_lanes_forms(&relay, &store, &warm).await;
+    fill_the_stores_forms(&relay, &store, &warm).await;
     let tb = Arc::new(rule("forms-tb", Algorithm::FixedWindow, 1000, HOUR));
     let gcra = Arc::new(rule("forms-gcra", Algorithm::Gcra, 10, HOUR));
     let one = |who: u128, r: &Arc<Rule>, cost: u64| {
