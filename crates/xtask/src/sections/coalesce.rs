@@ -3,7 +3,9 @@
 //!
 //! `tollgate serve` in decision mode pinned alone to one core; the Redis processes and wrk (1
 //! thread, 64 connections, 100,000 random `x-api-key`s, token_bucket 100/min, so nearly every
-//! request is allowed and is one plan) on the other. Redis CPU per decision is the utime +
+//! request is allowed and is one plan) on the other. On the Cluster also with the far
+//! section's many forms: every request a plan of two rules, the second one of ten policies
+//! chosen by its path. Redis CPU per decision is the utime +
 //! stime of every Redis process over the wrk run divided by the requests; script calls are
 //! INFO commandstats' EVALSHA + EVAL over all of them. With `--baseline` the baseline binary
 //! runs every case too, in the same rounds (on a Cluster, main's batches were per slot: what
@@ -30,14 +32,23 @@ const LOAD_CPU: u32 = 0;
 enum Setup {
     Standalone,
     Cluster,
+    /// The Cluster, requests matching among ten policies (the far section's many forms).
+    ClusterManyForms,
 }
 
 impl Setup {
+    const ALL: [Setup; 3] = [Setup::Standalone, Setup::Cluster, Setup::ClusterManyForms];
+
     fn name(self) -> &'static str {
         match self {
             Setup::Standalone => "one redis-server",
             Setup::Cluster => "Redis Cluster, 3 masters",
+            Setup::ClusterManyForms => "Redis Cluster, 3 masters, ten forms",
         }
+    }
+
+    fn many(self) -> bool {
+        self == Setup::ClusterManyForms
     }
 }
 
@@ -73,20 +84,20 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
     if let Some(b) = &ctx.baseline {
         binaries.push(("baseline".into(), b));
     }
-    let wrk = Wrk {
+    let wrk = |setup: Setup| Wrk {
         threads: 1,
         connections: 64,
         seconds,
         cpu: Some(LOAD_CPU),
-        paths: 0,
+        paths: if setup.many() { 10 } else { 0 },
     };
     let tick_us = 1e6 / procs::ticks_per_second() as f64;
     let mut runs: BTreeMap<Key, Runs> = BTreeMap::new();
     for rep in 1..=ctx.reps {
-        for setup in [Setup::Standalone, Setup::Cluster] {
+        for setup in Setup::ALL {
             let nodes: Vec<&RedisServer> = match setup {
                 Setup::Standalone => vec![&server],
-                Setup::Cluster => cluster.nodes().iter().collect(),
+                Setup::Cluster | Setup::ClusterManyForms => cluster.nodes().iter().collect(),
             };
             let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
             for (label, bin) in &binaries {
@@ -121,7 +132,8 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                         procs::cpu_ticks(gateway.proc.pid())?,
                         calls(&nodes)?,
                     );
-                    let w = wrk.run(&dir, gateway.port, &ctx.logs.join("coalesce-wrk.txt"))?;
+                    let w =
+                        wrk(setup).run(&dir, gateway.port, &ctx.logs.join("coalesce-wrk.txt"))?;
                     let (r1, g1, s1) = (
                         redis_ticks(&pids)?,
                         procs::cpu_ticks(gateway.proc.pid())?,
@@ -156,7 +168,10 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
         "{title}`tollgate serve` (decision mode, token_bucket 100/min per `x-api-key`) pinned \
          alone to CPU {GATEWAY_CPU}; the Redis processes (one redis-server, or the three masters \
          of a Cluster) and wrk (1 thread, 64 connections, {seconds} s, 100,000 random keys, so \
-         nearly every request is allowed and is one plan) on CPU {LOAD_CPU}. Redis CPU per \
+         nearly every request is allowed and is one plan) on CPU {LOAD_CPU}; *ten forms*: every \
+         request a plan of two rules, that token bucket (of 100,000/min) and one of ten policies \
+         chosen by its path (five algorithms, each enforced and in shadow mode; the far \
+         section's many forms), wrk picking one of ten paths at random. Redis CPU per \
          decision: utime + stime of every Redis process over the run / requests; script calls: \
          INFO commandstats' EVALSHA + EVAL of every Redis process / requests. min / median / \
          max of {} repetition(s), the two settings taking turns; the ratios are default / \
@@ -182,7 +197,7 @@ fn render(runs: &BTreeMap<Key, Runs>, binaries: &[(String, &Path)]) -> String {
         "errors",
     ]);
     let empty = Runs::default();
-    for setup in [Setup::Standalone, Setup::Cluster] {
+    for setup in Setup::ALL {
         for (label, _) in binaries {
             let one = runs.get(&(setup, label.clone(), true)).unwrap_or(&empty);
             for is_one in [true, false] {
@@ -228,7 +243,7 @@ fn serve(
             "backend = \"redis\"\nurl = \"{}\"\n",
             urls.first().map_or("", String::as_str)
         ),
-        Setup::Cluster => {
+        Setup::Cluster | Setup::ClusterManyForms => {
             let list: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
             format!(
                 "backend = \"redis-cluster\"\nurls = [{}]\n",
@@ -243,12 +258,12 @@ fn serve(
         Some(GATEWAY_CPU),
         |port, admin| {
             format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+                "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
              [store]\n{store}timeout = \"200ms\"\n{}\
-             [identity]\nsources = [\"header:x-api-key\", \"ip\"]\nsecret = \"bench\"\n\
-             [[policy]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1m\"\n",
-            if one { "max_batch = 1\n" } else { "" }
-        )
+             [identity]\nsources = [\"header:x-api-key\", \"ip\"]\nsecret = \"bench\"\n{}",
+                if one { "max_batch = 1\n" } else { "" },
+                super::far::policies(setup.many())
+            )
         },
     )
 }

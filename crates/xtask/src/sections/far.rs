@@ -237,8 +237,9 @@ fn render(runs: &BTreeMap<Key, Runs>, binaries: &[(String, &Path)]) -> String {
     t.render()
 }
 
-/// The config's policies: one, or (many forms) one for every request and ten by path.
-fn policies(many: bool) -> String {
+/// The config's policies: one, or (many forms) one for every request and ten by path (wrk
+/// with `paths: 10`). The coalesce section's too.
+pub(super) fn policies(many: bool) -> String {
     let limit = if many { 100_000 } else { 100 };
     let mut out = format!(
         "[[policy]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = {limit}\n\
