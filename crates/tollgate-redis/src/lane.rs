@@ -16,7 +16,7 @@
 //! answers every one of them with that error (each caller then applies its own failure
 //! policy), and a plan whose arguments the script refuses fails alone.
 
-use crate::batch_script::{MAX_BATCH_FORMS, MAX_SCRIPT_FORMS, MAX_SCRIPT_RULES};
+use crate::batch_script::{script_holds, MAX_BATCH_FORMS};
 use crate::direct::Direct;
 use crate::error::RedisStoreError;
 use crate::lease::LeaseJob;
@@ -134,22 +134,23 @@ pub(crate) struct State {
 
 /// The plan forms a store's batches name, in one order (see [`take_one`]): a batch whose
 /// plans are all of these forms runs the one batch script generated for the whole list,
-/// whichever of them it holds. Grows as forms arrive, up to what one script holds, and never
-/// shrinks. One list for all of a store's lanes, so that every lane (each Cluster node, each
-/// slot whose node is not known) grows the same lists and shares their scripts: at most
-/// [`MAX_SCRIPT_FORMS`] a store, where a list a lane, each grown in its own arrival order,
-/// made up to that many a lane.
+/// whichever of them it holds. Grows as forms arrive, up to what one script holds
+/// ([`script_holds`]), and never shrinks. One list for all of a store's lanes, so that every
+/// lane (each Cluster node, each slot whose node is not known) grows the same lists and
+/// shares their scripts: at most fifteen lists a store, where a list a lane, each grown in
+/// its own arrival order, could make fifteen a lane.
 pub(crate) type Forms = Mutex<Vec<Form>>;
 
-/// Adds `form` to a store's forms (in their order) if one batch script still holds them all:
-/// at most [`MAX_SCRIPT_FORMS`] forms of at most [`MAX_SCRIPT_RULES`] rules in all. Whether
-/// it is there now.
-fn admit(forms: &mut Vec<Form>, form: &Form) -> bool {
-    let rules: usize = forms.iter().map(|f| f.rules().len()).sum();
-    if forms.len() >= MAX_SCRIPT_FORMS || rules + form.rules().len() > MAX_SCRIPT_RULES {
+/// Whether `form` is in a store's forms (kept in their order), added if it was not and one
+/// batch script still holds them all with it ([`script_holds`]).
+fn listed(forms: &mut Vec<Form>, form: &Form) -> bool {
+    let Err(at) = forms.binary_search(form) else {
+        return true;
+    };
+    let rules = forms.iter().map(|f| f.rules().len()).sum::<usize>() + form.rules().len();
+    if !script_holds(forms.len() + 1, rules) {
         return false;
     }
-    let at = forms.partition_point(|f| f < form);
     forms.insert(at, form.clone());
     true
 }
@@ -294,7 +295,7 @@ fn take_one(
         }
         if let Job::Plan(plan) = &next.job {
             let form = &plan.form;
-            let listed = known && (forms.contains(form) || admit(forms, form));
+            let listed = known && listed(forms, form);
             if known && !listed && plans {
                 // The plans before it leave with the list's script; it starts the next batch.
                 break;
@@ -331,6 +332,7 @@ fn take_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch_script::MAX_SCRIPT_FORMS;
     use crate::script::plan_script;
     use std::time::Duration;
     use tollgate_core::{Algorithm, Limit, Mode, Quota};
@@ -431,19 +433,19 @@ mod tests {
         let mut forms = Vec::new();
         let two_rules: Vec<Form> = (0..25).map(|i| form(2, i / 5, i)).collect();
         for f in &two_rules[..MAX_SCRIPT_FORMS] {
-            assert!(admit(&mut forms, f));
+            assert!(listed(&mut forms, f));
         }
         assert!(
-            !admit(&mut forms, &two_rules[MAX_SCRIPT_FORMS]),
+            !listed(&mut forms, &two_rules[MAX_SCRIPT_FORMS]),
             "a 16th form"
         );
         let mut big = Vec::new();
         for f in &[form(16, 0, 1), form(16, 1, 2), form(16, 2, 3)] {
-            assert!(admit(&mut big, f));
+            assert!(listed(&mut big, f));
         }
-        assert!(admit(&mut big, &form(15, 3, 4)), "63 rules");
-        assert!(admit(&mut big, &form(1, 4, 4)), "64 rules");
-        assert!(!admit(&mut big, &form(1, 0, 0)), "65 rules");
+        assert!(listed(&mut big, &form(15, 3, 4)), "63 rules");
+        assert!(listed(&mut big, &form(1, 4, 4)), "64 rules");
+        assert!(!listed(&mut big, &form(1, 0, 0)), "65 rules");
 
         let (listed, others) = (&two_rules[0], &two_rules[15..20]);
         let mut callers = Vec::new();
