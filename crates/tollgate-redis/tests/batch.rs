@@ -1452,7 +1452,7 @@ async fn plans_of_many_forms_leave_in_one_call_of_the_stores_script() {
     let before = common::cached_scripts(|a| server.cli(a));
     // Twice: the first time the batch script is new (its call answered NOSCRIPT, then sent
     // whole: two calls), the second time it is known (one call).
-    for (round, most_calls) in [(0u128, 2), (1, 1)] {
+    for (round, calls_expected) in [(0u128, 1..=2), (1, 1..=1)] {
         let lead = held_lead(&relay, &store, &first, 2_000 + round).await;
         let calls = relay.calls();
         // Every client's first plan, then every client's second.
@@ -1476,7 +1476,11 @@ async fn plans_of_many_forms_leave_in_one_call_of_the_stores_script() {
             "decided by another branch or out of order"
         );
         let took = relay.calls() - calls;
-        assert!(took <= most_calls, "the twenty plans took {took} calls");
+        // At least one: plans that went another way than the lane's connection take none.
+        assert!(
+            calls_expected.contains(&took),
+            "the twenty plans took {took} calls"
+        );
     }
     assert_eq!(
         common::cached_scripts(|a| server.cli(a)) - before,
