@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
 use serde_json::json;
 use tollgate_testkit::{RedisCluster, RedisServer};
@@ -84,7 +83,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
     if let Some(b) = &ctx.baseline {
         binaries.push(("baseline".into(), b));
     }
-    let wrk = |setup: Setup| Wrk {
+    let wrk = |setup: Setup, seconds| Wrk {
         threads: 1,
         connections: 64,
         seconds,
@@ -114,30 +113,21 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                         setup.name(),
                         if one { "1" } else { "default" }
                     ));
-                    for n in &nodes {
-                        n.cli(&["flushall"]);
-                        n.cli(&["config", "resetstat"]);
-                    }
+                    servers::reset_redis(&nodes);
                     let gateway = serve(bin, &dir, setup, &urls, one)?;
-                    std::thread::sleep(Duration::from_millis(300));
-                    let pids: Vec<u32> = nodes.iter().filter_map(|n| n.pid()).collect();
-                    let redis_ticks = |pids: &[u32]| -> anyhow::Result<u64> {
-                        pids.iter().map(|&p| procs::cpu_ticks(p)).sum()
-                    };
-                    let calls = |nodes: &[&RedisServer]| -> anyhow::Result<u64> {
-                        nodes.iter().map(|n| servers::script_calls(n)).sum()
-                    };
-                    let (r0, g0, s0) = (
-                        redis_ticks(&pids)?,
+                    // Scripts loaded and connections open before the clock starts (ten
+                    // forms: the batch scripts too).
+                    let warm = if setup.many() { 3 } else { 1 };
+                    let logs = ctx.logs.join("coalesce-wrk.txt");
+                    wrk(setup, warm).run(&dir, gateway.port, &logs)?;
+                    let ((r0, s0), g0) = (
+                        servers::redis_usage(&nodes)?,
                         procs::cpu_ticks(gateway.proc.pid())?,
-                        calls(&nodes)?,
                     );
-                    let w =
-                        wrk(setup).run(&dir, gateway.port, &ctx.logs.join("coalesce-wrk.txt"))?;
-                    let (r1, g1, s1) = (
-                        redis_ticks(&pids)?,
+                    let w = wrk(setup, seconds).run(&dir, gateway.port, &logs)?;
+                    let ((r1, s1), g1) = (
+                        servers::redis_usage(&nodes)?,
                         procs::cpu_ticks(gateway.proc.pid())?,
-                        calls(&nodes)?,
                     );
                     drop(gateway);
                     let n = w.requests.max(1) as f64;
@@ -167,11 +157,14 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
     Ok(format!(
         "{title}`tollgate serve` (decision mode, token_bucket 100/min per `x-api-key`) pinned \
          alone to CPU {GATEWAY_CPU}; the Redis processes (one redis-server, or the three masters \
-         of a Cluster) and wrk (1 thread, 64 connections, {seconds} s, 100,000 random keys, so \
+         of a Cluster) and wrk (1 thread, 64 connections, {seconds} s counted after 1 s of \
+         warm-up, 3 s with ten forms, 100,000 random keys, so \
          nearly every request is allowed and is one plan) on CPU {LOAD_CPU}; *ten forms*: every \
          request a plan of two rules, that token bucket (of 100,000/min) and one of ten policies \
          chosen by its path (five algorithms, each enforced and in shadow mode; the far \
-         section's many forms), wrk picking one of ten paths at random. Redis CPU per \
+         section's many forms), wrk picking one of ten paths at random. Before each run every \
+         Redis process is emptied of keys and scripts (`SCRIPT FLUSH`: a script an earlier run \
+         loaded weighs on every call). Redis CPU per \
          decision: utime + stime of every Redis process over the run / requests; script calls: \
          INFO commandstats' EVALSHA + EVAL of every Redis process / requests. min / median / \
          max of {} repetition(s), the two settings taking turns; the ratios are default / \

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
 use serde_json::json;
 use tollgate_testkit::RedisServer;
 
@@ -98,7 +97,6 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
         binaries.push(("baseline".into(), b));
     }
     let tick_us = 1e6 / procs::ticks_per_second() as f64;
-    let redis_pid = server.pid().context("the redis-server has no pid")?;
     let mut runs: BTreeMap<Key, Runs> = BTreeMap::new();
     for rep in 1..=ctx.reps {
         for case in Case::ALL {
@@ -131,24 +129,14 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                     case.name(),
                     if one { "1" } else { "default" }
                 ));
-                server.cli(&["flushall"]);
-                server.cli(&["script", "flush"]);
-                server.cli(&["config", "resetstat"]);
+                servers::reset_redis(&[&server]);
                 let gateway = serve(bin, &dir, case, redis_port, one)?;
                 let (port, admin) = (gateway.port, gateway.admin);
                 let warm = if case.many() { 3 } else { 1 };
                 wrk(warm).run(&dir, port, &ctx.logs.join("far-warm.txt"))?;
-                let (r0, c0, f0) = (
-                    procs::cpu_ticks(redis_pid)?,
-                    servers::script_calls(&server)?,
-                    failed_decisions(admin)?,
-                );
+                let ((r0, c0), f0) = (servers::redis_usage(&[&server])?, failed_decisions(admin)?);
                 let w = wrk(seconds).run(&dir, port, &ctx.logs.join("far-wrk.txt"))?;
-                let (r1, c1, f1) = (
-                    procs::cpu_ticks(redis_pid)?,
-                    servers::script_calls(&server)?,
-                    failed_decisions(admin)?,
-                );
+                let ((r1, c1), f1) = (servers::redis_usage(&[&server])?, failed_decisions(admin)?);
                 drop(gateway);
                 let n = w.requests.max(1) as f64;
                 let redis_us = r1.saturating_sub(r0) as f64 * tick_us / n;

@@ -311,6 +311,27 @@ pub fn load_script(redis: &RedisServer, text: &str) -> anyhow::Result<String> {
 }
 
 /// EVALSHA + EVAL calls the server has run so far (INFO commandstats).
+/// Empties `nodes` for a fresh run: no keys, no scripts and no counters. A script an earlier
+/// run loaded (another binary's, another setting's) is not free to the next: every call's Lua
+/// garbage collection walks the scripts a server keeps.
+pub fn reset_redis(nodes: &[&RedisServer]) {
+    for n in nodes {
+        n.cli(&["flushall"]);
+        n.cli(&["script", "flush"]);
+        n.cli(&["config", "resetstat"]);
+    }
+}
+
+/// The CPU ticks (utime + stime) and script calls of `nodes` so far, each summed.
+pub fn redis_usage(nodes: &[&RedisServer]) -> anyhow::Result<(u64, u64)> {
+    let (mut ticks, mut calls) = (0, 0);
+    for n in nodes {
+        ticks += procs::cpu_ticks(n.pid().context("a redis-server has no pid")?)?;
+        calls += script_calls(n)?;
+    }
+    Ok((ticks, calls))
+}
+
 pub fn script_calls(redis: &RedisServer) -> anyhow::Result<u64> {
     commandstats_calls(&redis.cli(&["info", "commandstats"]))
 }
