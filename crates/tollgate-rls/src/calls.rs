@@ -25,7 +25,7 @@ use crate::live::LiveRls;
 use crate::proto::grpc::health::v1::HealthCheckRequest;
 use crate::request::RlsRequest;
 use crate::wire::answer::Answer;
-use crate::wire::{deadline, frame, response};
+use crate::wire::{deadline, frame};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
@@ -208,7 +208,7 @@ where
     // the task hyper spawns for the stream, which lasts as long as the stream (a client that
     // never reads keeps it): boxed, it is freed once decided.
     let framed = match Box::pin(service.decide_request(&request).instrument(span)).await {
-        Ok(response) => response::encode(response),
+        Ok(decided) => decided.encode(),
         Err(status) => Err(status),
     };
     match framed {

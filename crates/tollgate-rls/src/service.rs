@@ -19,11 +19,10 @@
 use crate::config::{Found, Level, RlsConfig, RuleLimit, Unit};
 use crate::metrics::DescriptorMetrics;
 use crate::proto::envoy::config::core::v3::HeaderValue;
-use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit,
-};
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::request::{Descriptor, Override, RlsRequest, MAX_DESCRIPTORS, MAX_ENTRIES};
+use crate::wire::response::{Current, Decided, DescriptorAnswer};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tollgate::policy::{FailurePolicy, SyncMode};
@@ -145,25 +144,6 @@ struct Items<'c> {
     key: Vec<u8>,
 }
 
-/// A descriptor's `current_limit` as the answer reports it, its name borrowed from the
-/// configuration (written into the answer, never copied per request).
-#[derive(Debug, Clone, Copy)]
-struct Current<'c> {
-    name: &'c str,
-    requests_per_unit: u32,
-    unit: i32,
-}
-
-impl Current<'_> {
-    fn proto(&self) -> RateLimit {
-        RateLimit {
-            name: self.name.to_string(),
-            requests_per_unit: self.requests_per_unit,
-            unit: self.unit,
-        }
-    }
-}
-
 /// A request descriptor's answer before the store call.
 enum Slot<'c> {
     /// No rule (unknown domain, no match, replaced): OK without a limit.
@@ -274,12 +254,14 @@ impl RlsService {
     /// request that cannot be decided, `UNAVAILABLE` when the store fails and a rule fails
     /// closed (Envoy then applies its own `failure_mode_deny`).
     pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        self.decide_request(&RlsRequest::of(req)).await
+        self.decide_request(&RlsRequest::of(req))
+            .await
+            .map(Decided::into_proto)
     }
 
     /// [`RlsService::decide`] for a request read in place ([`RlsRequest::decode`]), as the
     /// server reads every call's.
-    pub async fn decide_request(&self, req: &RlsRequest<'_>) -> Result<RateLimitResponse, Status> {
+    pub(crate) async fn decide_request(&self, req: &RlsRequest<'_>) -> Result<Decided<'_>, Status> {
         let i = &self.inner;
         if req.domain.is_empty() {
             return Err(Status::invalid_argument(
@@ -685,12 +667,12 @@ impl RlsService {
         Ok((policy, current, salt))
     }
 
-    fn respond(
-        &self,
+    fn respond<'s>(
+        &'s self,
         req: &RlsRequest<'_>,
         found: &[Option<Found>],
-        a: &Answer<'_>,
-    ) -> Result<RateLimitResponse, Status> {
+        a: &Answer<'_, 's>,
+    ) -> Result<Decided<'s>, Status> {
         let i = &self.inner;
         let result = a.result;
         let overall = match result.action {
@@ -723,18 +705,21 @@ impl RlsService {
         for (n, slot) in a.slots.iter().enumerate() {
             let (status, outcome, meta) = match slot {
                 Slot::NoLimit => (
-                    DescriptorStatus {
+                    DescriptorAnswer {
                         code: Code::Ok.into(),
-                        ..Default::default()
+                        current: None,
+                        remaining: 0,
+                        reset: None,
                     },
                     None,
                     Some(None),
                 ),
                 Slot::Unlimited => (
-                    DescriptorStatus {
+                    DescriptorAnswer {
                         code: Code::Ok.into(),
-                        limit_remaining: UNLIMITED_REMAINING,
-                        ..Default::default()
+                        current: None,
+                        remaining: UNLIMITED_REMAINING,
+                        reset: None,
                     },
                     None,
                     None,
@@ -752,11 +737,11 @@ impl RlsService {
                     } else {
                         Code::OverLimit
                     };
-                    let status = DescriptorStatus {
+                    let status = DescriptorAnswer {
                         code: code.into(),
-                        current_limit: Some(current.proto()),
-                        limit_remaining: 0,
-                        duration_until_reset: Some(proto_duration(until_window_end(*unit))),
+                        current: Some(*current),
+                        remaining: 0,
+                        reset: Some(proto_duration(until_window_end(*unit))),
                     };
                     let outcome = if *shadow {
                         Outcome::ShadowLimited
@@ -766,10 +751,11 @@ impl RlsService {
                     (status, Some(outcome), own_shadow.then_some(*metadata))
                 }
                 Slot::NothingToGive { current } => (
-                    DescriptorStatus {
+                    DescriptorAnswer {
                         code: Code::Ok.into(),
-                        current_limit: Some(current.proto()),
-                        ..Default::default()
+                        current: Some(*current),
+                        remaining: 0,
+                        reset: None,
                     },
                     None,
                     None,
@@ -787,19 +773,19 @@ impl RlsService {
                             _ => false,
                         };
                     let status = match r.and_then(|r| r.decision) {
-                        Some(d) => DescriptorStatus {
+                        Some(d) => DescriptorAnswer {
                             code: if over { Code::OverLimit } else { Code::Ok }.into(),
-                            current_limit: Some(it.current.proto()),
-                            limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
-                            duration_until_reset: Some(proto_duration(d.reset_after)),
+                            current: Some(it.current),
+                            remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+                            reset: Some(proto_duration(d.reset_after)),
                         },
                         // The store did not answer and the rule failed open: nothing was
                         // charged and nothing is known to be used.
-                        None => DescriptorStatus {
+                        None => DescriptorAnswer {
                             code: if over { Code::OverLimit } else { Code::Ok }.into(),
-                            current_limit: Some(it.current.proto()),
-                            limit_remaining: it.current.requests_per_unit,
-                            duration_until_reset: None,
+                            current: Some(it.current),
+                            remaining: it.current.requests_per_unit,
+                            reset: None,
                         },
                     };
                     (status, outcome, (!over).then_some(it.rule))
@@ -828,19 +814,21 @@ impl RlsService {
             .options
             .dynamic_metadata
             .then(|| self.dynamic_metadata(req, &passed));
-        Ok(RateLimitResponse {
+        Ok(Decided {
             overall_code: overall.into(),
             statuses,
-            response_headers_to_add,
-            dynamic_metadata,
-            ..Default::default()
+            rest: RateLimitResponse {
+                response_headers_to_add,
+                dynamic_metadata,
+                ..Default::default()
+            },
         })
     }
 
     /// RateLimit-Policy, RateLimit and Retry-After for Envoy to add to the response. A blocked
     /// descriptor that denied is the most constrained: it leads, with nothing remaining and no
     /// Retry-After (waiting never helps).
-    fn headers(&self, a: &Answer<'_>, out: &mut Vec<HeaderValue>) {
+    fn headers(&self, a: &Answer<'_, '_>, out: &mut Vec<HeaderValue>) {
         let blocked = a.blocked.then(|| {
             a.slots.iter().find_map(|s| match s {
                 Slot::Blocked {
@@ -976,9 +964,9 @@ impl RlsService {
 }
 
 /// A decided request, as [`RlsService::respond`] reads it.
-struct Answer<'a> {
-    slots: &'a [Slot<'a>],
-    items: &'a [Item<'a>],
+struct Answer<'a, 'c> {
+    slots: &'a [Slot<'c>],
+    items: &'a [Item<'c>],
     policies: &'a [Policy],
     result: &'a LimitResult,
     /// A blocked descriptor denied the request.

@@ -7,10 +7,40 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use proptest::prelude::*;
 
+/// `response` as a [`Decided`], its statuses' names borrowed from it.
+fn decided(response: &RateLimitResponse) -> Decided<'_> {
+    Decided {
+        overall_code: response.overall_code,
+        statuses: response
+            .statuses
+            .iter()
+            .map(|s| DescriptorAnswer {
+                code: s.code,
+                current: s.current_limit.as_ref().map(|c| Current {
+                    name: &c.name,
+                    requests_per_unit: c.requests_per_unit,
+                    unit: c.unit,
+                }),
+                remaining: s.limit_remaining,
+                reset: s.duration_until_reset,
+            })
+            .collect(),
+        rest: RateLimitResponse {
+            overall_code: 0,
+            statuses: Vec::new(),
+            ..response.clone()
+        },
+    }
+}
+
+/// The answer written here is prost's framing of the same message, byte for byte, and gives
+/// that message back.
 fn same_as_prost(response: &RateLimitResponse) {
-    let ours = encode(response.clone()).expect("small");
+    let d = decided(response);
+    let ours = d.encode().expect("small");
     let theirs = crate::wire::frame::encode(response).expect("small");
     assert_eq!(ours, theirs, "{response:?}");
+    assert_eq!(&d.into_proto(), response);
 }
 
 fn status() -> impl Strategy<Value = DescriptorStatus> {
@@ -132,4 +162,22 @@ fn the_edges_are_framed_as_prost_frames_them() {
         statuses,
         ..Default::default()
     });
+}
+
+/// The varint writer and its measure agree with prost's at every length's edges.
+#[test]
+fn varints_are_prost_varints() {
+    let mut values = vec![0u64, 1, u64::MAX, i32::MIN as u64, -1i64 as u64];
+    for bits in 1..64 {
+        values.extend([(1u64 << bits) - 1, 1u64 << bits, (1u64 << bits) + 1]);
+    }
+    for v in values {
+        let mut ours = Vec::new();
+        put_varint(&mut ours, v);
+        let mut theirs = Vec::new();
+        prost::encoding::encode_varint(v, &mut theirs);
+        assert_eq!(ours, theirs, "{v}");
+        assert_eq!(varint_len(v), prost::encoding::encoded_len_varint(v), "{v}");
+        assert_eq!(varint_len(v), ours.len(), "{v}");
+    }
 }
