@@ -84,7 +84,7 @@ impl<'a> RlsRequest<'a> {
     /// The request `message` holds; every string borrows it.
     pub fn decode(message: &'a [u8]) -> Result<Self, DecodeError> {
         const NAME: &str = "RateLimitRequest";
-        let mut r = Reader { buf: message };
+        let mut r = Reader::new(message);
         // A descriptor takes at least two bytes and usually twenty or more: sized from the
         // message so that a usual request's list is never grown.
         let mut req = RlsRequest {
@@ -317,9 +317,22 @@ impl std::error::Error for DecodeError {}
 /// end is an error at that end, in prost's words).
 struct Reader<'a> {
     buf: &'a [u8],
+    /// The whole message, when all of it is UTF-8 (a request whose lengths are all below
+    /// 128 bytes and whose strings are ASCII is): a string is then its slice of this text,
+    /// valid wherever both its ends are character boundaries, which is one check a string
+    /// instead of a UTF-8 pass over each (about 80 instructions a string under callgrind, a
+    /// fortieth of a ten-descriptor request's decision).
+    text: Option<&'a str>,
 }
 
 impl<'a> Reader<'a> {
+    fn new(message: &'a [u8]) -> Self {
+        Reader {
+            buf: message,
+            text: std::str::from_utf8(message).ok(),
+        }
+    }
+
     #[inline(always)]
     fn varint(&mut self) -> Result<u64, DecodeError> {
         // Keys, lengths and most values are one byte.
@@ -397,6 +410,16 @@ impl<'a> Reader<'a> {
         let len = self.length()?;
         let (bytes, rest) = self.buf.split_at(len);
         self.buf = rest;
+        if let Some(text) = self.text {
+            // Where the string starts within the message (both borrow it).
+            let start = bytes.as_ptr() as usize - text.as_ptr() as usize;
+            // A slice of UTF-8 text is UTF-8 if and only if both its ends are boundaries:
+            // a string cut there (its last byte starting a character the next field's bytes
+            // complete) is refused by the check below, as prost refuses it.
+            if let Some(s) = text.get(start..start + len) {
+                return Ok(s);
+            }
+        }
         std::str::from_utf8(bytes).map_err(|_| Kind::Utf8.into())
     }
 

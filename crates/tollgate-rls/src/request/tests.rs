@@ -401,3 +401,38 @@ fn descriptors_and_entries_past_the_bounds_are_read_and_not_kept() {
     agree(&bytes);
     assert!(RlsRequest::decode(&bytes).is_err());
 }
+
+/// Strings read as slices of a message that is UTF-8 as a whole get prost's verdict at the
+/// edges: multi-byte characters kept whole, and a string whose last byte starts a character
+/// that the next field's key completes (the message is UTF-8, the string is not).
+#[test]
+fn strings_of_a_message_that_is_utf8_as_a_whole_get_prost_s_verdict() {
+    // Valid: multi-byte characters in the domain and in an entry, all lengths below 128.
+    let mut ok = Vec::new();
+    delimited(1, "dømain-€".as_bytes(), &mut ok);
+    let mut d = Vec::new();
+    delimited(1, &entry("clé", "välue-😀"), &mut d);
+    delimited(2, &d, &mut ok);
+    assert!(std::str::from_utf8(&ok).is_ok());
+    agree(&ok);
+    let read = RlsRequest::decode(&ok).expect("valid");
+    assert_eq!(read.domain, "dømain-€");
+    assert_eq!(read.descriptors[0].entries[0].value, "välue-😀");
+
+    // The domain is the lone byte 0xC3; the next field's key is the varint A9 01 (field 21,
+    // fixed64, unknown: skipped), so the message reads C3 A9 ("é") across the two fields.
+    let mut cut = vec![0x0a, 0x01, 0xc3, 0xa9, 0x01];
+    cut.extend_from_slice(b"12345678");
+    assert!(std::str::from_utf8(&cut).is_ok(), "the message is UTF-8");
+    agree(&cut);
+    let err = RlsRequest::decode(&cut).expect_err("the domain is not UTF-8");
+    assert!(err.to_string().contains("not UTF-8"), "{err}");
+
+    // A string that begins inside a character: the domain's bytes are E2 82, the entry's
+    // key completes nothing (an ASCII byte follows), so the whole message is not UTF-8 and
+    // each string is checked alone.
+    let mut partial = Vec::new();
+    delimited(1, &[0xe2, 0x82], &mut partial);
+    agree(&partial);
+    assert!(RlsRequest::decode(&partial).is_err());
+}
