@@ -18,6 +18,8 @@ pub struct Binaries {
     pub tollgate: PathBuf,
     /// The gateway's HTTP server with no limiter.
     pub http_floor: PathBuf,
+    /// The RLS listener's HTTP/2 server with no limiter.
+    pub rls_floor: PathBuf,
     /// `RedisStore::check` under load; also prints the scripts the store loads.
     pub redis_bench: PathBuf,
     /// Exact vs lease.
@@ -49,6 +51,8 @@ pub fn binaries(root: &Path, logs: &Path) -> anyhow::Result<Binaries> {
         "tollgate",
         "--example",
         "http_floor",
+        "--example",
+        "rls_floor",
         "-p",
         "tollgate",
         "--features",
@@ -76,6 +80,7 @@ pub fn binaries(root: &Path, logs: &Path) -> anyhow::Result<Binaries> {
     Ok(Binaries {
         tollgate: get("tollgate")?,
         http_floor: get("http_floor")?,
+        rls_floor: get("rls_floor")?,
         redis_bench: get("redis_bench")?,
         lease_bench: get("lease_bench")?,
         abuse_bench: get("abuse_bench")?,

@@ -5,6 +5,11 @@
 //! store. CPU per decision is the gateway's utime + stime over the run divided by the answers:
 //! the cost of a decision whatever the load generator's own speed.
 //!
+//! After the shapes, in every repetition, the servers under the two front ends are measured
+//! with no limiter at all (the examples `http_floor` and `rls_floor`, the latter answering as
+//! many statuses as a shape has descriptors) under the same loads, so the table can say how
+//! much of a decision is the limiter and how much the HTTP or HTTP/2 server under it.
+//!
 //! With `--baseline TOLLGATE_BIN` every run is made on both binaries in turn (this build, then
 //! the baseline, within each repetition and shape: ABAB), so "no change makes the simple case
 //! slower" is read from ratios taken side by side, never across runs.
@@ -115,6 +120,41 @@ fn http_twin(shapes: &[Shape], s: usize) -> Option<usize> {
         .position(|t| t.descriptors == 0 && t.policies == want)
 }
 
+/// The server under a front end, with no limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Floor {
+    /// The example `http_floor`: the gateway's HTTP server answering 200.
+    Http,
+    /// The example `rls_floor`: the RLS listener's HTTP/2 server answering this many statuses.
+    Rls(usize),
+}
+
+/// Each floor, named, with the shape whose load it is driven by (the shapes of `shapes()`).
+fn floors(shapes: &[Shape]) -> Vec<(String, Floor, usize)> {
+    let mut out: Vec<(String, Floor, usize)> = Vec::new();
+    for (s, shape) in shapes.iter().enumerate() {
+        let floor = floor_of(shape);
+        if !out.iter().any(|(_, f, _)| *f == floor) {
+            let name = match floor {
+                Floor::Http => "HTTP floor (no limiter)".to_owned(),
+                Floor::Rls(1) => "RLS floor, 1 status (no limiter)".to_owned(),
+                Floor::Rls(n) => format!("RLS floor, {n} statuses (no limiter)"),
+            };
+            out.push((name, floor, s));
+        }
+    }
+    out
+}
+
+/// The floor a shape stands on: its front end's server answering as many statuses.
+fn floor_of(shape: &Shape) -> Floor {
+    if shape.descriptors == 0 {
+        Floor::Http
+    } else {
+        Floor::Rls(shape.descriptors)
+    }
+}
+
 /// The YAML with the ten descriptors' rules appended (`d0` to `d9`, each its own rule).
 fn yaml() -> String {
     let mut y = YAML.to_owned();
@@ -214,7 +254,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
         bins.push(("baseline", baseline.clone()));
     }
     let shapes = shapes();
+    let floors = floors(&shapes);
     let mut runs: BTreeMap<(usize, usize), Runs> = BTreeMap::new();
+    let mut floor_runs: Vec<Runs> = floors.iter().map(|_| Runs::default()).collect();
     for rep in 1..=ctx.reps {
         for (s, shape) in shapes.iter().enumerate() {
             for b in order(rep, bins.len()) {
@@ -245,6 +287,23 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                 r.errors += m.errors;
             }
         }
+        for ((name, floor, s), r) in floors.iter().zip(&mut floor_runs) {
+            log(&format!("rls rep {rep}/{}: {name}", ctx.reps));
+            let m = rig
+                .measure_floor(*floor, &shapes[*s])
+                .with_context(|| format!("{name} under {}", shapes[*s].name))?;
+            ctx.emit(
+                "rls",
+                json!({"shape": name, "binary": "floor", "rep": rep,
+                "descriptors_per_request": shapes[*s].descriptors, "decisions": m.decisions,
+                "decisions_per_s": m.per_s, "cpu_us_per_decision": m.cpu_us,
+                "p99_ms": m.p99_ms, "errors": m.errors}),
+            )?;
+            r.per_s.push(m.per_s);
+            r.cpu_us.push(m.cpu_us);
+            r.p99_ms.push(m.p99_ms);
+            r.errors += m.errors;
+        }
     }
     let mut out = format!(
         "{title}`tollgate serve` pinned alone to CPU {GATEWAY_CPU} (taskset) with `[rls]` and \
@@ -273,6 +332,19 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
         ctx.reps
     );
     out.push_str(&main_table(&shapes, &bins, &runs));
+    out.push_str(&format!(
+        "\n#### The servers under the front ends, with no limiter\n\n*HTTP floor*: the \
+         example `http_floor`, the gateway's HTTP server and runtime answering every request \
+         with the decision mode's 200; *RLS floor*: the example `rls_floor`, the RLS \
+         listener's HTTP/2 server (hyper's, with the listener's settings, on the gateway's \
+         runtime and allocator) answering every call with one answer encoded at start, as \
+         many OK statuses as the shape has descriptors, the request read to its end and not \
+         decoded. Each floor is pinned where the gateway runs and driven by its shape's load, \
+         after the shapes in every repetition. *Above the floor*: a shape's CPU per decision \
+         (this build) less its floor's in the same repetition: what the limiter and its front \
+         end's own work cost; its last column divides that by the HTTP decision mode's.\n\n{}",
+        floor_table(&shapes, &floors, &floor_runs, &runs)
+    ));
     if bins.len() > 1 {
         out.push_str(&format!(
             "\n#### This build vs the baseline, side by side\n\nBaseline: `{}`. Each shape \
@@ -356,6 +428,64 @@ fn main_table(
     t.render()
 }
 
+fn floor_table(
+    shapes: &[Shape],
+    floors: &[(String, Floor, usize)],
+    floor_runs: &[Runs],
+    runs: &BTreeMap<(usize, usize), Runs>,
+) -> String {
+    let sig = Digits::Significant;
+    let mut t = Table::new(&[
+        "shape",
+        "its floor",
+        "floor answers/s",
+        "floor CPU µs per answer",
+        "shape CPU µs per decision",
+        "above the floor, µs",
+        "above the floor vs HTTP decision mode's",
+        "floor errors",
+    ]);
+    let empty = Runs::default();
+    let above = |s: usize| -> Vec<f64> {
+        let Some(f) = floors
+            .iter()
+            .position(|(_, f, _)| *f == floor_of(&shapes[s]))
+        else {
+            return Vec::new();
+        };
+        let r = runs.get(&(s, 0)).unwrap_or(&empty);
+        r.cpu_us
+            .iter()
+            .zip(&floor_runs[f].cpu_us)
+            .map(|(a, b)| a - b)
+            .collect()
+    };
+    let http_above = above(0);
+    for (s, shape) in shapes.iter().enumerate() {
+        let Some(f) = floors.iter().position(|(_, f, _)| *f == floor_of(shape)) else {
+            continue;
+        };
+        let fr = &floor_runs[f];
+        let r = runs.get(&(s, 0)).unwrap_or(&empty);
+        let a = above(s);
+        t.row(&[
+            shape.name.to_owned(),
+            floors[f].0.clone(),
+            spread(&fr.per_s, Digits::Fixed(0)),
+            spread(&fr.cpu_us, sig),
+            spread(&r.cpu_us, sig),
+            spread(&a, Digits::Fixed(2)),
+            if s == 0 {
+                "1".to_owned()
+            } else {
+                spread(&ratios(&a, &http_above), Digits::Fixed(2))
+            },
+            fr.errors.to_string(),
+        ]);
+    }
+    t.render()
+}
+
 fn baseline_table(shapes: &[Shape], runs: &BTreeMap<(usize, usize), Runs>) -> String {
     let sig = Digits::Significant;
     let mut t = Table::new(&[
@@ -398,12 +528,7 @@ impl Rig<'_> {
     /// from this build's `tollgate bench` on the load CPU.
     fn measure(&self, bin: &Path, shape: &Shape) -> anyhow::Result<Sample> {
         let Rig {
-            ctx,
-            dir,
-            redis,
-            redis_pid,
-            yaml,
-            seconds,
+            dir, redis, yaml, ..
         } = *self;
         let [http, admin, rls] = procs::free_ports()?;
         let ports = Ports { http, admin, rls };
@@ -420,7 +545,44 @@ impl Rig<'_> {
         gateway.wait_port(ports.rls, START)?;
         procs::wait_http_ok(ports.admin, "/healthz", START)?;
         std::thread::sleep(Duration::from_millis(300));
+        let sample = self.drive(&gateway, ports.http, ports.rls, shape);
+        drop(gateway);
+        sample
+    }
 
+    /// One run of a floor (the server under a front end, no limiter: `http_floor`, or
+    /// `rls_floor` answering `statuses` statuses) pinned where the gateway runs, under the load
+    /// of `shape`.
+    fn measure_floor(&self, floor: Floor, shape: &Shape) -> anyhow::Result<Sample> {
+        let port = procs::free_port()?;
+        let (bin, name) = match floor {
+            Floor::Http => (&self.ctx.bins.http_floor, "http_floor"),
+            Floor::Rls(_) => (&self.ctx.bins.rls_floor, "rls_floor"),
+        };
+        let mut cmd = servers::pinned(bin, Some(GATEWAY_CPU));
+        cmd.arg(format!("127.0.0.1:{port}"));
+        if let Floor::Rls(statuses) = floor {
+            cmd.arg(statuses.to_string());
+        }
+        let mut p = Proc::spawn(name, cmd, &self.dir.join(format!("{name}.log")))?;
+        p.wait_port(port, START)?;
+        std::thread::sleep(Duration::from_millis(300));
+        let sample = self.drive(&p, port, port, shape);
+        drop(p);
+        sample
+    }
+
+    /// `shape`'s load for the rig's seconds from this build's `tollgate bench` on the load
+    /// CPU against `server` (HTTP on `http`, the RLS on `rls`), and what it cost.
+    fn drive(&self, server: &Proc, http: u16, rls: u16, shape: &Shape) -> anyhow::Result<Sample> {
+        let Rig {
+            ctx,
+            dir,
+            redis,
+            redis_pid,
+            seconds,
+            ..
+        } = *self;
         let json_path = dir.join("bench.json");
         let _ = std::fs::remove_file(&json_path);
         let mut load = servers::pinned(&ctx.bins.tollgate, Some(LOAD_CPU));
@@ -431,16 +593,16 @@ impl Rig<'_> {
             .args(["--timeout", "5s", "--quiet", "--json"])
             .arg(&json_path);
         if shape.flags.is_empty() {
-            load.args(["--target", &format!("http://127.0.0.1:{}/", ports.http)]);
+            load.args(["--target", &format!("http://127.0.0.1:{http}/")]);
         } else {
-            let url = format!("http://127.0.0.1:{}", ports.rls);
+            let url = format!("http://127.0.0.1:{rls}");
             load.args(["--rls", &vec![url; CHANNELS].join(",")]);
             for flag in &shape.flags {
                 load.args(["--descriptor", flag]);
             }
         }
         let (c0, r0, k0) = (
-            procs::cpu_ticks(gateway.pid())?,
+            procs::cpu_ticks(server.pid())?,
             procs::cpu_ticks(redis_pid)?,
             servers::script_calls(redis)?,
         );
@@ -450,11 +612,10 @@ impl Rig<'_> {
             Duration::from_secs(seconds + 60),
         )?;
         let (c1, r1, k1) = (
-            procs::cpu_ticks(gateway.pid())?,
+            procs::cpu_ticks(server.pid())?,
             procs::cpu_ticks(redis_pid)?,
             servers::script_calls(redis)?,
         );
-        drop(gateway);
         let text = std::fs::read_to_string(&json_path)
             .with_context(|| format!("cannot read {}", json_path.display()))?;
         let report: Value = serde_json::from_str(&text).context("tollgate bench's JSON")?;
@@ -504,6 +665,27 @@ mod tests {
         for i in 0..10 {
             assert!(y.contains(&format!("  - key: d{i}\n")), "{y}");
         }
+    }
+
+    /// One floor for each front end and answer size, driven by the first shape on it; every
+    /// shape finds its own.
+    #[test]
+    fn each_floor_is_measured_once_under_the_first_shape_that_stands_on_it() {
+        let s = shapes();
+        let f = floors(&s);
+        let kinds: Vec<(Floor, usize)> = f.iter().map(|(_, f, s)| (*f, *s)).collect();
+        assert_eq!(
+            kinds,
+            vec![(Floor::Http, 0), (Floor::Rls(1), 1), (Floor::Rls(10), 3)]
+        );
+        for shape in &s {
+            assert!(
+                f.iter().any(|(_, f, _)| *f == floor_of(shape)),
+                "{}",
+                shape.name
+            );
+        }
+        assert_eq!(f[2].0, "RLS floor, 10 statuses (no limiter)");
     }
 
     #[test]

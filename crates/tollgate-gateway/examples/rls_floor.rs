@@ -1,0 +1,185 @@
+//! The floor under the RLS's CPU per decision: the RLS listener's HTTP/2 server (hyper's, with
+//! the listener's settings, on the gateway's runtime and allocator) answering every call with
+//! the same `ShouldRateLimit` answer, encoded once at start, with no limiter at all. Each call's
+//! request body is read to its end (as the listener reads it) and not decoded; the answer is
+//! one gRPC message of `STATUSES` descriptor statuses (OK, a limit, what remains, the time to
+//! reset: what a decided descriptor's status holds) then the trailers `grpc-status: 0`.
+//! `cargo xtask bench` (section rls) runs it pinned where `tollgate serve` runs, with as many
+//! statuses as the shape has descriptors, so docs/benchmarks.md can say how much of a decision
+//! is the limiter and how much the HTTP/2 server under it (the HTTP decision mode's floor is
+//! the example `http_floor`).
+//!
+//!     cargo run --release -p tollgate-gateway --example rls_floor -- 127.0.0.1:8081 10
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use prost::Message;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use tollgate_rls::proto::envoy::service::ratelimit::v3::RateLimitResponse;
+
+/// The gateway's allocator, so that the floor differs from the gateway only in what the
+/// gateway does.
+#[global_allocator]
+static GLOBAL: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
+
+/// The most statuses an answer may be given (the RLS's bound on descriptors a request).
+const MAX_STATUSES: usize = 256;
+
+fn main() -> std::process::ExitCode {
+    let mut args = std::env::args().skip(1);
+    let Some(addr) = args.next() else {
+        eprintln!("usage: rls_floor ADDRESS:PORT [STATUSES]");
+        return std::process::ExitCode::from(2);
+    };
+    let statuses = match args.next().map(|n| (n.parse::<usize>(), n)) {
+        None => 1,
+        Some((Ok(n), _)) if (1..=MAX_STATUSES).contains(&n) => n,
+        Some((_, n)) => {
+            eprintln!("error: STATUSES is 1 to {MAX_STATUSES}, not {n:?}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let rt = match tollgate_gateway::runtime::build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(serve(&addr, answer(statuses))) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The framed answer: the five-byte gRPC prefix (not compressed, the length big-endian), then
+/// a `RateLimitResponse` of `statuses` OK statuses.
+fn answer(statuses: usize) -> Bytes {
+    let status = DescriptorStatus {
+        code: Code::Ok.into(),
+        current_limit: Some(RateLimit {
+            name: "bench.d0".into(),
+            requests_per_unit: 1_000_000_000,
+            unit: 3, // HOUR
+        }),
+        limit_remaining: 999_999_999,
+        duration_until_reset: Some(prost_types::Duration {
+            seconds: 3_599,
+            nanos: 0,
+        }),
+    };
+    let message = RateLimitResponse {
+        overall_code: Code::Ok.into(),
+        statuses: vec![status; statuses],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut framed = Vec::with_capacity(5 + message.len());
+    framed.push(0);
+    framed.extend_from_slice(
+        &u32::try_from(message.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    framed.extend_from_slice(&message);
+    Bytes::from(framed)
+}
+
+/// The RLS listener's HTTP/2 settings (`tollgate_rls::server`): at most 256 concurrent
+/// streams a connection, a ping every 30 s answered within 10 s, hyper's defaults otherwise.
+fn settings() -> http2::Builder<TokioExecutor> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(tollgate_rls::MAX_STREAMS)
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10));
+    builder
+}
+
+async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    let http2 = Arc::new(settings());
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let answer = answer.clone();
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let answer = answer.clone();
+            async move {
+                // The request read to its end, its frames dropped as they come.
+                let mut body = req.into_body();
+                while let Some(frame) = body.frame().await {
+                    if frame.is_err() {
+                        break;
+                    }
+                }
+                let mut response = Response::new(Answer::Message(answer));
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/grpc"),
+                );
+                Ok::<_, Infallible>(response)
+            }
+        });
+        let conn = http2.serve_connection(TokioIo::new(stream), svc);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+}
+
+/// The answer's body: the framed message, then the trailers.
+enum Answer {
+    Message(Bytes),
+    Trailers,
+    Done,
+}
+
+impl Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        let frame = match std::mem::replace(this, Answer::Done) {
+            Answer::Message(data) => {
+                *this = Answer::Trailers;
+                Frame::data(data)
+            }
+            Answer::Trailers => {
+                let mut trailers = HeaderMap::with_capacity(1);
+                trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                Frame::trailers(trailers)
+            }
+            Answer::Done => return Poll::Ready(None),
+        };
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, Answer::Done)
+    }
+}
