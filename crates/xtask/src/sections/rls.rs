@@ -213,6 +213,18 @@ struct Runs {
     errors: u64,
 }
 
+impl Runs {
+    /// One more repetition's figures.
+    fn add(&mut self, m: &Sample) {
+        self.per_s.push(m.per_s);
+        self.cpu_us.push(m.cpu_us);
+        self.redis_us.push(m.redis_us);
+        self.calls.push(m.calls);
+        self.p99_ms.push(m.p99_ms);
+        self.errors += m.errors;
+    }
+}
+
 /// What one run measured.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
@@ -278,13 +290,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                     "script_calls_per_decision": m.calls, "p99_ms": m.p99_ms,
                     "errors": m.errors}),
                 )?;
-                let r = runs.entry((s, b)).or_default();
-                r.per_s.push(m.per_s);
-                r.cpu_us.push(m.cpu_us);
-                r.redis_us.push(m.redis_us);
-                r.calls.push(m.calls);
-                r.p99_ms.push(m.p99_ms);
-                r.errors += m.errors;
+                runs.entry((s, b)).or_default().add(&m);
             }
         }
         for ((name, floor, s), r) in floors.iter().zip(&mut floor_runs) {
@@ -299,10 +305,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                 "decisions_per_s": m.per_s, "cpu_us_per_decision": m.cpu_us,
                 "p99_ms": m.p99_ms, "errors": m.errors}),
             )?;
-            r.per_s.push(m.per_s);
-            r.cpu_us.push(m.cpu_us);
-            r.p99_ms.push(m.p99_ms);
-            r.errors += m.errors;
+            r.add(&m);
         }
     }
     let mut out = format!(
