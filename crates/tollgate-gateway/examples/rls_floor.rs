@@ -10,6 +10,10 @@
 //! the example `http_floor`).
 //!
 //!     cargo run --release -p tollgate-gateway --example rls_floor -- 127.0.0.1:8081 10
+//!
+//! `--h2` (first) serves the same answers on the `h2` crate's server directly, without
+//! hyper's server layer above it (its service call, its body and its response conversion),
+//! each call still on a task of its own as hyper spawns it: how much of the floor that layer is.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
@@ -39,9 +43,10 @@ static GLOBAL: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
 const MAX_STATUSES: usize = 256;
 
 fn main() -> std::process::ExitCode {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let bare = args.next_if(|a| a == "--h2").is_some();
     let Some(addr) = args.next() else {
-        eprintln!("usage: rls_floor ADDRESS:PORT [STATUSES]");
+        eprintln!("usage: rls_floor [--h2] ADDRESS:PORT [STATUSES]");
         return std::process::ExitCode::from(2);
     };
     let statuses = match args.next().map(|n| (n.parse::<usize>(), n)) {
@@ -59,7 +64,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(serve(&addr, answer(statuses))) {
+    let served = if bare {
+        rt.block_on(serve_h2(&addr, answer(statuses)))
+    } else {
+        rt.block_on(serve(&addr, answer(statuses)))
+    };
+    match served {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -146,6 +156,56 @@ async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
             let _ = conn.await;
         });
     }
+}
+
+/// The same answers on `h2`'s server alone: each call's body read to its end (its window
+/// given back as it is read), then the headers, the message and the trailers sent.
+async fn serve_h2(addr: &str, answer: Bytes) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let answer = answer.clone();
+        tokio::spawn(async move {
+            let mut builder = h2::server::Builder::new();
+            builder.max_concurrent_streams(tollgate_rls::MAX_STREAMS);
+            let Ok(mut conn) = builder.handshake::<_, Bytes>(stream).await else {
+                return;
+            };
+            while let Some(Ok((request, respond))) = conn.accept().await {
+                tokio::spawn(call_h2(request, respond, answer.clone()));
+            }
+        });
+    }
+}
+
+async fn call_h2(
+    request: Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    answer: Bytes,
+) {
+    let mut body = request.into_body();
+    while let Some(chunk) = body.data().await {
+        let Ok(chunk) = chunk else { return };
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let mut response = Response::new(());
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    let Ok(mut send) = respond.send_response(response, false) else {
+        return;
+    };
+    if send.send_data(answer, false).is_err() {
+        return;
+    }
+    let mut trailers = HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let _ = send.send_trailers(trailers);
 }
 
 /// The answer's body: the framed message, then the trailers.
