@@ -345,7 +345,11 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
          decoded. Each floor is pinned where the gateway runs and driven by its shape's load, \
          after the shapes in every repetition. *Above the floor*: a shape's CPU per decision \
          (this build) less its floor's in the same repetition: what the limiter and its front \
-         end's own work cost; its last column divides that by the HTTP decision mode's.\n\n{}",
+         end's own work cost; its last column divides that by the HTTP decision mode's. A \
+         floor answers faster than the shapes on it, and on this machine a server's kernel time \
+         per answer grows as its rate falls (the load generator shares the other CPU and is \
+         found asleep more often), so a floor at its shape's rate would cost more: the figures \
+         above the floor are upper bounds.\n\n{}",
         floor_table(&shapes, &floors, &floor_runs, &runs)
     ));
     if bins.len() > 1 {
