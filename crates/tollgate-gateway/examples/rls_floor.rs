@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
@@ -123,15 +123,41 @@ fn settings() -> http2::Builder<TokioExecutor> {
     builder
 }
 
+/// The next connection, its writes not delayed; an accept that fails is waited out.
+async fn next_connection(listener: &TcpListener) -> TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                return stream;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// A gRPC answer's head: `content-type: application/grpc`.
+fn grpc_response<B>(body: B) -> Response<B> {
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+/// The trailers of an answer that succeeded: `grpc-status: 0`.
+fn ok_trailers() -> HeaderMap {
+    let mut trailers = HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    trailers
+}
+
 async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     let http2 = Arc::new(settings());
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
+        let stream = next_connection(&listener).await;
         let answer = answer.clone();
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
             let answer = answer.clone();
@@ -143,12 +169,7 @@ async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
                         break;
                     }
                 }
-                let mut response = Response::new(Answer::Message(answer));
-                response.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/grpc"),
-                );
-                Ok::<_, Infallible>(response)
+                Ok::<_, Infallible>(grpc_response(Answer::Message(answer)))
             }
         });
         let conn = http2.serve_connection(TokioIo::new(stream), svc);
@@ -163,11 +184,7 @@ async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
 async fn serve_h2(addr: &str, answer: Bytes) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
+        let stream = next_connection(&listener).await;
         let answer = answer.clone();
         tokio::spawn(async move {
             let mut builder = h2::server::Builder::new();
@@ -192,20 +209,13 @@ async fn call_h2(
         let Ok(chunk) = chunk else { return };
         let _ = body.flow_control().release_capacity(chunk.len());
     }
-    let mut response = Response::new(());
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
-    );
-    let Ok(mut send) = respond.send_response(response, false) else {
+    let Ok(mut send) = respond.send_response(grpc_response(()), false) else {
         return;
     };
     if send.send_data(answer, false).is_err() {
         return;
     }
-    let mut trailers = HeaderMap::with_capacity(1);
-    trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    let _ = send.send_trailers(trailers);
+    let _ = send.send_trailers(ok_trailers());
 }
 
 /// The answer's body: the framed message, then the trailers.
@@ -229,11 +239,7 @@ impl Body for Answer {
                 *this = Answer::Trailers;
                 Frame::data(data)
             }
-            Answer::Trailers => {
-                let mut trailers = HeaderMap::with_capacity(1);
-                trailers.insert("grpc-status", HeaderValue::from_static("0"));
-                Frame::trailers(trailers)
-            }
+            Answer::Trailers => Frame::trailers(ok_trailers()),
             Answer::Done => return Poll::Ready(None),
         };
         Poll::Ready(Some(Ok(frame)))
