@@ -164,9 +164,12 @@ pub(crate) fn push_batch_call(
     let spec: Vec<u8> = plans
         .iter()
         .map(|p| {
-            let s = forms.iter().position(|f| f == p.form).unwrap_or(0);
-            // At most MAX_SCRIPT_FORMS (< 16) forms: the number fits the low bits.
-            let mut b = u8::try_from(s + 1).unwrap_or(0);
+            // The list is sorted (`lane.rs`) and holds at most MAX_SCRIPT_FORMS (< 16) forms:
+            // the number fits the low bits. A plan of a form not in it (none, as batches are
+            // made) is sent as form 0, which the script refuses, rather than decided by
+            // another form's branch.
+            let s = forms.binary_search(p.form).map_or(0, |s| s + 1);
+            let mut b = u8::try_from(s).unwrap_or(0);
             if costs(p) {
                 b += 16;
             }
@@ -916,6 +919,49 @@ mod tests {
         assert!(batch_script_args(&[rule], &[]).is_none());
         assert!(batch_script_args(&[], &keys).is_none());
         assert!(batch_script_text(&[]).is_none());
+    }
+
+    /// Each plan names its form by its place in the batch's sorted list (1 to 15, with the
+    /// costs bit); a plan of a form the list lacks names form 0, which the script refuses
+    /// ("names no shape of this script"), instead of being decided by another form's branch.
+    #[test]
+    fn each_plan_names_its_forms_place_in_the_list_and_a_stranger_names_none() {
+        let (a, b, c) = (
+            shape(&[(Algorithm::TokenBucket, Mode::Enforce)]),
+            shape(&[(Algorithm::Gcra, Mode::Enforce)]),
+            shape(&[(Algorithm::FixedWindow, Mode::Enforce)]),
+        );
+        let mut list = vec![a.clone(), b.clone()];
+        list.sort();
+        let quota = Quota::per_minute(100).expect("quota");
+        let (quotas, _) = Quotas::pack(
+            [Limit::new(Algorithm::TokenBucket, quota).expect("limit")].iter(),
+            false,
+        );
+        let keys = [String::from("k")];
+        let plan = |form, costs| CallPlan {
+            keys: &keys,
+            costs,
+            now: 0,
+            form,
+            quotas: &quotas,
+        };
+        let plans = [plan(&b, &[1][..]), plan(&a, &[2][..]), plan(&c, &[1][..])];
+        let mut cmd = redis::Cmd::new();
+        push_batch_call(&mut cmd, &plans, &list, false, false, 0);
+        let spec = cmd
+            .args_iter()
+            .filter_map(|a| match a {
+                redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+                _ => None,
+            })
+            .nth(4)
+            .expect("the plans' bytes after the key count and three keys");
+        let place = |f: &Form| list.iter().position(|l| l == f).expect("listed") as u8 + 1;
+        assert_eq!(spec, vec![place(&b), place(&a) + 16, 0]);
+        assert!(generate(&list, false)
+            .text
+            .contains("names no shape of this script"));
     }
 
     #[test]
