@@ -22,7 +22,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use tollgate_testkit::RedisServer;
 
-use super::servers::{self, flush};
+use super::servers;
 use super::{log, Ctx};
 use crate::markdown::Table;
 use crate::procs::{self, Proc};
@@ -277,7 +277,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
                     "rls rep {rep}/{}: {} ({label})",
                     ctx.reps, shape.name
                 ));
-                flush(&redis);
+                // Keys, scripts and counters: a script the other binary loaded is not free to
+                // this run (every call's Lua garbage collection walks the scripts kept).
+                servers::reset_redis(&[&redis]);
                 let m = rig
                     .measure(bin, shape)
                     .with_context(|| format!("{} on {}", shape.name, bin.display()))?;
@@ -329,7 +331,8 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
          rules). A \
          decision is one answer (one request, whatever its descriptors). CPU per decision: the \
          gateway's utime + stime over the run / decisions; Redis CPU likewise for redis-server; \
-         store calls: EVAL/EVALSHA per decision. min / median / max of {} repetition(s), the \
+         store calls: EVAL/EVALSHA per decision; redis-server is emptied of keys, scripts and \
+         counters before every run. min / median / max of {} repetition(s), the \
          shapes interleaved; ratios per repetition. Errors: answers other than OK / 200 and \
          requests without an answer, over all repetitions.\n\n",
         ctx.reps

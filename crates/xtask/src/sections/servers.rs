@@ -310,7 +310,6 @@ pub fn load_script(redis: &RedisServer, text: &str) -> anyhow::Result<String> {
     Ok(sha)
 }
 
-/// EVALSHA + EVAL calls the server has run so far (INFO commandstats).
 /// Empties `nodes` for a fresh run: no keys, no scripts and no counters. A script an earlier
 /// run loaded (another binary's, another setting's) is not free to the next: every call's Lua
 /// garbage collection walks the scripts a server keeps.
@@ -332,6 +331,7 @@ pub fn redis_usage(nodes: &[&RedisServer]) -> anyhow::Result<(u64, u64)> {
     Ok((ticks, calls))
 }
 
+/// EVALSHA + EVAL calls the server has run so far (INFO commandstats).
 pub fn script_calls(redis: &RedisServer) -> anyhow::Result<u64> {
     commandstats_calls(&redis.cli(&["info", "commandstats"]))
 }
