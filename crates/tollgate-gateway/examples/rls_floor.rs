@@ -112,11 +112,13 @@ fn answer(statuses: usize) -> Bytes {
 }
 
 /// The RLS listener's HTTP/2 settings (`tollgate_rls::server`): at most 256 concurrent
-/// streams a connection, a ping every 30 s answered within 10 s, hyper's defaults otherwise.
+/// streams a connection, a ping every 30 s answered within 10 s, no `date` header, hyper's
+/// defaults otherwise.
 fn settings() -> http2::Builder<TokioExecutor> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
+        .auto_date_header(false)
         .max_concurrent_streams(tollgate_rls::MAX_STREAMS)
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(10));

@@ -8,7 +8,9 @@
 //! streams). One setting differs: tonic switched off h2's bound on the streams a client can
 //! make the server reset with protocol errors (1024 per connection; past it the connection
 //! is closed with ENHANCE_YOUR_CALM), which is the defence against "MadeYouReset"
-//! (CVE-2025-8671); hyper's default keeps it on.
+//! (CVE-2025-8671); hyper's default keeps it on. And answers carry no `date` header (hyper
+//! adds one by default; tonic's did): gRPC has no use for it, and HPACK-encoding it cost
+//! every answer about 1,200 instructions (callgrind, one descriptor a call: 50,928 to 49,737).
 //!
 //! Shutdown is graceful as it was: the listening socket is closed at once, each connection
 //! is sent GOAWAY and lets its calls in progress finish, and [`run`] returns when every
@@ -69,6 +71,7 @@ fn settings() -> http2::Builder<TokioExecutor> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
+        .auto_date_header(false)
         .max_concurrent_streams(MAX_STREAMS)
         .keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .keep_alive_timeout(KEEP_ALIVE_TIMEOUT);
