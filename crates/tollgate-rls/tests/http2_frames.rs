@@ -1,7 +1,8 @@
 //! The listener's HTTP/2 bounds seen from a client that writes frames by hand, as an
 //! attacker would: the stream bound is advertised and enforced, a client that makes the
-//! server reset stream after stream is disconnected, and neither HTTP/1 nor garbage gets an
-//! answer. Other connections are served meanwhile.
+//! server reset stream after stream is disconnected, neither HTTP/1 nor garbage gets an
+//! answer, and a peer that stops answering pings is let go. Other connections are served
+//! meanwhile.
 
 mod support;
 
@@ -17,6 +18,7 @@ const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 const SETTINGS: u8 = 0x4;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
+const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
@@ -215,5 +217,67 @@ async fn http1_and_garbage_get_no_answer_and_the_connection_is_closed() {
             "no HTTP/1 answer"
         );
     }
+    others_are_served(addr).await;
+}
+
+/// Reads frames until a PING that is not an ACK, answering none; `None` if the connection
+/// ends first.
+async fn next_ping(r: &mut OwnedReadHalf) -> Option<Frame> {
+    loop {
+        let f = read_frame(r).await?;
+        if f.kind == PING && f.flags & ACK == 0 {
+            return Some(f);
+        }
+    }
+}
+
+// On a paused clock: the runtime skips ahead whenever it waits for a timer alone, so the
+// keep-alive's 30 s and 10 s pass at once.
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_stops_answering_pings_is_disconnected_and_one_that_answers_is_kept() {
+    let addr = serve().await;
+    // One that answers every ping: still connected after five intervals.
+    let (mut r, mut w, _) = handshake(addr).await;
+    let start = tokio::time::Instant::now();
+    for round in 1..=5u32 {
+        let ping = tokio::time::timeout(Duration::from_secs(60), next_ping(&mut r))
+            .await
+            .unwrap_or_else(|_| panic!("ping {round} within 60 s"))
+            .unwrap_or_else(|| panic!("connection open at ping {round}"));
+        assert_eq!(ping.payload.len(), 8);
+        write_frame(&mut w, PING, ACK, 0, &ping.payload).await;
+    }
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(5 * 30) && elapsed < Duration::from_secs(5 * 60),
+        "five pings a keep-alive interval (30 s) apart: {elapsed:?}"
+    );
+
+    // One that never answers: closed 10 s after its first unanswered ping, not before.
+    let (mut r, _w, _) = handshake(addr).await;
+    let ping = tokio::time::timeout(Duration::from_secs(60), next_ping(&mut r))
+        .await
+        .expect("a ping within 60 s")
+        .expect("open until its first ping");
+    assert_eq!(ping.flags & ACK, 0);
+    let pinged = tokio::time::Instant::now();
+    let frames = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut frames = Vec::new();
+        while let Some(f) = read_frame(&mut r).await {
+            frames.push(f);
+        }
+        frames
+    })
+    .await
+    .expect("disconnected within 60 s of its ping");
+    let waited = pinged.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(30),
+        "closed when the ping had gone unanswered for 10 s: {waited:?}"
+    );
+    assert!(
+        frames.iter().all(|f| f.kind != PING || f.flags & ACK != 0),
+        "no second ping while the first waits"
+    );
     others_are_served(addr).await;
 }

@@ -1,15 +1,16 @@
-//! The response of a call, as hyper sends it: `content-type: application/grpc`, then either
+//! The response of a call, as the listener ([`crate::server`]) sends it: `content-type: application/grpc`, then either
 //! one framed message and `grpc-status: 0` in the trailers, or a status alone in the headers
 //! (a trailers-only response, which is how a gRPC server answers an error).
 //!
 //! The body is a plain value, not a boxed stream: its one data frame is the buffer the answer
 //! was encoded into. It also holds the call's place in the listener's budget
-//! ([`crate::budget`]) for as long as hyper holds the body, which is until the answer has left
-//! or the stream is gone. A trailers-only answer is at its end before it starts, so hyper
-//! sends its headers with END_STREAM and drops it at once: flow control cannot hold it back.
+//! ([`crate::budget`]) for as long as the listener holds the body, which is until the answer
+//! has left or the stream is gone. A trailers-only answer is at its end before it starts, so
+//! its headers go with END_STREAM and it is dropped at once: flow control cannot hold it back.
 //!
-//! The body gives no exact size: hyper would turn one into a `content-length`, which tonic's
-//! answers carried only where its router answered a path of no service.
+//! The body gives no exact size (hyper turned one into a `content-length`, which tonic's
+//! answers carried only where its router answered a path of no service, and `no_service`
+//! writes that one itself).
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
