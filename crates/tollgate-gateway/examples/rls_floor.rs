@@ -1,21 +1,23 @@
-//! The floor under the RLS's CPU per decision: the RLS listener's HTTP/2 server (hyper's, with
-//! the listener's settings, on the gateway's runtime and allocator) answering every call with
-//! the same `ShouldRateLimit` answer, encoded once at start, with no limiter at all. Each call's
+//! The floor under the RLS's CPU per decision: the RLS listener's HTTP/2 server (the `h2`
+//! crate's, with the listener's settings, each connection's calls run in its own task as the
+//! listener runs them, on the gateway's runtime and allocator) answering every call with the
+//! same `ShouldRateLimit` answer, encoded once at start, with no limiter at all. Each call's
 //! request body is read to its end (as the listener reads it) and not decoded; the answer is
 //! one gRPC message of `STATUSES` descriptor statuses (OK, a limit, what remains, the time to
 //! reset: what a decided descriptor's status holds) then the trailers `grpc-status: 0`.
 //! `cargo xtask bench` (section rls) runs it pinned where `tollgate serve` runs, with as many
 //! statuses as the shape has descriptors, so docs/benchmarks.md can say how much of a decision
 //! is the limiter and how much the HTTP/2 server under it (the HTTP decision mode's floor is
-//! the example `http_floor`).
+//! the example `http_floor`). It has no keep-alive timer: one per connection, not a cost of
+//! an answer.
 //!
 //!     cargo run --release -p tollgate-gateway --example rls_floor -- 127.0.0.1:8081 10
 //!
-//! `--h2` (first) serves the same answers on the `h2` crate's server directly, without
-//! hyper's server layer above it (its service call, its body and its response conversion),
-//! each call still on a task of its own as hyper spawns it: how much of the floor that layer is.
+//! `--hyper` (first) serves the same answers on hyper's HTTP/2 server instead, a task spawned
+//! per stream, as the listener ran until 2026-12-05: how much of the floor that layer was.
 
 use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
@@ -24,6 +26,7 @@ use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prost::Message;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -44,9 +47,9 @@ const MAX_STATUSES: usize = 256;
 
 fn main() -> std::process::ExitCode {
     let mut args = std::env::args().skip(1).peekable();
-    let bare = args.next_if(|a| a == "--h2").is_some();
+    let on_hyper = args.next_if(|a| a == "--hyper").is_some();
     let Some(addr) = args.next() else {
-        eprintln!("usage: rls_floor [--h2] ADDRESS:PORT [STATUSES]");
+        eprintln!("usage: rls_floor [--hyper] ADDRESS:PORT [STATUSES]");
         return std::process::ExitCode::from(2);
     };
     let statuses = match args.next().map(|n| (n.parse::<usize>(), n)) {
@@ -64,8 +67,8 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let served = if bare {
-        rt.block_on(serve_h2(&addr, answer(statuses)))
+    let served = if on_hyper {
+        rt.block_on(serve_hyper(&addr, answer(statuses)))
     } else {
         rt.block_on(serve(&addr, answer(statuses)))
     };
@@ -111,10 +114,10 @@ fn answer(statuses: usize) -> Bytes {
     Bytes::from(framed)
 }
 
-/// The RLS listener's HTTP/2 settings (`tollgate_rls::server`): at most 256 concurrent
-/// streams a connection, a ping every 30 s answered within 10 s, no `date` header, hyper's
-/// defaults otherwise.
-fn settings() -> http2::Builder<TokioExecutor> {
+/// The RLS listener's HTTP/2 settings on hyper, as it had them until 2026-12-05: at most 256
+/// concurrent streams a connection, a ping every 30 s answered within 10 s, no `date`
+/// header, hyper's defaults otherwise.
+fn hyper_settings() -> http2::Builder<TokioExecutor> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
@@ -155,9 +158,9 @@ fn ok_trailers() -> HeaderMap {
     trailers
 }
 
-async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
+async fn serve_hyper(addr: &str, answer: Bytes) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
-    let http2 = Arc::new(settings());
+    let http2 = Arc::new(hyper_settings());
     loop {
         let stream = next_connection(&listener).await;
         let answer = answer.clone();
@@ -181,30 +184,66 @@ async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
     }
 }
 
-/// The same answers on `h2`'s server alone: each call's body read to its end (its window
-/// given back as it is read), then the headers, the message and the trailers sent.
-async fn serve_h2(addr: &str, answer: Bytes) -> std::io::Result<()> {
+/// The RLS listener's HTTP/2 settings (`tollgate_rls::server`'s, which are hyper's): 256
+/// concurrent streams, windows of 1 MiB, header lists of 16 KiB, 400 KiB of answers
+/// buffered a stream, 1024 streams reset for a client's errors.
+fn settings() -> h2::server::Builder {
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(tollgate_rls::MAX_STREAMS)
+        .initial_window_size(1024 * 1024)
+        .initial_connection_window_size(1024 * 1024)
+        .max_header_list_size(16 * 1024)
+        .max_send_buffer_size(400 * 1024)
+        .max_local_error_reset_streams(Some(1024));
+    builder
+}
+
+/// The same answers as the listener serves them: each connection one task, its calls a set
+/// of futures in it, the connection polled again whenever a call finishes.
+async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
+    let http2 = Arc::new(settings());
     loop {
         let stream = next_connection(&listener).await;
         let answer = answer.clone();
+        let http2 = Arc::clone(&http2);
         tokio::spawn(async move {
-            let mut builder = h2::server::Builder::new();
-            builder.max_concurrent_streams(tollgate_rls::MAX_STREAMS);
-            let Ok(mut conn) = builder.handshake::<_, Bytes>(stream).await else {
+            let Ok(mut conn) = http2.handshake::<_, Bytes>(stream).await else {
                 return;
             };
-            while let Some(Ok((request, respond))) = conn.accept().await {
-                tokio::spawn(call_h2(request, respond, answer.clone()));
-            }
+            let mut calls = FuturesUnordered::new();
+            std::future::poll_fn(|cx| loop {
+                loop {
+                    match conn.poll_accept(cx) {
+                        Poll::Ready(Some(Ok((request, respond)))) => {
+                            let call: Pin<Box<dyn Future<Output = ()> + Send>> =
+                                Box::pin(call(request, respond, answer.clone()));
+                            calls.push(call);
+                        }
+                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                        Poll::Pending => break,
+                    }
+                }
+                let mut finished = false;
+                while let Poll::Ready(Some(())) = calls.poll_next_unpin(cx) {
+                    finished = true;
+                }
+                if !finished {
+                    return Poll::Pending;
+                }
+            })
+            .await;
         });
     }
 }
 
-async fn call_h2(
+/// One call: its body read to its end (its window given back as it is read), then the
+/// headers, the message (once the stream's window has room for it) and the trailers.
+async fn call(
     request: Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<Bytes>,
-    answer: Bytes,
+    mut answer: Bytes,
 ) {
     let mut body = request.into_body();
     while let Some(chunk) = body.data().await {
@@ -214,8 +253,16 @@ async fn call_h2(
     let Ok(mut send) = respond.send_response(grpc_response(()), false) else {
         return;
     };
-    if send.send_data(answer, false).is_err() {
-        return;
+    while !answer.is_empty() {
+        send.reserve_capacity(answer.len());
+        let room = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(room)) => room,
+            _ => return,
+        };
+        let part = answer.split_to(room.min(answer.len()));
+        if !part.is_empty() && send.send_data(part, false).is_err() {
+            return;
+        }
     }
     let _ = send.send_trailers(ok_trailers());
 }
