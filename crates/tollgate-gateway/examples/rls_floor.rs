@@ -1,6 +1,6 @@
 //! The floor under the RLS's CPU per decision: the RLS listener's HTTP/2 server (the `h2`
-//! crate's, with the listener's settings, each connection's calls run in its own task as the
-//! listener runs them, on the gateway's runtime and allocator) answering every call with the
+//! crate's, with the listener's settings, a task spawned per stream as the listener spawns
+//! it, on the gateway's runtime and allocator) answering every call with the
 //! same `ShouldRateLimit` answer, encoded once at start, with no limiter at all. Each call's
 //! request body is read to its end (as the listener reads it) and not decoded; the answer is
 //! one gRPC message of `STATUSES` descriptor statuses (OK, a limit, what remains, the time to
@@ -17,7 +17,6 @@
 //! per stream, as the listener ran until 2026-12-05: how much of the floor that layer was.
 
 use bytes::Bytes;
-use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
@@ -26,7 +25,6 @@ use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prost::Message;
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -199,8 +197,8 @@ fn settings() -> h2::server::Builder {
     builder
 }
 
-/// The same answers as the listener serves them: each connection one task, its calls a set
-/// of futures in it, the connection polled again whenever a call finishes.
+/// The same answers as the listener serves them: each connection one task, accepting its
+/// streams, each call a task of its own.
 async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     let http2 = Arc::new(settings());
@@ -212,28 +210,9 @@ async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
             let Ok(mut conn) = http2.handshake::<_, Bytes>(stream).await else {
                 return;
             };
-            let mut calls = FuturesUnordered::new();
-            std::future::poll_fn(|cx| loop {
-                loop {
-                    match conn.poll_accept(cx) {
-                        Poll::Ready(Some(Ok((request, respond)))) => {
-                            let call: Pin<Box<dyn Future<Output = ()> + Send>> =
-                                Box::pin(call(request, respond, answer.clone()));
-                            calls.push(call);
-                        }
-                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
-                        Poll::Pending => break,
-                    }
-                }
-                let mut finished = false;
-                while let Poll::Ready(Some(())) = calls.poll_next_unpin(cx) {
-                    finished = true;
-                }
-                if !finished {
-                    return Poll::Pending;
-                }
-            })
-            .await;
+            while let Some(Ok((request, respond))) = conn.accept().await {
+                tokio::spawn(call(request, respond, answer.clone()));
+            }
         });
     }
 }

@@ -10,8 +10,8 @@
 //!   (descriptors with `is_negative_hits`: one [`tollgate::Limiter::give_back`] before it).
 //! - [`request::RlsRequest`]: a `RateLimitRequest` read in place, its strings borrowed from
 //!   the message's bytes.
-//! - [`serve`]: the gRPC listener (HTTP/2 cleartext): h2's HTTP/2 connection, its calls run
-//!   in the connection's task, and a hand-written unary gRPC layer (tonic's generated messages, not its server stack).
+//! - [`serve`]: the gRPC listener (HTTP/2 cleartext): h2's HTTP/2 connection, a task per
+//!   stream, and a hand-written unary gRPC layer (tonic's generated messages, not its server stack).
 #![deny(missing_docs)]
 
 mod budget;
