@@ -4,13 +4,15 @@
 //!
 //! Each stream's call runs in a task of its own, as under hyper's HTTP/2 server, but without
 //! hyper's layer around `h2` (its service call, its body wrappers, its copy of the request's
-//! parts, its keep-alive recorder taking a lock on every frame received): about 4,000 fewer
-//! instructions an answer with one descriptor (callgrind, the rls section's load), and 7 %
-//! less CPU an answer (docs/benchmarks.md). Running a connection's calls inside its own task
-//! instead, in a set of futures, saved as many instructions but cost more CPU: Redis batches
-//! shrank from about 29 plans a call to 11 (the calls of a connection submit their plans in a
-//! burst that the first of them, finding the lane idle, leaves alone), and the gateway made
-//! more store calls, more system calls (9.1 µs a decision against 8.2 for hyper's server).
+//! parts, its keep-alive recorder taking a lock on every frame received). Under the rls
+//! section's load (docs/benchmarks.md), callgrind counts about 2,000 fewer instructions an
+//! answer (49,737 to 47,756 with one descriptor, 85,129 to 83,003 with ten), and the gateway
+//! spends 5 % less CPU an answer with one descriptor, 4 % with ten. Running a connection's
+//! calls inside the connection's own task instead, in a set of futures, saved twice the
+//! instructions (45,893) but cost more CPU: Redis batches shrank from about 29 plans a call to
+//! 11 (a connection's calls submit their plans in one burst, and the first, finding the lane
+//! idle, leaves alone), so the gateway made more store calls and system calls (9.1 µs a
+//! decision against 8.2 on hyper's server).
 //!
 //! What a client sees is what it saw on hyper's server (the tests in `tests/` hold it):
 //! - the HTTP/2 settings hyper used: at most [`MAX_STREAMS`] concurrent streams per
