@@ -211,7 +211,8 @@ async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
                 return;
             };
             while let Some(Ok((request, respond))) = conn.accept().await {
-                tokio::spawn(call(request, respond, answer.clone()));
+                // Boxed before it is spawned, as the listener boxes its calls.
+                tokio::spawn(Box::pin(call(request, respond, answer.clone())));
             }
         });
     }
