@@ -156,6 +156,7 @@ fn ok_trailers() -> HeaderMap {
     trailers
 }
 
+/// The same answers on hyper's HTTP/2 server, a task spawned per stream by hyper.
 async fn serve_hyper(addr: &str, answer: Bytes) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     let http2 = Arc::new(hyper_settings());
@@ -182,26 +183,11 @@ async fn serve_hyper(addr: &str, answer: Bytes) -> std::io::Result<()> {
     }
 }
 
-/// The RLS listener's HTTP/2 settings (`tollgate_rls::server`'s, which are hyper's): 256
-/// concurrent streams, windows of 1 MiB, header lists of 16 KiB, 400 KiB of answers
-/// buffered a stream, 1024 streams reset for a client's errors.
-fn settings() -> h2::server::Builder {
-    let mut builder = h2::server::Builder::new();
-    builder
-        .max_concurrent_streams(tollgate_rls::MAX_STREAMS)
-        .initial_window_size(1024 * 1024)
-        .initial_connection_window_size(1024 * 1024)
-        .max_header_list_size(16 * 1024)
-        .max_send_buffer_size(400 * 1024)
-        .max_local_error_reset_streams(Some(1024));
-    builder
-}
-
 /// The same answers as the listener serves them: each connection one task, accepting its
 /// streams, each call a task of its own.
 async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
-    let http2 = Arc::new(settings());
+    let http2 = Arc::new(tollgate_rls::http2_settings());
     loop {
         let stream = next_connection(&listener).await;
         let answer = answer.clone();

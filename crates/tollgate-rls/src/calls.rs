@@ -3,12 +3,13 @@
 //!
 //! This is what tonic's server did around the two services (routing, the call budget layer,
 //! the timeout layer, recovering errors as statuses, the codec), written as one async
-//! function per call in a small future for its deadline. The listener runs that future in
-//! the task it spawns for each stream ([`crate::server`]), so a call costs no boxed service or
-//! body, and one boxed future: the decision's, which is most of the call's size and would
-//! otherwise stay in the stream's task for as long as the stream does (measured: 3 KiB more
-//! per stream a client holds open, and more instructions, not fewer, for the moves of a
-//! larger task). What a client sees is what tonic answered:
+//! function per call in a small future for its deadline. The listener boxes that future
+//! (with its writing of the answer) and spawns it for each stream ([`crate::server`]), so a
+//! call costs no boxed service or body, and one more boxed future: the decision's, which is
+//! most of the call's size and would otherwise stay in the call's box for as long as the
+//! stream does (measured under hyper: 3 KiB more per stream a client holds open, and more
+//! instructions, not fewer, for the moves of a larger task). What a client sees is what tonic
+//! answered:
 //!
 //! - a place first, for any path: past the budget, `RESOURCE_EXHAUSTED` ([`crate::budget`]);
 //! - the path alone chooses the method (not the HTTP method, not the `content-type`, which
@@ -97,8 +98,8 @@ impl Method {
 /// The answer to `request`, a call from `peer` (`None`: not bounded per address), within
 /// its deadline. Never an error: every failure is a gRPC status.
 ///
-/// The listener moves this future into the task it spawns for the stream, and tokio moves it
-/// again: it is kept small (under 1 KiB) by taking the request apart before any future holds it, by nesting
+/// The listener boxes this future into the task it spawns for the stream, which lasts as long
+/// as the stream does: it is kept small (under 1 KiB) by taking the request apart before any future holds it, by nesting
 /// a single async function (each keeps its arguments for its whole life) in a plain future,
 /// and by boxing the decision.
 pub(crate) fn answer<B>(
@@ -204,9 +205,9 @@ where
     drop(messages);
     let service = services.rls.current();
     let span = tollgate::trace::decision_span(|| traceparent(headers, trailers.as_deref()));
-    // Boxed: the decision's future is most of a call's, and a call's future lives inline in
-    // the task spawned for the stream, which lasts as long as the stream (a client that
-    // never reads keeps it): boxed, it is freed once decided.
+    // Boxed: the decision's future is most of a call's, and a call's future lives in the
+    // task spawned for the stream, which lasts as long as the stream (a client that never
+    // reads keeps it): boxed, it is freed once decided.
     let framed = match Box::pin(service.decide_request(&request).instrument(span)).await {
         Ok(decided) => decided.encode(),
         Err(status) => Err(status),

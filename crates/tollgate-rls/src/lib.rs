@@ -11,7 +11,8 @@
 //! - [`request::RlsRequest`]: a `RateLimitRequest` read in place, its strings borrowed from
 //!   the message's bytes.
 //! - [`serve`]: the gRPC listener (HTTP/2 cleartext): h2's HTTP/2 connection, a task per
-//!   stream, and a hand-written unary gRPC layer (tonic's generated messages, not its server stack).
+//!   stream, and a hand-written unary gRPC layer (tonic's generated messages, not its server
+//!   stack).
 #![deny(missing_docs)]
 
 mod budget;
@@ -38,5 +39,5 @@ pub use health::{HealthService, READY_CACHE, SERVICE_NAME};
 pub use incoming::{Admit, Admitted, ACCEPT_BACKOFF, PREFACE_TIMEOUT};
 pub use live::LiveRls;
 pub use request::{MAX_DESCRIPTORS, MAX_ENTRIES};
-pub use server::MAX_STREAMS;
+pub use server::{http2_settings, MAX_STREAMS};
 pub use service::{RlsOptions, RlsService, UNLIMITED_REMAINING};

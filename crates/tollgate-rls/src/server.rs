@@ -4,15 +4,14 @@
 //!
 //! Each stream's call runs in a task of its own, as under hyper's HTTP/2 server, but without
 //! hyper's layer around `h2` (its service call, its body wrappers, its copy of the request's
-//! parts, its keep-alive recorder taking a lock on every frame received). Under the rls
-//! section's load (docs/benchmarks.md), callgrind counts about 2,000 fewer instructions an
-//! answer (49,737 to 47,756 with one descriptor, 85,129 to 83,003 with ten), and the gateway
-//! spends 5 % less CPU an answer with one descriptor, 4 % with ten. Running a connection's
-//! calls inside the connection's own task instead, in a set of futures, saved twice the
-//! instructions (45,893) but cost more CPU: Redis batches shrank from about 29 plans a call to
-//! 11 (a connection's calls submit their plans in one burst, and the first, finding the lane
-//! idle, leaves alone), so the gateway made more store calls and system calls (9.1 µs a
-//! decision against 8.2 on hyper's server).
+//! parts, its keep-alive recorder taking a lock on every frame received), and boxed before it
+//! is spawned (spawning moves a future several times on its way into its task; a box moves as
+//! a pointer). Under the rls section's load (docs/benchmarks.md), callgrind counts 49,737 to
+//! 46,088 instructions an answer with one descriptor and 85,129 to 81,420 with ten. Running a
+//! connection's calls inside the connection's own task instead, in a set of futures, counted
+//! fewer still (45,893) but cost more CPU: Redis batches shrank from about 29 plans a script
+//! call to 11 (why, this was not traced), so the gateway made more store calls and system
+//! calls (9.1 µs a decision against 8.2 on hyper's server).
 //!
 //! What a client sees is what it saw on hyper's server (the tests in `tests/` hold it):
 //! - the HTTP/2 settings hyper used: at most [`MAX_STREAMS`] concurrent streams per
@@ -22,8 +21,8 @@
 //!   past it the connection is closed with ENHANCE_YOUR_CALM), the defence against
 //!   "MadeYouReset" (CVE-2025-8671; tonic had switched it off);
 //! - a keep-alive PING every 30 s, the connection closed when one goes unanswered for 10 s
-//!   (hyper pinged 30 s after the last frame received; this pings every 30 s, which under
-//!   load is one frame in millions);
+//!   (hyper pinged 30 s after the last frame received; this pings every 30 s, busy or not:
+//!   one frame a connection every 30 s);
 //! - a call whose stream the client resets is dropped at once, its place in the budget freed;
 //!   an answer waits for its stream's window before it is written, and holds its place until
 //!   then (a client that never reads holds at most its streams' places);
@@ -76,7 +75,7 @@ pub(crate) async fn run(
     shutdown: impl Future<Output = ()>,
 ) {
     let services = Arc::new(services);
-    let http2 = Arc::new(settings());
+    let http2 = Arc::new(http2_settings());
     // Each connection holds a receiver; the sender says "close" and sees the last one go.
     let (closing, open) = watch::channel(());
     let mut shutdown = pin!(shutdown);
@@ -99,7 +98,11 @@ pub(crate) async fn run(
     closing.closed().await;
 }
 
-fn settings() -> h2::server::Builder {
+/// The listener's HTTP/2 settings, hyper's: at most [`MAX_STREAMS`] concurrent streams a
+/// connection, windows of 1 MiB, header lists of 16 KiB, 400 KiB of answers buffered a stream,
+/// 1024 streams reset for a client's errors before ENHANCE_YOUR_CALM. Public for a tool that
+/// measures the server under the RLS with exactly these (the gateway's example `rls_floor`).
+pub fn http2_settings() -> h2::server::Builder {
     let mut builder = h2::server::Builder::new();
     builder
         .max_concurrent_streams(MAX_STREAMS)
@@ -135,16 +138,15 @@ async fn connection(
     let mut keep_alive = KeepAlive::new(conn.ping_pong());
     let mut closed = pin!(closing.changed());
     let mut draining = false;
-    let mut timed_out = false;
     poll_fn(|cx| {
         // A closed sender (the server dropped mid-way) is a shutdown too.
         if !draining && closed.as_mut().poll(cx).is_ready() {
             draining = true;
             conn.graceful_shutdown();
         }
-        if !timed_out && keep_alive.poll(cx).is_ready() {
+        // Ready once: the keep-alive is off after it.
+        if keep_alive.poll(cx).is_ready() {
             tracing::debug!("rls connection's keep-alive ping went unanswered; closing it");
-            timed_out = true;
             conn.abrupt_shutdown(h2::Reason::NO_ERROR);
         }
         accept(&mut conn, cx, &services, peer)
@@ -223,11 +225,10 @@ async fn call(
                     return;
                 }
             }
+            // A frame that is not data is the trailers, which end the stream.
             Err(frame) => {
                 if let Ok(trailers) = frame.into_trailers() {
                     let _ = send.send_trailers(trailers);
-                } else {
-                    let _ = send.send_data(Bytes::new(), true);
                 }
                 return;
             }
@@ -329,49 +330,42 @@ impl KeepAlive {
         }
     }
 
+    /// Ready when a ping has gone unanswered for [`KEEP_ALIVE_TIMEOUT`]; off after that.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            match &mut self.state {
+            // Taken, and put back by every way out that keeps pinging.
+            self.state = match std::mem::replace(&mut self.state, Pinging::Off) {
                 Pinging::Off => return Poll::Pending,
-                Pinging::Sent(pong) => match pong.as_mut().poll(cx) {
-                    Poll::Ready((pings, Ok(_))) => {
-                        self.state = Pinging::Idle(pings);
-                        self.timer
-                            .as_mut()
-                            .reset(Instant::now() + KEEP_ALIVE_INTERVAL);
-                        continue;
-                    }
-                    // The connection is ending; it says so itself.
-                    Poll::Ready((_, Err(_))) => {
-                        self.state = Pinging::Off;
-                        return Poll::Pending;
-                    }
-                    Poll::Pending => {
-                        return match self.timer.as_mut().poll(cx) {
-                            Poll::Ready(()) => {
-                                self.state = Pinging::Off;
-                                Poll::Ready(())
-                            }
-                            Poll::Pending => Poll::Pending,
-                        };
-                    }
-                },
-                Pinging::Idle(_) => {
+                Pinging::Idle(mut pings) => {
                     if self.timer.as_mut().poll(cx).is_pending() {
+                        self.state = Pinging::Idle(pings);
                         return Poll::Pending;
                     }
-                    let Pinging::Idle(mut pings) = std::mem::replace(&mut self.state, Pinging::Off)
-                    else {
-                        return Poll::Pending;
-                    };
-                    self.state = Pinging::Sent(Box::pin(async move {
-                        let pong = pings.ping(Ping::opaque()).await;
-                        (pings, pong)
-                    }));
                     self.timer
                         .as_mut()
                         .reset(Instant::now() + KEEP_ALIVE_TIMEOUT);
+                    Pinging::Sent(Box::pin(async move {
+                        let pong = pings.ping(Ping::opaque()).await;
+                        (pings, pong)
+                    }))
                 }
+                Pinging::Sent(mut pong) => match pong.as_mut().poll(cx) {
+                    Poll::Ready((pings, Ok(_))) => {
+                        self.timer
+                            .as_mut()
+                            .reset(Instant::now() + KEEP_ALIVE_INTERVAL);
+                        Pinging::Idle(pings)
+                    }
+                    // The connection is ending; it says so itself.
+                    Poll::Ready((_, Err(_))) => return Poll::Pending,
+                    Poll::Pending if self.timer.as_mut().poll(cx).is_ready() => {
+                        return Poll::Ready(())
+                    }
+                    Poll::Pending => {
+                        self.state = Pinging::Sent(pong);
+                        return Poll::Pending;
+                    }
+                },
             }
         }
     }

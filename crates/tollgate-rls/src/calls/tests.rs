@@ -422,9 +422,9 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Seen {
 
 #[tokio::test]
 async fn a_calls_future_stays_small() {
-    // It lives inline in the task spawned for the stream, which lasts as long as the
-    // stream: a client that never reads holds it (up to its address's share of places), and
-    // the listener and tokio move it whole, more than once. At 3.5 KiB (an async fn per step, the
+    // It lives in the task spawned for the stream, which lasts as long as the stream: a
+    // client that never reads holds it (up to its address's share of places). Under hyper,
+    // which moved it whole into that task more than once, at 3.5 KiB (an async fn per step, the
     // decision inline) the moves cost about 2,000 instructions a call under callgrind, and a
     // held stream 3 KiB more than under tonic; the decision's future is boxed instead.
     let s = services(8);
