@@ -193,6 +193,8 @@ async fn serve(addr: &str, answer: Bytes) -> std::io::Result<()> {
         let answer = answer.clone();
         let http2 = Arc::clone(&http2);
         tokio::spawn(async move {
+            // Not vectored, as the listener's connections (`tollgate_rls::Unvectored`).
+            let stream = tollgate_rls::Unvectored(stream);
             let Ok(mut conn) = http2.handshake::<_, Bytes>(stream).await else {
                 return;
             };

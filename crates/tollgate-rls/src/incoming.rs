@@ -36,7 +36,7 @@ pub type Admit = Arc<dyn Fn(IpAddr) -> Option<Admitted> + Send + Sync>;
 
 /// A TCP stream whose first [`PREFACE_LEN`] bytes must arrive before a deadline.
 pub(crate) struct PrefaceDeadline {
-    stream: TcpStream,
+    stream: Unvectored<TcpStream>,
     received: usize,
     deadline: Option<Pin<Box<Sleep>>>,
     /// The place the connection holds in the bounds, freed when it closes.
@@ -46,7 +46,7 @@ pub(crate) struct PrefaceDeadline {
 impl PrefaceDeadline {
     pub(crate) fn new(stream: TcpStream, timeout: Duration, admitted: Option<Admitted>) -> Self {
         Self {
-            stream,
+            stream: Unvectored(stream),
             received: 0,
             deadline: Some(Box::pin(tokio::time::sleep(timeout))),
             _admitted: admitted,
@@ -126,15 +126,75 @@ impl AsyncWrite for PrefaceDeadline {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 
-    fn poll_write_vectored(
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// A stream that tells its writer it takes one buffer a write (`is_write_vectored` false),
+/// for h2's sake. Over a vectored stream h2 keeps every DATA frame of 256 bytes or more aside
+/// for a `writev` and writes it out before it takes the next frame, so each answer (or
+/// request) of a few descriptors cost a system call of its own. Over this one h2 copies
+/// frames of up to 1,024 bytes into its write buffer beside the other streams' frames, and
+/// writes many at once (a larger frame is written after the buffer, in a call of its own).
+/// The RLS listener's connections are these; so are `tollgate bench --rls`'s.
+#[derive(Debug)]
+pub struct Unvectored<T>(pub T);
+
+impl<T: AsyncRead + Unpin> AsyncRead for Unvectored<T> {
+    fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Unvectored<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn an_accepted_stream_is_not_vectored_and_writes_an_answer_whole() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let client = tokio::spawn(async move { TcpStream::connect(addr).await });
+        let (mut io, peer) = accept(&listener, None).await;
+        let mut client = client.await.expect("join").expect("connect");
+        assert!(peer.is_loopback());
+        // Vectored, h2 would write every answer of 256 bytes or more on its own.
+        assert!(!io.is_write_vectored());
+        let answer: Vec<u8> = (0..3000u32).map(|n| (n % 251) as u8).collect();
+        io.write_all(&answer).await.expect("write");
+        io.flush().await.expect("flush");
+        let mut got = vec![0u8; answer.len()];
+        client.read_exact(&mut got).await.expect("read");
+        assert_eq!(got, answer);
     }
 }

@@ -36,7 +36,7 @@ pub use calls::{CALL_TIMEOUT, MAX_MESSAGE_BYTES};
 pub use config::{RlsConfig, RlsConfigError, RlsConfigErrors};
 pub use grpc::{serve, serve_bounded, serve_with, Bounds};
 pub use health::{HealthService, READY_CACHE, SERVICE_NAME};
-pub use incoming::{Admit, Admitted, ACCEPT_BACKOFF, PREFACE_TIMEOUT};
+pub use incoming::{Admit, Admitted, Unvectored, ACCEPT_BACKOFF, PREFACE_TIMEOUT};
 pub use live::LiveRls;
 pub use request::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use server::{http2_settings, MAX_STREAMS};
