@@ -194,9 +194,14 @@ fn varints_are_prost_varints() {
         ..Default::default()
     };
     for s in &decided(&response).statuses {
-        let mut out = Vec::new();
-        s.write(&mut out);
-        assert_eq!(out.len(), s.len(), "{s:?}");
+        // One byte more than measured: the status must stop exactly at its length.
+        let mut out = vec![0u8; s.len() + 1];
+        let mut w = Writer {
+            buf: &mut out,
+            at: 0,
+        };
+        s.write(&mut w);
+        assert_eq!(w.at, s.len(), "{s:?}");
     }
     same_as_prost(&response);
 }
