@@ -342,8 +342,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
         "\n#### The servers under the front ends, with no limiter\n\n*HTTP floor*: the \
          example `http_floor`, the gateway's HTTP server and runtime answering every request \
          with the decision mode's 200; *RLS floor*: the example `rls_floor`, the RLS \
-         listener's HTTP/2 server (h2's, with the listener's settings, a task spawned per \
-         stream as the listener spawns it, on the gateway's runtime and allocator) answering \
+         listener's HTTP/2 server (h2's, with the listener's settings and its unvectored \
+         stream, a task spawned per stream as the listener spawns it, on the gateway's \
+         runtime and allocator) answering \
          every call with one answer encoded at start, as many OK statuses as the shape has \
          descriptors, the request read to its end and not decoded. Each floor is pinned where the gateway runs and driven by its shape's load, \
          after the shapes in every repetition. *Above the floor*: a shape's CPU per decision \
