@@ -52,6 +52,7 @@
 //! did.
 
 use crate::command::Args;
+use crate::keys::Keys;
 use crate::script::{
     across_slots, body, constants_len, decide, finish, uncharged_and_reply, unpack_format, Bound,
     Cache, Form, Quotas, RuleShape, Script,
@@ -126,7 +127,7 @@ fn cached(scripts: &Cache<Vec<Form>>, forms: &[Form], across: bool) -> Option<Ar
 /// One plan of a batch call, as [`push_batch_call`] writes it: its keys and costs in rule
 /// order, its `now` (sent with the local clock only) and its shape (its quotas).
 pub(crate) struct CallPlan<'a> {
-    pub(crate) keys: &'a [String],
+    pub(crate) keys: &'a Keys,
     pub(crate) costs: &'a [u64],
     pub(crate) now: Micros,
     pub(crate) form: &'a Form,
@@ -147,7 +148,7 @@ pub(crate) fn push_batch_call(
     let keys: usize = plans.iter().map(|p| p.keys.len()).sum();
     let push_keys = |cmd: &mut dyn Args| {
         for p in plans {
-            for k in p.keys {
+            for k in p.keys.iter() {
                 cmd.arg(k);
             }
         }
@@ -155,7 +156,7 @@ pub(crate) fn push_batch_call(
     if across {
         // One declared key routes the call to its node; all travel after the count.
         let first = plans.first().and_then(|p| p.keys.first());
-        cmd.arg(1).arg(first.map_or("", String::as_str));
+        cmd.arg(1).arg(first.unwrap_or_default());
     } else {
         cmd.arg(keys);
         push_keys(cmd);
@@ -224,8 +225,9 @@ pub fn batch_script_args(rules: &[RuleShape], keys: &[String]) -> Option<Vec<Vec
     }
     let costs = vec![1; rules.len()];
     let (quotas, _) = Quotas::pack(rules.iter().map(|r| &r.limit), true);
+    let keys: Vec<Keys> = keys.chunks(rules.len()).map(Keys::from_iter).collect();
     let plans: Vec<CallPlan<'_>> = keys
-        .chunks(rules.len())
+        .iter()
         .map(|keys| CallPlan {
             keys,
             costs: &costs,
@@ -938,7 +940,7 @@ mod tests {
             [Limit::new(Algorithm::TokenBucket, quota).expect("limit")].iter(),
             false,
         );
-        let keys = [String::from("k")];
+        let keys: Keys = ["k"].into_iter().collect();
         let plan = |form, costs| CallPlan {
             keys: &keys,
             costs,

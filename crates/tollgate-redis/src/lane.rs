@@ -19,6 +19,7 @@
 use crate::batch_script::{script_holds, MAX_BATCH_FORMS};
 use crate::direct::Direct;
 use crate::error::RedisStoreError;
+use crate::keys::Keys;
 use crate::lease::LeaseJob;
 use crate::script::{Form, Quotas, Script};
 use smallvec::SmallVec;
@@ -44,7 +45,7 @@ impl Job {
 /// One plan, owned, as it waits in a queue: its keys and costs in rule order, its `now` (for
 /// the local clock), its form and packed quotas, and its form's own script.
 pub(crate) struct PlanJob {
-    pub(crate) keys: SmallVec<[String; 1]>,
+    pub(crate) keys: Keys,
     /// In rule order, clamped to the scripts' bound.
     pub(crate) costs: SmallVec<[u64; 2]>,
     pub(crate) now: Micros,
@@ -91,10 +92,12 @@ impl PlanJob {
     /// Room for the plan's arguments, alone or in a batch: its keys, its quotas, its costs,
     /// its instant and a form byte.
     pub(crate) fn room(&self) -> Room {
-        let keys: usize = self.keys.iter().map(String::len).sum();
         Room {
             args: 2 * self.keys.len() + 4,
-            bytes: keys + crate::script::constants_len(self.keys.len()) + 20 * self.keys.len() + 48,
+            bytes: self.keys.bytes()
+                + crate::script::constants_len(self.keys.len())
+                + 20 * self.keys.len()
+                + 48,
         }
     }
 }

@@ -47,6 +47,7 @@ mod config;
 mod direct;
 mod error;
 mod expiry;
+mod keys;
 mod lane;
 mod lease;
 mod reply;

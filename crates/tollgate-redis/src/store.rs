@@ -8,6 +8,7 @@ use crate::command::{joined, Args, Packed};
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::direct::Many;
 use crate::error::RedisStoreError;
+use crate::keys::Keys;
 use crate::lane::{Answer, Forms, Job, Lane, NodeConn, PlanJob, Room, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
 use crate::reply::reply_of;
@@ -720,19 +721,11 @@ impl RedisStore {
     ) -> (PlanJob, u64) {
         let (quotas, reply_base) =
             Quotas::pack(checks.iter().map(|c| c.rule.limit()), integer_reply);
-        let (keys, costs) = match checks {
+        let keys = self.plan_keys(checks);
+        let costs = match checks {
             // Most plans: built whole, without smallvec's general collect.
-            [c] => (
-                SmallVec::from_buf([self.key(&c.client, c.rule.name())]),
-                SmallVec::from_buf_and_len([c.cost.min(MAX_COST), 0], 1),
-            ),
-            _ => (
-                checks
-                    .iter()
-                    .map(|c| self.key(&c.client, c.rule.name()))
-                    .collect(),
-                checks.iter().map(|c| c.cost.min(MAX_COST)).collect(),
-            ),
+            [c] => SmallVec::from_buf_and_len([c.cost.min(MAX_COST), 0], 1),
+            _ => checks.iter().map(|c| c.cost.min(MAX_COST)).collect(),
         };
         let job = PlanJob {
             keys,
@@ -1030,6 +1023,34 @@ impl RedisStore {
         }
     }
 
+    /// A plan's keys, each [`RedisStore::key`] of its check, in one buffer. A client's hex
+    /// digits are written once for a run of its checks (an HTTP request's policies all count
+    /// the same client).
+    fn plan_keys(&self, checks: &[Check<'_>]) -> Keys {
+        let prefix = self.prefix.as_bytes();
+        let bytes = checks
+            .iter()
+            .map(|c| prefix.len() + 36 + c.rule.name().len())
+            .sum();
+        let mut keys = Keys::with_capacity(checks.len(), bytes);
+        let mut last: Option<(ClientKey, [u8; 32])> = None;
+        for c in checks {
+            let hex = match last {
+                Some((client, hex)) if client == c.client => hex,
+                _ => c.client.hex(),
+            };
+            last = Some((c.client, hex));
+            let text = keys.text_mut();
+            text.extend_from_slice(prefix);
+            text.extend_from_slice(b":{");
+            text.extend_from_slice(&hex);
+            text.extend_from_slice(b"}:");
+            text.extend_from_slice(c.rule.name().as_bytes());
+            keys.end_key();
+        }
+        keys
+    }
+
     /// The Redis key holding `policy`'s state for `client`: `<prefix>:{<client>}:<policy>`.
     pub fn key(&self, client: &ClientKey, policy: &str) -> String {
         let mut key = String::with_capacity(self.prefix.len() + policy.len() + 37);
@@ -1296,7 +1317,7 @@ impl RedisStore {
     /// only when used.
     fn push_plan_args(&self, cmd: &mut dyn Args, job: &PlanJob) {
         cmd.arg(job.keys.len());
-        for k in &job.keys {
+        for k in job.keys.iter() {
             cmd.arg(k);
         }
         cmd.arg(job.quotas.as_bytes());
@@ -2366,5 +2387,51 @@ mod future_size {
             timed <= 3072,
             "RedisStore::check_timed's future is {timed} bytes"
         );
+    }
+}
+
+#[cfg(test)]
+mod plan_keys {
+    use super::*;
+
+    /// A plan's keys in one buffer are the keys one by one, whichever clients repeat: the
+    /// hex digits reused for a run of one client never stand for another.
+    #[tokio::test]
+    async fn a_plans_keys_are_each_checks_own_key() {
+        let server = tollgate_testkit::RedisServer::start();
+        let config = RedisConfig {
+            key_prefix: "tg-test".into(),
+            ..RedisConfig::standalone(server.url())
+        };
+        let store = RedisStore::connect(config).await.expect("connect");
+        let quota = tollgate_core::Quota::new(5, std::time::Duration::from_secs(60)).expect("q");
+        let limit = tollgate_core::Limit::new(tollgate_core::Algorithm::Gcra, quota).expect("l");
+        let rules = [
+            Rule::new("per-user", limit),
+            Rule::new("per-ip", limit),
+            Rule::new("global, with a longer name", limit),
+        ];
+        let (a, b) = (ClientKey::from_u128(7), ClientKey::from_u128(u128::MAX - 3));
+        let clients = [a, a, b, a, b, b];
+        let checks: Vec<Check<'_>> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| Check::new(c, &rules[i % rules.len()], 1))
+            .collect();
+        for n in 1..=checks.len() {
+            let keys = store.plan_keys(&checks[..n]);
+            let want: Vec<String> = checks[..n]
+                .iter()
+                .map(|c| store.key(&c.client, c.rule.name()))
+                .collect();
+            let got: Vec<&[u8]> = keys.iter().collect();
+            assert_eq!(got.len(), n);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(*g, w.as_bytes(), "{}", String::from_utf8_lossy(g));
+                assert!(w.starts_with("tg-test:{"), "{w}");
+            }
+            assert_eq!(keys.bytes(), want.iter().map(String::len).sum::<usize>());
+            assert_eq!(keys.first(), want.first().map(|w| w.as_bytes()));
+        }
     }
 }
