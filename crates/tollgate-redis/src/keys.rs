@@ -3,8 +3,9 @@
 use smallvec::SmallVec;
 
 /// A plan's Redis keys in rule order, written one after the other into one buffer: one
-/// allocation a plan, where a `String` a key cost a plan of ten rules eleven (its keys and
-/// the vector past its one inline key).
+/// allocation a plan of up to two rules and two past that (the ends outgrow their inline
+/// room, which stays small: a check's future carries it), where a `String` a key cost a plan
+/// of ten rules eleven (its keys and the vector past its one inline key).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Keys {
     text: Vec<u8>,
