@@ -1027,10 +1027,9 @@ impl RedisStore {
     /// digits are written once for a run of its checks (an HTTP request's policies all count
     /// the same client).
     fn plan_keys(&self, checks: &[Check<'_>]) -> Keys {
-        let prefix = self.prefix.as_bytes();
         let bytes = checks
             .iter()
-            .map(|c| prefix.len() + 36 + c.rule.name().len())
+            .map(|c| self.prefix.len() + 36 + c.rule.name().len())
             .sum();
         let mut keys = Keys::with_capacity(checks.len(), bytes);
         let mut last: Option<(ClientKey, [u8; 32])> = None;
@@ -1041,11 +1040,9 @@ impl RedisStore {
             };
             last = Some((c.client, hex));
             let text = keys.text_mut();
-            text.extend_from_slice(prefix);
-            text.extend_from_slice(b":{");
-            text.extend_from_slice(&hex);
-            text.extend_from_slice(b"}:");
-            text.extend_from_slice(c.rule.name().as_bytes());
+            for piece in key_pieces(&self.prefix, &hex, c.rule.name()) {
+                text.extend_from_slice(piece);
+            }
             keys.end_key();
         }
         keys
@@ -1053,13 +1050,15 @@ impl RedisStore {
 
     /// The Redis key holding `policy`'s state for `client`: `<prefix>:{<client>}:<policy>`.
     pub fn key(&self, client: &ClientKey, policy: &str) -> String {
-        let mut key = String::with_capacity(self.prefix.len() + policy.len() + 37);
-        key.push_str(&self.prefix);
-        key.push_str(":{");
-        client.write_hex(&mut key);
-        key.push_str("}:");
-        key.push_str(policy);
-        key
+        let hex = client.hex();
+        let pieces = key_pieces(&self.prefix, &hex, policy);
+        let mut key = Vec::with_capacity(pieces.iter().map(|p| p.len()).sum());
+        for piece in pieces {
+            key.extend_from_slice(piece);
+        }
+        // The prefix and the policy are strings and the digits ASCII: always UTF-8.
+        String::from_utf8(key)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
     /// The same store (sharing its connections) whose keys live at least `floor`, even past
@@ -2351,6 +2350,18 @@ mod tests {
             assert_eq!(dup.rule.name(), rules[n - 1].name(), "{n}");
         }
     }
+}
+
+/// A Redis key's pieces in order, `<prefix>:{<client>}:<policy>`: the one place the key's
+/// layout is written down ([`RedisStore::key`], and a plan's keys in one buffer).
+fn key_pieces<'a>(prefix: &'a str, client_hex: &'a [u8; 32], policy: &'a str) -> [&'a [u8]; 5] {
+    [
+        prefix.as_bytes(),
+        b":{",
+        client_hex,
+        b"}:",
+        policy.as_bytes(),
+    ]
 }
 
 #[cfg(test)]

@@ -134,7 +134,7 @@ impl AsyncWrite for PrefaceDeadline {
 /// A stream that tells its writer it takes one buffer a write (`is_write_vectored` false),
 /// for h2's sake. Over a vectored stream h2 keeps every DATA frame of 256 bytes or more aside
 /// for a `writev` and writes it out before it takes the next frame, so each answer (or
-/// request) of a few descriptors cost a system call of its own. Over this one h2 copies
+/// request) that long cost a system call of its own (every ten-descriptor answer did). Over this one h2 copies
 /// frames of up to 1,024 bytes into its write buffer beside the other streams' frames, and
 /// writes many at once (a larger frame is written after the buffer, in a call of its own).
 /// The RLS listener's connections are these; so are `tollgate bench --rls`'s.
