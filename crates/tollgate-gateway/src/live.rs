@@ -25,7 +25,7 @@ use crate::assemble::{assemble, Assembled, PolicyRules};
 use crate::config::{Config, ConfigErrors, PolicyConfig, Upstream};
 use crate::http::conn_limit::ConnLimits;
 use crate::http::metrics::HttpMetrics;
-use crate::http::server::GatewayService;
+use crate::http::server::{GatewayService, Written};
 use crate::http::util::Answer;
 use crate::http::util::BoxBody;
 use crate::proxy::{Proxy, ProxyLimits, Target};
@@ -80,6 +80,20 @@ impl GatewayService for LiveService {
 
     fn answers_itself(&self) -> bool {
         matches!(self.current.load().get_ref(), Target::Decision)
+    }
+
+    type Decision = tollgate_tower::DecideFuture;
+
+    fn decide_head(&mut self, req: Request<()>, peer: &TrustedPeer) -> Option<Self::Decision> {
+        let current = self.current.load();
+        match current.get_ref() {
+            Target::Decision => Some(current.decide_from(req, peer)),
+            Target::Proxy(_) => None,
+        }
+    }
+
+    fn write_answer(decided: tollgate_tower::Decided, out: &mut Vec<u8>, closing: bool) -> Written {
+        crate::proxy::write_decision(decided, out, closing)
     }
 }
 

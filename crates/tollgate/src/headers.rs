@@ -104,9 +104,7 @@ pub fn ratelimit(result: &LimitResult) -> Option<String> {
 /// [`ratelimit`] as bytes for a header value, in one allocation of its exact size (written
 /// on the stack first when the policy's name is short, as names are).
 pub fn ratelimit_value(result: &LimitResult) -> Option<bytes::Bytes> {
-    let r = result.most_constrained()?;
-    let d = r.decision?;
-    let prefix = r.policy.remaining_prefix().as_bytes();
+    let (prefix, remaining, reset) = ratelimit_parts(result)?;
     // The prefix, two numbers of at most 20 digits and ";t=".
     let mut buf = [0u8; 256];
     if prefix.len() + 43 > buf.len() {
@@ -118,10 +116,32 @@ pub fn ratelimit_value(result: &LimitResult) -> Option<bytes::Bytes> {
         len += part.len();
     };
     put(prefix);
-    put(digits(d.remaining).as_slice());
+    put(remaining.as_slice());
     put(b";t=");
-    put(digits(secs_ceil(d.reset_after, 0)).as_slice());
+    put(reset.as_slice());
     Some(bytes::Bytes::copy_from_slice(&buf[..len]))
+}
+
+/// [`ratelimit`] written at the end of `out` (nothing written when it is `None`).
+pub fn write_ratelimit(result: &LimitResult, out: &mut Vec<u8>) -> Option<()> {
+    let (prefix, remaining, reset) = ratelimit_parts(result)?;
+    out.extend_from_slice(prefix);
+    out.extend_from_slice(remaining.as_slice());
+    out.extend_from_slice(b";t=");
+    out.extend_from_slice(reset.as_slice());
+    Some(())
+}
+
+/// A `RateLimit` value's parts: the policy's `"name";r=`, the remaining count and the
+/// seconds to the reset.
+fn ratelimit_parts(result: &LimitResult) -> Option<(&[u8], Digits, Digits)> {
+    let r = result.most_constrained()?;
+    let d = r.decision?;
+    Some((
+        r.policy.remaining_prefix().as_bytes(),
+        digits(d.remaining),
+        digits(secs_ceil(d.reset_after, 0)),
+    ))
 }
 
 /// The decimal digits of `n`.

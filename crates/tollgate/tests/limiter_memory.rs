@@ -288,11 +288,14 @@ fn a_checks_future_stays_small() {
 }
 
 /// The header values as bytes (a policy's item shared as written when it was built,
-/// `RateLimit` written on the stack) are exactly the strings the RLS writes: one policy,
+/// `RateLimit` written on the stack or at the end of a buffer) are exactly the strings the
+/// RLS writes: one policy,
 /// several, shadow ones, names that need escaping and a name too long for the stack buffer.
 #[tokio::test]
 async fn header_values_as_bytes_are_the_strings_byte_for_byte() {
-    use tollgate::headers::{ratelimit, ratelimit_policy, ratelimit_policy_value, ratelimit_value};
+    use tollgate::headers::{
+        ratelimit, ratelimit_policy, ratelimit_policy_value, ratelimit_value, write_ratelimit,
+    };
     let clock = ManualClock::new(T0);
     let l = limiter(&clock);
     let long = "n".repeat(300);
@@ -324,6 +327,16 @@ async fn header_values_as_bytes_are_the_strings_byte_for_byte() {
             assert_eq!(
                 as_bytes(ratelimit_value(&result)),
                 ratelimit(&result),
+                "case {i}"
+            );
+            // Written at the end of what a buffer holds already, or not at all.
+            let mut out = b"before ".to_vec();
+            let wrote = write_ratelimit(&result, &mut out).is_some();
+            let expected = ratelimit(&result).map(|v| format!("before {v}"));
+            assert_eq!(wrote, expected.is_some(), "case {i}");
+            assert_eq!(
+                String::from_utf8(out).expect("utf-8"),
+                expected.unwrap_or_else(|| "before ".into()),
                 "case {i}"
             );
         }

@@ -232,7 +232,7 @@ impl HeadWatch {
     }
 
     /// The listener is shutting down.
-    fn draining(&self) -> bool {
+    pub(crate) fn draining(&self) -> bool {
         self.clock.draining.load(Relaxed)
     }
 
@@ -284,6 +284,67 @@ impl HeadWatch {
         let _ = self.deadline.fetch_update(Relaxed, Relaxed, |d| {
             (d != SERVING && d != EXPIRED && d != next).then_some(next)
         });
+    }
+}
+
+/// The I/O of a connection served without hyper (`plain.rs`), under the same rules as
+/// [`Watched`]'s.
+impl HeadWatch {
+    /// Reads what `stream` has into `buf`'s spare room: the count (0 at the end), or
+    /// `TimedOut` once the connection has expired (a wait registers this task to be woken
+    /// then, and by a drain). As tokio's own reads, a read that fills less than the room
+    /// takes the stream for drained: the next waits for the kernel's word, with no read
+    /// that finds nothing.
+    pub(crate) fn poll_read_into(
+        &self,
+        cx: &mut Context<'_>,
+        stream: &mut tokio::net::TcpStream,
+        buf: &mut bytes::BytesMut,
+    ) -> Poll<io::Result<usize>> {
+        if self.expired() {
+            return Poll::Ready(Err(timed_out()));
+        }
+        let read = tokio_util::io::poll_read_buf(Pin::new(stream), cx, buf);
+        if read.is_pending() {
+            self.waker.register(cx.waker());
+            // Expired between the check and the registration: not woken, so now.
+            if self.expired() {
+                return Poll::Ready(Err(timed_out()));
+            }
+        }
+        read
+    }
+
+    /// Writes what of `data` `stream` takes, noting whether the write proceeded (see
+    /// [`Watched`]); `TimedOut` once the connection has expired.
+    pub(crate) fn poll_write_to(
+        &self,
+        cx: &mut Context<'_>,
+        stream: &tokio::net::TcpStream,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            if self.expired() {
+                return Poll::Ready(Err(timed_out()));
+            }
+            match stream.poll_write_ready(cx) {
+                Poll::Pending => {
+                    self.write_blocked.store(true, Relaxed);
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => match stream.try_write(data) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Ok(n) => {
+                        if n > 0 {
+                            self.wrote();
+                        }
+                        return Poll::Ready(Ok(n));
+                    }
+                    Err(e) => return Poll::Ready(Err(e)),
+                },
+            }
+        }
     }
 }
 

@@ -8,8 +8,10 @@
 use crate::http::conn_limit::ConnLimits;
 use crate::http::head_timeout::{until_drained, HeadClock, HeadWatch, WaitAfter, Watched};
 use crate::http::metrics::HttpMetrics;
+use crate::http::plain::{self, Prefixed, Served};
 use crate::http::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
 use crate::http::util::{BoxBody, ConnBody};
+use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
@@ -53,6 +55,33 @@ pub(crate) trait GatewayService:
     /// them: its answers are small, so a connection accepted now writes each in one buffer
     /// (see [`builder`]).
     fn answers_itself(&self) -> bool;
+
+    /// A decision made from a request's head alone (see [`GatewayService::decide_head`]).
+    type Decision: Future<Output: Send> + Send + Unpin;
+
+    /// Decides a request that has no body from its head alone, as [`call_from`] answers it
+    /// in decision mode (see `plain.rs`); `None` when the service does not answer requests
+    /// itself now (a reload switched to proxy mode), the request unanswered.
+    ///
+    /// [`call_from`]: GatewayService::call_from
+    fn decide_head(&mut self, req: Request<()>, peer: &TrustedPeer) -> Option<Self::Decision>;
+
+    /// The answer to `decided`: written whole at the end of `out` (its status returned) when
+    /// it is decision mode's common 200 and the connection stays open (not `closing`), else
+    /// the answer to write.
+    fn write_answer(
+        decided: <Self::Decision as Future>::Output,
+        out: &mut Vec<u8>,
+        closing: bool,
+    ) -> Written;
+}
+
+/// How [`GatewayService::write_answer`] answered.
+pub(crate) enum Written {
+    /// Written whole, with this status.
+    Whole(u16),
+    /// Not written: this answer is to be.
+    Answer(Answer),
 }
 
 /// Serves the gateway on `listener` until `stop` changes, then drains for up to [`GRACE`]
@@ -109,7 +138,9 @@ where
 
 /// Serves one client connection: an HTTP/2 preface gets a 505, silence a close; otherwise
 /// hyper serves it, under `watch`'s header read timeout and its listener's drain (see
-/// `head_timeout.rs`), each request through [`refusal`] and then `service`.
+/// `head_timeout.rs`), each request through [`refusal`] and then `service`. In decision mode
+/// the connection's plain requests are answered first without hyper (`plain.rs`), which
+/// serves the rest from the first request that is not.
 fn connection<S>(
     stream: TcpStream,
     peer: SocketAddr,
@@ -125,6 +156,8 @@ where
     // One extension per request: the trust decision, carrying the peer's address.
     let trusted = trusted.with_addr(peer);
     let small_answers = service.answers_itself();
+    let mut plain_service = service.clone();
+    let plain_peer = trusted.clone();
     let svc_watch = Arc::clone(&watch);
     let hyper_svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let metrics = metrics.clone();
@@ -147,6 +180,7 @@ where
             Ok::<_, Infallible>(resp.map(|body| WaitAfter::new(body, watch)))
         }
     });
+    let mut stream = stream;
     Box::pin(async move {
         // A drain closes a connection still in its opening at once, as an idle one: the
         // opening's own wait (up to the header read timeout) would hold shutdown up.
@@ -164,9 +198,28 @@ where
             }
             Opening::Silent => return,
         }
-        // The wait for the first head starts with hyper (the opening had its own).
+        // The wait for the first head starts now (the opening had its own).
         watch.waiting();
-        let io = Watched::new(TokioIo::new(stream), Arc::clone(&watch));
+        let unread = if small_answers {
+            let served = plain::serve(
+                &mut stream,
+                &mut plain_service,
+                &plain_peer,
+                &conn_metrics,
+                &watch,
+            );
+            match served.await {
+                Served::Closed => return,
+                Served::Handover(unread) => unread,
+            }
+        } else {
+            Bytes::new()
+        };
+        drop((plain_service, plain_peer));
+        let io = Watched::new(
+            TokioIo::new(Prefixed::new(stream, unread)),
+            Arc::clone(&watch),
+        );
         let conn = builder(Heads::Swept, small_answers).serve_connection(io, hyper_svc);
         let ended = until_drained(conn, watch, |c| c.graceful_shutdown()).await;
         if let Err(e) = ended {
@@ -179,7 +232,7 @@ where
 }
 
 /// One body type for the connection: the layer's own bodies as they are, others boxed.
-fn unify(body: tollgate_tower::RateLimitBody<BoxBody>) -> ConnBody {
+pub(crate) fn unify(body: tollgate_tower::RateLimitBody<BoxBody>) -> ConnBody {
     match body {
         // Boxed again only when it settles a reservation at its end (costs known later).
         Either::Left(b) => ConnBody::Boxed(match b.into_plain() {

@@ -37,6 +37,41 @@ pub(crate) fn allowed(result: &LimitResult) -> Response<Full<Bytes>> {
     resp
 }
 
+/// [`allowed`]'s answer written whole at the end of `out` as hyper writes it (the status
+/// line, the template's three headers in their order, `content-length` and `date`), with no
+/// map: the answer of a result that advertises exactly one policy with a decision, whose
+/// values are header values. Otherwise (the caller writes [`allowed`]'s) false, `out` as it
+/// was.
+pub(crate) fn write_allowed(result: &LimitResult, out: &mut Vec<u8>) -> bool {
+    let Some(item) = tollgate::headers::ratelimit_policy_item(result) else {
+        return false;
+    };
+    let start = out.len();
+    out.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-type: ");
+    out.extend_from_slice(TEXT_PLAIN.as_bytes());
+    out.extend_from_slice(b"\r\nratelimit-policy: ");
+    out.extend_from_slice(&item);
+    out.extend_from_slice(b"\r\nratelimit: ");
+    let value = out.len();
+    let written = tollgate::headers::write_ratelimit(result, out).is_some()
+        && header_value(&item)
+        && header_value(&out[value..]);
+    if !written {
+        out.truncate(start);
+        return false;
+    }
+    out.extend_from_slice(b"\r\ncontent-length: 0\r\ndate: ");
+    crate::http::plain::write_date(out);
+    out.extend_from_slice(b"\r\n\r\n");
+    true
+}
+
+/// Whether `bytes` make a header value as `HeaderValue` checks one (no control character but
+/// a tab, no DEL): what the template's values are checked for.
+fn header_value(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| (b >= 32 && b != 127) || b == b'\t')
+}
+
 /// The head of `result`'s 200 from its policy's template; `None` when the answer does not
 /// advertise exactly one policy with a decision.
 fn templated(result: &LimitResult) -> Option<HeaderMap> {
@@ -178,6 +213,63 @@ mod tests {
                     "{left}"
                 );
             }
+        }
+    }
+
+    /// `answer` with its `date` value (which changes by the second) blanked.
+    fn dateless(answer: &[u8]) -> String {
+        let text = String::from_utf8(answer.to_vec()).expect("utf-8");
+        text.split("\r\n")
+            .map(|l| {
+                if l.starts_with("date: ") {
+                    "date: -"
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\r\n")
+    }
+
+    #[tokio::test]
+    async fn the_answer_written_without_a_map_is_the_templated_answer_encoded() {
+        let l = Limiter::new(LimiterConfig::default());
+        let api = policy(&l, "api", 3);
+        let odd = policy(&l, "we\"ird\\ né", 50);
+        for round in 0..2u8 {
+            for (p, client) in [(&api, 1), (&odd, 2), (&api, 3)] {
+                let result = decide(&l, &[p], client + 10 * round).await;
+                let mut out = b"earlier answer".to_vec();
+                assert!(write_allowed(&result, &mut out), "one policy: written");
+                let (head, _) = allowed(&result).into_parts();
+                let mut encoded = b"earlier answer".to_vec();
+                crate::http::plain::encode(&head, b"", false, &mut encoded);
+                assert_eq!(dateless(&out), dateless(&encoded));
+                assert!(dateless(&out).ends_with("\r\ncontent-length: 0\r\ndate: -\r\n\r\n"));
+            }
+        }
+        // Several policies, or only shadow ones: not written, nothing left behind.
+        let burst = policy(&l, "burst", 5);
+        let mut dry = spec("watch", 10);
+        dry.shadow = true;
+        let dry = l.policy(dry).expect("policy");
+        for policies in [&[&api, &burst][..], &[&dry][..]] {
+            let result = decide(&l, policies, 7).await;
+            let mut out = b"kept".to_vec();
+            assert!(!write_allowed(&result, &mut out));
+            assert_eq!(out, b"kept");
+        }
+    }
+
+    #[test]
+    fn header_values_are_checked_as_http_checks_them() {
+        for bytes in [&b""[..], b"\"a\";r=1;t=2", b"tab\there", "né".as_bytes()] {
+            assert!(header_value(bytes));
+            assert!(HeaderValue::from_bytes(bytes).is_ok());
+        }
+        for bytes in [&b"a\rb"[..], b"a\nb", b"\x00", b"\x7f", b"\x1f"] {
+            assert!(!header_value(bytes));
+            assert!(HeaderValue::from_bytes(bytes).is_err());
         }
     }
 }

@@ -250,6 +250,27 @@ pub(crate) fn decision_answer(decided: tollgate_tower::Decided) -> crate::http::
     }
 }
 
+/// Decision mode's answer to `decided`, as [`decision_answer`] makes it: the common 200
+/// written whole at the end of `out`, its head as hyper writes it on a connection that stays
+/// open (see `http/plain.rs`), with its status; else (or when `closing`) the answer to write.
+pub(crate) fn write_decision(
+    decided: tollgate_tower::Decided,
+    out: &mut Vec<u8>,
+    closing: bool,
+) -> crate::http::server::Written {
+    use crate::http::server::Written;
+    if let tollgate_tower::Decided::Allowed(allowed) = decided {
+        return match allowed.into_result() {
+            Ok(result) if !closing && decision_head::write_allowed(&result, out) => {
+                Written::Whole(200)
+            }
+            Ok(result) => Written::Answer(decision_head::allowed(&result).map(Either::Right)),
+            Err(allowed) => Written::Answer(settling_ok(allowed)),
+        };
+    }
+    Written::Answer(decision_answer(decided))
+}
+
 /// The 200 of a request whose reservation settles at the answer's end. The body is the
 /// gateway's own (not boxed) unless it still settles then (an empty body settles at once:
 /// see `Settling`).

@@ -1,0 +1,663 @@
+//! Decision mode's plain requests, answered without hyper.
+//!
+//! In decision mode nearly every request is a head without a body, answered by a small head
+//! of the gateway's own. hyper serves such a request through its whole HTTP/1 machinery: a
+//! state machine per connection, a request and a response with their maps, a body type on
+//! each side, the response head encoded from its map. This loop reads heads itself, parses
+//! them with httparse (hyper's own parser), decides each as the service does (the same
+//! request type and the same decision), and writes the answer's bytes; what it does not
+//! serve itself it hands to hyper, with every byte read so far, for the rest of the
+//! connection.
+//!
+//! What it serves: an HTTP/1.1 request whose head is whole, parses, is not refused (see
+//! `refusal.rs`), has no body (no `Transfer-Encoding`, no `Content-Length` but a single `0`),
+//! no `Expect`, no `Upgrade` and no `Connection` but `keep-alive`, and whose method is not
+//! `HEAD` (whose answer has no body); and only while the service answers requests itself (a
+//! reload may switch the gateway to proxy mode). Everything else, and a head past
+//! [`MAX_HEAD_BYTES`] or [`MAX_HEADERS`] headers, goes to hyper, which answers it (or refuses
+//! it) exactly as it answered every request before. An answer is written as hyper writes it:
+//! the status line, the answer's headers in their order, `content-length` and `date` when the
+//! answer has none.
+//!
+//! The connection's header read timeout and drain are its [`HeadWatch`]'s, as under hyper: a
+//! head read marks it serving, an answer handed over whole starts the wait for the next, a
+//! write that proceeds restarts it and one the client does not take holds it; a drain closes
+//! the connection while it waits for a head, and lets a request being served finish.
+
+use crate::http::head_timeout::HeadWatch;
+use crate::http::metrics::HttpMetrics;
+use crate::http::refusal::refusal;
+use crate::http::server::{unify, GatewayService, Written, MAX_HEADERS, MAX_HEAD_BYTES};
+use crate::http::util::ConnBody;
+use bytes::{Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use http_body::Body as _;
+use http_body_util::BodyExt as _;
+use std::cell::RefCell;
+use std::future::Future;
+use std::io;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tollgate_tower::TrustedPeer;
+
+/// How a connection left this loop.
+pub(crate) enum Served {
+    /// Closed: the client closed, an error, a drain, the header read timeout, or an answer
+    /// that closes.
+    Closed,
+    /// hyper serves the rest; these bytes were read and not answered.
+    Handover(Bytes),
+}
+
+/// The read buffer's size, and the least room a read is given (hyper's own first size).
+const READ_ROOM: usize = 8 * 1024;
+
+/// Serves `stream`'s plain requests (see the module's doc) until it closes or one is not
+/// plain.
+pub(crate) async fn serve<S: GatewayService>(
+    stream: &mut TcpStream,
+    service: &mut S,
+    peer: &TrustedPeer,
+    metrics: &HttpMetrics,
+    watch: &HeadWatch,
+) -> Served {
+    let mut buf = BytesMut::with_capacity(READ_ROOM);
+    let mut out: Vec<u8> = Vec::with_capacity(512);
+    // A head's fields as read, kept for the connection (cleared for each head).
+    let mut fields = Vec::with_capacity(16);
+    loop {
+        let parsed = match parse(&buf, &mut fields) {
+            Head::Plain(p) => p,
+            Head::Partial if buf.len() < MAX_HEAD_BYTES => {
+                // Answers of requests read together leave together, before the next read.
+                if !flush(stream, &mut out, watch).await {
+                    return Served::Closed;
+                }
+                if buf.capacity() - buf.len() < READ_ROOM / 2 {
+                    buf.reserve(READ_ROOM);
+                }
+                match read(stream, &mut buf, watch).await {
+                    Ok(n) if n > 0 => continue,
+                    // The client closed (a head begun and not finished is not answered, as
+                    // under hyper), the listener drains, the head took too long, an error.
+                    _ => return Served::Closed,
+                }
+            }
+            Head::Partial | Head::Other => {
+                return handover(buf.freeze(), stream, &mut out, watch).await
+            }
+        };
+        let head = buf.split_to(parsed.len).freeze();
+        let Some(req) = parsed.request(&head, &mut fields) else {
+            return handover(rejoin(head, buf), stream, &mut out, watch).await;
+        };
+        if refusal(&req).is_some() {
+            return handover(rejoin(head, buf), stream, &mut out, watch).await;
+        }
+        watch.serving();
+        let Some(mut decided) = service.decide_head(req, peer) else {
+            // A reload switched to proxy mode: hyper serves this request and the rest.
+            watch.waiting();
+            return handover(rejoin(head, buf), stream, &mut out, watch).await;
+        };
+        // Nothing holds the head's bytes now: the buffer takes its room back when it grows.
+        drop(head);
+        let decision = match poll_once(&mut decided).await {
+            Poll::Ready(decision) => decision,
+            Poll::Pending => {
+                // The decision waits (on a remote store): what is answered already leaves.
+                if !flush(stream, &mut out, watch).await {
+                    return Served::Closed;
+                }
+                decided.await
+            }
+        };
+        // A drain closes the connection after this answer, which says so, as hyper's does.
+        let closing = watch.draining();
+        let answer = match S::write_answer(decision, &mut out, closing) {
+            Written::Whole(status) => {
+                metrics.response(status);
+                // Handed over whole: the wait for the next head begins.
+                watch.waiting();
+                continue;
+            }
+            Written::Answer(answer) => answer,
+        };
+        let (parts, body) = answer.into_parts();
+        let Some(body) = body_bytes(unify(body)).await else {
+            return Served::Closed;
+        };
+        metrics.response(parts.status.as_u16());
+        let closes = closing
+            || parts
+                .headers
+                .get(CONNECTION)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+        encode(&parts, &body, closing, &mut out);
+        // Handed over whole: the wait for the next head begins.
+        watch.waiting();
+        if closes {
+            let _ = flush(stream, &mut out, watch).await;
+            return Served::Closed;
+        }
+    }
+}
+
+/// Polls `fut` once.
+async fn poll_once<F: Future + Unpin>(fut: &mut F) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *fut).poll(cx))).await
+}
+
+/// Writes what is answered, whole; false when the connection failed.
+async fn flush(stream: &TcpStream, out: &mut Vec<u8>, watch: &HeadWatch) -> bool {
+    let mut at = 0;
+    while at < out.len() {
+        match std::future::poll_fn(|cx| watch.poll_write_to(cx, stream, &out[at..])).await {
+            Ok(n) if n > 0 => at += n,
+            _ => return false,
+        }
+    }
+    out.clear();
+    true
+}
+
+/// Reads more of the connection into `buf`: the count (0: the client closed), or an error
+/// (the header read timeout among them); a drain ends the wait as a close does.
+async fn read(stream: &mut TcpStream, buf: &mut BytesMut, watch: &HeadWatch) -> io::Result<usize> {
+    std::future::poll_fn(|cx| {
+        if watch.draining() {
+            return Poll::Ready(Ok(0));
+        }
+        match watch.poll_read_into(cx, &mut *stream, buf) {
+            Poll::Pending if watch.draining() => Poll::Ready(Ok(0)),
+            polled => polled,
+        }
+    })
+    .await
+}
+
+/// Hands the connection to hyper: what is answered leaves first, then hyper reads `unread`.
+async fn handover(
+    unread: Bytes,
+    stream: &TcpStream,
+    out: &mut Vec<u8>,
+    watch: &HeadWatch,
+) -> Served {
+    if !flush(stream, out, watch).await {
+        return Served::Closed;
+    }
+    Served::Handover(unread)
+}
+
+/// A head split off and what follows it, together again (for hyper: a rare path, copied).
+fn rejoin(head: Bytes, rest: BytesMut) -> Bytes {
+    let mut all = BytesMut::with_capacity(head.len() + rest.len());
+    all.extend_from_slice(&head);
+    all.extend_from_slice(&rest);
+    all.freeze()
+}
+
+/// The whole of an answer's body: the gateway's own at once; one that settles a
+/// reservation at its end, read to its end. `None` when it failed.
+async fn body_bytes(body: ConnBody) -> Option<Bytes> {
+    match body {
+        ConnBody::Own(mut full) => {
+            // A whole body is ready at once: no waker is needed.
+            let mut cx = Context::from_waker(Waker::noop());
+            match Pin::new(&mut full).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(frame))) => Some(frame.into_data().unwrap_or_default()),
+                _ => Some(Bytes::new()),
+            }
+        }
+        ConnBody::Boxed(body) => body.collect().await.ok().map(|c| c.to_bytes()),
+    }
+}
+
+/// What the bytes read so far begin with.
+enum Head {
+    /// A plain request's head, whole.
+    Plain(Parsed),
+    /// Not a whole head yet.
+    Partial,
+    /// A head this loop does not serve (or none that parses): hyper's.
+    Other,
+}
+
+/// A header's name, and where its value is in the bytes it was read from.
+type Field = (HeaderName, Range<usize>);
+
+/// A plain request's head, read: where its parts are in the bytes it was read from (its
+/// fields apart, see [`parse`]).
+struct Parsed {
+    method: Method,
+    target: Range<usize>,
+    /// The head's length.
+    len: usize,
+}
+
+impl Parsed {
+    /// The request, its target and `fields`' values sliced from `head` (the bytes it was
+    /// read from, split off): `None` when the target is not a URI.
+    fn request(self, head: &Bytes, fields: &mut Vec<Field>) -> Option<Request<()>> {
+        let uri = Uri::from_maybe_shared(head.slice(self.target)).ok()?;
+        let mut headers = HeaderMap::with_capacity(fields.len());
+        for (name, at) in fields.drain(..) {
+            // httparse checked the value's bytes, as HeaderValue does.
+            let value = HeaderValue::from_maybe_shared(head.slice(at)).ok()?;
+            headers.append(name, value);
+        }
+        let mut req = Request::new(());
+        *req.method_mut() = self.method;
+        *req.uri_mut() = uri;
+        *req.headers_mut() = headers;
+        Some(req)
+    }
+}
+
+/// Reads the head at the start of `buf` (see [`Head`]), its fields into `fields`.
+fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Head {
+    if buf.is_empty() {
+        return Head::Partial;
+    }
+    let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut slots) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Head::Partial,
+        Err(_) => return Head::Other,
+    };
+    let (Some(1), Some(method), Some(target)) = (req.version, req.method, req.path) else {
+        return Head::Other;
+    };
+    // A HEAD's answer has no body: hyper's.
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return Head::Other;
+    };
+    if method == Method::HEAD || method == Method::CONNECT {
+        return Head::Other;
+    }
+    let at = |s: &[u8]| {
+        let start = s.as_ptr() as usize - buf.as_ptr() as usize;
+        start..start + s.len()
+    };
+    fields.clear();
+    let mut length = false;
+    for h in req.headers.iter() {
+        let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
+            return Head::Other;
+        };
+        let plain = if name == CONTENT_LENGTH {
+            let first = !length;
+            length = true;
+            first && h.value == b"0"
+        } else if name == CONNECTION {
+            h.value.eq_ignore_ascii_case(b"keep-alive")
+        } else {
+            name != TRANSFER_ENCODING && name != EXPECT && name != UPGRADE
+        };
+        if !plain {
+            return Head::Other;
+        }
+        fields.push((name, at(h.value)));
+    }
+    Head::Plain(Parsed {
+        method,
+        target: at(target.as_bytes()),
+        len,
+    })
+}
+
+/// Writes an answer's head and `body` as hyper writes an HTTP/1.1 answer: the status line,
+/// the headers in their order, then `connection: close` when `closing` (the connection ends
+/// after it) and it has no `connection`, then `content-length` and `date` unless it has them.
+pub(crate) fn encode(head: &http::response::Parts, body: &[u8], closing: bool, out: &mut Vec<u8>) {
+    let status = head.status;
+    if status == StatusCode::OK {
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let (mut length, mut date, mut connection) = (false, false, false);
+    for (name, value) in &head.headers {
+        length |= name == CONTENT_LENGTH;
+        date |= name == DATE;
+        connection |= name == CONNECTION;
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if closing && !connection {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    if !length {
+        out.extend_from_slice(b"content-length: ");
+        let mut digits = [0u8; 20];
+        out.extend_from_slice(format_len(body.len(), &mut digits));
+        out.extend_from_slice(b"\r\n");
+    }
+    if !date {
+        out.extend_from_slice(b"date: ");
+        write_date(out);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+}
+
+/// `n` in decimal, in `digits`.
+fn format_len(mut n: usize, digits: &mut [u8; 20]) -> &[u8] {
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &digits[at..];
+        }
+    }
+}
+
+thread_local! {
+    /// The `date` value of the current second, and that second.
+    static DATE_NOW: RefCell<(u64, [u8; 29])> = const { RefCell::new((u64::MAX, [0; 29])) };
+}
+
+/// Writes the `date` value (IMF-fixdate) of now at the end of `out`, as hyper does (formatted
+/// once a second on each thread).
+pub(crate) fn write_date(out: &mut Vec<u8>) {
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE_NOW.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        if cached.0 != secs {
+            let text = httpdate::fmt_http_date(now);
+            if text.len() == 29 {
+                cached.1.copy_from_slice(text.as_bytes());
+                cached.0 = secs;
+            }
+        }
+        out.extend_from_slice(&cached.1);
+    });
+}
+
+/// A connection handed to hyper: the bytes already read first, then the stream.
+pub(crate) struct Prefixed<T> {
+    unread: Bytes,
+    io: T,
+}
+
+impl<T> Prefixed<T> {
+    pub(crate) fn new(io: T, unread: Bytes) -> Self {
+        Self { unread, io }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.unread.is_empty() {
+            let n = this.unread.len().min(buf.remaining());
+            buf.put_slice(&this.unread.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Response;
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+    use std::convert::Infallible;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn kind(head: &[u8]) -> &'static str {
+        let mut fields = Vec::new();
+        match parse(head, &mut fields) {
+            Head::Plain(p) => {
+                assert_eq!(p.len, head.len(), "the whole head is used");
+                "plain"
+            }
+            Head::Partial => "partial",
+            Head::Other => "other",
+        }
+    }
+
+    #[test]
+    fn only_whole_bodiless_http11_heads_are_plain() {
+        let plain: &[&[u8]] = &[
+            b"GET / HTTP/1.1\r\nhost: x\r\n\r\n",
+            b"POST /a?b=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+            b"GET /a HTTP/1.1\r\nhost: x\r\nconnection: Keep-Alive\r\nx-api-key: k\r\n\r\n",
+            b"DELETE http://h/a HTTP/1.1\r\nhost: h\r\n\r\n",
+        ];
+        for head in plain {
+            assert_eq!(kind(head), "plain", "{}", String::from_utf8_lossy(head));
+        }
+        let other: &[&[u8]] = &[
+            b"GET / HTTP/1.0\r\nhost: x\r\n\r\n",
+            b"HEAD / HTTP/1.1\r\nhost: x\r\n\r\n",
+            b"CONNECT h:1 HTTP/1.1\r\nhost: h:1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello",
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\ncontent-length: 0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 00\r\n\r\n",
+            b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n\r\n",
+            b"GET / HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\n\r\n",
+            b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            b"GET / HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\n\r\n",
+            b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
+            b"G@T / HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/2.0\r\n\r\n",
+        ];
+        for head in other {
+            assert_eq!(kind(head), "other", "{}", String::from_utf8_lossy(head));
+        }
+        for head in [&b""[..], b"GET / HT", b"GET / HTTP/1.1\r\nhost: x\r\n"] {
+            assert_eq!(kind(head), "partial", "{}", String::from_utf8_lossy(head));
+        }
+        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..=MAX_HEADERS {
+            many.extend_from_slice(format!("x-{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(
+            kind(&many),
+            "other",
+            "more than MAX_HEADERS headers are hyper's"
+        );
+    }
+
+    #[test]
+    fn a_request_is_the_head_as_read_and_the_rest_is_left() {
+        let bytes = Bytes::from_static(
+            b"PUT /p?q=1 HTTP/1.1\r\nHost: h\r\nX-Api-Key: k1\r\nx-two: a\r\nX-Two: b\r\n\r\nGET /next",
+        );
+        let mut fields = Vec::new();
+        let Head::Plain(parsed) = parse(&bytes, &mut fields) else {
+            panic!("plain");
+        };
+        assert_eq!(&bytes[parsed.len..], b"GET /next");
+        let head = bytes.slice(..parsed.len);
+        let req = parsed.request(&head, &mut fields).expect("a request");
+        assert_eq!(req.method(), Method::PUT);
+        assert_eq!(req.uri(), "/p?q=1");
+        assert_eq!(req.version(), http::Version::HTTP_11);
+        let h = req.headers();
+        assert_eq!(h.len(), 4);
+        assert_eq!(h["host"], "h");
+        assert_eq!(h["x-api-key"], "k1");
+        let two: Vec<_> = h.get_all("x-two").iter().collect();
+        assert_eq!(two, ["a", "b"]);
+        assert!(fields.is_empty(), "the fields are taken");
+    }
+
+    /// What hyper's server writes for `resp` (as the gateway's builder sets it up), read back
+    /// raw; `closing`: hyper is to close the connection after it (as when it drains).
+    async fn hyper_writes(resp: Response<Full<Bytes>>, closing: bool) -> Vec<u8> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accept");
+            let resp = std::sync::Mutex::new(Some(resp));
+            let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                let r = resp.lock().expect("lock").take().expect("one request");
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.writev(false);
+            let _ = b.serve_connection(TokioIo::new(stream), svc).await;
+        });
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        // Kept alive unless `closing`, and the write side closed: hyper answers and closes.
+        let request: &[u8] = if closing {
+            b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        } else {
+            b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+        };
+        c.write_all(request).await.expect("write");
+        c.shutdown().await.expect("shutdown");
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).await.expect("read");
+        server.await.expect("server");
+        got
+    }
+
+    /// `answer` with its `date` value (which changes by the second) blanked.
+    fn dateless(answer: &[u8]) -> String {
+        let text = String::from_utf8_lossy(answer).into_owned();
+        text.lines()
+            .map(|l| {
+                if l.starts_with("date: ") {
+                    "date: -"
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[tokio::test]
+    async fn answers_are_written_as_hyper_writes_them() {
+        let answers = [
+            (
+                StatusCode::OK,
+                vec![("content-type", "text/plain; charset=utf-8")],
+                "",
+            ),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                vec![
+                    ("content-type", "application/problem+json"),
+                    ("retry-after", "7"),
+                    ("ratelimit", "\"a\";r=0;t=7"),
+                ],
+                "{\"status\":429}",
+            ),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                vec![("retry-after", "1")],
+                "down",
+            ),
+            (
+                StatusCode::from_u16(599).expect("status"),
+                vec![("x-a", "1"), ("x-a", "2")],
+                "odd",
+            ),
+        ];
+        for (status, headers, body) in answers {
+            let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+            *resp.status_mut() = status;
+            for (n, v) in &headers {
+                resp.headers_mut().append(*n, HeaderValue::from_static(v));
+            }
+            let (parts, full) = resp.into_parts();
+            for closing in [false, true] {
+                let mut ours = Vec::new();
+                encode(&parts, body.as_bytes(), closing, &mut ours);
+                let answer = Response::from_parts(parts.clone(), full.clone());
+                let theirs = hyper_writes(answer, closing).await;
+                assert_eq!(
+                    dateless(&ours),
+                    dateless(&theirs),
+                    "{status}, closing {closing}"
+                );
+                assert!(dateless(&ours).contains("\ndate: -\n"), "a date is written");
+            }
+        }
+    }
+
+    #[test]
+    fn the_date_is_an_imf_fixdate_of_now() {
+        let mut out = b"x".to_vec();
+        write_date(&mut out);
+        let text = std::str::from_utf8(&out[1..]).expect("ascii");
+        let when = httpdate::parse_http_date(text).expect("a date");
+        let off = SystemTime::now()
+            .duration_since(when)
+            .unwrap_or_else(|e| e.duration());
+        assert!(off < std::time::Duration::from_secs(5), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_handed_over_stream_reads_its_unread_bytes_first() {
+        let mut io = Prefixed::new(&b" world"[..], Bytes::from_static(b"hello"));
+        let mut first = [0u8; 3];
+        io.read_exact(&mut first).await.expect("read");
+        assert_eq!(&first, b"hel");
+        let mut rest = Vec::new();
+        io.read_to_end(&mut rest).await.expect("read");
+        assert_eq!(rest, b"lo world");
+    }
+}
