@@ -25,7 +25,7 @@ use crate::assemble::{assemble, Assembled, PolicyRules};
 use crate::config::{Config, ConfigErrors, PolicyConfig, Upstream};
 use crate::http::conn_limit::ConnLimits;
 use crate::http::metrics::HttpMetrics;
-use crate::http::server::{GatewayService, Written};
+use crate::http::service::{GatewayService, Written};
 use crate::http::util::Answer;
 use crate::http::util::BoxBody;
 use crate::proxy::{Proxy, ProxyLimits, Target};

@@ -10,6 +10,7 @@ pub mod metrics;
 pub(crate) mod plain;
 pub(crate) mod refusal;
 pub mod server;
+pub(crate) mod service;
 pub mod util;
 
 pub use server::{MAX_HEADERS, MAX_HEAD_BYTES};

@@ -26,8 +26,8 @@
 
 use crate::http::head_timeout::HeadWatch;
 use crate::http::metrics::HttpMetrics;
-use crate::http::refusal::refusal;
-use crate::http::server::{unify, GatewayService, Written, MAX_HEADERS, MAX_HEAD_BYTES};
+use crate::http::refusal::{refusal, MAX_HEADERS, MAX_HEAD_BYTES};
+use crate::http::service::{unify, GatewayService, Written};
 use crate::http::util::ConnBody;
 use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING, UPGRADE};

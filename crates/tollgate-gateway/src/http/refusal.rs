@@ -13,6 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate_tower::{Problem, ProblemKind};
 
+/// Most headers a request may have.
+pub const MAX_HEADERS: usize = 100;
 /// Most bytes of a request head (request line and headers).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// How long a client may take to send a request head.

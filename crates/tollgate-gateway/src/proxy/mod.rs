@@ -257,8 +257,8 @@ pub(crate) fn write_decision(
     decided: tollgate_tower::Decided,
     out: &mut Vec<u8>,
     closing: bool,
-) -> crate::http::server::Written {
-    use crate::http::server::Written;
+) -> crate::http::service::Written {
+    use crate::http::service::Written;
     if let tollgate_tower::Decided::Allowed(allowed) = decided {
         return match allowed.into_result() {
             Ok(result) if !closing && decision_head::write_allowed(&result, out) => {
