@@ -287,6 +287,49 @@ fn a_checks_future_stays_small() {
     assert!(size <= 2048, "Limiter::check's future is {size} bytes");
 }
 
+/// Whatever a policy is named, its `RateLimit-Policy` item and its `RateLimit` value are
+/// printable ASCII: a header value that needs no check where it is written (decision mode
+/// writes them into its answers as they are).
+#[tokio::test]
+async fn header_values_are_printable_ascii_whatever_the_name() {
+    use tollgate::headers::{ratelimit_policy_item, write_ratelimit};
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let mut names: Vec<String> = (0u8..128).map(|b| format!("a{}z", b as char)).collect();
+    names.extend(
+        [
+            "é",
+            "\u{2028}",
+            "\u{feff}x",
+            "\"\\\"",
+            "🦀",
+            "\r\nx-injected: 1",
+        ]
+        .map(String::from),
+    );
+    let printable = |b: &[u8]| b.iter().all(|c| (b' '..=b'~').contains(c));
+    let mut checked = 0;
+    for (i, name) in names.iter().enumerate() {
+        let Ok(p) = l.policy(spec(
+            name,
+            Algorithm::TokenBucket,
+            10,
+            Duration::from_secs(60),
+        )) else {
+            continue;
+        };
+        let plan = tollgate::Plan::for_client(client(i as u8), [&p]);
+        let result = l.check(&plan).await;
+        let item = ratelimit_policy_item(&result).expect("one policy advertised");
+        assert!(printable(&item), "{name:?}: {item:?}");
+        let mut value = Vec::new();
+        write_ratelimit(&result, &mut value).expect("a value");
+        assert!(printable(&value), "{name:?}: {value:?}");
+        checked += 1;
+    }
+    assert!(checked > 100, "only {checked} names were accepted");
+}
+
 /// The header values as bytes (a policy's item shared as written when it was built,
 /// `RateLimit` written on the stack or at the end of a buffer) are exactly the strings the
 /// RLS writes: one policy,
