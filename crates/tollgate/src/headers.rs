@@ -132,6 +132,11 @@ pub fn write_ratelimit(result: &LimitResult, out: &mut Vec<u8>) -> Option<()> {
     Some(())
 }
 
+/// `n` in decimal at the end of `out`.
+pub fn write_u64(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(digits(n).as_slice());
+}
+
 /// A `RateLimit` value's parts: the policy's `"name";r=`, the remaining count and the
 /// seconds to the reset.
 fn ratelimit_parts(result: &LimitResult) -> Option<(&[u8], Digits, Digits)> {

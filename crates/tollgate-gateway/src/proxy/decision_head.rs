@@ -218,23 +218,9 @@ mod tests {
         }
     }
 
-    /// `answer` with its `date` value (which changes by the second) blanked.
-    fn dateless(answer: &[u8]) -> String {
-        let text = String::from_utf8(answer.to_vec()).expect("utf-8");
-        text.split("\r\n")
-            .map(|l| {
-                if l.starts_with("date: ") {
-                    "date: -"
-                } else {
-                    l
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\r\n")
-    }
-
     #[tokio::test]
     async fn the_answer_written_without_a_map_is_the_templated_answer_encoded() {
+        use crate::http::plain::dateless;
         let l = Limiter::new(LimiterConfig::default());
         let api = policy(&l, "api", 3);
         let odd = policy(&l, "we\"ird\\ né", 50);

@@ -7,7 +7,6 @@
 //! `body_timeout` a 408, neither counted as an upstream error. The client is never left
 //! hanging and never sees a 500.
 
-mod body;
 mod decision_head;
 mod headers;
 mod pool;
