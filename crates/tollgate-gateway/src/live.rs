@@ -84,10 +84,10 @@ impl GatewayService for LiveService {
 
     type Decision = tollgate_tower::DecideFuture;
 
-    fn decide_head(&mut self, req: Request<()>, peer: &TrustedPeer) -> Option<Self::Decision> {
+    fn decide_head(&mut self, req: &Request<()>, peer: &TrustedPeer) -> Option<Self::Decision> {
         let current = self.current.load();
         match current.get_ref() {
-            Target::Decision => Some(current.decide_from(req, peer)),
+            Target::Decision => Some(current.decide_head(req, peer)),
             Target::Proxy(_) => None,
         }
     }

@@ -181,7 +181,7 @@ impl<S> RateLimit<S> {
     /// the request is dropped then: a server's read buffer is free for the next request at
     /// once, where a future holding the request would make it allocate another.
     pub fn decide<B>(&self, req: Request<B>) -> DecideFuture {
-        self.decide_with(req, None)
+        self.decide_with(&req, None)
     }
 
     /// [`RateLimit::decide`] for a request from `peer`, as the server that accepted its
@@ -191,22 +191,27 @@ impl<S> RateLimit<S> {
     /// [`TrustedPeer`] extension; the peer's address is `peer`'s when it carries one
     /// ([`TrustedPeer::with_addr`]), else what the layer reads from the extensions.
     pub fn decide_from<B>(&self, req: Request<B>, peer: &TrustedPeer) -> DecideFuture {
+        self.decide_with(&req, Some(peer))
+    }
+
+    /// [`RateLimit::decide_from`] for a request the caller keeps: the decision reads all it
+    /// needs before this returns and holds nothing of `req`, so a server may reuse the
+    /// request's header map for its next request (no map allocated and dropped a request).
+    pub fn decide_head<B>(&self, req: &Request<B>, peer: &TrustedPeer) -> DecideFuture {
         self.decide_with(req, Some(peer))
     }
 
-    fn decide_with<B>(&self, req: Request<B>, given: Option<&TrustedPeer>) -> DecideFuture {
+    fn decide_with<B>(&self, req: &Request<B>, given: Option<&TrustedPeer>) -> DecideFuture {
         let shared = self.shared.clone();
-        match self.shared.prepare(&req, given) {
+        match self.shared.prepare(req, given) {
             Prepared::Answer(resp) => DecideFuture::ready(Decided::Answered(resp)),
             Prepared::Unmatched => DecideFuture::ready(Decided::Unmatched),
             Prepared::Unverified(u, span) => {
-                drop(req);
                 DecideFuture::waiting(
                     async move { Decided::Answered(shared.unverified(u, span).await) },
                 )
             }
             Prepared::Plan(plan, span) => {
-                drop(req);
                 // On the in-process store the decision is made here: no future to box.
                 if !Shared::reserves(&plan) {
                     if let Some(result) = shared.check_now(&plan, &span) {

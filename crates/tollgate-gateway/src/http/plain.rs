@@ -31,7 +31,7 @@ use crate::http::service::{unify, GatewayService, Written};
 use crate::http::util::ConnBody;
 use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING, UPGRADE};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use std::cell::RefCell;
@@ -69,8 +69,10 @@ pub(crate) async fn serve<S: GatewayService>(
 ) -> Served {
     let mut buf = BytesMut::with_capacity(READ_ROOM);
     let mut out: Vec<u8> = Vec::with_capacity(512);
-    // A head's fields as read, kept for the connection (cleared for each head).
+    // A head's fields as read, and its request, kept for the connection: the request's map
+    // is cleared after each decision (which holds nothing of it), not made anew.
     let mut fields = Vec::with_capacity(16);
+    let mut req = Request::new(());
     loop {
         let parsed = match parse(&buf, &mut fields) {
             Head::Plain(p) => p,
@@ -94,14 +96,13 @@ pub(crate) async fn serve<S: GatewayService>(
             }
         };
         let head = buf.split_to(parsed.len).freeze();
-        let Some(req) = parsed.request(&head, &mut fields) else {
-            return handover(rejoin(head, buf), stream, &mut out, watch).await;
-        };
-        if refusal(&req).is_some() {
+        if !parsed.fill(&head, &mut fields, &mut req) || refusal(&req).is_some() {
             return handover(rejoin(head, buf), stream, &mut out, watch).await;
         }
         watch.serving();
-        let Some(mut decided) = service.decide_head(req, peer) else {
+        let decided = service.decide_head(&req, peer);
+        forget(&mut req);
+        let Some(mut decided) = decided else {
             // A reload switched to proxy mode: hyper serves this request and the rest.
             watch.waiting();
             return handover(rejoin(head, buf), stream, &mut out, watch).await;
@@ -147,6 +148,13 @@ pub(crate) async fn serve<S: GatewayService>(
             return Served::Closed;
         }
     }
+}
+
+/// Lets go of what `req` holds of its head's bytes (its target and its values), keeping its
+/// map's room for the next head.
+fn forget(req: &mut Request<()>) {
+    req.headers_mut().clear();
+    *req.uri_mut() = Uri::from_static("/");
 }
 
 /// Polls `fut` once.
@@ -242,21 +250,25 @@ struct Parsed {
 }
 
 impl Parsed {
-    /// The request, its target and `fields`' values sliced from `head` (the bytes it was
-    /// read from, split off): `None` when the target is not a URI.
-    fn request(self, head: &Bytes, fields: &mut Vec<Field>) -> Option<Request<()>> {
-        let uri = Uri::from_maybe_shared(head.slice(self.target)).ok()?;
-        let mut headers = HeaderMap::with_capacity(fields.len());
-        for (name, at) in fields.drain(..) {
-            // httparse checked the value's bytes, as HeaderValue does.
-            let value = HeaderValue::from_maybe_shared(head.slice(at)).ok()?;
-            headers.append(name, value);
-        }
-        let mut req = Request::new(());
+    /// Makes `req` this head's request, its target and `fields`' values sliced from `head`
+    /// (the bytes it was read from, split off); false when the target is not a URI or a value
+    /// not a header value.
+    fn fill(self, head: &Bytes, fields: &mut Vec<Field>, req: &mut Request<()>) -> bool {
+        let Ok(uri) = Uri::from_maybe_shared(head.slice(self.target)) else {
+            return false;
+        };
         *req.method_mut() = self.method;
         *req.uri_mut() = uri;
-        *req.headers_mut() = headers;
-        Some(req)
+        let headers = req.headers_mut();
+        headers.clear();
+        for (name, at) in fields.drain(..) {
+            // httparse checked the value's bytes, as HeaderValue does.
+            let Ok(value) = HeaderValue::from_maybe_shared(head.slice(at)) else {
+                return false;
+            };
+            headers.append(name, value);
+        }
+        true
     }
 }
 
@@ -520,8 +532,9 @@ mod tests {
 
     #[test]
     fn a_request_is_the_head_as_read_and_the_rest_is_left() {
-        let bytes = Bytes::from_static(
-            b"PUT /p?q=1 HTTP/1.1\r\nHost: h\r\nX-Api-Key: k1\r\nx-two: a\r\nX-Two: b\r\n\r\nGET /next",
+        let bytes = Bytes::from(
+            b"PUT /p?q=1 HTTP/1.1\r\nHost: h\r\nX-Api-Key: k1\r\nx-two: a\r\nX-Two: b\r\n\r\nGET /next"
+                .to_vec(),
         );
         let mut fields = Vec::new();
         let Head::Plain(parsed) = parse(&bytes, &mut fields) else {
@@ -529,7 +542,10 @@ mod tests {
         };
         assert_eq!(&bytes[parsed.len..], b"GET /next");
         let head = bytes.slice(..parsed.len);
-        let req = parsed.request(&head, &mut fields).expect("a request");
+        let mut req = Request::new(());
+        req.headers_mut()
+            .insert("x-earlier", HeaderValue::from_static("gone"));
+        assert!(parsed.fill(&head, &mut fields, &mut req), "a request");
         assert_eq!(req.method(), Method::PUT);
         assert_eq!(req.uri(), "/p?q=1");
         assert_eq!(req.version(), http::Version::HTTP_11);
@@ -540,6 +556,14 @@ mod tests {
         let two: Vec<_> = h.get_all("x-two").iter().collect();
         assert_eq!(two, ["a", "b"]);
         assert!(fields.is_empty(), "the fields are taken");
+        // Let go of after its decision: nothing of the head is held, the map's room kept.
+        let room = req.headers().capacity();
+        forget(&mut req);
+        assert!(req.headers().is_empty());
+        assert_eq!(req.headers().capacity(), room);
+        assert_eq!(req.uri(), "/");
+        drop(head);
+        assert!(bytes.is_unique(), "no slice of the head is left");
     }
 
     /// What hyper's server writes for `resp` (as the gateway's builder sets it up), read back

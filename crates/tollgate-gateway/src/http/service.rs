@@ -33,11 +33,12 @@ pub(crate) trait GatewayService:
     type Decision: Future<Output: Send> + Send + Unpin;
 
     /// Decides a request that has no body from its head alone, as [`call_from`] answers it
-    /// in decision mode (see `plain.rs`); `None` when the service does not answer requests
-    /// itself now (a reload switched to proxy mode), the request unanswered.
+    /// in decision mode (see `plain.rs`), holding nothing of `req` once it returns; `None`
+    /// when the service does not answer requests itself now (a reload switched to proxy
+    /// mode), the request unanswered.
     ///
     /// [`call_from`]: GatewayService::call_from
-    fn decide_head(&mut self, req: Request<()>, peer: &TrustedPeer) -> Option<Self::Decision>;
+    fn decide_head(&mut self, req: &Request<()>, peer: &TrustedPeer) -> Option<Self::Decision>;
 
     /// The answer to `decided`: written whole at the end of `out` (its status returned) when
     /// it is decision mode's common 200 and the connection stays open (not `closing`), else
