@@ -1,8 +1,9 @@
 //! Decision mode's plain requests, answered without hyper (`src/http/plain.rs`), through the
 //! real binary over raw TCP: requests of both kinds on one connection, written together, are
 //! answered in order under one count; a head trickled a byte at a time is answered; a reload
-//! to proxy mode reaches a connection kept alive since before it; and whatever head a client
-//! writes, followed by a plain request, gets no 500 and leaves the gateway serving.
+//! to proxy mode reaches a connection kept alive since before it; a shutdown closes connections
+//! waiting for their next head at once; and whatever head a client writes, followed by a plain
+//! request, gets no 500 and leaves the gateway serving.
 
 mod support;
 
@@ -146,6 +147,46 @@ async fn a_reload_to_proxy_mode_reaches_a_connection_kept_alive_from_before() {
     assert!(proxied.contains("x-echo-uri: /kept"), "{proxied}");
     assert!(proxied.contains("ratelimit: \"api\";r="), "{proxied}");
     assert_eq!(up.hits(), before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_a_kept_alive_connection_waiting_for_its_next_head() {
+    let mut gw = Gateway::start("", TWO_AN_HOUR);
+    let mut idle = TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    idle.write_all(b"GET /one HTTP/1.1\r\nhost: x\r\nx-api-key: idle\r\n\r\n")
+        .await
+        .expect("write");
+    let answer = read_answer(&mut idle).await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    // A second one, half sent: waiting for the rest of its head.
+    let mut half = TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    half.write_all(b"GET /two HTTP/1.1\r\nhost: x\r\nx-api-key: half\r\n\r\n")
+        .await
+        .expect("write");
+    assert!(read_answer(&mut half)
+        .await
+        .starts_with("HTTP/1.1 200 OK\r\n"));
+    half.write_all(b"GET /three HTTP/1.1\r\nho")
+        .await
+        .expect("write");
+    let started = Instant::now();
+    gw.terminate();
+    // Well before the header read timeout (10 s) could close either.
+    let status = gw
+        .wait_exit(Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("still running 5 s after SIGTERM: {}", gw.log_text()));
+    assert!(status.success(), "{status}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    for s in [&mut idle, &mut half] {
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "closed, not left open");
+        assert!(rest.is_empty(), "nothing more written: {rest:?}");
+    }
 }
 
 fn odd_head() -> impl Strategy<Value = Vec<u8>> {
