@@ -12,12 +12,16 @@
 //! What it serves: an HTTP/1.1 request whose head is whole, parses, is not refused (see
 //! `refusal.rs`), has no body (no `Transfer-Encoding`, no `Content-Length` but a single `0`),
 //! no `Expect`, no `Upgrade` and no `Connection` but `keep-alive`, and whose method is not
-//! `HEAD` (whose answer has no body); and only while the service answers requests itself (a
-//! reload may switch the gateway to proxy mode). Everything else, and a head past
+//! `HEAD` (whose answer has no body) or `CONNECT`; and only while the service answers
+//! requests itself (a reload may switch the gateway to proxy mode). Everything else, and a head past
 //! [`MAX_HEAD_BYTES`] or [`MAX_HEADERS`] headers, goes to hyper, which answers it (or refuses
 //! it) exactly as it answered every request before. An answer is written as hyper writes it:
-//! the status line, the answer's headers in their order, `content-length` and `date` when the
-//! answer has none.
+//! the status line, the answer's headers in their order, `connection: close` when the
+//! connection ends after it (a drain), `content-length` and `date` when the answer has none;
+//! decision mode's common 200 is written whole without a map (`decision_head.rs`). Answers of
+//! requests read together leave in one write. One request, its header map and its fields'
+//! list are kept for the connection and cleared after each decision, which holds nothing of
+//! them.
 //!
 //! The connection's header read timeout and drain are its [`HeadWatch`]'s, as under hyper: a
 //! head read marks it serving, an answer handed over whole starts the wait for the next, a
