@@ -50,7 +50,7 @@ pub use path::{normalize_path, normalize_strict, AmbiguousPath};
 pub use problem::{Problem, ProblemKind};
 pub use route::{Costs, RoutedPolicy, TierSource};
 pub use service::{
-    Allowed, CallFrom, DecideFuture, Decided, RateLimit, RateLimitBody, ResponseFuture,
+    Allowed, CallFrom, DecideFuture, Decided, Limited, RateLimit, RateLimitBody, ResponseFuture,
 };
 pub use settle::Settling;
 pub use shared::{peer_addr, PeerAddr, PeerFn};

@@ -137,6 +137,72 @@ fn templated_429(result: &LimitResult, wait: Duration) -> Option<(HeaderMap, Byt
     Some((head, Bytes::from(body)))
 }
 
+/// [`too_many_requests`]`(result, Some(wait))` written whole at the end of `out` as an
+/// HTTP/1.1 server writes it, with no map and nothing boxed: the status line, the template's
+/// headers in their order (`Retry-After` and `RateLimit` filled in), `content-length`, the
+/// `date` field that `date` writes (a whole line), the blank line and the body. Only for a
+/// 429 that comes from its policy's template (one policy advertised and violated); otherwise
+/// false, `out` as it was. A refused request is what a flood gets: this is its cheapest
+/// answer (see docs/benchmarks.md, twenty-first session).
+pub(crate) fn write_429(
+    result: &LimitResult,
+    wait: Duration,
+    out: &mut Vec<u8>,
+    date: impl FnOnce(&mut Vec<u8>),
+) -> bool {
+    let mut violated = result.violated();
+    let (Some(policy), None) = (violated.next(), violated.next()) else {
+        return false;
+    };
+    let Some(item) = tollgate::headers::ratelimit_policy_item(result) else {
+        return false;
+    };
+    let secs = retry_after_secs(wait);
+    let start = out.len();
+    let written = TEMPLATES_429.try_with(|templates| {
+        let Ok(mut templates) = templates.try_borrow_mut() else {
+            return false;
+        };
+        let Some(t) = templates.get(item, |item| template_429(item, policy)) else {
+            return false;
+        };
+        if *t.policy != *policy {
+            return false;
+        }
+        out.extend_from_slice(b"HTTP/1.1 429 Too Many Requests\r\n");
+        for (at, (name, value)) in t.head.iter().enumerate() {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            match at {
+                RETRY_AFTER_AT => tollgate::headers::write_u64(out, secs),
+                RATELIMIT_AT_429 => {
+                    if tollgate::headers::write_ratelimit(result, out).is_none() {
+                        return false;
+                    }
+                }
+                _ => out.extend_from_slice(value.as_bytes()),
+            }
+            out.extend_from_slice(b"\r\n");
+        }
+        // The body: the template's, the number, the closing brace.
+        let digits = secs.checked_ilog10().map_or(1, |l| l as usize + 1);
+        out.extend_from_slice(b"content-length: ");
+        tollgate::headers::write_u64(out, (t.body.len() + digits + 1) as u64);
+        out.extend_from_slice(b"\r\n");
+        date(out);
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(t.body.as_bytes());
+        tollgate::headers::write_u64(out, secs);
+        out.push(b'}');
+        true
+    });
+    if written != Ok(true) {
+        out.truncate(start);
+        return false;
+    }
+    true
+}
+
 /// A 429's template for the policy of `item`, named `policy`: `Content-Type`, a `Retry-After`
 /// placeholder, `RateLimit-Policy: item` and a `RateLimit` placeholder; its body cut before
 /// the number.

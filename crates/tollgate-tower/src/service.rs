@@ -181,7 +181,7 @@ impl<S> RateLimit<S> {
     /// the request is dropped then: a server's read buffer is free for the next request at
     /// once, where a future holding the request would make it allocate another.
     pub fn decide<B>(&self, req: Request<B>) -> DecideFuture {
-        self.decide_with(&req, None)
+        self.decide_with(&req, None, false)
     }
 
     /// [`RateLimit::decide`] for a request from `peer`, as the server that accepted its
@@ -191,17 +191,25 @@ impl<S> RateLimit<S> {
     /// [`TrustedPeer`] extension; the peer's address is `peer`'s when it carries one
     /// ([`TrustedPeer::with_addr`]), else what the layer reads from the extensions.
     pub fn decide_from<B>(&self, req: Request<B>, peer: &TrustedPeer) -> DecideFuture {
-        self.decide_with(&req, Some(peer))
+        self.decide_with(&req, Some(peer), false)
     }
 
     /// [`RateLimit::decide_from`] for a request the caller keeps: the decision reads all it
     /// needs before this returns and holds nothing of `req`, so a server may reuse the
     /// request's header map for its next request (no map allocated and dropped a request).
+    /// A request its policies refuse is [`Decided::Limited`], for the caller to answer (its
+    /// 429 made only if asked for), where the others answer [`Decided::Answered`].
     pub fn decide_head<B>(&self, req: &Request<B>, peer: &TrustedPeer) -> DecideFuture {
-        self.decide_with(req, Some(peer))
+        self.decide_with(req, Some(peer), true)
     }
 
-    fn decide_with<B>(&self, req: &Request<B>, given: Option<&TrustedPeer>) -> DecideFuture {
+    /// `limited`: a plan's refusal is [`Decided::Limited`] (else its 429, answered).
+    fn decide_with<B>(
+        &self,
+        req: &Request<B>,
+        given: Option<&TrustedPeer>,
+        limited: bool,
+    ) -> DecideFuture {
         let shared = self.shared.clone();
         match self.shared.prepare(req, given) {
             Prepared::Answer(resp) => DecideFuture::ready(Decided::Answered(resp)),
@@ -215,21 +223,33 @@ impl<S> RateLimit<S> {
                 // On the in-process store the decision is made here: no future to box.
                 if !Shared::reserves(&plan) {
                     if let Some(result) = shared.check_now(&plan, &span) {
-                        return DecideFuture::ready(into_decided(shared.decided(result, None)));
+                        return DecideFuture::ready(into_decided(shared, result, None, limited));
                     }
                 }
                 DecideFuture::waiting(async move {
                     let (result, reservation) = shared.decide(&plan, span).await;
-                    into_decided(shared.decided(result, reservation))
+                    into_decided(shared, result, reservation, limited)
                 })
             }
         }
     }
 }
 
-/// [`Shared::decided`] as [`RateLimit::decide`] tells it.
-fn into_decided(decided: Result<Allowed, Box<Response<Full<Bytes>>>>) -> Decided {
-    match decided {
+/// [`Shared::decided`] as [`RateLimit::decide`] tells it; a refusal left to the caller
+/// ([`Decided::Limited`]) when `limited`.
+fn into_decided(
+    shared: Arc<Shared>,
+    result: tollgate::LimitResult,
+    reservation: Option<tollgate::Reservation>,
+    limited: bool,
+) -> Decided {
+    if let (true, Action::Limit { retry_after }) = (limited, result.action) {
+        return Decided::Limited(Limited {
+            result,
+            retry_after,
+        });
+    }
+    match shared.decided(result, reservation) {
         Ok(allowed) => Decided::Allowed(allowed),
         Err(resp) => Decided::Answered(*resp),
     }
@@ -277,6 +297,42 @@ pub enum Decided {
     Allowed(Allowed),
     /// The layer answers the request itself: 400, 401, 429 or 503.
     Answered(Response<Full<Bytes>>),
+    /// The request's policies refuse it: its 429 is the caller's to write
+    /// ([`Limited::into_response`], or [`Limited::write_http1`]). Only
+    /// [`RateLimit::decide_head`] decides this; the others answer the 429
+    /// ([`Decided::Answered`]).
+    Limited(Limited),
+}
+
+/// A request its policies refuse (see [`Decided::Limited`]).
+pub struct Limited {
+    result: tollgate::LimitResult,
+    retry_after: Option<std::time::Duration>,
+}
+
+impl Limited {
+    /// The decision.
+    pub fn result(&self) -> &tollgate::LimitResult {
+        &self.result
+    }
+
+    /// The 429, as [`Decided::Answered`] carries it.
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        too_many_requests(&self.result, self.retry_after)
+    }
+
+    /// [`Limited::into_response`]'s answer written whole at the end of `out` as an HTTP/1.1
+    /// server writes it on a connection that stays open: the status line, its headers in
+    /// order, `content-length`, the `date` line that `date` writes (its name, value and line
+    /// end), the blank line and the body; no map made and nothing boxed. Only for the 429 of
+    /// one advertised and violated policy with a retry time (the common one); otherwise
+    /// false, `out` as it was.
+    pub fn write_http1(&self, out: &mut Vec<u8>, date: impl FnOnce(&mut Vec<u8>)) -> bool {
+        match self.retry_after {
+            Some(wait) => crate::response::write_429(&self.result, wait, out, date),
+            None => false,
+        }
+    }
 }
 
 /// An allowed request, waiting for its response.

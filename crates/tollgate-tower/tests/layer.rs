@@ -671,3 +671,77 @@ async fn call_from_answers_as_call_with_the_peer_in_the_extensions() {
         "a forwarding header believed from a trust the layer no longer has"
     );
 }
+
+/// `decide_head` decides as `decide_from` does, with a refusal left to the caller
+/// (`Decided::Limited`): its 429 as a response is the one `decide_from` answers, and written
+/// whole for HTTP/1.1 it is that response's status, headers in their order, length, date
+/// line and body, byte for byte; policies advertised and violated several at once are not
+/// written (the caller writes the response), nothing left behind.
+#[tokio::test]
+async fn decide_head_leaves_the_429_to_the_caller_and_writes_it_as_its_response() {
+    use tollgate_tower::{Decided, Trust};
+    let svc = service(|l| {
+        vec![
+            RoutedPolicy::new(policy(l, "api", 1, false)).path_prefix("/api"),
+            RoutedPolicy::new(policy(l, "both \"a\"", 1, false)).path_prefix("/both"),
+            RoutedPolicy::new(policy(l, "both b", 1, false)).path_prefix("/both"),
+        ]
+    });
+    let peer = peer_at(&Trust::default(), "192.0.2.7:1000");
+    let req = |path: &str| Request::builder().uri(path).body(()).expect("request");
+    for path in ["/api/x", "/both/x"] {
+        assert!(matches!(
+            svc.decide_head(&req(path), &peer).await,
+            Decided::Allowed(_)
+        ));
+        let Decided::Limited(limited) = svc.decide_head(&req(path), &peer).await else {
+            panic!("{path}: the second request is refused, left to the caller");
+        };
+        assert!(!limited.result().is_allowed());
+        let mut out = b"earlier".to_vec();
+        let written = limited.write_http1(&mut out, |o| o.extend_from_slice(b"date: D\r\n"));
+        let Decided::Answered(answered) = svc.decide_from(req(path), &peer).await else {
+            panic!("{path}: decide_from answers the 429 itself");
+        };
+        let (parts, body) = limited.into_response().into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        let (their_parts, their_body) = answered.into_parts();
+        let their_body = their_body.collect().await.expect("body").to_bytes();
+        assert_eq!(parts.status, StatusCode::TOO_MANY_REQUESTS);
+        // Two decisions apart: their seconds may differ (a second's edge between them), their
+        // shape may not.
+        let names = |h: &http::HeaderMap| h.keys().map(|k| k.to_string()).collect::<Vec<_>>();
+        assert_eq!(names(&parts.headers), names(&their_parts.headers), "{path}");
+        assert_eq!(
+            parts.headers["ratelimit-policy"], their_parts.headers["ratelimit-policy"],
+            "{path}"
+        );
+        let digits = |b: &[u8]| b.iter().filter(|c| !c.is_ascii_digit()).count();
+        assert_eq!(digits(&body), digits(&their_body), "{path}");
+        if path == "/both/x" {
+            assert!(!written, "two policies violated: not written");
+            assert_eq!(out, b"earlier");
+            continue;
+        }
+        assert!(
+            written,
+            "{path}: one policy advertised and violated: written"
+        );
+        let mut expected = b"earlier".to_vec();
+        expected.extend_from_slice(b"HTTP/1.1 429 Too Many Requests\r\n");
+        for (name, value) in &parts.headers {
+            expected.extend_from_slice(name.as_str().as_bytes());
+            expected.extend_from_slice(b": ");
+            expected.extend_from_slice(value.as_bytes());
+            expected.extend_from_slice(b"\r\n");
+        }
+        expected.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+        expected.extend_from_slice(b"date: D\r\n\r\n");
+        expected.extend_from_slice(&body);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&expected),
+            "{path}"
+        );
+    }
+}

@@ -246,12 +246,14 @@ pub(crate) fn decision_answer(decided: tollgate_tower::Decided) -> crate::http::
             Err(allowed) => settling_ok(allowed),
         },
         Decided::Answered(resp) => resp.map(Either::Right),
+        Decided::Limited(limited) => limited.into_response().map(Either::Right),
     }
 }
 
-/// Decision mode's answer to `decided`, as [`decision_answer`] makes it: the common 200
-/// written whole at the end of `out`, its head as hyper writes it on a connection that stays
-/// open (see `http/plain.rs`), with its status; else (or when `closing`) the answer to write.
+/// Decision mode's answer to `decided`, as [`decision_answer`] makes it: the common 200 or
+/// 429 written whole at the end of `out`, its head as hyper writes it on a connection that
+/// stays open (see `http/plain.rs`), with its status; else (or when `closing`) the answer to
+/// write.
 pub(crate) fn write_decision(
     decided: tollgate_tower::Decided,
     out: &mut Vec<u8>,
@@ -266,6 +268,16 @@ pub(crate) fn write_decision(
             Ok(result) => Written::Answer(decision_head::allowed(&result).map(Either::Right)),
             Err(allowed) => Written::Answer(settling_ok(allowed)),
         };
+    }
+    if let tollgate_tower::Decided::Limited(limited) = &decided {
+        let date = |out: &mut Vec<u8>| {
+            out.extend_from_slice(b"date: ");
+            crate::http::plain::write_date(out);
+            out.extend_from_slice(b"\r\n");
+        };
+        if !closing && limited.write_http1(out, date) {
+            return Written::Whole(429);
+        }
     }
     Written::Answer(decision_answer(decided))
 }
