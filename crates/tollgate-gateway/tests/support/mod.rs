@@ -187,6 +187,19 @@ impl Gateway {
             .status();
     }
 
+    /// Sends SIGTERM and requires a clean exit within `limit` (the test fails otherwise, with
+    /// the gateway's log).
+    #[allow(dead_code)]
+    pub fn terminate_and_exit_within(&mut self, limit: Duration) {
+        let started = Instant::now();
+        self.terminate();
+        let status = self.wait_exit(limit).unwrap_or_else(|| {
+            panic!("still running {limit:?} after SIGTERM: {}", self.log_text())
+        });
+        assert!(status.success(), "{status}");
+        assert!(started.elapsed() < limit);
+    }
+
     /// Waits (bounded) for the process to exit.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;
