@@ -224,8 +224,10 @@ pub fn table(ctx: &Ctx, seconds: u64) -> anyhow::Result<String> {
          wrk run divided by the requests completed, and apart: user µs (utime) and kernel µs \
          (stime). min / median / max of {} interleaved \
          repetition(s); the ratio is to nginx in the same mode and repetition. \"http floor\" \
-         is the example `http_floor`: the gateway's HTTP server and runtime answering the same \
-         200 with no limiter, the floor under decision mode; \"proxy floor\" is the same \
+         is the example `http_floor`: hyper's HTTP/1 server on the gateway's runtime answering \
+         the same 200 with no limiter (decision mode answers its plain requests without hyper, \
+         so this is hyper's floor, not decision mode's); \"proxy floor\" \
+         is the same \
          example given the upstream: each request forwarded as it came, no header rewritten, \
          on one upstream connection per downstream connection (hyper's `client::conn::http1`, \
          driven from the downstream connection's task), the floor under proxy mode. \

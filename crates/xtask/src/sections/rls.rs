@@ -340,8 +340,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<String> {
     out.push_str(&main_table(&shapes, &bins, &runs));
     out.push_str(&format!(
         "\n#### The servers under the front ends, with no limiter\n\n*HTTP floor*: the \
-         example `http_floor`, the gateway's HTTP server and runtime answering every request \
-         with the decision mode's 200; *RLS floor*: the example `rls_floor`, the RLS \
+         example `http_floor`, hyper's HTTP/1 server on the gateway's runtime answering every \
+         request with the decision mode's 200 (decision mode answers its plain requests without \
+         hyper, so this is hyper's floor, not decision mode's); *RLS floor*: the example `rls_floor`, the RLS \
          listener's HTTP/2 server (h2's, with the listener's settings and its unvectored \
          stream, a task spawned per stream as the listener spawns it, on the gateway's \
          runtime and allocator) answering \
