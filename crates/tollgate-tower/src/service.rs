@@ -136,6 +136,10 @@ impl<S> RateLimit<S> {
         let shared = self.shared.clone();
         match self.shared.prepare(&req, given) {
             Prepared::Answer(resp) => Box::pin(async move { Ok(resp.map(Either::Right)) }),
+            Prepared::Denied(result, retry_after) => {
+                let resp = too_many_requests(&result, retry_after);
+                Box::pin(async move { Ok(resp.map(Either::Right)) })
+            }
             Prepared::Unmatched => Box::pin(async move {
                 std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
                 Ok(call_inner(&mut inner, req)
@@ -213,6 +217,15 @@ impl<S> RateLimit<S> {
         let shared = self.shared.clone();
         match self.shared.prepare(req, given) {
             Prepared::Answer(resp) => DecideFuture::ready(Decided::Answered(resp)),
+            Prepared::Denied(result, retry_after) if limited => {
+                DecideFuture::ready(Decided::Limited(Limited {
+                    result,
+                    retry_after,
+                }))
+            }
+            Prepared::Denied(result, retry_after) => {
+                DecideFuture::ready(Decided::Answered(too_many_requests(&result, retry_after)))
+            }
             Prepared::Unmatched => DecideFuture::ready(Decided::Unmatched),
             Prepared::Unverified(u, span) => {
                 DecideFuture::waiting(
@@ -297,7 +310,8 @@ pub enum Decided {
     Allowed(Allowed),
     /// The layer answers the request itself: 400, 401, 429 or 503.
     Answered(Response<Full<Bytes>>),
-    /// The request's policies refuse it: its 429 is the caller's to write
+    /// The request's policies refuse it (a plan's decision, or a forged-token flood denied
+    /// before its token is checked): its 429 is the caller's to write
     /// ([`Limited::into_response`], or [`Limited::write_http1`]). Only
     /// [`RateLimit::decide_head`] decides this; the others answer the 429
     /// ([`Decided::Answered`]).
@@ -385,8 +399,10 @@ impl Allowed {
 /// What a request is before the limiter decides it: read whole from the request, which is
 /// not needed afterwards.
 enum Prepared {
-    /// Refused (400), or denied before its token was checked (429).
+    /// Refused (400).
     Answer(Response<Full<Bytes>>),
+    /// Denied before its token was checked (429): the decision, and how long to wait.
+    Denied(tollgate::LimitResult, Option<std::time::Duration>),
     /// No policy matched.
     Unmatched,
     /// A token that does not verify.
@@ -413,7 +429,7 @@ impl Shared {
         }
         if let Some(result) = self.denied_before_token(&target, req.headers(), peer) {
             if let Action::Limit { retry_after } = result.action {
-                return Prepared::Answer(too_many_requests(&result, retry_after));
+                return Prepared::Denied(result, retry_after);
             }
         }
         match self.plan(&target, req.headers(), peer) {

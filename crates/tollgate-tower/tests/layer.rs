@@ -329,6 +329,27 @@ async fn forged_token_flood(limiter: Limiter) {
         4,
         "the requests the deny cache answers check no signature"
     );
+    // decide_head leaves that 429 to its caller, who may write it whole; still no signature
+    // checked.
+    let req = Request::builder()
+        .uri("/api/x")
+        .header("authorization", format!("Bearer {forged}"))
+        .body(())
+        .expect("request");
+    let peer = SocketAddr::from(([192, 0, 2, 7], 9));
+    let peer = tollgate_tower::TrustedPeer::of(&tollgate_tower::Trust::default(), peer.ip())
+        .with_addr(peer);
+    let tollgate_tower::Decided::Limited(limited) = svc.decide_head(&req, &peer).await else {
+        panic!("a forged token past the per-IP limit is refused, left to the caller");
+    };
+    let mut out = Vec::new();
+    assert!(limited.write_http1(&mut out, |o| o.extend_from_slice(b"date: D\r\n")));
+    assert!(out.starts_with(b"HTTP/1.1 429 Too Many Requests\r\n"));
+    assert_eq!(
+        limited.into_response().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(verifier.signatures_checked(), 4);
 }
 
 /// A request body that records when it is dropped.
