@@ -64,6 +64,21 @@ async fn requests_written_together_are_answered_in_order_under_one_count() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_requests_written_at_once_get_every_answer_in_order() {
+    let gw = Gateway::start("", TWO_AN_HOUR);
+    // 3,000 small requests in one go (78 KB): more answers than the gateway keeps unwritten
+    // (16 KiB), so they leave in several writes while the rest are still being decided.
+    let one = "GET /p HTTP/1.1\r\nhost: x\r\nx-api-key: burst\r\n\r\n";
+    let mut bytes = one.repeat(2_999);
+    bytes += "GET /p HTTP/1.1\r\nhost: x\r\nx-api-key: burst\r\nconnection: close\r\n\r\n";
+    let text = exchange(gw.port, bytes.as_bytes(), Duration::from_secs(30)).await;
+    let codes: Vec<u16> = answers(&text).iter().map(|a| a.0).collect();
+    assert_eq!(codes.len(), 3_000, "every request answered");
+    assert_eq!(&codes[..2], [200, 200]);
+    assert!(codes[2..].iter().all(|&c| c == 429), "then refused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_trickled_a_byte_at_a_time_is_answered_and_the_connection_kept() {
     let gw = Gateway::start("", TWO_AN_HOUR);
     let mut s = TcpStream::connect(("127.0.0.1", gw.port))

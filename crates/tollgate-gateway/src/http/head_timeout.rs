@@ -399,15 +399,17 @@ fn timed_out() -> io::Error {
     )
 }
 
-/// A connection's I/O under its [`HeadWatch`].
+/// A connection's I/O under its [`HeadWatch`], with the bytes already read from it and not
+/// yet served (a connection `plain.rs` hands to hyper) read first.
 pub(crate) struct Watched<T> {
     io: T,
     watch: Arc<HeadWatch>,
+    unread: Bytes,
 }
 
 impl<T> Watched<T> {
-    pub(crate) fn new(io: T, watch: Arc<HeadWatch>) -> Self {
-        Self { io, watch }
+    pub(crate) fn new(io: T, watch: Arc<HeadWatch>, unread: Bytes) -> Self {
+        Self { io, watch, unread }
     }
 }
 
@@ -415,11 +417,16 @@ impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Watched<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.watch.expired() {
             return Poll::Ready(Err(timed_out()));
+        }
+        if !this.unread.is_empty() {
+            let n = this.unread.len().min(buf.remaining());
+            buf.put_slice(&this.unread.split_to(n));
+            return Poll::Ready(Ok(()));
         }
         let read = Pin::new(&mut this.io).poll_read(cx, buf);
         if read.is_pending() {
@@ -581,7 +588,7 @@ mod tests {
                 });
                 let mut b = hyper::server::conn::http1::Builder::new();
                 b.timer(TokioTimer::new()).header_read_timeout(None);
-                let io = Watched::new(TokioIo::new(stream), Arc::clone(&watch));
+                let io = Watched::new(TokioIo::new(stream), Arc::clone(&watch), Bytes::new());
                 let conn = b.serve_connection(io, svc);
                 tokio::spawn(async move {
                     let _ = until_drained(conn, watch, |c| c.graceful_shutdown()).await;
@@ -653,6 +660,23 @@ mod tests {
 
     fn answered(got: &[u8], n: usize) -> bool {
         got.windows(4).filter(|w| w == b"\r\nok").count() >= n
+    }
+
+    #[tokio::test]
+    async fn the_bytes_handed_over_are_read_before_the_stream() {
+        let clock = HeadClock::start(ALLOWED);
+        let io = Watched::new(
+            TokioIo::new(&b" world"[..]),
+            clock.watch(),
+            Bytes::from_static(b"hello"),
+        );
+        let mut io = TokioIo::new(io);
+        let mut first = [0u8; 3];
+        io.read_exact(&mut first).await.expect("read");
+        assert_eq!(&first, b"hel");
+        let mut rest = Vec::new();
+        io.read_to_end(&mut rest).await.expect("read");
+        assert_eq!(rest, b"lo world");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

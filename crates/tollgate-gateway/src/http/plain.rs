@@ -46,7 +46,6 @@ use std::ops::Range;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tollgate_tower::TrustedPeer;
 
@@ -61,6 +60,11 @@ pub(crate) enum Served {
 
 /// The read buffer's size, and the least room a read is given (hyper's own first size).
 const READ_ROOM: usize = 8 * 1024;
+
+/// The most answers (in bytes) kept unwritten while requests read together are decided: a
+/// client that writes requests faster than it reads answers is held to this, not to as many
+/// answers as its requests fit in a read (a 26-byte request can ask for a 450-byte 429).
+const OUT_ROOM: usize = 16 * 1024;
 
 /// Serves `stream`'s plain requests (see the module's doc) until it closes or one is not
 /// plain.
@@ -78,6 +82,9 @@ pub(crate) async fn serve<S: GatewayService>(
     let mut fields = Vec::with_capacity(16);
     let mut req = Request::new(());
     loop {
+        if out.len() >= OUT_ROOM && !flush(stream, &mut out, watch).await {
+            return Served::Closed;
+        }
         let parsed = match parse(&buf, &mut fields) {
             Head::Plain(p) => p,
             Head::Partial if buf.len() < MAX_HEAD_BYTES => {
@@ -393,64 +400,6 @@ pub(crate) fn write_date(out: &mut Vec<u8>) {
     });
 }
 
-/// A connection handed to hyper: the bytes already read first, then the stream.
-pub(crate) struct Prefixed<T> {
-    unread: Bytes,
-    io: T,
-}
-
-impl<T> Prefixed<T> {
-    pub(crate) fn new(io: T, unread: Bytes) -> Self {
-        Self { unread, io }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.unread.is_empty() {
-            let n = this.unread.len().min(buf.remaining());
-            buf.put_slice(&this.unread.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.io).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
 /// `answer` (a head as written) with its `date` value, which changes by the second, blanked:
 /// what the tests compare.
 #[cfg(test)]
@@ -666,16 +615,5 @@ mod tests {
             .duration_since(when)
             .unwrap_or_else(|e| e.duration());
         assert!(off < std::time::Duration::from_secs(5), "{text}");
-    }
-
-    #[tokio::test]
-    async fn a_handed_over_stream_reads_its_unread_bytes_first() {
-        let mut io = Prefixed::new(&b" world"[..], Bytes::from_static(b"hello"));
-        let mut first = [0u8; 3];
-        io.read_exact(&mut first).await.expect("read");
-        assert_eq!(&first, b"hel");
-        let mut rest = Vec::new();
-        io.read_to_end(&mut rest).await.expect("read");
-        assert_eq!(rest, b"lo world");
     }
 }
