@@ -107,26 +107,15 @@ thread_local! {
 /// the template too 13,493 / 13,547 (the policy's name no longer copied into a list of its
 /// own, the problem's members no longer built and checked for escapes).
 fn templated_429(result: &LimitResult, wait: Duration) -> Option<(HeaderMap, Bytes)> {
-    let mut violated = result.violated();
-    let (Some(policy), None) = (violated.next(), violated.next()) else {
-        return None;
-    };
     let secs = retry_after_secs(wait);
-    let ((mut head, body), value) = crate::template::for_result(
-        &TEMPLATES_429,
-        result,
-        |item| template_429(item, policy),
-        |t| {
-            if *t.policy != *policy {
-                return None;
-            }
-            let mut body = String::with_capacity(t.body.len() + 21);
-            body.push_str(&t.body);
-            tollgate::headers::push_u64(&mut body, secs);
-            body.push('}');
-            Some((t.head.clone(), body))
-        },
-    )?;
+    let (mut head, body) = with_template_429(result, |t| {
+        let mut body = String::with_capacity(t.body.len() + 21);
+        body.push_str(&t.body);
+        tollgate::headers::push_u64(&mut body, secs);
+        body.push('}');
+        Some((t.head.clone(), body))
+    })?;
+    let value = HeaderValue::from_maybe_shared(tollgate::headers::ratelimit_value(result)?).ok()?;
     fill(
         &mut head,
         RETRY_AFTER_AT,
@@ -135,6 +124,32 @@ fn templated_429(result: &LimitResult, wait: Duration) -> Option<(HeaderMap, Byt
     )?;
     fill(&mut head, RATELIMIT_AT_429, &RATELIMIT, value)?;
     Some((head, Bytes::from(body)))
+}
+
+/// What `read` takes from the 429 template of `result`'s one advertised policy, made when
+/// this thread keeps none for it; `None` when the answer does not advertise exactly one
+/// policy, does not name exactly that one as violated, or this thread's templates are in use
+/// or gone (the caller writes the 429 member by member then), or when `read` declines.
+fn with_template_429<R>(
+    result: &LimitResult,
+    read: impl FnOnce(&Template429) -> Option<R>,
+) -> Option<R> {
+    let mut violated = result.violated();
+    let (Some(policy), None) = (violated.next(), violated.next()) else {
+        return None;
+    };
+    let item = tollgate::headers::ratelimit_policy_item(result)?;
+    TEMPLATES_429
+        .try_with(|templates| {
+            let mut templates = templates.try_borrow_mut().ok()?;
+            let t = templates.get(item, |item| template_429(item, policy))?;
+            if *t.policy != *policy {
+                return None;
+            }
+            read(t)
+        })
+        .ok()
+        .flatten()
 }
 
 /// [`too_many_requests`]`(result, Some(wait))` written whole at the end of `out` as an
@@ -150,36 +165,16 @@ pub(crate) fn write_429(
     out: &mut Vec<u8>,
     date: impl FnOnce(&mut Vec<u8>),
 ) -> bool {
-    let mut violated = result.violated();
-    let (Some(policy), None) = (violated.next(), violated.next()) else {
-        return false;
-    };
-    let Some(item) = tollgate::headers::ratelimit_policy_item(result) else {
-        return false;
-    };
     let secs = retry_after_secs(wait);
     let start = out.len();
-    let written = TEMPLATES_429.try_with(|templates| {
-        let Ok(mut templates) = templates.try_borrow_mut() else {
-            return false;
-        };
-        let Some(t) = templates.get(item, |item| template_429(item, policy)) else {
-            return false;
-        };
-        if *t.policy != *policy {
-            return false;
-        }
+    let written = with_template_429(result, |t| {
         out.extend_from_slice(b"HTTP/1.1 429 Too Many Requests\r\n");
         for (at, (name, value)) in t.head.iter().enumerate() {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
             match at {
                 RETRY_AFTER_AT => tollgate::headers::write_u64(out, secs),
-                RATELIMIT_AT_429 => {
-                    if tollgate::headers::write_ratelimit(result, out).is_none() {
-                        return false;
-                    }
-                }
+                RATELIMIT_AT_429 => tollgate::headers::write_ratelimit(result, out)?,
                 _ => out.extend_from_slice(value.as_bytes()),
             }
             out.extend_from_slice(b"\r\n");
@@ -194,9 +189,9 @@ pub(crate) fn write_429(
         out.extend_from_slice(t.body.as_bytes());
         tollgate::headers::write_u64(out, secs);
         out.push(b'}');
-        true
+        Some(())
     });
-    if written != Ok(true) {
+    if written.is_none() {
         out.truncate(start);
         return false;
     }
