@@ -70,4 +70,4 @@ pub use script::{
     generic_script_sha, generic_script_text, plan_script_quotas, plan_script_sha, plan_script_text,
     RuleShape, MAX_INLINE_RULES,
 };
-pub use store::{GiveBackItem, RedisStore, SettleItem};
+pub use store::{CheckReply, GiveBackItem, PendingCheck, RedisStore, SettleItem};

@@ -695,7 +695,7 @@ impl RedisStore {
             // slots (packed replies) go one by one.
             let reply = if self.max_batch > 1 && coalesce {
                 let deadline = tokio::time::Instant::now() + self.call_timeout();
-                self.submit(&self.lane_of(&checks[0].client), Job::Plan(job), deadline)
+                self.submit(self.lane_of(&checks[0].client), Job::Plan(job), deadline)
                     .await?
             } else {
                 // Boxed, like a lane's call (see `submit`).
@@ -762,32 +762,45 @@ impl RedisStore {
         checks: &[Check<'_>],
         now: Micros,
     ) -> Result<Verdict, RedisStoreError> {
-        let timeout = self.call_timeout();
-        let deadline = tokio::time::Instant::now() + timeout;
-        let own_lanes = self.lanes_bound_plans();
-        let first = checks
-            .first()
-            .filter(|first| own_lanes && twice(checks).is_none() && self.one_slot(first, checks));
-        if let Some(first) = first {
-            // Its script loaded already: nothing to wait for before the lane (`run_plan`'s
-            // coalescing path, with the deadline set here).
-            if let Some(form) = form_of(checks) {
-                if let Some(script) = self.ready_script(&form) {
-                    let (job, reply_base) = self.plan_job(checks, now, form, script, true);
-                    let lane = self.lane_of(&first.client);
-                    let reply = self.submit(&lane, Job::Plan(job), deadline).await?;
-                    let reply = parse_reply(&reply, limits_of(checks), reply_base)?;
-                    return Ok(verdict(checks, reply.decisions));
-                }
-            }
+        if let Some(pending) = self.check_begin(checks, now) {
+            return pending.await?.verdict(checks);
         }
+        let timeout = self.call_timeout();
         // Boxed: the script's first load, the generic script and a Cluster plan across slots
         // are large futures that the common case above never needs, and a plan's future is
         // moved (and boxed by its callers) whole on its way through the gateway.
-        match Box::pin(tokio::time::timeout_at(deadline, self.check(checks, now))).await {
+        let bounded = tokio::time::timeout(timeout, self.check(checks, now));
+        match Box::pin(bounded).await {
             Ok(r) => r,
             Err(_) => Err(RedisStoreError::timed_out(timeout)),
         }
+    }
+
+    /// [`RedisStore::check_bounded`]'s common case begun without a future of its own: a plan
+    /// that coalesces on a lane of the store's own connections (a standalone server, the
+    /// master the sentinels name, a Cluster plan of one slot), checking no rule twice for
+    /// a client, with its script loaded. It is handed to its lane here, before this
+    /// returns (sent at once when the lane is idle: by whoever polls the [`PendingCheck`]);
+    /// the lane bounds it by the store's call timeout from now. `None` for any other plan:
+    /// [`RedisStore::check_bounded`] decides it then.
+    ///
+    /// The pending check is a small future (a plan's future is moved, and polled through
+    /// every caller's, on its way through a gateway); its [`CheckReply`] gives the verdict.
+    /// Dropping it gives the plan up (a plan still queued is not sent).
+    pub fn check_begin(&self, checks: &[Check<'_>], now: Micros) -> Option<PendingCheck<'_>> {
+        let first = checks.first()?;
+        if !self.lanes_bound_plans() || twice(checks).is_some() || !self.one_slot(first, checks) {
+            return None;
+        }
+        let form = form_of(checks)?;
+        let script = self.ready_script(&form)?;
+        let deadline = tokio::time::Instant::now() + self.call_timeout();
+        let (job, base) = self.plan_job(checks, now, form, script, true);
+        let lane = self.lane_of(&first.client);
+        Some(PendingCheck {
+            call: self.enqueue(lane, Job::Plan(job), deadline),
+            base,
+        })
     }
 
     /// A Cluster plan whose clients live in several slots: one script call per slot, the slots
@@ -1568,7 +1581,7 @@ impl RedisStore {
                 self.refresh_nodes_soon();
             }
             let deadline = tokio::time::Instant::now() + self.call_timeout();
-            self.submit(&lane, Job::Lease(job), deadline).await?
+            self.submit(lane, Job::Lease(job), deadline).await?
         } else {
             self.run_lease(&job).await?
         };
@@ -1623,7 +1636,7 @@ impl RedisStore {
 /// what queued meanwhile to a drain task.
 struct Busy<'a> {
     store: &'a RedisStore,
-    lane: &'a Arc<Lane>,
+    lane: Arc<Lane>,
 }
 
 impl Drop for Busy<'_> {
@@ -1636,7 +1649,7 @@ impl Drop for Busy<'_> {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 drop(state);
-                rt.spawn(drain(self.store.clone(), Arc::clone(self.lane)));
+                rt.spawn(drain(self.store.clone(), Arc::clone(&self.lane)));
             }
             // No runtime left (shutting down): the waiting callers get an error.
             Err(_) => {
@@ -1647,17 +1660,98 @@ impl Drop for Busy<'_> {
     }
 }
 
+/// A job handed to its lane ([`RedisStore::enqueue`]): its answer, once the lane has it.
+enum Submitted<'s> {
+    /// Queued behind the lane's call in flight: answered by the batch it leaves in.
+    Waiting(oneshot::Receiver<Answer>),
+    /// The lane was idle: this job's own call, sent when first polled.
+    Lead(std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send + 's>>),
+}
+
+impl std::future::Future for Submitted<'_> {
+    type Output = Answer;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Answer> {
+        match self.get_mut() {
+            Submitted::Waiting(rx) => std::pin::Pin::new(rx)
+                .poll(cx)
+                .map(|answer| answer.unwrap_or_else(|_| Err(RedisStoreError::dropped()))),
+            Submitted::Lead(call) => call.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A plan's check handed to its lane ([`RedisStore::check_begin`]): a future of the lane's
+/// reply, read by [`CheckReply::verdict`].
+#[must_use = "a pending check does nothing unless polled (dropped, its plan is given up)"]
+pub struct PendingCheck<'s> {
+    call: Submitted<'s>,
+    /// The base of the plan's integer reply.
+    base: u64,
+}
+
+impl std::fmt::Debug for PendingCheck<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.call {
+            Submitted::Waiting(_) => "queued",
+            Submitted::Lead(_) => "leading",
+        };
+        f.debug_struct("PendingCheck")
+            .field("call", &state)
+            .finish()
+    }
+}
+
+impl std::future::Future for PendingCheck<'_> {
+    type Output = Result<CheckReply, RedisStoreError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.get_mut();
+        let base = this.base;
+        std::pin::Pin::new(&mut this.call)
+            .poll(cx)
+            .map(|answer| answer.map(|value| CheckReply { value, base }))
+    }
+}
+
+/// The store's reply to a [`PendingCheck`].
+#[derive(Debug)]
+pub struct CheckReply {
+    value: redis::Value,
+    base: u64,
+}
+
+impl CheckReply {
+    /// The plan's verdict: `checks` must be the ones [`RedisStore::check_begin`] was given.
+    pub fn verdict(&self, checks: &[Check<'_>]) -> Result<Verdict, RedisStoreError> {
+        let reply = parse_reply(&self.value, limits_of(checks), self.base)?;
+        Ok(verdict(checks, reply.decisions))
+    }
+}
+
 impl RedisStore {
     /// Runs `job` on `lane`: at once when the lane is idle, else in the next batch; by
     /// `deadline` (a timeout error then) on the store's own connection, where the lane's
     /// timers are the call's only ones (see [`RedisStore::check_bounded`]).
     pub(crate) async fn submit(
         &self,
-        lane: &Arc<Lane>,
+        lane: Arc<Lane>,
         job: Job,
         deadline: tokio::time::Instant,
     ) -> Answer {
-        let waiting = {
+        self.enqueue(lane, job, deadline).await
+    }
+
+    /// [`RedisStore::submit`]'s hand-off, made before it returns: queued behind the lane's
+    /// call in flight, or (the lane idle) the call this job leads, sent when first polled.
+    fn enqueue(&self, lane: Arc<Lane>, job: Job, deadline: tokio::time::Instant) -> Submitted<'_> {
+        {
             let mut state = lane.lock();
             if state.busy {
                 let (tx, rx) = oneshot::channel();
@@ -1666,28 +1760,23 @@ impl RedisStore {
                     reply: tx,
                     deadline,
                 });
-                Err(rx)
-            } else {
-                state.busy = true;
-                Ok(job)
+                return Submitted::Waiting(rx);
             }
-        };
-        match waiting {
-            // Boxed: the call's future is large, and only the plan that leads the lane needs
-            // it; the others wait on their oneshot. A plan's future is moved several times on
-            // its way through the gateway, so its size is paid per request.
-            Ok(job) => Box::pin(self.lead(lane, job, deadline)).await,
-            Err(rx) => match rx.await {
-                Ok(answer) => answer,
-                Err(_) => Err(RedisStoreError::dropped()),
-            },
+            state.busy = true;
         }
+        // The lane is this job's from here: the guard, moved into the call, marks it idle
+        // (or drains what queued meanwhile) when the call ends, or when it is dropped unsent.
+        let busy = Busy { store: self, lane };
+        // Boxed: the call's future is large, and only the plan that leads the lane needs
+        // it; the others wait on their oneshot. A plan's future is moved several times on
+        // its way through the gateway, so its size is paid per request.
+        Submitted::Lead(Box::pin(self.lead(busy, job, deadline)))
     }
 
     /// The call of a plan that found its lane idle, sent at once; the lane is marked idle (or
     /// drained) when it ends.
-    async fn lead(&self, lane: &Arc<Lane>, job: Job, deadline: tokio::time::Instant) -> Answer {
-        let _busy = Busy { store: self, lane };
+    async fn lead(&self, busy: Busy<'_>, job: Job, deadline: tokio::time::Instant) -> Answer {
+        let lane = &busy.lane;
         if !self.lanes_bound_plans() {
             // Its caller's timer bounds it (`check_bounded`).
             return self

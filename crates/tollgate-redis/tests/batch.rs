@@ -135,6 +135,44 @@ async fn plans_of_a_batch_are_decided_in_arrival_order() {
     assert!(script_calls(|a| server.cli(a)) < 20);
 }
 
+/// Checks begun (`check_begin`: handed to the lane before it returns) and given up before
+/// anyone polls them: the one that found the lane idle held it, and gives it back with what
+/// queued behind it sent; one given up in the queue is never sent. Nothing of either is
+/// charged, and the lane serves again.
+#[tokio::test(flavor = "current_thread")]
+async fn checks_begun_and_given_up_unpolled_free_the_lane_and_charge_nothing() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    let r = Arc::new(rule("given-up", Algorithm::TokenBucket, 5, DAY));
+    // Loads the plan's script: only a plan whose script is loaded is begun this way.
+    let unloaded = [Check::new(client(1), &r, 0)];
+    assert!(store.check_begin(&unloaded, 0).is_none());
+    store.check(&unloaded, 0).await.expect("check");
+    let mine = [Check::new(client(2), &r, 1)];
+    let leader = store.check_begin(&mine, 0).expect("begun");
+    let queued = store.check_begin(&mine, 0).expect("begun");
+    let kept = store.check_begin(&mine, 0).expect("begun");
+    assert!(format!("{leader:?}").contains("leading"), "{leader:?}");
+    assert!(format!("{kept:?}").contains("queued"), "{kept:?}");
+    drop(leader);
+    drop(queued);
+    let answered = |reply: Result<tollgate_redis::CheckReply, tollgate_redis::RedisStoreError>| {
+        let v = reply.expect("answered").verdict(&mine).expect("verdict");
+        (v.allowed, v.decisions[0].remaining)
+    };
+    let reply = tokio::time::timeout(HANG, kept)
+        .await
+        .expect("the lane was given back");
+    assert_eq!(answered(reply), (true, 4), "only the kept plan is charged");
+    let next = store.check_begin(&mine, 0).expect("begun");
+    assert!(
+        format!("{next:?}").contains("leading"),
+        "the lane is idle again: {next:?}"
+    );
+    let reply = tokio::time::timeout(HANG, next).await.expect("not hung");
+    assert_eq!(answered(reply), (true, 3));
+}
+
 /// Plans of three shapes over the same keys, all at once: each shape's all-or-nothing rule
 /// holds inside the batch, and the shared rule admits exactly its limit over all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -128,6 +128,17 @@ fn checks_of<'p>(items: &[(&ClientKey, &'p Policy)]) -> Few<Check<'p>> {
         .collect()
 }
 
+/// A plan's store call begun by `Limiter::begin_call`: what its answer is applied to.
+#[cfg(feature = "redis")]
+struct StoreCall<'a> {
+    items: Few<(&'a ClientKey, &'a Policy)>,
+    checks: Few<Check<'a>>,
+    breaker: &'a breaker::Breaker,
+    started: Instant,
+    traced: Option<Instant>,
+    pending: tollgate_redis::PendingCheck<'a>,
+}
+
 /// Errors building a limiter or a policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -391,7 +402,32 @@ impl Limiter {
     /// leased policies from local leases first. Never fails: store failures become each
     /// policy's failure outcome.
     pub async fn check(&self, plan: &Plan) -> LimitResult {
-        self.check_inner(plan, false).await.0
+        if let Some(result) = self.check_now(plan) {
+            return result;
+        }
+        let now = self.inner.clock.now();
+        if self.inner.store.is_remote() {
+            if let Some(result) = self.deny_cached(plan, now) {
+                return result;
+            }
+        }
+        // Boxed where it is not the common remote call (below): leases, a breaker not
+        // closed, a store not connected yet, a plan the store does not hand to a lane at
+        // once. Their futures are large, and every request's future would otherwise carry
+        // their size (and move it, several times a request).
+        #[cfg(not(feature = "redis"))]
+        return self.check_slow(plan, now).await;
+        // The common remote call: one small future, its answer applied here. (Kept in one
+        // place across the await: bound by value out of an `Option`, the call took that
+        // room twice in this future.)
+        #[cfg(feature = "redis")]
+        match &mut self.begin_call(plan, now) {
+            Some(call) => {
+                let reply = (&mut call.pending).await;
+                self.end_call(call, reply, now)
+            }
+            None => self.check_slow(plan, now).await,
+        }
     }
 
     /// [`Limiter::check`] answered at once where it waits for nothing: on the in-process
@@ -406,6 +442,15 @@ impl Limiter {
         let mut results = Vec::with_capacity(items.len());
         let action = self.decide_in_process(store, &items, self.inner.clock.now(), &mut results);
         Some(LimitResult { action, results })
+    }
+
+    /// [`Limiter::check`] past the deny cache, boxed (see there).
+    fn check_slow<'a>(
+        &'a self,
+        plan: &'a Plan,
+        now: Micros,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = LimitResult> + Send + 'a>> {
+        Box::pin(async move { self.check_store(plan, now, false).await.0 })
     }
 
     /// [`Limiter::check`], with the store's instant of each plan item's decision (for
@@ -426,13 +471,24 @@ impl Limiter {
             }
         }
         let now = self.inner.clock.now();
-        // A denial holds nothing: no instants needed.
-        let untimed = |r: LimitResult| (r, Vec::new());
         if self.inner.store.is_remote() {
             if let Some(result) = self.deny_cached(plan, now) {
-                return untimed(result);
+                // A denial holds nothing: no instants needed.
+                return (result, Vec::new());
             }
         }
+        self.check_store(plan, now, timed).await
+    }
+
+    /// [`Limiter::check_inner`] past the deny cache: leases first, then one store call.
+    async fn check_store(
+        &self,
+        plan: &Plan,
+        now: Micros,
+        timed: bool,
+    ) -> (LimitResult, Vec<(ClientKey, Micros)>) {
+        // A denial holds nothing: no instants needed.
+        let untimed = |r: LimitResult| (r, Vec::new());
         let mut results = Vec::with_capacity(plan.len());
         let mut taken = Vec::new();
         // On the stack for a plan of a few policies (most are of one).
@@ -619,14 +675,82 @@ impl Limiter {
         let checks = checks_of(items);
         match self.call_store(first, &checks, now, timed).await {
             Ok((verdict, at)) => (
-                self.apply_verdict(items, &checks, verdict, now, results),
+                self.apply_outcome(items, &checks, Ok(verdict), now, results),
                 at,
             ),
             Err(skip_for) => (
-                self.apply_failure(items, now, skip_for, results),
+                self.apply_outcome(items, &checks, Err(skip_for), now, results),
                 Vec::new(),
             ),
         }
+    }
+
+    /// A store call's answer applied to its items: the verdict's, or (on failure, with how
+    /// long until the store may be tried again) each policy's failure outcome.
+    fn apply_outcome(
+        &self,
+        items: &[(&ClientKey, &Policy)],
+        checks: &[Check<'_>],
+        answer: Result<Verdict, Micros>,
+        now: Micros,
+        results: &mut Vec<PolicyResult>,
+    ) -> Action {
+        match answer {
+            Ok(verdict) => self.apply_verdict(items, checks, verdict, now, results),
+            Err(skip_for) => self.apply_failure(items, now, skip_for, results),
+        }
+    }
+
+    /// [`Limiter::check`]'s common remote call begun: a plan of no leased policy, its
+    /// breaker closed, that the store hands to a lane at once (`Store::check_begin`). `None`
+    /// for any other: [`Limiter::check_store`] decides it.
+    #[cfg(feature = "redis")]
+    fn begin_call<'a>(&'a self, plan: &'a Plan, now: Micros) -> Option<StoreCall<'a>> {
+        let i = &self.inner;
+        if plan
+            .iter()
+            .any(|(_, p)| p.mode() == Mode::Enforce && self.leases(p))
+        {
+            return None;
+        }
+        let items: Few<(&ClientKey, &Policy)> = plan.iter().collect();
+        let (first, _) = items.first()?;
+        let breaker = i.breakers.for_client(first);
+        // Closed, where `Breaker::acquire` permits the call and changes nothing; an open or
+        // half-open breaker (a probe to take) is the general path's.
+        if breaker.is_open() {
+            return None;
+        }
+        let checks = checks_of(&items);
+        let traced = trace::store_call_started();
+        let pending = i.store.check_begin(&checks, now, i.timeout)?;
+        Some(StoreCall {
+            items,
+            checks,
+            breaker,
+            started: Instant::now(),
+            traced,
+            pending,
+        })
+    }
+
+    /// A call of [`Limiter::begin_call`] answered: the answer timed, counted by the breaker
+    /// and applied, as [`Limiter::check_store`] does with a call it makes.
+    #[cfg(feature = "redis")]
+    fn end_call(
+        &self,
+        call: &StoreCall<'_>,
+        reply: Result<tollgate_redis::CheckReply, tollgate_redis::RedisStoreError>,
+        now: Micros,
+    ) -> LimitResult {
+        let answer = reply
+            .and_then(|r| r.verdict(&call.checks))
+            .map_err(|e| store::failure(&e));
+        let answer = self.guard_end(call.breaker, Permit::Call, call.started, answer);
+        trace::record_store_call(call.traced, call.checks.len());
+        let mut results = Vec::with_capacity(call.items.len());
+        let action = self.apply_outcome(&call.items, &call.checks, answer, now, &mut results);
+        LimitResult { action, results }
     }
 
     /// [`Limiter::decide`] on the in-process store, which answers at once (an untimed
@@ -696,6 +820,18 @@ impl Limiter {
         }
         let started = Instant::now();
         let result = call.await;
+        self.guard_end(breaker, permit, started, result)
+    }
+
+    /// A guarded call's end (see [`Limiter::guarded`]): its time observed, its breaker told.
+    fn guard_end<T>(
+        &self,
+        breaker: &breaker::Breaker,
+        permit: Permit,
+        started: Instant,
+        result: Result<T, StoreFailure>,
+    ) -> Result<T, Micros> {
+        let i = &self.inner;
         i.metrics.observe_store(started.elapsed());
         match result {
             Ok(v) => {

@@ -158,6 +158,29 @@ impl Store {
         }
     }
 
+    /// [`Store::check`] begun without a future of its own where the store allows it: a
+    /// connected Redis store whose bound is `timeout`, for a plan it hands to a lane at once
+    /// (`tollgate_redis::RedisStore::check_begin`). `None` for any other store or plan:
+    /// [`Store::check`] decides it then.
+    #[cfg(feature = "redis")]
+    pub(crate) fn check_begin<'s>(
+        &'s self,
+        checks: &[Check<'_>],
+        now: Micros,
+        timeout: Duration,
+    ) -> Option<tollgate_redis::PendingCheck<'s>> {
+        match self {
+            #[cfg(feature = "memory")]
+            Store::Memory(_) => None,
+            Store::Redis(r) => {
+                let store = r.store.get()?;
+                (timeout == store.call_timeout())
+                    .then(|| store.check_begin(checks, now))
+                    .flatten()
+            }
+        }
+    }
+
     /// [`Store::check`], with the store's instant of each check (what a later settle of its
     /// charge needs: see `tollgate_redis::RedisStore::check_timed`).
     pub(crate) async fn check_timed(
@@ -469,7 +492,7 @@ async fn within<T>(
 }
 
 #[cfg(feature = "redis")]
-fn failure(e: &RedisStoreError) -> StoreFailure {
+pub(crate) fn failure(e: &RedisStoreError) -> StoreFailure {
     use tollgate_redis::ErrorKind as K;
     let kind = match e.kind() {
         K::Connection => StoreErrorKind::Connection,
