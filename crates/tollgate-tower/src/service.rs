@@ -239,9 +239,23 @@ impl<S> RateLimit<S> {
                         return DecideFuture::ready(into_decided(shared, result, None, limited));
                     }
                 }
+                if Shared::reserves(&plan) {
+                    return DecideFuture::waiting(async move {
+                        let (result, reservation) = shared.reserve_in(&plan, span).await;
+                        into_decided(shared, result, reservation, limited)
+                    });
+                }
+                // A span not recorded (decision spans are TRACE) is neither entered on every
+                // poll nor given a wrapper around the check's future (nor is the decision
+                // recorded in it: `record_decision` skips it); the common case, one level of
+                // future fewer per request.
                 DecideFuture::waiting(async move {
-                    let (result, reservation) = shared.decide(&plan, span).await;
-                    into_decided(shared, result, reservation, limited)
+                    let result = if span.is_disabled() {
+                        shared.limiter.check(&plan).await
+                    } else {
+                        shared.check_in(&plan, span).await
+                    };
+                    into_decided(shared, result, None, limited)
                 })
             }
         }
@@ -460,7 +474,9 @@ impl Shared {
         span: tracing::Span,
     ) -> (tollgate::LimitResult, Option<tollgate::Reservation>) {
         if Shared::reserves(plan) {
-            self.reserve_in(plan, span).await
+            // Boxed: a reservation's future is large, and every decision's future would
+            // otherwise carry its size (and move it, with the box around it, a request).
+            Box::pin(self.reserve_in(plan, span)).await
         } else {
             (self.check_in(plan, span).await, None)
         }
