@@ -12,7 +12,8 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use tollgate_core::{ClientKey, Micros};
 
 const SHARDS: usize = 32;
@@ -89,20 +90,46 @@ const SWEEP_FLOOR: usize = 64;
 type Map = HashMap<(u128, u64), (Micros, u64), BuildHasherDefault<PrehashedHasher>>;
 
 pub(crate) struct DenyCache {
-    shards: Vec<Mutex<Map>>,
+    shards: Vec<Shard>,
     per_shard: usize,
+}
+
+/// One shard: its entries, and how many there are as of its last change.
+#[derive(Default)]
+struct Shard {
+    map: Mutex<Map>,
+    /// The map's length, stored under its lock after every change: a shard that holds no
+    /// denial (every shard, while no client is denied) answers without its lock, which every
+    /// request to a remote store asks. A stale count costs at most a store call: the store
+    /// denies what the cache did not.
+    held: AtomicUsize,
+}
+
+impl Shard {
+    fn lock(&self) -> MutexGuard<'_, Map> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records the map's length after a change made under `map`, its lock.
+    fn note(&self, map: &Map) {
+        self.held.store(map.len(), Ordering::Relaxed);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.held.load(Ordering::Relaxed) == 0
+    }
 }
 
 impl DenyCache {
     pub(crate) fn new(capacity: usize) -> Self {
         let per_shard = capacity.div_ceil(SHARDS);
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             per_shard,
         }
     }
 
-    fn shard(&self, client: &ClientKey, policy: u64) -> &Mutex<Map> {
+    fn shard(&self, client: &ClientKey, policy: u64) -> &Shard {
         let h = (client.as_u128() as u64) ^ policy.rotate_left(17);
         &self.shards[(h as usize) % SHARDS]
     }
@@ -116,18 +143,17 @@ impl DenyCache {
         now: Micros,
         cost: u64,
     ) -> Option<Micros> {
-        if self.per_shard == 0 {
+        let shard = self.shard(client, policy);
+        if self.per_shard == 0 || shard.is_empty() {
             return None;
         }
-        let mut map = self
-            .shard(client, policy)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut map = shard.lock();
         let key = (client.as_u128(), policy);
         match map.get(&key) {
             Some(&(until, denied)) if until > now => (cost >= denied).then_some(until),
             Some(_) => {
                 map.remove(&key);
+                shard.note(&map);
                 None
             }
             None => None,
@@ -147,21 +173,21 @@ impl DenyCache {
         if self.per_shard == 0 || until <= now {
             return;
         }
-        let mut map = self
-            .shard(client, policy)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let shard = self.shard(client, policy);
+        let mut map = shard.lock();
         let key = (client.as_u128(), policy);
         make_room(&mut map, self.per_shard, &key, now, |(u, _)| *u);
         map.insert(key, (until, cost));
+        shard.note(&map);
     }
 
     /// Until when the client is denied under the policy, whatever the cost (read-only).
     pub(crate) fn peek(&self, client: &ClientKey, policy: u64, now: Micros) -> Option<Micros> {
-        let map = self
-            .shard(client, policy)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let shard = self.shard(client, policy);
+        if shard.is_empty() {
+            return None;
+        }
+        let map = shard.lock();
         map.get(&(client.as_u128(), policy))
             .map(|&(until, _)| until)
             .filter(|&until| until > now)
@@ -169,18 +195,23 @@ impl DenyCache {
 
     /// Forgets the client's denial under the policy (an operator's reset).
     pub(crate) fn forget(&self, client: &ClientKey, policy: u64) {
-        self.shard(client, policy)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(client.as_u128(), policy));
+        let shard = self.shard(client, policy);
+        let mut map = shard.lock();
+        map.remove(&(client.as_u128(), policy));
+        shard.note(&map);
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Every shard's count agrees with its map.
+    #[cfg(test)]
+    fn counted(&self) -> bool {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
-            .sum()
+            .all(|s| s.lock().len() == s.held.load(Ordering::Relaxed))
     }
 }
 
@@ -236,6 +267,40 @@ mod tests {
             c.deny(&key(i), 1, 1_000_000 + i as u64, 0, 1);
         }
         assert!(c.len() <= 64, "{}", c.len());
+    }
+
+    /// Each shard's count, which lets a shard without denials answer without its lock,
+    /// follows every change: denials made, expired, replaced, evicted and forgotten.
+    #[test]
+    fn a_shards_count_follows_every_change_and_an_empty_shard_still_answers() {
+        let c = DenyCache::new(64);
+        assert!(c.counted() && c.len() == 0);
+        assert_eq!(c.denied_until(&key(1), 7, 0, 1), None);
+        c.deny(&key(1), 7, 1_000, 0, 1);
+        c.deny(&key(1), 7, 2_000, 0, 1);
+        assert!(c.counted() && c.len() == 1, "a denial replaced");
+        assert_eq!(c.denied_until(&key(1), 7, 1_500, 1), Some(2_000));
+        assert_eq!(c.peek(&key(1), 7, 1_500), Some(2_000));
+        for i in 2..500 {
+            c.deny(&key(i), 7, 5_000, 0, 1);
+        }
+        assert!(c.counted() && c.len() <= 64, "evictions at the bound");
+        c.forget(&key(1), 7);
+        assert!(c.counted());
+        assert_eq!(c.denied_until(&key(1), 7, 1_500, 1), None, "forgotten");
+        for i in 2..500 {
+            let _ = c.denied_until(&key(i), 7, 6_000, 1);
+        }
+        assert!(
+            c.counted() && c.len() == 0,
+            "every denial expired and dropped"
+        );
+        c.deny(&key(3), 7, 9_000, 6_000, 1);
+        assert_eq!(
+            c.denied_until(&key(3), 7, 7_000, 1),
+            Some(9_000),
+            "empty again, then not"
+        );
     }
 
     #[test]

@@ -134,7 +134,6 @@ struct StoreCall<'a> {
     items: Few<(&'a ClientKey, &'a Policy)>,
     checks: Few<Check<'a>>,
     breaker: &'a breaker::Breaker,
-    started: Instant,
     traced: Option<Instant>,
     pending: tollgate_redis::PendingCheck<'a>,
 }
@@ -728,7 +727,6 @@ impl Limiter {
             items,
             checks,
             breaker,
-            started: Instant::now(),
             traced,
             pending,
         })
@@ -746,7 +744,9 @@ impl Limiter {
         let answer = reply
             .and_then(|r| r.verdict(&call.checks))
             .map_err(|e| store::failure(&e));
-        let answer = self.guard_end(call.breaker, Permit::Call, call.started, answer);
+        // Timed from the store's own reading of the clock as it took the plan.
+        let started = call.pending.begun();
+        let answer = self.guard_end(call.breaker, Permit::Call, started, answer);
         trace::record_store_call(call.traced, call.checks.len());
         let mut results = Vec::with_capacity(call.items.len());
         let action = self.apply_outcome(&call.items, &call.checks, answer, now, &mut results);
