@@ -99,6 +99,17 @@ async fn a_head_trickled_a_byte_at_a_time_is_answered_and_the_connection_kept() 
     assert!(second.contains("\"api\";r=0;"), "{second}");
 }
 
+/// A new connection to `port` that has sent `request` and read its answer (see
+/// [`read_answer`]): the connection, kept open, and the answer.
+async fn asked(port: u16, request: &[u8]) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(request).await.expect("write");
+    let answer = read_answer(&mut s).await;
+    (s, answer)
+}
+
 /// Reads one answer without a body (up to its blank line; at most 10 s).
 async fn read_answer(s: &mut TcpStream) -> String {
     let mut got = Vec::new();
@@ -121,12 +132,8 @@ async fn a_reload_to_proxy_mode_reaches_a_connection_kept_alive_from_before() {
     let body = "[identity]\nsources = [\"header:x-api-key\"]\n\
          [[policy]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1h\"\n";
     let gw = Gateway::start("", body);
-    let mut s = TcpStream::connect(("127.0.0.1", gw.port))
-        .await
-        .expect("connect");
     let req = b"GET /kept HTTP/1.1\r\nhost: x\r\nx-api-key: kept\r\n\r\n";
-    s.write_all(req).await.expect("write");
-    let decided = read_answer(&mut s).await;
+    let (mut s, decided) = asked(gw.port, req).await;
     assert!(decided.starts_with("HTTP/1.1 200 OK\r\n"), "{decided}");
     assert!(!decided.contains("x-echo-method"), "{decided}");
     assert_eq!(up.hits(), 0);
@@ -167,24 +174,13 @@ async fn a_reload_to_proxy_mode_reaches_a_connection_kept_alive_from_before() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_a_kept_alive_connection_waiting_for_its_next_head() {
     let mut gw = Gateway::start("", TWO_AN_HOUR);
-    let mut idle = TcpStream::connect(("127.0.0.1", gw.port))
-        .await
-        .expect("connect");
-    idle.write_all(b"GET /one HTTP/1.1\r\nhost: x\r\nx-api-key: idle\r\n\r\n")
-        .await
-        .expect("write");
-    let answer = read_answer(&mut idle).await;
+    let one = b"GET /one HTTP/1.1\r\nhost: x\r\nx-api-key: idle\r\n\r\n";
+    let (mut idle, answer) = asked(gw.port, one).await;
     assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
     // A second one, half sent: waiting for the rest of its head.
-    let mut half = TcpStream::connect(("127.0.0.1", gw.port))
-        .await
-        .expect("connect");
-    half.write_all(b"GET /two HTTP/1.1\r\nhost: x\r\nx-api-key: half\r\n\r\n")
-        .await
-        .expect("write");
-    assert!(read_answer(&mut half)
-        .await
-        .starts_with("HTTP/1.1 200 OK\r\n"));
+    let two = b"GET /two HTTP/1.1\r\nhost: x\r\nx-api-key: half\r\n\r\n";
+    let (mut half, answer) = asked(gw.port, two).await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
     half.write_all(b"GET /three HTTP/1.1\r\nho")
         .await
         .expect("write");

@@ -404,11 +404,9 @@ impl Limiter {
         if let Some(result) = self.check_now(plan) {
             return result;
         }
-        let now = self.inner.clock.now();
-        if self.inner.store.is_remote() {
-            if let Some(result) = self.deny_cached(plan, now) {
-                return result;
-            }
+        let (now, denied) = self.deny_first(plan);
+        if let Some(result) = denied {
+            return result;
         }
         // Boxed where it is not the common remote call (below): leases, a breaker not
         // closed, a store not connected yet, a plan the store does not hand to a lane at
@@ -456,30 +454,28 @@ impl Limiter {
     /// [`Limiter::reserve`]; `now` where the store gives none).
     /// Each result's client and instant, in the order of the results.
     pub(crate) async fn check_timed(&self, plan: &Plan) -> (LimitResult, Vec<(ClientKey, Micros)>) {
-        self.check_inner(plan, true).await
+        let (now, denied) = self.deny_first(plan);
+        if let Some(result) = denied {
+            // A denial holds nothing: no instants needed.
+            return (result, Vec::new());
+        }
+        self.check_store(plan, now, true).await
     }
 
-    async fn check_inner(
-        &self,
-        plan: &Plan,
-        timed: bool,
-    ) -> (LimitResult, Vec<(ClientKey, Micros)>) {
-        if !timed {
-            if let Some(result) = self.check_now(plan) {
-                return (result, Vec::new());
-            }
-        }
+    /// The clock's now, and what the deny cache answers for `plan` at it (a remote store's
+    /// only: the in-process store answers as exactly, at once).
+    fn deny_first(&self, plan: &Plan) -> (Micros, Option<LimitResult>) {
         let now = self.inner.clock.now();
-        if self.inner.store.is_remote() {
-            if let Some(result) = self.deny_cached(plan, now) {
-                // A denial holds nothing: no instants needed.
-                return (result, Vec::new());
-            }
-        }
-        self.check_store(plan, now, timed).await
+        let denied = if self.inner.store.is_remote() {
+            self.deny_cached(plan, now)
+        } else {
+            None
+        };
+        (now, denied)
     }
 
-    /// [`Limiter::check_inner`] past the deny cache: leases first, then one store call.
+    /// [`Limiter::check`] and [`Limiter::check_timed`] past the deny cache: leases first, then
+    /// one store call.
     async fn check_store(
         &self,
         plan: &Plan,
