@@ -275,7 +275,9 @@ async fn limited_decisions_and_only_they_count_a_client_among_the_most_limited()
 /// layer's box, through tracing's instrument), so its size is paid on every request. The
 /// memory store's must not carry the Redis store's connect or call futures: those are boxed
 /// where they start. (The Redis backend is compiled in when the workspace's tests run, as
-/// the gateway enables it: 15,696 bytes before the boxing, 760 after.)
+/// the gateway enables it: 15,696 bytes before the boxing, 760 after. Since a Redis decision
+/// became one call borrowed in place across one await, 424 in a test build; bound by value
+/// out of an `Option` instead, the call took its room twice, 688 in a release build.)
 #[test]
 fn a_checks_future_stays_small() {
     let clock = ManualClock::new(T0);
@@ -284,7 +286,7 @@ fn a_checks_future_stays_small() {
     let plan = tollgate::Plan::for_client(client(1), [&p]);
     let size = std::mem::size_of_val(&l.check(&plan));
     eprintln!("Limiter::check future: {size} bytes");
-    assert!(size <= 2048, "Limiter::check's future is {size} bytes");
+    assert!(size <= 512, "Limiter::check's future is {size} bytes");
 }
 
 /// Whatever a policy is named, its `RateLimit-Policy` item and its `RateLimit` value are
