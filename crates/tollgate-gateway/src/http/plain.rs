@@ -30,11 +30,11 @@
 
 use crate::http::head_timeout::HeadWatch;
 use crate::http::metrics::HttpMetrics;
-use crate::http::refusal::{refusal, MAX_HEADERS, MAX_HEAD_BYTES};
+use crate::http::refusal::{refuses_read, MAX_HEADERS, MAX_HEAD_BYTES};
 use crate::http::service::{unify, GatewayService, Written};
 use crate::http::util::ConnBody;
 use bytes::{Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, HOST, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
@@ -79,7 +79,7 @@ pub(crate) async fn serve<S: GatewayService>(
     let mut out: Vec<u8> = Vec::with_capacity(512);
     // A head's fields as read, and its request, kept for the connection: the request's map
     // is cleared after each decision (which holds nothing of it), not made anew.
-    let mut fields = Vec::with_capacity(16);
+    let mut fields = Fields::default();
     let mut req = Request::new(());
     loop {
         if out.len() >= OUT_ROOM && !flush(stream, &mut out, watch).await {
@@ -107,7 +107,8 @@ pub(crate) async fn serve<S: GatewayService>(
             }
         };
         let head = buf.split_to(parsed.len).freeze();
-        if !parsed.fill(&head, &mut fields, &mut req) || refusal(&req).is_some() {
+        let (hosts, len) = (parsed.hosts, parsed.len);
+        if !parsed.fill(&head, &mut fields, &mut req) || refuses_read(&req, hosts, len) {
             return handover(rejoin(head, buf), stream, &mut out, watch).await;
         }
         watch.serving();
@@ -251,6 +252,39 @@ enum Head {
 /// A header's name, and where its value is in the bytes it was read from.
 type Field = (HeaderName, Range<usize>);
 
+/// A connection's head fields as read, and the names its last heads had, by position.
+#[derive(Default)]
+struct Fields {
+    /// The head's fields, in order, until [`Parsed::fill`] takes them.
+    list: Vec<Field>,
+    /// A client sends the same header names in the same order request after request: a name
+    /// equal (ASCII case aside) to the one at its position in an earlier head is that one,
+    /// cloned, not parsed (and a custom one allocated) again. At most one a position, so at
+    /// most [`MAX_HEADERS`]; a client that varies its names only misses.
+    names: Vec<HeaderName>,
+}
+
+impl Fields {
+    /// The header name `raw`, the `i`th of its head; `None` when it is not one.
+    fn name(&mut self, i: usize, raw: &[u8]) -> Option<HeaderName> {
+        if let Some(known) = self.names.get(i) {
+            // A byte of a valid name equal to `raw`'s, ASCII case aside, is what
+            // `HeaderName::from_bytes` makes of it (it lowers letters, refuses what it does
+            // not take): the same name.
+            if known.as_str().as_bytes().eq_ignore_ascii_case(raw) {
+                return Some(known.clone());
+            }
+        }
+        let name = HeaderName::from_bytes(raw).ok()?;
+        if let Some(known) = self.names.get_mut(i) {
+            *known = name.clone();
+        } else if i == self.names.len() {
+            self.names.push(name.clone());
+        }
+        Some(name)
+    }
+}
+
 /// A plain request's head, read: where its parts are in the bytes it was read from (its
 /// fields apart, see [`parse`]).
 struct Parsed {
@@ -258,13 +292,15 @@ struct Parsed {
     target: Range<usize>,
     /// The head's length.
     len: usize,
+    /// How many `Host` fields it has.
+    hosts: usize,
 }
 
 impl Parsed {
     /// Makes `req` this head's request, its target and `fields`' values sliced from `head`
     /// (the bytes it was read from, split off); false when the target is not a URI or a value
     /// not a header value.
-    fn fill(self, head: &Bytes, fields: &mut Vec<Field>, req: &mut Request<()>) -> bool {
+    fn fill(self, head: &Bytes, fields: &mut Fields, req: &mut Request<()>) -> bool {
         let Ok(uri) = Uri::from_maybe_shared(head.slice(self.target)) else {
             return false;
         };
@@ -272,7 +308,7 @@ impl Parsed {
         *req.uri_mut() = uri;
         let headers = req.headers_mut();
         headers.clear();
-        for (name, at) in fields.drain(..) {
+        for (name, at) in fields.list.drain(..) {
             // httparse checked the value's bytes, as HeaderValue does.
             let Ok(value) = HeaderValue::from_maybe_shared(head.slice(at)) else {
                 return false;
@@ -284,7 +320,7 @@ impl Parsed {
 }
 
 /// Reads the head at the start of `buf` (see [`Head`]), its fields into `fields`.
-fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Head {
+fn parse(buf: &[u8], fields: &mut Fields) -> Head {
     if buf.is_empty() {
         return Head::Partial;
     }
@@ -309,13 +345,16 @@ fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Head {
         let start = s.as_ptr() as usize - buf.as_ptr() as usize;
         start..start + s.len()
     };
-    fields.clear();
-    let mut length = false;
-    for h in req.headers.iter() {
-        let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
+    fields.list.clear();
+    let (mut length, mut hosts) = (false, 0);
+    for (i, h) in req.headers.iter().enumerate() {
+        let Some(name) = fields.name(i, h.name.as_bytes()) else {
             return Head::Other;
         };
-        let plain = if name == CONTENT_LENGTH {
+        let plain = if name == HOST {
+            hosts += 1;
+            true
+        } else if name == CONTENT_LENGTH {
             let first = !length;
             length = true;
             first && h.value == b"0"
@@ -327,12 +366,13 @@ fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Head {
         if !plain {
             return Head::Other;
         }
-        fields.push((name, at(h.value)));
+        fields.list.push((name, at(h.value)));
     }
     Head::Plain(Parsed {
         method,
         target: at(target.as_bytes()),
         len,
+        hosts,
     })
 }
 
@@ -427,7 +467,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn kind(head: &[u8]) -> &'static str {
-        let mut fields = Vec::new();
+        let mut fields = Fields::default();
         match parse(head, &mut fields) {
             Head::Plain(p) => {
                 assert_eq!(p.len, head.len(), "the whole head is used");
@@ -483,13 +523,138 @@ mod tests {
         );
     }
 
+    /// The header map `head` makes, read with `fields`.
+    fn names_of(head: &[u8], fields: &mut Fields) -> Option<Vec<(String, String)>> {
+        let bytes = Bytes::copy_from_slice(head);
+        let Head::Plain(parsed) = parse(&bytes, fields) else {
+            return None;
+        };
+        let mut req = Request::new(());
+        assert!(parsed.fill(&bytes, fields, &mut req), "a request");
+        let h = req.headers();
+        Some(
+            h.iter()
+                .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("?").to_owned()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn names_known_from_earlier_heads_read_as_a_new_connection_reads_them() {
+        // One connection's heads, one after another: the same names, others at the same
+        // places, other cases, names that only look alike, bad names, more names than before.
+        let heads: &[&[u8]] = &[
+            b"GET / HTTP/1.1\r\nHost: h\r\nx-api-key: a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: h\r\nx-api-key: b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHOST: h\r\nX-Api-Key: c\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx-api-key: d\r\nhost: h\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx-api_key: e\r\nhost: h\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx-api-kez: f\r\nhost: h\r\nx-more: 1\r\nx-most: 2\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx-api-k\xc5\xb9: g\r\nhost: h\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx-api-kez: h\r\nhost: h\r\nx-more: 1\r\nX-MOST: 2\r\n\r\n",
+            b"GET / HTTP/1.1\r\nhost: h\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx-api-kez: i\r\nhost: h\r\nx-more: 1\r\nx-most: 2\r\n\r\n",
+        ];
+        let mut kept = Fields::default();
+        for (i, head) in heads.iter().enumerate() {
+            let fresh = names_of(head, &mut Fields::default());
+            assert_eq!(
+                names_of(head, &mut kept),
+                fresh,
+                "head {i}: {}",
+                String::from_utf8_lossy(head)
+            );
+            assert!(kept.names.len() <= 4);
+        }
+        assert!(
+            names_of(heads[6], &mut kept).is_none(),
+            "a bad name is not one"
+        );
+        let names: Vec<&str> = kept.names.iter().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-api-kez", "host", "x-more", "x-most"]);
+        // A flood of names is held to MAX_HEADERS, one a position.
+        for round in 0..3 {
+            let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+            for i in 0..MAX_HEADERS {
+                many.extend_from_slice(format!("x-{round}-{i}: v\r\n").as_bytes());
+            }
+            many.extend_from_slice(b"\r\n");
+            let read = names_of(&many, &mut kept).expect("plain");
+            assert_eq!(read.len(), MAX_HEADERS);
+            assert_eq!(
+                read[MAX_HEADERS - 1].0,
+                format!("x-{round}-{}", MAX_HEADERS - 1)
+            );
+            assert_eq!(kept.names.len(), MAX_HEADERS);
+        }
+    }
+
+    /// Whether the loop's check refuses `head` (read whole), and whether hyper's path does.
+    fn refused(head: &[u8]) -> (bool, bool) {
+        let bytes = Bytes::copy_from_slice(head);
+        let mut fields = Fields::default();
+        let Head::Plain(parsed) = parse(&bytes, &mut fields) else {
+            panic!(
+                "plain: {}",
+                String::from_utf8_lossy(&head[..head.len().min(80)])
+            );
+        };
+        let (hosts, len) = (parsed.hosts, parsed.len);
+        let mut req = Request::new(());
+        assert!(parsed.fill(&bytes, &mut fields, &mut req), "a request");
+        (
+            refuses_read(&req, hosts, len),
+            crate::http::refusal::refusal(&req).is_some(),
+        )
+    }
+
+    #[test]
+    fn the_loops_refusals_are_hypers_path_refusals() {
+        for head in [
+            &b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nx: y\r\n\r\n",
+            b"GET / HTTP/1.1\r\nhost: x\r\nHost: x\r\n\r\n",
+            b"GET http://h HTTP/1.1\nHOST:h\n\n",
+            b"OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n",
+        ] {
+            let (loop_, hyper_) = refused(head);
+            assert_eq!(loop_, hyper_, "{}", String::from_utf8_lossy(head));
+        }
+        // Heads around the 64 KiB bound, written as tightly as a client may (bare LFs, no
+        // space after a colon, empty values, an absolute target with no path): each grows
+        // most when written out, and the loop skips measuring only far enough below it.
+        let tight = |len: usize| {
+            let mut h = b"GET http://h HTTP/1.1\nhost:h\n".to_vec();
+            for _ in 0..MAX_HEADERS - 2 {
+                h.extend_from_slice(b"x:\n");
+            }
+            let rest = len - h.len() - 4;
+            h.extend_from_slice(b"y:");
+            h.extend(std::iter::repeat_n(b'v', rest));
+            h.extend_from_slice(b"\n\n");
+            assert_eq!(h.len(), len);
+            h
+        };
+        let mut refusals = 0;
+        let near = MAX_HEAD_BYTES - crate::http::refusal::HEAD_SLACK;
+        for len in (near - 4..near + 4).chain(MAX_HEAD_BYTES - 210..MAX_HEAD_BYTES + 4) {
+            let (loop_, hyper_) = refused(&tight(len));
+            assert_eq!(loop_, hyper_, "a tight head of {len} bytes");
+            refusals += usize::from(loop_);
+        }
+        assert!(
+            refusals > 0 && refusals < 218,
+            "both sides of the bound: {refusals}"
+        );
+    }
+
     #[test]
     fn a_request_is_the_head_as_read_and_the_rest_is_left() {
         let bytes = Bytes::from(
             b"PUT /p?q=1 HTTP/1.1\r\nHost: h\r\nX-Api-Key: k1\r\nx-two: a\r\nX-Two: b\r\n\r\nGET /next"
                 .to_vec(),
         );
-        let mut fields = Vec::new();
+        let mut fields = Fields::default();
         let Head::Plain(parsed) = parse(&bytes, &mut fields) else {
             panic!("plain");
         };
@@ -508,7 +673,7 @@ mod tests {
         assert_eq!(h["x-api-key"], "k1");
         let two: Vec<_> = h.get_all("x-two").iter().collect();
         assert_eq!(two, ["a", "b"]);
-        assert!(fields.is_empty(), "the fields are taken");
+        assert!(fields.list.is_empty(), "the fields are taken");
         // Let go of after its decision: nothing of the head is held, the map's room kept.
         let room = req.headers().capacity();
         forget(&mut req);

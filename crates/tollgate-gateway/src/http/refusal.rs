@@ -22,6 +22,47 @@ pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The answer to a request refused before the rate limiter, if it is one.
 pub(crate) fn refusal<B>(req: &Request<B>) -> Option<Response<BoxBody>> {
+    let hosts = req.headers().get_all(http::header::HOST).iter().count();
+    let (kind, detail) = refused(req, hosts, || head_len(req))?;
+    let mut resp = problem_response(Problem::new(kind).detail(detail));
+    let h = resp.headers_mut();
+    h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    if kind == ProblemKind::MethodNotAllowed {
+        h.insert(
+            http::header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
+    }
+    Some(resp)
+}
+
+/// How many bytes more than as read a head may take as [`head_len`] writes it: per field a
+/// space after the colon and a CR before the LF (a read field may have neither), and for the
+/// request line a CR, the final CR and a `/` given to an absolute target with no path;
+/// [`MAX_HEADERS`] fields at most. Rounded up.
+pub(crate) const HEAD_SLACK: usize = 1024;
+
+/// Whether [`refusal`] refuses `req`, whose head was read whole (`read` bytes) and has
+/// `hosts` `Host` fields, as the plain-request loop counted them: it does not count them
+/// again, nor measure the head as written when what was read is under the bound by more
+/// than [`HEAD_SLACK`].
+pub(crate) fn refuses_read<B>(req: &Request<B>, hosts: usize, read: usize) -> bool {
+    let len = || {
+        if read + HEAD_SLACK <= MAX_HEAD_BYTES {
+            read
+        } else {
+            head_len(req)
+        }
+    };
+    refused(req, hosts, len).is_some()
+}
+
+/// Why `req`, with `hosts` `Host` fields and a head of `len()` bytes as written, is refused.
+fn refused<B>(
+    req: &Request<B>,
+    hosts: usize,
+    len: impl FnOnce() -> usize,
+) -> Option<(ProblemKind, &'static str)> {
     let (kind, detail) = if req.method() == Method::CONNECT
         || (req.method() == Method::OPTIONS && req.uri() == "*")
     {
@@ -35,14 +76,12 @@ pub(crate) fn refusal<B>(req: &Request<B>) -> Option<Response<BoxBody>> {
             ProblemKind::BadRequest,
             "the request target must be a path or an absolute URI",
         )
-    } else if req.version() == Version::HTTP_11
-        && req.headers().get_all(http::header::HOST).iter().count() != 1
-    {
+    } else if req.version() == Version::HTTP_11 && hosts != 1 {
         (
             ProblemKind::BadRequest,
             "an HTTP/1.1 request needs exactly one Host header",
         )
-    } else if head_len(req) > MAX_HEAD_BYTES {
+    } else if len() > MAX_HEAD_BYTES {
         (
             ProblemKind::HeadTooLarge,
             "the request head is larger than 64 KiB",
@@ -50,16 +89,7 @@ pub(crate) fn refusal<B>(req: &Request<B>) -> Option<Response<BoxBody>> {
     } else {
         return None;
     };
-    let mut resp = problem_response(Problem::new(kind).detail(detail));
-    let h = resp.headers_mut();
-    h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    if kind == ProblemKind::MethodNotAllowed {
-        h.insert(
-            http::header::ALLOW,
-            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
-        );
-    }
-    Some(resp)
+    Some((kind, detail))
 }
 
 /// The size of a request head as written with one space after each colon. hyper bounds its
