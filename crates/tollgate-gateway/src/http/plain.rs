@@ -258,28 +258,49 @@ struct Fields {
     /// The head's fields, in order, until [`Parsed::fill`] takes them.
     list: Vec<Field>,
     /// A client sends the same header names in the same order request after request: a name
-    /// equal (ASCII case aside) to the one at its position in an earlier head is that one,
-    /// cloned, not parsed (and a custom one allocated) again. At most one a position, so at
-    /// most [`MAX_HEADERS`]; a client that varies its names only misses.
-    names: Vec<HeaderName>,
+    /// written exactly as the one at its position in an earlier head is that one, cloned, not
+    /// parsed (and a custom one allocated) again. One a position (so at most [`MAX_HEADERS`]),
+    /// and only names of at most [`KEPT_NAME`] bytes: what a connection keeps is bounded
+    /// whatever names its client sends; a client that varies them only misses.
+    names: Vec<Option<Known>>,
+}
+
+/// The longest header name [`Fields`] keeps (`x-forwarded-for` is 15 bytes,
+/// `sec-ch-ua-platform-version` 26).
+const KEPT_NAME: usize = 32;
+
+/// A header name as a head wrote it, and the name it is.
+struct Known {
+    len: u8,
+    raw: [u8; KEPT_NAME],
+    name: HeaderName,
 }
 
 impl Fields {
     /// The header name `raw`, the `i`th of its head; `None` when it is not one.
     fn name(&mut self, i: usize, raw: &[u8]) -> Option<HeaderName> {
-        if let Some(known) = self.names.get(i) {
-            // A byte of a valid name equal to `raw`'s, ASCII case aside, is what
-            // `HeaderName::from_bytes` makes of it (it lowers letters, refuses what it does
-            // not take): the same name.
-            if known.as_str().as_bytes().eq_ignore_ascii_case(raw) {
-                return Some(known.clone());
+        if let Some(Some(known)) = self.names.get(i) {
+            if known.raw.get(..usize::from(known.len)) == Some(raw) {
+                return Some(known.name.clone());
             }
         }
         let name = HeaderName::from_bytes(raw).ok()?;
-        if let Some(known) = self.names.get_mut(i) {
-            *known = name.clone();
+        let known = u8::try_from(raw.len())
+            .ok()
+            .filter(|&len| usize::from(len) <= KEPT_NAME)
+            .map(|len| {
+                let mut kept = [0; KEPT_NAME];
+                kept[..raw.len()].copy_from_slice(raw);
+                Known {
+                    len,
+                    raw: kept,
+                    name: name.clone(),
+                }
+            });
+        if let Some(slot) = self.names.get_mut(i) {
+            *slot = known;
         } else if i == self.names.len() {
-            self.names.push(name.clone());
+            self.names.push(known);
         }
         Some(name)
     }
@@ -543,6 +564,7 @@ mod tests {
     fn names_known_from_earlier_heads_read_as_a_new_connection_reads_them() {
         // One connection's heads, one after another: the same names, others at the same
         // places, other cases, names that only look alike, bad names, more names than before.
+        // (An earlier head's "HOST" is not this one's "Host": parsed again, the same name.)
         let heads: &[&[u8]] = &[
             b"GET / HTTP/1.1\r\nHost: h\r\nx-api-key: a\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: h\r\nx-api-key: b\r\n\r\n",
@@ -570,8 +592,21 @@ mod tests {
             names_of(heads[6], &mut kept).is_none(),
             "a bad name is not one"
         );
-        let names: Vec<&str> = kept.names.iter().map(|n| n.as_str()).collect();
-        assert_eq!(names, ["x-api-kez", "host", "x-more", "x-most"]);
+        let names = |kept: &Fields| -> Vec<String> {
+            kept.names
+                .iter()
+                .map(|k| k.as_ref().map_or("-", |k| k.name.as_str()).to_owned())
+                .collect()
+        };
+        assert_eq!(names(&kept), ["x-api-kez", "host", "x-more", "x-most"]);
+        // A long name is read, not kept; the names after it are.
+        let long = format!("x-{}", "l".repeat(KEPT_NAME - 1));
+        let head = format!("GET / HTTP/1.1\r\nhost: h\r\n{long}: 1\r\nx-after: 2\r\n\r\n");
+        for _ in 0..2 {
+            let read = names_of(head.as_bytes(), &mut kept).expect("plain");
+            assert_eq!(read[1].0, long);
+            assert_eq!(names(&kept), ["host", "-", "x-after", "x-most"]);
+        }
         // A flood of names is held to MAX_HEADERS, one a position.
         for round in 0..3 {
             let mut many = b"GET / HTTP/1.1\r\n".to_vec();
