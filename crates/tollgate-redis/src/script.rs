@@ -35,6 +35,7 @@
 
 use crate::error::RedisStoreError;
 use smallvec::SmallVec;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -74,6 +75,58 @@ impl Quotas {
     /// reply's base (see [`reply_base`]; 0: none, always for several rules or without
     /// `integer_reply`).
     pub(crate) fn pack<'a>(
+        mut limits: impl ExactSizeIterator<Item = &'a Limit>,
+        integer_reply: bool,
+    ) -> (Quotas, u64) {
+        if limits.len() == 1 {
+            if let Some(limit) = limits.next() {
+                return Self::pack_one(limit, integer_reply);
+            }
+        }
+        Self::pack_all(limits, integer_reply)
+    }
+
+    /// [`Quotas::pack`] of one limit: the thread's last one again when it is of the same
+    /// numbers (most plans are of one policy, packed plan after plan: 200 instructions a
+    /// plan, 40 when kept).
+    fn pack_one(limit: &Limit, integer_reply: bool) -> (Quotas, u64) {
+        /// The last one-rule quotas packed on a thread, and what they were packed from.
+        #[derive(Clone, Copy)]
+        struct Last {
+            from: (u64, u64, u64, u64),
+            integer_reply: bool,
+            bytes: [u8; QUOTA_BYTES * QUOTA_INLINE_RULES],
+            base: u64,
+        }
+        thread_local! {
+            static LAST: Cell<Option<Last>> = const { Cell::new(None) };
+        }
+        let from = constants(limit);
+        let len = constants_len(1);
+        LAST.with(|last| {
+            if let Some(l) = last.get() {
+                if l.from == from && l.integer_reply == integer_reply {
+                    let bytes = SmallVec::from_buf_and_len(l.bytes, len);
+                    return (Quotas { bytes }, l.base);
+                }
+            }
+            let (quotas, base) = Self::pack_all(std::iter::once(limit), integer_reply);
+            let mut bytes = [0; QUOTA_BYTES * QUOTA_INLINE_RULES];
+            if let (Some(to), Some(from_bytes)) = (bytes.get_mut(..len), quotas.bytes.get(..len)) {
+                to.copy_from_slice(from_bytes);
+                last.set(Some(Last {
+                    from,
+                    integer_reply,
+                    bytes,
+                    base,
+                }));
+            }
+            (quotas, base)
+        })
+    }
+
+    /// [`Quotas::pack`], the numbers packed anew.
+    fn pack_all<'a>(
         limits: impl ExactSizeIterator<Item = &'a Limit>,
         integer_reply: bool,
     ) -> (Quotas, u64) {
@@ -1179,6 +1232,34 @@ mod tests {
             unpacked(two.as_bytes()),
             [100, 60_000_000, 100, 600_000, 100, 60_000_000, 100, 600_000]
         );
+    }
+
+    #[test]
+    fn one_rules_quotas_kept_from_the_last_plan_are_those_packed_anew() {
+        // Limits of other numbers, and of the same numbers under another algorithm, one
+        // after another and back, with and without the integer reply.
+        let per = |n| tollgate_core::Quota::per_minute(n).expect("quota");
+        let limits = [
+            Limit::new(Algorithm::TokenBucket, per(100)).expect("limit"),
+            Limit::new(Algorithm::TokenBucket, per(100)).expect("limit"),
+            Limit::new(Algorithm::Gcra, per(100)).expect("limit"),
+            Limit::new(Algorithm::TokenBucket, per(7)).expect("limit"),
+            Limit::new(Algorithm::TokenBucket, per(100)).expect("limit"),
+        ];
+        for integer_reply in [true, true, false, true] {
+            for limit in &limits {
+                let kept = Quotas::pack([limit].into_iter(), integer_reply);
+                let anew = Quotas::pack_all([limit].into_iter(), integer_reply);
+                assert_eq!(kept, anew, "{limit:?} integer reply {integer_reply}");
+                let (l, p, b, t) = constants(limit);
+                let (base, bound) = if integer_reply {
+                    reply_base(l, p, b, t)
+                } else {
+                    (0, 0)
+                };
+                assert_eq!(unpacked(kept.0.as_bytes()), [l, p, b, t, base, bound]);
+            }
+        }
     }
 
     #[test]
