@@ -45,7 +45,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 use tokio::net::TcpStream;
 use tollgate_tower::TrustedPeer;
 
@@ -446,12 +446,11 @@ thread_local! {
 /// Writes the `date` value (IMF-fixdate) of now at the end of `out`, as hyper does (formatted
 /// once a second on each thread).
 pub(crate) fn write_date(out: &mut Vec<u8>) {
-    let now = SystemTime::now();
-    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let secs = unix_secs();
     DATE_NOW.with(|cell| {
         let mut cached = cell.borrow_mut();
         if cached.0 != secs {
-            let text = httpdate::fmt_http_date(now);
+            let text = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(secs));
             if text.len() == 29 {
                 cached.1.copy_from_slice(text.as_bytes());
                 cached.0 = secs;
@@ -459,6 +458,23 @@ pub(crate) fn write_date(out: &mut Vec<u8>) {
         }
         out.extend_from_slice(&cached.1);
     });
+}
+
+/// The wall clock's seconds since the Unix epoch. On Linux from the kernel's coarse clock (the
+/// time of its last tick, a few milliseconds behind at most), which a date of whole seconds
+/// can use: a read is a few nanoseconds, where a precise one (the vDSO's TSC read) took 31
+/// in a loop and about 47 a read under the gateway's load (perf, docs/benchmarks.md).
+#[cfg(target_os = "linux")]
+fn unix_secs() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
+    u64::try_from(now.tv_sec).unwrap_or(0)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// `answer` (a head as written) with its `date` value, which changes by the second, blanked:
@@ -485,6 +501,7 @@ mod tests {
     use hyper::body::Incoming;
     use hyper_util::rt::TokioIo;
     use std::convert::Infallible;
+    use std::time::SystemTime;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn kind(head: &[u8]) -> &'static str {
@@ -815,5 +832,15 @@ mod tests {
             .duration_since(when)
             .unwrap_or_else(|e| e.duration());
         assert!(off < std::time::Duration::from_secs(5), "{text}");
+        // The coarse clock's second is the precise clock's, or the one before just after a
+        // second begins (or the one after, where the two reads straddle a second).
+        let precise = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let coarse = unix_secs();
+        assert!(
+            coarse + 1 >= precise && coarse <= precise + 1,
+            "{coarse} {precise}"
+        );
     }
 }
