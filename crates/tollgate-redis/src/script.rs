@@ -618,20 +618,6 @@ impl std::hash::Hasher for MultiplyHasher {
     fn write_u64(&mut self, n: u64) {
         self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
-    // A form's length and its rules' enums arrive as these: one word each, not the byte
-    // path's loop (128 instructions a check for a one-rule form's lookup, under callgrind).
-    fn write_u8(&mut self, n: u8) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-    fn write_isize(&mut self, n: isize) {
-        self.write_u64(n as u64);
-    }
     fn finish(&self) -> u64 {
         self.0
     }
