@@ -209,6 +209,12 @@ pub(crate) struct Form {
 /// one script then serves every arrival order of the same forms.
 impl Ord for Form {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Most comparisons find a plan's form in its store's list (twice a plan: the lane's
+        // list, the batch call's byte): equal forms answer without the ordered walk, 64
+        // instructions a search for a list of one form under callgrind.
+        if self.rules[..] == other.rules[..] {
+            return std::cmp::Ordering::Equal;
+        }
         let key = |&(a, m): &(Algorithm, Mode)| (a as u8, m as u8);
         self.rules.iter().map(key).cmp(other.rules.iter().map(key))
     }
@@ -1232,6 +1238,30 @@ mod tests {
             unpacked(two.as_bytes()),
             [100, 60_000_000, 100, 600_000, 100, 60_000_000, 100, 600_000]
         );
+    }
+
+    #[test]
+    fn forms_order_rule_by_rule_and_only_equal_forms_compare_equal() {
+        let rules: Vec<(Algorithm, Mode)> = Algorithm::ALL
+            .iter()
+            .flat_map(|&a| [(a, Mode::Enforce), (a, Mode::Shadow), (a, Mode::Quota)])
+            .collect();
+        let mut forms = Vec::new();
+        for &a in &rules {
+            forms.extend(Form::new([a].into_iter()));
+            for &b in &rules {
+                forms.extend(Form::new([a, b].into_iter()));
+            }
+        }
+        let key = |f: &Form| -> Vec<(u8, u8)> {
+            f.rules().iter().map(|&(a, m)| (a as u8, m as u8)).collect()
+        };
+        for x in &forms {
+            for y in &forms {
+                assert_eq!(x.cmp(y), key(x).cmp(&key(y)), "{x:?} {y:?}");
+                assert_eq!(x.cmp(y).is_eq(), x == y, "{x:?} {y:?}");
+            }
+        }
     }
 
     #[test]
