@@ -2,6 +2,7 @@
 //! resolved to. The limiter decides a whole plan at once (see [`crate::Limiter::check`]).
 
 use crate::policy::Policy;
+use smallvec::SmallVec;
 use std::collections::HashSet;
 use tollgate_core::ClientKey;
 
@@ -10,7 +11,9 @@ use tollgate_core::ClientKey;
 /// limiter charges both or neither. A pair given twice is kept once.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
-    items: Vec<(ClientKey, Policy)>,
+    /// Inline up to two pairs: most requests are matched by one policy or two, and a plan is
+    /// made for every request (a heap block allocated and freed a request otherwise).
+    items: SmallVec<[(ClientKey, Policy); 2]>,
     /// The pairs present, once the plan is past a few items (a linear scan is cheaper below;
     /// above, a request matched by thousands of policies must not cost a quadratic scan).
     seen: Option<HashSet<(ClientKey, u64)>>,
@@ -29,7 +32,7 @@ impl Plan {
     /// as the RLS does from a request's descriptors, grows it once).
     pub fn with_capacity(n: usize) -> Self {
         Self {
-            items: Vec::with_capacity(n),
+            items: SmallVec::with_capacity(n),
             seen: None,
         }
     }
