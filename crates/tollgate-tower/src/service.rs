@@ -420,7 +420,7 @@ enum Prepared {
     /// No policy matched.
     Unmatched,
     /// A token that does not verify.
-    Unverified(Unverified, tracing::Span),
+    Unverified(Box<Unverified>, tracing::Span),
     /// The plan to decide, in its span.
     Plan(Plan, tracing::Span),
 }
@@ -456,7 +456,7 @@ impl Shared {
     /// A request whose token does not verify: the policies that can count it without the
     /// token charge it, so a flood of forged tokens is limited (429) like any other traffic;
     /// else it is 401.
-    async fn unverified(&self, u: Unverified, span: tracing::Span) -> Response<Full<Bytes>> {
+    async fn unverified(&self, u: Box<Unverified>, span: tracing::Span) -> Response<Full<Bytes>> {
         if let Some(rest) = &u.rest {
             let result = self.check_in(rest, span).await;
             if let Action::Limit { retry_after } = result.action {

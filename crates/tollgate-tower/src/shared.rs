@@ -73,7 +73,7 @@ impl Shared {
         target: &Target,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
-    ) -> Result<Option<Plan>, Unverified> {
+    ) -> Result<Option<Plan>, Box<Unverified>> {
         let Target {
             method,
             path,
@@ -128,7 +128,8 @@ impl Shared {
         }
         let plan = (!plan.is_empty()).then_some(plan);
         match refused {
-            Some(why) => Err(Unverified { why, rest: plan }),
+            // Boxed: rare, and a plan (two pairs inline) is large to carry in every result.
+            Some(why) => Err(Box::new(Unverified { why, rest: plan })),
             None => Ok(plan),
         }
     }
