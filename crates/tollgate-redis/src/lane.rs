@@ -1,7 +1,7 @@
 //! Coalesced calls: while a script call is in flight on a lane (a connection; on a Cluster,
 //! one node, or one hash slot where the node is not known), the plans that arrive wait in its queue and leave together in the next
 //! call, one batch script call carrying up to `max_batch` plans (`batch_script.rs`). This
-//! module is the queue; the calls it feeds (`submit`, the drain task) are in `store.rs`, so
+//! module is the queue; the calls it feeds (`enqueue`, the drain task) are in `store.rs`, so
 //! the store and its lanes import no circle.
 //!
 //! A plan that finds its lane idle is sent at once by its own caller, with its shape's own

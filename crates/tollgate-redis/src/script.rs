@@ -87,8 +87,8 @@ impl Quotas {
     }
 
     /// [`Quotas::pack`] of one limit: the thread's last one again when it is of the same
-    /// numbers (most plans are of one policy, packed plan after plan: 200 instructions a
-    /// plan, 40 when kept).
+    /// numbers (most plans are of one policy, packed plan after plan: about 200 instructions
+    /// a plan, and a plan's job 86 fewer when kept, under callgrind).
     fn pack_one(limit: &Limit, integer_reply: bool) -> (Quotas, u64) {
         /// The last one-rule quotas packed on a thread, and what they were packed from.
         #[derive(Clone, Copy)]

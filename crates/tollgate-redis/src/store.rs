@@ -695,10 +695,10 @@ impl RedisStore {
             // slots (packed replies) go one by one.
             let reply = if self.max_batch > 1 && coalesce {
                 let deadline = tokio::time::Instant::now() + self.call_timeout();
-                self.submit(self.lane_of(&checks[0].client), Job::Plan(job), deadline)
+                self.enqueue(self.lane_of(&checks[0].client), Job::Plan(job), deadline)
                     .await?
             } else {
-                // Boxed, like a lane's call (see `submit`).
+                // Boxed, like a lane's call (see `enqueue`).
                 Box::pin(self.run_job(&job)).await?
             };
             return parse_reply(&reply, limits_of(checks), reply_base);
@@ -1582,7 +1582,7 @@ impl RedisStore {
                 self.refresh_nodes_soon();
             }
             let deadline = tokio::time::Instant::now() + self.call_timeout();
-            self.submit(lane, Job::Lease(job), deadline).await?
+            self.enqueue(lane, Job::Lease(job), deadline).await?
         } else {
             self.run_lease(&job).await?
         };
@@ -1747,20 +1747,11 @@ impl CheckReply {
 }
 
 impl RedisStore {
-    /// Runs `job` on `lane`: at once when the lane is idle, else in the next batch; by
-    /// `deadline` (a timeout error then) on the store's own connection, where the lane's
-    /// timers are the call's only ones (see [`RedisStore::check_bounded`]).
-    pub(crate) async fn submit(
-        &self,
-        lane: Arc<Lane>,
-        job: Job,
-        deadline: tokio::time::Instant,
-    ) -> Answer {
-        self.enqueue(lane, job, deadline).await
-    }
-
-    /// [`RedisStore::submit`]'s hand-off, made before it returns: queued behind the lane's
-    /// call in flight, or (the lane idle) the call this job leads, sent when first polled.
+    /// Hands `job` to `lane` before it returns; the future it gives runs the job at once when
+    /// the lane was idle (the call this job leads, sent when first polled), else answers when
+    /// the batch it queued for does. Bounded by `deadline` (a timeout error then) on the
+    /// store's own connection, where the lane's timers are the call's only ones (see
+    /// [`RedisStore::check_bounded`]).
     fn enqueue(&self, lane: Arc<Lane>, job: Job, deadline: tokio::time::Instant) -> Submitted<'_> {
         {
             let mut state = lane.lock();

@@ -233,17 +233,15 @@ impl<S> RateLimit<S> {
                 )
             }
             Prepared::Plan(plan, span) => {
-                // On the in-process store the decision is made here: no future to box.
-                if !Shared::reserves(&plan) {
-                    if let Some(result) = shared.check_now(&plan, &span) {
-                        return DecideFuture::ready(into_decided(shared, result, None, limited));
-                    }
-                }
                 if Shared::reserves(&plan) {
                     return DecideFuture::waiting(async move {
                         let (result, reservation) = shared.reserve_in(&plan, span).await;
                         into_decided(shared, result, reservation, limited)
                     });
+                }
+                // On the in-process store the decision is made here: no future to box.
+                if let Some(result) = shared.check_now(&plan, &span) {
+                    return DecideFuture::ready(into_decided(shared, result, None, limited));
                 }
                 // A span not recorded (decision spans are TRACE) is neither entered on every
                 // poll nor given a wrapper around the check's future (nor is the decision
