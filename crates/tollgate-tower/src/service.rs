@@ -151,31 +151,48 @@ impl<S> RateLimit<S> {
                 Box::pin(async move { Ok(shared.unverified(u, span).await.map(Either::Right)) })
             }
             Prepared::Plan(plan, span) => {
-                // On the in-process store the decision is made here, not in the future.
+                // On the in-process store the decision is made here, and the future boxed is
+                // the answer's alone: one that could also wait for a store holds that wait's
+                // state (a Redis call's), and boxing a future copies all of it (callgrind:
+                // about 2 KiB, 244 instructions of copy a proxied request).
                 let decided_now = (!Shared::reserves(&plan))
                     .then(|| shared.check_now(&plan, &span))
                     .flatten();
-                Box::pin(async move {
-                    let decided = match decided_now {
-                        Some(result) => shared.decided(result, None),
-                        None => {
-                            let (result, reservation) = shared.decide(&plan, span).await;
-                            shared.decided(result, reservation)
-                        }
+                if let Some(result) = decided_now {
+                    return match shared.decided(result, None) {
+                        Err(resp) => Box::pin(async move { Ok(resp.map(Either::Right)) }),
+                        Ok(allowed) => Box::pin(pass(inner, call_inner, req, allowed)),
                     };
-                    match decided {
+                }
+                Box::pin(async move {
+                    let (result, reservation) = shared.decide(&plan, span).await;
+                    match shared.decided(result, reservation) {
                         Err(resp) => Ok(resp.map(Either::Right)),
-                        Ok(allowed) => {
-                            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                            // (An inner error drops the reservation: estimates stand, holds go.)
-                            let resp = call_inner(&mut inner, req).await?;
-                            Ok(allowed.respond(resp))
-                        }
+                        Ok(allowed) => pass(inner, call_inner, req, allowed).await,
                     }
                 })
             }
         }
     }
+}
+
+/// An allowed request passed to the inner service (`call_inner` once it is ready), its
+/// answer finished by `allowed` (an inner error drops the reservation: estimates stand, holds
+/// go).
+async fn pass<S, ReqBody, ResBody, F>(
+    mut inner: S,
+    call_inner: F,
+    req: Request<ReqBody>,
+    allowed: Allowed,
+) -> Result<Response<RateLimitBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body,
+    F: FnOnce(&mut S, Request<ReqBody>) -> S::Future,
+{
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    let resp = call_inner(&mut inner, req).await?;
+    Ok(allowed.respond(resp))
 }
 
 impl<S> RateLimit<S> {
