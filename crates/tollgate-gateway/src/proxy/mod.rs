@@ -116,7 +116,10 @@ impl Proxy {
         parts.version = http::Version::HTTP_11;
         let now = tokio::time::Instant::now();
         let (body, fault) = ClientBody::new(body, now + self.body_timeout);
-        let req = Request::from_parts(parts, body);
+        // Boxed once: the request goes down through the pool's future into the connection's
+        // and hyper's, each of which would otherwise hold a copy of it (about 300 bytes) for
+        // its whole life and copy it in (see `pool::Pool::send`).
+        let req = Box::new(Request::from_parts(parts, body));
         let answer = self.pool.send(req, now + self.timeout).await;
         match fault.get() {
             Some(BodyFault::Broken) => {
