@@ -154,7 +154,8 @@ impl<S> RateLimit<S> {
                 // On the in-process store the decision is made here, and the future boxed is
                 // the answer's alone: one that could also wait for a store holds that wait's
                 // state (a Redis call's), and boxing a future copies all of it (callgrind:
-                // about 2 KiB, 244 instructions of copy a proxied request).
+                // about 120 instructions a proxied request fewer, most of them the
+                // allocator's, for a smaller block).
                 let decided_now = (!Shared::reserves(&plan))
                     .then(|| shared.check_now(&plan, &span))
                     .flatten();
