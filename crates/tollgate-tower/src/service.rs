@@ -169,7 +169,13 @@ impl<S> RateLimit<S> {
                     let (result, reservation) = shared.decide(&plan, span).await;
                     match shared.decided(result, reservation) {
                         Err(resp) => Ok(resp.map(Either::Right)),
-                        Ok(allowed) => pass(inner, call_inner, req, allowed).await,
+                        // Not `pass(..).await`: its future would hold the request a second
+                        // time beside this one's (a future keeps its arguments whole).
+                        Ok(allowed) => {
+                            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                            let resp = call_inner(&mut inner, req).await?;
+                            Ok(allowed.respond(resp))
+                        }
                     }
                 })
             }
