@@ -156,7 +156,8 @@ impl<S> RateLimit<S> {
                 // state (a Redis call's), and boxing a future copies all of it (callgrind:
                 // about 120 instructions a proxied request fewer, most of them the
                 // allocator's, for a smaller block).
-                let decided_now = (!Shared::reserves(&plan))
+                let reserves = Shared::reserves(&plan);
+                let decided_now = (!reserves)
                     .then(|| shared.check_now(&plan, &span))
                     .flatten();
                 if let Some(result) = decided_now {
@@ -166,7 +167,7 @@ impl<S> RateLimit<S> {
                     };
                 }
                 Box::pin(async move {
-                    let (result, reservation) = shared.decide(&plan, span).await;
+                    let (result, reservation) = shared.decide(&plan, reserves, span).await;
                     match shared.decided(result, reservation) {
                         Err(resp) => Ok(resp.map(Either::Right)),
                         // Not `pass(..).await`: its future would hold the request a second
@@ -488,14 +489,16 @@ impl Shared {
         unauthorized(&u.why)
     }
 
-    /// Decides `plan` (reserving when a policy settles or holds): allowed, or the layer's
-    /// own answer (429, 503).
+    /// Decides `plan`, reserving when a policy settles or holds (`reserves`, as
+    /// [`Shared::reserves`] found it for this plan): allowed, or the layer's own answer (429,
+    /// 503).
     async fn decide(
         &self,
         plan: &Plan,
+        reserves: bool,
         span: tracing::Span,
     ) -> (tollgate::LimitResult, Option<tollgate::Reservation>) {
-        if Shared::reserves(plan) {
+        if reserves {
             // Boxed: a reservation's future is large, and every decision's future would
             // otherwise carry its size (and move it, with the box around it, a request).
             Box::pin(self.reserve_in(plan, span)).await

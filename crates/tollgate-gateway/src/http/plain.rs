@@ -463,9 +463,10 @@ pub(crate) fn write_date(out: &mut Vec<u8>) {
 }
 
 /// The wall clock's seconds since the Unix epoch. On Linux from the kernel's coarse clock (the
-/// time of its last tick, a few milliseconds behind at most), which a date of whole seconds
-/// can use: a read is a few nanoseconds, where a precise one (the vDSO's TSC read) took 31
-/// in a loop and about 47 a read under the gateway's load (perf, docs/benchmarks.md).
+/// time of its last tick, 4 ms behind at most here), which a date of whole seconds can use: a
+/// read took 9-11 ns in a loop on this machine, the precise one (the vDSO's TSC read) 29-40
+/// (`clock_gettime` in a C loop, 5 million reads), and about 47 a read under the gateway's
+/// load (perf, docs/benchmarks.md).
 #[cfg(target_os = "linux")]
 fn unix_secs() -> u64 {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
@@ -641,7 +642,10 @@ mod tests {
             );
             assert_eq!(kept.names.len(), KEPT_POSITIONS);
         }
-        let kept_bytes = KEPT_POSITIONS * (std::mem::size_of::<Option<Known>>() + KEPT_NAME);
+        // What the connection holds for them, at most: the slots it has room for (read from
+        // the list, so a list grown past its bound shows) and, for each, a custom name's own
+        // bytes on the heap (at most KEPT_NAME; a standard name has none).
+        let kept_bytes = kept.names.capacity() * (std::mem::size_of::<Option<Known>>() + KEPT_NAME);
         eprintln!("names kept by a connection: at most {kept_bytes} bytes");
         assert!(kept_bytes <= 4096, "{kept_bytes}");
     }
