@@ -319,3 +319,130 @@ async fn an_http10_request_without_host_reaches_the_upstream_with_its_authority(
     let want = format!("x-echo-host: {}\r\n", up.addr);
     assert!(got.contains(&want), "{want:?} in {got}");
 }
+
+/// An upstream written byte by byte: each request's answer is the raw response its path
+/// names (see [`raw_answer`]); `/close` answers and closes.
+async fn raw_upstream() -> Up {
+    Up::start(|mut s| async move {
+        let (mut got, mut buf) = (Vec::new(), [0u8; 1024]);
+        loop {
+            let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+                continue;
+            };
+            let head = String::from_utf8_lossy(&got[..end]).into_owned();
+            got.drain(..end + 4);
+            let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+            if s.write_all(&raw_answer(&path)).await.is_err() || path == "/close" {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+/// The response an upstream of [`raw_upstream`] writes for `path`.
+fn raw_answer(path: &str) -> Vec<u8> {
+    match path {
+        "/chunked" => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;ext=1\r\nhel\r\n2\r\nlo\r\n0\r\nx-trailer: 1\r\n\r\n".to_vec(),
+        "/interim" => b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello".to_vec(),
+        "/reason" => b"HTTP/1.1 200 Fine Indeed\r\ncontent-length: 5\r\n\r\nhello".to_vec(),
+        "/close" => b"HTTP/1.1 200 OK\r\n\r\nhello".to_vec(),
+        "/big-head" => {
+            let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+            while head.len() < 600 * 1024 {
+                head.extend_from_slice(format!("x-{}: {}\r\n", head.len(), "v".repeat(4000)).as_bytes());
+            }
+            head.extend_from_slice(b"content-length: 5\r\n\r\nhello");
+            head
+        }
+        "/many-fields" => {
+            let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+            for i in 0..101 {
+                head.extend_from_slice(format!("x-{i}: v\r\n").as_bytes());
+            }
+            head.extend_from_slice(b"content-length: 5\r\n\r\nhello");
+            head
+        }
+        "/bad-chunk" => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n".to_vec(),
+        "/two-lengths" => b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello".to_vec(),
+        _ => b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello".to_vec(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_framing_an_upstream_may_use_reaches_the_client_and_only_framed_ones_are_reused() {
+    let up = raw_upstream().await;
+    let gw = proxy_to(&up, "");
+    let c = client();
+    // By length, chunked (extensions and trailers dropped from the data), after interim
+    // answers: one connection serves them all.
+    for path in ["/length", "/chunked", "/interim", "/length"] {
+        let a = get(&c, &gw.url(path), &[]).await;
+        assert_eq!(
+            (a.status, a.text().as_str()),
+            (StatusCode::OK, "hello"),
+            "{path}"
+        );
+    }
+    assert_eq!(up.accepted(), 1, "framed answers keep the connection");
+    // A reason phrase of the upstream's own reaches the client as it was.
+    let got = exchange(
+        gw.port,
+        b"GET /reason HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        WAIT,
+    )
+    .await;
+    assert_eq!(status_line(&got), "HTTP/1.1 200 Fine Indeed", "{got}");
+    // Up to the close: the whole body, and the connection is not used again.
+    let a = get(&c, &gw.url("/close"), &[]).await;
+    assert_eq!((a.status, a.text().as_str()), (StatusCode::OK, "hello"));
+    let before = up.accepted();
+    let a = get(&c, &gw.url("/length"), &[]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        up.accepted(),
+        before + 1,
+        "a connection ended by its close is not reused"
+    );
+    let m = metrics(&gw).await;
+    assert_eq!(upstream_errors(&m, "response"), 0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_s_oversized_or_malformed_answer_is_502_or_cut_and_the_gateway_serves_on() {
+    let up = raw_upstream().await;
+    let gw = proxy_to(&up, "");
+    let c = client();
+    // Heads past hyper's client's bounds (bytes, fields) and lengths that disagree: 502,
+    // counted as the upstream's fault.
+    for (i, path) in ["/big-head", "/many-fields", "/two-lengths"]
+        .into_iter()
+        .enumerate()
+    {
+        let a = get(&c, &gw.url(path), &[]).await;
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{path}: {}", a.text());
+        let m = metrics(&gw).await;
+        assert_eq!(upstream_errors(&m, "response"), i as u64 + 1, "{path}: {m}");
+    }
+    // A chunked body whose framing breaks after its head: the client's answer is cut (the
+    // head was sent), and that connection is never used again.
+    let got = exchange(gw.port, b"GET /bad-chunk HTTP/1.1\r\nhost: x\r\n\r\n", WAIT).await;
+    assert!(
+        got.is_empty()
+            || (status_line(&got) == "HTTP/1.1 200 OK" && !got.ends_with("\r\n0\r\n\r\n")),
+        "{got}"
+    );
+    let before = up.accepted();
+    for _ in 0..3 {
+        let a = get(&c, &gw.url("/length"), &[]).await;
+        assert_eq!((a.status, a.text().as_str()), (StatusCode::OK, "hello"));
+    }
+    assert!(
+        up.accepted() <= before + 1,
+        "a good connection is reused again"
+    );
+}

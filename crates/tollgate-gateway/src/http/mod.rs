@@ -7,6 +7,7 @@ pub mod client_body;
 pub(crate) mod conn_limit;
 pub(crate) mod head_timeout;
 pub mod metrics;
+pub(crate) mod names;
 pub(crate) mod plain;
 pub(crate) mod refusal;
 pub mod server;

@@ -30,6 +30,7 @@
 
 use crate::http::head_timeout::HeadWatch;
 use crate::http::metrics::HttpMetrics;
+use crate::http::names::Names;
 use crate::http::refusal::{refuses_read, MAX_HEADERS, MAX_HEAD_BYTES};
 use crate::http::service::{unify, GatewayService, Written};
 use crate::http::util::ConnBody;
@@ -257,55 +258,8 @@ type Field = (HeaderName, Range<usize>);
 struct Fields {
     /// The head's fields, in order, until [`Parsed::fill`] takes them.
     list: Vec<Field>,
-    /// A client sends the same header names in the same order request after request: a name
-    /// written exactly as the one at its position in an earlier head is that one, cloned, not
-    /// parsed (and a custom one allocated) again. Only the first [`KEPT_POSITIONS`] positions,
-    /// one name each, of at most [`KEPT_NAME`] bytes: a connection keeps at most 3.5 KiB (a test
-    /// holds it to 4 KiB) whatever names its client sends; a client that varies them only
-    /// misses.
-    names: Vec<Option<Known>>,
-}
-
-/// The longest header name [`Fields`] keeps (`x-forwarded-for` is 15 bytes,
-/// `sec-ch-ua-platform-version` 26).
-const KEPT_NAME: usize = 32;
-
-/// The header positions [`Fields`] keeps a name for: a browser's request has about 15 fields.
-const KEPT_POSITIONS: usize = 32;
-
-/// A header name as a head wrote it, and the name it is.
-struct Known {
-    raw: [u8; KEPT_NAME],
-    len: usize,
-    name: HeaderName,
-}
-
-impl Fields {
-    /// The header name `raw`, the `i`th of its head; `None` when it is not one.
-    fn name(&mut self, i: usize, raw: &[u8]) -> Option<HeaderName> {
-        if let Some(Some(known)) = self.names.get(i) {
-            if known.raw.get(..known.len) == Some(raw) {
-                return Some(known.name.clone());
-            }
-        }
-        let name = HeaderName::from_bytes(raw).ok()?;
-        if i <= self.names.len() && i < KEPT_POSITIONS {
-            let known = (raw.len() <= KEPT_NAME).then(|| {
-                let mut kept = [0; KEPT_NAME];
-                kept[..raw.len()].copy_from_slice(raw);
-                Known {
-                    raw: kept,
-                    len: raw.len(),
-                    name: name.clone(),
-                }
-            });
-            match self.names.get_mut(i) {
-                Some(slot) => *slot = known,
-                None => self.names.push(known),
-            }
-        }
-        Some(name)
-    }
+    /// The names of the connection's earlier heads (see `names.rs`).
+    names: Names,
 }
 
 /// A plain request's head, read: where its parts are in the bytes it was read from (its
@@ -371,7 +325,7 @@ fn parse(buf: &[u8], fields: &mut Fields) -> Head {
     fields.list.clear();
     let (mut length, mut hosts) = (false, 0);
     for (i, h) in req.headers.iter().enumerate() {
-        let Some(name) = fields.name(i, h.name.as_bytes()) else {
+        let Some(name) = fields.names.name(i, h.name.as_bytes()) else {
             return Head::Other;
         };
         let plain = if name == HOST {
@@ -499,6 +453,7 @@ pub(crate) fn dateless(answer: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::names::{KEPT_NAME, KEPT_POSITIONS};
     use http::Response;
     use http_body_util::Full;
     use hyper::body::Incoming;
@@ -606,18 +561,13 @@ mod tests {
                 "head {i}: {}",
                 String::from_utf8_lossy(head)
             );
-            assert!(kept.names.len() <= 4);
+            assert!(kept.names.kept().len() <= 4);
         }
         assert!(
             names_of(heads[6], &mut kept).is_none(),
             "a bad name is not one"
         );
-        let names = |kept: &Fields| -> Vec<String> {
-            kept.names
-                .iter()
-                .map(|k| k.as_ref().map_or("-", |k| k.name.as_str()).to_owned())
-                .collect()
-        };
+        let names = |kept: &Fields| kept.names.kept();
         assert_eq!(names(&kept), ["x-api-kez", "host", "x-more", "x-most"]);
         // A long name is read, not kept; the names after it are.
         let long = format!("x-{}", "l".repeat(KEPT_NAME - 1));
@@ -640,12 +590,10 @@ mod tests {
                 read[MAX_HEADERS - 1].0,
                 format!("x-{round}-{}", MAX_HEADERS - 1)
             );
-            assert_eq!(kept.names.len(), KEPT_POSITIONS);
+            assert_eq!(kept.names.kept().len(), KEPT_POSITIONS);
         }
-        // What the connection holds for them, at most: the slots it has room for (read from
-        // the list, so a list grown past its bound shows) and, for each, a custom name's own
-        // bytes on the heap (at most KEPT_NAME; a standard name has none).
-        let kept_bytes = kept.names.capacity() * (std::mem::size_of::<Option<Known>>() + KEPT_NAME);
+        // What the connection holds for them, at most.
+        let kept_bytes = kept.names.bytes_at_most();
         eprintln!("names kept by a connection: at most {kept_bytes} bytes");
         assert!(kept_bytes <= 4096, "{kept_bytes}");
     }

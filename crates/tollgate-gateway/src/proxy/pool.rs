@@ -1,9 +1,12 @@
-//! The upstream connections: HTTP/1 connections made with hyper's `client::conn::http1`, each
-//! driven by the task of the downstream request it serves, never by a task of its own. The
-//! request is written, its body streamed and the response read from the downstream
-//! connection's task, so a proxied request costs no hand-off to another task and back (which
-//! is what hyper-util's pooled client does: a connection task per upstream connection, a
-//! channel to it and a oneshot back, and a pool checkout under a shared lock).
+//! The upstream connections: HTTP/1.1 connections of the gateway's own (`h1.rs` writes and
+//! reads the messages), each driven by the task of the downstream request it serves, never by
+//! a task of its own. The request is written, its body streamed and the response read from
+//! the downstream connection's task, so a proxied request costs no hand-off to another task
+//! and back (which is what hyper-util's pooled client does: a connection task per upstream
+//! connection, a channel to it and a oneshot back, and a pool checkout under a shared lock).
+//! Until 2026-12-05 they were hyper's `client::conn::http1` connections, driven the same way;
+//! hyper's dispatch between its handle and its connection, its response parser and its body
+//! channel were a third of a proxied request's instructions (see docs/benchmarks.md).
 //!
 //! Idle connections wait in a small pool per worker thread (a stack under a lock that worker
 //! takes, most recently used on top, at most `max_idle` of them; a connection over the bound
@@ -14,8 +17,8 @@
 //! polled while it waits, so a close by the upstream is seen when the connection is next
 //! taken (it is then dropped and the next one tried) or by the sweep every
 //! [`SWEEP_EVERY`], which also closes connections idle for longer than [`IDLE_TIMEOUT`].
-//! A request that hyper hands back unsent (the connection turned out to be closed before it
-//! was written) is retried on another connection; one already written is not (it may not be
+//! A request whose head could not be written at all on a connection used before (it turned
+//! out to be closed) is retried on another connection; one written is not (it may not be
 //! idempotent), and its failure is the caller's 502.
 //!
 //! A request waits for its response head until a deadline (`upstream_timeout` from when the
@@ -27,29 +30,32 @@
 //! most once and wakes that request's task for nothing; a connection's next request re-arms
 //! it. A new connection is made under a timer of its own (rare: the pool keeps them).
 //!
-//! The response body ([`UpstreamBody`]) carries its connection back: polling it does the
-//! connection's reads, so the response streams at the pace the client takes it (nothing is
-//! read ahead of a slow client), and when it ends the connection returns to the pool; one
-//! dropped before its end (the client went away) closes the connection, whose state is then
-//! unknown. It lives here, beside the pool it returns to: it was `body.rs`, and the two files
-//! imported each other.
+//! The request's body is sent while the response is read, and after its head has come: an
+//! upstream may answer as the body arrives (the response's body then drives the rest of the
+//! request's). The response body ([`UpstreamBody`]) carries its connection back: polling it
+//! does the connection's reads, so the response streams at the pace the client takes it
+//! (nothing is read ahead of a slow client), and when it ends the connection returns to the
+//! pool if it can serve another request (see `h1.rs`; and the request's body was sent whole,
+//! and nothing came after the response); one dropped before its end (the client went away)
+//! closes the connection, whose state is then unknown.
 
+use super::h1::{self, Chunked, Incoming, Malformed, Outgoing, Read, Step};
+use crate::http::names::Names;
 use crate::http::util::BoxError;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::uri::Authority;
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper_util::rt::TokioIo;
 use std::collections::VecDeque;
 use std::future::Future;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
@@ -63,100 +69,306 @@ pub const MAX_IDLE_PER_WORKER: usize = 128;
 /// Sweeps an idle connection survives (its age in [`SWEEP_EVERY`] steps).
 const IDLE_SWEEPS: u64 = IDLE_TIMEOUT.as_secs() / SWEEP_EVERY.as_secs();
 
+/// The least room a read is given (hyper's first read buffer size).
+const READ_ROOM: usize = 8 * 1024;
+
+/// The most bytes of a request's body held to be written: more waits for the upstream to
+/// take what is held.
+const OUT_ROOM: usize = 64 * 1024;
+
 /// What a request body sent upstream must be (the proxy sends the client's, with its
 /// deadline).
 pub(super) trait RequestBody:
-    http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+    http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
 {
 }
 
 impl<B> RequestBody for B where
-    B: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+    B: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
 {
 }
 
-/// One upstream connection: the handle requests are sent on and the future that does its
-/// reads and writes.
+/// One upstream connection: its socket, what was read and not yet taken, what is to be
+/// written, and the request body still being sent.
 pub(super) struct UpstreamConn<B: RequestBody> {
-    sender: SendRequest<B>,
-    /// `None` once the connection is over (closed by either side, or broken).
-    driver: Option<Connection<TokioIo<TcpStream>, B>>,
-    /// Whether it served a request before (a request it hands back unsent is then retried).
+    io: TcpStream,
+    read: BytesMut,
+    /// Bytes to write, of which `written` are.
+    out: Vec<u8>,
+    written: usize,
+    /// The request body still to send, and how it is framed (`None` once sent whole).
+    sending: Option<(B, Outgoing)>,
+    /// The header names of the upstream's earlier responses, by position, and the fields of
+    /// the one being read.
+    names: Names,
+    fields: h1::Fields,
+    /// False once the connection cannot serve another request: closed, broken, a response
+    /// framed by its close, a request body not sent whole.
+    usable: bool,
+    /// Whether it served a request before (a request it could not write at all is then
+    /// retried).
     reused: bool,
     /// The timer of the request it serves, kept for the next one (see the module's doc);
     /// `None` until its first request.
     timer: Option<Pin<Box<Sleep>>>,
 }
 
+/// Why an exchange failed.
+#[derive(Debug)]
+pub(super) enum ExchangeError {
+    /// The socket failed, or closed before the response's end.
+    Io(io::Error),
+    /// The upstream's response broke HTTP/1.1.
+    Malformed(Malformed),
+    /// The request's body failed (the client's fault: the proxy answers that first).
+    Body(BoxError),
+}
+
+impl std::fmt::Display for ExchangeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExchangeError::Io(e) => write!(f, "upstream connection: {e}"),
+            ExchangeError::Malformed(e) => e.fmt(f),
+            ExchangeError::Body(e) => write!(f, "request body: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ExchangeError {}
+
+/// How a send ended before a response head.
+enum Unanswered<B> {
+    /// Nothing of the request was written: it may go on another connection.
+    Unsent(Box<Request<B>>),
+    Failed(ExchangeError),
+}
+
+fn closed_early() -> ExchangeError {
+    ExchangeError::Io(io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the upstream closed the connection before the response's end",
+    ))
+}
+
 impl<B: RequestBody> UpstreamConn<B> {
-    /// Does the connection's pending I/O (waking `cx` when there is more); false once the
-    /// connection is over.
-    pub(super) fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        drive(&mut self.driver, cx)
+    fn new(io: TcpStream) -> Self {
+        Self {
+            io,
+            read: BytesMut::new(),
+            out: Vec::new(),
+            written: 0,
+            sending: None,
+            names: Names::default(),
+            fields: Vec::new(),
+            usable: true,
+            reused: false,
+            timer: None,
+        }
     }
 
-    /// Whether it can take a request now, after doing its pending I/O.
-    fn ready(&mut self, cx: &mut Context<'_>) -> bool {
-        self.drive(cx) && self.sender.is_ready()
+    /// Whether it can take a request now: it is usable, and the upstream has neither closed
+    /// it nor sent anything unasked. Looked at without waiting and without a waker: the
+    /// socket is read only when the runtime saw it become readable (a close, or bytes).
+    fn ready(&mut self) -> bool {
+        if !self.idle() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        match self.io.try_read(&mut probe) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+            // Closed, unasked bytes, or an error.
+            _ => {
+                self.usable = false;
+                false
+            }
+        }
+    }
+
+    /// Whether, as far as this side knows, it can take another request: usable, its last
+    /// request's body sent whole and nothing read past its last response.
+    fn idle(&self) -> bool {
+        self.usable && self.read.is_empty() && self.sending.is_none()
+    }
+
+    /// Writes what is held and what of the request's body is ready, as far as the socket
+    /// takes it. A write that fails ends the sending (the upstream may still answer: it
+    /// often closes its side after an early answer); a body that fails is an error.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Result<(), ExchangeError> {
+        loop {
+            while self.written < self.out.len() {
+                match Pin::new(&mut self.io).poll_write(cx, &self.out[self.written..]) {
+                    Poll::Ready(Ok(n)) if n > 0 => self.written += n,
+                    Poll::Pending => return Ok(()),
+                    Poll::Ready(_) => {
+                        self.usable = false;
+                        self.sending = None;
+                        self.out.clear();
+                        self.written = 0;
+                        return Ok(());
+                    }
+                }
+            }
+            self.out.clear();
+            self.written = 0;
+            let Some((body, framing)) = &mut self.sending else {
+                return Ok(());
+            };
+            while self.out.len() < OUT_ROOM {
+                match Pin::new(&mut *body).poll_frame(cx) {
+                    Poll::Pending => break,
+                    Poll::Ready(None) => {
+                        match *framing {
+                            Outgoing::Chunked => self.out.extend_from_slice(h1::LAST_CHUNK),
+                            // Shorter than its length: the upstream waits for the rest.
+                            Outgoing::Length(left) if left > 0 => self.usable = false,
+                            _ => {}
+                        }
+                        self.sending = None;
+                        break;
+                    }
+                    Poll::Ready(Some(Ok(frame))) => {
+                        let Ok(data) = frame.into_data() else {
+                            continue;
+                        };
+                        match framing {
+                            Outgoing::Chunked if !data.is_empty() => {
+                                h1::write_chunk(&data, &mut self.out)
+                            }
+                            Outgoing::Length(left) => {
+                                let n = (data.len() as u64).min(*left);
+                                self.out.extend_from_slice(&data[..n as usize]);
+                                *left -= n;
+                            }
+                            _ => {}
+                        }
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        self.usable = false;
+                        self.sending = None;
+                        return Err(ExchangeError::Body(e.into()));
+                    }
+                }
+            }
+            if self.out.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads more into the read buffer: the count (0: the upstream closed).
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() - self.read.len() < READ_ROOM / 2 {
+            self.read.reserve(READ_ROOM);
+        }
+        let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read);
+        if let Poll::Ready(Ok(0) | Err(_)) = read {
+            self.usable = false;
+        }
+        read
     }
 
     /// Sends `req` and waits for the response head until `deadline` (`None` past it), doing
-    /// the connection's I/O meanwhile.
+    /// the connection's writes meanwhile. The head comes with the request's method (how its
+    /// body is framed depends on it).
     async fn send(
         &mut self,
         req: Box<Request<B>>,
         deadline: Instant,
-    ) -> Option<Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<B>>>> {
-        let timer = match &mut self.timer {
-            Some(timer) => {
+    ) -> Option<Result<Box<h1::ResponseHead>, Unanswered<B>>> {
+        let mut timer = match self.timer.take() {
+            Some(mut timer) => {
                 // Usually later than the last request's deadline (the same `upstream_timeout`
                 // from a later instant): tokio then only pushes the expiry on. An earlier one
                 // (a reload shortened it) or a fired timer is registered again.
                 timer.as_mut().reset(deadline);
                 timer
             }
-            None => self
-                .timer
-                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+            None => Box::pin(tokio::time::sleep_until(deadline)),
         };
-        let mut answer = std::pin::pin!(self.sender.try_send_request(*req));
-        let driver = &mut self.driver;
-        std::future::poll_fn(|cx| {
-            drive(driver, cx);
-            if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
-                return Poll::Ready(Some(answer));
+        let (mut parts, body) = (*req).into_parts();
+        let framing = h1::frame_request(
+            &parts.method,
+            &mut parts.headers,
+            body.is_end_stream(),
+            body.size_hint().exact(),
+        );
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        self.out.clear();
+        self.written = 0;
+        h1::write_request_head(&parts.method, target, &parts.headers, &mut self.out);
+        // The head's first write, apart: a connection used before that takes none of it was
+        // closed, and the request may go on another one.
+        let first = {
+            let (io, out) = (&mut self.io, &self.out);
+            std::future::poll_fn(|cx| Pin::new(&mut *io).poll_write(cx, out)).await
+        };
+        match first {
+            Ok(n) if n > 0 => self.written = n,
+            failed => {
+                self.usable = false;
+                if self.reused {
+                    let req = Request::from_parts(parts, body);
+                    return Some(Err(Unanswered::Unsent(Box::new(req))));
+                }
+                let e = failed
+                    .err()
+                    .unwrap_or_else(|| io::Error::from(io::ErrorKind::WriteZero));
+                return Some(Err(Unanswered::Failed(ExchangeError::Io(e))));
             }
-            timer.as_mut().poll(cx).map(|()| None)
+        }
+        if framing != Outgoing::None {
+            self.sending = Some((body, framing));
+        }
+        let method = parts.method;
+        let answer = std::future::poll_fn(|cx| {
+            if let Err(e) = self.poll_send(cx) {
+                return Poll::Ready(Some(Err(e)));
+            }
+            match self.poll_head(cx, &method) {
+                Poll::Ready(head) => Poll::Ready(Some(head)),
+                Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
+            }
         })
-        .await
+        .await;
+        self.timer = Some(timer);
+        Some(answer?.map_err(Unanswered::Failed))
     }
-}
 
-/// Does a connection's pending I/O (waking `cx` when there is more); false once it is over
-/// (`driver` is then `None`).
-fn drive<B: RequestBody>(
-    driver: &mut Option<Connection<TokioIo<TcpStream>, B>>,
-    cx: &mut Context<'_>,
-) -> bool {
-    let Some(d) = driver else {
-        return false;
-    };
-    match Pin::new(d).poll(cx) {
-        Poll::Pending => true,
-        Poll::Ready(ended) => {
-            if let Err(e) = ended {
-                tracing::debug!(error = %e, "upstream connection ended");
+    /// Reads until a response head (to a `method` request) is whole.
+    fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        method: &Method,
+    ) -> Poll<Result<Box<h1::ResponseHead>, ExchangeError>> {
+        loop {
+            if !self.read.is_empty() {
+                match h1::read_response(&mut self.read, method, &mut self.names, &mut self.fields) {
+                    Ok(Read::Head(head)) => {
+                        if !head.keep_alive {
+                            self.usable = false;
+                        }
+                        return Poll::Ready(Ok(head));
+                    }
+                    Ok(Read::Partial) => {}
+                    Err(e) => {
+                        self.usable = false;
+                        return Poll::Ready(Err(ExchangeError::Malformed(e)));
+                    }
+                }
             }
-            *driver = None;
-            false
+            match std::task::ready!(self.poll_read(cx)) {
+                Ok(0) => return Poll::Ready(Err(closed_early())),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(ExchangeError::Io(e))),
+            }
         }
     }
 }
 
 /// A connection as the pool and the response bodies hold it: boxed once when it is made.
-/// hyper's connection state (its buffers, its parser) is several hundred bytes, and a
-/// connection moves several times a request (out of the pool, into the request's future,
-/// into the response body, back into the pool); a box moves as one pointer.
+/// Its state (its buffers, its names) is a few hundred bytes, and a connection moves several
+/// times a request (out of the pool, into the request's future, into the response body, back
+/// into the pool); a box moves as one pointer.
 pub(super) type Conn<B> = Box<UpstreamConn<B>>;
 
 /// Why no response head came back.
@@ -165,7 +377,7 @@ pub(super) enum Failure {
     /// No connection could be made.
     Connect(BoxError),
     /// Connected, but the exchange broke before a response head arrived.
-    Exchange(hyper::Error),
+    Exchange(ExchangeError),
     /// No response head by the deadline.
     Timeout,
 }
@@ -206,7 +418,6 @@ type Shard<B> = Mutex<VecDeque<Idle<B>>>;
 /// The connections to one upstream.
 pub(super) struct Pool<B: RequestBody> {
     address: Address,
-    builder: http1::Builder,
     shards: Box<[Shard<B>]>,
     max_idle: usize,
     /// Sweeps done so far.
@@ -230,7 +441,6 @@ impl<B: RequestBody> Pool<B> {
     pub(super) fn new(authority: &Authority, workers: usize, max_idle: usize) -> Arc<Self> {
         let pool = Arc::new(Self {
             address: Address::of(authority),
-            builder: http1::Builder::new(),
             shards: (0..workers.max(1)).map(|_| Shard::default()).collect(),
             max_idle,
             sweeps: AtomicU64::new(0),
@@ -281,8 +491,7 @@ impl<B: RequestBody> Pool<B> {
         deadline: Instant,
     ) -> Result<Response<UpstreamBody<B>>, Failure> {
         loop {
-            let idle = std::future::poll_fn(|cx| Poll::Ready(self.checkout(cx))).await;
-            let mut conn = match idle {
+            let mut conn = match self.checkout() {
                 Some(conn) => conn,
                 None => match tokio::time::timeout_at(deadline, self.connect()).await {
                     Ok(made) => made.map_err(Failure::Connect)?,
@@ -294,24 +503,34 @@ impl<B: RequestBody> Pool<B> {
                 return Err(Failure::Timeout);
             };
             match sent {
-                Ok(resp) => return Ok(resp.map(|body| UpstreamBody::new(body, conn, self.clone()))),
-                Err(mut e) => match e.take_message() {
-                    // Never written: safe to send again, on another connection.
-                    Some(unsent) if conn.reused => req = Box::new(unsent),
-                    _ => return Err(Failure::Exchange(e.into_error())),
-                },
+                Ok(head) => {
+                    let head = *head;
+                    let mut resp = Response::new(UpstreamBody::new(head.body, conn, self.clone()));
+                    *resp.status_mut() = head.status;
+                    *resp.version_mut() = head.version;
+                    *resp.headers_mut() = head.headers;
+                    if let Some(reason) = head.reason {
+                        if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(reason) {
+                            resp.extensions_mut().insert(reason);
+                        }
+                    }
+                    return Ok(resp);
+                }
+                // Never written: safe to send again, on another connection.
+                Err(Unanswered::Unsent(unsent)) => req = unsent,
+                Err(Unanswered::Failed(e)) => return Err(Failure::Exchange(e)),
             }
         }
     }
 
     /// The most recently parked idle connection of this thread's shard (or, when it has
     /// none, of another's) that can take a request; closed ones met on the way are dropped.
-    fn checkout(&self, cx: &mut Context<'_>) -> Option<Conn<B>> {
+    fn checkout(&self) -> Option<Conn<B>> {
         let home = self.home();
         loop {
             let idle = lock(&self.shards[home]).pop_back();
             let mut conn = idle.or_else(|| self.steal(home))?.conn;
-            if conn.ready(cx) {
+            if conn.ready() {
                 return Some(conn);
             }
             tracing::debug!("an idle upstream connection was closed; trying the next");
@@ -326,25 +545,15 @@ impl<B: RequestBody> Pool<B> {
         };
         stream.set_nodelay(true)?;
         tracing::debug!("new upstream connection");
-        let (sender, driver) = self.builder.handshake(TokioIo::new(stream)).await?;
-        Ok(Box::new(UpstreamConn {
-            sender,
-            driver: Some(driver),
-            reused: false,
-            timer: None,
-        }))
+        Ok(Box::new(UpstreamConn::new(stream)))
     }
 
     /// Takes back a connection whose response has ended: kept if it can take another
     /// request and this thread's shard has room, closed otherwise.
     pub(super) fn put(&self, mut conn: Conn<B>) {
-        // Polled with a waker that does nothing: the connection settles into its idle
-        // state, and a close while it waits wakes no task (the next checkout sees it).
-        if !conn.ready(&mut Context::from_waker(Waker::noop())) {
-            tracing::debug!(
-                open = conn.driver.is_some(),
-                "an upstream connection cannot take another request; closed"
-            );
+        // Not read here: a close while it waits is seen by the next checkout or sweep.
+        if !conn.idle() {
+            tracing::debug!("an upstream connection cannot take another request; closed");
             return;
         }
         conn.reused = true;
@@ -361,10 +570,8 @@ impl<B: RequestBody> Pool<B> {
     /// Closes the idle connections the upstream closed and those idle for too long.
     fn sweep(&self) {
         let now = self.sweeps.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut cx = Context::from_waker(Waker::noop());
         for shard in self.shards.iter() {
-            lock(shard)
-                .retain_mut(|idle| now - idle.sweep < IDLE_SWEEPS && idle.conn.ready(&mut cx));
+            lock(shard).retain_mut(|idle| now - idle.sweep < IDLE_SWEEPS && idle.conn.ready());
         }
     }
 
@@ -377,26 +584,101 @@ impl<B: RequestBody> Pool<B> {
 
 /// A response body from the upstream, with the connection it arrives on.
 pub(crate) struct UpstreamBody<B: RequestBody> {
-    body: Incoming,
+    /// What is left to read of it.
+    left: Left,
     /// `None` once given back (the body ended) or broken.
     conn: Option<Conn<B>>,
     pool: Arc<Pool<B>>,
 }
 
+/// What is left of a response body.
+enum Left {
+    /// This many bytes (0: it is over).
+    Length(u64),
+    Chunked(Chunked),
+    /// Everything up to the close.
+    Close,
+    /// Nothing: it is over.
+    Done,
+}
+
 impl<B: RequestBody> UpstreamBody<B> {
-    pub(super) fn new(body: Incoming, conn: Conn<B>, pool: Arc<Pool<B>>) -> Self {
+    fn new(framing: Incoming, conn: Conn<B>, pool: Arc<Pool<B>>) -> Self {
+        let left = match framing {
+            Incoming::Empty | Incoming::Length(0) => Left::Done,
+            Incoming::Length(n) => Left::Length(n),
+            Incoming::Chunked => Left::Chunked(Chunked::default()),
+            Incoming::Close => Left::Close,
+        };
         Self {
-            body,
+            left,
             conn: Some(conn),
             pool,
         }
     }
 
-    /// The body is over: the connection may serve another request.
+    /// The body is over: the connection may serve another request, if the request's body
+    /// was sent whole and nothing came after the response.
     fn ended(&mut self) {
+        self.left = Left::Done;
         if let Some(conn) = self.conn.take() {
+            // A request body still being sent (the upstream answered before its end) or bytes
+            // after the response: `put` closes it.
             self.pool.put(conn);
         }
+    }
+
+    /// The next frame from what is read already, if any; `Ok(None)` when more must be read.
+    fn take(&mut self) -> Result<Option<Frame<Bytes>>, ExchangeError> {
+        let Some(conn) = &mut self.conn else {
+            return Ok(None);
+        };
+        let frame = match &mut self.left {
+            Left::Done => return Ok(None),
+            Left::Length(left) => {
+                if conn.read.is_empty() {
+                    return Ok(None);
+                }
+                let n = usize::try_from(*left)
+                    .unwrap_or(usize::MAX)
+                    .min(conn.read.len());
+                *left -= n as u64;
+                let data = conn.read.split_to(n).freeze();
+                if *left == 0 {
+                    self.ended();
+                }
+                Frame::data(data)
+            }
+            Left::Close => {
+                if conn.read.is_empty() {
+                    return Ok(None);
+                }
+                Frame::data(conn.read.split().freeze())
+            }
+            Left::Chunked(chunked) => match chunked
+                .step(&mut conn.read)
+                .map_err(ExchangeError::Malformed)?
+            {
+                Step::Data(data) => Frame::data(data),
+                Step::Trailers(trailers) => {
+                    self.ended();
+                    Frame::trailers(trailers)
+                }
+                Step::End => {
+                    self.ended();
+                    return Ok(None);
+                }
+                Step::More => return Ok(None),
+            },
+        };
+        Ok(Some(frame))
+    }
+
+    /// A failure: the connection is closed, and the body reports it.
+    fn broke(&mut self, e: ExchangeError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.conn = None;
+        self.left = Left::Done;
+        Poll::Ready(Some(Err(Box::new(e))))
     }
 }
 
@@ -409,44 +691,45 @@ impl<B: RequestBody> Body for UpstreamBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let mut drove = false;
         loop {
-            match Pin::new(&mut this.body).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if frame.is_trailers() || this.body.is_end_stream() {
-                        this.ended();
-                    }
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                Poll::Ready(None) => {
+            match this.take() {
+                Ok(Some(frame)) => return Poll::Ready(Some(Ok(frame))),
+                Ok(None) => {}
+                Err(e) => return this.broke(e),
+            }
+            let Some(conn) = &mut this.conn else {
+                return Poll::Ready(None);
+            };
+            if matches!(this.left, Left::Done) {
+                this.ended();
+                return Poll::Ready(None);
+            }
+            // The request's body may still be going: the upstream may wait for it.
+            if let Err(e) = conn.poll_send(cx) {
+                return this.broke(e);
+            }
+            match std::task::ready!(conn.poll_read(cx)) {
+                Ok(0) if matches!(this.left, Left::Close) => {
                     this.ended();
                     return Poll::Ready(None);
                 }
-                // Nothing buffered: read from the connection once, then look again.
-                Poll::Pending if !drove => {
-                    drove = true;
-                    match &mut this.conn {
-                        Some(conn) => {
-                            conn.drive(cx);
-                        }
-                        None => return Poll::Pending,
-                    }
-                }
-                Poll::Pending => return Poll::Pending,
+                Ok(0) => return this.broke(closed_early()),
+                Ok(_) => {}
+                Err(e) => return this.broke(ExchangeError::Io(e)),
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        matches!(self.left, Left::Done | Left::Length(0))
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.left {
+            Left::Done => SizeHint::with_exact(0),
+            Left::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
     }
 }
 
@@ -454,7 +737,7 @@ impl<B: RequestBody> Drop for UpstreamBody<B> {
     fn drop(&mut self) {
         // hyper's server drops a body without polling it to `None` once it reports its end
         // (or has none, as for HEAD or a 204): that end counts too.
-        if self.body.is_end_stream() {
+        if self.is_end_stream() {
             self.ended();
         }
     }
