@@ -21,6 +21,7 @@
 //!   `Connection: close`, or HTTP/1.0 with `Connection: keep-alive`, and its body was framed
 //!   by a length or chunks (the pool also requires that the request's body was sent whole).
 
+use super::headers::{connection_names_more, is_hop_by_hop, strip_hop_by_hop};
 use crate::http::names::Names;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -205,8 +206,8 @@ pub(super) struct ResponseHead {
 /// What a read buffer begins with.
 #[derive(Debug)]
 pub(super) enum Read {
-    /// Not a whole head yet.
-    Partial,
+    /// Not a whole head yet: the map given, for the next try.
+    Partial(HeaderMap),
     /// A response head (taken from the buffer).
     Head(Box<ResponseHead>),
 }
@@ -223,9 +224,11 @@ struct Meta {
     /// `Transfer-Encoding` is present; `chunked`: its last coding is `chunked`.
     te: bool,
     chunked: bool,
-    /// `Connection` names `close`; `keep_alive`: it names `keep-alive`.
+    /// `Connection` names `close`; `keep_alive`: it names `keep-alive`; `more`: it names a
+    /// field beyond the fixed hop-by-hop ones, which is then hop-by-hop too.
     close: bool,
     keep_alive: bool,
+    more: bool,
 }
 
 impl Meta {
@@ -252,18 +255,24 @@ impl Meta {
                 self.close |= token.eq_ignore_ascii_case(b"close");
                 self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }
+            self.more |= connection_names_more(value);
         }
     }
 }
 
 /// Reads the response head at the start of `buf`, taking it (and any interim responses
 /// before it) from `buf`; `method`: the request's. `names` and `fields` are the
-/// connection's, kept between its responses.
+/// connection's, kept between its responses; `map` is a map to fill (its room is reused:
+/// the request's, written already), emptied first.
+///
+/// The head's hop-by-hop fields are not in the response's map: the proxy never passes them
+/// on (`headers.rs`), and leaving them out costs less than removing them (a lookup each).
 pub(super) fn read_response(
     buf: &mut BytesMut,
     method: &Method,
     names: &mut Names,
     fields: &mut Fields,
+    mut map: HeaderMap,
 ) -> Result<Read, Malformed> {
     loop {
         let (len, status, version, reason, meta) = {
@@ -274,7 +283,9 @@ pub(super) fn read_response(
                 .parse_response_with_uninit_headers(&mut res, bytes, &mut slots);
             let len = match parsed {
                 Ok(httparse::Status::Complete(len)) => len,
-                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Ok(Read::Partial),
+                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {
+                    return Ok(Read::Partial(map))
+                }
                 Ok(httparse::Status::Partial) => return Err(Malformed("a head too large")),
                 Err(httparse::Error::TooManyHeaders) => return Err(Malformed("too many fields")),
                 Err(_) => return Err(Malformed("a head that does not parse")),
@@ -316,12 +327,20 @@ pub(super) fn read_response(
             continue;
         }
         let head = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(fields.len());
+        map.clear();
         for (name, at) in fields.drain(..) {
+            if !meta.more && is_hop_by_hop(&name) {
+                continue;
+            }
             let value = HeaderValue::from_maybe_shared(head.slice(at))
                 .map_err(|_| Malformed("a bad field value"))?;
-            headers.append(name, value);
+            map.append(name, value);
         }
+        // A `Connection` that names other fields: they go as the fixed ones do.
+        if meta.more {
+            strip_hop_by_hop(&mut map);
+        }
+        let headers = map;
         let reason = reason.map(|at| head.slice(at));
         let (body, framed) = framing(status, version, method, &meta)?;
         let keep_alive = framed
@@ -520,7 +539,13 @@ mod tests {
 
     fn head(text: &[u8], method: &Method) -> Result<Read, Malformed> {
         let mut buf = BytesMut::from(text);
-        read_response(&mut buf, method, &mut Names::default(), &mut Fields::new())
+        read_response(
+            &mut buf,
+            method,
+            &mut Names::default(),
+            &mut Fields::new(),
+            HeaderMap::new(),
+        )
     }
 
     fn whole(text: &[u8], method: &Method) -> ResponseHead {
@@ -632,13 +657,47 @@ mod tests {
     }
 
     #[test]
+    fn hop_by_hop_fields_and_those_connection_names_are_left_out_of_the_map() {
+        let names = |text: &[u8]| -> Vec<String> {
+            let mut names: Vec<String> = whole(text, &Method::GET)
+                .headers
+                .keys()
+                .map(|n| n.as_str().to_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(
+            names(b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nx-a: 1\r\nTransfer-Encoding: chunked\r\nTrailer: x-t\r\nUpgrade: h2c\r\n\r\n"),
+            ["x-a"]
+        );
+        assert_eq!(
+            names(b"HTTP/1.1 200 OK\r\nconnection: close, X-Secret\r\nx-secret: 1\r\nx-a: 1\r\ncontent-length: 0\r\nproxy-connection: x\r\n\r\n"),
+            ["content-length", "x-a"]
+        );
+        let h = whole(
+            b"HTTP/1.1 200 OK\r\nconnection: close, X-Secret\r\ncontent-length: 0\r\n\r\n",
+            &Method::GET,
+        );
+        assert!(
+            !h.keep_alive,
+            "what the connection said is read before it is left out"
+        );
+    }
+
+    #[test]
     fn interim_responses_are_skipped_and_a_partial_head_waits() {
         let mut buf = BytesMut::from(
             &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: x\r\n\r\nHTTP/1.1 201 Made It\r\nx-a: 1\r\ncontent-length: 2\r\n\r\nokHTTP/1.1"[..],
         );
         let (mut names, mut fields) = (Names::default(), Fields::new());
-        let Ok(Read::Head(h)) = read_response(&mut buf, &Method::POST, &mut names, &mut fields)
-        else {
+        let Ok(Read::Head(h)) = read_response(
+            &mut buf,
+            &Method::POST,
+            &mut names,
+            &mut fields,
+            HeaderMap::new(),
+        ) else {
             panic!("a head");
         };
         assert_eq!(h.status, StatusCode::CREATED);
@@ -652,8 +711,14 @@ mod tests {
         assert_eq!(&buf[..], b"okHTTP/1.1", "the body and what follows stay");
         buf.advance(2);
         assert!(matches!(
-            read_response(&mut buf, &Method::GET, &mut names, &mut fields),
-            Ok(Read::Partial)
+            read_response(
+                &mut buf,
+                &Method::GET,
+                &mut names,
+                &mut fields,
+                HeaderMap::new()
+            ),
+            Ok(Read::Partial(_))
         ));
         let canonical = whole(b"HTTP/1.1 404 Not Found\r\n\r\n", &Method::GET);
         assert_eq!(canonical.reason, None);
@@ -820,7 +885,7 @@ mod tests {
             prop_assert!(trailers.is_none() && done && left.is_empty());
             let _ = decode(&noise, &cuts);
             let mut buf = BytesMut::from(&noise[..]);
-            let _ = read_response(&mut buf, &Method::GET, &mut Names::default(), &mut Fields::new());
+            let _ = read_response(&mut buf, &Method::GET, &mut Names::default(), &mut Fields::new(), HeaderMap::new());
         }
     }
 }

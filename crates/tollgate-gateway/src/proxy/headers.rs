@@ -93,6 +93,23 @@ pub(super) fn ip_text(ip: IpAddr) -> Bytes {
     }
 }
 
+/// Whether `name` is one of the fixed hop-by-hop names (not those a `Connection` lists).
+pub(super) fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP_LENGTHS & (1u32 << name.as_str().len().min(31)) != 0 && HOP_BY_HOP.contains(name)
+}
+
+/// Whether a `Connection` value names a header beyond the fixed list (and `close`).
+pub(super) fn connection_names_more(value: &[u8]) -> bool {
+    value.split(|&b| b == b',').any(|token| {
+        let token = token.trim_ascii();
+        !token.is_empty()
+            && !token.eq_ignore_ascii_case(b"close")
+            && !HOP_BY_HOP
+                .iter()
+                .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(token))
+    })
+}
+
 /// Removes hop-by-hop headers, including every header `Connection` lists. Most requests
 /// carry none: one pass over the names finds that without a lookup per hop-by-hop name.
 /// Most responses carry only `Connection: keep-alive` (or `close`), which names nothing

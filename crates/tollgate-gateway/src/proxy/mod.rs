@@ -165,11 +165,8 @@ impl Proxy {
             None => {}
         }
         match answer {
-            Ok(resp) => {
-                let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, body.boxed())
-            }
+            // The pool leaves the hop-by-hop fields out as it reads the head (`h1.rs`).
+            Ok(resp) => resp.map(BodyExt::boxed),
             Err(Failure::Timeout) => {
                 self.metrics.upstream_error(UpstreamError::Timeout);
                 tracing::warn!(timeout = ?self.timeout, "upstream timed out");

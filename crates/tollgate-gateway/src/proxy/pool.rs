@@ -44,7 +44,7 @@ use crate::http::names::Names;
 use crate::http::util::BoxError;
 use bytes::{Bytes, BytesMut};
 use http::uri::Authority;
-use http::{Method, Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -320,11 +320,13 @@ impl<B: RequestBody> UpstreamConn<B> {
             self.sending = Some((body, framing));
         }
         let method = parts.method;
+        // The request's map, written, holds the response's fields (its room reused).
+        let mut map = Some(parts.headers);
         let answer = std::future::poll_fn(|cx| {
             if let Err(e) = self.poll_send(cx) {
                 return Poll::Ready(Some(Err(e)));
             }
-            match self.poll_head(cx, &method) {
+            match self.poll_head(cx, &method, &mut map) {
                 Poll::Ready(head) => Poll::Ready(Some(head)),
                 Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
             }
@@ -334,22 +336,31 @@ impl<B: RequestBody> UpstreamConn<B> {
         Some(answer?.map_err(Unanswered::Failed))
     }
 
-    /// Reads until a response head (to a `method` request) is whole.
+    /// Reads until a response head (to a `method` request) is whole, its fields in `map`
+    /// (taken; a new one when there is none).
     fn poll_head(
         &mut self,
         cx: &mut Context<'_>,
         method: &Method,
+        map: &mut Option<HeaderMap>,
     ) -> Poll<Result<Box<h1::ResponseHead>, ExchangeError>> {
         loop {
             if !self.read.is_empty() {
-                match h1::read_response(&mut self.read, method, &mut self.names, &mut self.fields) {
+                let into = map.take().unwrap_or_default();
+                match h1::read_response(
+                    &mut self.read,
+                    method,
+                    &mut self.names,
+                    &mut self.fields,
+                    into,
+                ) {
                     Ok(Read::Head(head)) => {
                         if !head.keep_alive {
                             self.usable = false;
                         }
                         return Poll::Ready(Ok(head));
                     }
-                    Ok(Read::Partial) => {}
+                    Ok(Read::Partial(unused)) => *map = Some(unused),
                     Err(e) => {
                         self.usable = false;
                         return Poll::Ready(Err(ExchangeError::Malformed(e)));
