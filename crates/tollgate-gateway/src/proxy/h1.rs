@@ -101,11 +101,13 @@ pub(super) fn frame_request(
 }
 
 /// Writes a request head: `method`, `target` (its path and query) and `headers` in their
-/// order, as hyper's client writes them.
+/// order, as hyper's client writes them, then `fields` (whole header lines, written as they
+/// are).
 pub(super) fn write_request_head(
     method: &Method,
     target: &str,
     headers: &HeaderMap,
+    fields: &[u8],
     out: &mut Vec<u8>,
 ) {
     out.extend_from_slice(method.as_str().as_bytes());
@@ -118,6 +120,7 @@ pub(super) fn write_request_head(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    out.extend_from_slice(fields);
     out.extend_from_slice(b"\r\n");
 }
 

@@ -18,7 +18,7 @@ use crate::http::client_body::{BodyFault, ClientBody};
 use crate::http::metrics::{HttpMetrics, UpstreamError};
 use crate::http::util::{problem_response, status_response_full, BoxBody};
 use bytes::Bytes;
-use headers::{add_forwarding, drop_forwarding, strip_hop_by_hop};
+use headers::{strip_hop_by_hop, write_forwarding};
 use http::header::{HeaderValue, HOST};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
@@ -100,19 +100,16 @@ impl Proxy {
         };
         let host = parts.headers.get(HOST).cloned();
         strip_hop_by_hop(&mut parts.headers);
-        // The gateway reads trailers (a real cost sent after the body, `cost_from_response`),
-        // which an HTTP/1.1 upstream sends only to a client that says it takes them.
-        parts
-            .headers
-            .insert(http::header::TE, headers::TRAILERS.clone());
         let ip = tollgate_tower::forwarded::canonical(peer.ip());
-        // The peer's address as header text, written once for the headers that carry it.
-        let ip_text = headers::ip_text(ip);
         let trusted = trusted.unwrap_or_else(|| self.trusted.is_trusted(ip));
-        if !trusted {
-            drop_forwarding(&mut parts.headers, &ip_text);
-        }
-        add_forwarding(&mut parts.headers, ip, &ip_text, host.as_ref(), !trusted);
+        // The fields the proxy writes go as lines after the request's own, not through its map
+        // (see `headers::write_forwarding`).
+        let mut fields = Vec::with_capacity(192);
+        write_forwarding(&mut parts.headers, ip, host.as_ref(), trusted, &mut fields);
+        // The gateway reads trailers (a real cost sent after the body, `cost_from_response`),
+        // which an HTTP/1.1 upstream sends only to a client that says it takes them (the
+        // client's own `TE` is hop-by-hop, removed above).
+        fields.extend_from_slice(b"te: trailers\r\n");
         if host.is_none() {
             parts.headers.insert(HOST, self.host.clone());
         }
@@ -122,6 +119,7 @@ impl Proxy {
         let now = tokio::time::Instant::now();
         let (body, fault) = ClientBody::new(body, now + self.body_timeout);
         Ok(Ready {
+            fields,
             // Boxed once: the request goes down through the pool's future into the
             // connection's and hyper's, each of which would otherwise hold a copy of it
             // (about 300 bytes) for its whole life and copy it in (see `pool::Pool::send`).
@@ -137,10 +135,11 @@ impl Proxy {
     async fn send(self: Arc<Self>, ready: Ready) -> Result<Response<BoxBody>, Infallible> {
         let Ready {
             req,
+            fields,
             fault,
             deadline,
         } = ready;
-        let answer = self.pool.send(req, deadline).await;
+        let answer = self.pool.send(req, fields, deadline).await;
         Ok(self.answered(answer, &fault))
     }
 
@@ -213,6 +212,8 @@ impl Proxy {
 /// A request made ready for the upstream ([`Proxy::prepare`]), to be sent ([`Proxy::send`]).
 struct Ready {
     req: Box<Request<ClientBody>>,
+    /// Header lines written after the request's own (the forwarding fields, `TE`).
+    fields: Vec<u8>,
     fault: crate::http::client_body::FaultSlot,
     /// For the upstream's response head (`upstream_timeout` from when it was made ready).
     deadline: tokio::time::Instant,

@@ -273,6 +273,7 @@ impl<B: RequestBody> UpstreamConn<B> {
     async fn send(
         &mut self,
         req: Box<Request<B>>,
+        fields: &[u8],
         deadline: Instant,
     ) -> Option<Result<Box<h1::ResponseHead>, Unanswered<B>>> {
         let mut timer = match self.timer.take() {
@@ -295,7 +296,7 @@ impl<B: RequestBody> UpstreamConn<B> {
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         self.out.clear();
         self.written = 0;
-        h1::write_request_head(&parts.method, target, &parts.headers, &mut self.out);
+        h1::write_request_head(&parts.method, target, &parts.headers, fields, &mut self.out);
         // The head's first write, apart: a connection used before that takes none of it was
         // closed, and the request may go on another one.
         let first = {
@@ -499,6 +500,7 @@ impl<B: RequestBody> Pool<B> {
     pub(super) async fn send(
         self: &Arc<Self>,
         mut req: Box<Request<B>>,
+        fields: Vec<u8>,
         deadline: Instant,
     ) -> Result<Response<UpstreamBody<B>>, Failure> {
         loop {
@@ -510,7 +512,7 @@ impl<B: RequestBody> Pool<B> {
                 },
             };
             // Past the deadline the connection is dropped with the request on it.
-            let Some(sent) = conn.send(req, deadline).await else {
+            let Some(sent) = conn.send(req, &fields, deadline).await else {
                 return Err(Failure::Timeout);
             };
             match sent {
@@ -878,7 +880,8 @@ mod tests {
             .header(http::header::HOST, "up")
             .body(Empty::new())
             .expect("request");
-        pool.send(Box::new(req), Instant::now() + limit).await
+        pool.send(Box::new(req), Vec::new(), Instant::now() + limit)
+            .await
     }
 
     /// An upstream that answers the first `answered` requests of its one connection at
