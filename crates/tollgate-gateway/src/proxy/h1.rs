@@ -335,6 +335,11 @@ pub(super) fn read_response(
             if !meta.more && is_hop_by_hop(&name) {
                 continue;
             }
+            // Chunked framing overrides a length, which must not reach the client (whose
+            // answer is framed anew): RFC 9112 section 6.3.
+            if meta.te && name == CONTENT_LENGTH {
+                continue;
+            }
             let value = HeaderValue::from_maybe_shared(head.slice(at))
                 .map_err(|_| Malformed("a bad field value"))?;
             map.append(name, value);
@@ -386,8 +391,10 @@ fn framing(
         if version == Version::HTTP_10 {
             return Err(Malformed("transfer-encoding in HTTP/1.0"));
         }
+        // A length beside the coding may be an attempt at response splitting: the body is
+        // read by its chunks, and the connection is not used again (RFC 9112 section 6.3).
         return Ok(if meta.chunked {
-            (Incoming::Chunked, true)
+            (Incoming::Chunked, meta.length.is_none())
         } else {
             (Incoming::Close, false)
         });
@@ -575,10 +582,16 @@ mod tests {
                 true,
             ),
             (
-                b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 9\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
                 &get,
                 Incoming::Chunked,
                 true,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 9\r\n\r\n",
+                &get,
+                Incoming::Chunked,
+                false,
             ),
             (
                 b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n",

@@ -72,6 +72,10 @@ const IDLE_SWEEPS: u64 = IDLE_TIMEOUT.as_secs() / SWEEP_EVERY.as_secs();
 /// The least room a read is given (hyper's first read buffer size).
 const READ_ROOM: usize = 8 * 1024;
 
+/// The most room a read is given: a read that fills its room doubles the next one's, up to
+/// this (a large body is read in fewer, larger reads).
+const MAX_READ_ROOM: usize = 64 * 1024;
+
 /// The most bytes of a request's body held to be written: more waits for the upstream to
 /// take what is held.
 const OUT_ROOM: usize = 64 * 1024;
@@ -93,6 +97,8 @@ impl<B> RequestBody for B where
 pub(super) struct UpstreamConn<B: RequestBody> {
     io: TcpStream,
     read: BytesMut,
+    /// The room the next read is given (from [`READ_ROOM`] up to [`MAX_READ_ROOM`]).
+    room: usize,
     /// Bytes to write, of which `written` are.
     out: Vec<u8>,
     written: usize,
@@ -155,6 +161,7 @@ impl<B: RequestBody> UpstreamConn<B> {
         Self {
             io,
             read: BytesMut::new(),
+            room: READ_ROOM,
             out: Vec::new(),
             written: 0,
             sending: None,
@@ -257,12 +264,15 @@ impl<B: RequestBody> UpstreamConn<B> {
 
     /// Reads more into the read buffer: the count (0: the upstream closed).
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.read.capacity() - self.read.len() < READ_ROOM / 2 {
-            self.read.reserve(READ_ROOM);
+        if self.read.capacity() - self.read.len() < self.room / 2 {
+            self.read.reserve(self.room);
         }
+        let spare = self.read.capacity() - self.read.len();
         let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read);
-        if let Poll::Ready(Ok(0) | Err(_)) = read {
-            self.usable = false;
+        match read {
+            Poll::Ready(Ok(0) | Err(_)) => self.usable = false,
+            Poll::Ready(Ok(n)) if n == spare => self.room = (self.room * 2).min(MAX_READ_ROOM),
+            _ => {}
         }
         read
     }
