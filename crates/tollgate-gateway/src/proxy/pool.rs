@@ -1017,6 +1017,138 @@ mod tests {
         assert_eq!(up.accepted(), 2);
     }
 
+    /// A request body that gives one piece, then waits forever (a client that stopped
+    /// sending).
+    struct Stalled(Option<Bytes>);
+
+    impl Body for Stalled {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            match self.0.take() {
+                Some(piece) => Poll::Ready(Some(Ok(Frame::data(piece)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    /// An upstream that reads each request's head only and answers it at once, counting the
+    /// heads it read: the first `GET` after a `HEAD` shows whether the `HEAD`'s answer was
+    /// taken to have a body.
+    async fn answers_heads() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let heads = Arc::new(AtomicUsize::new(0));
+        let h = heads.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let h = h.clone();
+                tokio::spawn(async move {
+                    let (mut buf, mut chunk) = (Vec::new(), [0u8; 1024]);
+                    loop {
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                            buf.drain(..end + 4);
+                            h.fetch_add(1, Ordering::SeqCst);
+                            // A HEAD's answer names the length its GET would have, and has no
+                            // body; the others say `ok`.
+                            let answer: &[u8] = if head.starts_with("HEAD ") {
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
+                            } else {
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                            };
+                            if stream.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        (addr, heads, task)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_answer_before_the_request_body_ends_closes_the_connection_after_it() {
+        let (addr, heads, _task) = answers_heads().await;
+        let authority: Authority = addr.to_string().parse().expect("authority");
+        let pool: Arc<Pool<Stalled>> = Pool::new(&authority, 1, 4);
+        let req = Request::post("/")
+            .header(http::header::HOST, "up")
+            .header(http::header::CONTENT_LENGTH, "100")
+            .body(Stalled(Some(Bytes::from_static(b"the first ten"))))
+            .expect("request");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let resp = pool
+            .send(Box::new(req), Vec::new(), deadline)
+            .await
+            .expect("an answer");
+        let body = resp.into_body().collect().await.expect("a body").to_bytes();
+        assert_eq!(&body[..], b"ok");
+        assert_eq!(heads.load(Ordering::SeqCst), 1);
+        // The upstream would read the rest of the body as the next request's head.
+        assert_eq!(
+            pool.idle(),
+            0,
+            "a connection whose request body was cut is closed"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_head_answer_has_no_body_whatever_its_length_and_the_connection_serves_on() {
+        let (addr, heads, _task) = answers_heads().await;
+        let authority: Authority = addr.to_string().parse().expect("authority");
+        let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(&authority, 1, 4);
+        let deadline = || Instant::now() + Duration::from_secs(10);
+        for (i, method) in [
+            http::Method::HEAD,
+            http::Method::GET,
+            http::Method::HEAD,
+            http::Method::GET,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let req = Request::builder()
+                .method(method.clone())
+                .uri("/")
+                .header(http::header::HOST, "up")
+                .body(Empty::new())
+                .expect("request");
+            let resp = pool
+                .send(Box::new(req), Vec::new(), deadline())
+                .await
+                .expect("an answer");
+            assert_eq!(
+                resp.headers()["content-length"],
+                if method == http::Method::HEAD {
+                    "5"
+                } else {
+                    "2"
+                }
+            );
+            let body = resp.into_body().collect().await.expect("a body").to_bytes();
+            let want: &[u8] = if method == http::Method::HEAD {
+                b""
+            } else {
+                b"ok"
+            };
+            assert_eq!(&body[..], want, "request {i}");
+            assert_eq!(pool.idle(), 1, "request {i}: the connection is kept");
+        }
+        assert_eq!(heads.load(Ordering::SeqCst), 4);
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_connection_the_upstream_closed_while_idle_is_replaced_by_a_new_one() {
         let up = Upstream::start().await;
