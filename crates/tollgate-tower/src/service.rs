@@ -502,6 +502,11 @@ impl Shared {
             // Boxed: a reservation's future is large, and every decision's future would
             // otherwise carry its size (and move it, with the box around it, a request).
             Box::pin(self.reserve_in(plan, span)).await
+        } else if span.is_disabled() {
+            // As in `decide_with`: a span not recorded (decision spans are TRACE) gets no
+            // wrapper around the check's future, which is then one level smaller and is not
+            // entered on every poll.
+            (self.limiter.check(plan).await, None)
         } else {
             (self.check_in(plan, span).await, None)
         }
