@@ -12,15 +12,7 @@ use std::time::Duration;
 use support::*;
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
-}
-
-/// One of `choices`, each as likely as the others.
-fn any_of(choices: &'static [&'static [u8]]) -> impl Strategy<Value = Vec<u8>> {
-    proptest::sample::select(choices).prop_map(<[u8]>::to_vec)
+    proptest_cases(64)
 }
 
 fn method() -> impl Strategy<Value = Vec<u8>> {

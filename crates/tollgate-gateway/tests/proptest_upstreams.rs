@@ -18,15 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(48)
-}
-
-/// One of `choices`, each as likely as the others.
-fn any_of(choices: &'static [&'static [u8]]) -> impl Strategy<Value = Vec<u8>> {
-    proptest::sample::select(choices).prop_map(<[u8]>::to_vec)
+    proptest_cases(48)
 }
 
 fn answer_status() -> impl Strategy<Value = Vec<u8>> {

@@ -503,3 +503,19 @@ pub fn run_check_config(path: &std::path::Path) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     (out.status.success(), printed)
 }
+
+/// How many cases a proptest through the binary runs: `PROPTEST_CASES`, else `default`.
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One of `choices`, each as likely as the others.
+pub fn any_of(
+    choices: &'static [&'static [u8]],
+) -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+    use proptest::strategy::Strategy;
+    proptest::sample::select(choices).prop_map(<[u8]>::to_vec)
+}
