@@ -1150,6 +1150,57 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
+    async fn bytes_after_a_response_s_end_are_never_the_next_request_s_answer() {
+        // An upstream that splits its first answer: a whole response, then in the same write
+        // a second one nobody asked for. Its connections' later requests are answered `ok`.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let a = accepted.clone();
+        let _task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let first = a.fetch_add(1, Ordering::SeqCst) == 0;
+                tokio::spawn(async move {
+                    let (mut buf, mut chunk, mut served) = (Vec::new(), [0u8; 1024], 0);
+                    loop {
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let answer: &[u8] = if first && served == 0 {
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok\
+                                  HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nevil"
+                            } else {
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                            };
+                            served += 1;
+                            if stream.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        let authority: Authority = addr.to_string().parse().expect("authority");
+        let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(&authority, 1, 4);
+        for i in 0..3 {
+            let resp = get(&pool).await;
+            let body = resp.into_body().collect().await.expect("a body").to_bytes();
+            assert_eq!(&body[..], b"ok", "request {i}");
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "the split connection is closed, the next one kept"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
     async fn a_connection_the_upstream_closed_while_idle_is_replaced_by_a_new_one() {
         let up = Upstream::start().await;
         let pool = pool_to(&up, 4);
