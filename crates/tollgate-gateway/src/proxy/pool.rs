@@ -191,6 +191,26 @@ impl<B: RequestBody> UpstreamConn<B> {
         }
     }
 
+    /// Lets go of buffers a large exchange grew (a download read in reads of up to
+    /// [`MAX_READ_ROOM`], an upload written in pieces of up to [`OUT_ROOM`]), so that an idle
+    /// connection holds at most the room of an ordinary exchange: the pool keeps up to
+    /// [`MAX_IDLE_PER_WORKER`] of them a worker.
+    fn shed(&mut self) {
+        if self.read.capacity() > 2 * READ_ROOM {
+            self.read = BytesMut::new();
+        }
+        self.room = READ_ROOM;
+        if self.out.capacity() > 2 * READ_ROOM {
+            self.out = Vec::new();
+        }
+    }
+
+    /// The bytes its buffers hold room for.
+    #[cfg(test)]
+    fn buffered(&self) -> usize {
+        self.read.capacity() + self.out.capacity()
+    }
+
     /// Whether, as far as this side knows, it can take another request: usable, its last
     /// request's body sent whole and nothing read past its last response.
     fn idle(&self) -> bool {
@@ -580,6 +600,7 @@ impl<B: RequestBody> Pool<B> {
             return;
         }
         conn.reused = true;
+        conn.shed();
         let sweep = self.sweeps.load(Ordering::Relaxed);
         let mut shard = lock(&self.shards[self.home()]);
         if shard.len() < self.max_idle {
@@ -1197,6 +1218,57 @@ mod tests {
             accepted.load(Ordering::SeqCst),
             2,
             "the split connection is closed, the next one kept"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_idle_connection_keeps_no_more_room_than_an_ordinary_exchange_needs() {
+        // A 1 MiB answer grows the connection's reads to their largest; parked, it lets go.
+        const BIG: usize = 1 << 20;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let _task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut buf, mut chunk) = (Vec::new(), [0u8; 1024]);
+                    loop {
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let mut answer =
+                                format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG}\r\n\r\n")
+                                    .into_bytes();
+                            answer.resize(answer.len() + BIG, b'x');
+                            if stream.write_all(&answer).await.is_err() {
+                                return;
+                            }
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        let authority: Authority = addr.to_string().parse().expect("authority");
+        let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(&authority, 1, 4);
+        let mut body = get(&pool).await.into_body();
+        let (mut got, mut largest) = (0, 0);
+        while let Some(frame) = body.frame().await {
+            let data = frame.expect("a frame").into_data().unwrap_or_default();
+            largest = largest.max(data.len());
+            got += data.len();
+        }
+        drop(body);
+        assert_eq!(got, BIG);
+        assert!(largest > READ_ROOM, "reads grew: {largest}");
+        let idle = lock(&pool.shards[0]).pop_back().expect("kept");
+        assert!(
+            idle.conn.buffered() <= 2 * READ_ROOM,
+            "{} bytes of room",
+            idle.conn.buffered()
         );
     }
 
