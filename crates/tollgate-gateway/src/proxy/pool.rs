@@ -297,9 +297,9 @@ impl<B: RequestBody> UpstreamConn<B> {
         read
     }
 
-    /// Sends `req` and waits for the response head until `deadline` (`None` past it), doing
-    /// the connection's writes meanwhile. The head comes with the request's method (how its
-    /// body is framed depends on it).
+    /// Sends `req`, with `fields` (whole header lines) after its own, and waits for the
+    /// response head until `deadline` (`None` past it), doing the connection's writes
+    /// meanwhile.
     async fn send(
         &mut self,
         req: Box<Request<B>>,
