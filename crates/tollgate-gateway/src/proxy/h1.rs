@@ -20,8 +20,15 @@
 //! - **The connection** serves another request when the response is HTTP/1.1 without
 //!   `Connection: close`, or HTTP/1.0 with `Connection: keep-alive`, and its body was framed
 //!   by a length or chunks (the pool also requires that the request's body was sent whole).
+//!
+//! Where this differs from hyper's client, on purpose: a response's hop-by-hop fields are
+//! left out of its map (the proxy removed them after hyper); a `Content-Length` beside
+//! chunked framing is left out too and the connection is not used again (hyper kept the
+//! field, and the client was answered by the wrong length); a head or a trailer section that
+//! comes in many reads is parsed again only once its end has come (hyper parses again on
+//! every read).
 
-use super::headers::{connection_names_more, is_hop_by_hop, strip_hop_by_hop};
+use super::headers::{is_hop_by_hop, names_another, strip_hop_by_hop};
 use crate::http::names::Names;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -39,8 +46,8 @@ pub(super) const MAX_FIELDS: usize = 100;
 /// and dropped.
 const MAX_EXTENSIONS: usize = 16 * 1024;
 
-/// The longest trailer section read.
-const MAX_TRAILERS: usize = 64 * 1024;
+/// The longest trailer section read (hyper's bound).
+const MAX_TRAILERS: usize = 16 * 1024;
 
 /// Why a response could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,14 +223,36 @@ pub(super) enum Read {
 }
 
 /// A response head's fields as parsed, before the head is split off the buffer.
-pub(super) type Fields = Vec<(HeaderName, Range<usize>)>;
+type Fields = Vec<(HeaderName, Range<usize>)>;
+
+/// Whether `buf` holds an empty line (the end of a head or of a trailer section) beginning at
+/// or after `from`: a `\n` then `\n` or `\r\n`.
+fn blank_line_from(buf: &[u8], from: usize) -> bool {
+    let from = from.min(buf.len());
+    buf[from..].iter().enumerate().any(|(i, &b)| {
+        b == b'\n' && matches!(&buf[from + i + 1..], [b'\n', ..] | [b'\r', b'\n', ..])
+    })
+}
+
+/// A connection's reader of response heads, with what it keeps between them.
+#[derive(Default)]
+pub(super) struct HeadReader {
+    /// The header names of the upstream's earlier responses, by position.
+    names: Names,
+    /// The fields of the head being read.
+    fields: Fields,
+    /// How much of the buffer was looked at without finding a head's end (0: parse at once).
+    /// A head trickled in many reads is parsed again only once its end has come, not on
+    /// every read (which would cost the square of its length).
+    scanned: usize,
+}
 
 /// What a response head's fields say of its framing, noted as they are read (no lookups in
 /// its map afterwards).
-#[derive(Default)]
 struct Meta {
-    /// `Content-Length`: its value, or the error of values that are bad or differ.
-    length: Option<Result<u64, Malformed>>,
+    /// `Content-Length`: its value (`None`: absent), or the error of values that are bad or
+    /// differ.
+    length: Result<Option<u64>, Malformed>,
     /// `Transfer-Encoding` is present; `chunked`: its last coding is `chunked`.
     te: bool,
     chunked: bool,
@@ -235,16 +264,24 @@ struct Meta {
 }
 
 impl Meta {
+    fn new() -> Self {
+        Self {
+            length: Ok(None),
+            te: false,
+            chunked: false,
+            close: false,
+            keep_alive: false,
+            more: false,
+        }
+    }
+
     fn note(&mut self, name: &HeaderName, value: &[u8]) {
         if *name == CONTENT_LENGTH {
-            if let Some(Err(_)) = self.length {
-                return;
+            if let Ok(found) = &mut self.length {
+                if let Err(e) = length_values(value, found) {
+                    self.length = Err(e);
+                }
             }
-            let mut found = self.length.as_ref().and_then(|l| l.as_ref().ok().copied());
-            self.length = Some(
-                length_values(value, &mut found)
-                    .and_then(|()| found.ok_or(Malformed("a bad content-length"))),
-            );
         } else if *name == TRANSFER_ENCODING {
             // The last field's last coding is the last coding.
             self.te = true;
@@ -257,114 +294,127 @@ impl Meta {
                 let token = token.trim_ascii();
                 self.close |= token.eq_ignore_ascii_case(b"close");
                 self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                self.more |= names_another(token);
             }
-            self.more |= connection_names_more(value);
         }
     }
 }
 
-/// Reads the response head at the start of `buf`, taking it (and any interim responses
-/// before it) from `buf`; `method`: the request's. `names` and `fields` are the
-/// connection's, kept between its responses; `map` is a map to fill (its room is reused:
-/// the request's, written already), emptied first.
-///
-/// The head's hop-by-hop fields are not in the response's map: the proxy never passes them
-/// on (`headers.rs`), and leaving them out costs less than removing them (a lookup each).
-pub(super) fn read_response(
-    buf: &mut BytesMut,
-    method: &Method,
-    names: &mut Names,
-    fields: &mut Fields,
-    mut map: HeaderMap,
-) -> Result<Read, Malformed> {
-    loop {
-        let (len, status, version, reason, meta) = {
-            let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
-            let mut res = httparse::Response::new(&mut []);
-            let bytes: &[u8] = buf;
-            let parsed = httparse::ParserConfig::default()
-                .parse_response_with_uninit_headers(&mut res, bytes, &mut slots);
-            let len = match parsed {
-                Ok(httparse::Status::Complete(len)) => len,
-                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {
-                    return Ok(Read::Partial(map))
-                }
-                Ok(httparse::Status::Partial) => return Err(Malformed("a head too large")),
-                Err(httparse::Error::TooManyHeaders) => return Err(Malformed("too many fields")),
-                Err(_) => return Err(Malformed("a head that does not parse")),
-            };
-            if len > MAX_HEAD {
+impl HeadReader {
+    /// Reads the response head at the start of `buf`, taking it (and any interim responses
+    /// before it) from `buf`; `method`: the request's; `map` is a map to fill (its room is
+    /// reused: the request's, written already), emptied first.
+    ///
+    /// The head's hop-by-hop fields are not in the response's map: the proxy never passes them
+    /// on (`headers.rs`), and leaving them out costs less than removing them (a lookup each).
+    pub(super) fn read(
+        &mut self,
+        buf: &mut BytesMut,
+        method: &Method,
+        mut map: HeaderMap,
+    ) -> Result<Read, Malformed> {
+        let (names, fields) = (&mut self.names, &mut self.fields);
+        if self.scanned > 0 && !blank_line_from(buf, self.scanned.saturating_sub(2)) {
+            if buf.len() >= MAX_HEAD {
                 return Err(Malformed("a head too large"));
             }
-            let (Some(code), Some(minor)) = (res.code, res.version) else {
-                return Err(Malformed("a head that does not parse"));
-            };
-            let status = StatusCode::from_u16(code).map_err(|_| Malformed("a bad status"))?;
-            let version = if minor == 1 {
-                Version::HTTP_11
-            } else {
-                Version::HTTP_10
-            };
-            let at = |s: &[u8]| {
-                let start = s.as_ptr() as usize - bytes.as_ptr() as usize;
-                start..start + s.len()
-            };
-            let reason = res
-                .reason
-                .filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason())
-                .map(|r| at(r.as_bytes()));
-            fields.clear();
-            let mut meta = Meta::default();
-            for (i, h) in res.headers.iter().enumerate() {
-                let name = names
-                    .name(i, h.name.as_bytes())
-                    .ok_or(Malformed("a bad field name"))?;
-                meta.note(&name, h.value);
-                fields.push((name, at(h.value)));
-            }
-            (len, status, version, reason, meta)
-        };
-        // An interim response (100 Continue and the like) precedes the real one.
-        if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
-            buf.advance(len);
-            continue;
+            self.scanned = buf.len();
+            return Ok(Read::Partial(map));
         }
-        let head = buf.split_to(len).freeze();
-        map.clear();
-        for (name, at) in fields.drain(..) {
-            if !meta.more && is_hop_by_hop(&name) {
+        loop {
+            let (len, status, version, reason, meta) = {
+                let mut slots =
+                    [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+                let mut res = httparse::Response::new(&mut []);
+                let bytes: &[u8] = buf;
+                let parsed = httparse::ParserConfig::default()
+                    .parse_response_with_uninit_headers(&mut res, bytes, &mut slots);
+                let len = match parsed {
+                    Ok(httparse::Status::Complete(len)) => len,
+                    Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {
+                        self.scanned = buf.len();
+                        return Ok(Read::Partial(map));
+                    }
+                    Ok(httparse::Status::Partial) => return Err(Malformed("a head too large")),
+                    Err(httparse::Error::TooManyHeaders) => {
+                        return Err(Malformed("too many fields"))
+                    }
+                    Err(_) => return Err(Malformed("a head that does not parse")),
+                };
+                if len > MAX_HEAD {
+                    return Err(Malformed("a head too large"));
+                }
+                let (Some(code), Some(minor)) = (res.code, res.version) else {
+                    return Err(Malformed("a head that does not parse"));
+                };
+                let status = StatusCode::from_u16(code).map_err(|_| Malformed("a bad status"))?;
+                let version = if minor == 1 {
+                    Version::HTTP_11
+                } else {
+                    Version::HTTP_10
+                };
+                let at = |s: &[u8]| {
+                    let start = s.as_ptr() as usize - bytes.as_ptr() as usize;
+                    start..start + s.len()
+                };
+                let reason = res
+                    .reason
+                    .filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason())
+                    .map(|r| at(r.as_bytes()));
+                fields.clear();
+                let mut meta = Meta::new();
+                for (i, h) in res.headers.iter().enumerate() {
+                    let name = names
+                        .name(i, h.name.as_bytes())
+                        .ok_or(Malformed("a bad field name"))?;
+                    meta.note(&name, h.value);
+                    fields.push((name, at(h.value)));
+                }
+                (len, status, version, reason, meta)
+            };
+            // An interim response (100 Continue and the like) precedes the real one.
+            if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+                buf.advance(len);
                 continue;
             }
-            // Chunked framing overrides a length, which must not reach the client (whose
-            // answer is framed anew): RFC 9112 section 6.3.
-            if meta.te && name == CONTENT_LENGTH {
-                continue;
+            let head = buf.split_to(len).freeze();
+            map.clear();
+            for (name, at) in fields.drain(..) {
+                if !meta.more && is_hop_by_hop(&name) {
+                    continue;
+                }
+                // Chunked framing overrides a length, which must not reach the client (whose
+                // answer is framed anew): RFC 9112 section 6.3.
+                if meta.te && name == CONTENT_LENGTH {
+                    continue;
+                }
+                let value = HeaderValue::from_maybe_shared(head.slice(at))
+                    .map_err(|_| Malformed("a bad field value"))?;
+                map.append(name, value);
             }
-            let value = HeaderValue::from_maybe_shared(head.slice(at))
-                .map_err(|_| Malformed("a bad field value"))?;
-            map.append(name, value);
+            // A `Connection` that names other fields: they go as the fixed ones do.
+            if meta.more {
+                strip_hop_by_hop(&mut map);
+            }
+            let headers = map;
+            let reason = reason.map(|at| head.slice(at));
+            let (body, framed) = framing(status, version, method, &meta)?;
+            let keep_alive = framed
+                && if version == Version::HTTP_11 {
+                    !meta.close
+                } else {
+                    meta.keep_alive
+                };
+            self.scanned = 0;
+            return Ok(Read::Head(Box::new(ResponseHead {
+                status,
+                version,
+                reason,
+                headers,
+                body,
+                keep_alive,
+            })));
         }
-        // A `Connection` that names other fields: they go as the fixed ones do.
-        if meta.more {
-            strip_hop_by_hop(&mut map);
-        }
-        let headers = map;
-        let reason = reason.map(|at| head.slice(at));
-        let (body, framed) = framing(status, version, method, &meta)?;
-        let keep_alive = framed
-            && if version == Version::HTTP_11 {
-                !meta.close
-            } else {
-                meta.keep_alive
-            };
-        return Ok(Read::Head(Box::new(ResponseHead {
-            status,
-            version,
-            reason,
-            headers,
-            body,
-            keep_alive,
-        })));
     }
 }
 
@@ -394,14 +444,13 @@ fn framing(
         // A length beside the coding may be an attempt at response splitting: the body is
         // read by its chunks, and the connection is not used again (RFC 9112 section 6.3).
         return Ok(if meta.chunked {
-            (Incoming::Chunked, meta.length.is_none())
+            (Incoming::Chunked, matches!(meta.length, Ok(None)))
         } else {
             (Incoming::Close, false)
         });
     }
-    Ok(match &meta.length {
-        Some(Ok(n)) => (Incoming::Length(*n), true),
-        Some(Err(e)) => return Err(e.clone()),
+    Ok(match meta.length.clone()? {
+        Some(n) => (Incoming::Length(n), true),
         None => (Incoming::Close, false),
     })
 }
@@ -425,12 +474,14 @@ pub(super) struct Chunked {
     state: ChunkState,
     /// Extension bytes read so far (bounded by [`MAX_EXTENSIONS`]).
     extensions: usize,
+    /// Trailer bytes looked at without finding the section's end (as [`HeadReader`]'s).
+    scanned: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ChunkState {
-    /// A size line's hex digits: the size so far and how many digits.
-    Size(u64, u8),
+    /// A size line's hex digits: the size so far, and whether it has a digit yet.
+    Size(u64, bool),
     /// Spaces after the size (hyper takes them).
     SizeSpace(u64),
     /// A chunk extension, up to its line's end.
@@ -451,7 +502,7 @@ enum ChunkState {
 
 impl Default for ChunkState {
     fn default() -> Self {
-        ChunkState::Size(0, 0)
+        ChunkState::Size(0, false)
     }
 }
 
@@ -485,14 +536,15 @@ impl Chunked {
             };
             buf.advance(1);
             self.state = match (self.state, b) {
-                (Size(n, digits), b) if b.is_ascii_hexdigit() => {
-                    if digits >= 16 {
+                (Size(n, _), b) if b.is_ascii_hexdigit() => {
+                    // A size past 64 bits is an error (leading zeros are not).
+                    if n >> 60 != 0 {
                         return Err(Malformed("a chunk size too large"));
                     }
                     let d = (b as char).to_digit(16).unwrap_or(0);
-                    Size(n << 4 | u64::from(d), digits + 1)
+                    Size(n << 4 | u64::from(d), true)
                 }
-                (Size(_, 0), _) => return Err(Malformed("a chunk size line without a size")),
+                (Size(_, false), _) => return Err(Malformed("a chunk size line without a size")),
                 (Size(n, _) | SizeSpace(n), b' ' | b'\t') => SizeSpace(n),
                 (Size(n, _) | SizeSpace(n), b';') => Extension(n),
                 (Size(n, _) | SizeSpace(n) | Extension(n), b'\r') => SizeLf(n),
@@ -507,7 +559,7 @@ impl Chunked {
                 (SizeLf(0), b'\n') => Trailers,
                 (SizeLf(n), b'\n') => Data(n),
                 (DataCr, b'\r') => DataLf,
-                (DataLf, b'\n') => Size(0, 0),
+                (DataLf, b'\n') => Size(0, false),
                 _ => return Err(Malformed("bad chunk framing")),
             };
         }
@@ -519,6 +571,13 @@ impl Chunked {
             buf.advance(2);
             self.state = ChunkState::Done;
             return Ok(Step::End);
+        }
+        if self.scanned > 0 && !blank_line_from(buf, self.scanned.saturating_sub(2)) {
+            if buf.len() >= MAX_TRAILERS {
+                return Err(Malformed("trailers too large"));
+            }
+            self.scanned = buf.len();
+            return Ok(Step::More);
         }
         let mut slots = [httparse::EMPTY_HEADER; MAX_FIELDS];
         match httparse::parse_headers(buf, &mut slots) {
@@ -535,7 +594,10 @@ impl Chunked {
                 self.state = ChunkState::Done;
                 Ok(Step::Trailers(trailers))
             }
-            Ok(httparse::Status::Partial) if buf.len() < MAX_TRAILERS => Ok(Step::More),
+            Ok(httparse::Status::Partial) if buf.len() < MAX_TRAILERS => {
+                self.scanned = buf.len();
+                Ok(Step::More)
+            }
             Ok(httparse::Status::Partial) => Err(Malformed("trailers too large")),
             Err(_) => Err(Malformed("trailers that do not parse")),
         }
@@ -549,13 +611,7 @@ mod tests {
 
     fn head(text: &[u8], method: &Method) -> Result<Read, Malformed> {
         let mut buf = BytesMut::from(text);
-        read_response(
-            &mut buf,
-            method,
-            &mut Names::default(),
-            &mut Fields::new(),
-            HeaderMap::new(),
-        )
+        HeadReader::default().read(&mut buf, method, HeaderMap::new())
     }
 
     fn whole(text: &[u8], method: &Method) -> ResponseHead {
@@ -706,14 +762,8 @@ mod tests {
         let mut buf = BytesMut::from(
             &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: x\r\n\r\nHTTP/1.1 201 Made It\r\nx-a: 1\r\ncontent-length: 2\r\n\r\nokHTTP/1.1"[..],
         );
-        let (mut names, mut fields) = (Names::default(), Fields::new());
-        let Ok(Read::Head(h)) = read_response(
-            &mut buf,
-            &Method::POST,
-            &mut names,
-            &mut fields,
-            HeaderMap::new(),
-        ) else {
+        let mut reader = HeadReader::default();
+        let Ok(Read::Head(h)) = reader.read(&mut buf, &Method::POST, HeaderMap::new()) else {
             panic!("a head");
         };
         assert_eq!(h.status, StatusCode::CREATED);
@@ -727,17 +777,51 @@ mod tests {
         assert_eq!(&buf[..], b"okHTTP/1.1", "the body and what follows stay");
         buf.advance(2);
         assert!(matches!(
-            read_response(
-                &mut buf,
-                &Method::GET,
-                &mut names,
-                &mut fields,
-                HeaderMap::new()
-            ),
+            reader.read(&mut buf, &Method::GET, HeaderMap::new()),
             Ok(Read::Partial(_))
         ));
         let canonical = whole(b"HTTP/1.1 404 Not Found\r\n\r\n", &Method::GET);
         assert_eq!(canonical.reason, None);
+    }
+
+    #[test]
+    fn a_head_or_trailers_trickled_a_byte_at_a_time_are_read_when_their_end_comes() {
+        // Every line ending httparse takes, so that a head's end falls across two reads in
+        // every way (`\n` | `\r\n`, `\r` | `\n`, ...).
+        for head in [
+            &b"HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 0\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\nx-a: 1\ncontent-length: 0\n\n",
+            b"HTTP/1.1 200 OK\r\n\r\n",
+        ] {
+            let (mut reader, mut buf, mut map) = (HeadReader::default(), BytesMut::new(), None);
+            for (i, &b) in head.iter().enumerate() {
+                buf.extend_from_slice(&[b]);
+                match reader.read(&mut buf, &Method::GET, map.take().unwrap_or_default()) {
+                    Ok(Read::Partial(unused)) => {
+                        assert!(i + 1 < head.len(), "{:?}", String::from_utf8_lossy(head));
+                        map = Some(unused);
+                    }
+                    Ok(Read::Head(h)) => {
+                        assert_eq!(i + 1, head.len(), "{:?}", String::from_utf8_lossy(head));
+                        assert_eq!(h.status, StatusCode::OK);
+                        assert!(buf.is_empty());
+                    }
+                    Err(e) => panic!("{e} at {i} of {:?}", String::from_utf8_lossy(head)),
+                }
+            }
+        }
+        let wire = b"3\r\nabc\r\n0\r\nx-cost: 7\r\nx-b: 1\r\n\r\n";
+        let every: Vec<usize> = (1..wire.len()).collect();
+        let (data, trailers, done, left) = decode(wire, &every).expect("decodes");
+        assert_eq!(data, b"abc");
+        assert_eq!(
+            trailers
+                .expect("trailers")
+                .get("x-cost")
+                .map(|v| v.as_bytes()),
+            Some(&b"7"[..])
+        );
+        assert!(done && left.is_empty());
     }
 
     #[test]
@@ -901,7 +985,7 @@ mod tests {
             prop_assert!(trailers.is_none() && done && left.is_empty());
             let _ = decode(&noise, &cuts);
             let mut buf = BytesMut::from(&noise[..]);
-            let _ = read_response(&mut buf, &Method::GET, &mut Names::default(), &mut Fields::new(), HeaderMap::new());
+            let _ = HeadReader::default().read(&mut buf, &Method::GET, HeaderMap::new());
         }
     }
 }

@@ -86,16 +86,14 @@ pub(super) fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP_LENGTHS & (1u32 << name.as_str().len().min(31)) != 0 && HOP_BY_HOP.contains(name)
 }
 
-/// Whether a `Connection` value names a header beyond the fixed list (and `close`).
-pub(super) fn connection_names_more(value: &[u8]) -> bool {
-    value.split(|&b| b == b',').any(|token| {
-        let token = token.trim_ascii();
-        !token.is_empty()
-            && !token.eq_ignore_ascii_case(b"close")
-            && !HOP_BY_HOP
-                .iter()
-                .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(token))
-    })
+/// Whether a `Connection` token names a field beyond the fixed hop-by-hop list (and
+/// `close`): that field is then hop-by-hop too.
+pub(super) fn names_another(token: &[u8]) -> bool {
+    !token.is_empty()
+        && !token.eq_ignore_ascii_case(b"close")
+        && !HOP_BY_HOP
+            .iter()
+            .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(token))
 }
 
 /// Removes hop-by-hop headers, including every header `Connection` lists. Most requests
@@ -144,13 +142,7 @@ fn remove_listed(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .filter(|name| {
-            !name.is_empty()
-                && !name.eq_ignore_ascii_case("close")
-                && !HOP_BY_HOP
-                    .iter()
-                    .any(|h| h.as_str().eq_ignore_ascii_case(name))
-        })
+        .filter(|name| names_another(name.as_bytes()))
         .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for name in listed {

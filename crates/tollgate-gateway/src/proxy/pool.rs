@@ -40,7 +40,6 @@
 //! closes the connection, whose state is then unknown.
 
 use super::h1::{self, Chunked, Incoming, Malformed, Outgoing, Read, Step};
-use crate::http::names::Names;
 use crate::http::util::BoxError;
 use bytes::{Bytes, BytesMut};
 use http::uri::Authority;
@@ -104,10 +103,8 @@ pub(super) struct UpstreamConn<B: RequestBody> {
     written: usize,
     /// The request body still to send, and how it is framed (`None` once sent whole).
     sending: Option<(B, Outgoing)>,
-    /// The header names of the upstream's earlier responses, by position, and the fields of
-    /// the one being read.
-    names: Names,
-    fields: h1::Fields,
+    /// Its reader of response heads (the names the upstream's earlier heads had).
+    heads: h1::HeadReader,
     /// False once the connection cannot serve another request: closed, broken, a response
     /// framed by its close, a request body not sent whole.
     usable: bool,
@@ -165,8 +162,7 @@ impl<B: RequestBody> UpstreamConn<B> {
             out: Vec::new(),
             written: 0,
             sending: None,
-            names: Names::default(),
-            fields: Vec::new(),
+            heads: h1::HeadReader::default(),
             usable: true,
             reused: false,
             timer: None,
@@ -378,13 +374,7 @@ impl<B: RequestBody> UpstreamConn<B> {
         loop {
             if !self.read.is_empty() {
                 let into = map.take().unwrap_or_default();
-                match h1::read_response(
-                    &mut self.read,
-                    method,
-                    &mut self.names,
-                    &mut self.fields,
-                    into,
-                ) {
+                match self.heads.read(&mut self.read, method, into) {
                     Ok(Read::Head(head)) => {
                         if !head.keep_alive {
                             self.usable = false;
@@ -637,7 +627,7 @@ pub(crate) struct UpstreamBody<B: RequestBody> {
 
 /// What is left of a response body.
 enum Left {
-    /// This many bytes (0: it is over).
+    /// This many bytes, more than none (the body is `Done` once they are read).
     Length(u64),
     Chunked(Chunked),
     /// Everything up to the close.
@@ -765,7 +755,7 @@ impl<B: RequestBody> Body for UpstreamBody<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.left, Left::Done | Left::Length(0))
+        matches!(self.left, Left::Done)
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -1057,34 +1047,36 @@ mod tests {
         }
     }
 
-    /// An upstream that reads each request's head only and answers it at once, counting the
-    /// heads it read: the first `GET` after a `HEAD` shows whether the `HEAD`'s answer was
-    /// taken to have a body.
-    async fn answers_heads() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    /// A loopback upstream that reads each request's head only (requests here have no body)
+    /// and writes what `answer` makes of it: given the connection's number (from 0), how many
+    /// heads that connection answered before, and the head.
+    struct Scripted {
+        addr: SocketAddr,
+        accepted: Arc<AtomicUsize>,
+        heads: Arc<AtomicUsize>,
+        _task: tokio::task::JoinHandle<()>,
+    }
+
+    async fn scripted(answer: fn(usize, usize, &str) -> Vec<u8>) -> Scripted {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let heads = Arc::new(AtomicUsize::new(0));
-        let h = heads.clone();
+        let (accepted, heads) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (a, h) = (accepted.clone(), heads.clone());
         let task = tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
-                let h = h.clone();
+                let (conn, h) = (a.fetch_add(1, Ordering::SeqCst), h.clone());
                 tokio::spawn(async move {
-                    let (mut buf, mut chunk) = (Vec::new(), [0u8; 1024]);
+                    let (mut buf, mut chunk, mut served) = (Vec::new(), [0u8; 1024], 0);
                     loop {
                         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             let head = String::from_utf8_lossy(&buf[..end]).into_owned();
                             buf.drain(..end + 4);
                             h.fetch_add(1, Ordering::SeqCst);
-                            // A HEAD's answer names the length its GET would have, and has no
-                            // body; the others say `ok`.
-                            let answer: &[u8] = if head.starts_with("HEAD ") {
-                                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
-                            } else {
-                                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
-                            };
-                            if stream.write_all(answer).await.is_err() {
+                            let bytes = answer(conn, served, &head);
+                            served += 1;
+                            if stream.write_all(&bytes).await.is_err() {
                                 return;
                             }
                         }
@@ -1096,13 +1088,35 @@ mod tests {
                 });
             }
         });
-        (addr, heads, task)
+        Scripted {
+            addr,
+            accepted,
+            heads,
+            _task: task,
+        }
+    }
+
+    /// A 2-byte `ok`.
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+    /// An upstream that answers a `HEAD` with the length its `GET` would have and no body,
+    /// and anything else `ok`: the first `GET` after a `HEAD` shows whether the `HEAD`'s
+    /// answer was taken to have a body.
+    async fn answers_heads() -> Scripted {
+        scripted(|_, _, head| {
+            if head.starts_with("HEAD ") {
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n".to_vec()
+            } else {
+                OK.to_vec()
+            }
+        })
+        .await
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn an_answer_before_the_request_body_ends_closes_the_connection_after_it() {
-        let (addr, heads, _task) = answers_heads().await;
-        let authority: Authority = addr.to_string().parse().expect("authority");
+        let up = answers_heads().await;
+        let authority: Authority = up.addr.to_string().parse().expect("authority");
         let pool: Arc<Pool<Stalled>> = Pool::new(&authority, 1, 4);
         let req = Request::post("/")
             .header(http::header::HOST, "up")
@@ -1116,7 +1130,7 @@ mod tests {
             .expect("an answer");
         let body = resp.into_body().collect().await.expect("a body").to_bytes();
         assert_eq!(&body[..], b"ok");
-        assert_eq!(heads.load(Ordering::SeqCst), 1);
+        assert_eq!(up.heads.load(Ordering::SeqCst), 1);
         // The upstream would read the rest of the body as the next request's head.
         assert_eq!(
             pool.idle(),
@@ -1127,8 +1141,8 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_head_answer_has_no_body_whatever_its_length_and_the_connection_serves_on() {
-        let (addr, heads, _task) = answers_heads().await;
-        let authority: Authority = addr.to_string().parse().expect("authority");
+        let up = answers_heads().await;
+        let authority: Authority = up.addr.to_string().parse().expect("authority");
         let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(&authority, 1, 4);
         let deadline = || Instant::now() + Duration::from_secs(10);
         for (i, method) in [
@@ -1167,47 +1181,24 @@ mod tests {
             assert_eq!(&body[..], want, "request {i}");
             assert_eq!(pool.idle(), 1, "request {i}: the connection is kept");
         }
-        assert_eq!(heads.load(Ordering::SeqCst), 4);
+        assert_eq!(up.heads.load(Ordering::SeqCst), 4);
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn bytes_after_a_response_s_end_are_never_the_next_request_s_answer() {
         // An upstream that splits its first answer: a whole response, then in the same write
         // a second one nobody asked for. Its connections' later requests are answered `ok`.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let a = accepted.clone();
-        let _task = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let first = a.fetch_add(1, Ordering::SeqCst) == 0;
-                tokio::spawn(async move {
-                    let (mut buf, mut chunk, mut served) = (Vec::new(), [0u8; 1024], 0);
-                    loop {
-                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            buf.drain(..end + 4);
-                            let answer: &[u8] = if first && served == 0 {
-                                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok\
-                                  HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nevil"
-                            } else {
-                                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
-                            };
-                            served += 1;
-                            if stream.write_all(answer).await.is_err() {
-                                return;
-                            }
-                        }
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                });
+        let up = scripted(|conn, served, _| {
+            if conn == 0 && served == 0 {
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok\
+                  HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nevil"
+                    .to_vec()
+            } else {
+                OK.to_vec()
             }
-        });
-        let authority: Authority = addr.to_string().parse().expect("authority");
+        })
+        .await;
+        let authority: Authority = up.addr.to_string().parse().expect("authority");
         let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(&authority, 1, 4);
         for i in 0..3 {
             let resp = get(&pool).await;
@@ -1215,7 +1206,7 @@ mod tests {
             assert_eq!(&body[..], b"ok", "request {i}");
         }
         assert_eq!(
-            accepted.load(Ordering::SeqCst),
+            up.accepted.load(Ordering::SeqCst),
             2,
             "the split connection is closed, the next one kept"
         );
@@ -1225,34 +1216,14 @@ mod tests {
     async fn an_idle_connection_keeps_no_more_room_than_an_ordinary_exchange_needs() {
         // A 1 MiB answer grows the connection's reads to their largest; parked, it lets go.
         const BIG: usize = 1 << 20;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let _task = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let (mut buf, mut chunk) = (Vec::new(), [0u8; 1024]);
-                    loop {
-                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            buf.drain(..end + 4);
-                            let mut answer =
-                                format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG}\r\n\r\n")
-                                    .into_bytes();
-                            answer.resize(answer.len() + BIG, b'x');
-                            if stream.write_all(&answer).await.is_err() {
-                                return;
-                            }
-                        }
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                });
-            }
-        });
-        let authority: Authority = addr.to_string().parse().expect("authority");
+        let up = scripted(|_, _, _| {
+            let mut answer =
+                format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG}\r\n\r\n").into_bytes();
+            answer.resize(answer.len() + BIG, b'x');
+            answer
+        })
+        .await;
+        let authority: Authority = up.addr.to_string().parse().expect("authority");
         let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(&authority, 1, 4);
         let mut body = get(&pool).await.into_body();
         let (mut got, mut largest) = (0, 0);
