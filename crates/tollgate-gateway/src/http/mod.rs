@@ -5,6 +5,7 @@
 
 pub mod client_body;
 pub(crate) mod conn_limit;
+pub(crate) mod head_end;
 pub(crate) mod head_timeout;
 pub mod metrics;
 pub(crate) mod names;

@@ -28,6 +28,7 @@
 //! write that proceeds restarts it and one the client does not take holds it; a drain closes
 //! the connection while it waits for a head, and lets a request being served finish.
 
+use crate::http::head_end::blank_line_from;
 use crate::http::head_timeout::HeadWatch;
 use crate::http::metrics::HttpMetrics;
 use crate::http::names::Names;
@@ -260,6 +261,9 @@ struct Fields {
     list: Vec<Field>,
     /// The names of the connection's earlier heads (see `names.rs`).
     names: Names,
+    /// How much of a head read in pieces was looked at and found not whole (0: none), so
+    /// that it is parsed again only once its end has come (see `head_end.rs`).
+    scanned: usize,
 }
 
 /// A plain request's head, read: where its parts are in the bytes it was read from (its
@@ -296,18 +300,29 @@ impl Parsed {
     }
 }
 
-/// Reads the head at the start of `buf` (see [`Head`]), its fields into `fields`.
+/// Reads the head at the start of `buf` (see [`Head`]), its fields into `fields`. A head
+/// found not whole is parsed again only once its end has come (or at the bound, by the
+/// caller), as hyper's server does: one that goes wrong after its first read is found so then,
+/// not at its first bad byte.
 fn parse(buf: &[u8], fields: &mut Fields) -> Head {
     if buf.is_empty() {
+        return Head::Partial;
+    }
+    if fields.scanned > 0 && !blank_line_from(buf, fields.scanned.saturating_sub(2)) {
+        fields.scanned = buf.len();
         return Head::Partial;
     }
     let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
     let mut req = httparse::Request::new(&mut []);
     let len = match req.parse_with_uninit_headers(buf, &mut slots) {
         Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Head::Partial,
+        Ok(httparse::Status::Partial) => {
+            fields.scanned = buf.len();
+            return Head::Partial;
+        }
         Err(_) => return Head::Other,
     };
+    fields.scanned = 0;
     let (Some(1), Some(method), Some(target)) = (req.version, req.method, req.path) else {
         return Head::Other;
     };
@@ -520,6 +535,57 @@ mod tests {
     }
 
     /// The header map `head` makes, read with `fields`.
+    /// Every prefix of `head` as one more byte read: the kinds `parse` gives, in order, the
+    /// repeats of each run folded into one.
+    fn kinds_trickled(head: &[u8]) -> Vec<&'static str> {
+        let mut fields = Fields::default();
+        let mut kinds: Vec<&'static str> = Vec::new();
+        for n in 1..=head.len() {
+            let kind = match parse(&head[..n], &mut fields) {
+                Head::Plain(p) => {
+                    assert_eq!(p.len, n, "a head is whole only at its end");
+                    "plain"
+                }
+                Head::Partial => "partial",
+                Head::Other => "other",
+            };
+            if kinds.last() != Some(&kind) {
+                kinds.push(kind);
+            }
+        }
+        kinds
+    }
+
+    #[test]
+    fn a_head_trickled_a_byte_at_a_time_is_read_when_its_end_comes() {
+        // Every line ending httparse takes, so that the end falls across two reads in every
+        // way; and empty lines before the request line, which are not an end.
+        for head in [
+            &b"GET /a HTTP/1.1\r\nhost: x\r\nx-api-key: k\r\n\r\n"[..],
+            b"GET /a HTTP/1.1\nhost: x\nx-api-key: k\n\n",
+            b"GET /a HTTP/1.1\r\nhost: x\n\r\n",
+            b"\r\n\nGET /a HTTP/1.1\r\nhost: x\r\n\r\n",
+        ] {
+            assert_eq!(
+                kinds_trickled(head),
+                ["partial", "plain"],
+                "{}",
+                String::from_utf8_lossy(head)
+            );
+        }
+        // A head that goes wrong after its first read is found so at its end, as hyper's
+        // server finds it; one wrong in its first read, at once.
+        let late = b"GET /a HTTP/1.1\r\nhost: x\r\nbad header\r\nx-b: 1\r\n\r\n";
+        assert_eq!(kinds_trickled(late), ["partial", "other"]);
+        let mut fields = Fields::default();
+        let at_end = parse(&late[..late.len() - 1], &mut fields);
+        assert!(matches!(at_end, Head::Other), "parsed whole, it is wrong");
+        assert!(matches!(
+            parse(b"G@T / HT", &mut Fields::default()),
+            Head::Other
+        ));
+    }
+
     fn names_of(head: &[u8], fields: &mut Fields) -> Option<Vec<(String, String)>> {
         let bytes = Bytes::copy_from_slice(head);
         let Head::Plain(parsed) = parse(&bytes, fields) else {

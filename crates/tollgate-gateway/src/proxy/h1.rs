@@ -29,6 +29,7 @@
 //! every read).
 
 use super::headers::{is_hop_by_hop, names_another, strip_hop_by_hop};
+use crate::http::head_end::blank_line_from;
 use crate::http::names::Names;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -224,15 +225,6 @@ pub(super) enum Read {
 
 /// A response head's fields as parsed, before the head is split off the buffer.
 type Fields = Vec<(HeaderName, Range<usize>)>;
-
-/// Whether `buf` holds an empty line (the end of a head or of a trailer section) beginning at
-/// or after `from`: a `\n` then `\n` or `\r\n`.
-fn blank_line_from(buf: &[u8], from: usize) -> bool {
-    let from = from.min(buf.len());
-    buf[from..].iter().enumerate().any(|(i, &b)| {
-        b == b'\n' && matches!(&buf[from + i + 1..], [b'\n', ..] | [b'\r', b'\n', ..])
-    })
-}
 
 /// A connection's reader of response heads, with what it keeps between them.
 #[derive(Default)]
