@@ -586,6 +586,74 @@ mod tests {
         ));
     }
 
+    /// What a fresh `parse` of `buf` says: the kind, and a whole head's length.
+    fn fresh(buf: &[u8]) -> (&'static str, usize) {
+        match parse(buf, &mut Fields::default()) {
+            Head::Plain(p) => ("plain", p.len),
+            Head::Partial => ("partial", 0),
+            Head::Other => ("other", 0),
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// A head read in pieces, cut anywhere, is what it is read whole: a plain head is
+        /// plain (and as long) the read its end comes in, and no read sooner; one that does not
+        /// parse is refused by the read its end comes in at the latest (or sooner, when it
+        /// went wrong in the first read, as a fresh parse finds).
+        #[test]
+        fn a_head_read_in_pieces_is_what_it_is_read_whole(
+            empty in proptest::sample::select(&["", "\r\n", "\n"][..]),
+            line in proptest::sample::select(&[
+                "GET /a HTTP/1.1", "POST /b?c=1 HTTP/1.1", "GET / HTTP/1.0", "G@T / HTTP/1.1",
+                "HEAD / HTTP/1.1",
+            ][..]),
+            fields in proptest::collection::vec(proptest::sample::select(&[
+                "host: x", "Host: y", "x-api-key: k1", "content-length: 0", "content-length: 5",
+                "connection: keep-alive", "bad header", "x-v: a\tb", "x-e:", "x-long: vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv",
+            ][..]), 0..6),
+            ends in proptest::collection::vec(proptest::sample::select(&["\r\n", "\n"][..]), 7),
+            next in proptest::sample::select(&["", "GET /next HTTP/1.1\r\n"][..]),
+            cuts in proptest::collection::vec(1usize..200, 0..8),
+        ) {
+            let mut head = format!("{empty}{line}{}", ends[0]);
+            for (i, f) in fields.iter().enumerate() {
+                head.push_str(f);
+                head.push_str(ends[1 + i % 5]);
+            }
+            head.push_str(ends[6]);
+            let whole = head.len();
+            head.push_str(next);
+            let bytes = head.as_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().filter(|&c| c < bytes.len()).collect();
+            cuts.push(bytes.len());
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut fields = Fields::default();
+            let mut first = true;
+            for cut in cuts {
+                let (kind, len) = fresh(&bytes[..cut]);
+                let read = match parse(&bytes[..cut], &mut fields) {
+                    Head::Plain(p) => ("plain", p.len),
+                    Head::Partial => ("partial", 0),
+                    Head::Other => ("other", 0),
+                };
+                if kind == "other" && cut < whole && !first {
+                    // Wrong before its end: found now or when the end comes.
+                    proptest::prop_assert!(read.0 != "plain", "{read:?} at {cut} of {head:?}");
+                } else {
+                    proptest::prop_assert_eq!(read, (kind, len), "at {} of {:?}", cut, head);
+                }
+                if read.0 != "partial" {
+                    proptest::prop_assert!(cut >= whole || first, "at {} of {:?}", cut, head);
+                    break;
+                }
+                first = false;
+            }
+        }
+    }
+
     fn names_of(head: &[u8], fields: &mut Fields) -> Option<Vec<(String, String)>> {
         let bytes = Bytes::copy_from_slice(head);
         let Head::Plain(parsed) = parse(&bytes, fields) else {
