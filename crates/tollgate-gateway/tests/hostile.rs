@@ -724,3 +724,79 @@ async fn a_head_not_read_within_ten_seconds_closes_its_connection_and_each_answe
         "closed {kept_idle:?} after its last answer"
     );
 }
+
+/// Writes `n` bytes of empty lines (`\r\n`) in pieces of 256 bytes, 1 ms apart, as a client
+/// trickling them would; false when the gateway stopped taking them.
+async fn empty_lines(s: &mut TcpStream, n: usize) -> bool {
+    let piece = b"\r\n".repeat(128);
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(piece.len());
+        if s.write_all(&piece[..k]).await.is_err() {
+            return false;
+        }
+        left -= k;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_lines_before_a_head_are_skipped_up_to_8_kib_and_past_it_close_the_connection() {
+    // Skipped again on every read, 64 KiB of them cost hyper's server one to two seconds of
+    // CPU (docs/benchmarks.md); decision mode's own loop and hyper's connections (proxy
+    // mode) are held to one bound.
+    const BOUND: usize = 8 * 1024;
+    let once = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n";
+    let up = Upstream::start().await;
+    let decision = Gateway::start("", "");
+    let proxy = Gateway::proxy(&up, "", "");
+    for (mode, gw) in [("decision", &decision), ("proxy", &proxy)] {
+        // Up to the bound before each of two requests on one connection: both answered.
+        let mut s = connect(gw).await;
+        let mut got = Vec::new();
+        for i in 1..=2 {
+            assert!(empty_lines(&mut s, BOUND).await, "{mode}: taken");
+            s.write_all(once).await.expect("write");
+            assert!(
+                read_answers(&mut s, &mut got, i).await,
+                "{mode}: answer {i}"
+            );
+        }
+        // Past it: closed without an answer, long before the header read timeout (10 s).
+        let start = Instant::now();
+        let mut s = connect(gw).await;
+        let _ = empty_lines(&mut s, BOUND + 2).await;
+        let _ = s.write_all(once).await;
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut got)).await;
+        assert!(got.is_empty(), "{mode}: {}", String::from_utf8_lossy(&got));
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{mode}: {:?}",
+            start.elapsed()
+        );
+    }
+    // A body of empty lines is read while its request is served: not counted, and the
+    // connection serves on.
+    let mut s = connect(&proxy).await;
+    let body = b"\r\n".repeat(BOUND);
+    let head = format!(
+        "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("write");
+    for piece in body.chunks(256) {
+        s.write_all(piece).await.expect("write");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut got = Vec::new();
+    assert!(read_answers(&mut s, &mut got, 1).await, "the POST's answer");
+    s.write_all(once).await.expect("write");
+    assert!(
+        read_answers(&mut s, &mut got, 2).await,
+        "the next request's"
+    );
+    let m = metrics(&proxy).await;
+    assert!(!m.contains("code=\"500\""), "{m}");
+}

@@ -75,6 +75,9 @@ pub(crate) struct HeadWatch {
     write_blocked: AtomicBool,
     /// The connection's task while a read waits.
     waker: AtomicWaker,
+    /// Heads read so far (wrapping): a new one ends the empty lines before it
+    /// ([`EmptyLines`]). Written by the connection's task alone.
+    heads: AtomicU32,
 }
 
 impl Drop for HeadWatch {
@@ -117,6 +120,7 @@ impl HeadClock {
             deadline: AtomicU32::new(self.deadline()),
             write_blocked: AtomicBool::new(false),
             waker: AtomicWaker::new(),
+            heads: AtomicU32::new(0),
         });
         self.lock().push(Arc::downgrade(&watch));
         watch
@@ -213,6 +217,9 @@ impl HeadWatch {
     /// A head has been read: its request is being served, and no wait runs.
     pub(crate) fn serving(&self) {
         self.set(SERVING);
+        // One writer, the connection's task: a load and a store, no locked instruction.
+        let heads = self.heads.load(Relaxed);
+        self.heads.store(heads.wrapping_add(1), Relaxed);
     }
 
     /// An answer has been handed to hyper whole: the wait for the next head begins.
@@ -229,6 +236,12 @@ impl HeadWatch {
 
     fn expired(&self) -> bool {
         self.deadline.load(Relaxed) == EXPIRED
+    }
+
+    /// Whether a head is awaited: no request is being served, and the wait has not expired.
+    pub(crate) fn awaiting_head(&self) -> bool {
+        let d = self.deadline.load(Relaxed);
+        d != SERVING && d != EXPIRED
     }
 
     /// The listener is shutting down.
@@ -490,6 +503,130 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Watched<T> {
     }
 }
 
+/// The most bytes of empty lines (`\r` and `\n`) in a row a connection may send while a head
+/// is awaited. RFC 9112 section 2.2 asks a server to skip empty lines before a request line,
+/// and hyper does, looking at them all again on every read until the head has come: 64 KiB of
+/// them written a few bytes at a time cost hyper's server one to two seconds of CPU
+/// (`scripts/trickle-heads --empty-lines`, docs/benchmarks.md). Past this many in a row the
+/// connection is closed without an answer, as by the header read timeout; decision mode's own
+/// loop (`plain.rs`) holds its connections to the same bound. A request's body, read while
+/// the request is served, is not counted.
+pub(crate) const MAX_EMPTY_LINES: usize = 8 * 1024;
+
+/// A connection's stream as hyper reads it (under [`Watched`]): counts the empty-line bytes in
+/// a row it reads while a head is awaited, and fails the read past [`MAX_EMPTY_LINES`].
+/// Looking at a read costs a look at its first byte and its last (a head's last four bytes
+/// are its end).
+pub(crate) struct EmptyLines<T> {
+    io: T,
+    watch: Arc<HeadWatch>,
+    /// Empty-line bytes in a row read while awaiting a head, up to the last byte read.
+    run: usize,
+    /// The watch's count of heads when `run` began: a head read since ends it (its own
+    /// last bytes, `\r\n\r\n`, are not the next head's empty lines).
+    heads: u32,
+}
+
+impl<T> EmptyLines<T> {
+    pub(crate) fn new(io: T, watch: Arc<HeadWatch>) -> Self {
+        let heads = watch.heads.load(Relaxed);
+        Self {
+            io,
+            watch,
+            run: 0,
+            heads,
+        }
+    }
+}
+
+/// The runs of empty-line bytes in a row a read of `new` makes, the run before it `run`: the
+/// longest it continues or begins (from `run` to `new`'s first other byte), and the one it
+/// ends with. Runs wholly inside `new`, between other bytes, are not counted: they cost
+/// hyper one look, in the one read.
+fn empty_runs(run: usize, new: &[u8]) -> (usize, usize) {
+    let is_empty_line = |b: &u8| *b == b'\r' || *b == b'\n';
+    let lead = new.iter().take_while(|b| is_empty_line(b)).count();
+    let longest = run.saturating_add(lead);
+    if lead == new.len() {
+        return (longest, longest);
+    }
+    (
+        longest,
+        new.iter().rev().take_while(|b| is_empty_line(b)).count(),
+    )
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EmptyLines<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        if !this.watch.awaiting_head() {
+            this.run = 0;
+            return Poll::Ready(Ok(()));
+        }
+        let heads = this.watch.heads.load(Relaxed);
+        if heads != this.heads {
+            (this.heads, this.run) = (heads, 0);
+        }
+        let (longest, last) = empty_runs(this.run, &buf.filled()[before..]);
+        this.run = last;
+        if longest > MAX_EMPTY_LINES {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "too many empty lines before a request head",
+            )));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for EmptyLines<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// A gateway connection's stream as hyper is given it: watched (see [`Watched`]), `unread`
+/// (what `plain.rs` read and did not serve) first, its empty lines counted (see
+/// [`EmptyLines`]).
+pub(crate) fn for_hyper(
+    stream: tokio::net::TcpStream,
+    watch: Arc<HeadWatch>,
+    unread: Bytes,
+) -> Watched<hyper_util::rt::TokioIo<EmptyLines<tokio::net::TcpStream>>> {
+    let counted = EmptyLines::new(stream, Arc::clone(&watch));
+    Watched::new(hyper_util::rt::TokioIo::new(counted), watch, unread)
+}
+
 /// An answer's body that starts the connection's wait for the next head when hyper drops
 /// it: after its last frame, or with the connection.
 pub(crate) struct WaitAfter<B> {
@@ -588,7 +725,7 @@ mod tests {
                 });
                 let mut b = hyper::server::conn::http1::Builder::new();
                 b.timer(TokioTimer::new()).header_read_timeout(None);
-                let io = Watched::new(TokioIo::new(stream), Arc::clone(&watch), Bytes::new());
+                let io = for_hyper(stream, Arc::clone(&watch), Bytes::new());
                 let conn = b.serve_connection(io, svc);
                 tokio::spawn(async move {
                     let _ = until_drained(conn, watch, |c| c.graceful_shutdown()).await;
@@ -677,6 +814,52 @@ mod tests {
         let mut rest = Vec::new();
         io.read_to_end(&mut rest).await.expect("read");
         assert_eq!(rest, b"lo world");
+    }
+
+    #[test]
+    fn a_run_of_empty_line_bytes_goes_on_across_reads_and_ends_at_any_other_byte() {
+        assert_eq!(empty_runs(0, b""), (0, 0));
+        assert_eq!(empty_runs(7, b""), (7, 7));
+        assert_eq!(empty_runs(7, b"\r\n\n"), (10, 10));
+        assert_eq!(empty_runs(7, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"), (7, 4));
+        assert_eq!(empty_runs(7, b"\r\nGET / HTTP/1.1\r\n"), (9, 2));
+        assert_eq!(empty_runs(7, b"\r\nG"), (9, 0));
+        assert_eq!(empty_runs(0, b"G\n\n\n\n\nG"), (0, 0));
+        assert_eq!(empty_runs(usize::MAX, b"\n"), (usize::MAX, usize::MAX));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn empty_lines_before_a_head_are_skipped_up_to_the_bound_and_then_close() {
+        let addr = serve().await;
+        // Up to the bound, before each of two requests on one connection (each wait counts
+        // anew), written in pieces: both answered.
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut got = Vec::new();
+        for i in 1..=2 {
+            for _ in 0..MAX_EMPTY_LINES / 1024 {
+                s.write_all(&b"\r\n".repeat(512)).await.expect("write");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            s.write_all(&get("/")).await.expect("write");
+            assert!(
+                read_until(&mut s, &mut got, |g| answered(g, i)).await,
+                "answer {i}"
+            );
+        }
+        // One byte past it: closed without an answer, long before the header read timeout.
+        let start = Instant::now();
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut flood = vec![b'\n'; MAX_EMPTY_LINES + 1];
+        flood.extend_from_slice(&get("/"));
+        let _ = s.write_all(&flood).await;
+        let mut got = Vec::new();
+        let _ = read_until(&mut s, &mut got, |g| answered(g, 1)).await;
+        assert!(!answered(&got, 1), "{}", String::from_utf8_lossy(&got));
+        assert!(
+            start.elapsed() < ALLOWED,
+            "closed after {:?}",
+            start.elapsed()
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,13 +29,13 @@
 //! the connection while it waits for a head, and lets a request being served finish.
 
 use crate::http::head_end::blank_line_from;
-use crate::http::head_timeout::HeadWatch;
+use crate::http::head_timeout::{HeadWatch, MAX_EMPTY_LINES};
 use crate::http::metrics::HttpMetrics;
 use crate::http::names::Names;
 use crate::http::refusal::{refuses_read, MAX_HEADERS, MAX_HEAD_BYTES};
 use crate::http::service::{unify, GatewayService, Written};
 use crate::http::util::ConnBody;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, HOST, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body::Body as _;
@@ -85,6 +85,11 @@ pub(crate) async fn serve<S: GatewayService>(
     let mut req = Request::new(());
     loop {
         if out.len() >= OUT_ROOM && !flush(stream, &mut out, watch).await {
+            return Served::Closed;
+        }
+        if !skip_empty_lines(&mut buf, &mut fields) {
+            // A flood of empty lines: closed, as hyper's connections are (see `EmptyLines`).
+            let _ = flush(stream, &mut out, watch).await;
             return Served::Closed;
         }
         let parsed = match parse(&buf, &mut fields) {
@@ -264,6 +269,8 @@ struct Fields {
     /// How much of a head read in pieces was looked at and found not whole (0: none), so
     /// that it is parsed again only once its end has come (see `head_end.rs`).
     scanned: usize,
+    /// Bytes of empty lines taken before the head being read.
+    empty: usize,
 }
 
 /// A plain request's head, read: where its parts are in the bytes it was read from (its
@@ -300,6 +307,32 @@ impl Parsed {
     }
 }
 
+/// Takes the empty lines before a head off the front of `buf` (which begins where a head
+/// may). httparse skips them, as RFC 9112 section 2.2 asks, but skipped again on every read
+/// they would cost the square of their number: a client writing them a byte at a time, as
+/// many as the head's bound allows, would cost the gateway a second of CPU (and hyper's server
+/// as much again, see docs/benchmarks.md). Taken off, they cost a look each and take no room;
+/// the header read timeout still ends a connection that sends nothing else. A `\r` last is
+/// kept until what follows it comes (a `\r` before anything but `\n` is an error, httparse's).
+/// False past [`MAX_EMPTY_LINES`] bytes of them before one head: the connection is closed,
+/// as hyper's are.
+fn skip_empty_lines(buf: &mut BytesMut, fields: &mut Fields) -> bool {
+    let mut n = 0;
+    loop {
+        match buf[n..] {
+            [b'\n', ..] => n += 1,
+            [b'\r', b'\n', ..] => n += 2,
+            _ => break,
+        }
+    }
+    if n > 0 {
+        buf.advance(n);
+        fields.scanned = fields.scanned.saturating_sub(n);
+        fields.empty = fields.empty.saturating_add(n);
+    }
+    fields.empty <= MAX_EMPTY_LINES
+}
+
 /// Reads the head at the start of `buf` (see [`Head`]), its fields into `fields`. A head
 /// found not whole is parsed again only once its end has come (or at the bound, by the
 /// caller), as hyper's server does: one that goes wrong after its first read is found so then,
@@ -322,7 +355,7 @@ fn parse(buf: &[u8], fields: &mut Fields) -> Head {
         }
         Err(_) => return Head::Other,
     };
-    fields.scanned = 0;
+    (fields.scanned, fields.empty) = (0, 0);
     let (Some(1), Some(method), Some(target)) = (req.version, req.method, req.path) else {
         return Head::Other;
     };
@@ -586,6 +619,47 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn empty_lines_before_a_head_take_no_room_up_to_their_bound() {
+        let request = b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n";
+        // Up to the bound before each of two heads on one connection, a byte a read: no
+        // room taken but the request's own, and each head plain at its end.
+        let (mut fields, mut buf) = (Fields::default(), BytesMut::new());
+        let mut most = 0;
+        for _ in 0..2 {
+            let mut head = "\r\n\n".repeat(MAX_EMPTY_LINES / 3).into_bytes();
+            head.extend_from_slice("\n".repeat(MAX_EMPTY_LINES % 3).as_bytes());
+            head.extend_from_slice(request);
+            for (i, &b) in head.iter().enumerate() {
+                buf.extend_from_slice(&[b]);
+                assert!(skip_empty_lines(&mut buf, &mut fields), "closed at {i}");
+                most = most.max(buf.len());
+                match parse(&buf, &mut fields) {
+                    Head::Partial => assert!(i + 1 < head.len(), "whole at its end"),
+                    Head::Plain(p) => {
+                        assert_eq!(i + 1, head.len(), "not before its end");
+                        assert_eq!(p.len, buf.len());
+                        buf.clear();
+                    }
+                    Head::Other => panic!("refused at {i}"),
+                }
+            }
+        }
+        assert_eq!(most, request.len());
+        // One byte more: the connection is closed.
+        let mut buf = BytesMut::from(&b"\n".repeat(MAX_EMPTY_LINES)[..]);
+        let mut fields = Fields::default();
+        assert!(skip_empty_lines(&mut buf, &mut fields));
+        buf.extend_from_slice(b"\n");
+        assert!(!skip_empty_lines(&mut buf, &mut fields));
+        // A `\r` waits for what follows it: `\n` is an empty line, anything else an error.
+        let mut buf = BytesMut::from(&b"\r"[..]);
+        assert!(skip_empty_lines(&mut buf, &mut Fields::default()));
+        assert_eq!(&buf[..], b"\r");
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        assert!(matches!(parse(&buf, &mut Fields::default()), Head::Other));
+    }
+
     /// What a fresh `parse` of `buf` says: the kind, and a whole head's length.
     fn fresh(buf: &[u8]) -> (&'static str, usize) {
         match parse(buf, &mut Fields::default()) {
@@ -604,7 +678,7 @@ mod tests {
         /// went wrong in the first read, as a fresh parse finds).
         #[test]
         fn a_head_read_in_pieces_is_what_it_is_read_whole(
-            empty in proptest::sample::select(&["", "\r\n", "\n"][..]),
+            empty in proptest::sample::select(&["", "\r\n", "\n", "\r\n\n\r\n", "\r", "\rX"][..]),
             line in proptest::sample::select(&[
                 "GET /a HTTP/1.1", "POST /b?c=1 HTTP/1.1", "GET / HTTP/1.0", "G@T / HTTP/1.1",
                 "HEAD / HTTP/1.1",
@@ -630,26 +704,33 @@ mod tests {
             cuts.push(bytes.len());
             cuts.sort_unstable();
             cuts.dedup();
-            let mut fields = Fields::default();
-            let mut first = true;
+            // As `serve` reads: the bytes come into one buffer, its empty lines are taken
+            // off its front, then it is parsed.
+            let (mut fields, mut buf) = (Fields::default(), BytesMut::new());
+            let (mut fed, mut skipped) = (0, 0);
             for cut in cuts {
+                buf.extend_from_slice(&bytes[fed..cut]);
+                fed = cut;
+                let before = buf.len();
+                proptest::prop_assert!(skip_empty_lines(&mut buf, &mut fields));
+                skipped += before - buf.len();
+                let whole_parse = fields.scanned == 0;
                 let (kind, len) = fresh(&bytes[..cut]);
-                let read = match parse(&bytes[..cut], &mut fields) {
-                    Head::Plain(p) => ("plain", p.len),
+                let read = match parse(&buf, &mut fields) {
+                    Head::Plain(p) => ("plain", skipped + p.len),
                     Head::Partial => ("partial", 0),
                     Head::Other => ("other", 0),
                 };
-                if kind == "other" && cut < whole && !first {
+                if kind == "other" && cut < whole && !whole_parse {
                     // Wrong before its end: found now or when the end comes.
                     proptest::prop_assert!(read.0 != "plain", "{read:?} at {cut} of {head:?}");
                 } else {
                     proptest::prop_assert_eq!(read, (kind, len), "at {} of {:?}", cut, head);
                 }
                 if read.0 != "partial" {
-                    proptest::prop_assert!(cut >= whole || first, "at {} of {:?}", cut, head);
+                    proptest::prop_assert!(cut >= whole || whole_parse, "at {} of {:?}", cut, head);
                     break;
                 }
-                first = false;
             }
         }
     }

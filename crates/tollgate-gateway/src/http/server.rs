@@ -6,7 +6,7 @@
 //! Requests HTTP/1.1 forbids are refused before any policy sees them (see `refusal.rs`).
 
 use crate::http::conn_limit::ConnLimits;
-use crate::http::head_timeout::{until_drained, HeadClock, HeadWatch, WaitAfter, Watched};
+use crate::http::head_timeout::{for_hyper, until_drained, HeadClock, HeadWatch, WaitAfter};
 use crate::http::metrics::HttpMetrics;
 use crate::http::plain::{self, Served};
 use crate::http::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
@@ -166,7 +166,7 @@ where
             Bytes::new()
         };
         drop((plain_service, plain_peer));
-        let io = Watched::new(TokioIo::new(stream), Arc::clone(&watch), unread);
+        let io = for_hyper(stream, Arc::clone(&watch), unread);
         let conn = builder(Heads::Swept, small_answers).serve_connection(io, hyper_svc);
         let ended = until_drained(conn, watch, |c| c.graceful_shutdown()).await;
         if let Err(e) = ended {
