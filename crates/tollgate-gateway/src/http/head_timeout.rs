@@ -75,9 +75,6 @@ pub(crate) struct HeadWatch {
     write_blocked: AtomicBool,
     /// The connection's task while a read waits.
     waker: AtomicWaker,
-    /// Heads read so far (wrapping): a new one ends the empty lines before it
-    /// ([`EmptyLines`]). Written by the connection's task alone.
-    heads: AtomicU32,
 }
 
 impl Drop for HeadWatch {
@@ -120,7 +117,6 @@ impl HeadClock {
             deadline: AtomicU32::new(self.deadline()),
             write_blocked: AtomicBool::new(false),
             waker: AtomicWaker::new(),
-            heads: AtomicU32::new(0),
         });
         self.lock().push(Arc::downgrade(&watch));
         watch
@@ -217,9 +213,6 @@ impl HeadWatch {
     /// A head has been read: its request is being served, and no wait runs.
     pub(crate) fn serving(&self) {
         self.set(SERVING);
-        // One writer, the connection's task: a load and a store, no locked instruction.
-        let heads = self.heads.load(Relaxed);
-        self.heads.store(heads.wrapping_add(1), Relaxed);
     }
 
     /// An answer has been handed to hyper whole: the wait for the next head begins.
@@ -515,45 +508,49 @@ pub(crate) const MAX_EMPTY_LINES: usize = 8 * 1024;
 
 /// A connection's stream as hyper reads it (under [`Watched`]): counts the empty-line bytes in
 /// a row it reads while a head is awaited, and fails the read past [`MAX_EMPTY_LINES`].
-/// Looking at a read costs a look at its first byte and its last (a head's last four bytes
-/// are its end).
+/// Looking at a read costs a look at its first byte.
 pub(crate) struct EmptyLines<T> {
     io: T,
-    watch: Arc<HeadWatch>,
-    /// Empty-line bytes in a row read while awaiting a head, up to the last byte read.
+    /// The connection's watch; none on the admin port, whose heads hyper times: there every
+    /// read is counted, a body's too (an admin body of 8 KiB of empty lines in a row is no
+    /// request).
+    watch: Option<Arc<HeadWatch>>,
+    /// Empty-line bytes in a row read while awaiting a head, up to the last byte read, from
+    /// the first read that brought nothing else.
     run: usize,
-    /// The watch's count of heads when `run` began: a head read since ends it (its own
-    /// last bytes, `\r\n\r\n`, are not the next head's empty lines).
-    heads: u32,
 }
 
 impl<T> EmptyLines<T> {
     pub(crate) fn new(io: T, watch: Arc<HeadWatch>) -> Self {
-        let heads = watch.heads.load(Relaxed);
         Self {
             io,
-            watch,
+            watch: Some(watch),
             run: 0,
-            heads,
+        }
+    }
+
+    /// Counting every read: for a connection without a [`HeadWatch`] (the admin port).
+    pub(crate) fn unwatched(io: T) -> Self {
+        Self {
+            io,
+            watch: None,
+            run: 0,
         }
     }
 }
 
-/// The runs of empty-line bytes in a row a read of `new` makes, the run before it `run`: the
-/// longest it continues or begins (from `run` to `new`'s first other byte), and the one it
-/// ends with. Runs wholly inside `new`, between other bytes, are not counted: they cost
-/// hyper one look, in the one read.
+/// The run of empty-line bytes in a row a read of `new` continues or begins (from `run`, the
+/// run before it, to `new`'s first other byte), and the run after it: none when `new` has any
+/// other byte. So a run counts from a read that brings nothing else (a head's own last
+/// bytes, `\r\n\r\n`, are not the next head's empty lines), and runs inside one read
+/// between other bytes are not counted: they cost hyper one look, in that one read.
 fn empty_runs(run: usize, new: &[u8]) -> (usize, usize) {
-    let is_empty_line = |b: &u8| *b == b'\r' || *b == b'\n';
-    let lead = new.iter().take_while(|b| is_empty_line(b)).count();
+    let lead = new
+        .iter()
+        .take_while(|&&b| b == b'\r' || b == b'\n')
+        .count();
     let longest = run.saturating_add(lead);
-    if lead == new.len() {
-        return (longest, longest);
-    }
-    (
-        longest,
-        new.iter().rev().take_while(|b| is_empty_line(b)).count(),
-    )
+    (longest, if lead == new.len() { longest } else { 0 })
 }
 
 impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EmptyLines<T> {
@@ -565,13 +562,9 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EmptyLines<T> {
         let this = self.get_mut();
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
-        if !this.watch.awaiting_head() {
+        if this.watch.as_ref().is_some_and(|w| !w.awaiting_head()) {
             this.run = 0;
             return Poll::Ready(Ok(()));
-        }
-        let heads = this.watch.heads.load(Relaxed);
-        if heads != this.heads {
-            (this.heads, this.run) = (heads, 0);
         }
         let (longest, last) = empty_runs(this.run, &buf.filled()[before..]);
         this.run = last;
@@ -821,8 +814,8 @@ mod tests {
         assert_eq!(empty_runs(0, b""), (0, 0));
         assert_eq!(empty_runs(7, b""), (7, 7));
         assert_eq!(empty_runs(7, b"\r\n\n"), (10, 10));
-        assert_eq!(empty_runs(7, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"), (7, 4));
-        assert_eq!(empty_runs(7, b"\r\nGET / HTTP/1.1\r\n"), (9, 2));
+        assert_eq!(empty_runs(7, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"), (7, 0));
+        assert_eq!(empty_runs(7, b"\r\nGET / HTTP/1.1\r\n"), (9, 0));
         assert_eq!(empty_runs(7, b"\r\nG"), (9, 0));
         assert_eq!(empty_runs(0, b"G\n\n\n\n\nG"), (0, 0));
         assert_eq!(empty_runs(usize::MAX, b"\n"), (usize::MAX, usize::MAX));

@@ -6,7 +6,9 @@
 //! Requests HTTP/1.1 forbids are refused before any policy sees them (see `refusal.rs`).
 
 use crate::http::conn_limit::ConnLimits;
-use crate::http::head_timeout::{for_hyper, until_drained, HeadClock, HeadWatch, WaitAfter};
+use crate::http::head_timeout::{
+    for_hyper, until_drained, EmptyLines, HeadClock, HeadWatch, WaitAfter,
+};
 use crate::http::metrics::HttpMetrics;
 use crate::http::plain::{self, Served};
 use crate::http::refusal::{opening, parse_error_status, refusal, refuse_h2, Opening};
@@ -244,7 +246,9 @@ pub(crate) async fn serve_admin<H, F>(
                     let answer = handle(req);
                     async move { Ok::<_, Infallible>(answer.await) }
                 });
-                let conn = graceful.watch(builder(Heads::Hyper, false).serve_connection(TokioIo::new(stream), svc));
+                // Empty lines in a row bounded as on the gateway's port (see `EmptyLines`).
+                let io = TokioIo::new(EmptyLines::unwatched(stream));
+                let conn = graceful.watch(builder(Heads::Hyper, false).serve_connection(io, svc));
                 tokio::spawn(async move {
                     let _slot = slot;
                     let _ = conn.await;
