@@ -4,6 +4,32 @@
 //! writing a byte at a time. Read by decision mode's plain requests (`plain.rs`) and by the
 //! proxy's upstream responses and trailers (`proxy/h1.rs`); hyper's server does the same for
 //! the requests it reads.
+//!
+//! Empty lines before a head are no end: httparse skips them (RFC 9112 section 2.2), from the
+//! start on every parse, and the scan below takes them for one. So the readers take them off
+//! their buffers as they come ([`empty_line_bytes`]) and bound how many in a row they take
+//! ([`MAX_EMPTY_LINES`]); hyper's connections are bounded by a reader under hyper
+//! (`head_timeout::EmptyLines`).
+
+/// The most bytes of empty lines (`\r\n` or `\n`) in a row taken before a head. 64 KiB of
+/// them written a few bytes at a time, each read skipping them all again, cost hyper's server
+/// one to two seconds of CPU (`scripts/trickle-heads --empty-lines`, docs/benchmarks.md).
+/// Past this many a client's connection is closed without an answer, as by the header read
+/// timeout, and an upstream's answer is a bad one.
+pub(crate) const MAX_EMPTY_LINES: usize = 8 * 1024;
+
+/// How many bytes of empty lines `buf` begins with: whole ones, `\r\n` or `\n` (a `\r`
+/// last waits for what follows it; before anything but `\n` it is httparse's error).
+pub(crate) fn empty_line_bytes(buf: &[u8]) -> usize {
+    let mut n = 0;
+    loop {
+        match buf[n..] {
+            [b'\n', ..] => n += 1,
+            [b'\r', b'\n', ..] => n += 2,
+            _ => return n,
+        }
+    }
+}
 
 /// Whether `buf` holds an empty line (the end of a head or of a trailer section) beginning at
 /// or after `from`: a `\n` then `\n` or `\r\n`, every ending httparse takes. A reader that
@@ -35,5 +61,14 @@ mod tests {
         }
         assert!(!blank_line_from(b"GET / HTTP/1.1\r\nA: 1\r\n\rB: 2\r\n", 0));
         assert!(!blank_line_from(b"", 5));
+    }
+
+    #[test]
+    fn empty_lines_are_whole_ones_at_the_start() {
+        assert_eq!(empty_line_bytes(b""), 0);
+        assert_eq!(empty_line_bytes(b"\r\n\n\r\nGET"), 5);
+        assert_eq!(empty_line_bytes(b"\n\r"), 1);
+        assert_eq!(empty_line_bytes(b"\rX"), 0);
+        assert_eq!(empty_line_bytes(b"GET\r\n\r\n"), 0);
     }
 }

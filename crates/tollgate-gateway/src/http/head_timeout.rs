@@ -31,6 +31,7 @@
 //! the memory store, 380 fewer on Redis, whose requests are polled more often (callgrind; see
 //! docs/benchmarks.md).
 
+use crate::http::head_end::MAX_EMPTY_LINES;
 use crate::http::refusal::HEADER_READ_TIMEOUT;
 use atomic_waker::AtomicWaker;
 use bytes::Bytes;
@@ -495,16 +496,6 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Watched<T> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
-
-/// The most bytes of empty lines (`\r` and `\n`) in a row a connection may send while a head
-/// is awaited. RFC 9112 section 2.2 asks a server to skip empty lines before a request line,
-/// and hyper does, looking at them all again on every read until the head has come: 64 KiB of
-/// them written a few bytes at a time cost hyper's server one to two seconds of CPU
-/// (`scripts/trickle-heads --empty-lines`, docs/benchmarks.md). Past this many in a row the
-/// connection is closed without an answer, as by the header read timeout; decision mode's own
-/// loop (`plain.rs`) holds its connections to the same bound. A request's body, read while
-/// the request is served, is not counted.
-pub(crate) const MAX_EMPTY_LINES: usize = 8 * 1024;
 
 /// A connection's stream as hyper reads it (under [`Watched`]): counts the empty-line bytes in
 /// a row it reads while a head is awaited, and fails the read past [`MAX_EMPTY_LINES`].

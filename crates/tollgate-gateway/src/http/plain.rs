@@ -28,8 +28,8 @@
 //! write that proceeds restarts it and one the client does not take holds it; a drain closes
 //! the connection while it waits for a head, and lets a request being served finish.
 
-use crate::http::head_end::blank_line_from;
-use crate::http::head_timeout::{HeadWatch, MAX_EMPTY_LINES};
+use crate::http::head_end::{blank_line_from, empty_line_bytes, MAX_EMPTY_LINES};
+use crate::http::head_timeout::HeadWatch;
 use crate::http::metrics::HttpMetrics;
 use crate::http::names::Names;
 use crate::http::refusal::{refuses_read, MAX_HEADERS, MAX_HEAD_BYTES};
@@ -317,14 +317,7 @@ impl Parsed {
 /// False past [`MAX_EMPTY_LINES`] bytes of them before one head: the connection is closed,
 /// as hyper's are.
 fn skip_empty_lines(buf: &mut BytesMut, fields: &mut Fields) -> bool {
-    let mut n = 0;
-    loop {
-        match buf[n..] {
-            [b'\n', ..] => n += 1,
-            [b'\r', b'\n', ..] => n += 2,
-            _ => break,
-        }
-    }
+    let n = empty_line_bytes(buf);
     if n > 0 {
         buf.advance(n);
         fields.scanned = fields.scanned.saturating_sub(n);

@@ -29,7 +29,7 @@
 //! every read).
 
 use super::headers::{is_hop_by_hop, names_another, strip_hop_by_hop};
-use crate::http::head_end::blank_line_from;
+use crate::http::head_end::{blank_line_from, empty_line_bytes, MAX_EMPTY_LINES};
 use crate::http::names::Names;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -237,6 +237,8 @@ pub(super) struct HeadReader {
     /// A head trickled in many reads is parsed again only once its end has come, not on
     /// every read (which would cost the square of its length).
     scanned: usize,
+    /// Bytes of empty lines taken before the head being read (see `head_end.rs`).
+    empty: usize,
 }
 
 /// What a response head's fields say of its framing, noted as they are read (no lookups in
@@ -293,6 +295,21 @@ impl Meta {
 }
 
 impl HeadReader {
+    /// Takes the empty lines at the start of `buf` off it (httparse skips them, from the start
+    /// on every parse); an error past [`MAX_EMPTY_LINES`] of them before one head.
+    fn take_empty_lines(&mut self, buf: &mut BytesMut) -> Result<(), Malformed> {
+        let n = empty_line_bytes(buf);
+        if n > 0 {
+            buf.advance(n);
+            self.scanned = self.scanned.saturating_sub(n);
+            self.empty = self.empty.saturating_add(n);
+            if self.empty > MAX_EMPTY_LINES {
+                return Err(Malformed("too many empty lines before a head"));
+            }
+        }
+        Ok(())
+    }
+
     /// Reads the response head at the start of `buf`, taking it (and any interim responses
     /// before it) from `buf`; `method`: the request's; `map` is a map to fill (its room is
     /// reused: the request's, written already), emptied first.
@@ -305,7 +322,7 @@ impl HeadReader {
         method: &Method,
         mut map: HeaderMap,
     ) -> Result<Read, Malformed> {
-        let (names, fields) = (&mut self.names, &mut self.fields);
+        self.take_empty_lines(buf)?;
         if self.scanned > 0 && !blank_line_from(buf, self.scanned.saturating_sub(2)) {
             if buf.len() >= MAX_HEAD {
                 return Err(Malformed("a head too large"));
@@ -314,6 +331,7 @@ impl HeadReader {
             return Ok(Read::Partial(map));
         }
         loop {
+            let (names, fields) = (&mut self.names, &mut self.fields);
             let (len, status, version, reason, meta) = {
                 let mut slots =
                     [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
@@ -367,6 +385,8 @@ impl HeadReader {
             // An interim response (100 Continue and the like) precedes the real one.
             if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
                 buf.advance(len);
+                self.empty = 0;
+                self.take_empty_lines(buf)?;
                 continue;
             }
             let head = buf.split_to(len).freeze();
@@ -397,7 +417,7 @@ impl HeadReader {
                 } else {
                     meta.keep_alive
                 };
-            self.scanned = 0;
+            (self.scanned, self.empty) = (0, 0);
             return Ok(Read::Head(Box::new(ResponseHead {
                 status,
                 version,
@@ -814,6 +834,46 @@ mod tests {
             Some(&b"7"[..])
         );
         assert!(done && left.is_empty());
+    }
+
+    #[test]
+    fn empty_lines_before_a_head_take_no_room_up_to_their_bound_then_are_an_error() {
+        let head = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        for (lines, whole) in [
+            (MAX_EMPTY_LINES / 2, true),
+            (MAX_EMPTY_LINES / 2 + 1, false),
+        ] {
+            // Before the interim answer and again before the final one.
+            let mut wire = b"\r\n".repeat(lines);
+            wire.extend_from_slice(&head[..25]);
+            wire.extend_from_slice(&b"\r\n".repeat(lines));
+            wire.extend_from_slice(&head[25..]);
+            let (mut reader, mut buf, mut map) = (HeadReader::default(), BytesMut::new(), None);
+            let mut most = 0;
+            let mut ended = None;
+            for (i, &b) in wire.iter().enumerate() {
+                buf.extend_from_slice(&[b]);
+                match reader.read(&mut buf, &Method::GET, map.take().unwrap_or_default()) {
+                    Ok(Read::Partial(unused)) => map = Some(unused),
+                    Ok(Read::Head(h)) => {
+                        assert_eq!(h.status, StatusCode::OK);
+                        ended = Some(Ok(i));
+                        break;
+                    }
+                    Err(e) => {
+                        ended = Some(Err(e));
+                        break;
+                    }
+                }
+                most = most.max(buf.len());
+            }
+            if whole {
+                assert_eq!(ended.map(|e| e.ok()), Some(Some(wire.len() - 1)), "{lines}");
+                assert!(most < 64, "the buffer held {most} bytes");
+            } else {
+                assert!(matches!(ended, Some(Err(_))), "{lines}: {ended:?}");
+            }
+        }
     }
 
     #[test]
