@@ -560,7 +560,6 @@ mod tests {
         );
     }
 
-    /// The header map `head` makes, read with `fields`.
     /// Every prefix of `head` as one more byte read: the kinds `parse` gives, in order, the
     /// repeats of each run folded into one.
     fn kinds_trickled(head: &[u8]) -> Vec<&'static str> {
@@ -728,6 +727,7 @@ mod tests {
         }
     }
 
+    /// The header map `head` makes, read with `fields`.
     fn names_of(head: &[u8], fields: &mut Fields) -> Option<Vec<(String, String)>> {
         let bytes = Bytes::copy_from_slice(head);
         let Head::Plain(parsed) = parse(&bytes, fields) else {
