@@ -28,14 +28,14 @@
 //! write that proceeds restarts it and one the client does not take holds it; a drain closes
 //! the connection while it waits for a head, and lets a request being served finish.
 
-use crate::http::head_end::{blank_line_from, empty_line_bytes, MAX_EMPTY_LINES};
+use crate::http::head_end::Progress;
 use crate::http::head_timeout::HeadWatch;
 use crate::http::metrics::HttpMetrics;
 use crate::http::names::Names;
 use crate::http::refusal::{refuses_read, MAX_HEADERS, MAX_HEAD_BYTES};
 use crate::http::service::{unify, GatewayService, Written};
 use crate::http::util::ConnBody;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, HOST, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body::Body as _;
@@ -87,8 +87,9 @@ pub(crate) async fn serve<S: GatewayService>(
         if out.len() >= OUT_ROOM && !flush(stream, &mut out, watch).await {
             return Served::Closed;
         }
-        if !skip_empty_lines(&mut buf, &mut fields) {
-            // A flood of empty lines: closed, as hyper's connections are (see `EmptyLines`).
+        // The buffer begins where a head may: its empty lines are taken off as they come,
+        // a flood of them closes the connection, as hyper's do (see `EmptyLines`).
+        if !fields.progress.take_empty_lines(&mut buf) {
             let _ = flush(stream, &mut out, watch).await;
             return Served::Closed;
         }
@@ -266,11 +267,9 @@ struct Fields {
     list: Vec<Field>,
     /// The names of the connection's earlier heads (see `names.rs`).
     names: Names,
-    /// How much of a head read in pieces was looked at and found not whole (0: none), so
-    /// that it is parsed again only once its end has come (see `head_end.rs`).
-    scanned: usize,
-    /// Bytes of empty lines taken before the head being read.
-    empty: usize,
+    /// How far the head being read in pieces has come: it is parsed again only once its end
+    /// has come, and its empty lines are taken off as they come (see `head_end.rs`).
+    progress: Progress,
 }
 
 /// A plain request's head, read: where its parts are in the bytes it was read from (its
@@ -307,25 +306,6 @@ impl Parsed {
     }
 }
 
-/// Takes the empty lines before a head off the front of `buf` (which begins where a head
-/// may). httparse skips them, as RFC 9112 section 2.2 asks, but skipped again on every read
-/// they would cost the square of their number: a client writing them a byte at a time, as
-/// many as the head's bound allows, would cost the gateway a second of CPU (and hyper's server
-/// as much again, see docs/benchmarks.md). Taken off, they cost a look each and take no room;
-/// the header read timeout still ends a connection that sends nothing else. A `\r` last is
-/// kept until what follows it comes (a `\r` before anything but `\n` is an error, httparse's).
-/// False past [`MAX_EMPTY_LINES`] bytes of them before one head: the connection is closed,
-/// as hyper's are.
-fn skip_empty_lines(buf: &mut BytesMut, fields: &mut Fields) -> bool {
-    let n = empty_line_bytes(buf);
-    if n > 0 {
-        buf.advance(n);
-        fields.scanned = fields.scanned.saturating_sub(n);
-        fields.empty = fields.empty.saturating_add(n);
-    }
-    fields.empty <= MAX_EMPTY_LINES
-}
-
 /// Reads the head at the start of `buf` (see [`Head`]), its fields into `fields`. A head
 /// found not whole is parsed again only once its end has come (or at the bound, by the
 /// caller), as hyper's server does: one that goes wrong after its first read is found so then,
@@ -334,8 +314,7 @@ fn parse(buf: &[u8], fields: &mut Fields) -> Head {
     if buf.is_empty() {
         return Head::Partial;
     }
-    if fields.scanned > 0 && !blank_line_from(buf, fields.scanned.saturating_sub(2)) {
-        fields.scanned = buf.len();
+    if !fields.progress.worth_parsing(buf) {
         return Head::Partial;
     }
     let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
@@ -343,12 +322,12 @@ fn parse(buf: &[u8], fields: &mut Fields) -> Head {
     let len = match req.parse_with_uninit_headers(buf, &mut slots) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => {
-            fields.scanned = buf.len();
+            fields.progress.not_whole(buf);
             return Head::Partial;
         }
         Err(_) => return Head::Other,
     };
-    (fields.scanned, fields.empty) = (0, 0);
+    fields.progress.whole();
     let (Some(1), Some(method), Some(target)) = (req.version, req.method, req.path) else {
         return Head::Other;
     };
@@ -494,6 +473,7 @@ pub(crate) fn dateless(answer: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::head_end::MAX_EMPTY_LINES;
     use crate::http::names::{KEPT_NAME, KEPT_POSITIONS};
     use http::Response;
     use http_body_util::Full;
@@ -624,7 +604,7 @@ mod tests {
             head.extend_from_slice(request);
             for (i, &b) in head.iter().enumerate() {
                 buf.extend_from_slice(&[b]);
-                assert!(skip_empty_lines(&mut buf, &mut fields), "closed at {i}");
+                assert!(fields.progress.take_empty_lines(&mut buf), "closed at {i}");
                 most = most.max(buf.len());
                 match parse(&buf, &mut fields) {
                     Head::Partial => assert!(i + 1 < head.len(), "whole at its end"),
@@ -641,12 +621,12 @@ mod tests {
         // One byte more: the connection is closed.
         let mut buf = BytesMut::from(&b"\n".repeat(MAX_EMPTY_LINES)[..]);
         let mut fields = Fields::default();
-        assert!(skip_empty_lines(&mut buf, &mut fields));
+        assert!(fields.progress.take_empty_lines(&mut buf));
         buf.extend_from_slice(b"\n");
-        assert!(!skip_empty_lines(&mut buf, &mut fields));
+        assert!(!fields.progress.take_empty_lines(&mut buf));
         // A `\r` waits for what follows it: `\n` is an empty line, anything else an error.
         let mut buf = BytesMut::from(&b"\r"[..]);
-        assert!(skip_empty_lines(&mut buf, &mut Fields::default()));
+        assert!(Progress::default().take_empty_lines(&mut buf));
         assert_eq!(&buf[..], b"\r");
         buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
         assert!(matches!(parse(&buf, &mut Fields::default()), Head::Other));
@@ -704,9 +684,9 @@ mod tests {
                 buf.extend_from_slice(&bytes[fed..cut]);
                 fed = cut;
                 let before = buf.len();
-                proptest::prop_assert!(skip_empty_lines(&mut buf, &mut fields));
+                proptest::prop_assert!(fields.progress.take_empty_lines(&mut buf));
                 skipped += before - buf.len();
-                let whole_parse = fields.scanned == 0;
+                let whole_parse = fields.progress.first_look();
                 let (kind, len) = fresh(&bytes[..cut]);
                 let read = match parse(&buf, &mut fields) {
                     Head::Plain(p) => ("plain", skipped + p.len),

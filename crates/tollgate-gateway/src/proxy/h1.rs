@@ -24,12 +24,13 @@
 //! Where this differs from hyper's client, on purpose: a response's hop-by-hop fields are
 //! left out of its map (the proxy removed them after hyper); a `Content-Length` beside
 //! chunked framing is left out too and the connection is not used again (hyper kept the
-//! field, and the client was answered by the wrong length); a head or a trailer section that
-//! comes in many reads is parsed again only once its end has come (hyper parses again on
-//! every read).
+//! field, and the client was answered by the wrong length); empty lines before a head are
+//! taken off as they come and bounded (hyper skips them all again on every read). A head or
+//! a trailer section that comes in many reads is parsed again only once its end has come,
+//! as hyper's `is_complete_fast` does for heads.
 
 use super::headers::{is_hop_by_hop, names_another, strip_hop_by_hop};
-use crate::http::head_end::{blank_line_from, empty_line_bytes, MAX_EMPTY_LINES};
+use crate::http::head_end::Progress;
 use crate::http::names::Names;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -233,12 +234,10 @@ pub(super) struct HeadReader {
     names: Names,
     /// The fields of the head being read.
     fields: Fields,
-    /// How much of the buffer was looked at without finding a head's end (0: parse at once).
-    /// A head trickled in many reads is parsed again only once its end has come, not on
-    /// every read (which would cost the square of its length).
-    scanned: usize,
-    /// Bytes of empty lines taken before the head being read (see `head_end.rs`).
-    empty: usize,
+    /// How far the head being read has come: a head trickled in many reads is parsed again
+    /// only once its end has come, and its empty lines are taken off as they come (see
+    /// `head_end.rs`).
+    progress: Progress,
 }
 
 /// What a response head's fields say of its framing, noted as they are read (no lookups in
@@ -295,19 +294,14 @@ impl Meta {
 }
 
 impl HeadReader {
-    /// Takes the empty lines at the start of `buf` off it (httparse skips them, from the start
-    /// on every parse); an error past [`MAX_EMPTY_LINES`] of them before one head.
+    /// Takes the empty lines at the start of `buf` off it: an error past
+    /// [`crate::http::head_end::MAX_EMPTY_LINES`] of them before one head.
     fn take_empty_lines(&mut self, buf: &mut BytesMut) -> Result<(), Malformed> {
-        let n = empty_line_bytes(buf);
-        if n > 0 {
-            buf.advance(n);
-            self.scanned = self.scanned.saturating_sub(n);
-            self.empty = self.empty.saturating_add(n);
-            if self.empty > MAX_EMPTY_LINES {
-                return Err(Malformed("too many empty lines before a head"));
-            }
+        if self.progress.take_empty_lines(buf) {
+            Ok(())
+        } else {
+            Err(Malformed("too many empty lines before a head"))
         }
-        Ok(())
     }
 
     /// Reads the response head at the start of `buf`, taking it (and any interim responses
@@ -323,11 +317,10 @@ impl HeadReader {
         mut map: HeaderMap,
     ) -> Result<Read, Malformed> {
         self.take_empty_lines(buf)?;
-        if self.scanned > 0 && !blank_line_from(buf, self.scanned.saturating_sub(2)) {
+        if !self.progress.worth_parsing(buf) {
             if buf.len() >= MAX_HEAD {
                 return Err(Malformed("a head too large"));
             }
-            self.scanned = buf.len();
             return Ok(Read::Partial(map));
         }
         loop {
@@ -342,7 +335,7 @@ impl HeadReader {
                 let len = match parsed {
                     Ok(httparse::Status::Complete(len)) => len,
                     Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {
-                        self.scanned = buf.len();
+                        self.progress.not_whole(buf);
                         return Ok(Read::Partial(map));
                     }
                     Ok(httparse::Status::Partial) => return Err(Malformed("a head too large")),
@@ -385,7 +378,7 @@ impl HeadReader {
             // An interim response (100 Continue and the like) precedes the real one.
             if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
                 buf.advance(len);
-                self.empty = 0;
+                self.progress.whole();
                 self.take_empty_lines(buf)?;
                 continue;
             }
@@ -417,7 +410,7 @@ impl HeadReader {
                 } else {
                     meta.keep_alive
                 };
-            (self.scanned, self.empty) = (0, 0);
+            self.progress.whole();
             return Ok(Read::Head(Box::new(ResponseHead {
                 status,
                 version,
@@ -486,8 +479,8 @@ pub(super) struct Chunked {
     state: ChunkState,
     /// Extension bytes read so far (bounded by [`MAX_EXTENSIONS`]).
     extensions: usize,
-    /// Trailer bytes looked at without finding the section's end (as [`HeadReader`]'s).
-    scanned: usize,
+    /// How far the trailer section has come (as [`HeadReader`]'s).
+    trailers: Progress,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -584,11 +577,10 @@ impl Chunked {
             self.state = ChunkState::Done;
             return Ok(Step::End);
         }
-        if self.scanned > 0 && !blank_line_from(buf, self.scanned.saturating_sub(2)) {
+        if !self.trailers.worth_parsing(buf) {
             if buf.len() >= MAX_TRAILERS {
                 return Err(Malformed("trailers too large"));
             }
-            self.scanned = buf.len();
             return Ok(Step::More);
         }
         let mut slots = [httparse::EMPTY_HEADER; MAX_FIELDS];
@@ -607,7 +599,7 @@ impl Chunked {
                 Ok(Step::Trailers(trailers))
             }
             Ok(httparse::Status::Partial) if buf.len() < MAX_TRAILERS => {
-                self.scanned = buf.len();
+                self.trailers.not_whole(buf);
                 Ok(Step::More)
             }
             Ok(httparse::Status::Partial) => Err(Malformed("trailers too large")),
@@ -619,6 +611,7 @@ impl Chunked {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::head_end::MAX_EMPTY_LINES;
     use proptest::prelude::*;
 
     fn head(text: &[u8], method: &Method) -> Result<Read, Malformed> {
