@@ -6,20 +6,22 @@
 //! list of plan forms (a form is each rule's algorithm and mode, see `script.rs`): its store's
 //! list, every form its plans have come in so far, up to [`MAX_SCRIPT_FORMS`] forms of
 //! [`MAX_SCRIPT_RULES`] rules, or past that the batch's own forms (at most
-//! [`MAX_BATCH_FORMS`]); one branch per form, each the same decision
-//! bodies and all-or-nothing rule as the form's own script, every plan with its own quotas (so
-//! plans of one policy under a thousand overrides, each its own limit, share one branch); it
-//! runs the plans in arrival order, each against the state the plans before it left, so a
-//! batch decides exactly what the same plans called one after another would.
+//! [`MAX_BATCH_FORMS`]); one branch per form, each the same decision bodies and all-or-nothing
+//! rule as the form's own script, every plan with its own quotas (so plans of one policy under
+//! a thousand overrides, each its own limit, share one branch); it runs the plans in arrival
+//! order, each against the state the plans before it left, so a batch decides exactly what the
+//! same plans called one after another would.
 //!
 //! The call:
 //! - KEYS: every plan's keys, plan after plan, each plan's in its rules' order.
 //! - ARGV[1]: one byte per plan: its form's number in the script (1..=15), plus 16 when the
-//!   plan's costs follow, plus 32 when its `now` does.
+//!   plan's costs follow, plus 32 when its `now` does, plus 64 when its quotas are the call's.
 //! - ARGV[2]: the PX floor in milliseconds (0: none).
+//! - ARGV[3]: the call's quotas (packed as a plan script's ARGV[1]): the first plan's, sent
+//!   once for every plan of the same (most batches are of one policy's plans).
 //! - then per plan, in order: its `now` (when flagged; otherwise every plan of the call reads
-//!   the same Redis `TIME`), its quotas (always, packed as a plan script's ARGV[1]), then its
-//!   costs (when flagged; otherwise every cost is 1).
+//!   the same Redis `TIME`), its quotas (unless they are the call's), then its costs (when
+//!   flagged; otherwise every cost is 1).
 //!
 //! The reply: an array, one element per plan in order, each exactly what the shape's own
 //! script answers (the integer of an allowed one-rule plan, else the packed string), or an
@@ -29,27 +31,31 @@
 //! What a plan costs Redis beyond its keys' own work is Lua, so the script does per plan only
 //! what differs between plans: a call whose plans all have one byte in ARGV[1] (one form, the
 //! same flags: the common batch) is counted once, not plan by plan, and that byte is not read
-//! again for each; each distinct quotas string is unpacked once a call (kept by the string,
-//! so plans of a few limits, tiers among them, unpack each once); a write's PX text is
-//! formatted only for other milliseconds than the last write's (every fresh bucket of a
-//! policy writes the same); `math`, `struct` and `redis` are locals. Measured with callgrind
-//! on redis-server (64 token-bucket plans a call, 1,000,000 random keys, `redis_bench
-//! --script-floor --cases batch`): 31,567 instructions a plan before these, 26,890 after; a
-//! minimal script that only reads and writes the keys is 17,423. A Lua function holds at most 200 locals and the script is one function: a test
-//! compiles the scripts with the most on a real redis-server.
+//! again for each; such a call of a one-rule form on the call's quotas, at cost 1 and on
+//! Redis's clock runs a loop of its own, the quota unpacked into locals before it and nothing
+//! of the plan read in it but its key (see [`uniform_loops`]); the quotas shared by the call's
+//! plans travel once, not once a plan (Redis makes an argument of each, and Lua a string); each
+//! distinct quotas string is unpacked once a call (kept by the string, so plans of a few
+//! limits, tiers among them, unpack each once); a write's PX text is formatted only for other
+//! milliseconds than the last write's (every fresh bucket of a policy writes the same); `math`,
+//! `struct` and `redis` are locals. Measured with callgrind on redis-server (64 token-bucket
+//! plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases batch`): 31,567
+//! instructions a plan before these, 26,890 after; a minimal script that only reads and writes
+//! the keys is 17,423. A Lua function holds at most 200 locals and the script is one function:
+//! a test compiles the scripts with the most on a real redis-server.
 //!
 //! Across slots (a Redis Cluster, Redis 7 or later): plans of the many slots one node serves
 //! leave in one call of the across-slots variant. A script's declared keys must share a slot,
 //! so KEYS holds only the first plan's first key (it routes the call to the node) and every
 //! plan's keys travel in ARGV after their count: ARGV[3] = the number of keys, ARGV[4 ..] the
-//! keys, then the per-plan arguments as above. The script carries the `allow-cross-slot-keys`
-//! flag and runs no command on keys of two slots: each plan reads its keys with one GET each
-//! (`redis.pcall`), before anything of the plan is written. A key the node does not serve (the
-//! client's slot table is stale, the slot is migrating) fails that read, and the plan is
-//! answered with the error code [`ELSEWHERE`], nothing of it charged; the store then runs it
-//! alone, where the client follows the cluster's MOVED or ASK. A key read is served by the node
-//! until the script ends (nothing runs beside a script), so a plan's writes go where its reads
-//! did.
+//! keys, then the call's quotas and the per-plan arguments as above. The script carries the
+//! `allow-cross-slot-keys` flag and runs no command on keys of two slots: each plan reads its
+//! keys with one GET each (`redis.pcall`), before anything of the plan is written. A key the
+//! node does not serve (the client's slot table is stale, the slot is migrating) fails that
+//! read, and the plan is answered with the error code [`ELSEWHERE`], nothing of it charged; the
+//! store then runs it alone, where the client follows the cluster's MOVED or ASK. A key read is
+//! served by the node until the script ends (nothing runs beside a script), so a plan's writes
+//! go where its reads did.
 
 use crate::command::Args;
 use crate::keys::Keys;
@@ -162,6 +168,9 @@ pub(crate) fn push_batch_call(
         push_keys(cmd);
     }
     let costs = |p: &CallPlan<'_>| p.costs.iter().any(|&c| c != 1);
+    // The call's quotas: the first plan's, sent once for every plan that has the same.
+    let shared = plans.first().map(|p| p.quotas.as_bytes());
+    let shares = |p: &CallPlan<'_>| Some(p.quotas.as_bytes()) == shared;
     let spec: Vec<u8> = plans
         .iter()
         .map(|p| {
@@ -177,6 +186,9 @@ pub(crate) fn push_batch_call(
             if local {
                 b += 32;
             }
+            if shares(p) {
+                b += 64;
+            }
             b
         })
         .collect();
@@ -185,11 +197,14 @@ pub(crate) fn push_batch_call(
         cmd.arg(keys);
         push_keys(cmd);
     }
+    cmd.arg(shared.unwrap_or_default());
     for p in plans {
         if local {
             cmd.arg(p.now);
         }
-        cmd.arg(p.quotas.as_bytes());
+        if !shares(p) {
+            cmd.arg(p.quotas.as_bytes());
+        }
         if costs(p) {
             for c in p.costs {
                 cmd.arg(*c);
@@ -219,21 +234,40 @@ pub fn batch_script_sha(rules: &[RuleShape]) -> Option<String> {
 /// rules no batch script serves.
 #[doc(hidden)]
 pub fn batch_script_args(rules: &[RuleShape], keys: &[String]) -> Option<Vec<Vec<u8>>> {
+    if rules.is_empty() || !keys.len().is_multiple_of(rules.len()) {
+        return None;
+    }
+    batch_script_args_each(&vec![rules; keys.len() / rules.len()], keys)
+}
+
+/// For benchmarks: [`batch_script_args`] with each plan's own rules (`plans[i]`: the rules of
+/// the plan whose keys come i-th), all of one form (the same algorithms and modes in order,
+/// any quotas: a plan of another form than the first's gives `None`).
+#[doc(hidden)]
+pub fn batch_script_args_each(plans: &[&[RuleShape]], keys: &[String]) -> Option<Vec<Vec<u8>>> {
+    let rules = plans.first()?;
     let form = Form::of(rules)?;
-    if keys.is_empty() || !keys.len().is_multiple_of(rules.len()) {
+    if keys.len() != plans.len() * rules.len() {
         return None;
     }
     let costs = vec![1; rules.len()];
-    let (quotas, _) = Quotas::pack(rules.iter().map(|r| &r.limit), true);
+    let quotas: Vec<Quotas> = plans
+        .iter()
+        .map(|rules| {
+            (Form::of(rules).as_ref() == Some(&form))
+                .then(|| Quotas::pack(rules.iter().map(|r| &r.limit), true).0)
+        })
+        .collect::<Option<_>>()?;
     let keys: Vec<Keys> = keys.chunks(rules.len()).map(Keys::from_iter).collect();
     let plans: Vec<CallPlan<'_>> = keys
         .iter()
-        .map(|keys| CallPlan {
+        .zip(&quotas)
+        .map(|(keys, quotas)| CallPlan {
             keys,
             costs: &costs,
             now: 0,
             form: &form,
-            quotas: &quotas,
+            quotas,
         })
         .collect();
     let mut cmd = redis::Cmd::new();
@@ -368,19 +402,20 @@ fn generate(forms: &[Form], across: bool) -> Script {
     let rules_of: Vec<String> = forms.iter().map(|s| s.rules().len().to_string()).collect();
     // Across slots the keys travel in ARGV[4 ..] after their count (KEYS holds the first, for
     // routing only): a script's declared keys must share a slot.
-    let (keys, nkeys, first_arg) = if across {
+    let (keys, nkeys, shared_at, first_arg) = if across {
         (
             "local nkeys = tonumber(argv[3])\n\
-             if not nkeys or nkeys % 1 ~= 0 or nkeys < 0 or nkeys + 3 > nargs then\n  \
+             if not nkeys or nkeys % 1 ~= 0 or nkeys < 0 or nkeys + 4 > nargs then\n  \
              return redis.error_reply('ERR tollgate: ARGV[3] must count the keys that follow')\n\
              end\n\
              local keys = {}\n\
              for j = 1, nkeys do\n  keys[j] = argv[3 + j]\nend\n",
             "nkeys",
             "4 + nkeys",
+            "5 + nkeys",
         )
     } else {
-        ("local keys = KEYS\n", "#keys", "3")
+        ("local keys = KEYS\n", "#keys", "3", "4")
     };
     let _ = writeln!(
         lua,
@@ -388,8 +423,8 @@ fn generate(forms: &[Form], across: bool) -> Script {
          local argv, pack, sunpack = ARGV, struct.pack, struct.unpack\n\
          local math, struct, redis = math, struct, redis\n\
          local spec, nargs = argv[1], #argv\n\
-         if not spec or nargs < 2 then\n  \
-         return redis.error_reply('ERR tollgate: a batch starts with its plans\\' shapes and a PX floor')\n\
+         if not spec or nargs < 3 then\n  \
+         return redis.error_reply('ERR tollgate: a batch starts with its plans\\' shapes, a PX floor and its quotas')\n\
          end\n\
          local plans, ttl_floor = #spec, tonumber(argv[2])\n\
          if not ttl_floor or ttl_floor % 1 ~= 0 or ttl_floor < 0 or ttl_floor > MAX_PERIOD then\n  \
@@ -404,11 +439,11 @@ fn generate(forms: &[Form], across: bool) -> Script {
          for i = 1, uniform and 1 or plans do\n  \
          local b = byte(spec, i)\n  \
          local n = rules_of[b % 16]\n  \
-         if not n or b >= 64 then\n    \
+         if not n or b >= 128 then\n    \
          return redis.error_reply('ERR tollgate: plan ' .. i .. ' names no shape of this script')\n  \
          end\n  \
          need_keys = need_keys + n\n  \
-         need_args = need_args + 1\n  \
+         if b >= 64 then\n    b = b - 64\n  else\n    need_args = need_args + 1\n  end\n  \
          if b >= 32 then\n    need_args = need_args + 1\n    b = b - 32\n  end\n  \
          if b >= 16 then\n    need_args = need_args + n\n  end\n\
          end\n\
@@ -421,6 +456,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
          need_args .. ' arguments, got ' .. {nkeys} .. ' and ' .. nargs)\n\
          end\n\
          local out, clock, k, a = {{}}, nil, 0, {first_arg}\n\
+         local call_quotas = argv[{shared_at}]\n\
          if plans == 0 then\n  return out\nend\n\
          local all, written = {{}}, {{}}\n\
          local unpacked = {{}}\n\
@@ -445,9 +481,14 @@ fn generate(forms: &[Form], across: bool) -> Script {
              end\n",
         );
     }
+    if !across {
+        uniform_loops(&mut lua, forms);
+    }
     lua.push_str(
         "for i = 1, plans do\n  \
          local b = spec_of or byte(spec, i)\n  \
+         local shared = b >= 64\n  \
+         if shared then\n    b = b - 64\n  end\n  \
          local s, now, bad = b % 16, clock, nil\n  \
          if b >= 32 then\n    \
          now = tonumber(argv[a])\n    \
@@ -488,8 +529,8 @@ fn branch(lua: &mut String, form: &Form, across: bool) {
     let len = constants_len(n);
     let _ = writeln!(
         lua,
-        "    local quotas = argv[a]\n    \
-         a = a + 1\n    \
+        "    local quotas = call_quotas\n    \
+         if not shared then\n      quotas = argv[a]\n      a = a + 1\n    end\n    \
          if #quotas ~= {len} then\n      \
          bad = 'quotas must be {len} bytes'\n    \
          end\n    \
@@ -558,6 +599,39 @@ fn branch(lua: &mut String, form: &Form, across: bool) {
     let _ = writeln!(lua, "    end\n    k = k + {n}");
 }
 
+/// The uniform calls' loops, before the general one: a call whose plans are all of one
+/// one-rule form, every one on the call's quotas, at cost 1 and on Redis's clock (every
+/// plan's byte `64 + s`: the common batch) runs a loop of that form alone. The quota is
+/// unpacked into locals and the clock read once, before it; no plan's byte, argument or
+/// quotas is read in it. It decides what the general loop decides for the same plans.
+fn uniform_loops(lua: &mut String, forms: &[Form]) {
+    let mut first = true;
+    for (j, form) in forms.iter().enumerate() {
+        let [rule] = form.rules() else { continue };
+        let word = if first { "if" } else { "elseif" };
+        first = false;
+        let _ = writeln!(
+            lua,
+            "{word} spec_of == {} and #call_quotas == {} then\n  \
+             local K = {{sunpack('{}', call_quotas)}}\n  \
+             local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n  \
+             local time = redis.call('TIME')\n  \
+             local now, cost = time[1] * 1000000 + time[2], 1\n  \
+             for i = 1, plans do\n    \
+             local key = keys[i]\n    \
+             local raw = written[key] or all[i]",
+            64 + j + 1,
+            constants_len(1),
+            unpack_format(1),
+        );
+        one_rule_decided(lua, *rule);
+        lua.push_str("  end\n  return out\n");
+    }
+    if !first {
+        lua.push_str("end\n");
+    }
+}
+
 /// [`crate::script::write`] with the PX argument's text kept from the last write of the call
 /// while its milliseconds are the same (every fresh bucket of a policy writes the same): one
 /// `string.format` a distinct PX, not one a plan.
@@ -567,12 +641,20 @@ fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
 
 /// A one-rule plan: GET, the body, SET when allowed; the integer reply where the caller sent
 /// a base, as the form's own script answers.
-fn one_rule(lua: &mut String, (algorithm, _): (Algorithm, Mode)) {
+fn one_rule(lua: &mut String, rule: (Algorithm, Mode)) {
     lua.push_str(
         "    local cost, key = cost_1, keys[k + 1]\n    \
          local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n    \
-         local raw = written[key] or all[k + 1]\n    \
-         local ok, remaining, reset, retry, value, idle_at\n    \
+         local raw = written[key] or all[k + 1]\n",
+    );
+    one_rule_decided(lua, rule);
+}
+
+/// A one-rule plan's decision, write and answer, given `key`, `raw`, its quota, `cost` and
+/// `now` as locals.
+fn one_rule_decided(lua: &mut String, (algorithm, _): (Algorithm, Mode)) {
+    lua.push_str(
+        "    local ok, remaining, reset, retry, value, idle_at\n    \
          do\n",
     );
     lua.push_str(body(algorithm));
@@ -777,14 +859,26 @@ mod tests {
         assert!(s.text.contains(
             "local raws = {written[keys[k + 1]] or all[k + 1], written[keys[k + 2]] or all[k + 2]}\n"
         ));
-        assert_eq!(s.text.matches("written[key] = value\n").count(), 1);
+        // The one-rule form's write, in its branch and in its uniform loop.
+        assert_eq!(s.text.matches("written[key] = value\n").count(), 2);
         assert_eq!(
             s.text.matches("written[keys[k + 2]] = value_2\n").count(),
             1
         );
         assert!(s.text.contains("out[i] = reset * base + remaining"));
-        // Each plan's quotas are its own argument: one per plan, read before its costs.
-        assert!(s.text.contains("need_args = need_args + 1\n"));
+        // A plan's quotas are the call's (its byte has 64), or its own argument, read before
+        // its costs.
+        assert!(s
+            .text
+            .contains("if b >= 64 then\n    b = b - 64\n  else\n    need_args = need_args + 1\n"));
+        assert!(s.text.contains(
+            "local quotas = call_quotas\n    if not shared then\n      quotas = argv[a]\n"
+        ));
+        // A uniform call of the one-rule form has its own loop; the two-rule form has none.
+        assert!(s
+            .text
+            .contains("if spec_of == 65 and #call_quotas == 42 then\n"));
+        assert!(!s.text.contains("spec_of == 66"));
         // Each quotas string unpacked once a call, kept by the string.
         assert!(s.text.contains(
             "local K = unpacked[quotas]\n    if not K then\n      K = {sunpack('>I7I7I7I7I7I7', quotas)}\n      unpacked[quotas] = K\n"
@@ -792,7 +886,11 @@ mod tests {
         assert!(s.text.contains(
             "local K = unpacked[quotas]\n    if not K then\n      K = {sunpack('>I7I7I7I7I7I7I7I7', quotas)}\n      unpacked[quotas] = K\n"
         ));
-        assert_eq!(s.text.matches("sunpack('>I7I7I7I7I7I7").count(), 2);
+        // The two branches' and the uniform loop's (its quota once, before the loop).
+        assert_eq!(s.text.matches("sunpack('>I7I7I7I7I7I7").count(), 3);
+        assert!(s
+            .text
+            .contains("local K = {sunpack('>I7I7I7I7I7I7', call_quotas)}\n"));
         assert!(s.text.contains(
             "local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n"
         ));
@@ -817,9 +915,10 @@ mod tests {
         assert!(s.text.contains("for i = 1, uniform and 1 or plans do\n"));
         assert!(s.text.contains("local b = spec_of or byte(spec, i)\n"));
         // The PX text is formatted again only for other milliseconds than the last write's.
-        // One write for the one-rule form, two for the two-rule one.
+        // One write for the one-rule form (in its branch and its uniform loop), two for the
+        // two-rule one.
         let formats = s.text.matches("string.format('%d', ms)").count();
-        assert_eq!(formats, 3);
+        assert_eq!(formats, 4);
         assert_eq!(
             s.text
                 .matches("px_ms, px_text = ms, string.format('%d', ms)")
@@ -899,10 +998,36 @@ mod tests {
         let quotas = crate::plan_script_quotas(&[rule]).expect("quotas");
         let mut want: Vec<Vec<u8>> = vec![b"3".to_vec()];
         want.extend(keys.iter().map(|k| k.as_bytes().to_vec()));
-        want.push(vec![1, 1, 1]);
+        // Every plan's byte says its quotas are the call's, sent once.
+        want.push(vec![64 + 1; 3]);
         want.push(b"0".to_vec());
-        want.extend([quotas.clone(), quotas.clone(), quotas]);
+        want.push(quotas.clone());
         assert_eq!(args, want);
+
+        // Plans of other quotas carry their own, after the call's (the first plan's).
+        let daily = RuleShape {
+            limit: Limit::new(
+                Algorithm::TokenBucket,
+                Quota::new(5000, std::time::Duration::from_secs(86_400)).expect("quota"),
+            )
+            .expect("limit"),
+            ..rule
+        };
+        let other = crate::plan_script_quotas(&[daily]).expect("quotas");
+        let each: [&[RuleShape]; 3] = [&[rule], &[daily], &[rule]];
+        let args = batch_script_args_each(&each, &keys).expect("args");
+        assert_eq!(args[4], vec![64 + 1, 1, 64 + 1]);
+        assert_eq!(args[6..], [quotas.clone(), other]);
+        let gcra = RuleShape {
+            limit: Limit::new(Algorithm::Gcra, quota).expect("limit"),
+            ..rule
+        };
+        let mixed: [&[RuleShape]; 3] = [&[rule], &[gcra], &[rule]];
+        assert!(batch_script_args_each(&mixed, &keys).is_none(), "two forms");
+        assert!(
+            batch_script_args_each(&each[..2], &keys).is_none(),
+            "a key too many"
+        );
 
         // Two rules a plan: their keys in pairs, one byte and one quotas argument per plan.
         let hourly = Quota::new(1000, std::time::Duration::from_secs(3600)).expect("quota");
@@ -915,7 +1040,7 @@ mod tests {
         ];
         let args = batch_script_args(&pair, &keys[..2]).expect("args");
         assert_eq!(args.len(), 1 + 2 + 2 + 1);
-        assert_eq!(args[3], vec![1]);
+        assert_eq!(args[3], vec![64 + 1]);
         assert_eq!(args[5], crate::plan_script_quotas(&pair).expect("quotas"));
         assert!(batch_script_args(&pair, &keys).is_none());
         assert!(batch_script_args(&[rule], &[]).is_none());
@@ -960,7 +1085,8 @@ mod tests {
             .nth(4)
             .expect("the plans' bytes after the key count and three keys");
         let place = |f: &Form| list.iter().position(|l| l == f).expect("listed") as u8 + 1;
-        assert_eq!(spec, vec![place(&b), place(&a) + 16, 0]);
+        // All three plans have the first's quotas: the call's, each flagged 64.
+        assert_eq!(spec, vec![place(&b) + 64, place(&a) + 16 + 64, 64]);
         assert!(generate(&list, false)
             .text
             .contains("names no shape of this script"));
@@ -985,9 +1111,10 @@ mod tests {
         assert_eq!(s.text.matches("redis.pcall('GET', key)").count(), 2);
         assert!(!s.text.contains("redis.call('GET'"));
         assert!(s.text.contains("keys[j] = argv[3 + j]"));
-        assert!(s
-            .text
-            .contains("local out, clock, k, a = {}, nil, 0, 4 + nkeys\n"));
+        // The call's quotas after the keys, each plan's own arguments after them.
+        assert!(s.text.contains(
+            "local out, clock, k, a = {}, nil, 0, 5 + nkeys\nlocal call_quotas = argv[4 + nkeys]\n"
+        ));
         assert!(s.text.contains("'TGELSEWHERE plan ' .. i"));
         // Another script than the one-slot batch of the same shapes.
         let plain = batch_script(&[one, two]).expect("script");

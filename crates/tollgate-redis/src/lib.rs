@@ -58,8 +58,8 @@ mod store;
 
 #[doc(hidden)]
 pub use batch_script::{
-    batch_script_args, batch_script_sha, batch_script_text, largest_batch_scripts,
-    many_forms_batch_scripts, MANY_FORMS_SCRIPTS,
+    batch_script_args, batch_script_args_each, batch_script_sha, batch_script_text,
+    largest_batch_scripts, many_forms_batch_scripts, MANY_FORMS_SCRIPTS,
 };
 #[doc(hidden)]
 pub use command::{push_bulk, push_header};

@@ -289,18 +289,16 @@ struct Expect {
     plans: u64,
 }
 
-/// The quotas of `n` token buckets of 100 tokens, each over its own period (60 s, 61 s, ...):
-/// another quotas string each, the same base and limit, so every plan's answer reads alike.
-fn quotas_of(n: usize) -> Result<Vec<Vec<u8>>, String> {
+/// `n` token buckets of 100 tokens, each over its own period (60 s, 61 s, ...): another
+/// quotas string each, the same base and limit, so every plan's answer reads alike.
+fn limits_of(n: usize) -> Result<Vec<RuleShape>, String> {
     (0..n as u64)
         .map(|i| {
             let quota = Quota::new(100, Duration::from_secs(60 + i)).map_err(|e| e.to_string())?;
-            let rule = RuleShape {
+            Ok(RuleShape {
                 limit: Limit::new(Algorithm::TokenBucket, quota).map_err(|e| e.to_string())?,
                 mode: Mode::Enforce,
-            };
-            tollgate_redis::plan_script_quotas(&[rule])
-                .ok_or_else(|| "no generated script for token_bucket".to_string())
+            })
         })
         .collect()
 }
@@ -321,8 +319,8 @@ struct Load {
     pipeline: usize,
     calls: usize,
     next: u64,
-    /// The batch case's quotas, one a limit (`--limits`), taken in turn plan after plan.
-    limits: Vec<Vec<u8>>,
+    /// The batch case's limits (`--limits`), taken in turn plan after plan.
+    limits: Vec<RuleShape>,
     next_limit: usize,
 }
 
@@ -352,7 +350,7 @@ impl Load {
             pipeline: o.pipeline,
             calls: o.calls,
             next: 0,
-            limits: quotas_of(o.limits)?,
+            limits: limits_of(o.limits)?,
             next_limit: 0,
         })
     }
@@ -381,14 +379,15 @@ impl Load {
             Case::Batch => {
                 for _ in 0..self.calls {
                     let ks: Vec<String> = (0..n).map(|_| self.pick(keys)).collect();
-                    let mut args = tollgate_redis::batch_script_args(&[self.rule], &ks)
+                    let plans: Vec<&[RuleShape]> = (0..n)
+                        .map(|i| {
+                            let at = (self.next_limit + i) % self.limits.len();
+                            std::slice::from_ref(&self.limits[at])
+                        })
+                        .collect();
+                    let args = tollgate_redis::batch_script_args_each(&plans, &ks)
                         .ok_or("no batch call for token_bucket")?;
-                    // The plans' quotas are the call's last arguments, one a plan.
-                    let first = args.len() - n;
-                    for q in &mut args[first..] {
-                        *q = self.limits[self.next_limit % self.limits.len()].clone();
-                        self.next_limit += 1;
-                    }
+                    self.next_limit += n;
                     resp::header(out, b'*', 2 + args.len());
                     resp::bulk(out, b"EVALSHA");
                     resp::bulk(out, self.batch_sha.as_bytes());
@@ -970,9 +969,23 @@ mod tests {
         let mut l = Load::new(&o).expect("load");
         let mut out = Vec::new();
         l.chunk(Case::Batch, 1000, &mut out).expect("chunk");
+        // Each plan's quotas: the call's (after the PX floor) where its byte has 64, else the
+        // next of the plans' own, after it.
         let quotas: Vec<Vec<u8>> = commands(&out)
             .into_iter()
-            .flat_map(|c| c[c.len() - 4..].to_vec())
+            .flat_map(|c| {
+                let (spec, shared) = (&c[7], &c[9]);
+                let mut own = c[10..].iter();
+                spec.iter()
+                    .map(|b| {
+                        if b & 64 != 0 {
+                            shared.clone()
+                        } else {
+                            own.next().expect("the plan's own quotas").clone()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            })
             .collect();
         assert_eq!(quotas.len(), 8);
         assert_eq!(quotas[0], l.quotas);
@@ -1030,8 +1043,9 @@ mod tests {
                 .collect();
             let args = tollgate_redis::batch_script_args(&[l.rule], &keys).expect("args");
             assert_eq!(c[2..], args[..]);
-            assert_eq!(c[7], vec![1; 4]);
-            assert_eq!(c[9..], vec![quotas.clone(); 4][..]);
+            // One form, its quotas once for the four plans.
+            assert_eq!(c[7], vec![64 + 1; 4]);
+            assert_eq!(c[9..], [quotas.as_slice()]);
         }
 
         out.clear();
