@@ -146,6 +146,8 @@ pub(crate) struct Reservations {
     holds: Mutex<HashMap<u64, Live>>,
     next: AtomicU64,
     renewer: OnceLock<()>,
+    /// Told when a batch of renewals has ended (and queued the releases that waited on it).
+    renewals_ended: tokio::sync::Notify,
 }
 
 impl Reservations {
@@ -199,9 +201,27 @@ impl Limiter {
     }
 
     /// Waits until every settle and release queued so far has reached the store (or
-    /// failed). For tests and for a clean shutdown; the request path never waits on them.
+    /// failed), a release that waits on its hold's renewal in flight included. For tests and
+    /// for a clean shutdown; the request path never waits on them.
     pub async fn flush_settles(&self) {
-        let Some(tx) = self.inner.reservations.queue.get() else {
+        let r = &self.inner.reservations;
+        // A hold released while its renewal is in flight is released when the renewal ends
+        // (`renewed`): until then it is in no queue. A renewal's store call is bounded by
+        // the store's timeout, and so is this wait.
+        let deferred = async {
+            loop {
+                let ended = r.renewals_ended.notified();
+                tokio::pin!(ended);
+                ended.as_mut().enable();
+                if !r.holds().values().any(|l| l.renewing && l.released) {
+                    return;
+                }
+                ended.await;
+            }
+        };
+        let bound = self.inner.timeout.saturating_add(RENEW_TICK);
+        let _ = tokio::time::timeout(bound, deferred).await;
+        let Some(tx) = r.queue.get() else {
             return;
         };
         let (done, wait) = oneshot::channel();
@@ -509,6 +529,8 @@ impl Limiter {
                 fallback,
             );
         }
+        // Queued before a flush that waited on them is.
+        self.inner.reservations.renewals_ended.notify_waiters();
     }
 }
 
