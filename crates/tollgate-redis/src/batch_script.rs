@@ -601,32 +601,59 @@ fn branch(lua: &mut String, form: &Form, across: bool) {
     let _ = writeln!(lua, "    end\n    k = k + {n}");
 }
 
-/// The uniform calls' loops, before the general one: a call whose plans are all of one
-/// one-rule form, every one on the call's quotas, at cost 1 and on Redis's clock (every
-/// plan's byte `64 + s`: the common batch) runs a loop of that form alone. The quota is
-/// unpacked into locals and the clock read once, before it; no plan's byte, argument or
-/// quotas is read in it. It decides what the general loop decides for the same plans.
+/// The most rules a form whose uniform calls get a loop of their own has: each such loop is
+/// a second copy of its form's branch, and a form of sixteen rules is about 90 KB of Lua.
+const UNIFORM_LOOP_RULES: usize = 4;
+
+/// The uniform calls' loops, before the general one: a call whose plans are all of one form
+/// of at most [`UNIFORM_LOOP_RULES`] rules, every one on the call's quotas, at cost 1 and on
+/// Redis's clock (every plan's byte `64 + s`: the common batch) runs a loop of that form
+/// alone. The quotas are unpacked and the clock read once, before it; no plan's byte,
+/// argument or quotas is read in it. The decisions, writes and answers are the general
+/// branch's own code, so it decides what the general loop decides for the same plans.
 fn uniform_loops(lua: &mut String, forms: &[Form]) {
     let mut first = true;
     for (j, form) in forms.iter().enumerate() {
-        let [rule] = form.rules() else { continue };
+        let rules = form.rules();
+        let n = rules.len();
+        if n > UNIFORM_LOOP_RULES {
+            continue;
+        }
         let word = if first { "if" } else { "elseif" };
         first = false;
         let _ = writeln!(
             lua,
             "{word} spec_of == {} and #call_quotas == {} then\n  \
              local K = {{sunpack('{}', call_quotas)}}\n  \
-             local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n  \
              local time = redis.call('TIME')\n  \
-             local now, cost = time[1] * 1000000 + time[2], 1\n  \
-             for i = 1, plans do\n    \
-             local key = keys[i]\n    \
-             local raw = written[key] or all[i]",
+             local now = time[1] * 1000000 + time[2]",
             64 + j + 1,
-            constants_len(1),
-            unpack_format(1),
+            constants_len(n),
+            unpack_format(n),
         );
-        one_rule_decided(lua, *rule);
+        match rules {
+            [rule] => {
+                lua.push_str(
+                    "  local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n  \
+                     local cost = 1\n  \
+                     for i = 1, plans do\n    \
+                     local key = keys[i]\n    \
+                     local raw = written[key] or all[i]\n",
+                );
+                one_rule_decided(lua, *rule);
+            }
+            _ => {
+                let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
+                let _ = writeln!(
+                    lua,
+                    "  local {} = {}\n  for i = 1, plans do",
+                    names.join(", "),
+                    vec!["1"; n].join(", ")
+                );
+                several_rules(lua, rules);
+                let _ = writeln!(lua, "    k = k + {n}");
+            }
+        }
         lua.push_str("  end\n  return out\n");
     }
     if !first {
@@ -861,11 +888,11 @@ mod tests {
         assert!(s.text.contains(
             "local raws = {written[keys[k + 1]] or all[k + 1], written[keys[k + 2]] or all[k + 2]}\n"
         ));
-        // The one-rule form's write, in its branch and in its uniform loop.
+        // Each form's writes, in its branch and in its uniform loop.
         assert_eq!(s.text.matches("written[key] = value\n").count(), 2);
         assert_eq!(
             s.text.matches("written[keys[k + 2]] = value_2\n").count(),
-            1
+            2
         );
         assert!(s.text.contains("out[i] = reset * base + remaining"));
         // A plan's quotas are the call's (its byte has 64), or its own argument, read before
@@ -876,11 +903,17 @@ mod tests {
         assert!(s.text.contains(
             "local quotas = call_quotas\n    if not shared then\n      quotas = argv[a]\n"
         ));
-        // A uniform call of the one-rule form has its own loop; the two-rule form has none.
+        // A uniform call of either form has its own loop; of five rules, none.
         assert!(s
             .text
             .contains("if spec_of == 65 and #call_quotas == 42 then\n"));
-        assert!(!s.text.contains("spec_of == 66"));
+        assert!(s.text.contains(&format!(
+            "elseif spec_of == 66 and #call_quotas == {} then\n",
+            constants_len(2)
+        )));
+        let five = shape(&[(Algorithm::Gcra, Mode::Enforce); 5]);
+        let s5 = batch_script(&[one.clone(), five]).expect("script");
+        assert!(s5.text.contains("if spec_of == 65 ") && !s5.text.contains("spec_of == 66"));
         // Each quotas string unpacked once a call, kept by the string.
         assert!(s.text.contains(
             "local K = unpacked[quotas]\n    if not K then\n      K = {sunpack('>I7I7I7I7I7I7', quotas)}\n      unpacked[quotas] = K\n"
@@ -888,11 +921,14 @@ mod tests {
         assert!(s.text.contains(
             "local K = unpacked[quotas]\n    if not K then\n      K = {sunpack('>I7I7I7I7I7I7I7I7', quotas)}\n      unpacked[quotas] = K\n"
         ));
-        // The two branches' and the uniform loop's (its quota once, before the loop).
-        assert_eq!(s.text.matches("sunpack('>I7I7I7I7I7I7").count(), 3);
+        // The two branches' and the two uniform loops' (their quotas once, before the loop).
+        assert_eq!(s.text.matches("sunpack('>I7I7I7I7I7I7").count(), 4);
         assert!(s
             .text
             .contains("local K = {sunpack('>I7I7I7I7I7I7', call_quotas)}\n"));
+        assert!(s
+            .text
+            .contains("local K = {sunpack('>I7I7I7I7I7I7I7I7', call_quotas)}\n"));
         assert!(s.text.contains(
             "local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n"
         ));
@@ -917,10 +953,10 @@ mod tests {
         assert!(s.text.contains("for i = 1, uniform and 1 or plans do\n"));
         assert!(s.text.contains("local b = spec_of or byte(spec, i)\n"));
         // The PX text is formatted again only for other milliseconds than the last write's.
-        // One write for the one-rule form (in its branch and its uniform loop), two for the
-        // two-rule one.
+        // One write for the one-rule form, two for the two-rule one, each in its branch and
+        // its uniform loop.
         let formats = s.text.matches("string.format('%d', ms)").count();
-        assert_eq!(formats, 4);
+        assert_eq!(formats, 6);
         assert_eq!(
             s.text
                 .matches("px_ms, px_text = ms, string.format('%d', ms)")

@@ -90,6 +90,71 @@ async fn a_long_queue_at_a_small_max_batch_admits_exactly_the_limit() {
     }
 }
 
+/// `n` plans of every rule of `rules`, for the clients `who` in turn, all started at once;
+/// how many each client was allowed.
+async fn concurrent_plans(
+    store: &RedisStore,
+    rules: &[Arc<Rule>],
+    who: &[u128],
+    n: usize,
+) -> Vec<usize> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = Vec::with_capacity(n);
+    for j in 0..n {
+        let (store, rules, barrier) = (store.clone(), rules.to_vec(), barrier.clone());
+        let c = who[j % who.len()];
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let checks: Vec<Check<'_>> =
+                rules.iter().map(|r| Check::new(client(c), r, 1)).collect();
+            store.check(&checks, common::EPOCH_2026).await
+        }));
+    }
+    let mut allowed = vec![0; who.len()];
+    for (j, t) in tasks.into_iter().enumerate() {
+        match tokio::time::timeout(HANG, t).await {
+            Ok(Ok(Ok(v))) => allowed[j % who.len()] += usize::from(v.allowed),
+            other => panic!("a plan failed: {other:?}"),
+        }
+    }
+    allowed
+}
+
+/// Plans all of one form, on one quotas string, at cost 1 and on Redis's clock leave in
+/// uniform calls, which the batch script runs in a loop of the form's own (forms of up to
+/// four rules; five: the general loop): each plan all or nothing, on its own client's keys,
+/// exactly the tightest limit admitted a client, and the other rules charged for the admitted
+/// plans only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn uniform_batches_of_plans_of_several_rules_admit_exactly_the_tightest_limit() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    for n in 1..=5u64 {
+        for algorithm in Algorithm::ALL {
+            // Rule i allows 100 - 10 i an hour: the last is the tightest.
+            let rules: Vec<Arc<Rule>> = (0..n)
+                .map(|i| {
+                    let name = format!("uniform-{n}-{algorithm}-{i}");
+                    Arc::new(rule(&name, algorithm, 100 - 10 * i, HOUR))
+                })
+                .collect();
+            let base = 1000 + u128::from(n) * 64 + algorithm as u128 * 4;
+            let who = [base, base + 1, base + 2];
+            let tightest = 100 - 10 * (n - 1) as usize;
+            let allowed = concurrent_plans(&store, &rules, &who, 3 * 150).await;
+            assert_eq!(allowed, vec![tightest; 3], "{n} rules, {algorithm}");
+            // The first rule was charged for the admitted plans alone.
+            let first = std::slice::from_ref(&rules[0]);
+            let more = concurrent_plans(&store, first, &who, 3 * 120).await;
+            assert_eq!(
+                more,
+                vec![100 - tightest; 3],
+                "{n} rules, {algorithm}: the first rule"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_max_batch_1_every_plan_is_a_call_of_its_own() {
     let server = RedisServer::start();
