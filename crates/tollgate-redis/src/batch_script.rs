@@ -31,9 +31,9 @@
 //! What a plan costs Redis beyond its keys' own work is Lua, so the script does per plan only
 //! what differs between plans: a call whose plans all have one byte in ARGV[1] (one form, the
 //! same flags: the common batch) is counted once, not plan by plan, and that byte is not read
-//! again for each; such a call of a one-rule form on the call's quotas, at cost 1 and on
-//! Redis's clock runs a loop of its own, the quota unpacked into locals before it and nothing
-//! of the plan read in it but its key (see [`uniform_loops`]); the quotas shared by the call's
+//! again for each; such a call of a form of up to four rules on the call's quotas, at cost 1
+//! and on Redis's clock runs a loop of its own, the quotas unpacked and the clock read before
+//! it and nothing of a plan read in it but its keys (see [`uniform_loops`]); the quotas shared by the call's
 //! plans travel once, not once a plan (Redis makes an argument of each, and Lua a string); each
 //! distinct quotas string is unpacked once a call (kept by the string, so plans of a few
 //! limits, tiers among them, unpack each once); a write's PX text is formatted only for other
