@@ -33,18 +33,18 @@
 //! same flags: the common batch) is counted once, not plan by plan, and that byte is not read
 //! again for each; such a call of a form of up to four rules on the call's quotas, at cost 1
 //! and on Redis's clock runs a loop of its own, the quotas unpacked and the clock read before
-//! it and nothing of a plan read in it but its keys (see [`uniform_loops`]); the quotas shared by the call's
-//! plans travel once, not once a plan (Redis makes an argument of each, and Lua a string); each
-//! distinct quotas string is unpacked once a call (kept by the string, so plans of a few
-//! limits, tiers among them, unpack each once); a write's PX text is formatted only for other
-//! milliseconds than the last write's (every fresh bucket of a policy writes the same); `math`,
-//! `struct` and `redis` are locals. Measured with callgrind on redis-server (64 token-bucket
-//! plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases batch`): 31,567
-//! instructions a plan before these, 26,890 after; a minimal script that only reads and writes
-//! the keys is 17,423. The call's quotas once and the uniform loop took it from 26,656 to
-//! 23,279 (the minimal script 17,657 the same hour, one plan a call 50,559; `scripts/profile-redis
-//! batch 1000000 6`). A Lua function holds at most 200 locals and the script is one function:
-//! a test compiles the scripts with the most on a real redis-server.
+//! it and nothing of a plan read in it but its keys (see [`uniform_loops`]); the quotas shared
+//! by the call's plans travel once, not once a plan (Redis makes an argument of each, and Lua a
+//! string); each distinct quotas string is unpacked once a call (kept by the string, so plans
+//! of a few limits, tiers among them, unpack each once); a write's PX text is formatted only
+//! for other milliseconds than the last write's (every fresh bucket of a policy writes the
+//! same); `math`, `struct` and `redis` are locals. Measured with callgrind on redis-server (64
+//! token-bucket plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases
+//! batch`): 31,567 instructions a plan before these, 26,890 after; a minimal script that only
+//! reads and writes the keys is 17,423. The call's quotas once and the uniform loop took it
+//! from 26,656 to 23,279 (the minimal script 17,657 the same hour, one plan a call 50,559;
+//! `scripts/profile-redis batch 1000000 6`). A Lua function holds at most 200 locals and the
+//! script is one function: a test compiles the scripts with the most on a real redis-server.
 //!
 //! Across slots (a Redis Cluster, Redis 7 or later): plans of the many slots one node serves
 //! leave in one call of the across-slots variant. A script's declared keys must share a slot,

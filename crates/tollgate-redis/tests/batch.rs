@@ -25,24 +25,7 @@ async fn store(config: RedisConfig) -> RedisStore {
 
 /// `n` checks of `rule` for client `who`, all started at once; how many were allowed.
 async fn concurrent(store: &RedisStore, rule: &Arc<Rule>, who: u128, n: usize) -> usize {
-    let barrier = Arc::new(tokio::sync::Barrier::new(n));
-    let mut tasks = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (store, rule, barrier) = (store.clone(), rule.clone(), barrier.clone());
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let checks = [Check::new(client(who), &rule, 1)];
-            store.check(&checks, common::EPOCH_2026).await
-        }));
-    }
-    let mut allowed = 0;
-    for t in tasks {
-        match tokio::time::timeout(HANG, t).await {
-            Ok(Ok(Ok(v))) => allowed += usize::from(v.allowed),
-            other => panic!("a check failed: {other:?}"),
-        }
-    }
-    allowed
+    concurrent_plans(store, std::slice::from_ref(rule), &[who], n).await[0]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
