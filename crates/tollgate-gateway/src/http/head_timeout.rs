@@ -498,16 +498,18 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Watched<T> {
 }
 
 /// A connection's stream as hyper reads it (under [`Watched`]): counts the empty-line bytes in
-/// a row it reads while a head is awaited, and fails the read past [`MAX_EMPTY_LINES`].
-/// Looking at a read costs a look at its first byte.
+/// a row it reads, and fails a read made while a head is awaited that goes on with the run
+/// past [`MAX_EMPTY_LINES`]. Looking at a read costs a look at its first bytes and its last.
 pub(crate) struct EmptyLines<T> {
     io: T,
     /// The connection's watch; none on the admin port, whose heads hyper times: there every
-    /// read is counted, a body's too (an admin body of 8 KiB of empty lines in a row is no
+    /// read is judged, a body's too (an admin body of 8 KiB of empty lines in a row is no
     /// request).
     watch: Option<Arc<HeadWatch>>,
-    /// Empty-line bytes in a row read while awaiting a head, up to the last byte read, from
-    /// the first read that brought nothing else.
+    /// Empty-line bytes in a row up to the last byte read, whenever they were read: those at
+    /// the end of a read that brought a head (or a body) too are in hyper's buffer before the
+    /// next head as much as those read alone, and hyper skips them all again on every read
+    /// that adds to them.
     run: usize,
 }
 
@@ -531,10 +533,10 @@ impl<T> EmptyLines<T> {
 }
 
 /// The run of empty-line bytes in a row a read of `new` continues or begins (from `run`, the
-/// run before it, to `new`'s first other byte), and the run after it: none when `new` has any
-/// other byte. So a run counts from a read that brings nothing else (a head's own last
-/// bytes, `\r\n\r\n`, are not the next head's empty lines), and runs inside one read
-/// between other bytes are not counted: they cost hyper one look, in that one read.
+/// run before it, to `new`'s first other byte), and the run after it when `new` has no other
+/// byte (else 0: the run after it is that of its last bytes, [`trailing_empty`]). Runs
+/// inside one read between other bytes are not counted: they cost hyper one look, in that
+/// one read.
 fn empty_runs(run: usize, new: &[u8]) -> (usize, usize) {
     let lead = new
         .iter()
@@ -542,6 +544,17 @@ fn empty_runs(run: usize, new: &[u8]) -> (usize, usize) {
         .count();
     let longest = run.saturating_add(lead);
     (longest, if lead == new.len() { longest } else { 0 })
+}
+
+/// The empty-line bytes (`\r`, `\n`) a read that brought other bytes too ends with, less the
+/// four that may end its last head (`\r\n\r\n`, a head's own, not the next one's empty
+/// lines): the run the next head may find before it.
+fn trailing_empty(new: &[u8]) -> usize {
+    new.iter()
+        .rev()
+        .take_while(|&&b| b == b'\r' || b == b'\n')
+        .count()
+        .saturating_sub(4)
 }
 
 impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EmptyLines<T> {
@@ -553,13 +566,19 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EmptyLines<T> {
         let this = self.get_mut();
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
-        if this.watch.as_ref().is_some_and(|w| !w.awaiting_head()) {
-            this.run = 0;
+        let new = &buf.filled()[before..];
+        let Some(&first) = new.first() else {
             return Poll::Ready(Ok(()));
-        }
-        let (longest, last) = empty_runs(this.run, &buf.filled()[before..]);
-        this.run = last;
-        if longest > MAX_EMPTY_LINES {
+        };
+        let (longest, last) = empty_runs(this.run, new);
+        // A read that brought other bytes leaves the run of its own last ones.
+        this.run = if last > 0 { last } else { trailing_empty(new) };
+        // Only a read that goes on with the run while a head is awaited is judged: one that
+        // begins another head ends it, and one made while a request is served may be its
+        // body's.
+        let goes_on = first == b'\r' || first == b'\n';
+        let awaited = this.watch.as_ref().is_none_or(|w| w.awaiting_head());
+        if goes_on && awaited && longest > MAX_EMPTY_LINES {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "too many empty lines before a request head",
@@ -677,7 +696,8 @@ mod tests {
     /// hyper without its own header timer, the I/O watched, each call marking the connection
     /// serving and its answer's body starting the wait at its end, under a clock allowing
     /// [`ALLOWED`]. Answers: `/slow`, "ok" after [`PAST_ANY_WAIT`]; `/stream`, nine chunks
-    /// 600 ms apart (5.4 s); `/big`, 16 MiB; anything else, "ok" at once.
+    /// 600 ms apart (5.4 s); `/big`, 16 MiB; `/read`, "ok" once the request's body is read;
+    /// anything else, "ok" at once.
     async fn serve() -> std::net::SocketAddr {
         serve_with(HeadClock::start(ALLOWED)).await
     }
@@ -694,7 +714,11 @@ mod tests {
                     svc_watch.serving();
                     let watch = Arc::clone(&svc_watch);
                     let path = req.uri().path().to_string();
+                    let request_body = req.into_body();
                     async move {
+                        if path == "/read" {
+                            let _ = request_body.collect().await;
+                        }
                         let body: TestBody = match path.as_str() {
                             "/slow" => {
                                 tokio::time::sleep(PAST_ANY_WAIT).await;
@@ -843,6 +867,53 @@ mod tests {
             start.elapsed() < ALLOWED,
             "closed after {:?}",
             start.elapsed()
+        );
+    }
+
+    /// Empty lines that came in one read behind a head are in hyper's buffer before the next
+    /// head as much as those read alone: they count towards the bound. (Before, a run counted
+    /// from a read that brought nothing else, and a client could put up to a read's worth
+    /// before each head uncounted; docs/benchmarks.md, twenty-seventh session.)
+    /// A body's own empty lines, read while its request is served, count for no head.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn empty_lines_read_behind_a_head_count_towards_the_next_heads_bound() {
+        let addr = serve().await;
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut got = Vec::new();
+        let mut first = get("/");
+        first.extend_from_slice(&vec![b'\n'; MAX_EMPTY_LINES - 100]);
+        s.write_all(&first).await.expect("write");
+        assert!(
+            read_until(&mut s, &mut got, |g| answered(g, 1)).await,
+            "the first"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = s.write_all(&[b'\n'; 200]).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = s.write_all(&get("/")).await;
+        let _ = read_until(&mut s, &mut got, |g| answered(g, 2)).await;
+        assert!(!answered(&got, 2), "{}", String::from_utf8_lossy(&got));
+
+        // A body of empty lines, longer than the bound, then the next request: answered.
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let body = vec![b'\n'; 3 * MAX_EMPTY_LINES];
+        let mut post = format!(
+            "POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        post.extend_from_slice(&body);
+        s.write_all(&post).await.expect("write");
+        let mut got = Vec::new();
+        assert!(
+            read_until(&mut s, &mut got, |g| answered(g, 1)).await,
+            "the post"
+        );
+        s.write_all(&get("/")).await.expect("write");
+        assert!(
+            read_until(&mut s, &mut got, |g| answered(g, 2)).await,
+            "{}",
+            String::from_utf8_lossy(&got)
         );
     }
 
