@@ -514,11 +514,13 @@ pub(crate) struct EmptyLines<T> {
 }
 
 impl<T> EmptyLines<T> {
-    pub(crate) fn new(io: T, watch: Arc<HeadWatch>) -> Self {
+    /// `behind`: what was read before it and is handed over to hyper first (`plain.rs`'s
+    /// unread bytes): the run its last bytes begin goes on in the reads that follow.
+    pub(crate) fn new(io: T, watch: Arc<HeadWatch>, behind: &[u8]) -> Self {
         Self {
             io,
             watch: Some(watch),
-            run: 0,
+            run: run_after(0, behind).1,
         }
     }
 
@@ -557,6 +559,13 @@ fn trailing_empty(new: &[u8]) -> usize {
         .saturating_sub(4)
 }
 
+/// [`empty_runs`] of `run` and `new`, the run after it that of `new`'s last bytes when it
+/// brought other bytes too ([`trailing_empty`]).
+fn run_after(run: usize, new: &[u8]) -> (usize, usize) {
+    let (longest, last) = empty_runs(run, new);
+    (longest, if last > 0 { last } else { trailing_empty(new) })
+}
+
 impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EmptyLines<T> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -570,9 +579,8 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EmptyLines<T> {
         let Some(&first) = new.first() else {
             return Poll::Ready(Ok(()));
         };
-        let (longest, last) = empty_runs(this.run, new);
-        // A read that brought other bytes leaves the run of its own last ones.
-        this.run = if last > 0 { last } else { trailing_empty(new) };
+        let (longest, run) = run_after(this.run, new);
+        this.run = run;
         // Only a read that goes on with the run while a head is awaited is judged: one that
         // begins another head ends it, and one made while a request is served may be its
         // body's.
@@ -626,7 +634,7 @@ pub(crate) fn for_hyper(
     watch: Arc<HeadWatch>,
     unread: Bytes,
 ) -> Watched<hyper_util::rt::TokioIo<EmptyLines<tokio::net::TcpStream>>> {
-    let counted = EmptyLines::new(stream, Arc::clone(&watch));
+    let counted = EmptyLines::new(stream, Arc::clone(&watch), &unread);
     Watched::new(hyper_util::rt::TokioIo::new(counted), watch, unread)
 }
 
