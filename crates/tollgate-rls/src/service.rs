@@ -18,11 +18,10 @@
 
 use crate::config::{Found, Level, RlsConfig, RuleLimit, Unit};
 use crate::metrics::DescriptorMetrics;
-use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::request::{Descriptor, Override, RlsRequest, MAX_DESCRIPTORS, MAX_ENTRIES};
-use crate::wire::response::{Current, Decided, DescriptorAnswer};
+use crate::wire::response::{AddedHeaders, Current, Decided, DescriptorAnswer};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tollgate::policy::{FailurePolicy, SyncMode};
@@ -688,7 +687,7 @@ impl RlsService {
         // Each item's result: the limiter answers in plan order, so the next unmatched result
         // is nearly always the one; a search only when it is not.
         let mut next = 0;
-        let by_item: Vec<Option<&tollgate::PolicyResult>> = a
+        let by_item: smallvec::SmallVec<[Option<&tollgate::PolicyResult>; 16]> = a
             .policies
             .iter()
             .map(|p| match result.results.get(next) {
@@ -700,8 +699,10 @@ impl RlsService {
             })
             .collect();
         let mut statuses = Vec::with_capacity(a.slots.len());
-        // Which descriptors passed, with the rule whose metadata they pass on.
-        let mut passed: Vec<Option<usize>> = Vec::with_capacity(a.slots.len());
+        // Which descriptors passed, with the rule whose metadata they pass on: only for the
+        // dynamic metadata (no allocation otherwise).
+        let with_metadata = i.options.dynamic_metadata;
+        let mut passed: Vec<Option<usize>> = Vec::new();
         for (n, slot) in a.slots.iter().enumerate() {
             let (status, outcome, meta) = match slot {
                 Slot::NoLimit => (
@@ -801,34 +802,32 @@ impl RlsService {
                     }
                 }
             }
-            if let Some(m) = meta {
+            if let (Some(m), true) = (meta, with_metadata) {
                 passed.push(m);
             }
             statuses.push(status);
         }
-        let mut response_headers_to_add = Vec::new();
+        let mut headers = AddedHeaders::default();
         if i.options.response_headers {
-            self.headers(a, &mut response_headers_to_add);
+            self.headers(a, &mut headers);
         }
-        let dynamic_metadata = i
-            .options
-            .dynamic_metadata
-            .then(|| self.dynamic_metadata(req, &passed));
+        let dynamic_metadata = with_metadata.then(|| self.dynamic_metadata(req, &passed));
         Ok(Decided {
             overall_code: overall.into(),
             statuses,
+            headers,
             rest: RateLimitResponse {
-                response_headers_to_add,
                 dynamic_metadata,
                 ..Default::default()
             },
         })
     }
 
-    /// RateLimit-Policy, RateLimit and Retry-After for Envoy to add to the response. A blocked
-    /// descriptor that denied is the most constrained: it leads, with nothing remaining and no
-    /// Retry-After (waiting never helps).
-    fn headers(&self, a: &Answer<'_, '_>, out: &mut Vec<HeaderValue>) {
+    /// RateLimit-Policy, RateLimit and Retry-After for Envoy to add to the response, each
+    /// value written straight into the answer's bytes. A blocked descriptor that denied is
+    /// the most constrained: it leads, with nothing remaining and no Retry-After (waiting
+    /// never helps).
+    fn headers(&self, a: &Answer<'_, '_>, out: &mut AddedHeaders) {
         let blocked = a.blocked.then(|| {
             a.slots.iter().find_map(|s| match s {
                 Slot::Blocked {
@@ -840,8 +839,7 @@ impl RlsService {
                 _ => None,
             })
         });
-        let mut policy = tollgate::headers::ratelimit_policy(a.result);
-        let mut remaining = tollgate::headers::ratelimit(a.result);
+        let result = a.result;
         if let Some(Some((current, unit))) = blocked {
             let name = if current.name.is_empty() {
                 "blocked"
@@ -849,33 +847,42 @@ impl RlsService {
                 current.name
             };
             let name = tollgate::headers::sf_string(name);
-            let own = format!("{name};q=0;w={}", unit.seconds());
-            policy = Some(match policy {
-                Some(p) => format!("{own}, {p}"),
-                None => own,
+            out.push("ratelimit-policy", |v| {
+                v.extend_from_slice(name.as_bytes());
+                v.extend_from_slice(b";q=0;w=");
+                tollgate::headers::write_u64(v, unit.seconds());
+                let own = v.len();
+                v.extend_from_slice(b", ");
+                if !tollgate::headers::write_ratelimit_policy(result, v) {
+                    v.truncate(own);
+                }
+                true
             });
-            remaining = Some(format!(
-                "{name};r=0;t={}",
-                until_window_end(unit).as_secs().max(1)
-            ));
+            out.push("ratelimit", |v| {
+                v.extend_from_slice(name.as_bytes());
+                v.extend_from_slice(b";r=0;t=");
+                tollgate::headers::write_u64(v, until_window_end(unit).as_secs().max(1));
+                true
+            });
+            return;
         }
-        if let Some(v) = policy {
-            out.push(header("ratelimit-policy", v));
-        }
-        if let Some(v) = remaining {
-            out.push(header("ratelimit", v));
-        }
+        out.push("ratelimit-policy", |v| {
+            tollgate::headers::write_ratelimit_policy(result, v)
+        });
+        out.push("ratelimit", |v| {
+            tollgate::headers::write_ratelimit(result, v).is_some()
+        });
         if let (
             Action::Limit {
                 retry_after: Some(wait),
             },
             false,
-        ) = (a.result.action, a.blocked)
+        ) = (result.action, a.blocked)
         {
-            out.push(header(
-                "retry-after",
-                tollgate::headers::retry_after_secs(wait).to_string(),
-            ));
+            out.push("retry-after", |v| {
+                tollgate::headers::write_u64(v, tollgate::headers::retry_after_secs(wait));
+                true
+            });
         }
     }
 
@@ -983,14 +990,6 @@ fn until_window_end(unit: Unit) -> std::time::Duration {
     std::time::Duration::from_secs(len - now.as_secs() % len).saturating_sub(
         std::time::Duration::from_nanos(u64::from(now.subsec_nanos())),
     )
-}
-
-fn header(key: &str, value: String) -> HeaderValue {
-    HeaderValue {
-        key: key.to_string(),
-        value,
-        ..Default::default()
-    }
 }
 
 fn proto_duration(d: std::time::Duration) -> prost_types::Duration {

@@ -95,6 +95,22 @@ async fn requests_per_unit_0_is_a_ban_list_that_stores_nothing_and_charges_nothi
         assert_eq!(overall(&r), Code::OverLimit);
         assert_eq!(codes(&r), vec![Code::OverLimit, Code::Ok]);
         assert_eq!(remaining(&r), vec![0, 5]);
+        // The ban leads the headers, the route's limit after it; nothing remains, and no
+        // Retry-After.
+        let header = |key: &str| {
+            r.response_headers_to_add
+                .iter()
+                .find(|h| h.key == key)
+                .map(|h| h.value.clone())
+        };
+        let policy = header("ratelimit-policy").expect("ratelimit-policy");
+        assert!(
+            policy.starts_with("\"banned\";q=0;w=1, \"") && policy.ends_with(";q=5;w=3600"),
+            "{policy}"
+        );
+        assert_eq!(header("ratelimit").as_deref(), Some("\"banned\";r=0;t=1"));
+        assert_eq!(header("retry-after"), None);
+        assert_eq!(r.response_headers_to_add.len(), 2);
     }
     let r = rls.one("ban", &[("route", "/a")]).await;
     assert_eq!(

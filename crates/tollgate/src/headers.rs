@@ -19,6 +19,27 @@ pub const MAX_ADVERTISED_POLICIES: usize = 16;
 /// constrained first, at most [`MAX_ADVERTISED_POLICIES`]), comma-separated; `None` when
 /// every policy is a shadow one.
 pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
+    // Written straight into one string (no formatting machinery, no string per name): one
+    // line per decision, and the RLS writes it for every request with ten or more rules.
+    // Each policy's item is written once, when the policy is built (`policy_item`).
+    let mut out = String::with_capacity(48 * result.results.len().min(MAX_ADVERTISED_POLICIES));
+    advertised(result, |part| out.push_str(part));
+    (!out.is_empty()).then_some(out)
+}
+
+/// Appends [`ratelimit_policy`]`(result)` to `out` (nothing when it is `None`); true when it
+/// wrote something. For a writer that puts the value straight into its own buffer (the RLS's
+/// answer), without a string of its own.
+pub fn write_ratelimit_policy(result: &LimitResult, out: &mut Vec<u8>) -> bool {
+    out.reserve(48 * result.results.len().min(MAX_ADVERTISED_POLICIES));
+    let start = out.len();
+    advertised(result, |part| out.extend_from_slice(part.as_bytes()));
+    out.len() > start
+}
+
+/// The parts of [`ratelimit_policy`]'s value, in order, each given to `put`: the advertised
+/// policies' items and the separators between them.
+fn advertised<'r>(result: &'r LimitResult, mut put: impl FnMut(&'r str)) {
     let first = result.most_constrained();
     let others = result
         .results
@@ -28,17 +49,12 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
         .into_iter()
         .chain(others)
         .take(MAX_ADVERTISED_POLICIES);
-    // Written straight into one string (no formatting machinery, no string per name): one
-    // line per decision, and the RLS writes it for every request with ten or more rules.
-    // Each policy's item is written once, when the policy is built (`policy_item`).
-    let mut out = String::with_capacity(48 * result.results.len().min(MAX_ADVERTISED_POLICIES));
-    for r in listed {
-        if !out.is_empty() {
-            out.push_str(", ");
+    for (n, r) in listed.enumerate() {
+        if n > 0 {
+            put(", ");
         }
-        out.push_str(r.policy.advertised());
+        put(r.policy.advertised());
     }
-    (!out.is_empty()).then_some(out)
 }
 
 /// [`ratelimit_policy`] as bytes for a header value: the one advertised policy's item shared

@@ -7,12 +7,16 @@
 //! (docs/benchmarks.md, eighteenth session). Here the statuses are [`DescriptorAnswer`]s whose
 //! names borrow the configuration: each is measured once, its length kept for its prefix, and
 //! written by the few lines below (one-byte keys, an inlined varint writer for the values)
-//! into one buffer of the exact size. The rest of the response (its headers
-//! and metadata, fields 3 and on) is still written by prost, after them, in tag order as prost
-//! writes it. The bytes are prost's for any response, which the tests hold it to, and
-//! [`Decided::into_proto`] gives the message itself to callers that want one.
+//! into one buffer of the exact size. The headers for Envoy to add (field 3) are written here
+//! too, as the decision makes them ([`AddedHeaders`]): each was a `HeaderValue` of two owned
+//! strings in a vector, which prost measured and wrote and the answer then freed (about 1,000
+//! instructions an answer under callgrind, docs/benchmarks.md, twenty-eighth session). The
+//! rest of the response (its metadata, fields 4 and on) is still written by prost, after them,
+//! in tag order as prost writes it. The bytes are prost's for any response, which the tests
+//! hold it to, and [`Decided::into_proto`] gives the message itself to callers that want one.
 
 use super::frame::prefixed;
+use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     DescriptorStatus, RateLimit,
 };
@@ -44,12 +48,14 @@ pub(crate) struct DescriptorAnswer<'c> {
     pub(crate) reset: Option<prost_types::Duration>,
 }
 
-/// A decided request's answer: the overall code and the statuses written here, the other
-/// fields as prost holds them (`rest`'s own `overall_code` and `statuses` are left empty).
+/// A decided request's answer: the overall code, the statuses and the headers to add written
+/// here, the other fields as prost holds them (`rest`'s own `overall_code`, `statuses` and
+/// `response_headers_to_add` are left empty).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Decided<'c> {
     pub(crate) overall_code: i32,
     pub(crate) statuses: Vec<DescriptorAnswer<'c>>,
+    pub(crate) headers: AddedHeaders,
     pub(crate) rest: RateLimitResponse,
 }
 
@@ -59,6 +65,7 @@ impl Decided<'_> {
         RateLimitResponse {
             overall_code: self.overall_code,
             statuses: self.statuses.iter().map(DescriptorAnswer::proto).collect(),
+            response_headers_to_add: self.headers.proto(),
             ..self.rest
         }
     }
@@ -69,7 +76,8 @@ impl Decided<'_> {
         let lens: smallvec::SmallVec<[usize; 16]> =
             self.statuses.iter().map(DescriptorAnswer::len).collect();
         let own = varint_field_len(self.overall_code as u64)
-            + lens.iter().map(|&l| nested_len(l)).sum::<usize>();
+            + lens.iter().map(|&l| nested_len(l)).sum::<usize>()
+            + self.headers.0.len();
         let len = own + self.rest.encoded_len();
         let mut out = prefixed(len)?;
         // The fields written here, in place; prost's after them.
@@ -84,10 +92,72 @@ impl Decided<'_> {
             w.nested_head(2, l);
             s.write(&mut w);
         }
+        w.bytes(&self.headers.0);
         debug_assert_eq!(w.at, own);
         self.rest.encode_raw(&mut out);
         debug_assert_eq!(out.len(), super::frame::PREFIX + len);
         Ok(Bytes::from(out))
+    }
+}
+
+/// `response_headers_to_add` (field 3 of the answer) as its bytes on the wire, each header
+/// written as it is added: its value straight from the decision (no string of its own), its
+/// name a constant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct AddedHeaders(Vec<u8>);
+
+/// The room [`AddedHeaders`] takes at its first header: what `RateLimit-Policy`, `RateLimit`
+/// and `Retry-After` of a policy with a name of a few dozen bytes take.
+const FIRST_CAPACITY: usize = 192;
+
+impl AddedHeaders {
+    /// Adds a header named `key` whose value `value` writes at the end of the buffer it is
+    /// given (and writes nothing else there), when `value` says there is one (true). A header
+    /// whose value comes out empty is kept, as prost keeps a `HeaderValue` with an empty
+    /// value; with false, whatever `value` wrote is taken back and nothing is added.
+    pub(crate) fn push(&mut self, key: &str, value: impl FnOnce(&mut Vec<u8>) -> bool) {
+        if self.0.capacity() == 0 {
+            // The three headers the service adds, with names of ordinary length, in one
+            // allocation.
+            self.0.reserve(FIRST_CAPACITY);
+        }
+        let at = self.0.len();
+        if !value(&mut self.0) {
+            self.0.truncate(at);
+            return;
+        }
+        let value_len = self.0.len() - at;
+        let entry = string_field_len(key.len()) + string_field_len(value_len);
+        // The field's key and length, the name, and the value's key and length go before the
+        // value, which moves up to make room (a few bytes: values are short).
+        let value_head = if value_len > 0 {
+            1 + encoded_len_varint(value_len as u64)
+        } else {
+            0
+        };
+        let head = 1 + encoded_len_varint(entry as u64) + string_field_len(key.len()) + value_head;
+        self.0.resize(at + head + value_len, 0);
+        self.0.copy_within(at..at + value_len, at + head);
+        let mut w = Writer {
+            buf: &mut self.0[at..at + head],
+            at: 0,
+        };
+        w.nested_head(3, entry);
+        if !key.is_empty() {
+            w.nested_head(1, key.len());
+            w.bytes(key.as_bytes());
+        }
+        if value_len > 0 {
+            w.nested_head(2, value_len);
+        }
+        debug_assert_eq!(w.at, head);
+    }
+
+    /// The headers as prost's messages.
+    fn proto(&self) -> Vec<HeaderValue> {
+        RateLimitResponse::decode(self.0.as_slice())
+            .map(|r| r.response_headers_to_add)
+            .unwrap_or_default()
     }
 }
 
@@ -161,7 +231,7 @@ const LENGTH_DELIMITED: u8 = 2;
 
 /// A field's key, for the field numbers below 16 that every field written here has (one
 /// byte, where prost writes each key through its varint writer).
-const fn key(field: u8, wire: u8) -> u8 {
+const fn key_byte(field: u8, wire: u8) -> u8 {
     field << 3 | wire
 }
 
@@ -179,6 +249,15 @@ fn varint_field_len(v: u64) -> usize {
 /// A length-delimited field of `len` bytes, its one-byte key and its length prefix counted.
 fn nested_len(len: usize) -> usize {
     1 + encoded_len_varint(len as u64) + len
+}
+
+/// A string field of `len` bytes: none when empty, which proto3 leaves out.
+fn string_field_len(len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        nested_len(len)
+    }
 }
 
 /// Writes the fields into a buffer measured beforehand (by the `len` functions above): a
@@ -220,7 +299,7 @@ impl Writer<'_> {
     #[inline]
     fn varint_field(&mut self, field: u8, v: u64) {
         if v != 0 {
-            self.byte(key(field, VARINT));
+            self.byte(key_byte(field, VARINT));
             self.varint(v);
         }
     }
@@ -228,7 +307,7 @@ impl Writer<'_> {
     /// A length-delimited field's key and length; its `len` bytes follow.
     #[inline]
     fn nested_head(&mut self, field: u8, len: usize) {
-        self.byte(key(field, LENGTH_DELIMITED));
+        self.byte(key_byte(field, LENGTH_DELIMITED));
         self.varint(len as u64);
     }
 }

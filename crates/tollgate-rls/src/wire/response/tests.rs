@@ -25,12 +25,26 @@ fn decided(response: &RateLimitResponse) -> Decided<'_> {
                 reset: s.duration_until_reset,
             })
             .collect(),
+        headers: added(&response.response_headers_to_add),
         rest: RateLimitResponse {
             overall_code: 0,
             statuses: Vec::new(),
+            response_headers_to_add: Vec::new(),
             ..response.clone()
         },
     }
+}
+
+/// `headers` written as the service writes its own (none has a `raw_value`).
+fn added(headers: &[HeaderValue]) -> AddedHeaders {
+    let mut out = AddedHeaders::default();
+    for h in headers {
+        out.push(&h.key, |v| {
+            v.extend_from_slice(h.value.as_bytes());
+            true
+        });
+    }
+    out
 }
 
 /// The answer written here is prost's framing of the same message, byte for byte, and gives
@@ -71,7 +85,7 @@ fn status() -> impl Strategy<Value = DescriptorStatus> {
 }
 
 fn response() -> impl Strategy<Value = RateLimitResponse> {
-    let header = ("[a-z-]{1,12}", "\\PC{0,16}").prop_map(|(key, value)| HeaderValue {
+    let header = ("[a-z-]{0,12}", "\\PC{0,16}").prop_map(|(key, value)| HeaderValue {
         key,
         value,
         ..Default::default()
@@ -204,4 +218,48 @@ fn varints_are_prost_varints() {
         assert_eq!(w.at, s.len(), "{s:?}");
     }
     same_as_prost(&response);
+}
+
+/// A header whose writer says there is none adds nothing (not even what it wrote); long names
+/// and values take two-byte lengths, as prost's do.
+#[test]
+fn headers_are_added_only_when_their_writer_says_so() {
+    let mut h = AddedHeaders::default();
+    h.push("ratelimit", |v| {
+        v.extend_from_slice(b"half written");
+        false
+    });
+    assert_eq!(h, AddedHeaders::default());
+    let long = "v".repeat(200);
+    let response = RateLimitResponse {
+        response_headers_to_add: vec![
+            HeaderValue {
+                key: "k".repeat(130),
+                value: long.clone(),
+                ..Default::default()
+            },
+            HeaderValue {
+                key: "retry-after".into(),
+                value: String::new(),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    h.push(&"k".repeat(130), |v| {
+        v.extend_from_slice(long.as_bytes());
+        true
+    });
+    h.push("ratelimit-policy", |_| false);
+    h.push("retry-after", |_| true);
+    same_as_prost(&response);
+    let empty = RateLimitResponse::default();
+    let d = Decided {
+        headers: h,
+        ..decided(&empty)
+    };
+    assert_eq!(
+        d.encode().expect("small"),
+        crate::wire::frame::encode(&response).expect("small")
+    );
 }
