@@ -26,7 +26,8 @@ use crate::live::LiveRls;
 use crate::proto::grpc::health::v1::HealthCheckRequest;
 use crate::request::RlsRequest;
 use crate::wire::answer::Answer;
-use crate::wire::{deadline, frame};
+use crate::wire::deadline::{self, Deadline};
+use crate::wire::frame;
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
@@ -96,7 +97,8 @@ impl Method {
 }
 
 /// The answer to `request`, a call from `peer` (`None`: not bounded per address), within
-/// its deadline. Never an error: every failure is a gRPC status.
+/// its deadline ([`deadline`]: what the client makes the call wait for). Never an error:
+/// every failure is a gRPC status.
 ///
 /// The listener boxes this future into the task it spawns for the stream, which lasts as long
 /// as the stream does: it is kept small (under 1 KiB) by taking the request apart before any future holds it, by nesting
@@ -111,19 +113,19 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let deadline = deadline::of(request.headers(), CALL_TIMEOUT);
+    let deadline = Deadline::new(deadline::of(request.headers(), CALL_TIMEOUT));
     let method = Method::of(request.uri().path());
     let (parts, body) = request.into_parts();
     Call {
-        within: tokio::time::timeout(deadline, route(services, peer, method, parts.headers, body)),
+        route: route(services, peer, method, deadline, parts.headers, body),
     }
 }
 
 pin_project_lite::pin_project! {
-    /// A call within its deadline.
+    /// A call, answered.
     pub(crate) struct Call<F> {
         #[pin]
-        within: tokio::time::Timeout<F>,
+        route: F,
     }
 }
 
@@ -131,16 +133,21 @@ impl<F: Future<Output = Response<Answer>>> Future for Call<F> {
     type Output = Result<Response<Answer>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().within.poll(cx).map(|answered| {
-            Ok(answered.unwrap_or_else(|_| Answer::status(&deadline::expired(), None)))
-        })
+        self.project().route.poll(cx).map(Ok)
     }
+}
+
+/// The answer to a call whose deadline passed: its place freed first.
+fn expired(place: Option<Place>) -> Response<Answer> {
+    drop(place);
+    Answer::status(&deadline::expired(), None)
 }
 
 async fn route<B>(
     services: Arc<Services>,
     peer: Option<IpAddr>,
     method: Method,
+    mut deadline: Deadline,
     headers: HeaderMap,
     body: B,
 ) -> Response<Answer>
@@ -153,18 +160,34 @@ where
     };
     let place = Some(place);
     match method {
-        Method::ShouldRateLimit => should_rate_limit(&services, &headers, body, place).await,
-        Method::HealthCheck => match unary::<HealthCheckRequest, B>(&headers, body).await {
-            Ok((request, _)) => match services.health.check(&request).await {
-                Ok(response) => framed(&response, place),
-                Err(status) => Answer::status(&status, place),
-            },
-            Err(status) => Answer::status(&status, place),
-        },
-        Method::HealthWatch => match unary::<HealthCheckRequest, B>(&headers, body).await {
-            Ok(_) => Answer::status(&Status::unimplemented("use Check"), place),
-            Err(status) => Answer::status(&status, place),
-        },
+        Method::ShouldRateLimit => {
+            should_rate_limit(&services, &headers, body, deadline, place).await
+        }
+        // The health service's whole call under the deadline: it is rare, and its check asks
+        // the store.
+        Method::HealthCheck => {
+            let answered = deadline
+                .within(async {
+                    let (request, _) = unary::<HealthCheckRequest, B>(&headers, body).await?;
+                    let response = services.health.check(&request).await?;
+                    frame::encode(&response)
+                })
+                .await;
+            match answered {
+                Ok(framed) => bytes_or_status(framed, place),
+                Err(deadline::Expired) => expired(place),
+            }
+        }
+        Method::HealthWatch => {
+            match deadline
+                .within(unary::<HealthCheckRequest, B>(&headers, body))
+                .await
+            {
+                Ok(Ok(_)) => Answer::status(&Status::unimplemented("use Check"), place),
+                Ok(Err(status)) => Answer::status(&status, place),
+                Err(deadline::Expired) => expired(place),
+            }
+        }
         Method::Unknown => Answer::unimplemented(place),
         Method::NoService => Answer::no_service(place),
     }
@@ -172,11 +195,13 @@ where
 
 /// `ShouldRateLimit`: its message read in place ([`RlsRequest::decode`]: the strings borrow
 /// the body's bytes) and decided. As [`unary`]: the first message is decoded the moment it is
-/// whole, then the body is read to its end, every further message decoded and dropped.
+/// whole, then the body is read to its end, every further message decoded and dropped. The
+/// reading is under the call's deadline; the decision is bounded by the store's timeout.
 async fn should_rate_limit<B>(
     services: &Services,
     headers: &HeaderMap,
     body: B,
+    mut deadline: Deadline,
     place: Option<Place>,
 ) -> Response<Answer>
 where
@@ -187,20 +212,24 @@ where
         return Answer::status(&status, place);
     }
     let mut messages = frame::Messages::new(body, MAX_MESSAGE_BYTES);
-    let message = match messages.first().await {
-        Ok(message) => message,
-        Err(status) => return Answer::status(&status, place),
+    let message = match deadline.within(messages.first()).await {
+        Ok(Ok(message)) => message,
+        Ok(Err(status)) => return Answer::status(&status, place),
+        Err(deadline::Expired) => return expired(place),
     };
     let request = match RlsRequest::decode(&message) {
         Ok(request) => request,
         Err(e) => return Answer::status(&frame::decode_error(e), place),
     };
-    if let Err(status) = messages
-        .rest(|more| RlsRequest::decode(&more).map(drop))
+    match deadline
+        .within(messages.rest(|more| RlsRequest::decode(&more).map(drop)))
         .await
     {
-        return Answer::status(&status, place);
+        Ok(Ok(())) => {}
+        Ok(Err(status)) => return Answer::status(&status, place),
+        Err(deadline::Expired) => return expired(place),
     }
+    drop(deadline);
     let trailers = messages.take_trailers();
     drop(messages);
     let service = services.rls.current();
@@ -212,6 +241,11 @@ where
         Ok(decided) => decided.encode(),
         Err(status) => Err(status),
     };
+    bytes_or_status(framed, place)
+}
+
+/// The framed answer, or its status.
+fn bytes_or_status(framed: Result<Bytes, Status>, place: Option<Place>) -> Response<Answer> {
     match framed {
         Ok(bytes) => Answer::message(bytes, place),
         Err(status) => Answer::status(&status, place),
@@ -235,13 +269,6 @@ where
 {
     frame::uncompressed(headers)?;
     frame::read_unary(body, MAX_MESSAGE_BYTES).await
-}
-
-fn framed<M: Message>(message: &M, place: Option<Place>) -> Response<Answer> {
-    match frame::encode(message) {
-        Ok(bytes) => Answer::message(bytes, place),
-        Err(status) => Answer::status(&status, place),
-    }
 }
 
 #[cfg(test)]

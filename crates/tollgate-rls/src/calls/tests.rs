@@ -360,6 +360,33 @@ async fn a_call_past_its_deadline_is_cancelled_and_frees_its_place() {
     assert_eq!(answered(&s, c).await.status(), Some("0"));
 }
 
+/// The deadline covers the whole body, not only its first message: a body that stalls after
+/// a whole message (no end, no trailers) is cancelled at the deadline, counted from the call's
+/// first wait, and so is a health check whose body stalls; each frees its place.
+#[tokio::test(start_paused = true)]
+async fn a_body_that_stalls_after_its_message_is_cancelled_at_the_deadline() {
+    let s = services(1);
+    for path in [SHOULD_RATE_LIMIT, HEALTH_CHECK] {
+        let mut c = if path == SHOULD_RATE_LIMIT {
+            rls_call("stalls")
+        } else {
+            call(
+                HEALTH_CHECK,
+                &frame::encode(&HealthCheckRequest::default()).expect("small"),
+            )
+        };
+        c.request.body_mut().stall = true;
+        c.request
+            .headers_mut()
+            .insert("grpc-timeout", http::HeaderValue::from_static("300m"));
+        let start = tokio::time::Instant::now();
+        let read = answered(&s, c).await;
+        assert_eq!(start.elapsed(), Duration::from_millis(300), "{path}");
+        assert_eq!(read.status(), Some("1"), "CANCELLED: {path}");
+        assert_eq!(answered(&s, rls_call("x")).await.status(), Some("0"));
+    }
+}
+
 #[tokio::test]
 async fn traceparent_parents_the_decision_span_from_headers_or_trailers() {
     use tracing_subscriber::layer::SubscriberExt as _;
