@@ -605,3 +605,31 @@ async fn many_descriptors_of_one_rule_each_get_their_own_status() {
         "v1 was not charged by the denied request"
     );
 }
+
+/// A frozen store holds a call no longer than the store's own timeout (500 ms here), far below
+/// the call's 5 s deadline, which covers the request's body, not the decision: the call is
+/// answered by the failure policy, never cancelled, and the next one is decided again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_store_holds_a_call_only_as_long_as_the_stores_timeout() {
+    let redis = RedisServer::start();
+    let mut rls = start(&redis.url(), "frozen", BASIC, RlsOptions::default()).await;
+    assert_eq!(overall(&rls.one("basic", &[("key3", "a")]).await), Code::Ok);
+    redis.pause();
+    let started = std::time::Instant::now();
+    let answer = rls
+        .client
+        .should_rate_limit(request("basic", vec![desc(&[("key3", "b")])]))
+        .await;
+    let took = started.elapsed();
+    redis.resume();
+    assert!(
+        took < Duration::from_secs(3),
+        "{took:?}: the store's 500 ms bound the decision, not the call's 5 s"
+    );
+    match answer {
+        Ok(r) => assert_eq!(overall(&r.into_inner()), Code::Ok, "failed open"),
+        Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}"),
+    }
+    let r = rls.one("basic", &[("key3", "a")]).await;
+    assert_eq!(overall(&r), Code::Ok);
+}
