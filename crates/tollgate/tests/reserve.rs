@@ -29,8 +29,13 @@ fn memory(clock: &ManualClock) -> Limiter {
 
 #[cfg(feature = "redis")]
 fn redis(url: &str) -> Limiter {
+    redis_with_timeout(url, Duration::from_secs(2))
+}
+
+/// A limiter on the Redis at `url` whose store calls time out after `timeout`.
+fn redis_with_timeout(url: &str, timeout: Duration) -> Limiter {
     let mut config = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(url)));
-    config.timeout = Duration::from_secs(2);
+    config.timeout = timeout;
     Limiter::new(config)
 }
 
@@ -403,9 +408,7 @@ async fn a_hold_released_while_its_renewal_is_in_flight_is_gone_once_a_flush_ret
     // a flush returned at once, and a request right after it was refused; the test above
     // met it about one run in six.)
     let server = RedisServer::start();
-    let mut config = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(server.url())));
-    config.timeout = Duration::from_secs(5);
-    let l = Limiter::new(config);
+    let l = redis_with_timeout(&server.url(), Duration::from_secs(5));
     assert!(l.connect(Duration::from_secs(5)).await);
     // hold_ttl 400 ms: a bucket of 50 ms lives 500 ms, longer than the freeze below.
     let p = in_flight(&l, "inflight", 1, Duration::from_millis(400));
@@ -590,9 +593,7 @@ async fn a_refund_clears_a_denial_the_deny_cache_remembered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_fails_leaves_the_hold_to_expire_after_hold_ttl() {
     let server = RedisServer::start();
-    let mut config = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(server.url())));
-    config.timeout = Duration::from_millis(200);
-    let l = Limiter::new(config);
+    let l = redis_with_timeout(&server.url(), Duration::from_millis(200));
     assert!(l.connect(Duration::from_secs(5)).await);
     let ttl = Duration::from_secs(2);
     let p = in_flight(&l, "inflight", 1, ttl);
