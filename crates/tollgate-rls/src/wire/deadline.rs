@@ -6,8 +6,9 @@
 //! The deadline covers what a client can make a call wait for: its request's body (and, for
 //! the health service, the whole call). It counts from the first time the call waits
 //! ([`Deadline::within`]), and a call that never waits arms no timer at all: a request whose
-//! body has arrived with its headers, as Envoy's do, costs no timer (about 600 instructions
-//! a call under callgrind, registering it and taking it out of tokio's timer wheel). A call
+//! body has arrived with its headers, as Envoy's do, costs no timer (registering it and taking
+//! it out of tokio's timer wheel cost an answer of one descriptor on Redis 542 instructions
+//! under callgrind, 43,778 to 43,236; docs/benchmarks.md, twenty-eighth session). A call
 //! stopped by it frees its place in the budget at once. The decision after the body is not
 //! under it: the limiter bounds it by the store's own timeout (`store.timeout`), which is far
 //! shorter than [`crate::CALL_TIMEOUT`], and a client whose own deadline passes first resets
