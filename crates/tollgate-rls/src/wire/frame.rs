@@ -44,6 +44,8 @@ pub(crate) struct Messages<B> {
     /// Boxed: rare, and kept out of the call's future, which hyper and tokio move about.
     trailers: Option<Box<HeaderMap>>,
     ended: bool,
+    /// The body said it was at its end when it gave its last data: it is not polled again.
+    drained: bool,
 }
 
 impl<B> Messages<B>
@@ -61,6 +63,7 @@ where
             limit,
             trailers: None,
             ended: false,
+            drained: false,
         }
     }
 
@@ -75,9 +78,21 @@ where
                 return Ok(None);
             }
             // `take` consumed the whole chunk: read the next.
-            match std::future::poll_fn(|cx| Pin::new(&mut self.body).poll_frame(cx)).await {
+            let frame = if self.drained {
+                None
+            } else {
+                std::future::poll_fn(|cx| Pin::new(&mut self.body).poll_frame(cx)).await
+            };
+            match frame {
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => self.chunk = data,
+                    Ok(data) => {
+                        self.chunk = data;
+                        // A body whose end came with this data (END_STREAM on the DATA
+                        // frame, as Envoy sends a call's one message) has nothing more to
+                        // give, trailers included: it is not asked again (each question
+                        // to an h2 stream takes its connection's lock).
+                        self.drained = self.body.is_end_stream();
+                    }
                     Err(frame) => {
                         if let Ok(trailers) = frame.into_trailers() {
                             match &mut self.trailers {

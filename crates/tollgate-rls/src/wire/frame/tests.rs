@@ -11,6 +11,9 @@ struct Script {
     frames: VecDeque<Result<Frame<Bytes>, Status>>,
     endless: Option<Bytes>,
     polls: usize,
+    /// Says it is at its end once its frames are given (as h2 says of a stream whose last
+    /// DATA frame carried END_STREAM).
+    says_end: bool,
 }
 
 impl Script {
@@ -19,6 +22,7 @@ impl Script {
             frames: chunks.into_iter().map(|c| Ok(Frame::data(c))).collect(),
             endless: None,
             polls: 0,
+            says_end: false,
         }
     }
 
@@ -40,6 +44,10 @@ impl Body for Script {
             return Poll::Ready(Some(frame));
         }
         Poll::Ready(self.endless.clone().map(|c| Ok(Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.says_end && self.frames.is_empty() && self.endless.is_none()
     }
 }
 
@@ -323,6 +331,37 @@ async fn trailers_end_the_messages_and_are_kept() {
         trailers.as_ref().and_then(|t| t.get("traceparent")),
         Some(&http::HeaderValue::from_static("00-ab-cd-01"))
     );
+}
+
+/// A body that says it ended with its data is not asked again (under h2 each question takes
+/// the connection's lock); one that does not say so is asked until it ends. Either way what
+/// is left of a message at the end is an unexpected EOF.
+#[tokio::test]
+async fn a_body_that_ends_with_its_data_is_not_polled_again() {
+    for says_end in [true, false] {
+        let mut body = Script::chunks([framed("x")]);
+        body.says_end = says_end;
+        let mut messages = Messages::new(body, LIMIT);
+        let first = messages.first().await.expect("a message");
+        assert_eq!(
+            RateLimitRequest::decode(first).expect("decodes"),
+            request("x")
+        );
+        messages
+            .rest(|m| RateLimitRequest::decode(m).map(drop))
+            .await
+            .expect("no more");
+        assert!(messages.take_trailers().is_none());
+        let polls = if says_end { 1 } else { 2 };
+        assert_eq!(messages.body.polls, polls, "says its end: {says_end}");
+
+        let mut cut = framed("x").to_vec();
+        cut.extend_from_slice(&[0, 0]);
+        let mut body = Script::one(&cut);
+        body.says_end = says_end;
+        let e = unary(body).await.expect_err("truncated");
+        assert_eq!(e.message(), "Unexpected EOF decoding stream.");
+    }
 }
 
 #[tokio::test]
