@@ -285,8 +285,7 @@ impl RlsService {
             .iter()
             .map(|d| self.rule_of(domain, d))
             .collect::<Result<_, _>>()?;
-        let rules: Vec<Option<usize>> = found.iter().map(|f| f.map(|f| f.rule)).collect();
-        let replaced = self.replaced(&rules);
+        let replaced = self.replaced(&found);
         let mut slots = Vec::with_capacity(found.len());
         // Sized once: a request's items are at most its descriptors (the identity's bytes
         // are a scratch buffer, reused for each).
@@ -524,20 +523,16 @@ impl RlsService {
     }
 
     /// The rules that another matched rule of the same request `replaces` (by name).
-    fn replaced(&self, rules: &[Option<usize>]) -> Vec<usize> {
+    fn replaced(&self, found: &[Option<Found>]) -> Vec<usize> {
         let all = self.inner.config.rules();
-        let names: Vec<&str> = rules
-            .iter()
-            .flatten()
-            .flat_map(|&r| all[r].replaces.iter().map(String::as_str))
-            .collect();
-        if names.is_empty() {
+        let rules = || found.iter().flatten().map(|f| f.rule);
+        if rules().all(|r| all[r].replaces.is_empty()) {
             return Vec::new();
         }
-        rules
-            .iter()
-            .flatten()
-            .copied()
+        let names: Vec<&str> = rules()
+            .flat_map(|r| all[r].replaces.iter().map(String::as_str))
+            .collect();
+        rules()
             .filter(|&r| !all[r].name.is_empty() && names.contains(&all[r].name.as_str()))
             .collect()
     }
@@ -809,6 +804,7 @@ impl RlsService {
         }
         let mut headers = AddedHeaders::default();
         if i.options.response_headers {
+            headers.reserve_for(a.policies.len());
             self.headers(a, &mut headers);
         }
         let dynamic_metadata = with_metadata.then(|| self.dynamic_metadata(req, &passed));

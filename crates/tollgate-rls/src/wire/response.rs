@@ -111,8 +111,19 @@ pub(crate) struct AddedHeaders(Vec<u8>);
 /// The room [`AddedHeaders`] takes at its first header: what `RateLimit-Policy`, `RateLimit`
 /// and `Retry-After` of a policy with a name of a few dozen bytes take.
 const FIRST_CAPACITY: usize = 192;
+/// The room each further policy of a request takes in `RateLimit-Policy`: a name of a few
+/// dozen bytes, its quota and its window.
+const MORE_CAPACITY: usize = 48;
 
 impl AddedHeaders {
+    /// Room for the headers of a request of `policies` policies, taken at once: with ten
+    /// descriptors, `RateLimit-Policy` lists ten policies, and the buffer grew twice on the
+    /// way (about 300 instructions an answer under callgrind).
+    pub(crate) fn reserve_for(&mut self, policies: usize) {
+        self.0
+            .reserve(FIRST_CAPACITY + MORE_CAPACITY * policies.saturating_sub(1));
+    }
+
     /// Adds a header named `key` whose value `value` writes at the end of the buffer it is
     /// given (and writes nothing else there), when `value` says there is one (true). A header
     /// whose value comes out empty is kept, as prost keeps a `HeaderValue` with an empty

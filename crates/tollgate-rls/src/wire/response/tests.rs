@@ -263,3 +263,28 @@ fn headers_are_added_only_when_their_writer_says_so() {
         crate::wire::frame::encode(&response).expect("small")
     );
 }
+
+/// The room taken for a request's policies holds their headers without growing: ten
+/// policies of names of a few dozen bytes listed in `RateLimit-Policy`, then `RateLimit` and
+/// `Retry-After`.
+#[test]
+fn the_room_for_a_requests_policies_holds_their_headers() {
+    let mut h = AddedHeaders::default();
+    h.reserve_for(10);
+    let room = h.0.capacity();
+    let policy = |n: usize| format!("\"domain_key{n}_value{n}\";q=1000;w=3600");
+    h.push("ratelimit-policy", |v| {
+        let all: Vec<String> = (0..10).map(policy).collect();
+        v.extend_from_slice(all.join(", ").as_bytes());
+        true
+    });
+    h.push("ratelimit", |v| {
+        v.extend_from_slice(br#""domain_key0_value0";r=999;t=3600"#);
+        true
+    });
+    h.push("retry-after", |v| {
+        v.extend_from_slice(b"3600");
+        true
+    });
+    assert_eq!(h.0.capacity(), room, "{} bytes written", h.0.len());
+}
