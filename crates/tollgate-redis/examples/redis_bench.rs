@@ -6,6 +6,7 @@
 //! ```text
 //! redis_bench --url redis://127.0.0.1:PORT --algorithm gcra [--requests 200000]
 //!             [--callers 64] [--clients 100000] [--connections 1] [--threads 1]
+//!             [--max-batch N]        # each connection's store.max_batch (default: the store's)
 //! redis_bench --print-scripts DIR    # writes the Lua texts the store loads (the one of a
 //!                                    # 100-per-minute policy of each algorithm, and
 //!                                    # check.lua), prints "name sha1" lines
@@ -47,6 +48,8 @@ struct Args {
     clients: u64,
     connections: usize,
     threads: usize,
+    /// `store.max_batch`; `None`: the store's default.
+    max_batch: Option<usize>,
 }
 
 fn parse() -> Result<Option<Args>, String> {
@@ -58,6 +61,7 @@ fn parse() -> Result<Option<Args>, String> {
         clients: 100_000,
         connections: 1,
         threads: 1,
+        max_batch: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -71,6 +75,7 @@ fn parse() -> Result<Option<Args>, String> {
             "--clients" => args.clients = num(&value)?.max(1) as u64,
             "--connections" => args.connections = num(&value)?.max(1),
             "--threads" => args.threads = num(&value)?.max(1),
+            "--max-batch" => args.max_batch = Some(num(&value)?.max(1)),
             "--print-scripts" => {
                 let dir = std::path::Path::new(&value);
                 let write = |name: &str, text: &str| {
@@ -176,7 +181,10 @@ async fn run_phase(
 async fn bench(args: Args) -> Result<(), String> {
     let mut stores = Vec::new();
     for _ in 0..args.connections {
-        let config = RedisConfig::standalone(args.url.clone());
+        let mut config = RedisConfig::standalone(args.url.clone());
+        if let Some(n) = args.max_batch {
+            config = config.with_max_batch(n);
+        }
         stores.push(
             RedisStore::connect(config)
                 .await
@@ -192,12 +200,15 @@ async fn bench(args: Args) -> Result<(), String> {
     lat.sort_unstable();
     let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
     println!(
-        "algorithm={} requests={} callers={} clients={} connections={} decisions_per_s={:.0} p50_us={} p99_us={} allowed={}",
+        "algorithm={} requests={} callers={} clients={} connections={} max_batch={} decisions_per_s={:.0} p50_us={} p99_us={} allowed={}",
         args.algorithm,
         lat.len(),
         args.callers,
         args.clients,
         args.connections,
+        args.max_batch
+            .unwrap_or(tollgate_redis::DEFAULT_MAX_BATCH)
+            .min(tollgate_redis::MAX_BATCH),
         lat.len() as f64 / elapsed.as_secs_f64(),
         pct(0.50),
         pct(0.99),
