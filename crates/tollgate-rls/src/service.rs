@@ -137,10 +137,40 @@ impl<V: Clone> OverrideCache<V> {
 
 /// A request's plan items, and the bytes of the client key being built (one buffer for all
 /// the request's descriptors).
-#[derive(Default)]
 struct Items<'c> {
     list: Vec<Item<'c>>,
-    key: Vec<u8>,
+    key: IdentityBytes,
+}
+
+/// The bytes a descriptor's identity is hashed from ([`RlsService::client`]): the source
+/// (`rls`), its separator and the request's domain first, the same for every descriptor of
+/// the request and so written once; then each descriptor's own parts, over the last one's.
+struct IdentityBytes {
+    bytes: Vec<u8>,
+    /// The length of the request's part.
+    prefix: usize,
+}
+
+impl IdentityBytes {
+    fn new(domain: &str) -> Self {
+        let mut bytes = Vec::with_capacity(256);
+        bytes.extend_from_slice(b"rls\0");
+        put_part(&mut bytes, domain.as_bytes());
+        let prefix = bytes.len();
+        Self { bytes, prefix }
+    }
+
+    /// The buffer with the request's part alone, for a descriptor's parts to follow.
+    fn descriptor(&mut self) -> &mut Vec<u8> {
+        self.bytes.truncate(self.prefix);
+        &mut self.bytes
+    }
+}
+
+/// One part of an identity: its length (eight bytes, little-endian), then its bytes.
+fn put_part(bytes: &mut Vec<u8>, s: &[u8]) {
+    bytes.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(s);
 }
 
 /// A request descriptor's answer before the store call.
@@ -291,7 +321,7 @@ impl RlsService {
         // are a scratch buffer, reused for each).
         let mut items = Items {
             list: Vec::with_capacity(found.len()),
-            key: Vec::with_capacity(256),
+            key: IdentityBytes::new(req.domain),
         };
         for (d, f) in req.descriptors.iter().zip(&found) {
             let cost = d.hits_addend.unwrap_or(request_hits);
@@ -559,24 +589,21 @@ impl RlsService {
     /// The keyed hash of the domain and the entries (and an override's quota, which counts on
     /// its own): lengths delimit every part, so no two descriptors share a key by accident.
     /// An entry matched by a `share_threshold` wildcard counts as the pattern, so every value
-    /// matching it shares one counter. `bytes` is scratch space (its contents are replaced).
+    /// matching it shares one counter. `key` holds the request's part (its domain, `domain`);
+    /// the descriptor's parts are written after it, over the last descriptor's.
     fn client(
         &self,
         domain: &str,
         d: &Descriptor<'_>,
         found: Option<Found>,
         salt: Option<&str>,
-        bytes: &mut Vec<u8>,
+        key: &mut IdentityBytes,
     ) -> ClientKey {
-        // The identity's source ("rls") and its separator first: the buffer is hashed as it
-        // stands (`client_key_joined`), the same key as `client_key("rls", parts)`.
-        bytes.clear();
-        bytes.extend_from_slice(b"rls\0");
-        let mut part = |s: &[u8]| {
-            bytes.extend_from_slice(&(s.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(s);
-        };
-        part(domain.as_bytes());
+        // The identity's source ("rls"), its separator and the domain first: the buffer is
+        // hashed as it stands (`client_key_joined`), the same key as
+        // `client_key("rls", parts)`.
+        let bytes = key.descriptor();
+        let mut part = |s: &[u8]| put_part(bytes, s);
         let shared = found.map_or(0, |f| f.shared);
         for (n, e) in d.entries.iter().enumerate() {
             part(e.key.as_bytes());
@@ -1054,5 +1081,88 @@ mod tests {
             c.insert(key(n), n);
         }
         assert_eq!(c.len(), 64, "no eviction until full again");
+    }
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+    use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use tollgate::{Backend, IdentityHasher, Limiter, LimiterConfig};
+
+    const YAML: &str = "domain: edge\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n  - key: b\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1\n";
+
+    fn service() -> RlsService {
+        let limiter = Limiter::new(LimiterConfig::new(Backend::default()));
+        let config = crate::config::load_str([("test.yaml", YAML)]).expect("yaml");
+        RlsService::new(
+            limiter,
+            IdentityHasher::new(b"s"),
+            config,
+            RlsOptions::default(),
+        )
+        .expect("service")
+    }
+
+    fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: pairs
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Each descriptor's identity is the request's part and its own, whatever came before it
+    /// in the request: the key `client_key("rls", parts)` gives, and a descriptor counts the
+    /// same client alone as behind another.
+    #[tokio::test]
+    async fn a_descriptors_identity_does_not_depend_on_the_ones_before_it() {
+        let s = service();
+        let message = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![
+                descriptor(&[("a", "a long value of the first descriptor")]),
+                descriptor(&[("b", "y")]),
+            ],
+            hits_addend: 0,
+        };
+        let req = RlsRequest::of(&message);
+        let mut key = IdentityBytes::new(req.domain);
+        let keys: Vec<ClientKey> = req
+            .descriptors
+            .iter()
+            .map(|d| s.client(req.domain, d, None, None, &mut key))
+            .collect();
+        let parts = |k: &str, v: &str| {
+            let mut b = Vec::new();
+            for p in ["edge", k, v] {
+                put_part(&mut b, p.as_bytes());
+            }
+            b
+        };
+        let hasher = IdentityHasher::new(b"s");
+        assert_eq!(
+            keys,
+            [
+                hasher.client_key("rls", &parts("a", "a long value of the first descriptor")),
+                hasher.client_key("rls", &parts("b", "y")),
+            ]
+        );
+        // b=y, 1 a minute: charged behind a=..., then refused alone.
+        let both = s.decide(&message).await.expect("decided");
+        assert_eq!(both.overall_code, i32::from(Code::Ok));
+        let alone = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![descriptor(&[("b", "y")])],
+            hits_addend: 0,
+        };
+        let again = s.decide(&alone).await.expect("decided");
+        assert_eq!(again.overall_code, i32::from(Code::OverLimit));
     }
 }
