@@ -1025,8 +1025,11 @@ fn proto_duration(d: std::time::Duration) -> prost_types::Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use std::time::Duration;
     use tollgate::quota::Quota;
+    use tollgate::{Backend, IdentityHasher, Limiter, LimiterConfig};
 
     fn key(n: u64) -> (Option<usize>, Limit) {
         let q = Quota::new(n, Duration::from_secs(60)).expect("quota");
@@ -1082,14 +1085,6 @@ mod tests {
         }
         assert_eq!(c.len(), 64, "no eviction until full again");
     }
-}
-
-#[cfg(test)]
-mod identity_tests {
-    use super::*;
-    use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-    use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use tollgate::{Backend, IdentityHasher, Limiter, LimiterConfig};
 
     const YAML: &str = "domain: edge\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n  - key: b\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1\n";
 
