@@ -83,6 +83,9 @@ struct Inner {
     config: RlsConfig,
     /// One per rule of `config` (`None` for unlimited rules).
     policies: Vec<Option<Policy>>,
+    /// One per rule of `config`: its limit as an answer's status writes it
+    /// ([`Current::field`]), written once here; empty for a rule without a limit.
+    limits: Vec<Box<[u8]>>,
     options: RlsOptions,
     overrides: Mutex<OverrideCache<Policy>>,
     /// The series `detailed_metric` and `value_to_metric` ask for (bounded; carried over
@@ -140,6 +143,22 @@ impl<V: Clone> OverrideCache<V> {
 struct Items<'c> {
     list: Vec<Item<'c>>,
     key: IdentityBytes,
+}
+
+/// The `requests_per_unit` and unit an answer reports for a rule's limit, when it has one
+/// that the store counts: a limit in flight has no window (unit UNKNOWN, 0).
+fn reported(limit: RuleLimit) -> Option<(u32, i32)> {
+    match limit {
+        RuleLimit::InFlight {
+            requests_per_unit, ..
+        } => Some((requests_per_unit, 0)),
+        RuleLimit::Limited {
+            requests_per_unit,
+            unit,
+            ..
+        } => Some((requests_per_unit, unit.proto())),
+        RuleLimit::Unlimited | RuleLimit::Blocked { .. } => None,
+    }
 }
 
 /// The bytes a descriptor's identity is hashed from ([`RlsService::client`]): the source
@@ -247,12 +266,29 @@ impl RlsService {
         let policies = Self::specs(&config, &options)
             .map(|spec| spec.map(|s| limiter.policy(s)).transpose())
             .collect::<Result<Vec<_>, _>>()?;
+        let limits = config
+            .rules()
+            .iter()
+            .map(|r| {
+                let field = reported(r.limit).map(|(requests_per_unit, unit)| {
+                    Current {
+                        name: &r.name,
+                        requests_per_unit,
+                        unit,
+                        written: &[],
+                    }
+                    .field()
+                });
+                field.unwrap_or_default().into_boxed_slice()
+            })
+            .collect();
         Ok(Self {
             inner: Arc::new(Inner {
                 limiter,
                 hasher,
                 config,
                 policies,
+                limits,
                 options,
                 overrides: Mutex::new(OverrideCache::new(MAX_OVERRIDES)),
                 metrics: Arc::default(),
@@ -458,6 +494,7 @@ impl RlsService {
                     name: configured.map_or("", |r| r.name.as_str()),
                     requests_per_unit: 0,
                     unit: unit.proto(),
+                    written: &[],
                 };
                 if negative {
                     return Ok(Slot::NothingToGive { current });
@@ -488,24 +525,17 @@ impl RlsService {
         let (Some(f), Some(configured)) = (found, configured) else {
             return Ok(Slot::NoLimit);
         };
-        let limited = match configured.limit {
-            // A limit in flight has no window: unit UNKNOWN (0).
-            RuleLimit::InFlight {
-                requests_per_unit, ..
-            } => Some((requests_per_unit, 0)),
-            RuleLimit::Limited {
-                requests_per_unit,
-                unit,
-                ..
-            } => Some((requests_per_unit, unit.proto())),
-            RuleLimit::Unlimited | RuleLimit::Blocked { .. } => None,
-        };
-        match (&i.policies[f.rule], configured.limit, limited) {
+        match (
+            &i.policies[f.rule],
+            configured.limit,
+            reported(configured.limit),
+        ) {
             (Some(policy), _, Some((requests_per_unit, unit))) => {
                 let current = Current {
                     name: &configured.name,
                     requests_per_unit,
                     unit,
+                    written: &i.limits[f.rule],
                 };
                 let client = self.client(domain, d, Some(f), None, &mut items.key);
                 let item = Item {
@@ -525,6 +555,7 @@ impl RlsService {
                     name: &configured.name,
                     requests_per_unit: 0,
                     unit: unit.proto(),
+                    written: &[],
                 },
             }),
             (_, RuleLimit::Blocked { unit }, _) => Ok(Slot::Blocked {
@@ -532,6 +563,7 @@ impl RlsService {
                     name: &configured.name,
                     requests_per_unit: 0,
                     unit: unit.proto(),
+                    written: &[],
                 },
                 unit,
                 shadow: rule_shadow,
@@ -657,6 +689,7 @@ impl RlsService {
             name: configured.map_or("", |r| r.name.as_str()),
             requests_per_unit: o.requests_per_unit,
             unit: unit.proto(),
+            written: &[],
         };
         let salt = format!("override {} {}", o.requests_per_unit, unit.name());
         let key = (rule, limit);

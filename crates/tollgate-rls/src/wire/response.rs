@@ -35,6 +35,10 @@ pub(crate) struct Current<'c> {
     pub(crate) name: &'c str,
     pub(crate) requests_per_unit: u32,
     pub(crate) unit: i32,
+    /// This limit as a status writes it ([`Current::field`]: `current_limit`'s key, length
+    /// and fields), written once for a configured rule and copied into each answer; empty:
+    /// written from the fields above for each answer (an override's, a blocked rule's).
+    pub(crate) written: &'c [u8],
 }
 
 /// A descriptor's `DescriptorStatus`, its limit's name borrowed.
@@ -191,7 +195,7 @@ impl DescriptorAnswer<'_> {
     /// The encoded length of the status's fields (its own prefix not counted).
     fn len(&self) -> usize {
         varint_field_len(self.code as u64)
-            + self.current.map_or(0, |c| nested_len(c.len()))
+            + self.current.map_or(0, |c| c.field_len())
             + varint_field_len(u64::from(self.remaining))
             + self
                 .reset
@@ -204,12 +208,10 @@ impl DescriptorAnswer<'_> {
     fn write(&self, w: &mut Writer<'_>) {
         w.varint_field(1, self.code as u64);
         if let Some(c) = &self.current {
-            w.nested_head(2, c.len());
-            w.varint_field(1, u64::from(c.requests_per_unit));
-            w.varint_field(2, c.unit as u64);
-            if !c.name.is_empty() {
-                w.nested_head(3, c.name.len());
-                w.bytes(c.name.as_bytes());
+            if c.written.is_empty() {
+                c.write_field(w);
+            } else {
+                w.bytes(c.written);
             }
         }
         w.varint_field(3, u64::from(self.remaining));
@@ -222,6 +224,39 @@ impl DescriptorAnswer<'_> {
 }
 
 impl Current<'_> {
+    /// This limit as `current_limit` (field 2 of a status), whole: what a status writes for
+    /// it, for [`Current::written`].
+    pub(crate) fn field(&self) -> Vec<u8> {
+        let mut buf = vec![0; nested_len(self.len())];
+        let mut w = Writer {
+            buf: &mut buf,
+            at: 0,
+        };
+        self.write_field(&mut w);
+        debug_assert_eq!(w.at, buf.len());
+        buf
+    }
+
+    /// The bytes of this limit as a status's field 2.
+    fn field_len(&self) -> usize {
+        if self.written.is_empty() {
+            nested_len(self.len())
+        } else {
+            self.written.len()
+        }
+    }
+
+    /// Writes this limit as a status's field 2, from its fields.
+    fn write_field(&self, w: &mut Writer<'_>) {
+        w.nested_head(2, self.len());
+        w.varint_field(1, u64::from(self.requests_per_unit));
+        w.varint_field(2, self.unit as u64);
+        if !self.name.is_empty() {
+            w.nested_head(3, self.name.len());
+            w.bytes(self.name.as_bytes());
+        }
+    }
+
     /// The encoded length of a `RateLimit` of these fields.
     fn len(&self) -> usize {
         varint_field_len(u64::from(self.requests_per_unit))

@@ -20,6 +20,7 @@ fn decided(response: &RateLimitResponse) -> Decided<'_> {
                     name: &c.name,
                     requests_per_unit: c.requests_per_unit,
                     unit: c.unit,
+                    written: &[],
                 }),
                 remaining: s.limit_remaining,
                 reset: s.duration_until_reset,
@@ -287,4 +288,44 @@ fn the_room_for_a_requests_policies_holds_their_headers() {
         true
     });
     assert_eq!(h.0.capacity(), room, "{} bytes written", h.0.len());
+}
+
+proptest! {
+    /// A limit written once ([`Current::field`], as the service writes each configured
+    /// rule's) frames the same answer as the limit written from its fields each time, and
+    /// both are prost's.
+    #[test]
+    fn a_limit_written_once_frames_the_answer_it_frames_written_each_time(
+        name in "\\PC{0,40}",
+        requests_per_unit in any::<u32>(),
+        unit in -1i32..8,
+        remaining in any::<u32>(),
+        code in 0i32..3,
+    ) {
+        let each = Current { name: &name, requests_per_unit, unit, written: &[] };
+        let field = each.field();
+        let once = Current { written: &field, ..each };
+        let frame = |current| {
+            Decided {
+                overall_code: code,
+                statuses: vec![DescriptorAnswer { code, current: Some(current), remaining, reset: None }],
+                headers: AddedHeaders::default(),
+                rest: RateLimitResponse::default(),
+            }
+            .encode()
+            .expect("small")
+        };
+        prop_assert_eq!(frame(once), frame(each));
+        let response = RateLimitResponse {
+            overall_code: code,
+            statuses: vec![DescriptorStatus {
+                code,
+                current_limit: Some(RateLimit { name: name.clone(), requests_per_unit, unit }),
+                limit_remaining: remaining,
+                duration_until_reset: None,
+            }],
+            ..Default::default()
+        };
+        prop_assert_eq!(frame(once), crate::wire::frame::encode(&response).expect("small"));
+    }
 }
