@@ -22,7 +22,7 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
     // Written straight into one string (no formatting machinery, no string per name): one
     // line per decision, and the RLS writes it for every request with ten or more rules.
     // Each policy's item is written once, when the policy is built (`policy_item`).
-    let mut out = String::with_capacity(48 * result.results.len().min(MAX_ADVERTISED_POLICIES));
+    let mut out = String::with_capacity(ratelimit_policy_room(result.results.len()));
     advertised(result, |part| out.push_str(part));
     (!out.is_empty()).then_some(out)
 }
@@ -31,10 +31,17 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
 /// wrote something. For a writer that puts the value straight into its own buffer (the RLS's
 /// answer), without a string of its own.
 pub fn write_ratelimit_policy(result: &LimitResult, out: &mut Vec<u8>) -> bool {
-    out.reserve(48 * result.results.len().min(MAX_ADVERTISED_POLICIES));
+    out.reserve(ratelimit_policy_room(result.results.len()));
     let start = out.len();
     advertised(result, |part| out.extend_from_slice(part.as_bytes()));
     out.len() > start
+}
+
+/// The room [`ratelimit_policy`]'s value takes for a decision of `policies` policies: an
+/// item of a name of a few dozen bytes, its quota and its window for each policy listed (at
+/// most [`MAX_ADVERTISED_POLICIES`]).
+pub fn ratelimit_policy_room(policies: usize) -> usize {
+    48 * policies.min(MAX_ADVERTISED_POLICIES)
 }
 
 /// The parts of [`ratelimit_policy`]'s value, in order, each given to `put`: the advertised

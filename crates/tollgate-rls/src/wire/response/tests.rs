@@ -329,3 +329,18 @@ proptest! {
         prop_assert_eq!(frame(once), crate::wire::frame::encode(&response).expect("small"));
     }
 }
+
+/// A request of many descriptors takes no more room than `RateLimit-Policy` can list: a
+/// client sending the most descriptors a request may carry does not make every answer
+/// reserve a few hundred bytes a descriptor.
+#[test]
+fn the_room_taken_is_bounded_by_the_policies_listed() {
+    let mut h = AddedHeaders::default();
+    h.reserve_for(crate::request::MAX_DESCRIPTORS);
+    let listed = tollgate::headers::MAX_ADVERTISED_POLICIES;
+    assert!(
+        h.0.capacity() <= OTHER_ROOM + tollgate::headers::ratelimit_policy_room(listed),
+        "{} bytes",
+        h.0.capacity()
+    );
+}
