@@ -16,7 +16,7 @@
 //! values. A request descriptor's client key is the keyed hash of the domain and its entries:
 //! each distinct value counts on its own, and raw values never reach the store.
 
-use crate::config::{Found, Level, RlsConfig, RuleLimit, Unit};
+use crate::config::{Found, Level, RlsConfig, Rule, RuleLimit, Unit};
 use crate::metrics::DescriptorMetrics;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -83,9 +83,9 @@ struct Inner {
     config: RlsConfig,
     /// One per rule of `config` (`None` for unlimited rules).
     policies: Vec<Option<Policy>>,
-    /// One per rule of `config`: its limit as an answer's status writes it
-    /// ([`Current::field`]), written once here; empty for a rule without a limit.
-    limits: Vec<Box<[u8]>>,
+    /// One per rule of `config`: the limit its answers report (`None` for a rule without one
+    /// the store counts), written once here.
+    limits: Vec<Option<Reported>>,
     options: RlsOptions,
     overrides: Mutex<OverrideCache<Policy>>,
     /// The series `detailed_metric` and `value_to_metric` ask for (bounded; carried over
@@ -145,19 +145,49 @@ struct Items<'c> {
     key: IdentityBytes,
 }
 
-/// The `requests_per_unit` and unit an answer reports for a rule's limit, when it has one
-/// that the store counts: a limit in flight has no window (unit UNKNOWN, 0).
-fn reported(limit: RuleLimit) -> Option<(u32, i32)> {
-    match limit {
-        RuleLimit::InFlight {
-            requests_per_unit, ..
-        } => Some((requests_per_unit, 0)),
-        RuleLimit::Limited {
+/// The limit a rule's answers report, when it has one that the store counts: its
+/// `requests_per_unit` and unit (a limit in flight has no window: unit UNKNOWN, 0), and the
+/// `current_limit` field of those (`Current::field`), written once for every answer.
+struct Reported {
+    requests_per_unit: u32,
+    unit: i32,
+    written: Box<[u8]>,
+}
+
+impl Reported {
+    fn of(rule: &Rule) -> Option<Self> {
+        let (requests_per_unit, unit) = match rule.limit {
+            RuleLimit::InFlight {
+                requests_per_unit, ..
+            } => (requests_per_unit, 0),
+            RuleLimit::Limited {
+                requests_per_unit,
+                unit,
+                ..
+            } => (requests_per_unit, unit.proto()),
+            RuleLimit::Unlimited | RuleLimit::Blocked { .. } => return None,
+        };
+        let current = Current {
+            name: &rule.name,
             requests_per_unit,
             unit,
-            ..
-        } => Some((requests_per_unit, unit.proto())),
-        RuleLimit::Unlimited | RuleLimit::Blocked { .. } => None,
+            written: &[],
+        };
+        Some(Self {
+            requests_per_unit,
+            unit,
+            written: current.field().into_boxed_slice(),
+        })
+    }
+
+    /// The limit as rule `name`'s answers report it.
+    fn current<'c>(&'c self, name: &'c str) -> Current<'c> {
+        Current {
+            name,
+            requests_per_unit: self.requests_per_unit,
+            unit: self.unit,
+            written: &self.written,
+        }
     }
 }
 
@@ -266,22 +296,7 @@ impl RlsService {
         let policies = Self::specs(&config, &options)
             .map(|spec| spec.map(|s| limiter.policy(s)).transpose())
             .collect::<Result<Vec<_>, _>>()?;
-        let limits = config
-            .rules()
-            .iter()
-            .map(|r| {
-                let field = reported(r.limit).map(|(requests_per_unit, unit)| {
-                    Current {
-                        name: &r.name,
-                        requests_per_unit,
-                        unit,
-                        written: &[],
-                    }
-                    .field()
-                });
-                field.unwrap_or_default().into_boxed_slice()
-            })
-            .collect();
+        let limits = config.rules().iter().map(Reported::of).collect();
         Ok(Self {
             inner: Arc::new(Inner {
                 limiter,
@@ -525,18 +540,9 @@ impl RlsService {
         let (Some(f), Some(configured)) = (found, configured) else {
             return Ok(Slot::NoLimit);
         };
-        match (
-            &i.policies[f.rule],
-            configured.limit,
-            reported(configured.limit),
-        ) {
-            (Some(policy), _, Some((requests_per_unit, unit))) => {
-                let current = Current {
-                    name: &configured.name,
-                    requests_per_unit,
-                    unit,
-                    written: &i.limits[f.rule],
-                };
+        match (&i.policies[f.rule], configured.limit, &i.limits[f.rule]) {
+            (Some(policy), _, Some(reported)) => {
+                let current = reported.current(&configured.name);
                 let client = self.client(domain, d, Some(f), None, &mut items.key);
                 let item = Item {
                     client,
