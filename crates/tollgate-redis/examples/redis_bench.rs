@@ -179,14 +179,14 @@ async fn run_phase(
 }
 
 async fn bench(args: Args) -> Result<(), String> {
+    let mut config = RedisConfig::standalone(args.url.clone());
+    if let Some(n) = args.max_batch {
+        config = config.with_max_batch(n);
+    }
     let mut stores = Vec::new();
     for _ in 0..args.connections {
-        let mut config = RedisConfig::standalone(args.url.clone());
-        if let Some(n) = args.max_batch {
-            config = config.with_max_batch(n);
-        }
         stores.push(
-            RedisStore::connect(config)
+            RedisStore::connect(config.clone())
                 .await
                 .map_err(|e| e.to_string())?,
         );
@@ -206,9 +206,7 @@ async fn bench(args: Args) -> Result<(), String> {
         args.callers,
         args.clients,
         args.connections,
-        args.max_batch
-            .unwrap_or(tollgate_redis::DEFAULT_MAX_BATCH)
-            .min(tollgate_redis::MAX_BATCH),
+        config.max_batch,
         lat.len() as f64 / elapsed.as_secs_f64(),
         pct(0.50),
         pct(0.99),
