@@ -86,12 +86,16 @@ where
             match frame {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        self.chunk = data;
                         // A body whose end came with this data (END_STREAM on the DATA
                         // frame, as Envoy sends a call's one message) has nothing more to
                         // give, trailers included: it is not asked again (each question
-                        // to an h2 stream takes its connection's lock).
-                        self.drained = self.body.is_end_stream();
+                        // to an h2 stream takes its connection's lock). Asked only of data
+                        // that begins a message: a body trickled in many frames pays for
+                        // the question once a message, not once a frame.
+                        if self.gathered.is_empty() {
+                            self.drained = self.body.is_end_stream();
+                        }
+                        self.chunk = data;
                     }
                     Err(frame) => {
                         if let Ok(trailers) = frame.into_trailers() {

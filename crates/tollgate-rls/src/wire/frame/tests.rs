@@ -14,6 +14,8 @@ struct Script {
     /// Says it is at its end once its frames are given (as h2 says of a stream whose last
     /// DATA frame carried END_STREAM).
     says_end: bool,
+    /// How often it was asked whether it is at its end.
+    end_asked: std::cell::Cell<usize>,
 }
 
 impl Script {
@@ -23,6 +25,7 @@ impl Script {
             endless: None,
             polls: 0,
             says_end: false,
+            end_asked: std::cell::Cell::new(0),
         }
     }
 
@@ -47,6 +50,7 @@ impl Body for Script {
     }
 
     fn is_end_stream(&self) -> bool {
+        self.end_asked.set(self.end_asked.get() + 1);
         self.says_end && self.frames.is_empty() && self.endless.is_none()
     }
 }
@@ -362,6 +366,32 @@ async fn a_body_that_ends_with_its_data_is_not_polled_again() {
         let e = unary(body).await.expect_err("truncated");
         assert_eq!(e.message(), "Unexpected EOF decoding stream.");
     }
+}
+
+/// A message trickled a byte a frame is read whole, and its body is asked whether it ended
+/// once (at the data that begins the message), not once a frame: a hostile client's tiny
+/// frames do not each cost a question to the stream.
+#[tokio::test]
+async fn a_trickled_body_is_asked_for_its_end_once_a_message() {
+    let bytes = framed("192.0.2.1");
+    let mut body = Script::chunks(bytes.iter().map(|&b| Bytes::copy_from_slice(&[b])));
+    body.says_end = true;
+    let mut messages = Messages::new(body, LIMIT);
+    let first = messages.first().await.expect("a message");
+    assert_eq!(
+        RateLimitRequest::decode(first).expect("decodes"),
+        request("192.0.2.1")
+    );
+    messages
+        .rest(|m| RateLimitRequest::decode(m).map(drop))
+        .await
+        .expect("no more");
+    assert_eq!(messages.body.end_asked.get(), 1);
+    assert_eq!(
+        messages.body.polls,
+        bytes.len() + 1,
+        "each byte, then its end"
+    );
 }
 
 #[tokio::test]
