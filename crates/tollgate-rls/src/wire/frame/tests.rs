@@ -337,6 +337,22 @@ async fn trailers_end_the_messages_and_are_kept() {
     );
 }
 
+/// Reads `body` to its end, its one message required to be `request(value)`; the messages,
+/// for what their body was asked.
+async fn read_one(body: Script, value: &str) -> Messages<Script> {
+    let mut messages = Messages::new(body, LIMIT);
+    let first = messages.first().await.expect("a message");
+    assert_eq!(
+        RateLimitRequest::decode(first).expect("decodes"),
+        request(value)
+    );
+    messages
+        .rest(|m| RateLimitRequest::decode(m).map(drop))
+        .await
+        .expect("no more");
+    messages
+}
+
 /// A body that says it ended with its data is not asked again (under h2 each question takes
 /// the connection's lock); one that does not say so is asked until it ends. Either way what
 /// is left of a message at the end is an unexpected EOF.
@@ -345,16 +361,7 @@ async fn a_body_that_ends_with_its_data_is_not_polled_again() {
     for says_end in [true, false] {
         let mut body = Script::chunks([framed("x")]);
         body.says_end = says_end;
-        let mut messages = Messages::new(body, LIMIT);
-        let first = messages.first().await.expect("a message");
-        assert_eq!(
-            RateLimitRequest::decode(first).expect("decodes"),
-            request("x")
-        );
-        messages
-            .rest(|m| RateLimitRequest::decode(m).map(drop))
-            .await
-            .expect("no more");
+        let mut messages = read_one(body, "x").await;
         assert!(messages.take_trailers().is_none());
         let polls = if says_end { 1 } else { 2 };
         assert_eq!(messages.body.polls, polls, "says its end: {says_end}");
@@ -376,16 +383,7 @@ async fn a_trickled_body_is_asked_for_its_end_once_a_message() {
     let bytes = framed("192.0.2.1");
     let mut body = Script::chunks(bytes.iter().map(|&b| Bytes::copy_from_slice(&[b])));
     body.says_end = true;
-    let mut messages = Messages::new(body, LIMIT);
-    let first = messages.first().await.expect("a message");
-    assert_eq!(
-        RateLimitRequest::decode(first).expect("decodes"),
-        request("192.0.2.1")
-    );
-    messages
-        .rest(|m| RateLimitRequest::decode(m).map(drop))
-        .await
-        .expect("no more");
+    let messages = read_one(body, "192.0.2.1").await;
     assert_eq!(messages.body.end_asked.get(), 1);
     assert_eq!(
         messages.body.polls,
