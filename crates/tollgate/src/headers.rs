@@ -127,7 +127,9 @@ pub fn ratelimit(result: &LimitResult) -> Option<String> {
 /// [`ratelimit`] as bytes for a header value, in one allocation of its exact size (written
 /// on the stack first when the policy's name is short, as names are).
 pub fn ratelimit_value(result: &LimitResult) -> Option<bytes::Bytes> {
-    let (prefix, remaining, reset) = ratelimit_parts(result)?;
+    let r = result.most_constrained()?;
+    let d = r.decision?;
+    let prefix = r.policy.remaining_prefix().as_bytes();
     // The prefix, two numbers of at most 20 digits and ";t=".
     let mut buf = [0u8; 256];
     if prefix.len() + 43 > buf.len() {
@@ -139,63 +141,60 @@ pub fn ratelimit_value(result: &LimitResult) -> Option<bytes::Bytes> {
         len += part.len();
     };
     put(prefix);
-    put(remaining.as_slice());
+    put(Digits::of(d.remaining).as_slice());
     put(b";t=");
-    put(reset.as_slice());
+    put(Digits::of(secs_ceil(d.reset_after, 0)).as_slice());
     Some(bytes::Bytes::copy_from_slice(&buf[..len]))
 }
 
 /// [`ratelimit`] written at the end of `out` (nothing written when it is `None`).
 pub fn write_ratelimit(result: &LimitResult, out: &mut Vec<u8>) -> Option<()> {
-    let (prefix, remaining, reset) = ratelimit_parts(result)?;
-    out.extend_from_slice(prefix);
-    out.extend_from_slice(remaining.as_slice());
+    let r = result.most_constrained()?;
+    let d = r.decision?;
+    out.extend_from_slice(r.policy.remaining_prefix().as_bytes());
+    write_u64(out, d.remaining);
     out.extend_from_slice(b";t=");
-    out.extend_from_slice(reset.as_slice());
+    write_u64(out, secs_ceil(d.reset_after, 0));
     Some(())
 }
 
 /// `n` in decimal at the end of `out`.
 pub fn write_u64(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(digits(n).as_slice());
+    // Pushed a digit at a time: a copy of the few digits a header's number has cost more
+    // (a call to `memcpy` for each number) than the pushes.
+    out.reserve(20);
+    for &b in Digits::of(n).as_slice() {
+        out.push(b);
+    }
 }
 
-/// A `RateLimit` value's parts: the policy's `"name";r=`, the remaining count and the
-/// seconds to the reset.
-fn ratelimit_parts(result: &LimitResult) -> Option<(&[u8], Digits, Digits)> {
-    let r = result.most_constrained()?;
-    let d = r.decision?;
-    Some((
-        r.policy.remaining_prefix().as_bytes(),
-        digits(d.remaining),
-        digits(secs_ceil(d.reset_after, 0)),
-    ))
-}
-
-/// The decimal digits of `n`.
+/// The decimal digits of a number, most significant first, at the end of a buffer on the
+/// stack (written from the last: no count of them first).
 struct Digits {
     buf: [u8; 20],
     start: usize,
 }
 
 impl Digits {
+    #[inline]
+    fn of(mut n: u64) -> Self {
+        let mut d = Self {
+            buf: [0; 20],
+            start: 20,
+        };
+        loop {
+            d.start -= 1;
+            d.buf[d.start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return d;
+            }
+        }
+    }
+
     fn as_slice(&self) -> &[u8] {
         &self.buf[self.start..]
     }
-}
-
-fn digits(mut n: u64) -> Digits {
-    let mut buf = [0u8; 20];
-    let mut start = buf.len();
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    Digits { buf, start }
 }
 
 /// `text` as a structured-field string (RFC 9651 3.3.3): quoted, `"` and `\\` escaped, and
@@ -234,7 +233,7 @@ fn push_sf_string(out: &mut String, text: &str) {
 /// here and the problem bodies of the HTTP layer write their numbers with it).
 pub fn push_u64(out: &mut String, n: u64) {
     // ASCII digits: always UTF-8.
-    if let Ok(text) = std::str::from_utf8(digits(n).as_slice()) {
+    if let Ok(text) = std::str::from_utf8(Digits::of(n).as_slice()) {
         out.push_str(text);
     }
 }
@@ -266,10 +265,18 @@ mod tests {
 
     #[test]
     fn numbers_are_written_in_decimal() {
-        for n in [0, 7, 10, 42, 1_000_000_007, u64::MAX] {
+        // Every digit count, at its edges: the count is found before the digits are written.
+        let edges = (0..20).flat_map(|p| {
+            let t = 10u64.pow(p);
+            [t - 1, t, t + 1, t.saturating_mul(7)]
+        });
+        for n in edges.chain([42, 1_000_000_007, u64::MAX - 1, u64::MAX]) {
             let mut s = String::new();
             push_u64(&mut s, n);
             assert_eq!(s, n.to_string());
+            let mut v = b"x".to_vec();
+            write_u64(&mut v, n);
+            assert_eq!(v, format!("x{n}").into_bytes());
         }
     }
 
