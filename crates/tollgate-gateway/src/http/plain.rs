@@ -294,7 +294,11 @@ impl Parsed {
         *req.method_mut() = self.method;
         *req.uri_mut() = uri;
         let headers = req.headers_mut();
-        headers.clear();
+        // Empty as a rule: `forget` cleared it after the last head's decision, and clearing
+        // an empty map again cost every request a pass over the map's index.
+        if !headers.is_empty() {
+            headers.clear();
+        }
         for (name, at) in fields.list.drain(..) {
             // httparse checked the value's bytes, as HeaderValue does.
             let Ok(value) = HeaderValue::from_maybe_shared(head.slice(at)) else {
