@@ -928,12 +928,9 @@ impl RlsService {
             });
             return;
         }
-        out.push("ratelimit-policy", |v| {
-            tollgate::headers::write_ratelimit_policy(result, v)
-        });
-        out.push("ratelimit", |v| {
-            tollgate::headers::write_ratelimit(result, v).is_some()
-        });
+        let advertised = tollgate::headers::Advertised::of(result);
+        out.push("ratelimit-policy", |v| advertised.write_policy(v));
+        out.push("ratelimit", |v| advertised.write_ratelimit(v).is_some());
         if let (
             Action::Limit {
                 retry_after: Some(wait),

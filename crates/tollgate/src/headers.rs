@@ -7,7 +7,7 @@
 //! ([`retry_after_secs`]): a client that waits the whole seconds it is told never comes back
 //! early.
 
-use crate::LimitResult;
+use crate::{LimitResult, PolicyResult};
 use std::time::Duration;
 
 /// Most policies `RateLimit-Policy` lists: the most constrained one first, then others in
@@ -23,7 +23,12 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
     // line per decision, and the RLS writes it for every request with ten or more rules.
     // Each policy's item is written once, when the policy is built (`policy_item`).
     let mut out = String::with_capacity(ratelimit_policy_room(result.results.len()));
-    advertised(result, |part| out.push_str(part));
+    Advertised::of(result).each_item(|n, item| {
+        if n > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(item);
+    });
     (!out.is_empty()).then_some(out)
 }
 
@@ -31,10 +36,7 @@ pub fn ratelimit_policy(result: &LimitResult) -> Option<String> {
 /// wrote something. For a writer that puts the value straight into its own buffer (the RLS's
 /// answer), without a string of its own.
 pub fn write_ratelimit_policy(result: &LimitResult, out: &mut Vec<u8>) -> bool {
-    out.reserve(ratelimit_policy_room(result.results.len()));
-    let start = out.len();
-    advertised(result, |part| out.extend_from_slice(part.as_bytes()));
-    out.len() > start
+    Advertised::of(result).write_policy(out)
 }
 
 /// The room [`ratelimit_policy`]'s value takes for a decision of `policies` policies: an
@@ -44,23 +46,67 @@ pub fn ratelimit_policy_room(policies: usize) -> usize {
     48 * policies.min(MAX_ADVERTISED_POLICIES)
 }
 
-/// The parts of [`ratelimit_policy`]'s value, in order, each given to `put`: the advertised
-/// policies' items and the separators between them.
-fn advertised<'r>(result: &'r LimitResult, mut put: impl FnMut(&'r str)) {
-    let first = result.most_constrained();
-    let others = result
-        .results
-        .iter()
-        .filter(|r| !r.policy.is_shadow() && !first.is_some_and(|f| std::ptr::eq(*r, f)));
-    let listed = first
-        .into_iter()
-        .chain(others)
-        .take(MAX_ADVERTISED_POLICIES);
-    for (n, r) in listed.enumerate() {
-        if n > 0 {
-            put(", ");
+/// A result's `RateLimit-Policy` and `RateLimit` values, its most constrained policy found
+/// once for both (a pass over every result: an RLS answer of ten rules writes both).
+pub struct Advertised<'r> {
+    result: &'r LimitResult,
+    first: Option<&'r PolicyResult>,
+}
+
+impl<'r> Advertised<'r> {
+    /// The values of `result`.
+    pub fn of(result: &'r LimitResult) -> Self {
+        Self {
+            result,
+            first: result.most_constrained(),
         }
-        put(r.policy.advertised());
+    }
+
+    /// Appends the `RateLimit-Policy` value ([`ratelimit_policy`]) to `out`; true when it
+    /// wrote something.
+    pub fn write_policy(&self, out: &mut Vec<u8>) -> bool {
+        out.reserve(ratelimit_policy_room(self.result.results.len()));
+        let start = out.len();
+        self.each_item(|n, item| {
+            if n > 0 {
+                // Two bytes pushed, not copied: a copy is a call to `memcpy` an item.
+                out.push(b',');
+                out.push(b' ');
+            }
+            out.extend_from_slice(item.as_bytes());
+        });
+        out.len() > start
+    }
+
+    /// Appends the `RateLimit` value ([`ratelimit`]) to `out`; `None`, and nothing written,
+    /// when there is none.
+    pub fn write_ratelimit(&self, out: &mut Vec<u8>) -> Option<()> {
+        let r = self.first?;
+        let d = r.decision?;
+        out.extend_from_slice(r.policy.remaining_prefix().as_bytes());
+        write_u64(out, d.remaining);
+        out.extend_from_slice(b";t=");
+        write_u64(out, secs_ceil(d.reset_after, 0));
+        Some(())
+    }
+
+    /// The advertised policies' items, in order, each given to `put` with its place: the
+    /// most constrained first, then the other enforced ones in configuration order, at most
+    /// [`MAX_ADVERTISED_POLICIES`].
+    fn each_item(&self, mut put: impl FnMut(usize, &'r str)) {
+        let first = self.first;
+        let others = self
+            .result
+            .results
+            .iter()
+            .filter(|r| !r.policy.is_shadow() && !first.is_some_and(|f| std::ptr::eq(*r, f)));
+        let listed = first
+            .into_iter()
+            .chain(others)
+            .take(MAX_ADVERTISED_POLICIES);
+        for (n, r) in listed.enumerate() {
+            put(n, r.policy.advertised());
+        }
     }
 }
 
@@ -149,13 +195,7 @@ pub fn ratelimit_value(result: &LimitResult) -> Option<bytes::Bytes> {
 
 /// [`ratelimit`] written at the end of `out` (nothing written when it is `None`).
 pub fn write_ratelimit(result: &LimitResult, out: &mut Vec<u8>) -> Option<()> {
-    let r = result.most_constrained()?;
-    let d = r.decision?;
-    out.extend_from_slice(r.policy.remaining_prefix().as_bytes());
-    write_u64(out, d.remaining);
-    out.extend_from_slice(b";t=");
-    write_u64(out, secs_ceil(d.reset_after, 0));
-    Some(())
+    Advertised::of(result).write_ratelimit(out)
 }
 
 /// `n` in decimal at the end of `out`.
