@@ -81,13 +81,25 @@ impl<'r> Advertised<'r> {
     /// Appends the `RateLimit` value ([`ratelimit`]) to `out`; `None`, and nothing written,
     /// when there is none.
     pub fn write_ratelimit(&self, out: &mut Vec<u8>) -> Option<()> {
+        let (prefix, remaining, reset) = self.ratelimit_parts()?;
+        out.extend_from_slice(prefix.as_bytes());
+        write_u64(out, remaining);
+        out.extend_from_slice(b";t=");
+        write_u64(out, reset);
+        Some(())
+    }
+
+    /// The `RateLimit` value's parts: the most constrained policy's `"name";r=`, the count
+    /// remaining and the whole seconds to the reset; `None` when there is no such policy with
+    /// a decision (shadow only, or the store failed open).
+    fn ratelimit_parts(&self) -> Option<(&'r str, u64, u64)> {
         let r = self.first?;
         let d = r.decision?;
-        out.extend_from_slice(r.policy.remaining_prefix().as_bytes());
-        write_u64(out, d.remaining);
-        out.extend_from_slice(b";t=");
-        write_u64(out, secs_ceil(d.reset_after, 0));
-        Some(())
+        Some((
+            r.policy.remaining_prefix(),
+            d.remaining,
+            secs_ceil(d.reset_after, 0),
+        ))
     }
 
     /// The advertised policies' items, in order, each given to `put` with its place: the
@@ -159,23 +171,20 @@ pub(crate) fn policy_item(name: &str, limit: &crate::quota::Limit) -> String {
 /// `"name";r=REMAINING;t=RESET_SECONDS` for the most constrained enforced policy with a
 /// decision; `None` when there is none (shadow only, or the store failed open).
 pub fn ratelimit(result: &LimitResult) -> Option<String> {
-    let r = result.most_constrained()?;
-    let d = r.decision?;
-    let prefix = r.policy.remaining_prefix();
+    let (prefix, remaining, reset) = Advertised::of(result).ratelimit_parts()?;
     let mut out = String::with_capacity(prefix.len() + 44);
     out.push_str(prefix);
-    push_u64(&mut out, d.remaining);
+    push_u64(&mut out, remaining);
     out.push_str(";t=");
-    push_u64(&mut out, secs_ceil(d.reset_after, 0));
+    push_u64(&mut out, reset);
     Some(out)
 }
 
 /// [`ratelimit`] as bytes for a header value, in one allocation of its exact size (written
 /// on the stack first when the policy's name is short, as names are).
 pub fn ratelimit_value(result: &LimitResult) -> Option<bytes::Bytes> {
-    let r = result.most_constrained()?;
-    let d = r.decision?;
-    let prefix = r.policy.remaining_prefix().as_bytes();
+    let (prefix, remaining, reset) = Advertised::of(result).ratelimit_parts()?;
+    let prefix = prefix.as_bytes();
     // The prefix, two numbers of at most 20 digits and ";t=".
     let mut buf = [0u8; 256];
     if prefix.len() + 43 > buf.len() {
@@ -187,9 +196,9 @@ pub fn ratelimit_value(result: &LimitResult) -> Option<bytes::Bytes> {
         len += part.len();
     };
     put(prefix);
-    put(Digits::of(d.remaining).as_slice());
+    put(Digits::of(remaining).as_slice());
     put(b";t=");
-    put(Digits::of(secs_ceil(d.reset_after, 0)).as_slice());
+    put(Digits::of(reset).as_slice());
     Some(bytes::Bytes::copy_from_slice(&buf[..len]))
 }
 
@@ -305,7 +314,8 @@ mod tests {
 
     #[test]
     fn numbers_are_written_in_decimal() {
-        // Every digit count, at its edges: the count is found before the digits are written.
+        // Every digit count, at its edges (the digits are written from the last, into a
+        // buffer of twenty).
         let edges = (0..20).flat_map(|p| {
             let t = 10u64.pow(p);
             [t - 1, t, t + 1, t.saturating_mul(7)]
