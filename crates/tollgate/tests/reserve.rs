@@ -33,6 +33,7 @@ fn redis(url: &str) -> Limiter {
 }
 
 /// A limiter on the Redis at `url` whose store calls time out after `timeout`.
+#[cfg(feature = "redis")]
 fn redis_with_timeout(url: &str, timeout: Duration) -> Limiter {
     let mut config = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(url)));
     config.timeout = timeout;
