@@ -69,9 +69,7 @@ impl<'r> Advertised<'r> {
         let start = out.len();
         self.each_item(|n, item| {
             if n > 0 {
-                // Two bytes pushed, not copied: a copy is a call to `memcpy` an item.
-                out.push(b',');
-                out.push(b' ');
+                out.extend_from_slice(b", ");
             }
             out.extend_from_slice(item.as_bytes());
         });
