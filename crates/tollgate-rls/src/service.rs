@@ -216,6 +216,17 @@ impl IdentityBytes {
     }
 }
 
+/// The limit a blocked rule (or a limit override of 0) reports: nothing a `unit`, written
+/// from its fields in each answer.
+fn blocked_limit(name: &str, unit: Unit) -> Current<'_> {
+    Current {
+        name,
+        requests_per_unit: 0,
+        unit: unit.proto(),
+        written: &[],
+    }
+}
+
 /// One part of an identity: its length (eight bytes, little-endian), then its bytes.
 fn put_part(bytes: &mut Vec<u8>, s: &[u8]) {
     bytes.extend_from_slice(&(s.len() as u64).to_le_bytes());
@@ -505,12 +516,7 @@ impl RlsService {
                 let unit = Unit::from_proto(o.unit).ok_or_else(|| {
                     Status::invalid_argument("the limit override needs a unit (SECOND to WEEK)")
                 })?;
-                let current = Current {
-                    name: configured.map_or("", |r| r.name.as_str()),
-                    requests_per_unit: 0,
-                    unit: unit.proto(),
-                    written: &[],
-                };
+                let current = blocked_limit(configured.map_or("", |r| r.name.as_str()), unit);
                 if negative {
                     return Ok(Slot::NothingToGive { current });
                 }
@@ -556,26 +562,19 @@ impl RlsService {
                 };
                 Ok(Self::add(items, item))
             }
-            (_, RuleLimit::Blocked { unit }, _) if negative => Ok(Slot::NothingToGive {
-                current: Current {
-                    name: &configured.name,
-                    requests_per_unit: 0,
-                    unit: unit.proto(),
-                    written: &[],
-                },
-            }),
-            (_, RuleLimit::Blocked { unit }, _) => Ok(Slot::Blocked {
-                current: Current {
-                    name: &configured.name,
-                    requests_per_unit: 0,
-                    unit: unit.proto(),
-                    written: &[],
-                },
-                unit,
-                shadow: rule_shadow,
-                quota,
-                metadata: Some(f.rule),
-            }),
+            (_, RuleLimit::Blocked { unit }, _) => {
+                let current = blocked_limit(&configured.name, unit);
+                if negative {
+                    return Ok(Slot::NothingToGive { current });
+                }
+                Ok(Slot::Blocked {
+                    current,
+                    unit,
+                    shadow: rule_shadow,
+                    quota,
+                    metadata: Some(f.rule),
+                })
+            }
             _ => Ok(Slot::Unlimited),
         }
     }

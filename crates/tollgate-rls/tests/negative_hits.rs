@@ -328,3 +328,65 @@ fn a_concurrency_rule_takes_no_unit_and_hold_ttl_needs_concurrency() {
     );
     assert!(limit.algorithm().is_concurrency());
 }
+
+/// A give-back to a rule that admits nothing (`requests_per_unit: 0`, or a limit override of
+/// 0) has nothing to give back: OK, nothing remaining, the rule's limit of 0 reported, no
+/// reset, and the request's other descriptors decided as without it. The same request
+/// charging the banned rule is refused.
+#[tokio::test]
+async fn a_give_back_to_a_rule_that_admits_nothing_gives_nothing_and_denies_nothing() {
+    use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_response::RateLimit;
+    const BANNED: &str = "\
+domain: gb
+descriptors:
+  - key: ban
+    rate_limit: {unit: second, requests_per_unit: 0, name: banned}
+  - key: fw
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+    let clock = ManualClock::new(T0);
+    let mut cfg = LimiterConfig::new(Backend::default());
+    cfg.clock = Arc::new(clock.clone());
+    let mut rls = start_with(Limiter::new(cfg), clock, BANNED, RlsOptions::default()).await;
+    // Unit::Second on the wire, as the rule's and the override's.
+    let second = 1;
+    let cases = [
+        (desc(&[("ban", "x")]), "banned"),
+        (with_override(desc(&[("fw", "x")]), 0, second), ""),
+    ];
+    for (d, name) in cases {
+        let r = rls
+            .call(request(
+                "gb",
+                vec![negative(d.clone()), desc(&[("fw", "y")])],
+            ))
+            .await;
+        assert_eq!(
+            overall(&r),
+            Code::Ok,
+            "{name:?}: nothing given back, nothing denied"
+        );
+        let s = &r.statuses[0];
+        assert_eq!((code(s), s.limit_remaining), (Code::Ok, 0), "{name:?}");
+        assert_eq!(
+            s.current_limit,
+            Some(RateLimit {
+                name: name.into(),
+                requests_per_unit: 0,
+                unit: second,
+            }),
+            "{name:?}"
+        );
+        assert_eq!(s.duration_until_reset, None, "{name:?}");
+        assert_eq!(
+            r.statuses[1].limit_remaining,
+            if name.is_empty() { 8 } else { 9 }
+        );
+        let r = rls.call(request("gb", vec![d])).await;
+        assert_eq!(
+            overall(&r),
+            Code::OverLimit,
+            "{name:?}: charged, it is refused"
+        );
+    }
+}
