@@ -28,6 +28,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window_log}
   - key: inflight
     rate_limit: {algorithm: concurrency, requests_per_unit: 3, hold_ttl: 2s, name: inflight}
+  - key: ban
+    rate_limit: {unit: second, requests_per_unit: 0, name: banned}
 ";
 
 /// The rate rules the give-back tests run on.
@@ -336,18 +338,7 @@ fn a_concurrency_rule_takes_no_unit_and_hold_ttl_needs_concurrency() {
 #[tokio::test]
 async fn a_give_back_to_a_rule_that_admits_nothing_gives_nothing_and_denies_nothing() {
     use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_response::RateLimit;
-    const BANNED: &str = "\
-domain: gb
-descriptors:
-  - key: ban
-    rate_limit: {unit: second, requests_per_unit: 0, name: banned}
-  - key: fw
-    rate_limit: {unit: minute, requests_per_unit: 10}
-";
-    let clock = ManualClock::new(T0);
-    let mut cfg = LimiterConfig::new(Backend::default());
-    cfg.clock = Arc::new(clock.clone());
-    let mut rls = start_with(Limiter::new(cfg), clock, BANNED, RlsOptions::default()).await;
+    let mut rls = memory_rls().await;
     // Unit::Second on the wire, as the rule's and the override's.
     let second = 1;
     let cases = [
