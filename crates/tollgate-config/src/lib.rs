@@ -52,7 +52,8 @@ pub struct Config {
     /// tier not among them draws a warning: clients can reach it).
     pub proxy_set_headers: Vec<http::HeaderName>,
     /// The one identity hasher, keyed with `secret`: every client key (requests, overrides,
-    /// the admin API, RLS descriptors) is made with it.
+    /// the admin API, RLS descriptors) is made with it. Keyed BLAKE3 for a Redis store,
+    /// SipHash-2-4 for the memory store ([`Keying`]).
     pub hasher: IdentityHasher,
     /// `[[policy]]`, in file order.
     pub policies: Vec<PolicyConfig>,
@@ -177,6 +178,43 @@ pub struct StoreConfig {
     pub max_batch: usize,
     /// Circuit breaker.
     pub breaker: BreakerConfig,
+}
+
+/// Which keyed hash makes a configuration's client keys (`tollgate::IdentityHasher`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keying {
+    /// Keyed BLAKE3, the same in every process and version: a store other processes share
+    /// (Redis in every form) holds these keys.
+    Shared,
+    /// SipHash-2-4, cheaper: the memory store, which no other process reads.
+    ProcessLocal,
+}
+
+impl Keying {
+    /// The keying a store backend's keys need.
+    pub fn of(backend: &StoreBackend) -> Self {
+        match backend {
+            StoreBackend::Memory { .. } => Keying::ProcessLocal,
+            _ => Keying::Shared,
+        }
+    }
+
+    /// The keying `hasher` makes keys with.
+    pub fn of_hasher(hasher: &IdentityHasher) -> Self {
+        if hasher.is_process_local() {
+            Keying::ProcessLocal
+        } else {
+            Keying::Shared
+        }
+    }
+
+    /// The hasher of this keying under `secret`.
+    pub fn hasher(self, secret: &[u8]) -> IdentityHasher {
+        match self {
+            Keying::Shared => IdentityHasher::new(secret),
+            Keying::ProcessLocal => IdentityHasher::process_local(secret),
+        }
+    }
 }
 
 /// The store backend with its own settings.
@@ -309,9 +347,19 @@ impl Config {
 
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        Self::load_keyed(path, None)
+    }
+
+    /// [`Config::load`] with the client keys made by `keying`'s hasher whatever the file's
+    /// store (`None`: the file's store's, [`Keying::of`]). A reload gives the running store's:
+    /// `store.backend` changes only with a restart, and until then every client key, the
+    /// overrides' among them, must stay the one the running store holds.
+    pub fn load_keyed(path: &Path, keying: Option<Keying>) -> Result<Config, ConfigErrors> {
         let file = path.display().to_string();
         match std::fs::read_to_string(path) {
-            Ok(text) => Self::parse(&file, &text),
+            Ok(text) => {
+                validate::validate_keyed(&file, &text, |name| std::env::var(name).ok(), keying)
+            }
             Err(e) => Err(ConfigErrors(vec![ConfigError {
                 file,
                 line: 1,

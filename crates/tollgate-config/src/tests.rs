@@ -439,3 +439,45 @@ fn decision_mode_refuses_what_needs_a_response_end() {
     let ok = "[[policy]]\nname = \"t\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1m\"\ncost_from_request = \"x-n\"\n";
     assert!(errors(ok).is_empty(), "{:?}", errors(ok));
 }
+
+/// The memory store's clients are keyed with SipHash, every Redis backend's with keyed
+/// BLAKE3; `validate_keyed` (a reload's) keeps the running store's keying whatever the file
+/// names, the overrides' keys and the admin API's among them.
+#[test]
+fn client_keys_follow_the_store_unless_a_keying_is_given() {
+    let policy = "[identity]\nsources = [\"header:x-api-key\"]\nsecret = \"k\"\n\
+                  [[policy]]\nname = \"p\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1m\"\n";
+    let memory = format!("[store]\nbackend = \"memory\"\n{policy}");
+    let redis = format!("[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n{policy}");
+    let cluster =
+        format!("[store]\nbackend = \"redis-cluster\"\nurls = [\"redis://127.0.0.1:1\"]\n{policy}");
+    let key_of = |c: &Config| {
+        c.client_key(&c.policies[0], b"header:x-api-key=abc")
+            .expect("an identity")
+    };
+    let local = IdentityHasher::process_local(b"k").client_key("header:x-api-key", b"abc");
+    let shared = IdentityHasher::new(b"k").client_key("header:x-api-key", b"abc");
+    assert_ne!(local, shared);
+    for (text, want, keying) in [
+        (policy, local, Keying::ProcessLocal),
+        (memory.as_str(), local, Keying::ProcessLocal),
+        (redis.as_str(), shared, Keying::Shared),
+        (cluster.as_str(), shared, Keying::Shared),
+    ] {
+        let c = validate::validate("t.toml", text, |_| None).expect("valid");
+        assert_eq!(Keying::of(&c.store.backend), keying, "{text}");
+        assert_eq!(Keying::of_hasher(&c.hasher), keying, "{text}");
+        assert_eq!(key_of(&c), want, "{text}");
+        for forced in [Keying::Shared, Keying::ProcessLocal] {
+            let c =
+                validate::validate_keyed("t.toml", text, |_| None, Some(forced)).expect("valid");
+            assert_eq!(Keying::of_hasher(&c.hasher), forced, "{text}");
+            let want = if forced == Keying::Shared {
+                shared
+            } else {
+                local
+            };
+            assert_eq!(key_of(&c), want, "{text} keyed {forced:?}");
+        }
+    }
+}

@@ -18,6 +18,17 @@ pub(crate) fn validate(
     text: &str,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigErrors> {
+    validate_keyed(file, text, env, None)
+}
+
+/// [`validate`], the identities keyed by `keying` (see [`Keying`]), or by the file's own store
+/// when `None`.
+pub(crate) fn validate_keyed(
+    file: &str,
+    text: &str,
+    env: impl Fn(&str) -> Option<String>,
+    keying: Option<Keying>,
+) -> Result<Config, ConfigErrors> {
     let mut r = Reporter::new(file, text);
     let raw: RawConfig = match toml::from_str(text) {
         Ok(raw) => raw,
@@ -88,7 +99,9 @@ pub(crate) fn validate(
             policies.push(p);
         }
     }
-    let hasher = IdentityHasher::new(&secret.0);
+    let hasher = keying
+        .unwrap_or_else(|| Keying::of(&store.backend))
+        .hasher(&secret.0);
     let (overrides_path, overrides) = match &raw.overrides {
         None => (None, Vec::new()),
         Some(o) => super::overrides::overrides(&mut r, o, &policies, &identity, &hasher),

@@ -22,7 +22,7 @@
 //! ([`ReloadError::Unsafe`]); a restart serves such a config when it is meant.
 
 use crate::assemble::{assemble, Assembled, PolicyRules};
-use crate::config::{Config, ConfigErrors, PolicyConfig, Upstream};
+use crate::config::{Config, ConfigErrors, Keying, PolicyConfig, Upstream};
 use crate::http::conn_limit::ConnLimits;
 use crate::http::metrics::HttpMetrics;
 use crate::http::service::{GatewayService, Written};
@@ -442,12 +442,15 @@ impl Live {
         let Some(file_thread) = &self.file_thread else {
             return Err(ReloadError::NoFile);
         };
+        // Keys made as the running store's are: a changed store.backend waits for a restart
+        // (keep_running), and so does the hash that keys its clients.
+        let keying = Keying::of_hasher(&self.generation().config.hasher);
         let loaded = file_thread
             .run(move || {
                 if is_blank(&path) {
                     return Ok(None);
                 }
-                Config::load(&path).map(|c| {
+                Config::load_keyed(&path, Some(keying)).map(|c| {
                     let files = c.files();
                     let stamps: Vec<Stamp> = files.iter().map(|f| stamp(f)).collect();
                     Some((c, files, stamps))

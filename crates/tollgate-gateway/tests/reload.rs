@@ -487,3 +487,56 @@ async fn a_reload_that_removes_a_trusted_proxy_applies_to_its_open_connection() 
     }
     driver.abort();
 }
+
+/// The memory store keys its clients with SipHash, a Redis store with keyed BLAKE3. A reload
+/// that names another backend keeps the running store (a restart key), and so must keep its
+/// keys: a client's spent count and an override (hashed when the file is read) still find
+/// their state, where keys made for the new file's backend would give every client a fresh
+/// bucket and lose the override until the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_naming_another_store_keeps_the_running_stores_client_keys() {
+    const VIP: &str = "sk_live_vip_reload_93c1";
+    let overrides = scratch("overrides.toml");
+    std::fs::write(
+        &overrides,
+        format!(
+            "[[override]]\npolicy = \"changing\"\nidentity = \"header:x-api-key={VIP}\"\nlimit = 1\n"
+        ),
+    )
+    .expect("write overrides");
+    let file = |store: &str| {
+        format!(
+            "{store}[overrides]\nfile = {:?}\n{}",
+            overrides.display().to_string(),
+            body(3)
+        )
+    };
+    let g = Gateway::start(&server_extra(), &file(""));
+    assert_eq!(hit(&g, "/change", "spent").await.status, StatusCode::OK);
+    assert_eq!(hit(&g, "/change", "spent").await.status, StatusCode::OK);
+    // Nothing listens at this address: the running memory store is what serves.
+    g.rewrite(&file(
+        "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n",
+    ));
+    let a = admin(&g, Method::POST, "/v1/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let v: serde_json::Value = serde_json::from_str(&a.text()).expect("json");
+    assert_eq!(v["restart_required"], serde_json::json!(["store.backend"]));
+    assert_eq!(
+        hit(&g, "/change", "spent").await.status,
+        StatusCode::OK,
+        "its third of 3"
+    );
+    assert_eq!(
+        hit(&g, "/change", "spent").await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the count spent before the reload is still spent"
+    );
+    assert_eq!(hit(&g, "/change", VIP).await.status, StatusCode::OK);
+    assert_eq!(
+        hit(&g, "/change", VIP).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the override's limit of 1 still finds its client"
+    );
+    assert_eq!(hit(&g, "/change", "fresh").await.status, StatusCode::OK);
+}

@@ -1,5 +1,15 @@
 //! Identities are hashed with a keyed hash before they reach any store, so raw API keys never
 //! leave the process and a store dump cannot be reversed without the secret.
+//!
+//! Two keyed hashes, one per kind of store, both keyed from `identity.secret`:
+//! - keyed BLAKE3 ([`IdentityHasher::new`]) for a store other processes share (Redis): its
+//!   keys must be the same in every gateway and across upgrades, so this one never changes.
+//! - SipHash-2-4 with a 128-bit output ([`IdentityHasher::process_local`]) for a store only
+//!   this process reads (the memory store): its keys live as long as the process, so nothing
+//!   outside it depends on them, and SipHash costs a short identity about a third of BLAKE3's
+//!   instructions (measured in docs/benchmarks.md). It is a pseudorandom function under a
+//!   secret key: a client that does not know the key can neither predict a key nor aim two
+//!   identities at one.
 
 use tollgate_core::ClientKey;
 
@@ -7,24 +17,64 @@ use tollgate_core::ClientKey;
 /// ones are streamed.
 const ONE_SHOT: usize = 256;
 
-/// Turns an identity (its source and value) into a [`ClientKey`] with keyed BLAKE3.
+/// Turns an identity (its source and value) into a [`ClientKey`] with a keyed hash: keyed
+/// BLAKE3 for stores other processes share, SipHash-2-4 for a store of this process alone
+/// (see the module's documentation).
 #[derive(Clone)]
 pub struct IdentityHasher {
-    key: [u8; 32],
+    key: Key,
+}
+
+#[derive(Clone)]
+enum Key {
+    /// Keyed BLAKE3's 32-byte key.
+    Shared([u8; 32]),
+    /// SipHash's two 64-bit key words.
+    Local(u64, u64),
 }
 
 impl std::fmt::Debug for IdentityHasher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("IdentityHasher { key: <redacted> }")
+        let kind = match self.key {
+            Key::Shared(_) => "shared",
+            Key::Local(..) => "process-local",
+        };
+        write!(f, "IdentityHasher {{ {kind}, key: <redacted> }}")
     }
 }
 
 impl IdentityHasher {
-    /// A hasher keyed by `secret` (any length; it is stretched with BLAKE3's key derivation).
+    /// A hasher keyed by `secret` (any length; it is stretched with BLAKE3's key derivation)
+    /// for a store other processes share: every gateway with the same secret makes the same
+    /// keys, today and after an upgrade.
     pub fn new(secret: &[u8]) -> Self {
         Self {
-            key: blake3::derive_key("tollgate 2026-11 client identity key", secret),
+            key: Key::Shared(blake3::derive_key(
+                "tollgate 2026-11 client identity key",
+                secret,
+            )),
         }
+    }
+
+    /// A hasher keyed by `secret` for a store no other process reads (the memory store):
+    /// SipHash-2-4, cheaper than BLAKE3, under a key derived from the secret in a context of
+    /// its own. The keys differ from [`IdentityHasher::new`]'s: never give a store that other
+    /// processes share keys made by this one.
+    pub fn process_local(secret: &[u8]) -> Self {
+        let k = blake3::derive_key("tollgate 2026-12 process-local client identity key", secret);
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&k[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        Self {
+            key: Key::Local(word(0), word(8)),
+        }
+    }
+
+    /// Whether this hasher is [`IdentityHasher::process_local`]'s.
+    pub fn is_process_local(&self) -> bool {
+        matches!(self.key, Key::Local(..))
     }
 
     /// The client key of `value` as read from `source` (e.g. `header:x-api-key`, `ip`). The
@@ -38,6 +88,19 @@ impl IdentityHasher {
     /// the header's name, say), hashed as their concatenation: the same key, without building
     /// the name on every request.
     pub fn client_key_parts(&self, source: &[&[u8]], value: &[u8]) -> ClientKey {
+        let key = match &self.key {
+            Key::Shared(key) => key,
+            Key::Local(k0, k1) => {
+                // SipHash takes the pieces as they come, a word at a time.
+                let mut h = Sip::new(*k0, *k1);
+                for part in source {
+                    h.write(part);
+                }
+                h.write(&[0]);
+                h.write(value);
+                return ClientKey(h.finish());
+            }
+        };
         let len = source.iter().map(|p| p.len()).sum::<usize>() + 1 + value.len();
         let out = if len <= ONE_SHOT {
             // The whole input in one buffer, hashed in one call: BLAKE3's one-shot hash skips
@@ -51,9 +114,9 @@ impl IdentityHasher {
                 }
                 at += part.len();
             }
-            blake3::keyed_hash(&self.key, &buf[..at.min(ONE_SHOT)])
+            blake3::keyed_hash(key, &buf[..at.min(ONE_SHOT)])
         } else {
-            let mut h = blake3::Hasher::new_keyed(&self.key);
+            let mut h = blake3::Hasher::new_keyed(key);
             for part in source {
                 h.update(part);
             }
@@ -70,7 +133,14 @@ impl IdentityHasher {
     /// that builds the identity anyway, as the RLS does for each descriptor, writes it here
     /// first).
     pub fn client_key_joined(&self, joined: &[u8]) -> ClientKey {
-        Self::truncated(&blake3::keyed_hash(&self.key, joined))
+        match &self.key {
+            Key::Shared(key) => Self::truncated(&blake3::keyed_hash(key, joined)),
+            Key::Local(k0, k1) => {
+                let mut h = Sip::new(*k0, *k1);
+                h.write(joined);
+                ClientKey(h.finish())
+            }
+        }
     }
 
     fn truncated(out: &blake3::Hash) -> ClientKey {
@@ -78,6 +148,130 @@ impl IdentityHasher {
         k.copy_from_slice(&out.as_bytes()[..16]);
         ClientKey(k)
     }
+}
+
+/// SipHash-2-4 with its 128-bit output (Aumasson and Bernstein, "SipHash: a fast short-input
+/// PRF", and the 128-bit variant of its reference code), fed in pieces: the words of eight
+/// bytes, little-endian, each compressed with two rounds; the last word holds the bytes left
+/// and the input's length mod 256 in its top byte; four rounds give each half of the output.
+struct Sip {
+    v: [u64; 4],
+    /// The bytes of a word not yet whole, low byte first, and how many there are (0..8).
+    tail: u64,
+    ntail: usize,
+    len: usize,
+}
+
+impl Sip {
+    fn new(k0: u64, k1: u64) -> Self {
+        Self {
+            v: [
+                k0 ^ 0x736f_6d65_7073_6575,
+                // The 128-bit variant marks v1.
+                k1 ^ 0x646f_7261_6e64_6f6d ^ 0xee,
+                k0 ^ 0x6c79_6765_6e65_7261,
+                k1 ^ 0x7465_6462_7974_6573,
+            ],
+            tail: 0,
+            ntail: 0,
+            len: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn round(&mut self) {
+        let [v0, v1, v2, v3] = &mut self.v;
+        *v0 = v0.wrapping_add(*v1);
+        *v1 = v1.rotate_left(13) ^ *v0;
+        *v0 = v0.rotate_left(32);
+        *v2 = v2.wrapping_add(*v3);
+        *v3 = v3.rotate_left(16) ^ *v2;
+        *v0 = v0.wrapping_add(*v3);
+        *v3 = v3.rotate_left(21) ^ *v0;
+        *v2 = v2.wrapping_add(*v1);
+        *v1 = v1.rotate_left(17) ^ *v2;
+        *v2 = v2.rotate_left(32);
+    }
+
+    #[inline(always)]
+    fn word(&mut self, m: u64) {
+        self.v[3] ^= m;
+        self.round();
+        self.round();
+        self.v[0] ^= m;
+    }
+
+    #[inline(always)]
+    fn write(&mut self, mut bytes: &[u8]) {
+        self.len = self.len.wrapping_add(bytes.len());
+        if self.ntail > 0 {
+            // Fill the word begun by an earlier piece first.
+            let take = (8 - self.ntail).min(bytes.len());
+            let (head, rest) = bytes.split_at(take);
+            self.tail |= low_bytes(head) << (8 * self.ntail);
+            self.ntail += take;
+            bytes = rest;
+            if self.ntail < 8 {
+                return;
+            }
+            let m = self.tail;
+            self.word(m);
+            self.tail = 0;
+            self.ntail = 0;
+        }
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(w);
+            self.word(u64::from_le_bytes(a));
+        }
+        self.tail = low_bytes(words.remainder());
+        self.ntail = words.remainder().len();
+    }
+
+    #[inline(always)]
+    fn finish(mut self) -> [u8; 16] {
+        // The length's low byte, by the definition (an input of 256 bytes ends as one of 0).
+        let last = self.tail | ((self.len as u64 & 0xff) << 56);
+        self.word(last);
+        self.v[2] ^= 0xee;
+        for _ in 0..4 {
+            self.round();
+        }
+        let low = self.v.iter().fold(0, |a, v| a ^ v);
+        self.v[1] ^= 0xdd;
+        for _ in 0..4 {
+            self.round();
+        }
+        let high = self.v.iter().fold(0, |a, v| a ^ v);
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&low.to_le_bytes());
+        out[8..].copy_from_slice(&high.to_le_bytes());
+        out
+    }
+}
+
+/// Up to seven bytes as the low bytes of a little-endian word (in four, two and one byte
+/// reads, not one a byte).
+#[inline(always)]
+fn low_bytes(b: &[u8]) -> u64 {
+    let (mut out, mut at) = (0u64, 0usize);
+    if let Some(w) = b.get(..4) {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(w);
+        out = u64::from(u32::from_le_bytes(a));
+        at = 4;
+    }
+    if let Some(w) = b.get(at..at + 2) {
+        let mut a = [0u8; 2];
+        a.copy_from_slice(w);
+        out |= u64::from(u16::from_le_bytes(a)) << (8 * at);
+        at += 2;
+    }
+    if let Some(&x) = b.get(at) {
+        out |= u64::from(x) << (8 * at);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -91,7 +285,10 @@ mod tests {
     fn one_buffer_and_streaming_give_the_same_key() {
         let h = IdentityHasher::new(b"secret");
         let streamed = |source: &[u8], value: &[u8]| {
-            let mut s = blake3::Hasher::new_keyed(&h.key);
+            let Key::Shared(key) = &h.key else {
+                unreachable!("new is keyed BLAKE3")
+            };
+            let mut s = blake3::Hasher::new_keyed(key);
             s.update(source);
             s.update(&[0]);
             s.update(value);
@@ -180,5 +377,89 @@ mod tests {
     fn debug_redacts_the_key() {
         let h = IdentityHasher::new(b"topsecret");
         assert!(format!("{h:?}").contains("redacted"));
+    }
+
+    /// SipHash-2-4-128 as written here against the reference's first vector (key 00..0f,
+    /// the empty message) and against the `siphasher` crate, an implementation of its own,
+    /// for messages 00, 01, ... of every length up to 300 bytes, written in one piece and in
+    /// pieces cut at every place.
+    #[test]
+    fn siphash_is_the_reference_function() {
+        use siphasher::sip128::Hasher128 as _;
+        use std::hash::Hasher as _;
+        let (k0, k1) = (0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
+        let key: Vec<u8> = (0..16).collect();
+        let ours = |pieces: &[&[u8]]| {
+            let mut h = Sip::new(k0, k1);
+            for p in pieces {
+                h.write(p);
+            }
+            h.finish()
+        };
+        let hex = |b: [u8; 16]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert_eq!(hex(ours(&[])), "a3817f04ba25a8e66df67214c7550293");
+        let message: Vec<u8> = (0..300).map(|i| i as u8).collect();
+        for len in 0..=300 {
+            let m = &message[..len];
+            let mut theirs = siphasher::sip128::SipHasher24::new_with_key(
+                key.as_slice().try_into().expect("16 bytes"),
+            );
+            theirs.write(m);
+            let want = theirs.finish128().as_bytes();
+            assert_eq!(ours(&[m]), want, "{len} bytes in one piece");
+            for cut in 0..=len {
+                assert_eq!(
+                    ours(&[&m[..cut], &m[cut..]]),
+                    want,
+                    "{len} bytes cut at {cut}"
+                );
+            }
+            if len >= 10 {
+                let pieces: Vec<&[u8]> = m.chunks(3).collect();
+                assert_eq!(ours(&pieces), want, "{len} bytes in pieces of 3");
+            }
+        }
+    }
+
+    /// The process-local hasher is SipHash-2-4 of the same bytes the shared one hashes, under
+    /// a key of its own: the same identity gives the same key every time and from every way
+    /// of giving it, another secret or source another key, and never the shared hasher's key.
+    #[test]
+    fn the_process_local_hasher_keys_like_the_shared_one_but_apart_from_it() {
+        let local = IdentityHasher::process_local(b"s");
+        let shared = IdentityHasher::new(b"s");
+        assert!(local.is_process_local() && !shared.is_process_local());
+        let Key::Local(k0, k1) = local.key else {
+            unreachable!("process_local is SipHash")
+        };
+        for len in [0, 1, 7, 8, 9, 15, 64, 238, 239, 240, 255, 256, 257, 5000] {
+            let value: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let key = local.client_key_parts(&[b"header:", b"x-api-key"], &value);
+            let mut joined = b"header:x-api-key\0".to_vec();
+            joined.extend_from_slice(&value);
+            let mut h = Sip::new(k0, k1);
+            h.write(&joined);
+            assert_eq!(key, ClientKey(h.finish()), "{len} bytes");
+            assert_eq!(key, local.client_key_joined(&joined), "{len} bytes joined");
+            assert_eq!(key, local.client_key("header:x-api-key", &value));
+            assert_eq!(
+                key,
+                IdentityHasher::process_local(b"s").client_key("header:x-api-key", &value),
+                "the same secret, the same key"
+            );
+            assert_ne!(key, shared.client_key("header:x-api-key", &value));
+            assert_ne!(
+                key,
+                IdentityHasher::process_local(b"t").client_key("header:x-api-key", &value)
+            );
+            assert_ne!(key, local.client_key("ip", &value));
+        }
+        // A source and a value are told apart by the 0 between them.
+        assert_ne!(
+            local.client_key("header:x-api-key", b"v"),
+            local.client_key("header:x-api-keyv", b"")
+        );
+        assert!(format!("{local:?}").contains("redacted"));
+        assert!(!format!("{local:?}").contains(&format!("{k0}")));
     }
 }
