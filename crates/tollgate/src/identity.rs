@@ -367,10 +367,20 @@ mod tests {
 
     #[test]
     fn huge_and_non_utf8_identities_hash() {
-        let h = IdentityHasher::new(b"s");
-        let big = vec![0xffu8; 1 << 20];
-        let k = h.client_key("header:x-api-key", &big);
-        assert_ne!(k, h.client_key("header:x-api-key", &big[1..]));
+        for h in [
+            IdentityHasher::new(b"s"),
+            IdentityHasher::process_local(b"s"),
+        ] {
+            let big = vec![0xffu8; 1 << 20];
+            let k = h.client_key("header:x-api-key", &big);
+            assert_ne!(k, h.client_key("header:x-api-key", &big[1..]));
+            // SipHash folds in the length mod 256 only: inputs 256 bytes apart still differ.
+            assert_ne!(k, h.client_key("header:x-api-key", &big[256..]));
+            assert_ne!(
+                h.client_key("ip", &[0u8; 300]),
+                h.client_key("ip", &[0u8; 44])
+            );
+        }
     }
 
     #[test]
