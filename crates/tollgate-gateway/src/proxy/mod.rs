@@ -283,7 +283,7 @@ pub(crate) fn decision_answer(decided: tollgate_tower::Decided) -> crate::http::
             Ok(result) => decision_head::allowed(&result).map(Either::Right),
             Err(allowed) => settling_ok(allowed),
         },
-        Decided::Answered(resp) => resp.map(Either::Right),
+        Decided::Answered(resp) => (*resp).map(Either::Right),
         Decided::Limited(limited) => limited.into_response().map(Either::Right),
     }
 }
