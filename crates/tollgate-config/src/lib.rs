@@ -357,9 +357,7 @@ impl Config {
     pub fn load_keyed(path: &Path, keying: Option<Keying>) -> Result<Config, ConfigErrors> {
         let file = path.display().to_string();
         match std::fs::read_to_string(path) {
-            Ok(text) => {
-                validate::validate_keyed(&file, &text, |name| std::env::var(name).ok(), keying)
-            }
+            Ok(text) => Self::parse_keyed(&file, &text, keying),
             Err(e) => Err(ConfigErrors(vec![ConfigError {
                 file,
                 line: 1,
@@ -372,7 +370,12 @@ impl Config {
 
     /// Validates `text`, naming `file` in errors.
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
-        Self::parse_with_env(file, text, |name| std::env::var(name).ok())
+        Self::parse_keyed(file, text, None)
+    }
+
+    /// [`Config::parse`], keyed as [`Config::load_keyed`] says.
+    fn parse_keyed(file: &str, text: &str, keying: Option<Keying>) -> Result<Config, ConfigErrors> {
+        validate::validate_keyed(file, text, |name| std::env::var(name).ok(), keying)
     }
 
     /// Validates `text` with `${NAME}` expanded by `env` (tests, and callers with their own
