@@ -106,13 +106,16 @@ mod tests {
     use tollgate::quota::{Algorithm, Limit, Quota};
     use tollgate::{ClientKey, Limiter, LimiterConfig, Plan, Policy, PolicySpec};
 
+    /// The constant start of `write_allowed`'s head names the content type every other
+    /// answer of decision mode sends ([`TEXT_PLAIN`]).
     #[test]
-    fn the_written_heads_content_type_is_text_plains() {
+    fn the_written_head_starts_with_text_plain() {
         let mut want = b"HTTP/1.1 200 OK\r\ncontent-type: ".to_vec();
         want.extend_from_slice(TEXT_PLAIN.as_bytes());
         want.extend_from_slice(b"\r\nratelimit-policy: ");
         assert_eq!(HEAD_TO_POLICY, &want[..]);
     }
+
     fn spec(name: &str, limit: u64) -> PolicySpec {
         let quota = Quota::new(limit, Duration::from_secs(60)).expect("quota");
         PolicySpec::new(
