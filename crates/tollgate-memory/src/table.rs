@@ -245,13 +245,34 @@ impl Table {
         self.len -= 1;
     }
 
-    /// Moves the clock hand one slot forward and returns the slot it pointed at.
+    /// The mean length of the probe run a used slot is in: a key's run, averaged over the
+    /// keys (the sum of the runs' squared lengths over the keys).
+    #[cfg(test)]
+    pub fn mean_run(&self) -> f64 {
+        let cap = self.slots.len();
+        let Some(start) = self.slots.iter().position(Slot::is_free) else {
+            return cap as f64;
+        };
+        let (mut sq, mut run) = (0usize, 0usize);
+        for k in 1..=cap {
+            if self.slots[(start + k) % cap].is_free() {
+                sq += run * run;
+                run = 0;
+            } else {
+                run += 1;
+            }
+        }
+        sq as f64 / self.len.max(1) as f64
+    }
+
+    /// Moves the clock hand one slot back (toward lower indices, from the first slot to the
+    /// last) and returns the slot it pointed at (see `Shard::sweep` for the direction).
     pub fn tick(&mut self) -> usize {
         let i = self.hand;
-        self.hand += 1;
-        if self.hand >= self.slots.len() {
-            self.hand = 0;
-        }
+        self.hand = match i.checked_sub(1) {
+            Some(back) => back,
+            None => self.slots.len().saturating_sub(1),
+        };
         i
     }
 }
