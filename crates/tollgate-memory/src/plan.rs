@@ -19,11 +19,13 @@ pub(crate) fn decide<G: std::ops::DerefMut<Target = Shard>>(
     now: Micros,
 ) -> Verdict {
     let n = checks.len();
+    // Each check's shard, found once (`guard` is a search over the locked shards).
+    let at: Vec<usize> = keys.iter().map(&guard).collect();
     let mut rules = Vec::with_capacity(n);
     let mut states: Vec<State> = Vec::with_capacity(n);
     let mut owner = Vec::with_capacity(n);
     for (i, (c, k)) in checks.iter().zip(keys).enumerate() {
-        let (rule, state) = shards[guard(k)].locate(k.lo, k.hi, k.ch, c.rule);
+        let (rule, state) = shards[at[i]].locate(k.lo, k.hi, k.ch, c.rule);
         let same = |j: &usize| {
             rule.is_some() && rules[*j] == rule && keys[*j].lo == k.lo && keys[*j].hi == k.hi
         };
@@ -59,21 +61,21 @@ pub(crate) fn decide<G: std::ops::DerefMut<Target = Shard>>(
             charged[owner[i]] = true;
         }
     }
-    // Room for the new keys, shard by shard, sparing every client of the plan.
+    // Room for the new keys, shard by shard, sparing every client of the plan. Making room
+    // in one shard evicts none of the plan's keys, so each key's presence is read first.
     let spare: Vec<(u64, u64)> = keys.iter().map(|k| (k.lo, k.hi)).collect();
+    let mut new_keys = vec![0usize; shards.len()];
+    for (i, k) in keys.iter().enumerate().filter(|&(i, _)| charged[i]) {
+        if rules[i].is_some_and(|r| !shards[at[i]].has(k.lo, k.hi, k.ch, r)) {
+            new_keys[at[i]] += 1;
+        }
+    }
     let mut record = vec![true; shards.len()];
     for (g, shard) in shards.iter_mut().enumerate() {
-        let new_keys = (0..n)
-            .filter(|&i| charged[i] && guard(&keys[i]) == g)
-            .filter(|&i| {
-                let k = &keys[i];
-                rules[i].is_some_and(|r| !shard.has(k.lo, k.hi, k.ch, r))
-            })
-            .count();
-        if new_keys == 0 {
+        if new_keys[g] == 0 {
             continue;
         }
-        match shard.reserve(new_keys, now, &spare) {
+        match shard.reserve(new_keys[g], now, &spare) {
             Ok(r) => record[g] = r,
             Err(wait) => {
                 for d in decisions.iter_mut() {
@@ -87,7 +89,7 @@ pub(crate) fn decide<G: std::ops::DerefMut<Target = Shard>>(
         }
     }
     for i in (0..n).filter(|&i| charged[i]) {
-        let (k, g) = (&keys[i], guard(&keys[i]));
+        let (k, g) = (&keys[i], at[i]);
         if let Some(r) = rules[i] {
             let state = std::mem::replace(&mut states[i], State::Gcra(Default::default()));
             shards[g].put(k.lo, k.hi, k.ch, r, state, record[g]);
