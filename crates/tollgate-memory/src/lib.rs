@@ -222,8 +222,12 @@ impl MemoryStore {
             .iter()
             .map(|&i| write(&self.shards[i].shard))
             .collect();
-        let guard = |k: &Place| order.binary_search(&k.shard).unwrap_or(0);
-        let verdict = plan::decide(&mut guards, &keys, guard, checks, now);
+        // Each check's shard among the locked ones, found once.
+        let at: Vec<usize> = keys
+            .iter()
+            .map(|k| order.binary_search(&k.shard).unwrap_or(0))
+            .collect();
+        let verdict = plan::decide(&mut guards, &keys, &at, checks, now);
         for (g, &i) in guards.iter().zip(&order) {
             publish(&self.shards[i], g);
         }

@@ -5,7 +5,7 @@ use crate::Place;
 use tollgate_core::{Check, Decision, Micros, State, Verdict};
 
 /// Decides `checks` all-or-nothing (the rules of [`tollgate_core::decide`]); `keys[i]` is
-/// where check `i`'s client lives and `guard(&keys[i])` the index of its shard in `shards`.
+/// where check `i`'s client lives and `at[i]` the index of its shard in `shards`.
 /// A key checked twice in one plan shares its state: the second check sees the first's charge.
 ///
 /// Order of work, so that nothing is half written: read every state; decide; when allowed,
@@ -14,13 +14,11 @@ use tollgate_core::{Check, Decision, Micros, State, Verdict};
 pub(crate) fn decide<G: std::ops::DerefMut<Target = Shard>>(
     shards: &mut [G],
     keys: &[Place],
-    guard: impl Fn(&Place) -> usize,
+    at: &[usize],
     checks: &[Check<'_>],
     now: Micros,
 ) -> Verdict {
     let n = checks.len();
-    // Each check's shard, found once (`guard` is a search over the locked shards).
-    let at: Vec<usize> = keys.iter().map(&guard).collect();
     let mut rules = Vec::with_capacity(n);
     let mut states: Vec<State> = Vec::with_capacity(n);
     let mut owner = Vec::with_capacity(n);

@@ -13,8 +13,8 @@ use tollgate_core::{Check, Decision, Limit, Micros, Rule, State};
 /// clock hand (`capacity / SWEEP_ON_INSERT` inserts), so the slots just ahead of the hand are
 /// fuller than those behind it by about one over this: at 2, under a stream of new clients
 /// (the test `a_stream_of_new_clients_keeps_probe_runs_short`), a key's probe run was 150
-/// slots long on average at the grace that fills the table most, against 18 at 4 and 24 for
-/// random keys at the table's 4/5 load.
+/// slots long on average at the grace that fills the table most, against 18 at 4. 8,192 random
+/// keys inserted into the same table (10,241 slots, its 4/5 load) give 26 to 30.
 const SWEEP_ON_INSERT: usize = 4;
 /// Slots the incremental sweep looks at when a check finds the shard lock free.
 pub const SWEEP_ON_CHECK: usize = 32;
@@ -489,8 +489,8 @@ mod tests {
     /// A shard that keeps taking new clients, each idle a few microseconds after its one
     /// request (a limit of a billion an hour) and kept for the grace after that, as under a
     /// flood of one-request clients or a ten-descriptor RLS load: the sweep must keep the
-    /// probe runs as short as a table of random keys at its load has them (about 24 slots a
-    /// key's run at 4/5). A clock hand that stayed on each slot it emptied moved one slot an
+    /// probe runs as short as a table of random keys at its load has them (26 to 30 slots a
+    /// key's run at 4/5, 8,192 keys in this table's 10,241 slots). A clock hand that stayed on each slot it emptied moved one slot an
     /// insert here, the slots ahead of it filled up, and a key's run was 1,303 and 1,277 slots
     /// long on average (graces of 10 and 40 ms, the first two below; 9.5 and 9.5 now); every
     /// insert, lookup and eviction walked it.

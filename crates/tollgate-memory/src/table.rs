@@ -101,8 +101,8 @@ pub struct Table {
     len: usize,
     max_capacity: usize,
     seed: [u64; 2],
-    /// The clock hand: the next slot incremental eviction looks at.
-    pub hand: usize,
+    /// The clock hand: the next slot incremental eviction looks at ([`Table::tick`]).
+    hand: usize,
 }
 
 impl Table {
