@@ -114,6 +114,16 @@ fn parse() -> Result<Option<Args>, String> {
                 let (text, sha) = with_quotas(&pair)?;
                 write("set2", &text)?;
                 println!("set2 {sha}");
+                // The batch script of one token bucket's plans, as a standalone server runs it.
+                let bucket =
+                    Limit::new(Algorithm::TokenBucket, quota).map_err(|e| e.to_string())?;
+                let batch =
+                    tollgate_redis::batch_script_text(&[shape(bucket)]).ok_or_else(missing)?;
+                write("batch_token_bucket", &batch)?;
+                println!(
+                    "batch_token_bucket {}",
+                    tollgate_redis::batch_script_sha(&[shape(bucket)]).ok_or_else(missing)?
+                );
                 write("check", tollgate_redis::generic_script_text())?;
                 println!("check {}", tollgate_redis::generic_script_sha());
                 return Ok(None);
