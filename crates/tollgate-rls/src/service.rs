@@ -138,8 +138,8 @@ impl<V: Clone> OverrideCache<V> {
     }
 }
 
-/// A request's plan items, and the identities their client keys are hashed from (one buffer
-/// for all the request's descriptors).
+/// A request's plan items, and the bytes of the client key being built (one buffer for all
+/// the request's descriptors).
 struct Items<'c> {
     list: Vec<Item<'c>>,
     key: IdentityBytes,
@@ -191,66 +191,28 @@ impl Reported {
     }
 }
 
-/// The bytes the request's descriptors' identities are hashed from ([`RlsService::client`]),
-/// one after the other, so that their keys are hashed together once every descriptor is
-/// read (`IdentityHasher::client_keys_joined`). Each is the source (`rls`), its separator and
-/// the request's domain, the same for every descriptor of the request (written once, at the
-/// start, and copied), then the descriptor's own parts.
+/// The bytes a descriptor's identity is hashed from ([`RlsService::client`]): the source
+/// (`rls`), its separator and the request's domain first, the same for every descriptor of
+/// the request and so written once; then each descriptor's own parts, over the last one's.
 struct IdentityBytes {
     bytes: Vec<u8>,
     /// The length of the request's part.
     prefix: usize,
-    /// Where each identity starts and ends in `bytes`.
-    spans: Vec<(usize, usize)>,
 }
 
-/// An identity written to [`IdentityBytes`]: its place in the request's list.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Identity(usize);
-
 impl IdentityBytes {
-    fn new(domain: &str, descriptors: usize) -> Self {
-        let mut bytes = Vec::with_capacity(64 * (descriptors + 1));
+    fn new(domain: &str) -> Self {
+        let mut bytes = Vec::with_capacity(256);
         bytes.extend_from_slice(b"rls\0");
         put_part(&mut bytes, domain.as_bytes());
         let prefix = bytes.len();
-        Self {
-            bytes,
-            prefix,
-            spans: Vec::with_capacity(descriptors),
-        }
+        Self { bytes, prefix }
     }
 
-    /// Begins an identity with the request's part; its parts follow in the buffer returned,
-    /// and [`IdentityBytes::end`] ends it.
-    fn begin(&mut self) -> (&mut Vec<u8>, usize) {
-        let start = self.bytes.len();
-        self.bytes.extend_from_within(..self.prefix);
-        (&mut self.bytes, start)
-    }
-
-    /// Ends the identity begun at `start`.
-    fn end(&mut self, start: usize) -> Identity {
-        self.spans.push((start, self.bytes.len()));
-        Identity(self.spans.len() - 1)
-    }
-
-    /// The bytes of an identity.
-    fn get(&self, id: Identity) -> &[u8] {
-        let (start, end) = self.spans.get(id.0).copied().unwrap_or_default();
-        self.bytes.get(start..end).unwrap_or_default()
-    }
-
-    /// The client keys of `ids`, in order, into `out`: hashed together, in one pass over
-    /// the buffer (`client_keys_in`; the last identity is followed by 32 zero bytes, so
-    /// that its end is read as the others' are).
-    fn keys(&mut self, hasher: &IdentityHasher, ids: &[Identity], out: &mut Vec<ClientKey>) {
-        self.bytes.extend_from_slice(&[0; 32]);
-        let spans: Vec<(usize, usize)> = ids
-            .iter()
-            .map(|id| self.spans.get(id.0).copied().unwrap_or_default())
-            .collect();
-        hasher.client_keys_in(&self.bytes, &spans, out);
+    /// The buffer with the request's part alone, for a descriptor's parts to follow.
+    fn descriptor(&mut self) -> &mut Vec<u8> {
+        self.bytes.truncate(self.prefix);
+        &mut self.bytes
     }
 }
 
@@ -295,8 +257,7 @@ enum Slot<'c> {
 
 /// One (client, policy) of the plan and how its status reads.
 struct Item<'c> {
-    /// The client's identity, hashed into its key once the request's items are known.
-    client: Identity,
+    client: ClientKey,
     policy: Policy,
     cost: u64,
     current: Current<'c>,
@@ -422,21 +383,14 @@ impl RlsService {
         // are a scratch buffer, reused for each).
         let mut items = Items {
             list: Vec::with_capacity(found.len()),
-            key: IdentityBytes::new(req.domain, found.len()),
+            key: IdentityBytes::new(req.domain),
         };
         for (d, f) in req.descriptors.iter().zip(&found) {
             let cost = d.hits_addend.unwrap_or(request_hits);
             let f = f.filter(|f| !replaced.contains(&f.rule));
             slots.push(self.slot(req.domain, d, f, cost, &mut items)?);
         }
-        let Items {
-            list: mut items,
-            key: mut identities,
-        } = items;
-        // Every item's client key at once (keyed BLAKE3 hashes them several at a time).
-        let ids: Vec<Identity> = items.iter().map(|it| it.client).collect();
-        let mut clients = Vec::with_capacity(ids.len());
-        identities.keys(&i.hasher, &ids, &mut clients);
+        let mut items = items.list;
         // A blocked descriptor denies the request (nothing is charged): the store is asked
         // only for what the others have left, at cost 0. Give-backs are no charge: they go
         // back whatever the request's other descriptors decide.
@@ -475,11 +429,11 @@ impl RlsService {
                 }
             })
             .collect();
-        for ((it, p), &client) in items.iter().zip(&policies).zip(&clients) {
+        for (it, p) in items.iter().zip(&policies) {
             if it.negative {
-                given.push(client, p.clone());
+                given.push(it.client, p.clone());
             } else {
-                plan.push(client, p.clone());
+                plan.push(it.client, p.clone());
             }
         }
         // Give-backs first, so that a charge in the same call (Envoy's stream-end "estimate
@@ -655,12 +609,8 @@ impl RlsService {
     /// would cost an allocation and a hash per descriptor.
     fn add<'c>(items: &mut Items<'c>, item: Item<'c>) -> Slot<'c> {
         let id = item.policy.id();
-        // The same identity's bytes are the same client key.
-        let client = items.key.get(item.client);
         match items.list.iter().position(|it| {
-            it.policy.id() == id
-                && it.negative == item.negative
-                && items.key.get(it.client) == client
+            it.client == item.client && it.policy.id() == id && it.negative == item.negative
         }) {
             Some(k) => {
                 items.list[k].cost = items.list[k].cost.saturating_add(item.cost);
@@ -676,8 +626,8 @@ impl RlsService {
     /// The keyed hash of the domain and the entries (and an override's quota, which counts on
     /// its own): lengths delimit every part, so no two descriptors share a key by accident.
     /// An entry matched by a `share_threshold` wildcard counts as the pattern, so every value
-    /// matching it shares one counter. The identity is written to `key` (the request's
-    /// part, then the descriptor's), to be hashed with the request's others.
+    /// matching it shares one counter. `key` holds the request's part (its domain, `domain`);
+    /// the descriptor's parts are written after it, over the last descriptor's.
     fn client(
         &self,
         domain: &str,
@@ -685,11 +635,11 @@ impl RlsService {
         found: Option<Found>,
         salt: Option<&str>,
         key: &mut IdentityBytes,
-    ) -> Identity {
-        // The identity's source ("rls"), its separator and the domain first: the identity is
-        // hashed as it stands (`client_keys_joined`), the same key as
+    ) -> ClientKey {
+        // The identity's source ("rls"), its separator and the domain first: the buffer is
+        // hashed as it stands (`client_key_joined`), the same key as
         // `client_key("rls", parts)`.
-        let (bytes, start) = key.begin();
+        let bytes = key.descriptor();
         let mut part = |s: &[u8]| put_part(bytes, s);
         let shared = found.map_or(0, |f| f.shared);
         for (n, e) in d.entries.iter().enumerate() {
@@ -712,7 +662,7 @@ impl RlsService {
         if let Some(s) = salt {
             part(s.as_bytes());
         }
-        key.end(start)
+        self.inner.hasher.client_key_joined(bytes)
     }
 
     /// The policy of a request's limit override: the matched rule's algorithm (fixed_window
@@ -1213,14 +1163,12 @@ mod tests {
             hits_addend: 0,
         };
         let req = RlsRequest::of(&message);
-        let mut key = IdentityBytes::new(req.domain, req.descriptors.len());
-        let ids: Vec<Identity> = req
+        let mut key = IdentityBytes::new(req.domain);
+        let keys: Vec<ClientKey> = req
             .descriptors
             .iter()
             .map(|d| s.client(req.domain, d, None, None, &mut key))
             .collect();
-        let mut keys = Vec::new();
-        key.keys(&s.inner.hasher, &ids, &mut keys);
         // Written here as the key's layout is, not with `put_part`: a change to how a part
         // is written (and so to every client's Redis key) fails this test.
         let parts = |k: &str, v: &str| {
