@@ -282,12 +282,11 @@ impl MemoryStore {
             None => limit.renew(&mut state, now, charge).units,
         };
         if done > 0 {
-            let tracked = guard.has(lo, hi, ch, index);
-            let insert = tracked || guard.reserve(1, now, &[(lo, hi)]).unwrap_or(false);
+            let insert = index.kept || guard.reserve(1, now, &[(lo, hi)]).unwrap_or(false);
             if !insert {
                 return 0;
             }
-            guard.put(lo, hi, ch, index, state, insert);
+            guard.put(lo, hi, ch, index.rule, state, insert);
             publish(padded, &guard);
         }
         done
@@ -310,12 +309,12 @@ impl MemoryStore {
         let Some(index) = index else {
             return 0;
         };
-        if !guard.has(lo, hi, ch, index) {
+        if !index.kept {
             return 0;
         }
         let back = rule.limit().give_back(&mut state, now, units);
         if back > 0 {
-            guard.put(lo, hi, ch, index, state, true);
+            guard.put(lo, hi, ch, index.rule, state, true);
             publish(padded, &guard);
         }
         back

@@ -59,12 +59,12 @@ pub(crate) fn decide<G: std::ops::DerefMut<Target = Shard>>(
             charged[owner[i]] = true;
         }
     }
-    // Room for the new keys, shard by shard, sparing every client of the plan. Making room
-    // in one shard evicts none of the plan's keys, so each key's presence is read first.
+    // Room for the new keys, shard by shard, sparing every client of the plan (whether a
+    // key is new was found when its state was read: nothing has changed the tables since).
     let spare: Vec<(u64, u64)> = keys.iter().map(|k| (k.lo, k.hi)).collect();
     let mut new_keys = vec![0usize; shards.len()];
-    for (i, k) in keys.iter().enumerate().filter(|&(i, _)| charged[i]) {
-        if rules[i].is_some_and(|r| !shards[at[i]].has(k.lo, k.hi, k.ch, r)) {
+    for i in (0..n).filter(|&i| charged[i]) {
+        if rules[i].is_some_and(|r| !r.kept) {
             new_keys[at[i]] += 1;
         }
     }
@@ -90,7 +90,7 @@ pub(crate) fn decide<G: std::ops::DerefMut<Target = Shard>>(
         let (k, g) = (&keys[i], at[i]);
         if let Some(r) = rules[i] {
             let state = std::mem::replace(&mut states[i], State::Gcra(Default::default()));
-            shards[g].put(k.lo, k.hi, k.ch, r, state, record[g]);
+            shards[g].put(k.lo, k.hi, k.ch, r.rule, state, record[g]);
         }
     }
     Verdict { allowed, decisions }

@@ -21,6 +21,17 @@ pub const SWEEP_ON_CHECK: usize = 32;
 /// Used slots a full shard samples for a victim before giving up.
 pub const EVICTION_SAMPLE: usize = 32;
 
+/// A client's key under a rule, as [`Shard::locate`] found it: the rule's index in the shard,
+/// and whether the table holds the key (a state to write over) or not (a new key, which needs
+/// room). It holds until the table next changes, so no caller looks the key up again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Located {
+    /// The rule's index in the shard.
+    pub rule: u16,
+    /// Whether the table holds the key.
+    pub kept: bool,
+}
+
 /// The state of one shard. Aligned to a cache line of its own so that the lock word next to it
 /// (written by every check) does not share a line with this read-mostly data.
 #[derive(Debug)]
@@ -353,17 +364,23 @@ impl Shard {
     }
 
     /// Where `rule`'s state of the client `(lo, hi)` (hash `ch`) lives, and the state (fresh
-    /// when absent). The rule index is `None` when the shard has seen too many rules (such a
-    /// check is decided on a fresh state and never recorded).
-    pub fn locate(&mut self, lo: u64, hi: u64, ch: u64, rule: &Rule) -> (Option<u16>, State) {
+    /// when absent). `None` when the shard has seen too many rules (such a check is decided on
+    /// a fresh state and never recorded).
+    pub fn locate(&mut self, lo: u64, hi: u64, ch: u64, rule: &Rule) -> (Option<Located>, State) {
         let Some(r) = self.rule_index(rule) else {
             self.untracked += 1;
             return (None, rule.limit().fresh());
         };
-        match self.table.find(lo, hi, r, slot_hash(ch, r)) {
-            Some(i) => (Some(r), self.load(i)),
-            None => (Some(r), rule.limit().fresh()),
-        }
+        let found = self.table.find(lo, hi, r, slot_hash(ch, r));
+        let state = match found {
+            Some(i) => self.load(i),
+            None => rule.limit().fresh(),
+        };
+        let located = Located {
+            rule: r,
+            kept: found.is_some(),
+        };
+        (Some(located), state)
     }
 
     /// Forgets the state of the client `(lo, hi)` (hash `ch`) under the rule with id
@@ -382,11 +399,6 @@ impl Shard {
             }
             None => false,
         }
-    }
-
-    /// Whether the client `(lo, hi)` (hash `ch`) has a key under the rule index `rule`.
-    pub fn has(&self, lo: u64, hi: u64, ch: u64, rule: u16) -> bool {
-        self.table.find(lo, hi, rule, slot_hash(ch, rule)).is_some()
     }
 
     /// Makes room for `n` new keys, evicting no key of the clients in `spare` (those of the
@@ -490,10 +502,10 @@ mod tests {
     /// request (a limit of a billion an hour) and kept for the grace after that, as under a
     /// flood of one-request clients or a ten-descriptor RLS load: the sweep must keep the
     /// probe runs as short as a table of random keys at its load has them (26 to 30 slots a
-    /// key's run at 4/5, 8,192 keys in this table's 10,241 slots). A clock hand that stayed on each slot it emptied moved one slot an
-    /// insert here, the slots ahead of it filled up, and a key's run was 1,303 and 1,277 slots
-    /// long on average (graces of 10 and 40 ms, the first two below; 9.5 and 9.5 now); every
-    /// insert, lookup and eviction walked it.
+    /// key's run at 4/5, 8,192 keys in this table's 10,241 slots). A clock hand that stayed
+    /// on each slot it emptied moved one slot an insert here, the slots ahead of it filled
+    /// up, and a key's run was 1,303 and 1,277 slots long on average (graces of 10 and 40 ms,
+    /// the first two below; 9.5 and 9.5 now); every insert, lookup and eviction walked it.
     #[test]
     fn a_stream_of_new_clients_keeps_probe_runs_short() {
         let quota = Quota::new(1_000_000_000, Duration::from_secs(3600)).expect("quota");
@@ -513,7 +525,7 @@ mod tests {
                 let hi = lo.rotate_left(29) ^ n;
                 let ch = client_hash(seed, lo, hi);
                 let (r, mut state) = shard.locate(lo, hi, ch, &rule);
-                let r = r.expect("one rule");
+                let r = r.expect("one rule").rule;
                 assert!(rule.limit().check(&mut state, now, 1, true).allowed);
                 assert_eq!(shard.reserve(1, now, &[(lo, hi)]), Ok(true));
                 shard.put(lo, hi, ch, r, state, true);

@@ -122,7 +122,7 @@ fn parse() -> Result<Option<Args>, String> {
                 write("batch_token_bucket", &batch)?;
                 println!(
                     "batch_token_bucket {}",
-                    tollgate_redis::batch_script_sha(&[shape(bucket)]).ok_or_else(missing)?
+                    redis::Script::new(&batch).get_hash()
                 );
                 write("check", tollgate_redis::generic_script_text())?;
                 println!("check {}", tollgate_redis::generic_script_sha());
