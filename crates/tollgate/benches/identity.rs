@@ -11,7 +11,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use tollgate::IdentityHasher;
+use tollgate::{ClientKey, IdentityHasher};
 
 /// `n` distinct identities of `len` bytes each.
 fn identities(n: usize, len: usize) -> Vec<Vec<u8>> {
@@ -46,7 +46,7 @@ fn keys(c: &mut Criterion) {
                 })
             },
         );
-        let mut out = Vec::with_capacity(n);
+        let mut out = vec![ClientKey([0; 16]); n];
         g.bench_with_input(BenchmarkId::new("together", &shape), &joined, |b, j| {
             b.iter(|| {
                 shared.client_keys_joined(black_box(j), &mut out);
@@ -62,7 +62,7 @@ fn keys(c: &mut Criterion) {
             spans.push((start, buffer.len()));
         }
         buffer.extend_from_slice(&[0; 32]);
-        let mut out = Vec::with_capacity(n);
+        let mut out = vec![ClientKey([0; 16]); n];
         g.bench_with_input(
             BenchmarkId::new("together_in_one_buffer", &shape),
             &spans,
@@ -73,7 +73,7 @@ fn keys(c: &mut Criterion) {
                 })
             },
         );
-        let mut out = Vec::with_capacity(n);
+        let mut out = vec![ClientKey([0; 16]); n];
         g.bench_with_input(
             BenchmarkId::new("siphash_together", &shape),
             &joined,

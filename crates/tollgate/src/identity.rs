@@ -147,11 +147,24 @@ impl IdentityHasher {
         }
     }
 
+    /// Whether [`IdentityHasher::client_keys_in`] of `n` identities costs less than `n` calls
+    /// of [`IdentityHasher::client_key_joined`]: a shared secret (keyed BLAKE3), AVX2 on this
+    /// processor and at least three identities. A caller that would gather its identities
+    /// only to hash them together asks first, and otherwise hashes each in place.
+    pub fn hashes_together(&self, n: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Key::Shared(_) = &self.key {
+            return n >= LANES_FROM && std::arch::is_x86_feature_detected!("avx2");
+        }
+        let _ = n;
+        false
+    }
+
     /// [`IdentityHasher::client_key_joined`] of each of `joined`, in order, into `out`
-    /// (cleared first): the same keys, computed together. Keyed BLAKE3 hashes the identities
+    /// (`out[i]` for each i below both lengths): the same keys, computed together. Keyed BLAKE3 hashes the identities
     /// of one chunk (1,024 bytes) eight at a time with AVX2 where the processor has it (see
     /// `lanes`), about twice as cheap a key as one at a time; the rest go one by one.
-    pub fn client_keys_joined(&self, joined: &[&[u8]], out: &mut Vec<ClientKey>) {
+    pub fn client_keys_joined(&self, joined: &[&[u8]], out: &mut [ClientKey]) {
         self.client_keys_with(joined.len(), |i| (joined[i], joined[i].len()), out);
     }
 
@@ -159,17 +172,67 @@ impl IdentityHasher {
     /// one buffer: identity i is `bytes[spans[i].0 .. spans[i].1]`. The same keys, and a
     /// little cheaper: an identity's last bytes are read with the buffer's next ones and
     /// masked, not copied (a buffer that goes on 32 bytes past its last identity spares that
-    /// one the copy too). A span outside `bytes` is the key of the part inside it.
-    pub fn client_keys_in(&self, bytes: &[u8], spans: &[(usize, usize)], out: &mut Vec<ClientKey>) {
-        self.client_keys_with(
-            spans.len(),
-            |i| {
-                let (start, end) = spans[i];
-                let tail = bytes.get(start..).unwrap_or_default();
-                (tail, end.saturating_sub(start).min(tail.len()))
-            },
-            out,
-        );
+    /// one the copy too). A span outside `bytes` is the key of the part inside it. Here the
+    /// identities are taken in order, each run of one size (number of blocks) hashed in
+    /// lanes eight at a time: a request's identities are of one size, nearly always, and a
+    /// sort would cost more than it finds.
+    pub fn client_keys_in(&self, bytes: &[u8], spans: &[(usize, usize)], out: &mut [ClientKey]) {
+        let n = spans.len().min(out.len());
+        let input = |(start, end): (usize, usize)| {
+            let tail = bytes.get(start..).unwrap_or_default();
+            (tail, end.saturating_sub(start).min(tail.len()))
+        };
+        #[cfg(target_arch = "x86_64")]
+        if let Key::Shared(key) = &self.key {
+            if self.hashes_together(n) {
+                let words = Self::words(key);
+                let mut run = [(&[][..], 0usize); lanes::LANES];
+                let mut run_at = 0;
+                let mut k = 0;
+                let mut run_blocks = 0;
+                for (i, &span) in spans.iter().enumerate().take(n) {
+                    let (tail, len) = input(span);
+                    let Some(blocks) = lanes::blocks_of(len) else {
+                        // Past a chunk: alone (the run goes on after it).
+                        out[i] = Self::truncated(&blake3::keyed_hash(
+                            key,
+                            tail.get(..len).unwrap_or(tail),
+                        ));
+                        continue;
+                    };
+                    // A run is contiguous in `out` unless an identity past a chunk broke
+                    // it: then, and at a new size or a full run, the run is hashed first.
+                    if k > 0 && (blocks != run_blocks || run_at + k != i || k == lanes::LANES) {
+                        Self::lane_call(key, &words, &run[..k], run_blocks, &mut out[run_at..]);
+                        k = 0;
+                    }
+                    if k == 0 {
+                        run_at = i;
+                        run_blocks = blocks;
+                    }
+                    run[k] = (tail, len);
+                    k += 1;
+                }
+                Self::lane_call(key, &words, &run[..k], run_blocks, &mut out[run_at..]);
+                return;
+            }
+        }
+        for (o, &span) in out.iter_mut().zip(spans) {
+            let (tail, len) = input(span);
+            *o = self.client_key_joined(tail.get(..len).unwrap_or(tail));
+        }
+    }
+
+    /// A key's eight little-endian words.
+    #[cfg(target_arch = "x86_64")]
+    fn words(key: &[u8; 32]) -> [u32; 8] {
+        let mut words = [0u32; 8];
+        for (w, b) in words.iter_mut().zip(key.chunks_exact(4)) {
+            let mut a = [0u8; 4];
+            a.copy_from_slice(b);
+            *w = u32::from_le_bytes(a);
+        }
+        words
     }
 
     /// The keys of `n` identities, identity i being `input(i)`: `(bytes, len)`, its bytes
@@ -178,21 +241,20 @@ impl IdentityHasher {
         &self,
         n: usize,
         input: impl Fn(usize) -> (&'b [u8], usize),
-        out: &mut Vec<ClientKey>,
+        out: &mut [ClientKey],
     ) {
-        out.clear();
+        let n = n.min(out.len());
         #[cfg(target_arch = "x86_64")]
         if let Key::Shared(key) = &self.key {
-            if n >= LANES_FROM && std::arch::is_x86_feature_detected!("avx2") {
-                out.resize(n, ClientKey([0; 16]));
+            if self.hashes_together(n) {
                 Self::in_lanes(key, n, input, out);
                 return;
             }
         }
-        out.extend((0..n).map(|i| {
+        for (i, o) in out.iter_mut().enumerate().take(n) {
             let (bytes, len) = input(i);
-            self.client_key_joined(bytes.get(..len).unwrap_or(bytes))
-        }));
+            *o = self.client_key_joined(bytes.get(..len).unwrap_or(bytes));
+        }
     }
 
     /// Keyed BLAKE3 of every identity into `out[i]`: those of one chunk grouped by their
@@ -206,12 +268,7 @@ impl IdentityHasher {
         input: impl Fn(usize) -> (&'b [u8], usize),
         out: &mut [ClientKey],
     ) {
-        let mut words = [0u32; 8];
-        for (w, b) in words.iter_mut().zip(key.chunks_exact(4)) {
-            let mut a = [0u8; 4];
-            a.copy_from_slice(b);
-            *w = u32::from_le_bytes(a);
-        }
+        let words = Self::words(key);
         let size = |i: usize| lanes::blocks_of(input(i).1);
         let mut inputs = [(&[][..], 0usize); lanes::LANES];
         // The common request: every identity of one size (one number of blocks), hashed in
@@ -648,6 +705,8 @@ mod tests {
             let mut out = Vec::new();
             let check = |ids: &[Vec<u8>], out: &mut Vec<ClientKey>| {
                 let joined: Vec<&[u8]> = ids.iter().map(Vec::as_slice).collect();
+                out.clear();
+                out.resize(joined.len(), ClientKey([0; 16]));
                 h.client_keys_joined(&joined, out);
                 let one: Vec<ClientKey> = joined.iter().map(|j| h.client_key_joined(j)).collect();
                 assert_eq!(
@@ -685,10 +744,15 @@ mod tests {
                 spans.push((start, buffer.len()));
                 buffer.extend_from_slice(&[0xff; 5]);
             }
-            let mut inside = Vec::new();
+            let mut inside = vec![ClientKey([0; 16]); spans.len()];
             h.client_keys_in(&buffer, &spans, &mut inside);
             assert_eq!(inside, out);
+            // Keys for as many identities as `out` has room for.
+            let mut fewer = vec![ClientKey([0; 16]); 2];
+            h.client_keys_in(&buffer, &spans, &mut fewer);
+            assert_eq!(fewer, out[..2]);
             // A span past the buffer's end is the key of the part inside it.
+            let mut inside = vec![ClientKey([0; 16]); 3];
             h.client_keys_in(b"abc", &[(1, 9), (4, 2), (0, 3)], &mut inside);
             let parts = [&b"bc"[..], b"", b"abc"];
             let one: Vec<ClientKey> = parts.iter().map(|p| h.client_key_joined(p)).collect();
