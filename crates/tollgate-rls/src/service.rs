@@ -201,8 +201,10 @@ struct IdentityBytes {
 }
 
 impl IdentityBytes {
-    fn new(domain: &str) -> Self {
-        let mut bytes = Vec::with_capacity(256);
+    /// For a request of `descriptors` descriptors: room for each one's identity when they
+    /// are hashed together ([`RlsService::keys_together`]), for one at a time otherwise.
+    fn new(domain: &str, descriptors: usize) -> Self {
+        let mut bytes = Vec::with_capacity(256.max(96 * descriptors));
         bytes.extend_from_slice(b"rls\0");
         put_part(&mut bytes, domain.as_bytes());
         let prefix = bytes.len();
@@ -213,6 +215,36 @@ impl IdentityBytes {
     fn descriptor(&mut self) -> &mut Vec<u8> {
         self.bytes.truncate(self.prefix);
         &mut self.bytes
+    }
+
+    /// The buffer with another copy of the request's part at its end, where it starts, for
+    /// a descriptor's parts to follow: identities one after the other, to be hashed together
+    /// ([`RlsService::keys_together`]).
+    fn another(&mut self) -> (&mut Vec<u8>, usize) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_within(..self.prefix);
+        (&mut self.bytes, start)
+    }
+}
+
+/// Client keys hashed together ([`RlsService::keys_together`]): `keys[k]` is descriptor
+/// `of[k]`'s, in descriptor order.
+#[derive(Default)]
+struct Known {
+    of: Vec<usize>,
+    keys: Vec<ClientKey>,
+    /// The next one to take.
+    next: usize,
+}
+
+impl Known {
+    /// Descriptor `n`'s key, if it was hashed together; asked in descriptor order.
+    fn take(&mut self, n: usize) -> Option<ClientKey> {
+        if self.of.get(self.next) != Some(&n) {
+            return None;
+        }
+        self.next += 1;
+        self.keys.get(self.next - 1).copied()
     }
 }
 
@@ -383,12 +415,14 @@ impl RlsService {
         // are a scratch buffer, reused for each).
         let mut items = Items {
             list: Vec::with_capacity(found.len()),
-            key: IdentityBytes::new(req.domain),
+            key: IdentityBytes::new(req.domain, found.len()),
         };
-        for (d, f) in req.descriptors.iter().zip(&found) {
+        let mut known = self.keys_together(req, &found, &replaced, &mut items.key);
+        for (n, (d, f)) in req.descriptors.iter().zip(&found).enumerate() {
             let cost = d.hits_addend.unwrap_or(request_hits);
             let f = f.filter(|f| !replaced.contains(&f.rule));
-            slots.push(self.slot(req.domain, d, f, cost, &mut items)?);
+            let known = known.take(n);
+            slots.push(self.slot(req.domain, d, f, cost, known, &mut items)?);
         }
         let mut items = items.list;
         // A blocked descriptor denies the request (nothing is charged): the store is asked
@@ -503,6 +537,7 @@ impl RlsService {
         d: &Descriptor<'_>,
         found: Option<Found>,
         cost: u64,
+        known: Option<ClientKey>,
         items: &mut Items<'s>,
     ) -> Result<Slot<'s>, Status> {
         let i = &self.inner;
@@ -549,7 +584,9 @@ impl RlsService {
         match (&i.policies[f.rule], configured.limit, &i.limits[f.rule]) {
             (Some(policy), _, Some(reported)) => {
                 let current = reported.current(&configured.name);
-                let client = self.client(domain, d, Some(f), None, &mut items.key);
+                // Hashed with the request's others when there were enough of them.
+                let client =
+                    known.unwrap_or_else(|| self.client(domain, d, Some(f), None, &mut items.key));
                 let item = Item {
                     client,
                     policy: policy.clone(),
@@ -639,7 +676,67 @@ impl RlsService {
         // The identity's source ("rls"), its separator and the domain first: the buffer is
         // hashed as it stands (`client_key_joined`), the same key as
         // `client_key("rls", parts)`.
-        let bytes = key.descriptor();
+        self.identity(domain, d, found, salt, key.descriptor());
+        self.inner.hasher.client_key_joined(&key.bytes)
+    }
+
+    /// The client keys of the request's descriptors that count against a rule's limit
+    /// without an override, where the hasher computes keys together for less than one at a
+    /// time (`IdentityHasher::hashes_together`): each the key [`RlsService::client`] gives
+    /// it, their identities written one after the other and hashed at once. Returns the
+    /// keys in descriptor order with each one's descriptor; none for a request of one or two
+    /// descriptors (Envoy's common ones), whose keys are hashed in place.
+    fn keys_together(
+        &self,
+        req: &RlsRequest<'_>,
+        found: &[Option<Found>],
+        replaced: &[usize],
+        key: &mut IdentityBytes,
+    ) -> Known {
+        let i = &self.inner;
+        let mut known = Known::default();
+        if !i.hasher.hashes_together(req.descriptors.len()) {
+            return known;
+        }
+        let overridden = |d: &Descriptor<'_>| d.limit.is_some() && i.config.has_domain(req.domain);
+        let mut spans = Vec::with_capacity(found.len());
+        known.of.reserve(found.len());
+        for (n, (d, f)) in req.descriptors.iter().zip(found).enumerate() {
+            let Some(f) = f.filter(|f| !replaced.contains(&f.rule)) else {
+                continue;
+            };
+            // Slot's branch that hashes `client(domain, d, Some(f), None)`; a key computed
+            // here for a descriptor that turns out not to need one is only unused.
+            if overridden(d) || i.policies[f.rule].is_none() || i.limits[f.rule].is_none() {
+                continue;
+            }
+            let (bytes, start) = key.another();
+            self.identity(req.domain, d, Some(f), None, bytes);
+            spans.push((start, key.bytes.len()));
+            known.of.push(n);
+        }
+        if !i.hasher.hashes_together(spans.len()) {
+            // Too few left to pay: they hash in place.
+            known.of.clear();
+            return known;
+        }
+        // Past the last identity, bytes read with it and masked (`client_keys_in`).
+        key.bytes.extend_from_slice(&[0; 32]);
+        known.keys.resize(spans.len(), ClientKey([0; 16]));
+        i.hasher.client_keys_in(&key.bytes, &spans, &mut known.keys);
+        known
+    }
+
+    /// Writes a descriptor's identity (see [`RlsService::client`]) after the request's part
+    /// that `bytes` ends with.
+    fn identity(
+        &self,
+        domain: &str,
+        d: &Descriptor<'_>,
+        found: Option<Found>,
+        salt: Option<&str>,
+        bytes: &mut Vec<u8>,
+    ) {
         let mut part = |s: &[u8]| put_part(bytes, s);
         let shared = found.map_or(0, |f| f.shared);
         for (n, e) in d.entries.iter().enumerate() {
@@ -662,7 +759,6 @@ impl RlsService {
         if let Some(s) = salt {
             part(s.as_bytes());
         }
-        self.inner.hasher.client_key_joined(bytes)
     }
 
     /// The policy of a request's limit override: the matched rule's algorithm (fixed_window
@@ -1163,7 +1259,7 @@ mod tests {
             hits_addend: 0,
         };
         let req = RlsRequest::of(&message);
-        let mut key = IdentityBytes::new(req.domain);
+        let mut key = IdentityBytes::new(req.domain, req.descriptors.len());
         let keys: Vec<ClientKey> = req
             .descriptors
             .iter()
@@ -1197,5 +1293,112 @@ mod tests {
         };
         let again = s.decide(&alone).await.expect("decided");
         assert_eq!(again.overall_code, i32::from(Code::OverLimit));
+    }
+
+    /// A request of many descriptors hashes their keys together where the processor can
+    /// (`IdentityHasher::hashes_together`): each key is the one its descriptor's identity
+    /// gives alone, in its own place, whatever the mix around it (identities of one block,
+    /// of two, past a chunk; no rule; an override, which hashes in place with its quota).
+    #[tokio::test]
+    async fn keys_hashed_together_are_each_descriptors_own() {
+        let s = service();
+        let two_blocks = "m".repeat(70);
+        let past_a_chunk = "v".repeat(2000);
+        let mut message = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![
+                descriptor(&[("a", "1")]),
+                descriptor(&[("no rule", "x")]),
+                descriptor(&[("a", &two_blocks)]),
+                descriptor(&[("b", "y")]),
+                descriptor(&[("a", "overridden")]),
+                descriptor(&[("a", &past_a_chunk)]),
+                descriptor(&[("a", "2")]),
+                descriptor(&[("b", "z")]),
+                descriptor(&[("a", "3")]),
+                descriptor(&[("b", &two_blocks)]),
+            ],
+            hits_addend: 0,
+        };
+        message.descriptors[4].limit = Some(
+            crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride {
+                requests_per_unit: 5,
+                unit: 2,
+            },
+        );
+        let req = RlsRequest::of(&message);
+        let domain = s.inner.config.level(req.domain);
+        let found: Vec<Option<Found>> = req
+            .descriptors
+            .iter()
+            .map(|d| s.rule_of(domain, d))
+            .collect::<Result<_, _>>()
+            .expect("found");
+        let mut key = IdentityBytes::new(req.domain, req.descriptors.len());
+        let known = s.keys_together(&req, &found, &[], &mut key);
+        if !s.inner.hasher.hashes_together(req.descriptors.len()) {
+            assert!(known.of.is_empty(), "keys are hashed in place here");
+            return;
+        }
+        assert_eq!(
+            known.of[..],
+            [0, 2, 3, 5, 6, 7, 8, 9],
+            "no rule and the override hash in place"
+        );
+        let mut known = known;
+        for (n, d) in req.descriptors.iter().enumerate() {
+            let hashed = known.of.contains(&n);
+            let together = known.take(n);
+            if hashed {
+                let alone = s.client(req.domain, d, found[n], None, &mut key);
+                assert_eq!(together, Some(alone), "descriptor {n}");
+            } else {
+                assert_eq!(together, None, "descriptor {n}");
+            }
+        }
+        // A rule replaced by another's is not counted: no key for it.
+        let replaced = found[3].map(|f| f.rule).into_iter().collect::<Vec<_>>();
+        let known = s.keys_together(&req, &found, &replaced, &mut key);
+        assert_eq!(known.of[..], [0, 2, 5, 6, 8]);
+        // A request of two descriptors hashes in place.
+        let two = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: message.descriptors[..2].to_vec(),
+            hits_addend: 0,
+        };
+        let req = RlsRequest::of(&two);
+        assert!(s
+            .keys_together(&req, &found[..2], &[], &mut key)
+            .of
+            .is_empty());
+    }
+
+    /// Ten descriptors of a rule of one a minute, every value its own client: all charged
+    /// together once, then each refused alone and an eleventh value still allowed.
+    #[tokio::test]
+    async fn ten_descriptors_count_ten_clients() {
+        let s = service();
+        let values: Vec<String> = (0..10).map(|n| format!("client-{n:04}-of-ten")).collect();
+        let message = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: values.iter().map(|v| descriptor(&[("b", v)])).collect(),
+            hits_addend: 0,
+        };
+        let first = s.decide(&message).await.expect("decided");
+        assert_eq!(first.overall_code, i32::from(Code::Ok));
+        for v in values.iter().map(String::as_str).chain(["another"]) {
+            let alone = RateLimitRequest {
+                domain: "edge".into(),
+                descriptors: vec![descriptor(&[("b", v)])],
+                hits_addend: 0,
+            };
+            let code = s.decide(&alone).await.expect("decided").overall_code;
+            let want = if v == "another" {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            };
+            assert_eq!(code, i32::from(want), "{v}");
+        }
     }
 }
