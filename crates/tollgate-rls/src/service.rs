@@ -1373,6 +1373,64 @@ mod tests {
             .is_empty());
     }
 
+    /// A hostile request's most descriptors, of sizes that break every run of lanes (one
+    /// block, two, past a chunk, in turns): every key is still its descriptor's own, and the
+    /// gathered identities take the request's bytes, not a multiple of them. Under an unknown
+    /// domain nothing is gathered.
+    #[tokio::test]
+    async fn the_most_descriptors_of_mixed_sizes_hash_as_alone() {
+        let s = service();
+        let sizes = [3, 70, 1500, 40, 40, 40, 200];
+        let values: Vec<String> = (0..MAX_DESCRIPTORS)
+            .map(|n| format!("{n:04}{}", "x".repeat(sizes[n % sizes.len()])))
+            .collect();
+        let message = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: values.iter().map(|v| descriptor(&[("a", v)])).collect(),
+            hits_addend: 0,
+        };
+        let req = RlsRequest::of(&message);
+        let domain = s.inner.config.level(req.domain);
+        let found: Vec<Option<Found>> = req
+            .descriptors
+            .iter()
+            .map(|d| s.rule_of(domain, d))
+            .collect::<Result<_, _>>()
+            .expect("found");
+        let mut key = IdentityBytes::new(req.domain, req.descriptors.len());
+        let mut known = s.keys_together(&req, &found, &[], &mut key);
+        if s.inner.hasher.hashes_together(MAX_DESCRIPTORS) {
+            assert_eq!(known.of.len(), MAX_DESCRIPTORS);
+            let values: usize = values.iter().map(String::len).sum();
+            // Each identity: the request's part (about 30 bytes), the entry's two lengths and
+            // key, and its value.
+            assert!(
+                key.bytes.len() <= values + MAX_DESCRIPTORS * 64 + 32,
+                "{} bytes gathered for {values} of values",
+                key.bytes.len()
+            );
+        }
+        let mut alone = IdentityBytes::new(req.domain, 1);
+        for (n, d) in req.descriptors.iter().enumerate() {
+            let together = known.take(n);
+            if !known.of.is_empty() {
+                let own = s.client(req.domain, d, found[n], None, &mut alone);
+                assert_eq!(together, Some(own), "descriptor {n}");
+            }
+        }
+        let unknown = RateLimitRequest {
+            domain: "not configured".into(),
+            ..message.clone()
+        };
+        let req = RlsRequest::of(&unknown);
+        let found = vec![None; req.descriptors.len()];
+        let mut key = IdentityBytes::new(req.domain, req.descriptors.len());
+        assert!(s.keys_together(&req, &found, &[], &mut key).of.is_empty());
+        let answer = s.decide(&unknown).await.expect("decided");
+        assert_eq!(answer.overall_code, i32::from(Code::Ok));
+        assert_eq!(answer.statuses.len(), MAX_DESCRIPTORS);
+    }
+
     /// Ten descriptors of a rule of one a minute, every value its own client: all charged
     /// together once, then each refused alone and an eleventh value still allowed.
     #[tokio::test]
