@@ -217,7 +217,7 @@ impl IdentityHasher {
                 return;
             }
         }
-        for (o, &span) in out.iter_mut().zip(spans) {
+        for (o, &span) in out.iter_mut().zip(spans).take(n) {
             let (tail, len) = input(span);
             *o = self.client_key_joined(tail.get(..len).unwrap_or(tail));
         }
