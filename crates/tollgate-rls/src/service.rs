@@ -1295,6 +1295,22 @@ mod tests {
         assert_eq!(again.overall_code, i32::from(Code::OverLimit));
     }
 
+    /// Each descriptor's rule, and an identity buffer for the request, as `decide_request`
+    /// makes them.
+    fn found_and_buffer(
+        s: &RlsService,
+        req: &RlsRequest<'_>,
+    ) -> (Vec<Option<Found>>, IdentityBytes) {
+        let domain = s.inner.config.level(req.domain);
+        let found = req
+            .descriptors
+            .iter()
+            .map(|d| s.rule_of(domain, d))
+            .collect::<Result<_, _>>()
+            .expect("found");
+        (found, IdentityBytes::new(req.domain, req.descriptors.len()))
+    }
+
     /// A request of many descriptors hashes their keys together where the processor can
     /// (`IdentityHasher::hashes_together`): each key is the one its descriptor's identity
     /// gives alone, in its own place, whatever the mix around it (identities of one block,
@@ -1327,14 +1343,7 @@ mod tests {
             },
         );
         let req = RlsRequest::of(&message);
-        let domain = s.inner.config.level(req.domain);
-        let found: Vec<Option<Found>> = req
-            .descriptors
-            .iter()
-            .map(|d| s.rule_of(domain, d))
-            .collect::<Result<_, _>>()
-            .expect("found");
-        let mut key = IdentityBytes::new(req.domain, req.descriptors.len());
+        let (found, mut key) = found_and_buffer(&s, &req);
         let known = s.keys_together(&req, &found, &[], &mut key);
         if !s.inner.hasher.hashes_together(req.descriptors.len()) {
             assert!(known.of.is_empty(), "keys are hashed in place here");
@@ -1390,14 +1399,7 @@ mod tests {
             hits_addend: 0,
         };
         let req = RlsRequest::of(&message);
-        let domain = s.inner.config.level(req.domain);
-        let found: Vec<Option<Found>> = req
-            .descriptors
-            .iter()
-            .map(|d| s.rule_of(domain, d))
-            .collect::<Result<_, _>>()
-            .expect("found");
-        let mut key = IdentityBytes::new(req.domain, req.descriptors.len());
+        let (found, mut key) = found_and_buffer(&s, &req);
         let mut known = s.keys_together(&req, &found, &[], &mut key);
         if s.inner.hasher.hashes_together(MAX_DESCRIPTORS) {
             assert_eq!(known.of.len(), MAX_DESCRIPTORS);
