@@ -3,9 +3,9 @@
 //! the rls section's shapes (docs/benchmarks.md) without the gRPC server around them. Every
 //! rule is a limit no client reaches (10,000 clients in turn), so every call is a full
 //! decision that charges each descriptor's key. What a change to the work per descriptor
-//! (reading it, finding its rule, hashing its identity, writing its status) costs or saves
-//! shows here with less noise than through the server, whose HTTP/2 and kernel time it
-//! leaves out.
+//! (finding its rule, hashing its identity, building its status) costs or saves shows here
+//! without the server's HTTP/2 and kernel time around it; on a busy machine it is as noisy
+//! as the server (docs/benchmarks.md, thirty-fourth session).
 //!
 //!   cargo bench -p tollgate-rls --bench decide
 

@@ -201,10 +201,10 @@ struct IdentityBytes {
 }
 
 impl IdentityBytes {
-    /// For a request of `descriptors` descriptors: room for each one's identity when they
-    /// are hashed together ([`RlsService::keys_together`]), for one at a time otherwise.
-    fn new(domain: &str, descriptors: usize) -> Self {
-        let mut bytes = Vec::with_capacity(256.max(96 * descriptors));
+    /// Room for `gathered` identities one after the other, when a request's are hashed
+    /// together ([`RlsService::keys_together`]); 0 when they are hashed one at a time.
+    fn new(domain: &str, gathered: usize) -> Self {
+        let mut bytes = Vec::with_capacity(256.max(96 * gathered));
         bytes.extend_from_slice(b"rls\0");
         put_part(&mut bytes, domain.as_bytes());
         let prefix = bytes.len();
@@ -413,11 +413,11 @@ impl RlsService {
         let mut slots = Vec::with_capacity(found.len());
         // Sized once: a request's items are at most its descriptors (the identity's bytes
         // are a scratch buffer, reused for each).
+        let (mut known, key) = self.keys_together(req, &found, &replaced);
         let mut items = Items {
             list: Vec::with_capacity(found.len()),
-            key: IdentityBytes::new(req.domain, found.len()),
+            key,
         };
-        let mut known = self.keys_together(req, &found, &replaced, &mut items.key);
         for (n, (d, f)) in req.descriptors.iter().zip(&found).enumerate() {
             let cost = d.hits_addend.unwrap_or(request_hits);
             let f = f.filter(|f| !replaced.contains(&f.rule));
@@ -684,20 +684,21 @@ impl RlsService {
     /// without an override, where the hasher computes keys together for less than one at a
     /// time (`IdentityHasher::hashes_together`): each the key [`RlsService::client`] gives
     /// it, their identities written one after the other and hashed at once. Returns the
-    /// keys in descriptor order with each one's descriptor; none for a request of one or two
-    /// descriptors (Envoy's common ones), whose keys are hashed in place.
+    /// keys in descriptor order with each one's descriptor, none for a request of one or two
+    /// descriptors (Envoy's common ones), whose keys are hashed in place; and the request's
+    /// identity buffer, sized for what it holds.
     fn keys_together(
         &self,
         req: &RlsRequest<'_>,
         found: &[Option<Found>],
         replaced: &[usize],
-        key: &mut IdentityBytes,
-    ) -> Known {
+    ) -> (Known, IdentityBytes) {
         let i = &self.inner;
         let mut known = Known::default();
         if !i.hasher.hashes_together(req.descriptors.len()) {
-            return known;
+            return (known, IdentityBytes::new(req.domain, 0));
         }
+        let mut key = IdentityBytes::new(req.domain, found.len());
         let overridden = |d: &Descriptor<'_>| d.limit.is_some() && i.config.has_domain(req.domain);
         let mut spans = Vec::with_capacity(found.len());
         known.of.reserve(found.len());
@@ -718,13 +719,13 @@ impl RlsService {
         if !i.hasher.hashes_together(spans.len()) {
             // Too few left to pay: they hash in place.
             known.of.clear();
-            return known;
+            return (known, key);
         }
         // Past the last identity, bytes read with it and masked (`client_keys_in`).
         key.bytes.extend_from_slice(&[0; 32]);
         known.keys.resize(spans.len(), ClientKey([0; 16]));
         i.hasher.client_keys_in(&key.bytes, &spans, &mut known.keys);
-        known
+        (known, key)
     }
 
     /// Writes a descriptor's identity (see [`RlsService::client`]) after the request's part
@@ -1259,7 +1260,7 @@ mod tests {
             hits_addend: 0,
         };
         let req = RlsRequest::of(&message);
-        let mut key = IdentityBytes::new(req.domain, req.descriptors.len());
+        let mut key = IdentityBytes::new(req.domain, 0);
         let keys: Vec<ClientKey> = req
             .descriptors
             .iter()
@@ -1295,20 +1296,14 @@ mod tests {
         assert_eq!(again.overall_code, i32::from(Code::OverLimit));
     }
 
-    /// Each descriptor's rule, and an identity buffer for the request, as `decide_request`
-    /// makes them.
-    fn found_and_buffer(
-        s: &RlsService,
-        req: &RlsRequest<'_>,
-    ) -> (Vec<Option<Found>>, IdentityBytes) {
+    /// Each descriptor's rule, as `decide_request` finds them.
+    fn found(s: &RlsService, req: &RlsRequest<'_>) -> Vec<Option<Found>> {
         let domain = s.inner.config.level(req.domain);
-        let found = req
-            .descriptors
+        req.descriptors
             .iter()
             .map(|d| s.rule_of(domain, d))
             .collect::<Result<_, _>>()
-            .expect("found");
-        (found, IdentityBytes::new(req.domain, req.descriptors.len()))
+            .expect("found")
     }
 
     /// A request of many descriptors hashes their keys together where the processor can
@@ -1343,8 +1338,8 @@ mod tests {
             },
         );
         let req = RlsRequest::of(&message);
-        let (found, mut key) = found_and_buffer(&s, &req);
-        let known = s.keys_together(&req, &found, &[], &mut key);
+        let found = found(&s, &req);
+        let (known, mut key) = s.keys_together(&req, &found, &[]);
         if !s.inner.hasher.hashes_together(req.descriptors.len()) {
             assert!(known.of.is_empty(), "keys are hashed in place here");
             return;
@@ -1367,7 +1362,7 @@ mod tests {
         }
         // A rule replaced by another's is not counted: no key for it.
         let replaced = found[3].map(|f| f.rule).into_iter().collect::<Vec<_>>();
-        let known = s.keys_together(&req, &found, &replaced, &mut key);
+        let (known, _) = s.keys_together(&req, &found, &replaced);
         assert_eq!(known.of[..], [0, 2, 5, 6, 8]);
         // A request of two descriptors hashes in place.
         let two = RateLimitRequest {
@@ -1376,10 +1371,7 @@ mod tests {
             hits_addend: 0,
         };
         let req = RlsRequest::of(&two);
-        assert!(s
-            .keys_together(&req, &found[..2], &[], &mut key)
-            .of
-            .is_empty());
+        assert!(s.keys_together(&req, &found[..2], &[]).0.of.is_empty());
     }
 
     /// A hostile request's most descriptors, of sizes that break every run of lanes (one
@@ -1399,8 +1391,8 @@ mod tests {
             hits_addend: 0,
         };
         let req = RlsRequest::of(&message);
-        let (found, mut key) = found_and_buffer(&s, &req);
-        let mut known = s.keys_together(&req, &found, &[], &mut key);
+        let found = found(&s, &req);
+        let (mut known, key) = s.keys_together(&req, &found, &[]);
         if s.inner.hasher.hashes_together(MAX_DESCRIPTORS) {
             assert_eq!(known.of.len(), MAX_DESCRIPTORS);
             let values: usize = values.iter().map(String::len).sum();
@@ -1426,8 +1418,7 @@ mod tests {
         };
         let req = RlsRequest::of(&unknown);
         let found = vec![None; req.descriptors.len()];
-        let mut key = IdentityBytes::new(req.domain, req.descriptors.len());
-        assert!(s.keys_together(&req, &found, &[], &mut key).of.is_empty());
+        assert!(s.keys_together(&req, &found, &[]).0.of.is_empty());
         let answer = s.decide(&unknown).await.expect("decided");
         assert_eq!(answer.overall_code, i32::from(Code::Ok));
         assert_eq!(answer.statuses.len(), MAX_DESCRIPTORS);

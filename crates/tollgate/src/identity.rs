@@ -161,9 +161,9 @@ impl IdentityHasher {
     }
 
     /// [`IdentityHasher::client_key_joined`] of each of `joined`, in order, into `out`
-    /// (`out[i]` for each i below both lengths): the same keys, computed together. Keyed BLAKE3 hashes the identities
-    /// of one chunk (1,024 bytes) eight at a time with AVX2 where the processor has it (see
-    /// `lanes`), about twice as cheap a key as one at a time; the rest go one by one.
+    /// (`out[i]` for each i below both lengths): the same keys, computed together. Keyed
+    /// BLAKE3 hashes identities of one chunk (1,024 bytes) eight at a time with AVX2 where
+    /// the processor has it (see `lanes` and `in_lanes`); the rest go one by one.
     pub fn client_keys_joined(&self, joined: &[&[u8]], out: &mut [ClientKey]) {
         self.client_keys_with(joined.len(), |i| (joined[i], joined[i].len()), out);
     }
@@ -172,71 +172,22 @@ impl IdentityHasher {
     /// one buffer: identity i is `bytes[spans[i].0 .. spans[i].1]`. The same keys, and a
     /// little cheaper: an identity's last bytes are read with the buffer's next ones and
     /// masked, not copied (a buffer that goes on 32 bytes past its last identity spares that
-    /// one the copy too). A span outside `bytes` is the key of the part inside it. Here the
-    /// identities are taken in order, each run of one size (number of blocks) hashed in
-    /// lanes eight at a time: a request's identities are of one size, nearly always, and a
-    /// sort would cost more than it finds.
+    /// one the copy too). A span outside `bytes` is the key of the part inside it.
     pub fn client_keys_in(&self, bytes: &[u8], spans: &[(usize, usize)], out: &mut [ClientKey]) {
-        let n = spans.len().min(out.len());
-        let input = |(start, end): (usize, usize)| {
-            let tail = bytes.get(start..).unwrap_or_default();
-            (tail, end.saturating_sub(start).min(tail.len()))
-        };
-        #[cfg(target_arch = "x86_64")]
-        if let Key::Shared(key) = &self.key {
-            if self.hashes_together(n) {
-                let words = Self::words(key);
-                let mut run = [(&[][..], 0usize); lanes::LANES];
-                let mut run_at = 0;
-                let mut k = 0;
-                let mut run_blocks = 0;
-                for (i, &span) in spans.iter().enumerate().take(n) {
-                    let (tail, len) = input(span);
-                    let Some(blocks) = lanes::blocks_of(len) else {
-                        // Past a chunk: alone (the run goes on after it).
-                        out[i] = Self::truncated(&blake3::keyed_hash(
-                            key,
-                            tail.get(..len).unwrap_or(tail),
-                        ));
-                        continue;
-                    };
-                    // A run is contiguous in `out` unless an identity past a chunk broke
-                    // it: then, and at a new size or a full run, the run is hashed first.
-                    if k > 0 && (blocks != run_blocks || run_at + k != i || k == lanes::LANES) {
-                        Self::lane_call(key, &words, &run[..k], run_blocks, &mut out[run_at..]);
-                        k = 0;
-                    }
-                    if k == 0 {
-                        run_at = i;
-                        run_blocks = blocks;
-                    }
-                    run[k] = (tail, len);
-                    k += 1;
-                }
-                Self::lane_call(key, &words, &run[..k], run_blocks, &mut out[run_at..]);
-                return;
-            }
-        }
-        for (o, &span) in out.iter_mut().zip(spans).take(n) {
-            let (tail, len) = input(span);
-            *o = self.client_key_joined(tail.get(..len).unwrap_or(tail));
-        }
+        self.client_keys_with(
+            spans.len(),
+            |i| {
+                let (start, end) = spans[i];
+                let tail = bytes.get(start..).unwrap_or_default();
+                (tail, end.saturating_sub(start).min(tail.len()))
+            },
+            out,
+        );
     }
 
-    /// A key's eight little-endian words.
-    #[cfg(target_arch = "x86_64")]
-    fn words(key: &[u8; 32]) -> [u32; 8] {
-        let mut words = [0u32; 8];
-        for (w, b) in words.iter_mut().zip(key.chunks_exact(4)) {
-            let mut a = [0u8; 4];
-            a.copy_from_slice(b);
-            *w = u32::from_le_bytes(a);
-        }
-        words
-    }
-
-    /// The keys of `n` identities, identity i being `input(i)`: `(bytes, len)`, its bytes
-    /// `bytes[..len]` (`len` within `bytes`), maybe followed by others.
+    /// The keys of `n` identities (at most `out.len()`), identity i being `input(i)`:
+    /// `(bytes, len)`, its bytes `bytes[..len]` (`len` within `bytes`), maybe followed by
+    /// others.
     fn client_keys_with<'b>(
         &self,
         n: usize,
@@ -257,10 +208,23 @@ impl IdentityHasher {
         }
     }
 
-    /// Keyed BLAKE3 of every identity into `out[i]`: those of one chunk grouped by their
-    /// number of blocks (a call's lanes run the same blocks), eight a call, and a group of
-    /// fewer than [`LANES_FROM`], or a longer identity, one at a time. Only called where
-    /// AVX2 was detected.
+    /// A key's eight little-endian words.
+    #[cfg(target_arch = "x86_64")]
+    fn words(key: &[u8; 32]) -> [u32; 8] {
+        let mut words = [0u32; 8];
+        for (w, b) in words.iter_mut().zip(key.chunks_exact(4)) {
+            let mut a = [0u8; 4];
+            a.copy_from_slice(b);
+            *w = u32::from_le_bytes(a);
+        }
+        words
+    }
+
+    /// Keyed BLAKE3 of identities `0..n` into `out[i]`, taken in order: each run of one
+    /// size (number of blocks) eight at a time in lanes, a run of fewer than [`LANES_FROM`]
+    /// or an identity past a chunk one at a time. A request's identities are of one size
+    /// nearly always, so runs find what a sort by size would, without the sort. Only called
+    /// where AVX2 was detected (`hashes_together`).
     #[cfg(target_arch = "x86_64")]
     fn in_lanes<'b>(
         key: &[u8; 32],
@@ -269,49 +233,32 @@ impl IdentityHasher {
         out: &mut [ClientKey],
     ) {
         let words = Self::words(key);
-        let size = |i: usize| lanes::blocks_of(input(i).1);
-        let mut inputs = [(&[][..], 0usize); lanes::LANES];
-        // The common request: every identity of one size (one number of blocks), hashed in
-        // order; otherwise the indices sorted by size (a few descriptors: a sort costs less
-        // than buckets).
-        let first = size(0);
-        if let Some(blocks) = first.filter(|_| (1..n).all(|i| size(i) == first)) {
-            for at in (0..n).step_by(lanes::LANES) {
-                let k = (n - at).min(lanes::LANES);
-                for (slot, i) in inputs.iter_mut().zip(at..at + k) {
-                    *slot = input(i);
-                }
-                Self::lane_call(key, &words, &inputs[..k], blocks, &mut out[at..at + k]);
+        let mut run = [(&[][..], 0usize); lanes::LANES];
+        let mut run_at = 0;
+        let mut k = 0;
+        let mut run_blocks = 0;
+        for i in 0..n {
+            let (bytes, len) = input(i);
+            let Some(blocks) = lanes::blocks_of(len) else {
+                // Past a chunk: alone (the run goes on after it).
+                out[i] =
+                    Self::truncated(&blake3::keyed_hash(key, bytes.get(..len).unwrap_or(bytes)));
+                continue;
+            };
+            // A run is contiguous in `out` unless an identity past a chunk broke it: then,
+            // and at a new size or a full run, the run is hashed first.
+            if k > 0 && (blocks != run_blocks || run_at + k != i || k == lanes::LANES) {
+                Self::lane_call(key, &words, &run[..k], run_blocks, &mut out[run_at..]);
+                k = 0;
             }
-            return;
-        }
-        let mut order: Vec<(usize, usize)> = Vec::with_capacity(n);
-        for (i, o) in out.iter_mut().enumerate().take(n) {
-            match size(i) {
-                Some(b) => order.push((b, i)),
-                None => {
-                    let (bytes, len) = input(i);
-                    *o = Self::truncated(&blake3::keyed_hash(
-                        key,
-                        bytes.get(..len).unwrap_or(bytes),
-                    ));
-                }
+            if k == 0 {
+                run_at = i;
+                run_blocks = blocks;
             }
+            run[k] = (bytes, len);
+            k += 1;
         }
-        order.sort_unstable();
-        let mut keys = [ClientKey([0; 16]); lanes::LANES];
-        for group in order.chunk_by(|a, b| a.0 == b.0) {
-            for part in group.chunks(lanes::LANES) {
-                for (slot, &(_, i)) in inputs.iter_mut().zip(part) {
-                    *slot = input(i);
-                }
-                let k = part.len();
-                Self::lane_call(key, &words, &inputs[..k], group[0].0, &mut keys[..k]);
-                for (&(_, i), made) in part.iter().zip(&keys) {
-                    out[i] = *made;
-                }
-            }
-        }
+        Self::lane_call(key, &words, &run[..k], run_blocks, &mut out[run_at..]);
     }
 
     /// Keyed BLAKE3 of `inputs` (at most eight, each of `blocks` blocks) into `out`: in lanes
@@ -332,8 +279,9 @@ impl IdentityHasher {
         }
         let mut keys = [[0u8; 16]; lanes::LANES];
         let n = inputs.len().min(lanes::LANES);
-        // SAFETY: `keyed`'s one requirement, AVX2, was detected by the caller
-        // (`client_keys_with`) on this processor; it reads each input only within its slice.
+        // SAFETY: `keyed`'s one requirement, AVX2, was detected on this processor before
+        // `in_lanes`, its one caller, was called (`client_keys_with`, by `hashes_together`);
+        // it reads each input only within its slice.
         #[allow(unsafe_code)]
         unsafe {
             lanes::keyed(words, &inputs[..n], blocks, &mut keys[..n])
@@ -757,6 +705,14 @@ mod tests {
             let parts = [&b"bc"[..], b"", b"abc"];
             let one: Vec<ClientKey> = parts.iter().map(|p| h.client_key_joined(p)).collect();
             assert_eq!(inside, one);
+            // Runs of one size broken by an identity past a chunk and by a size change: three
+            // in lanes, one alone, five in lanes, then two of another size.
+            let runs: Vec<Vec<u8>> = [40, 41, 42, 2000, 43, 44, 45, 46, 47, 100, 101]
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| filler(100 + i as u64, l))
+                .collect();
+            check(&runs, &mut out);
             // The same identity twice is the same key twice.
             let twice = [filler(1, 40), filler(2, 40), filler(1, 40), filler(3, 40)];
             check(&twice, &mut out);
