@@ -36,15 +36,21 @@
 //! it and nothing of a plan read in it but its keys (see [`uniform_loops`]); the quotas shared
 //! by the call's plans travel once, not once a plan (Redis makes an argument of each, and Lua a
 //! string); each distinct quotas string is unpacked once a call (kept by the string, so plans
-//! of a few limits, tiers among them, unpack each once); a write's PX text is formatted only
-//! for other milliseconds than the last write's (every fresh bucket of a policy writes the
-//! same); `math`, `struct` and `redis` are locals. Measured with callgrind on redis-server (64
-//! token-bucket plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases
-//! batch`): 31,567 instructions a plan before these, 26,890 after; a minimal script that only
-//! reads and writes the keys is 17,423. The call's quotas once and the uniform loop took it
-//! from 26,656 to 23,279 (the minimal script 17,657 the same hour, one plan a call 50,559;
-//! `scripts/profile-redis batch 1000000 6`). A Lua function holds at most 200 locals and the
-//! script is one function: a test compiles the scripts with the most on a real redis-server.
+//! of a few limits, tiers among them, unpack each once); in such a loop of one rule, the plans
+//! that find no state (a new client, or one whose key expired) all decide the same, so that is
+//! decided once before the loop and each of them is only written and answered (see
+//! [`fresh_plan`]); a write's PX text is formatted only for other milliseconds than the last
+//! write's (every fresh bucket of a policy writes the same); `math`, `struct` and `redis` are
+//! locals. Measured with callgrind on redis-server (64 token-bucket plans a call, 1,000,000
+//! random keys, `redis_bench --script-floor --cases batch`): 31,567 instructions a plan before
+//! the first of these, 26,890 after those that came before the call's quotas once; a minimal
+//! script that only reads and writes the keys is 17,423. The call's quotas once and the uniform
+//! loop took it from 26,656 to 23,279 (the minimal script 17,657 the same hour, one plan a call
+//! 50,559; `scripts/profile-redis batch 1000000 6`). The plans that find no state decided once
+//! took it from 22,852 to 19,739 with 100,000 keys, which under callgrind's pace are mostly
+//! expired when a plan comes (`scripts/profile-redis batch 100000 6`). A Lua function holds at
+//! most 200 locals and the script is one function: a test compiles the scripts with the most on
+//! a real redis-server.
 //!
 //! Across slots (a Redis Cluster, Redis 7 or later): plans of the many slots one node serves
 //! leave in one call of the across-slots variant. A script's declared keys must share a slot,
@@ -635,12 +641,21 @@ fn uniform_loops(lua: &mut String, forms: &[Form]) {
             [rule] => {
                 lua.push_str(
                     "  local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n  \
-                     local cost = 1\n  \
-                     for i = 1, plans do\n    \
+                     local cost = 1\n",
+                );
+                fresh_plan(lua, rule.0);
+                lua.push_str(
+                    "  for i = 1, plans do\n    \
                      local key = keys[i]\n    \
-                     local raw = written[key] or all[i]\n",
+                     local raw = written[key] or all[i]\n    \
+                     if not raw and fresh_value then\n      \
+                     redis.call('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n      \
+                     written[key] = fresh_value\n      \
+                     out[i] = fresh_out\n    \
+                     else\n",
                 );
                 one_rule_decided(lua, *rule);
+                lua.push_str("    end\n");
             }
             _ => {
                 let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
@@ -659,6 +674,38 @@ fn uniform_loops(lua: &mut String, forms: &[Form]) {
     if !first {
         lua.push_str("end\n");
     }
+}
+
+/// What a uniform call's one-rule plan that finds no state (its key missing) writes and
+/// answers, decided once before the loop: every such plan of the call has the same quotas,
+/// cost and clock, so the same decision. Sets `fresh_value`, `fresh_px` (the write's value
+/// and PX text) and `fresh_out` (the answer) when it allows; none when it denies (a burst
+/// below the cost), and each such plan is decided in the loop as any other. A key expires
+/// when its state is a fresh one's again, so under the issue's load (100,000 clients at 100
+/// a minute, each back about once a second) about half the plans find none (0.46 a request,
+/// counted in docs/benchmarks.md's eleventh session): each is then a write and an answer,
+/// no decision and no new Lua string.
+fn fresh_plan(lua: &mut String, algorithm: Algorithm) {
+    lua.push_str(
+        "  local fresh_value, fresh_px, fresh_out\n  \
+         do\n    \
+         local raw = false\n    \
+         local ok, remaining, reset, retry, value, idle_at\n    \
+         do\n",
+    );
+    lua.push_str(body(algorithm));
+    lua.push_str("    end\n    if ok then\n");
+    crate::script::px_ms(lua, "idle_at");
+    lua.push_str(
+        "      fresh_value, fresh_px = value, string.format('%d', ms)\n      \
+         if remaining < base and reset < bound then\n        \
+         fresh_out = reset * base + remaining\n      \
+         else\n        \
+         fresh_out = pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n      \
+         end\n    \
+         end\n  \
+         end\n",
+    );
 }
 
 /// [`crate::script::write`] with the PX argument's text kept from the last write of the call
@@ -955,15 +1002,28 @@ mod tests {
         // The PX text is formatted again only for other milliseconds than the last write's.
         // One write for the one-rule form, two for the two-rule one, each in its branch and
         // its uniform loop.
-        let formats = s.text.matches("string.format('%d', ms)").count();
+        let formats = s
+            .text
+            .matches("px_ms, px_text = ms, string.format('%d', ms)")
+            .count();
         assert_eq!(formats, 6);
+        assert_eq!(s.text.matches("'PX', px_text, 'GET')").count(), formats);
+        // The one-rule form's uniform loop decides a plan that finds no state once, before
+        // it: one more PX text, and its plans write what that decision wrote.
+        assert_eq!(
+            s.text.matches("string.format('%d', ms)").count(),
+            formats + 1
+        );
         assert_eq!(
             s.text
-                .matches("px_ms, px_text = ms, string.format('%d', ms)")
+                .matches("fresh_value, fresh_px = value, string.format('%d', ms)")
                 .count(),
-            formats
+            1
         );
-        assert_eq!(s.text.matches("'PX', px_text, 'GET')").count(), formats);
+        assert!(s.text.contains(
+            "    if not raw and fresh_value then\n      \
+             redis.call('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n"
+        ));
         assert!(s.text.contains(
             "if ms ~= px_ms then\n    px_ms, px_text = ms, string.format('%d', ms)\n  end\n"
         ));

@@ -138,6 +138,74 @@ async fn uniform_batches_of_plans_of_several_rules_admit_exactly_the_tightest_li
     }
 }
 
+/// A uniform call's one-rule plans that find no state are decided once for the call (the
+/// same quotas, cost and clock make the same decision): each new client of a batch is
+/// answered and written as one checked alone, then its next plans, found in the same batch
+/// or the next, refill from what that write left. Clients new and known take turns, so the
+/// plans that decide and the ones that do not share calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn new_clients_of_a_uniform_batch_are_answered_and_written_as_one_alone() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    for algorithm in Algorithm::ALL {
+        let r = Arc::new(rule(&format!("fresh-{algorithm}"), algorithm, 5, DAY));
+        // One client alone: what a new client's first and second plan are answered.
+        let alone = |c: u128| {
+            let (store, r) = (store.clone(), r.clone());
+            async move {
+                let checks = [Check::new(client(c), &r, 1)];
+                let v = store.check(&checks, 0).await.expect("check");
+                (v.allowed, v.decisions[0].remaining)
+            }
+        };
+        let base = 5000 + algorithm as u128 * 1000;
+        // A client's answers alone, plan after plan: what each plan of a client leaves.
+        let mut lone = Vec::new();
+        for _ in 0..5 {
+            lone.push(alone(base).await);
+        }
+        assert!(lone.iter().all(|a| a.0), "{algorithm}: {lone:?}");
+        // Even clients are known (one plan each already), odd ones new; three plans each,
+        // all at once: most leave in uniform calls of many clients.
+        let known: Vec<u128> = (1..=40).map(|i| base + 2 * i).collect();
+        for &c in &known {
+            alone(c).await;
+        }
+        let who: Vec<u128> = (1..=80).map(|i| base + i).collect();
+        let allowed = concurrent_plans(&store, std::slice::from_ref(&r), &who, 80 * 3).await;
+        for (c, n) in who.iter().zip(&allowed) {
+            assert_eq!(*n, 3, "{algorithm}: client {c} was allowed {n} of 3");
+        }
+        // Each client's state is what its plans left, whatever the call its first plan went
+        // in: a new one's next plan is answered as a lone client's fourth, a known one's as
+        // the fifth.
+        for &c in &who {
+            let nth = if known.contains(&c) { 4 } else { 3 };
+            assert_eq!(alone(c).await, lone[nth], "{algorithm}: client {c}");
+        }
+        // A new client's first answer in a batch is a lone one's.
+        let fresh: Vec<u128> = (1..=30).map(|i| base + 500 + i).collect();
+        let barrier = Arc::new(tokio::sync::Barrier::new(fresh.len()));
+        let tasks: Vec<_> = fresh
+            .iter()
+            .map(|&c| {
+                let (store, r, barrier) = (store.clone(), r.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let v = store.check(&[Check::new(client(c), &r, 1)], 0).await;
+                    v.map(|v| (v.allowed, v.decisions[0].remaining))
+                })
+            })
+            .collect();
+        for (c, t) in fresh.iter().zip(tasks) {
+            match tokio::time::timeout(HANG, t).await {
+                Ok(Ok(Ok(answer))) => assert_eq!(answer, lone[0], "{algorithm}: client {c}"),
+                other => panic!("{algorithm}: a plan failed: {other:?}"),
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_max_batch_1_every_plan_is_a_call_of_its_own() {
     let server = RedisServer::start();
