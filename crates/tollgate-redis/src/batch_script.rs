@@ -63,7 +63,9 @@
 //! read, and the plan is answered with the error code [`ELSEWHERE`], nothing of it charged; the
 //! store then runs it alone, where the client follows the cluster's MOVED or ASK. A key read is
 //! served by the node until the script ends (nothing runs beside a script), so a plan's writes
-//! go where its reads did.
+//! go where its reads did. A uniform call of a one-rule form runs a loop of its own there too
+//! (its plans that find no state decided once, as on one server); its plans read their keys
+//! as the general loop's do.
 
 use crate::command::Args;
 use crate::keys::Keys;
@@ -489,9 +491,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
              end\n",
         );
     }
-    if !across {
-        uniform_loops(&mut lua, forms);
-    }
+    uniform_loops(&mut lua, forms, across);
     lua.push_str(
         "for i = 1, plans do\n  \
          local b = spec_of or byte(spec, i)\n  \
@@ -617,12 +617,16 @@ const UNIFORM_LOOP_RULES: usize = 4;
 /// alone. The quotas are unpacked and the clock read once, before it; no plan's byte,
 /// argument or quotas is read in it. The decisions, writes and answers are the general
 /// branch's own code, so it decides what the general loop decides for the same plans.
-fn uniform_loops(lua: &mut String, forms: &[Form]) {
+///
+/// Across slots only forms of one rule get such a loop: each plan reads its key alone there
+/// (see `branch`), and a plan whose key the node does not serve is answered [`ELSEWHERE`]
+/// with nothing written, as in the general loop.
+fn uniform_loops(lua: &mut String, forms: &[Form], across: bool) {
     let mut first = true;
     for (j, form) in forms.iter().enumerate() {
         let rules = form.rules();
         let n = rules.len();
-        if n > UNIFORM_LOOP_RULES {
+        if n > UNIFORM_LOOP_RULES || (across && n > 1) {
             continue;
         }
         let word = if first { "if" } else { "elseif" };
@@ -644,11 +648,30 @@ fn uniform_loops(lua: &mut String, forms: &[Form]) {
                      local cost = 1\n",
                 );
                 fresh_plan(lua, rule.0);
+                if across {
+                    // Its key read alone: an error (a key of another node) answers ELSEWHERE.
+                    let _ = write!(
+                        lua,
+                        "  for i = 1, plans do\n    \
+                         local key = keys[i]\n    \
+                         local raw = written[key]\n    \
+                         if raw == nil then\n      \
+                         raw = redis.pcall('GET', key)\n    \
+                         end\n    \
+                         if type(raw) == 'table' then\n      \
+                         out[i] = redis.error_reply('{ELSEWHERE} plan ' .. i .. ': a key is served by another node')\n    \
+                         elseif"
+                    );
+                } else {
+                    lua.push_str(
+                        "  for i = 1, plans do\n    \
+                         local key = keys[i]\n    \
+                         local raw = written[key] or all[i]\n    \
+                         if",
+                    );
+                }
                 lua.push_str(
-                    "  for i = 1, plans do\n    \
-                     local key = keys[i]\n    \
-                     local raw = written[key] or all[i]\n    \
-                     if not raw and fresh_value then\n      \
+                    " not raw and fresh_value then\n      \
                      redis.call('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n      \
                      written[key] = fresh_value\n      \
                      out[i] = fresh_out\n    \
@@ -1206,7 +1229,14 @@ mod tests {
         // No multi-key command (one slot per command), a guarded GET per key, the keys from
         // ARGV after their count.
         assert!(!s.text.contains("MGET"));
-        assert_eq!(s.text.matches("redis.pcall('GET', key)").count(), 2);
+        // One in each form's branch, one in the one-rule form's uniform loop: across slots
+        // a form of two rules has none.
+        assert_eq!(s.text.matches("redis.pcall('GET', key)").count(), 3);
+        assert!(s
+            .text
+            .contains("if spec_of == 65 and #call_quotas == 42 then\n"));
+        assert!(!s.text.contains("spec_of == 66"));
+        assert_eq!(s.text.matches("a key is served by another node").count(), 3);
         assert!(!s.text.contains("redis.call('GET'"));
         assert!(s.text.contains("keys[j] = argv[3 + j]"));
         // The call's quotas after the keys, each plan's own arguments after them.
