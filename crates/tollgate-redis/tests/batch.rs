@@ -1320,6 +1320,49 @@ async fn each_plan_of_a_batch_expires_when_its_own_state_is_fresh_again() {
     }
 }
 
+/// New clients of a uniform call (cost 1, the store's clock: the new ones decided once for
+/// the call) each write their own key with the PX a lone new client's write has: a token
+/// bucket of 10 an hour charged 1 is full again in 360 s.
+#[tokio::test(flavor = "current_thread")]
+async fn new_clients_of_a_uniform_batch_expire_when_full_again() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    let r = Arc::new(rule("fresh-px", Algorithm::TokenBucket, 10, HOUR));
+    store
+        .check(&[Check::new(client(899), &r, 0)], 0)
+        .await
+        .expect("check");
+    let before = script_calls(|a| server.cli(a));
+    let who: Vec<u128> = (900..916).collect();
+    let tasks: Vec<_> = who
+        .iter()
+        .map(|&c| {
+            let (store, r) = (store.clone(), r.clone());
+            tokio::spawn(async move { store.check(&[Check::new(client(c), &r, 1)], 0).await })
+        })
+        .collect();
+    for t in tasks {
+        let verdict = tokio::time::timeout(HANG, t)
+            .await
+            .expect("in time")
+            .expect("join")
+            .expect("check");
+        assert!(verdict.allowed);
+        assert_eq!(verdict.decisions[0].remaining, 9);
+    }
+    let calls = script_calls(|a| server.cli(a)) - before;
+    assert!(calls < who.len() as u64, "{calls} script calls: no batch");
+    for &c in &who {
+        let key = store.key(&client(c), r.name());
+        let pttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("pttl");
+        // At most its idle time, and no less than the test's own seconds take from it.
+        assert!(
+            pttl <= 360_000 && pttl > 350_000,
+            "client {c}: pttl {pttl}, want 360000"
+        );
+    }
+}
+
 /// `n` checks of `rule` for client `who`, each its own task, started now.
 fn spawn_checks(
     store: &RedisStore,
