@@ -602,7 +602,7 @@ fn branch(lua: &mut String, form: &Form, across: bool) {
     );
     match rules {
         [one] => one_rule(lua, *one),
-        _ => several_rules(lua, rules),
+        _ => several_rules(lua, rules, false),
     }
     let _ = writeln!(lua, "    end\n    k = k + {n}");
 }
@@ -684,11 +684,13 @@ fn uniform_loops(lua: &mut String, forms: &[Form], across: bool) {
                 let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
                 let _ = writeln!(
                     lua,
-                    "  local {} = {}\n  for i = 1, plans do",
+                    "  local {} = {}",
                     names.join(", "),
                     vec!["1"; n].join(", ")
                 );
-                several_rules(lua, rules);
+                fresh_rules(lua, rules);
+                lua.push_str("  for i = 1, plans do\n");
+                several_rules(lua, rules, true);
                 let _ = writeln!(lua, "    k = k + {n}");
             }
         }
@@ -776,9 +778,63 @@ fn one_rule_decided(lua: &mut String, (algorithm, _): (Algorithm, Mode)) {
     );
 }
 
+/// What each rule of a uniform call's plans of several rules decides for a key that holds no
+/// state, decided once before the loop as [`fresh_plan`] does for one rule (the same quotas,
+/// cost 1 and clock for every plan): `fresh_ok_i`, `fresh_remaining_i`, `fresh_reset_i`,
+/// `fresh_retry_i`, `fresh_value_i` and `fresh_idle_i` for rule `i`. A plan still decides
+/// all or nothing over its rules, each found state decided as before.
+fn fresh_rules(lua: &mut String, rules: &[(Algorithm, Mode)]) {
+    let n = rules.len();
+    for i in 1..=n {
+        let _ = writeln!(
+            lua,
+            "  local fresh_ok_{i}, fresh_remaining_{i}, fresh_reset_{i}, fresh_retry_{i}, \
+             fresh_value_{i}, fresh_idle_{i}"
+        );
+    }
+    // Every key missing, as MGET answers one.
+    let _ = writeln!(
+        lua,
+        "  do\n    local raws = {{{}}}",
+        vec!["false"; n].join(", ")
+    );
+    for (i, &(algorithm, _)) in rules.iter().enumerate() {
+        let i = i + 1;
+        let _ = writeln!(lua, "    do\n      local cost = cost_{i}");
+        decide(lua, algorithm, i, None, "      ");
+        let _ = writeln!(
+            lua,
+            "      fresh_ok_{i}, fresh_remaining_{i}, fresh_reset_{i}, fresh_retry_{i}, \
+             fresh_value_{i}, fresh_idle_{i} =\n        \
+             ok, remaining, reset, retry, value, idle_at\n    \
+             end"
+        );
+    }
+    lua.push_str("  end\n");
+}
+
+/// [`decide`] in a uniform loop: a rule whose key holds no state takes what [`fresh_rules`]
+/// decided for it before the loop; any other runs the body.
+fn decide_or_fresh(lua: &mut String, algorithm: Algorithm, i: usize) {
+    let _ = writeln!(
+        lua,
+        "      local raw, limit, p, burst, t = raws[{i}], {}\n      \
+         local ok, remaining, reset, retry, value, idle_at\n      \
+         if not raw then\n        \
+         ok, remaining, reset, retry, value, idle_at = fresh_ok_{i}, fresh_remaining_{i}, \
+         fresh_reset_{i}, fresh_retry_{i}, fresh_value_{i}, fresh_idle_{i}\n      \
+         else",
+        crate::script::quota_of(i)
+    );
+    lua.push_str(body(algorithm));
+    lua.push_str("      end\n");
+}
+
 /// A plan of 2 to 8 rules: every rule decided (suffixed locals) on one MGET, then all charged
 /// or none; a denied plan reports the uncharged state of the rules that would have allowed.
-fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)]) {
+/// In a uniform loop (`fresh`), a rule whose key holds no state takes what [`fresh_rules`]
+/// decided before the loop.
+fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)], fresh: bool) {
     let quota = rules.iter().any(|r| r.1 == Mode::Quota);
     let raws: Vec<String> = (1..=rules.len())
         .map(|i| format!("written[keys[k + {i}]] or all[k + {i}]"))
@@ -798,7 +854,11 @@ fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)]) {
             "    local ok_{i}, remaining_{i}, reset_{i}, retry_{i}, value_{i}, idle_{i}\n    \
              do\n      local cost = cost_{i}"
         );
-        decide(lua, algorithm, i, None, "      ");
+        if fresh {
+            decide_or_fresh(lua, algorithm, i);
+        } else {
+            decide(lua, algorithm, i, None, "      ");
+        }
         match mode {
             Mode::Enforce => {
                 lua.push_str("      if not ok then\n        denied = denied + 1\n      end\n")

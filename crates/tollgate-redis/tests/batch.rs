@@ -138,70 +138,99 @@ async fn uniform_batches_of_plans_of_several_rules_admit_exactly_the_tightest_li
     }
 }
 
-/// A uniform call's one-rule plans that find no state are decided once for the call (the
-/// same quotas, cost and clock make the same decision): each new client of a batch is
-/// answered and written as one checked alone, then its next plans, found in the same batch
-/// or the next, refill from what that write left. Clients new and known take turns, so the
-/// plans that decide and the ones that do not share calls.
+/// A uniform call's plans that find no state are decided once for the call (the same quotas,
+/// cost and clock make the same decision): for a plan of one rule its whole answer and write,
+/// for a plan of several each rule's decision on a missing key. Each new client of a batch is
+/// answered and written as one checked alone, then its next plans, found in the same batch or
+/// the next, refill from what that write left. Clients new and known take turns, so the plans
+/// that decide and the ones that do not share calls; with two and three rules a known client
+/// has some rules' keys and not others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn new_clients_of_a_uniform_batch_are_answered_and_written_as_one_alone() {
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
-    for algorithm in Algorithm::ALL {
-        let r = Arc::new(rule(&format!("fresh-{algorithm}"), algorithm, 5, DAY));
-        // One client alone: what a new client's first and second plan are answered.
-        let alone = |c: u128| {
-            let (store, r) = (store.clone(), r.clone());
-            async move {
-                let checks = [Check::new(client(c), &r, 1)];
-                let v = store.check(&checks, 0).await.expect("check");
-                (v.allowed, v.decisions[0].remaining)
-            }
-        };
-        let base = 5000 + algorithm as u128 * 1000;
-        // A client's answers alone, plan after plan: what each plan of a client leaves.
-        let mut lone = Vec::new();
-        for _ in 0..5 {
-            lone.push(alone(base).await);
-        }
-        assert!(lone.iter().all(|a| a.0), "{algorithm}: {lone:?}");
-        // Even clients are known (one plan each already), odd ones new; three plans each,
-        // all at once: most leave in uniform calls of many clients.
-        let known: Vec<u128> = (1..=40).map(|i| base + 2 * i).collect();
-        for &c in &known {
-            alone(c).await;
-        }
-        let who: Vec<u128> = (1..=80).map(|i| base + i).collect();
-        let allowed = concurrent_plans(&store, std::slice::from_ref(&r), &who, 80 * 3).await;
-        for (c, n) in who.iter().zip(&allowed) {
-            assert_eq!(*n, 3, "{algorithm}: client {c} was allowed {n} of 3");
-        }
-        // Each client's state is what its plans left, whatever the call its first plan went
-        // in: a new one's next plan is answered as a lone client's fourth, a known one's as
-        // the fifth.
-        for &c in &who {
-            let nth = if known.contains(&c) { 4 } else { 3 };
-            assert_eq!(alone(c).await, lone[nth], "{algorithm}: client {c}");
-        }
-        // A new client's first answer in a batch is a lone one's.
-        let fresh: Vec<u128> = (1..=30).map(|i| base + 500 + i).collect();
-        let barrier = Arc::new(tokio::sync::Barrier::new(fresh.len()));
-        let tasks: Vec<_> = fresh
-            .iter()
-            .map(|&c| {
-                let (store, r, barrier) = (store.clone(), r.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let v = store.check(&[Check::new(client(c), &r, 1)], 0).await;
-                    v.map(|v| (v.allowed, v.decisions[0].remaining))
+    for n in 1..=3u64 {
+        for algorithm in Algorithm::ALL {
+            // Rule i allows 5 + 2 i a day: the first is the tightest.
+            let rules: Vec<Arc<Rule>> = (0..n)
+                .map(|i| {
+                    let name = format!("fresh-{n}-{algorithm}-{i}");
+                    Arc::new(rule(&name, algorithm, 5 + 2 * i, DAY))
                 })
+                .collect();
+            let base = 5000 + u128::from(n) * 10_000 + algorithm as u128 * 1000;
+            fresh_clients_decide_as_alone(&store, &rules, base, &format!("{n} rules, {algorithm}"))
+                .await;
+        }
+    }
+}
+
+/// One plan of `rules` for client `c`, alone: whether it was allowed, and each rule's remaining.
+async fn alone(store: &RedisStore, rules: &[Arc<Rule>], c: u128) -> (bool, Vec<u64>) {
+    let checks: Vec<Check<'_>> = rules.iter().map(|r| Check::new(client(c), r, 1)).collect();
+    let v = store.check(&checks, 0).await.expect("check");
+    (v.allowed, v.decisions.iter().map(|d| d.remaining).collect())
+}
+
+async fn fresh_clients_decide_as_alone(
+    store: &RedisStore,
+    rules: &[Arc<Rule>],
+    base: u128,
+    what: &str,
+) {
+    // A client's answers alone, plan after plan: what each plan of a client leaves.
+    let mut lone = Vec::new();
+    for _ in 0..5 {
+        lone.push(alone(store, rules, base).await);
+    }
+    assert!(lone.iter().all(|a| a.0), "{what}: {lone:?}");
+    // Even clients are known (one plan each already), odd ones new, and ten more known by
+    // their first rule only; three plans each, all at once: most leave in uniform calls of
+    // many clients.
+    let known: Vec<u128> = (1..=40).map(|i| base + 2 * i).collect();
+    for &c in &known {
+        alone(store, rules, c).await;
+    }
+    let partly: Vec<u128> = (1..=10).map(|i| base + 100 + i).collect();
+    for &c in &partly {
+        alone(store, &rules[..1], c).await;
+    }
+    let who: Vec<u128> = (1..=80).map(|i| base + i).chain(partly.clone()).collect();
+    let allowed = concurrent_plans(store, rules, &who, who.len() * 3).await;
+    for (c, n) in who.iter().zip(&allowed) {
+        assert_eq!(*n, 3, "{what}: client {c} was allowed {n} of 3");
+    }
+    // Each client's state is what its plans left, whatever the call its first plan went in:
+    // a new one's next plan is answered as a lone client's fourth, a known one's as the fifth,
+    // and one known by its first rule alone as the fifth there and the fourth elsewhere.
+    for &c in &who {
+        let got = alone(store, rules, c).await;
+        if partly.contains(&c) {
+            assert!(got.0, "{what}: client {c}");
+            assert_eq!(got.1[0], lone[4].1[0], "{what}: client {c}");
+            assert_eq!(got.1[1..], lone[3].1[1..], "{what}: client {c}");
+        } else {
+            let nth = if known.contains(&c) { 4 } else { 3 };
+            assert_eq!(got, lone[nth], "{what}: client {c}");
+        }
+    }
+    // A new client's first answer in a batch is a lone one's.
+    let fresh: Vec<u128> = (1..=30).map(|i| base + 500 + i).collect();
+    let barrier = Arc::new(tokio::sync::Barrier::new(fresh.len()));
+    let tasks: Vec<_> = fresh
+        .iter()
+        .map(|&c| {
+            let (store, rules, barrier) = (store.clone(), rules.to_vec(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                alone(&store, &rules, c).await
             })
-            .collect();
-        for (c, t) in fresh.iter().zip(tasks) {
-            match tokio::time::timeout(HANG, t).await {
-                Ok(Ok(Ok(answer))) => assert_eq!(answer, lone[0], "{algorithm}: client {c}"),
-                other => panic!("{algorithm}: a plan failed: {other:?}"),
-            }
+        })
+        .collect();
+    for (c, t) in fresh.iter().zip(tasks) {
+        match tokio::time::timeout(HANG, t).await {
+            Ok(Ok(answer)) => assert_eq!(answer, lone[0], "{what}: client {c}"),
+            other => panic!("{what}: a plan failed: {other:?}"),
         }
     }
 }
