@@ -39,18 +39,19 @@
 //! of a few limits, tiers among them, unpack each once); in such a loop of one rule, the plans
 //! that find no state (a new client, or one whose key expired) all decide the same, so that is
 //! decided once before the loop and each of them is only written and answered (see
-//! [`fresh_plan`]); a write's PX text is formatted only for other milliseconds than the last
-//! write's (every fresh bucket of a policy writes the same); `math`, `struct` and `redis` are
-//! locals. Measured with callgrind on redis-server (64 token-bucket plans a call, 1,000,000
-//! random keys, `redis_bench --script-floor --cases batch`): 31,567 instructions a plan before
-//! the first of these, 26,890 after those that came before the call's quotas once; a minimal
-//! script that only reads and writes the keys is 17,423. The call's quotas once and the uniform
-//! loop took it from 26,656 to 23,279 (the minimal script 17,657 the same hour, one plan a call
-//! 50,559; `scripts/profile-redis batch 1000000 6`). The plans that find no state decided once
-//! took it from 22,852 to 19,739 with 100,000 keys, which under callgrind's pace are mostly
-//! expired when a plan comes (`scripts/profile-redis batch 100000 6`). A Lua function holds at
-//! most 200 locals and the script is one function: a test compiles the scripts with the most on
-//! a real redis-server.
+//! [`fresh_plan`]); in a loop of several rules, each rule's decision on a key with no state is
+//! made once before it (see [`fresh_rules`]); a write's PX text is formatted only for other
+//! milliseconds than the last write's (every fresh bucket of a policy writes the same); `math`,
+//! `struct` and `redis` are locals. Measured with callgrind on redis-server (64 token-bucket
+//! plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases batch`): 31,567
+//! instructions a plan before the first of these, 26,890 after those that came before the
+//! call's quotas once; a minimal script that only reads and writes the keys is 17,423. The
+//! call's quotas once and the uniform loop took it from 26,656 to 23,279 (the minimal script
+//! 17,657 the same hour, one plan a call 50,559; `scripts/profile-redis batch 1000000 6`). The
+//! plans that find no state decided once took it from 22,852 to 19,739 with 100,000 keys, which
+//! under callgrind's pace are mostly expired when a plan comes (`scripts/profile-redis batch
+//! 100000 6`). A Lua function holds at most 200 locals and the script is one function: a test
+//! compiles the scripts with the most on a real redis-server.
 //!
 //! Across slots (a Redis Cluster, Redis 7 or later): plans of the many slots one node serves
 //! leave in one call of the across-slots variant. A script's declared keys must share a slot,
