@@ -103,6 +103,31 @@ async fn concurrent_plans(
     allowed
 }
 
+/// Loads `r`'s plan script with a check that charges nothing, so that the plans after it
+/// coalesce (only a plan whose script is loaded is begun on a lane).
+async fn load_script(store: &RedisStore, r: &Arc<Rule>) {
+    store
+        .check(&[Check::new(client(1), r, 0)], 0)
+        .await
+        .expect("check");
+}
+
+/// `n` rules of `algorithm` over `period`, rule i allowing `limit(i)`, named after `what`.
+fn rules_of(
+    what: &str,
+    n: u64,
+    algorithm: Algorithm,
+    period: Duration,
+    limit: impl Fn(u64) -> u64,
+) -> Vec<Arc<Rule>> {
+    (0..n)
+        .map(|i| {
+            let name = format!("{what}-{n}-{algorithm}-{i}");
+            Arc::new(rule(&name, algorithm, limit(i), period))
+        })
+        .collect()
+}
+
 /// Plans all of one form, on one quotas string, at cost 1 and on Redis's clock leave in
 /// uniform calls, which the batch script runs in a loop of the form's own (forms of up to
 /// four rules; five: the general loop): each plan all or nothing, on its own client's keys,
@@ -115,12 +140,7 @@ async fn uniform_batches_of_plans_of_several_rules_admit_exactly_the_tightest_li
     for n in 1..=5u64 {
         for algorithm in Algorithm::ALL {
             // Rule i allows 100 - 10 i an hour: the last is the tightest.
-            let rules: Vec<Arc<Rule>> = (0..n)
-                .map(|i| {
-                    let name = format!("uniform-{n}-{algorithm}-{i}");
-                    Arc::new(rule(&name, algorithm, 100 - 10 * i, HOUR))
-                })
-                .collect();
+            let rules = rules_of("uniform", n, algorithm, HOUR, |i| 100 - 10 * i);
             let base = 1000 + u128::from(n) * 64 + algorithm as u128 * 4;
             let who = [base, base + 1, base + 2];
             let tightest = 100 - 10 * (n - 1) as usize;
@@ -152,12 +172,7 @@ async fn new_clients_of_a_uniform_batch_are_answered_and_written_as_one_alone() 
     for n in 1..=3u64 {
         for algorithm in Algorithm::ALL {
             // Rule i allows 5 + 2 i a day: the first is the tightest.
-            let rules: Vec<Arc<Rule>> = (0..n)
-                .map(|i| {
-                    let name = format!("fresh-{n}-{algorithm}-{i}");
-                    Arc::new(rule(&name, algorithm, 5 + 2 * i, DAY))
-                })
-                .collect();
+            let rules = rules_of("fresh", n, algorithm, DAY, |i| 5 + 2 * i);
             let base = 5000 + u128::from(n) * 10_000 + algorithm as u128 * 1000;
             fresh_clients_decide_as_alone(&store, &rules, base, &format!("{n} rules, {algorithm}"))
                 .await;
@@ -240,10 +255,7 @@ async fn with_max_batch_1_every_plan_is_a_call_of_its_own() {
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url()).with_max_batch(1)).await;
     let r = Arc::new(rule("one", Algorithm::TokenBucket, 50, HOUR));
-    store
-        .check(&[Check::new(client(1), &r, 0)], 0)
-        .await
-        .expect("check");
+    load_script(&store, &r).await;
     server.cli(&["config", "resetstat"]);
     assert_eq!(concurrent(&store, &r, 2, 200).await, 50);
     assert_eq!(script_calls(|a| server.cli(a)), 200);
@@ -256,10 +268,7 @@ async fn plans_of_a_batch_are_decided_in_arrival_order() {
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     let r = Arc::new(rule("order", Algorithm::TokenBucket, 5, DAY));
-    store
-        .check(&[Check::new(client(1), &r, 0)], 0)
-        .await
-        .expect("check");
+    load_script(&store, &r).await;
     server.cli(&["config", "resetstat"]);
     let mut tasks = Vec::new();
     for _ in 0..20 {
@@ -733,10 +742,7 @@ async fn lease_calls_coalesce_and_share_the_limit_exactly_with_checks() {
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     let r = Arc::new(rule("leased", Algorithm::TokenBucket, 600, DAY));
-    store
-        .check(&[Check::new(client(1), &r, 0)], 0)
-        .await
-        .expect("check");
+    load_script(&store, &r).await;
     assert_eq!(take_all(&store, &r, 77, 1, false).await, 3);
     server.cli(&["config", "resetstat"]);
     // 200 leases of 3 units want all of the 597 left.
@@ -1148,10 +1154,7 @@ async fn on_a_cluster_lease_calls_of_many_slots_coalesce_per_node() {
     let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
     let r = Arc::new(rule("leased-nodes", Algorithm::TokenBucket, 30, DAY));
     // Load the scripts first (the lease script and the plan's).
-    store
-        .check(&[Check::new(client(1), &r, 0)], 0)
-        .await
-        .expect("check");
+    load_script(&store, &r).await;
     assert_eq!(take_all(&store, &r, 2, 1, false).await, 3);
     for n in cluster.nodes() {
         n.cli(&["config", "resetstat"]);
@@ -1313,33 +1316,10 @@ async fn each_plan_of_a_batch_expires_when_its_own_state_is_fresh_again() {
         .check(&[Check::new(client(499), &r, 0)], common::EPOCH_2026)
         .await
         .expect("check");
-    let before = script_calls(|a| server.cli(a));
-    // Spawned at once on one thread: the first leaves alone, the rest queue behind it.
-    let tasks: Vec<_> = costs
-        .iter()
-        .zip(500u128..)
-        .map(|(&cost, who)| {
-            let (store, r) = (store.clone(), r.clone());
-            tokio::spawn(async move {
-                store
-                    .check(&[Check::new(client(who), &r, cost)], common::EPOCH_2026)
-                    .await
-            })
-        })
-        .collect();
-    for t in tasks {
-        let verdict = tokio::time::timeout(HANG, t)
-            .await
-            .expect("in time")
-            .expect("join")
-            .expect("check");
+    let plans: Vec<(u128, u64)> = (500u128..).zip(costs).collect();
+    let done = batched_with_pttls(&server, &store, &r, &plans, common::EPOCH_2026).await;
+    for (&cost, (verdict, pttl)) in costs.iter().zip(done) {
         assert!(verdict.allowed);
-    }
-    let calls = script_calls(|a| server.cli(a)) - before;
-    assert!(calls < costs.len() as u64, "{calls} script calls: no batch");
-    for (&cost, who) in costs.iter().zip(500u128..) {
-        let key = store.key(&client(who), r.name());
-        let pttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("pttl");
         let want = i64::try_from(cost * 600).expect("small");
         // At most its idle time, and not much less (the test's own seconds).
         assert!(
@@ -1347,6 +1327,47 @@ async fn each_plan_of_a_batch_expires_when_its_own_state_is_fresh_again() {
             "cost {cost}: pttl {pttl}, want {want}"
         );
     }
+}
+
+/// `plans` (client, cost) of `r` spawned at once on one thread (the first leaves alone, the
+/// rest queue behind it), checked to have coalesced: each one's verdict, then its key's PTTL.
+async fn batched_with_pttls(
+    server: &RedisServer,
+    store: &RedisStore,
+    r: &Arc<Rule>,
+    plans: &[(u128, u64)],
+    now: u64,
+) -> Vec<(tollgate_core::Verdict, i64)> {
+    let before = script_calls(|a| server.cli(a));
+    let tasks: Vec<_> = plans
+        .iter()
+        .map(|&(who, cost)| {
+            let (store, r) = (store.clone(), r.clone());
+            tokio::spawn(
+                async move { store.check(&[Check::new(client(who), &r, cost)], now).await },
+            )
+        })
+        .collect();
+    let mut verdicts = Vec::new();
+    for t in tasks {
+        let verdict = tokio::time::timeout(HANG, t)
+            .await
+            .expect("in time")
+            .expect("join")
+            .expect("check");
+        verdicts.push(verdict);
+    }
+    let calls = script_calls(|a| server.cli(a)) - before;
+    assert!(calls < plans.len() as u64, "{calls} script calls: no batch");
+    verdicts
+        .into_iter()
+        .zip(plans)
+        .map(|(v, &(who, _))| {
+            let key = store.key(&client(who), r.name());
+            let pttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("pttl");
+            (v, pttl)
+        })
+        .collect()
 }
 
 /// New clients of a uniform call (cost 1, the store's clock: the new ones decided once for
@@ -1357,33 +1378,12 @@ async fn new_clients_of_a_uniform_batch_expire_when_full_again() {
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     let r = Arc::new(rule("fresh-px", Algorithm::TokenBucket, 10, HOUR));
-    store
-        .check(&[Check::new(client(899), &r, 0)], 0)
-        .await
-        .expect("check");
-    let before = script_calls(|a| server.cli(a));
-    let who: Vec<u128> = (900..916).collect();
-    let tasks: Vec<_> = who
-        .iter()
-        .map(|&c| {
-            let (store, r) = (store.clone(), r.clone());
-            tokio::spawn(async move { store.check(&[Check::new(client(c), &r, 1)], 0).await })
-        })
-        .collect();
-    for t in tasks {
-        let verdict = tokio::time::timeout(HANG, t)
-            .await
-            .expect("in time")
-            .expect("join")
-            .expect("check");
+    load_script(&store, &r).await;
+    let plans: Vec<(u128, u64)> = (900..916).map(|c| (c, 1)).collect();
+    let done = batched_with_pttls(&server, &store, &r, &plans, 0).await;
+    for ((c, _), (verdict, pttl)) in plans.iter().zip(done) {
         assert!(verdict.allowed);
         assert_eq!(verdict.decisions[0].remaining, 9);
-    }
-    let calls = script_calls(|a| server.cli(a)) - before;
-    assert!(calls < who.len() as u64, "{calls} script calls: no batch");
-    for &c in &who {
-        let key = store.key(&client(c), r.name());
-        let pttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("pttl");
         // At most its idle time, and no less than the test's own seconds take from it.
         assert!(
             pttl <= 360_000 && pttl > 350_000,
