@@ -40,18 +40,20 @@
 //! that find no state (a new client, or one whose key expired) all decide the same, so that is
 //! decided once before the loop and each of them is only written and answered (see
 //! [`fresh_plan`]); in a loop of several rules, each rule's decision on a key with no state is
-//! made once before it (see [`fresh_rules`]); a write's PX text is formatted only for other
-//! milliseconds than the last write's (every fresh bucket of a policy writes the same); `math`,
-//! `struct` and `redis` are locals. Measured with callgrind on redis-server (64 token-bucket
-//! plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases batch`): 31,567
-//! instructions a plan before the first of these, 26,890 after those that came before the
-//! call's quotas once; a minimal script that only reads and writes the keys is 17,423. The
-//! call's quotas once and the uniform loop took it from 26,656 to 23,279 (the minimal script
-//! 17,657 the same hour, one plan a call 50,559; `scripts/profile-redis batch 1000000 6`). The
-//! plans that find no state decided once took it from 22,852 to 19,739 with 100,000 keys, which
-//! under callgrind's pace are mostly expired when a plan comes (`scripts/profile-redis batch
-//! 100000 6`). A Lua function holds at most 200 locals and the script is one function: a test
-//! compiles the scripts with the most on a real redis-server.
+//! made once before it (see [`fresh_rules`]); in the general loop, a one-rule plan that finds
+//! no state, at cost 1 and on Redis's clock, writes and answers what the first such plan of its
+//! form and quotas in the call did (see `one_rule`); a write's PX text is formatted only for
+//! other milliseconds than the last write's (every fresh bucket of a policy writes the same);
+//! `math`, `struct` and `redis` are locals. Measured with callgrind on redis-server (64
+//! token-bucket plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases
+//! batch`): 31,567 instructions a plan before the first of these, 26,890 after those that came
+//! before the call's quotas once; a minimal script that only reads and writes the keys is
+//! 17,423. The call's quotas once and the uniform loop took it from 26,656 to 23,279 (the
+//! minimal script 17,657 the same hour, one plan a call 50,559; `scripts/profile-redis batch
+//! 1000000 6`). The plans that find no state decided once took it from 22,852 to 19,739 with
+//! 100,000 keys, which under callgrind's pace are mostly expired when a plan comes
+//! (`scripts/profile-redis batch 100000 6`). A Lua function holds at most 200 locals and the
+//! script is one function: a test compiles the scripts with the most on a real redis-server.
 //!
 //! Across slots (a Redis Cluster, Redis 7 or later): plans of the many slots one node serves
 //! leave in one call of the across-slots variant. A script's declared keys must share a slot,
@@ -470,7 +472,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
          local call_quotas = argv[{shared_at}]\n\
          if plans == 0 then\n  return out\nend\n\
          local all, written = {{}}, {{}}\n\
-         local unpacked = {{}}\n\
+         local unpacked, fresh_of = {{}}, {{}}\n\
          local spec_of = uniform and byte(spec, 1)\n\
          local px_ms, px_text",
         forms.len(),
@@ -499,7 +501,8 @@ fn generate(forms: &[Form], across: bool) -> Script {
          local shared = b >= 64\n  \
          if shared then\n    b = b - 64\n  end\n  \
          local s, now, bad = b % 16, clock, nil\n  \
-         if b >= 32 then\n    \
+         local timed = b >= 32\n  \
+         if timed then\n    \
          now = tonumber(argv[a])\n    \
          a = a + 1\n    \
          if not now or now % 1 ~= 0 or now < 0 or now >= MAX_INT then\n      \
@@ -516,7 +519,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
     for (j, form) in forms.iter().enumerate() {
         let word = if j == 0 { "if" } else { "elseif" };
         let _ = writeln!(lua, "  {word} s == {} then", j + 1);
-        branch(&mut lua, form, across);
+        branch(&mut lua, form, j + 1, across);
     }
     lua.push_str("  end\nend\nreturn out\n");
     let script = finish(&[&lua]);
@@ -530,7 +533,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
 /// One form's branch: its quotas and costs read (and the argument cursor moved past them),
 /// then the plan decided, charged all or nothing and answered in `out[i]`; the key cursor
 /// moves past its keys.
-fn branch(lua: &mut String, form: &Form, across: bool) {
+fn branch(lua: &mut String, form: &Form, s: usize, across: bool) {
     let rules = form.rules();
     let n = rules.len();
     let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
@@ -602,7 +605,7 @@ fn branch(lua: &mut String, form: &Form, across: bool) {
         unpack_format(n)
     );
     match rules {
-        [one] => one_rule(lua, *one),
+        [one] => one_rule(lua, *one, s),
         _ => several_rules(lua, rules, false),
     }
     let _ = writeln!(lua, "    end\n    k = k + {n}");
@@ -743,13 +746,40 @@ fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
 
 /// A one-rule plan: GET, the body, SET when allowed; the integer reply where the caller sent
 /// a base, as the form's own script answers.
-fn one_rule(lua: &mut String, rule: (Algorithm, Mode)) {
-    lua.push_str(
+///
+/// A plan that finds no state, at cost 1 and on Redis's clock, decides what every such plan
+/// of its form and quotas decides in the call: the first one's write and answer are kept
+/// (`fresh_of[s][quotas]`: its value, PX text and answer) and the others only write and
+/// answer them, as the uniform loop's do (see [`fresh_plan`]), for calls of plans of a few
+/// limits (tiers, overrides).
+fn one_rule(lua: &mut String, rule: (Algorithm, Mode), s: usize) {
+    let _ = writeln!(
+        lua,
         "    local cost, key = cost_1, keys[k + 1]\n    \
          local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n    \
-         local raw = written[key] or all[k + 1]\n",
+         local raw = written[key] or all[k + 1]\n    \
+         local fresh = not raw and not timed and cost == 1\n    \
+         local kept = fresh and fresh_of[{s}]\n    \
+         kept = kept and kept[quotas]\n    \
+         if kept then\n      \
+         redis.call('SET', key, kept[1], 'PX', kept[2], 'GET')\n      \
+         written[key] = kept[1]\n      \
+         out[i] = kept[3]\n    \
+         else"
     );
     one_rule_decided(lua, rule);
+    let _ = writeln!(
+        lua,
+        "    if fresh and ok then\n      \
+         local of = fresh_of[{s}]\n      \
+         if not of then\n        \
+         of = {{}}\n        \
+         fresh_of[{s}] = of\n      \
+         end\n      \
+         of[quotas] = {{value, px_text, out[i]}}\n    \
+         end\n    \
+         end"
+    );
 }
 
 /// A one-rule plan's decision, write and answer, given `key`, `raw`, its quota, `cost` and

@@ -180,6 +180,91 @@ async fn new_clients_of_a_uniform_batch_are_answered_and_written_as_one_alone() 
     }
 }
 
+/// Plans of a few limits in one call (tiers: one form, other quotas, so the general loop):
+/// each limit's plans that find no state decide as one alone of that limit, the first of
+/// them for the others; each client's next plan alone shows what its batched plans left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn new_clients_of_a_few_limits_in_one_batch_are_answered_and_written_as_one_alone() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    for algorithm in Algorithm::ALL {
+        let tiers = rules_of("tiers", 3, algorithm, DAY, |i| 5 + 2 * i);
+        let base = 90_000 + algorithm as u128 * 1000;
+        // Each tier's answers alone, plan after plan.
+        let mut lone = Vec::new();
+        for (t, r) in tiers.iter().enumerate() {
+            let mut answers = Vec::new();
+            for _ in 0..4 {
+                answers.push(alone(&store, std::slice::from_ref(r), base + t as u128).await);
+            }
+            lone.push(answers);
+        }
+        // Client c of tier c % 3, two plans each, all at once; then a third plan alone.
+        let who: Vec<u128> = (10..100).map(|i| base + i).collect();
+        let tier = |c: u128| &tiers[(c % 3) as usize];
+        let barrier = Arc::new(tokio::sync::Barrier::new(who.len() * 2));
+        let tasks: Vec<_> = who
+            .iter()
+            .chain(&who)
+            .map(|&c| {
+                let (store, r, barrier) = (store.clone(), tier(c).clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    alone(&store, std::slice::from_ref(&r), c).await
+                })
+            })
+            .collect();
+        for (c, t) in who.iter().chain(&who).zip(tasks) {
+            match tokio::time::timeout(HANG, t).await {
+                Ok(Ok(answer)) => assert!(answer.0, "{algorithm}: client {c}: {answer:?}"),
+                other => panic!("{algorithm}: a plan failed: {other:?}"),
+            }
+        }
+        for &c in &who {
+            let got = alone(&store, std::slice::from_ref(tier(c)), c).await;
+            assert_eq!(got, lone[(c % 3) as usize][2], "{algorithm}: client {c}");
+        }
+        // A new client's first answer in a batch of the three limits is its limit's own.
+        let fresh: Vec<u128> = (500..560).map(|i| base + i).collect();
+        let barrier = Arc::new(tokio::sync::Barrier::new(fresh.len()));
+        let tasks: Vec<_> = fresh
+            .iter()
+            .map(|&c| {
+                let (store, r, barrier) = (store.clone(), tier(c).clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    alone(&store, std::slice::from_ref(&r), c).await
+                })
+            })
+            .collect();
+        for (&c, t) in fresh.iter().zip(tasks) {
+            match tokio::time::timeout(HANG, t).await {
+                Ok(Ok(answer)) => {
+                    assert_eq!(answer, lone[(c % 3) as usize][0], "{algorithm}: client {c}")
+                }
+                other => panic!("{algorithm}: a plan failed: {other:?}"),
+            }
+        }
+        // And writes its limit's PX: within a limit, every new client's key lives as long as
+        // the others' (all written within the test's second).
+        for (t, r) in tiers.iter().enumerate() {
+            let pttls: Vec<i64> = fresh
+                .iter()
+                .filter(|&&c| (c % 3) as usize == t)
+                .map(|&c| {
+                    let key = store.key(&client(c), r.name());
+                    server.cli(&["pttl", &key]).trim().parse().expect("pttl")
+                })
+                .collect();
+            let longest = pttls.iter().copied().max().unwrap_or(0);
+            assert!(
+                pttls.iter().all(|&p| p > 0 && p + 1_000 > longest),
+                "{algorithm}, limit {t}: {pttls:?}"
+            );
+        }
+    }
+}
+
 /// One plan of `rules` for client `c`, alone: whether it was allowed, and each rule's remaining.
 async fn alone(store: &RedisStore, rules: &[Arc<Rule>], c: u128) -> (bool, Vec<u64>) {
     let checks: Vec<Check<'_>> = rules.iter().map(|r| Check::new(client(c), r, 1)).collect();
