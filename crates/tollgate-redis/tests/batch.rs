@@ -201,49 +201,20 @@ async fn new_clients_of_a_few_limits_in_one_batch_are_answered_and_written_as_on
         }
         // Client c of tier c % 3, two plans each, all at once; then a third plan alone.
         let who: Vec<u128> = (10..100).map(|i| base + i).collect();
-        let tier = |c: u128| &tiers[(c % 3) as usize];
-        let barrier = Arc::new(tokio::sync::Barrier::new(who.len() * 2));
-        let tasks: Vec<_> = who
-            .iter()
-            .chain(&who)
-            .map(|&c| {
-                let (store, r, barrier) = (store.clone(), tier(c).clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    alone(&store, std::slice::from_ref(&r), c).await
-                })
-            })
-            .collect();
-        for (c, t) in who.iter().chain(&who).zip(tasks) {
-            match tokio::time::timeout(HANG, t).await {
-                Ok(Ok(answer)) => assert!(answer.0, "{algorithm}: client {c}: {answer:?}"),
-                other => panic!("{algorithm}: a plan failed: {other:?}"),
-            }
+        let tier = |c: u128| tiers[(c % 3) as usize].clone();
+        let twice: Vec<(u128, Arc<Rule>)> = who.iter().chain(&who).map(|&c| (c, tier(c))).collect();
+        for (c, answer) in all_at_once(&store, &twice).await {
+            assert!(answer.0, "{algorithm}: client {c}: {answer:?}");
         }
         for &c in &who {
-            let got = alone(&store, std::slice::from_ref(tier(c)), c).await;
+            let got = alone(&store, &[tier(c)], c).await;
             assert_eq!(got, lone[(c % 3) as usize][2], "{algorithm}: client {c}");
         }
         // A new client's first answer in a batch of the three limits is its limit's own.
         let fresh: Vec<u128> = (500..560).map(|i| base + i).collect();
-        let barrier = Arc::new(tokio::sync::Barrier::new(fresh.len()));
-        let tasks: Vec<_> = fresh
-            .iter()
-            .map(|&c| {
-                let (store, r, barrier) = (store.clone(), tier(c).clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    alone(&store, std::slice::from_ref(&r), c).await
-                })
-            })
-            .collect();
-        for (&c, t) in fresh.iter().zip(tasks) {
-            match tokio::time::timeout(HANG, t).await {
-                Ok(Ok(answer)) => {
-                    assert_eq!(answer, lone[(c % 3) as usize][0], "{algorithm}: client {c}")
-                }
-                other => panic!("{algorithm}: a plan failed: {other:?}"),
-            }
+        let once: Vec<(u128, Arc<Rule>)> = fresh.iter().map(|&c| (c, tier(c))).collect();
+        for (c, answer) in all_at_once(&store, &once).await {
+            assert_eq!(answer, lone[(c % 3) as usize][0], "{algorithm}: client {c}");
         }
         // And writes its limit's PX: within a limit, every new client's key lives as long as
         // the others' (all written within the test's second).
@@ -263,6 +234,33 @@ async fn new_clients_of_a_few_limits_in_one_batch_are_answered_and_written_as_on
             );
         }
     }
+}
+
+/// One plan of a rule for each (client, rule) of `plans`, all started at once: each one's
+/// client and answer ([`alone`]'s), in order.
+async fn all_at_once(
+    store: &RedisStore,
+    plans: &[(u128, Arc<Rule>)],
+) -> Vec<(u128, (bool, Vec<u64>))> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(plans.len()));
+    let tasks: Vec<_> = plans
+        .iter()
+        .map(|(c, r)| {
+            let (store, r, barrier, c) = (store.clone(), r.clone(), barrier.clone(), *c);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                (c, alone(&store, &[r], c).await)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        match tokio::time::timeout(HANG, t).await {
+            Ok(Ok(answer)) => answers.push(answer),
+            other => panic!("a plan failed: {other:?}"),
+        }
+    }
+    answers
 }
 
 /// One plan of `rules` for client `c`, alone: whether it was allowed, and each rule's remaining.
