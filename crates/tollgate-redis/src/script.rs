@@ -834,6 +834,19 @@ pub(crate) fn decide(
     cost: Option<u64>,
     indent: &str,
 ) {
+    decide_in(lua, algorithm, i, cost, indent, "do");
+}
+
+/// [`decide`] with the body in the block `open` begins (`do`, or the `else` of a branch
+/// that decides otherwise), closed by its `end`.
+pub(crate) fn decide_in(
+    lua: &mut String,
+    algorithm: Algorithm,
+    i: usize,
+    cost: Option<u64>,
+    indent: &str,
+    open: &str,
+) {
     let (cost_name, cost_value) = match cost {
         Some(c) => ("cost, ", format!("{c}, ")),
         None => ("", String::new()),
@@ -841,7 +854,7 @@ pub(crate) fn decide(
     let _ = writeln!(
         lua,
         "{indent}local raw, {cost_name}limit, p, burst, t = raws[{i}], {cost_value}{}\n\
-         {indent}local ok, remaining, reset, retry, value, idle_at\n{indent}do",
+         {indent}local ok, remaining, reset, retry, value, idle_at\n{indent}{open}",
         quota_of(i)
     );
     lua.push_str(body(algorithm));
@@ -908,7 +921,12 @@ pub(crate) fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
 /// [`write`]; `cached`: the PX text is kept in the locals `px_ms` and `px_text` (declared by
 /// the caller) and formatted again only for other milliseconds than the last write's.
 pub(crate) fn write_px(lua: &mut String, key: &str, value: &str, idle: &str, cached: bool) {
-    px_ms(lua, idle);
+    let _ = writeln!(
+        lua,
+        "  local ms = ({idle} - now + 999) / 1000\n  \
+         if ms < 1 then\n    ms = 1\n  end\n  \
+         if ms < ttl_floor then\n    ms = ttl_floor\n  end"
+    );
     let px = if cached {
         lua.push_str(
             "  if ms ~= px_ms then\n    \
@@ -922,17 +940,6 @@ pub(crate) fn write_px(lua: &mut String, key: &str, value: &str, idle: &str, cac
     let _ = writeln!(
         lua,
         "  redis.call('SET', {key}, {value}, 'PX', {px}, 'GET')"
-    );
-}
-
-/// The local `ms`: a write's PX in whole milliseconds (the text `%d` makes of it), from the
-/// instant `idle` the state is a fresh one's again, at least 1 and at least the PX floor.
-pub(crate) fn px_ms(lua: &mut String, idle: &str) {
-    let _ = writeln!(
-        lua,
-        "  local ms = ({idle} - now + 999) / 1000\n  \
-         if ms < 1 then\n    ms = 1\n  end\n  \
-         if ms < ttl_floor then\n    ms = ttl_floor\n  end"
     );
 }
 
