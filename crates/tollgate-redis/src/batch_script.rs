@@ -36,23 +36,24 @@
 //! it and nothing of a plan read in it but its keys (see [`uniform_loops`]); the quotas shared
 //! by the call's plans travel once, not once a plan (Redis makes an argument of each, and Lua a
 //! string); each distinct quotas string is unpacked once a call (kept by the string, so plans
-//! of a few limits, tiers among them, unpack each once); a one-rule plan that finds no state (a
-//! new client, or one whose key expired), at cost 1 and on Redis's clock, decides what every
-//! such plan of its form and quotas does, so the first one's write and answer are kept and the
-//! others only write and answer them (see [`one_rule_kept`]), in a uniform loop and in the
-//! general one; in a loop of several rules, each rule's decision on a key with no state is made
-//! once before it (see [`fresh_rules`]); a write's PX text is formatted only for other
-//! milliseconds than the last write's (every fresh bucket of a policy writes the same); `math`,
-//! `struct` and `redis` are locals. Measured with callgrind on redis-server (64 token-bucket
-//! plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases batch`): 31,567
-//! instructions a plan before the first of these, 26,890 after those that came before the
-//! call's quotas once; a minimal script that only reads and writes the keys is 17,423. The
-//! call's quotas once and the uniform loop took it from 26,656 to 23,279 (the minimal script
-//! 17,657 the same hour, one plan a call 50,559; `scripts/profile-redis batch 1000000 6`). The
-//! plans that find no state decided once took it from 22,852 to 19,739 with 100,000 keys, which
-//! under callgrind's pace are mostly expired when a plan comes (`scripts/profile-redis batch
-//! 100000 6`). A Lua function holds at most 200 locals and the script is one function: a test
-//! compiles the scripts with the most on a real redis-server.
+//! of a few limits, tiers among them, unpack each once); in such a loop of one rule, the plans
+//! that find no state (a new client, or one whose key expired) all decide the same, so that is
+//! decided once before the loop and each of them is only written and answered (see
+//! [`fresh_plan`]); in a loop of several rules, each rule's decision on a key with no state is
+//! made once before it (see [`fresh_rules`]); in the general loop, a one-rule plan that finds
+//! no state, at cost 1 and on Redis's clock, writes and answers what the first such plan of its
+//! form and quotas in the call did (see `one_rule`); a write's PX text is formatted only for
+//! other milliseconds than the last write's (every fresh bucket of a policy writes the same);
+//! `math`, `struct` and `redis` are locals. Measured with callgrind on redis-server (64
+//! token-bucket plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases
+//! batch`): 31,567 instructions a plan before the first of these, 26,890 after those that came
+//! before the call's quotas once; a minimal script that only reads and writes the keys is
+//! 17,423. The call's quotas once and the uniform loop took it from 26,656 to 23,279 (the
+//! minimal script 17,657 the same hour, one plan a call 50,559; `scripts/profile-redis batch
+//! 1000000 6`). The plans that find no state decided once took it from 22,852 to 19,739 with
+//! 100,000 keys, which under callgrind's pace are mostly expired when a plan comes
+//! (`scripts/profile-redis batch 100000 6`). A Lua function holds at most 200 locals and the
+//! script is one function: a test compiles the scripts with the most on a real redis-server.
 //!
 //! Across slots (a Redis Cluster, Redis 7 or later): plans of the many slots one node serves
 //! leave in one call of the across-slots variant. A script's declared keys must share a slot,
@@ -648,9 +649,9 @@ fn uniform_loops(lua: &mut String, forms: &[Form], across: bool) {
             [rule] => {
                 lua.push_str(
                     "  local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n  \
-                     local cost = 1\n  \
-                     local kept_value, kept_px, kept_out\n",
+                     local cost = 1\n",
                 );
+                fresh_plan(lua, rule.0);
                 if across {
                     // Its key read alone: an error (a key of another node) answers ELSEWHERE.
                     let _ = write!(
@@ -663,26 +664,25 @@ fn uniform_loops(lua: &mut String, forms: &[Form], across: bool) {
                          end\n    \
                          if type(raw) == 'table' then\n      \
                          out[i] = redis.error_reply('{ELSEWHERE} plan ' .. i .. ': a key is served by another node')\n    \
-                         else\n"
+                         elseif"
                     );
                 } else {
                     lua.push_str(
                         "  for i = 1, plans do\n    \
                          local key = keys[i]\n    \
-                         local raw = written[key] or all[i]\n",
+                         local raw = written[key] or all[i]\n    \
+                         if",
                     );
                 }
-                // Every plan of the loop is at cost 1 on the call's clock and quotas.
-                one_rule_kept(
-                    lua,
-                    *rule,
-                    "not raw",
-                    ["kept_value", "kept_value", "kept_px", "kept_out"],
-                    "kept_value, kept_px, kept_out = value, px_text, out[i]",
+                lua.push_str(
+                    " not raw and fresh_value then\n      \
+                     redis.call('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n      \
+                     written[key] = fresh_value\n      \
+                     out[i] = fresh_out\n    \
+                     else\n",
                 );
-                if across {
-                    lua.push_str("    end\n");
-                }
+                one_rule_decided(lua, *rule);
+                lua.push_str("    end\n");
             }
             _ => {
                 let names: Vec<String> = (1..=n).map(|i| format!("cost_{i}")).collect();
@@ -705,6 +705,38 @@ fn uniform_loops(lua: &mut String, forms: &[Form], across: bool) {
     }
 }
 
+/// What a uniform call's one-rule plan that finds no state (its key missing) writes and
+/// answers, decided once before the loop: every such plan of the call has the same quotas,
+/// cost and clock, so the same decision. Sets `fresh_value`, `fresh_px` (the write's value
+/// and PX text) and `fresh_out` (the answer) when it allows; none when it denies (a burst
+/// below the cost), and each such plan is decided in the loop as any other. A key expires
+/// when its state is a fresh one's again, so under the issue's load (100,000 clients at 100
+/// a minute, each back about once a second) about half the plans find none (0.46 a request,
+/// counted in docs/benchmarks.md's eleventh session): each is then a write and an answer,
+/// no decision and no new Lua string.
+fn fresh_plan(lua: &mut String, algorithm: Algorithm) {
+    lua.push_str(
+        "  local fresh_value, fresh_px, fresh_out\n  \
+         do\n    \
+         local raw = false\n    \
+         local ok, remaining, reset, retry, value, idle_at\n    \
+         do\n",
+    );
+    lua.push_str(body(algorithm));
+    lua.push_str("    end\n    if ok then\n");
+    crate::script::px_ms(lua, "idle_at");
+    lua.push_str(
+        "      fresh_value, fresh_px = value, string.format('%d', ms)\n      \
+         if remaining < base and reset < bound then\n        \
+         fresh_out = reset * base + remaining\n      \
+         else\n        \
+         fresh_out = pack('>I7BI7I7I7', now, 1, remaining, reset, 0)\n      \
+         end\n    \
+         end\n  \
+         end\n",
+    );
+}
+
 /// [`crate::script::write`] with the PX argument's text kept from the last write of the call
 /// while its milliseconds are the same (every fresh bucket of a policy writes the same): one
 /// `string.format` a distinct PX, not one a plan.
@@ -716,64 +748,35 @@ fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
 /// a base, as the form's own script answers.
 ///
 /// A plan that finds no state, at cost 1 and on Redis's clock, decides what every such plan
-/// of its form and quotas decides in the call (kept in `fresh_of[s][quotas]`, see
-/// [`one_rule_kept`]): calls of plans of a few limits (tiers, overrides).
+/// of its form and quotas decides in the call: the first one's write and answer are kept
+/// (`fresh_of[s][quotas]`: its value, PX text and answer) and the others only write and
+/// answer them, as the uniform loop's do (see [`fresh_plan`]), for calls of plans of a few
+/// limits (tiers, overrides).
 fn one_rule(lua: &mut String, rule: (Algorithm, Mode), s: usize) {
-    lua.push_str(
-        "    local cost, key = cost_1, keys[k + 1]\n    \
-         local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n    \
-         local raw = written[key] or all[k + 1]\n",
-    );
-    one_rule_kept(
-        lua,
-        rule,
-        "not raw and not timed and cost == 1",
-        [
-            &format!("fresh_of[{s}] and fresh_of[{s}][quotas]"),
-            "kept[1]",
-            "kept[2]",
-            "kept[3]",
-        ],
-        &format!(
-            "local of = fresh_of[{s}] or {{}}\n      \
-             fresh_of[{s}] = of\n      \
-             of[quotas] = {{value, px_text, out[i]}}"
-        ),
-    );
-}
-
-/// A one-rule plan that keeps what the first of its kind that found no state wrote and
-/// answered: every plan for which `fresh` (a Lua condition) holds has the same quotas, cost
-/// and clock as the others it is kept for, so the same decision. The first such plan that is
-/// allowed is decided ([`one_rule_decided`]) and runs `keep`, which stores its value, PX text
-/// and answer where `kept` reads them (four Lua expressions: the local `kept`, nil or false
-/// until then, read only for a plan that finds no state; then the three, which may read
-/// `kept`); each later one only writes and answers them: no decision and no new Lua string. A
-/// key expires when its state is a fresh one's again, so under the issue's load (100,000
-/// clients at 100 a minute, each back about once a second) about half the plans find none.
-fn one_rule_kept(
-    lua: &mut String,
-    rule: (Algorithm, Mode),
-    fresh: &str,
-    kept: [&str; 4],
-    keep: &str,
-) {
-    let [found, value, px, answer] = kept;
     let _ = writeln!(
         lua,
-        "    local fresh = {fresh}\n    \
-         local kept = fresh and {found}\n    \
+        "    local cost, key = cost_1, keys[k + 1]\n    \
+         local limit, p, burst, t, base, bound = K[1], K[2], K[3], K[4], K[5], K[6]\n    \
+         local raw = written[key] or all[k + 1]\n    \
+         local fresh = not raw and not timed and cost == 1\n    \
+         local kept = fresh and fresh_of[{s}]\n    \
+         kept = kept and kept[quotas]\n    \
          if kept then\n      \
-         redis.call('SET', key, {value}, 'PX', {px}, 'GET')\n      \
-         written[key] = {value}\n      \
-         out[i] = {answer}\n    \
+         redis.call('SET', key, kept[1], 'PX', kept[2], 'GET')\n      \
+         written[key] = kept[1]\n      \
+         out[i] = kept[3]\n    \
          else"
     );
     one_rule_decided(lua, rule);
     let _ = writeln!(
         lua,
         "    if fresh and ok then\n      \
-         {keep}\n    \
+         local of = fresh_of[{s}]\n      \
+         if not of then\n        \
+         of = {{}}\n        \
+         fresh_of[{s}] = of\n      \
+         end\n      \
+         of[quotas] = {{value, px_text, out[i]}}\n    \
          end\n    \
          end"
     );
@@ -807,7 +810,7 @@ fn one_rule_decided(lua: &mut String, (algorithm, _): (Algorithm, Mode)) {
 }
 
 /// What each rule of a uniform call's plans of several rules decides for a key that holds no
-/// state, decided once before the loop (the same quotas,
+/// state, decided once before the loop as [`fresh_plan`] does for one rule (the same quotas,
 /// cost 1 and clock for every plan): `fresh_ok_i`, `fresh_remaining_i`, `fresh_reset_i`,
 /// `fresh_retry_i`, `fresh_value_i` and `fresh_idle_i` for rule `i`. A plan still decides
 /// all or nothing over its rules, each found state decided as before.
@@ -1114,20 +1117,21 @@ mod tests {
             .count();
         assert_eq!(formats, 6);
         assert_eq!(s.text.matches("'PX', px_text, 'GET')").count(), formats);
-        // The one-rule form's plans that find no state are decided once: the first one's
-        // write and answer are kept (the uniform loop's, and the branch's by form and
-        // quotas), and the others write and answer them, with no PX text of their own.
-        assert_eq!(s.text.matches("string.format('%d', ms)").count(), formats);
+        // The one-rule form's uniform loop decides a plan that finds no state once, before
+        // it: one more PX text, and its plans write what that decision wrote.
+        assert_eq!(
+            s.text.matches("string.format('%d', ms)").count(),
+            formats + 1
+        );
+        assert_eq!(
+            s.text
+                .matches("fresh_value, fresh_px = value, string.format('%d', ms)")
+                .count(),
+            1
+        );
         assert!(s.text.contains(
-            "local fresh = not raw\n    local kept = fresh and kept_value\n    \
-             if kept then\n      \
-             redis.call('SET', key, kept_value, 'PX', kept_px, 'GET')\n"
-        ));
-        assert!(s.text.contains(
-            "local fresh = not raw and not timed and cost == 1\n    \
-             local kept = fresh and fresh_of[1] and fresh_of[1][quotas]\n    \
-             if kept then\n      \
-             redis.call('SET', key, kept[1], 'PX', kept[2], 'GET')\n"
+            "    if not raw and fresh_value then\n      \
+             redis.call('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n"
         ));
         assert!(s.text.contains(
             "if ms ~= px_ms then\n    px_ms, px_text = ms, string.format('%d', ms)\n  end\n"

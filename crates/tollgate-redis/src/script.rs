@@ -921,12 +921,7 @@ pub(crate) fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
 /// [`write`]; `cached`: the PX text is kept in the locals `px_ms` and `px_text` (declared by
 /// the caller) and formatted again only for other milliseconds than the last write's.
 pub(crate) fn write_px(lua: &mut String, key: &str, value: &str, idle: &str, cached: bool) {
-    let _ = writeln!(
-        lua,
-        "  local ms = ({idle} - now + 999) / 1000\n  \
-         if ms < 1 then\n    ms = 1\n  end\n  \
-         if ms < ttl_floor then\n    ms = ttl_floor\n  end"
-    );
+    px_ms(lua, idle);
     let px = if cached {
         lua.push_str(
             "  if ms ~= px_ms then\n    \
@@ -940,6 +935,17 @@ pub(crate) fn write_px(lua: &mut String, key: &str, value: &str, idle: &str, cac
     let _ = writeln!(
         lua,
         "  redis.call('SET', {key}, {value}, 'PX', {px}, 'GET')"
+    );
+}
+
+/// The local `ms`: a write's PX in whole milliseconds (the text `%d` makes of it), from the
+/// instant `idle` the state is a fresh one's again, at least 1 and at least the PX floor.
+pub(crate) fn px_ms(lua: &mut String, idle: &str) {
+    let _ = writeln!(
+        lua,
+        "  local ms = ({idle} - now + 999) / 1000\n  \
+         if ms < 1 then\n    ms = 1\n  end\n  \
+         if ms < ttl_floor then\n    ms = ttl_floor\n  end"
     );
 }
 
