@@ -205,6 +205,7 @@ pub(crate) fn push_batch_call(
             b
         })
         .collect();
+    let spec = mark_distinct(spec, plans);
     cmd.arg(spec).arg(floor_ms);
     if across {
         cmd.arg(keys);
@@ -224,6 +225,77 @@ pub(crate) fn push_batch_call(
             }
         }
     }
+}
+
+/// A uniform call's bytes (every plan's the same, on the call's quotas: the script's uniform
+/// loops) with their high bit set when no key comes twice in the call: the script then keeps
+/// no table of the keys it wrote (`written`, which lets a plan read what an earlier plan of
+/// the call wrote to its key), a hash insert a write and a lookup a plan less. Told by 64-bit
+/// fingerprints of the keys: two keys with different fingerprints differ, so the mark is never
+/// set wrongly; two different keys with the same one only leave the call unmarked.
+fn mark_distinct(mut spec: Vec<u8>, plans: &[CallPlan<'_>]) -> Vec<u8> {
+    let Some(&first) = spec.first() else {
+        return spec;
+    };
+    if !(64..128).contains(&first) || spec.iter().any(|&b| b != first) {
+        return spec;
+    }
+    // On the stack for the default batch of one-rule plans; a larger call's on the heap.
+    let n: usize = plans.iter().map(|p| p.keys.len()).sum();
+    let mut small = [0u64; 64];
+    let mut large = Vec::new();
+    let prints: &mut [u64] = match small.get_mut(..n) {
+        Some(prints) => prints,
+        None => {
+            large.resize(n, 0);
+            &mut large
+        }
+    };
+    for (print, key) in prints
+        .iter_mut()
+        .zip(plans.iter().flat_map(|p| p.keys.iter()))
+    {
+        *print = fingerprint(key);
+    }
+    prints.sort_unstable();
+    if prints.windows(2).any(|w| w[0] == w[1]) {
+        return spec;
+    }
+    for b in &mut spec {
+        *b += 128;
+    }
+    spec
+}
+
+/// A key's 64-bit fingerprint: its 8-byte words folded (the last one read overlapping the one
+/// before, so no byte is read alone), then mixed. Keys of one call differ in the hex of their
+/// client's keyed hash, whole words of it, so a fold tells them apart; any function of the key
+/// would keep the mark correct (equal keys, equal fingerprints), this one is cheap.
+fn fingerprint(key: &[u8]) -> u64 {
+    let word = |w: &[u8]| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        u64::from_le_bytes(b)
+    };
+    let mut h = key.len() as u64;
+    let mut words = key.chunks_exact(8);
+    for w in &mut words {
+        h = h.rotate_left(23) ^ word(w);
+    }
+    let rest = words.remainder();
+    if !rest.is_empty() {
+        let last = match key.len().checked_sub(8) {
+            Some(at) => word(&key[at..]),
+            // A key shorter than a word (none the store makes): its bytes, zero-padded.
+            None => rest
+                .iter()
+                .rev()
+                .fold(0u64, |w, &b| (w << 8) | u64::from(b)),
+        };
+        h = h.rotate_left(23) ^ last;
+    }
+    h = (h ^ (h >> 32)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 29)
 }
 
 /// For benchmarks: the text of the batch script a standalone server runs for plans of these
@@ -449,8 +521,10 @@ fn generate(forms: &[Form], across: bool) -> Script {
          local byte = string.byte\n\
          local need_keys, need_args = 0, 0\n\
          local uniform = plans > 0 and spec == string.rep(string.char(byte(spec, 1)), plans)\n\
+         local distinct = uniform and byte(spec, 1) >= 128\n\
          for i = 1, uniform and 1 or plans do\n  \
          local b = byte(spec, i)\n  \
+         if distinct then\n    b = b - 128\n  end\n  \
          local n = rules_of[b % 16]\n  \
          if not n or b >= 128 then\n    \
          return redis.error_reply('ERR tollgate: plan ' .. i .. ' names no shape of this script')\n  \
@@ -473,8 +547,7 @@ fn generate(forms: &[Form], across: bool) -> Script {
          if plans == 0 then\n  return out\nend\n\
          local all, written = {{}}, {{}}\n\
          local unpacked, fresh_of = {{}}, {{}}\n\
-         local spec_of = uniform and byte(spec, 1)\n\
-         local px_ms, px_text",
+         local spec_of = uniform and byte(spec, 1) % 128",
         forms.len(),
         if across { ", across slots" } else { "" },
         rules_of.join(", "),
@@ -658,7 +731,10 @@ fn uniform_loops(lua: &mut String, forms: &[Form], across: bool) {
                         lua,
                         "  for i = 1, plans do\n    \
                          local key = keys[i]\n    \
-                         local raw = written[key]\n    \
+                         local raw = nil\n    \
+                         if not distinct then\n      \
+                         raw = written[key]\n    \
+                         end\n    \
                          if raw == nil then\n      \
                          raw = redis.pcall('GET', key)\n    \
                          end\n    \
@@ -670,14 +746,19 @@ fn uniform_loops(lua: &mut String, forms: &[Form], across: bool) {
                     lua.push_str(
                         "  for i = 1, plans do\n    \
                          local key = keys[i]\n    \
-                         local raw = written[key] or all[i]\n    \
+                         local raw = all[i]\n    \
+                         if not distinct then\n      \
+                         raw = written[key] or raw\n    \
+                         end\n    \
                          if",
                     );
                 }
                 lua.push_str(
                     " not raw and fresh_value then\n      \
                      redis.call('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n      \
+                     if not distinct then\n        \
                      written[key] = fresh_value\n      \
+                     end\n      \
                      out[i] = fresh_out\n    \
                      else\n",
                 );
@@ -737,13 +818,6 @@ fn fresh_plan(lua: &mut String, algorithm: Algorithm) {
     );
 }
 
-/// [`crate::script::write`] with the PX argument's text kept from the last write of the call
-/// while its milliseconds are the same (every fresh bucket of a policy writes the same): one
-/// `string.format` a distinct PX, not one a plan.
-fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
-    crate::script::write_px(lua, key, value, idle, true);
-}
-
 /// A one-rule plan: GET, the body, SET when allowed; the integer reply where the caller sent
 /// a base, as the form's own script answers.
 ///
@@ -768,6 +842,8 @@ fn one_rule(lua: &mut String, rule: (Algorithm, Mode), s: usize) {
          else"
     );
     one_rule_decided(lua, rule);
+    // The kept PX is text, formatted once here: every plan that writes it passes a string,
+    // which Redis copies, not a number it would print again for each.
     let _ = writeln!(
         lua,
         "    if fresh and ok then\n      \
@@ -775,10 +851,13 @@ fn one_rule(lua: &mut String, rule: (Algorithm, Mode), s: usize) {
          if not of then\n        \
          of = {{}}\n        \
          fresh_of[{s}] = of\n      \
-         end\n      \
-         of[quotas] = {{value, px_text, out[i]}}\n    \
-         end\n    \
          end"
+    );
+    crate::script::px_ms(lua, "idle_at");
+    lua.push_str(
+        "      of[quotas] = {value, string.format('%d', ms), out[i]}\n    \
+         end\n    \
+         end\n",
     );
 }
 
@@ -797,9 +876,12 @@ fn one_rule_decided(lua: &mut String, (algorithm, _): (Algorithm, Mode)) {
          else\n      \
          if cost > 0 then\n",
     );
-    write(lua, "key", "value", "idle_at");
+    crate::script::write(lua, "key", "value", "idle_at");
     lua.push_str(
-        "        written[key] = value\n      end\n      \
+        "        if not distinct then\n          \
+         written[key] = value\n        \
+         end\n      \
+         end\n      \
          if remaining < base and reset < bound then\n        \
          out[i] = reset * base + remaining\n      \
          else\n        \
@@ -915,7 +997,7 @@ fn several_rules(lua: &mut String, rules: &[(Algorithm, Mode)], fresh: bool) {
                 let _ = writeln!(lua, "      if ok_{i} and cost_{i} > 0 then");
             }
         }
-        write(
+        crate::script::write(
             lua,
             &format!("keys[k + {i}]"),
             &format!("value_{i}"),
@@ -1108,21 +1190,28 @@ mod tests {
         ));
         assert!(s.text.contains("for i = 1, uniform and 1 or plans do\n"));
         assert!(s.text.contains("local b = spec_of or byte(spec, i)\n"));
-        // The PX text is formatted again only for other milliseconds than the last write's.
-        // One write for the one-rule form, two for the two-rule one, each in its branch and
-        // its uniform loop.
-        let formats = s
+        // A uniform call marked as having no key twice (`mark_distinct`) reads its keys
+        // without the table of writes: in the one-rule form's uniform loop and its general
+        // branch, each write to that table is skipped then.
+        assert!(s
             .text
-            .matches("px_ms, px_text = ms, string.format('%d', ms)")
-            .count();
-        assert_eq!(formats, 6);
-        assert_eq!(s.text.matches("'PX', px_text, 'GET')").count(), formats);
+            .contains("local distinct = uniform and byte(spec, 1) >= 128\n"));
+        assert!(s
+            .text
+            .contains("local spec_of = uniform and byte(spec, 1) % 128\n"));
+        assert!(s.text.contains(
+            "    local raw = all[i]\n    if not distinct then\n      raw = written[key] or raw\n    end\n"
+        ));
+        // Each write passes its PX as a number (Redis prints it: no Lua string a write). One
+        // write for the one-rule form, two for the two-rule one, each in its branch and its
+        // uniform loop.
+        let writes = s.text.matches("'PX', ms, 'GET')").count();
+        assert_eq!(writes, 6);
+        assert!(!s.text.contains("px_text"));
         // The one-rule form's uniform loop decides a plan that finds no state once, before
-        // it: one more PX text, and its plans write what that decision wrote.
-        assert_eq!(
-            s.text.matches("string.format('%d', ms)").count(),
-            formats + 1
-        );
+        // it, and its plans write what that decision wrote; the general loop keeps the first
+        // such plan's write. Those two PX are text, formatted once a call.
+        assert_eq!(s.text.matches("string.format('%d', ms)").count(), 2);
         assert_eq!(
             s.text
                 .matches("fresh_value, fresh_px = value, string.format('%d', ms)")
@@ -1133,9 +1222,10 @@ mod tests {
             "    if not raw and fresh_value then\n      \
              redis.call('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n"
         ));
-        assert!(s.text.contains(
-            "if ms ~= px_ms then\n    px_ms, px_text = ms, string.format('%d', ms)\n  end\n"
-        ));
+        assert!(s
+            .text
+            .contains("of[quotas] = {value, string.format('%d', ms), out[i]}"));
+        assert!(s.text.contains("  ms = (ms - ms % 1000) / 1000\n"));
         assert!(s.text.trim_end().ends_with("return out"));
         assert!(!s.text.contains("local function"));
         // The same list is the same script; another order is another one.
@@ -1180,6 +1270,27 @@ mod tests {
     }
 
     #[test]
+    fn fingerprints_tell_keys_apart_and_take_any_length() {
+        let mut prints: Vec<u64> = (0..20_000u32)
+            .map(|i| {
+                fingerprint(
+                    format!("tollgate:{{{:032x}}}:api", u128::from(i) * 0x9e37_79b9).as_bytes(),
+                )
+            })
+            .collect();
+        prints.sort_unstable();
+        prints.dedup();
+        assert_eq!(prints.len(), 20_000);
+        // Every length, the short ones included, and the same key the same fingerprint.
+        for n in 0..40 {
+            let key = vec![b'k'; n];
+            assert_eq!(fingerprint(&key), fingerprint(&key.clone()));
+        }
+        assert_ne!(fingerprint(b"abc"), fingerprint(b"abd"));
+        assert_ne!(fingerprint(b"abcdefghi"), fingerprint(b"abcdefghj"));
+    }
+
+    #[test]
     fn the_batch_script_and_call_given_to_benchmarks_are_the_ones_the_store_sends() {
         let quota = Quota::per_minute(100).expect("quota");
         let rule = RuleShape {
@@ -1205,11 +1316,16 @@ mod tests {
         let quotas = crate::plan_script_quotas(&[rule]).expect("quotas");
         let mut want: Vec<Vec<u8>> = vec![b"3".to_vec()];
         want.extend(keys.iter().map(|k| k.as_bytes().to_vec()));
-        // Every plan's byte says its quotas are the call's, sent once.
-        want.push(vec![64 + 1; 3]);
+        // Every plan's byte says its quotas are the call's, sent once, and (the high bit) that
+        // no key comes twice in the call.
+        want.push(vec![128 + 64 + 1; 3]);
         want.push(b"0".to_vec());
         want.push(quotas.clone());
         assert_eq!(args, want);
+        // A key twice: the call is not marked, and the script keeps its table of writes.
+        let twice = [keys[0].clone(), keys[1].clone(), keys[0].clone()];
+        let args = batch_script_args(&[rule], &twice).expect("args");
+        assert_eq!(args[4], vec![64 + 1; 3]);
 
         // Plans of other quotas carry their own, after the call's (the first plan's).
         let daily = RuleShape {
@@ -1223,7 +1339,7 @@ mod tests {
         let other = crate::plan_script_quotas(&[daily]).expect("quotas");
         let each: [&[RuleShape]; 3] = [&[rule], &[daily], &[rule]];
         let args = batch_script_args_each(&each, &keys).expect("args");
-        assert_eq!(args[4], vec![64 + 1, 1, 64 + 1]);
+        assert_eq!(args[4], vec![64 + 1, 1, 64 + 1], "not uniform: not marked");
         assert_eq!(args[6..], [quotas.clone(), other]);
         let gcra = RuleShape {
             limit: Limit::new(Algorithm::Gcra, quota).expect("limit"),
@@ -1247,8 +1363,11 @@ mod tests {
         ];
         let args = batch_script_args(&pair, &keys[..2]).expect("args");
         assert_eq!(args.len(), 1 + 2 + 2 + 1);
-        assert_eq!(args[3], vec![64 + 1]);
+        assert_eq!(args[3], vec![128 + 64 + 1]);
         assert_eq!(args[5], crate::plan_script_quotas(&pair).expect("quotas"));
+        let same = [keys[0].clone(), keys[0].clone()];
+        let args = batch_script_args(&pair, &same).expect("args");
+        assert_eq!(args[3], vec![64 + 1], "one key for both rules: not marked");
         assert!(batch_script_args(&pair, &keys).is_none());
         assert!(batch_script_args(&[rule], &[]).is_none());
         assert!(batch_script_args(&[], &keys).is_none());

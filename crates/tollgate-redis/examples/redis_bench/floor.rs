@@ -1043,8 +1043,13 @@ mod tests {
                 .collect();
             let args = tollgate_redis::batch_script_args(&[l.rule], &keys).expect("args");
             assert_eq!(c[2..], args[..]);
-            // One form, its quotas once for the four plans.
-            assert_eq!(c[7], vec![64 + 1; 4]);
+            // One form, its quotas once for the four plans, marked (the high bit) when no
+            // key comes twice.
+            let mut seen = keys.clone();
+            seen.sort();
+            seen.dedup();
+            let mark = if seen.len() == keys.len() { 128 } else { 0 };
+            assert_eq!(c[7], vec![mark + 64 + 1; 4]);
             assert_eq!(c[9..], [quotas.as_slice()]);
         }
 
