@@ -15,7 +15,9 @@
 //! The call:
 //! - KEYS: every plan's keys, plan after plan, each plan's in its rules' order.
 //! - ARGV[1]: one byte per plan: its form's number in the script (1..=15), plus 16 when the
-//!   plan's costs follow, plus 32 when its `now` does, plus 64 when its quotas are the call's.
+//!   plan's costs follow, plus 32 when its `now` does, plus 64 when its quotas are the call's;
+//!   plus 128 on every plan's byte of a call whose bytes are all the same and whose keys all
+//!   differ (see [`mark_distinct`]), refused on any other call.
 //! - ARGV[2]: the PX floor in milliseconds (0: none).
 //! - ARGV[3]: the call's quotas (packed as a plan script's ARGV[1]): the first plan's, sent
 //!   once for every plan of the same (most batches are of one policy's plans).
@@ -42,9 +44,11 @@
 //! [`fresh_plan`]); in a loop of several rules, each rule's decision on a key with no state is
 //! made once before it (see [`fresh_rules`]); in the general loop, a one-rule plan that finds
 //! no state, at cost 1 and on Redis's clock, writes and answers what the first such plan of its
-//! form and quotas in the call did (see `one_rule`); a write's PX text is formatted only for
-//! other milliseconds than the last write's (every fresh bucket of a policy writes the same);
-//! `math`, `struct` and `redis` are locals. Measured with callgrind on redis-server (64
+//! form and quotas in the call did (see `one_rule`); a write's PX goes to Redis as a number,
+//! which Redis prints itself, so a write makes no Lua string (those shared by a call's new
+//! clients are text formatted once); a call marked as having no key twice keeps no table of
+//! its one-rule plans' writes (`written`, which lets a plan read what an earlier plan of the
+//! call wrote to its key); `math`, `struct` and `redis` are locals. Measured with callgrind on redis-server (64
 //! token-bucket plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases
 //! batch`): 31,567 instructions a plan before the first of these, 26,890 after those that came
 //! before the call's quotas once; a minimal script that only reads and writes the keys is
