@@ -16,8 +16,8 @@
 //! - KEYS: every plan's keys, plan after plan, each plan's in its rules' order.
 //! - ARGV[1]: one byte per plan: its form's number in the script (1..=15), plus 16 when the
 //!   plan's costs follow, plus 32 when its `now` does, plus 64 when its quotas are the call's;
-//!   plus 128 on every plan's byte of a call whose bytes are all the same and whose keys all
-//!   differ (see [`mark_distinct`]), refused on any other call.
+//!   plus 128 on every plan's byte of a call of one-rule plans whose bytes are all the same
+//!   and whose keys all differ (see [`mark_distinct`]), refused on a call of other bytes.
 //! - ARGV[2]: the PX floor in milliseconds (0: none).
 //! - ARGV[3]: the call's quotas (packed as a plan script's ARGV[1]): the first plan's, sent
 //!   once for every plan of the same (most batches are of one policy's plans).
@@ -45,8 +45,8 @@
 //! made once before it (see [`fresh_rules`]); in the general loop, a one-rule plan that finds
 //! no state, at cost 1 and on Redis's clock, writes and answers what the first such plan of its
 //! form and quotas in the call did (see `one_rule`); a write's PX goes to Redis as a number,
-//! which Redis prints itself, so a write makes no Lua string (those shared by a call's new
-//! clients are text formatted once); a call marked as having no key twice keeps no table of
+//! which Redis prints itself, so a write makes no Lua string, except in a run of writes of the
+//! same milliseconds, which share a text formatted once (see [`crate::script::write`]); a call marked as having no key twice keeps no table of
 //! its one-rule plans' writes (`written`, which lets a plan read what an earlier plan of the
 //! call wrote to its key); `math`, `struct` and `redis` are locals. Measured with callgrind on redis-server (64
 //! token-bucket plans a call, 1,000,000 random keys, `redis_bench --script-floor --cases
@@ -232,7 +232,7 @@ pub(crate) fn push_batch_call(
 }
 
 /// A uniform call's bytes (every plan's the same, on the call's quotas: the script's uniform
-/// loops) with their high bit set when no key comes twice in the call: the script then keeps
+/// loops) of plans of one rule with their high bit set when no key comes twice in the call: the script then keeps
 /// no table of the keys it wrote (`written`, which lets a plan read what an earlier plan of
 /// the call wrote to its key), a hash insert a write and a lookup a plan less. Told by 64-bit
 /// fingerprints of the keys: two keys with different fingerprints differ, so the mark is never
@@ -241,7 +241,11 @@ fn mark_distinct(mut spec: Vec<u8>, plans: &[CallPlan<'_>]) -> Vec<u8> {
     let Some(&first) = spec.first() else {
         return spec;
     };
-    if !(64..128).contains(&first) || spec.iter().any(|&b| b != first) {
+    // Only plans of one rule: the script keeps its table of writes for plans of several.
+    if !(64..128).contains(&first)
+        || spec.iter().any(|&b| b != first)
+        || plans.iter().any(|p| p.keys.len() != 1)
+    {
         return spec;
     }
     // On the stack for the default batch of one-rule plans; a larger call's on the heap.
@@ -551,7 +555,8 @@ fn generate(forms: &[Form], across: bool) -> Script {
          if plans == 0 then\n  return out\nend\n\
          local all, written = {{}}, {{}}\n\
          local unpacked, fresh_of = {{}}, {{}}\n\
-         local spec_of = uniform and byte(spec, 1) % 128",
+         local spec_of = uniform and byte(spec, 1) % 128\n\
+         local px_ms, px_arg",
         forms.len(),
         if across { ", across slots" } else { "" },
         rules_of.join(", "),
@@ -1206,16 +1211,28 @@ mod tests {
         assert!(s.text.contains(
             "    local raw = all[i]\n    if not distinct then\n      raw = written[key] or raw\n    end\n"
         ));
-        // Each write passes its PX as a number (Redis prints it: no Lua string a write). One
-        // write for the one-rule form, two for the two-rule one, each in its branch and its
-        // uniform loop.
-        let writes = s.text.matches("'PX', ms, 'GET')").count();
+        // Each write passes its PX as a number (Redis prints it: no Lua string a write) or,
+        // in a run of writes of the same milliseconds, as text formatted once. One write for
+        // the one-rule form, two for the two-rule one, each in its branch and its uniform
+        // loop.
+        let writes = s.text.matches("'PX', px_arg, 'GET')").count();
         assert_eq!(writes, 6);
-        assert!(!s.text.contains("px_text"));
+        // Text only from the second write in a row of the same milliseconds.
+        assert_eq!(
+            s.text
+                .matches(
+                    "  elseif px_arg == ms - ms % 1 then\n    px_arg = string.format('%d', ms)\n"
+                )
+                .count(),
+            writes
+        );
         // The one-rule form's uniform loop decides a plan that finds no state once, before
         // it, and its plans write what that decision wrote; the general loop keeps the first
         // such plan's write. Those two PX are text, formatted once a call.
-        assert_eq!(s.text.matches("string.format('%d', ms)").count(), 2);
+        assert_eq!(
+            s.text.matches("string.format('%d', ms)").count(),
+            2 + writes
+        );
         assert_eq!(
             s.text
                 .matches("fresh_value, fresh_px = value, string.format('%d', ms)")
@@ -1229,7 +1246,6 @@ mod tests {
         assert!(s
             .text
             .contains("of[quotas] = {value, string.format('%d', ms), out[i]}"));
-        assert!(s.text.contains("  ms = (ms - ms % 1000) / 1000\n"));
         assert!(s.text.trim_end().ends_with("return out"));
         assert!(!s.text.contains("local function"));
         // The same list is the same script; another order is another one.
@@ -1367,11 +1383,10 @@ mod tests {
         ];
         let args = batch_script_args(&pair, &keys[..2]).expect("args");
         assert_eq!(args.len(), 1 + 2 + 2 + 1);
-        assert_eq!(args[3], vec![128 + 64 + 1]);
+        // Plans of several rules are never marked: the script keeps its table of writes
+        // for them.
+        assert_eq!(args[3], vec![64 + 1]);
         assert_eq!(args[5], crate::plan_script_quotas(&pair).expect("quotas"));
-        let same = [keys[0].clone(), keys[0].clone()];
-        let args = batch_script_args(&pair, &same).expect("args");
-        assert_eq!(args[3], vec![64 + 1], "one key for both rules: not marked");
         assert!(batch_script_args(&pair, &keys).is_none());
         assert!(batch_script_args(&[rule], &[]).is_none());
         assert!(batch_script_args(&[], &keys).is_none());
