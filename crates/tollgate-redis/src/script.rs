@@ -917,15 +917,15 @@ fn cost(lua: &mut String, at: usize) {
 ///
 /// The PX goes as a number while the milliseconds change from write to write (a found
 /// bucket's own): Redis prints a number argument itself (7.0.15's source: `%.17g`, exact for
-/// a whole number below 2^53), and no Lua string is made, where `string.format('%d', ms)` made one a write,
-/// hashed into Lua's string table, swept by its collector and freed. From the second write
-/// in a row of the same milliseconds (the rules of a plan, or the new keys of a call, that
-/// write the same) it goes as text formatted once, which Redis only copies: printing a number
-/// costs Redis more than copying a string (ten rules a plan all writing 1 ms cost Redis 2 µs
-/// a decision more with a number each, about 0.2 µs a write; docs/benchmarks.md,
-/// thirty-sixth session); a text is never equal to a number in
-/// Lua, so `px_arg == ms - ms % 1` holds only while it is still the number. The caller
-/// declares the locals `px_ms` and `px_arg`.
+/// a whole number below 2^53), and no Lua string is made, where `string.format('%d', ms)`
+/// made one a write, hashed into Lua's string table, swept by its collector and freed. From
+/// the second write in a row of the same milliseconds (the rules of a plan, or the new keys
+/// of a call, that write the same) it goes as text formatted once, which Redis only copies:
+/// printing a number costs Redis more than copying a string (ten rules a plan all writing
+/// 1 ms cost Redis 2 µs a decision more with a number each, about 0.2 µs a write;
+/// docs/benchmarks.md, thirty-sixth session). A text is never equal to a number in Lua, so
+/// `px_arg == ms - ms % 1` holds only while it is still the number. The caller declares the
+/// locals `px_ms` and `px_arg`.
 pub(crate) fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
     px_ms(lua, idle);
     let _ = writeln!(
