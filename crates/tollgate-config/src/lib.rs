@@ -1,4 +1,4 @@
-//! tollgate's configuration in two stages, as ripgrep does it: [`raw`] is the file as written (parsed,
+//! tollgate's configuration in two stages, as ripgrep does it: `raw` is the file as written (parsed,
 //! spanned, unknown keys rejected), and [`Config`] is what it means, built only from values
 //! that were checked: a `Quota` that cannot be invalid, socket addresses, CIDRs, durations.
 //! Every problem is reported with its file, line and key; validation goes on after the first

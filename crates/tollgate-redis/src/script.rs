@@ -1079,7 +1079,7 @@ pub fn plan_script_sha(rules: &[RuleShape]) -> Option<String> {
     plan_script(&Form::of(rules)?).map(|s| s.sha.clone())
 }
 
-/// The quotas of a plan of these rules as its script's first argument (ARGV[1], see the
+/// The quotas of a plan of these rules as its script's first argument (`ARGV[1]`, see the
 /// module docs), with the integer reply allowed for one rule; `None` for the plans the
 /// generic script serves (as [`plan_script_text`]).
 pub fn plan_script_quotas(rules: &[RuleShape]) -> Option<Vec<u8>> {

@@ -105,7 +105,8 @@ impl RateLimitLayer {
         self.edit(|s| s.allow_ambiguous_paths = allow)
     }
 
-    /// Reads the peer address with `f` instead of from the [`PeerAddr`] extension.
+    /// Reads the peer address with `f` instead of from the [`PeerAddr`](crate::PeerAddr)
+    /// extension.
     pub fn peer_addr_with(self, f: PeerFn) -> Self {
         self.edit(|s| s.peer = f)
     }

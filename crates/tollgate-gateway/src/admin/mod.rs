@@ -5,7 +5,7 @@
 //! The page's files are compiled into the binary and served with a content security policy
 //! that allows nothing but this server: no CDN, no external font, no inline script.
 //!
-//! Under `/v1/`, the admin API (see [`crate::admin::api`]), behind `[server] admin_token`.
+//! Under `/v1/`, the admin API (see the `api` module), behind `[server] admin_token`.
 
 pub(crate) mod api;
 pub mod status;

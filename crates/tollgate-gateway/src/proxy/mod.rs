@@ -1,8 +1,8 @@
 //! The reverse proxy: the request goes upstream as it came, streamed both ways, minus the
-//! hop-by-hop headers, with the forwarding headers written by us (see [`headers`]).
-//! Upstream connections are HTTP/1.1 connections of the gateway's own ([`h1`] writes and reads
+//! hop-by-hop headers, with the forwarding headers written by us (see `headers`).
+//! Upstream connections are HTTP/1.1 connections of the gateway's own (`h1` writes and reads
 //! the messages as hyper's client did), driven by the downstream connection's own task and
-//! kept in a small pool per worker (see [`pool`]). An upstream that
+//! kept in a small pool per worker (see `pool`). An upstream that
 //! cannot be reached is a 502, one that does not answer within `upstream_timeout` a 504; a
 //! client whose body is malformed is a 400 and one whose body takes longer than
 //! `body_timeout` a 408, neither counted as an upstream error. The client is never left

@@ -35,7 +35,7 @@ pub struct ExporterHandle {
 }
 
 impl ExporterHandle {
-    /// Sends what is queued (bounded by [`EXPORT_TIMEOUT`] per batch) and stops.
+    /// Sends what is queued (bounded by `EXPORT_TIMEOUT` per batch) and stops.
     pub async fn shutdown(self) {
         let _ = self.stop.send(());
         let _ = self.task.await;
