@@ -3,8 +3,11 @@
 //! as if sent one by one; against real redis-server processes and a real Cluster.
 
 mod common;
+#[path = "common/monitor.rs"]
+mod monitor;
 
 use common::{client, rule, script_calls};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::{Algorithm, Check, Mode, Rule};
@@ -1864,4 +1867,177 @@ async fn batches_of_the_same_forms_in_another_order_share_one_script() {
         1,
         "the two orders of the same forms loaded a script each"
     );
+}
+
+/// Every write's PX is its state's time to fresh, rounded up to the millisecond: the key
+/// outlives its state by less than a millisecond and never vanishes before it (a client
+/// whose key expired early would find a fresh state too soon). MONITOR shows the arguments
+/// of every SET a script makes: plans alone, plans of one rule in uniform calls, and plans of
+/// one and two rules in calls together (the general loop). On the local clock a PX depends
+/// only on its plan's `now`: each key's two writes, new and found, are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_write_sets_px_to_its_states_time_to_fresh_rounded_up_to_the_millisecond() {
+    writes_px_as_the_core_decides(StoreClock::Local).await;
+}
+
+/// On the store's clock, where a call's new keys are decided once for the call (the uniform
+/// loop) or once for each limit (the general loop), each with its PX formatted once: a new
+/// key's PX, for every algorithm whose time to fresh after one plan does not depend on when
+/// it came (a fixed window's, and a sliding counter's, end with the window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn new_keys_decided_once_a_call_write_the_px_of_one_alone() {
+    writes_px_as_the_core_decides(StoreClock::Store).await;
+}
+
+async fn writes_px_as_the_core_decides(clock: StoreClock) {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url()).with_clock(clock)).await;
+    let local = clock == StoreClock::Local;
+    // 7 per 10 s (a token every 1,428,571.4 µs) and 5 per 7 s: times to fresh that are rarely
+    // whole milliseconds. On the local clock each client's two plans come at odd
+    // microseconds, 1.234567 s apart; on the store's, each key is written once (new).
+    let other = Arc::new(rule(
+        "px-other",
+        Algorithm::TokenBucket,
+        5,
+        Duration::from_secs(7),
+    ));
+    let at: &[u64] = if local {
+        &[common::EPOCH_2026 + 123_457, common::EPOCH_2026 + 1_358_024]
+    } else {
+        &[common::EPOCH_2026 + 123_457]
+    };
+    // A rule's PX, write after write, as the core decides its plans from `first` on.
+    let px_from = |r: &Rule, first: u64| -> Vec<u64> {
+        let mut state = r.limit().fresh();
+        at.iter()
+            .map(|&now| {
+                let now = now - at[0] + first;
+                assert!(r.limit().check(&mut state, now, 1, true).allowed);
+                let idle = state.idle_at(r.limit().quota()).saturating_sub(now);
+                idle.div_ceil(1000).max(1)
+            })
+            .collect()
+    };
+    let monitor = monitor::Monitor::start(server.port());
+    let mut expected: HashMap<String, Vec<u64>> = HashMap::new();
+    for algorithm in Algorithm::ALL {
+        let r = Arc::new(rule(
+            &format!("px-{algorithm}"),
+            algorithm,
+            7,
+            Duration::from_secs(10),
+        ));
+        if !local && px_from(&r, at[0]) != px_from(&r, at[0] + 7_654_321) {
+            continue;
+        }
+        let mut expect = |who: u128, rules: &[Arc<Rule>]| {
+            for r in rules {
+                expected.insert(store.key(&client(who), r.name()), px_from(r, at[0]));
+            }
+        };
+        let one = vec![r.clone()];
+        let two = vec![r.clone(), other.clone()];
+        let base = 10_000 * (1 + algorithm as u128);
+        // Alone, its key written at each instant.
+        expect(base, &one);
+        for &now in at {
+            let v = store.check(&[Check::new(client(base), &r, 1)], now).await;
+            assert!(v.expect("check").allowed, "{algorithm}");
+        }
+        // Forty clients of one rule, all at once (uniform calls); then, at once, twenty new
+        // clients of two rules beside forty of one (on the local clock the first forty again,
+        // found; on the store's forty more, new); on the local clock, the twenty again.
+        let singles: Vec<(u128, &[Arc<Rule>])> =
+            (1..=40).map(|i| (base + i, one.as_slice())).collect();
+        let more: Vec<(u128, &[Arc<Rule>])> =
+            (41..=80).map(|i| (base + i, one.as_slice())).collect();
+        let doubles: Vec<(u128, &[Arc<Rule>])> =
+            (101..=120).map(|i| (base + i, two.as_slice())).collect();
+        let rounds = if local {
+            vec![
+                singles.iter().map(|p| (p, at[0])).collect::<Vec<_>>(),
+                singles
+                    .iter()
+                    .map(|p| (p, at[1]))
+                    .chain(doubles.iter().map(|p| (p, at[0])))
+                    .collect(),
+                doubles.iter().map(|p| (p, at[1])).collect(),
+            ]
+        } else {
+            vec![
+                singles.iter().map(|p| (p, at[0])).collect::<Vec<_>>(),
+                more.iter().chain(&doubles).map(|p| (p, at[0])).collect(),
+            ]
+        };
+        for (who, rules) in singles.iter().chain(&doubles) {
+            expect(*who, rules);
+        }
+        if !local {
+            for (who, rules) in &more {
+                expect(*who, rules);
+            }
+        }
+        for round in rounds {
+            let barrier = Arc::new(tokio::sync::Barrier::new(round.len()));
+            let tasks: Vec<_> = round
+                .into_iter()
+                .map(|(&(who, rules), now)| {
+                    let (store, rules, barrier) = (store.clone(), rules.to_vec(), barrier.clone());
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        let checks: Vec<Check<'_>> = rules
+                            .iter()
+                            .map(|r| Check::new(client(who), r, 1))
+                            .collect();
+                        store.check(&checks, now).await.map(|v| v.allowed)
+                    })
+                })
+                .collect();
+            for t in tasks {
+                match tokio::time::timeout(HANG, t).await {
+                    Ok(Ok(Ok(true))) => {}
+                    other => panic!("{algorithm}: a plan failed or was denied: {other:?}"),
+                }
+            }
+        }
+    }
+    // The store's clock skips the windows' algorithms, not the others.
+    assert!(expected.len() >= 4 * 121, "{} keys", expected.len());
+    // Each script's writes, in the order the server ran them.
+    let mut written: HashMap<String, Vec<u64>> = HashMap::new();
+    let (mut in_call, mut most_in_a_call) = (0, 0);
+    for seen in monitor.seen("tollgate-px-test-end") {
+        if seen.client != "lua" {
+            in_call = 0;
+            continue;
+        }
+        if !seen.args[0].eq_ignore_ascii_case(b"SET") {
+            continue;
+        }
+        in_call += 1;
+        most_in_a_call = most_in_a_call.max(in_call);
+        let key = String::from_utf8_lossy(&seen.args[1]).into_owned();
+        let px = seen
+            .args
+            .iter()
+            .position(|a| a.eq_ignore_ascii_case(b"PX"))
+            .and_then(|i| seen.args.get(i + 1))
+            .and_then(|ms| std::str::from_utf8(ms).ok()?.parse::<u64>().ok());
+        let Some(px) = px else {
+            panic!("{key}: a write without a PX in whole milliseconds: {seen:?}");
+        };
+        written.entry(key).or_default().push(px);
+    }
+    // A single plan here writes two keys at most: more in one script call is a batch.
+    assert!(
+        most_in_a_call > 2,
+        "no batch: at most {most_in_a_call} writes a call"
+    );
+    let mut keys: Vec<&String> = expected.keys().collect();
+    keys.sort();
+    for key in keys {
+        assert_eq!(written.get(key), expected.get(key), "{key}");
+    }
+    assert_eq!(written.len(), expected.len());
 }
