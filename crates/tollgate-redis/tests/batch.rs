@@ -59,6 +59,8 @@ async fn concurrent_plans_on_one_key_admit_exactly_the_limit_in_fewer_script_cal
 /// the relay tests below watch that): the limit holds exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_long_queue_at_a_small_max_batch_admits_exactly_the_limit() {
+    // Fixed windows of an hour on Redis's clock: an hour turning mid-race admits twice.
+    common::clear_of_window_end(HOUR);
     let server = RedisServer::start();
     for max_batch in [2, 3] {
         let config = RedisConfig::standalone(server.url()).with_max_batch(max_batch);
@@ -138,6 +140,8 @@ fn rules_of(
 /// plans only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn uniform_batches_of_plans_of_several_rules_admit_exactly_the_tightest_limit() {
+    // Fixed windows of an hour on Redis's clock, counted over two races.
+    common::clear_of_window_end(HOUR);
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     for n in 1..=5u64 {
@@ -170,6 +174,8 @@ async fn uniform_batches_of_plans_of_several_rules_admit_exactly_the_tightest_li
 /// has some rules' keys and not others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn new_clients_of_a_uniform_batch_are_answered_and_written_as_one_alone() {
+    // Windows of a day on Redis's clock, answers compared with ones given before.
+    common::clear_of_window_end(DAY);
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     for n in 1..=3u64 {
@@ -188,6 +194,9 @@ async fn new_clients_of_a_uniform_batch_are_answered_and_written_as_one_alone() 
 /// them for the others; each client's next plan alone shows what its batched plans left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn new_clients_of_a_few_limits_in_one_batch_are_answered_and_written_as_one_alone() {
+    // Windows of a day on Redis's clock, answers compared with ones given before (and the
+    // PX of a window's write is the time left of it).
+    common::clear_of_window_end(DAY);
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     for algorithm in Algorithm::ALL {
@@ -1812,6 +1821,9 @@ async fn plans_of_many_forms_leave_in_one_call_of_the_stores_script() {
 // One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
 #[tokio::test(flavor = "current_thread")]
 async fn batches_of_the_same_forms_in_another_order_share_one_script() {
+    // A fixed window of an hour on Redis's clock: a client's second plan finds what its first
+    // took only in the same hour.
+    common::clear_of_window_end(HOUR);
     let (server, relay, store, warm) = behind_a_relay(Duration::from_secs(10), "forms-warm").await;
     // Two forms outside the store's list: its forms (the warm-up's token bucket, then forms of
     // sixteen, sixteen, sixteen and fifteen rules) fill what one script holds, so batches of

@@ -1220,8 +1220,18 @@ mod tests {
 
     const YAML: &str = "domain: edge\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n  - key: b\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1\n";
 
+    /// A whole minute (1.8e9 s since the epoch).
+    const T0: u64 = 1_800_000_000_000_000;
+
+    /// `YAML` served from the memory store on a clock that stands still at [`T0`]: its rules
+    /// are fixed windows of a minute (the default algorithm), and on the system clock a minute
+    /// turning between a test's two answers (one charged, the next refused) would let the
+    /// second in.
     fn service() -> RlsService {
-        let limiter = Limiter::new(LimiterConfig::new(Backend::default()));
+        let limiter = Limiter::new(LimiterConfig {
+            clock: Arc::new(tollgate::clock::ManualClock::new(T0)),
+            ..LimiterConfig::new(Backend::default())
+        });
         let config = crate::config::load_str([("test.yaml", YAML)]).expect("yaml");
         RlsService::new(
             limiter,

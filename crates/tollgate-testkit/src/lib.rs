@@ -20,7 +20,7 @@ mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
-pub use edge::start_clear_of_the_hour;
+pub use edge::{clear_of_window_end, start_clear_of_the_hour};
 pub use program::{require, require_path, Found, Program, SKIP_VAR};
 pub use sentinel::{RedisSentinels, DOWN_AFTER as SENTINEL_DOWN_AFTER};
 pub use server::RedisServer;

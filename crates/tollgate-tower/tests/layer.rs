@@ -30,6 +30,17 @@ impl Service<Request<()>> for Ok200 {
     }
 }
 
+/// Returns when at least a minute is left of the hour (else waits until just past it): the
+/// policies here count in fixed windows of an hour on the system clock, and a test compares
+/// answers given apart ("5 pass, the 6th is 429"). Every call checks: `cargo test` runs these
+/// tests in one process, where the once-a-process `start_clear_of_the_hour` covers the first.
+fn clear_of_the_hours_end() {
+    tollgate_testkit::clear_of_window_end(
+        std::time::Duration::from_secs(3600),
+        tollgate_testkit::edge::MARGIN,
+    );
+}
+
 fn policy(limiter: &Limiter, name: &str, limit: u64, shadow: bool) -> tollgate::Policy {
     let mut spec = PolicySpec::new(
         name,
@@ -43,9 +54,10 @@ fn policy(limiter: &Limiter, name: &str, limit: u64, shadow: bool) -> tollgate::
     limiter.policy(spec).expect("policy")
 }
 
-/// On the wall clock, in hour windows: started clear of the hour's edge.
+/// On the wall clock, in hour windows: started clear of the hour's end (each test calls it
+/// first).
 fn service(policies: impl FnOnce(&Limiter) -> Vec<RoutedPolicy>) -> RateLimit<Ok200> {
-    tollgate_testkit::start_clear_of_the_hour();
+    clear_of_the_hours_end();
     let limiter = Limiter::new(LimiterConfig::default());
     let mut layer = RateLimitLayer::new(limiter.clone(), IdentityHasher::new(b"t"));
     for p in policies(&limiter) {
@@ -271,6 +283,7 @@ async fn a_bad_token_is_refused_only_where_a_policy_reads_it() {
 /// requests are answered 429 from the deny cache without their signatures being checked.
 #[tokio::test]
 async fn forged_tokens_past_the_per_ip_limit_cost_no_signature_check() {
+    clear_of_the_hours_end();
     forged_token_flood(Limiter::new(LimiterConfig::default())).await;
     let redis = tollgate_testkit::RedisServer::start();
     let mut config = LimiterConfig::new(tollgate::Backend::Redis(
@@ -464,8 +477,10 @@ async fn the_peer_address_may_come_with_the_trusted_peer_alone() {
 }
 
 /// A layer trusting the proxies of 10.0.0.0/8 (returned), with one policy `ip`: 1 an hour per
-/// client IP, on paths under `prefix`.
+/// client IP, on paths under `prefix`; started clear of the hour's end (each test calls it
+/// first).
 fn behind_proxies(prefix: &str) -> (tollgate_tower::Trust, RateLimitLayer) {
+    clear_of_the_hours_end();
     let proxies = tollgate_tower::Trust::new(vec!["10.0.0.0/8".parse().expect("net")], 64);
     let limiter = Limiter::new(LimiterConfig::default());
     let identity = tollgate_tower::IdentityConfig {
