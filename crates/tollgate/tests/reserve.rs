@@ -598,7 +598,8 @@ async fn a_refund_clears_a_denial_the_deny_cache_remembered() {
     let l = redis(&server.url());
     assert!(l.connect(Duration::from_secs(5)).await);
     // 100 an hour: a token every 36 s.
-    let p = settling(&l, "tokens", Algorithm::TokenBucket, 100, 100, 60);
+    let hour = Duration::from_secs(3600);
+    let p = settling_over(&l, "tokens", Algorithm::TokenBucket, 100, 100, 60, hour);
     let plan = Plan::for_client(ClientKey([9; 16]), [&p]);
     let (_, first) = l.reserve(&plan).await;
     let first = first.expect("allowed");
