@@ -10,8 +10,10 @@ use common::{client, rule, script_calls};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{Algorithm, Check, Mode, Rule};
-use tollgate_redis::{LeaseRequest, RedisConfig, RedisStore, StoreClock, MAX_INLINE_RULES};
+use tollgate_core::{Algorithm, Charge, Check, Mode, Rule};
+use tollgate_redis::{
+    LeaseRequest, RedisConfig, RedisStore, SettleItem, StoreClock, MAX_INLINE_RULES,
+};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -1884,9 +1886,10 @@ async fn batches_of_the_same_forms_in_another_order_share_one_script() {
 /// Every write's PX is its state's time to fresh, rounded up to the millisecond: the key
 /// outlives its state by less than a millisecond and never vanishes before it (a client
 /// whose key expired early would find a fresh state too soon). MONITOR shows the arguments
-/// of every SET a script makes: plans alone, plans of one rule in uniform calls, and plans of
-/// one and two rules in calls together (the general loop). On the local clock a PX depends
-/// only on its plan's `now`: each key's two writes, new and found, are exact.
+/// of every SET a script makes: plans alone, plans of one rule in uniform calls, plans of one
+/// and two rules in calls together (the general loop), plans of seventeen rules (the generic
+/// script), leases and settles. On the local clock a PX depends only on its plan's `now`:
+/// each key's two writes, new and found, are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_write_sets_px_to_its_states_time_to_fresh_rounded_up_to_the_millisecond() {
     writes_px_as_the_core_decides(StoreClock::Local).await;
@@ -2059,6 +2062,31 @@ async fn writes_px_as_the_core_decides(clock: StoreClock) {
                 assert_eq!(lease.granted, take, "{algorithm}: a lease");
             }
         }
+        // A charge of 5 settled at a real cost of 2 (settle.lua's write).
+        let who = base + 700;
+        let mut state = r.limit().fresh();
+        let mut px = px_of(&r, at[0], &[5]);
+        assert!(r.limit().check(&mut state, at[0], 5, true).allowed);
+        let charge = Charge {
+            units: 5,
+            at: at[0],
+        };
+        let settled = r.limit().settle(&mut state, at[1], charge, 2);
+        assert_eq!(settled.refunded, 3, "{algorithm}");
+        let idle = state.idle_at(r.limit().quota()).saturating_sub(at[1]);
+        px.push(idle.div_ceil(1000).max(1));
+        expected.insert(store.key(&client(who), r.name()), px);
+        let v = store.check(&[Check::new(client(who), &r, 5)], at[0]).await;
+        assert!(v.expect("check").allowed, "{algorithm}: a charge of 5");
+        let item = SettleItem {
+            client: client(who),
+            rule: &r,
+            units: 5,
+            at: at[0],
+            real: Some(2),
+        };
+        let given = store.settle(&[item], at[1]).await.expect("settle");
+        assert_eq!(given, vec![3], "{algorithm}: a settle");
     }
     // The store's clock skips the windows' algorithms, not the others.
     assert!(expected.len() >= 4 * 121, "{} keys", expected.len());
