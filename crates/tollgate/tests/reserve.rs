@@ -18,6 +18,8 @@ use tollgate::{Action, ClientKey, Limiter, LimiterConfig, Plan, Policy, PolicySp
 #[cfg(feature = "redis")]
 use tollgate_testkit::RedisServer;
 
+const MINUTE: Duration = Duration::from_secs(60);
+
 const T0: u64 = 1_800_000_000_000_000;
 
 fn memory(clock: &ManualClock) -> Limiter {
@@ -40,27 +42,8 @@ fn redis_with_timeout(url: &str, timeout: Duration) -> Limiter {
     Limiter::new(config)
 }
 
+/// A policy of `limit` a `period` whose requests are charged `estimate` and settled later.
 fn settling(
-    l: &Limiter,
-    name: &str,
-    alg: Algorithm,
-    limit: u64,
-    burst: u64,
-    estimate: u64,
-) -> Policy {
-    settling_over(
-        l,
-        name,
-        alg,
-        limit,
-        burst,
-        estimate,
-        Duration::from_secs(60),
-    )
-}
-
-/// [`settling`] over `period` instead of a minute.
-fn settling_over(
     l: &Limiter,
     name: &str,
     alg: Algorithm,
@@ -96,7 +79,7 @@ async fn a_real_cost_below_the_estimate_gives_the_difference_back_for_every_rate
     for alg in Algorithm::ALL {
         let clock = ManualClock::new(T0);
         let l = memory(&clock);
-        let p = settling(&l, "tokens", alg, 100, 100, 50);
+        let p = settling(&l, "tokens", alg, 100, 100, 50, MINUTE);
         let plan = Plan::for_client(ClientKey([1; 16]), [&p]);
         let (r, res) = l.reserve(&plan).await;
         assert_eq!(remaining(&r), 50, "{alg}");
@@ -130,7 +113,7 @@ async fn a_real_cost_above_the_estimate_is_a_debt_the_client_waits_out() {
     let clock = ManualClock::new(T0);
     let l = memory(&clock);
     // 60 per minute: one token a second.
-    let p = settling(&l, "tokens", Algorithm::TokenBucket, 60, 60, 10);
+    let p = settling(&l, "tokens", Algorithm::TokenBucket, 60, 60, 10, MINUTE);
     let plan = Plan::for_client(ClientKey([2; 16]), [&p]);
     // Five requests in flight at once (50 of 60 charged), each turning out to cost 20: 100 in
     // all, 40 past the bucket.
@@ -163,7 +146,7 @@ async fn a_real_cost_above_the_estimate_is_a_debt_the_client_waits_out() {
 async fn a_real_cost_the_policy_could_never_admit_is_not_trusted() {
     let clock = ManualClock::new(T0);
     let l = memory(&clock);
-    let p = settling(&l, "tokens", Algorithm::Gcra, 100, 100, 10);
+    let p = settling(&l, "tokens", Algorithm::Gcra, 100, 100, 10, MINUTE);
     let plan = Plan::for_client(ClientKey([3; 16]), [&p]);
     let (_, res) = l.reserve(&plan).await;
     res.expect("allowed").settle(u64::MAX);
@@ -221,7 +204,7 @@ async fn a_concurrency_hold_and_a_rate_limit_are_all_or_nothing() {
     let clock = ManualClock::new(T0);
     let l = memory(&clock);
     let hold = in_flight(&l, "inflight", 5, Duration::from_secs(300));
-    let rate = settling(&l, "rate", Algorithm::FixedWindow, 2, 2, 1);
+    let rate = settling(&l, "rate", Algorithm::FixedWindow, 2, 2, 1, MINUTE);
     let plan = Plan::for_client(ClientKey([6; 16]), [&hold, &rate]);
     let (_, a) = l.reserve(&plan).await;
     let (_, b) = l.reserve(&plan).await;
@@ -466,7 +449,15 @@ async fn settles_on_redis_are_coalesced_and_exact() {
     let server = RedisServer::start();
     let l = redis(&server.url());
     assert!(l.connect(Duration::from_secs(5)).await);
-    let p = settling(&l, "tokens", Algorithm::SlidingWindowLog, 1000, 1000, 10);
+    let p = settling(
+        &l,
+        "tokens",
+        Algorithm::SlidingWindowLog,
+        1000,
+        1000,
+        10,
+        MINUTE,
+    );
     let mut reservations = Vec::new();
     for i in 0..200u8 {
         let plan = Plan::for_client(ClientKey([i; 16]), [&p]);
@@ -521,7 +512,7 @@ async fn on_a_three_master_cluster_settles_and_holds_stay_in_each_clients_slot()
     }
     let window: Vec<Policy> = gateways
         .iter()
-        .map(|g| settling_over(g, "window", Algorithm::FixedWindow, 100, 100, 20, hour))
+        .map(|g| settling(g, "window", Algorithm::FixedWindow, 100, 100, 20, hour))
         .collect();
     let holds: Vec<Policy> = gateways
         .iter()
@@ -599,7 +590,7 @@ async fn a_refund_clears_a_denial_the_deny_cache_remembered() {
     assert!(l.connect(Duration::from_secs(5)).await);
     // 100 an hour: a token every 36 s.
     let hour = Duration::from_secs(3600);
-    let p = settling_over(&l, "tokens", Algorithm::TokenBucket, 100, 100, 60, hour);
+    let p = settling(&l, "tokens", Algorithm::TokenBucket, 100, 100, 60, hour);
     let plan = Plan::for_client(ClientKey([9; 16]), [&p]);
     let (_, first) = l.reserve(&plan).await;
     let first = first.expect("allowed");
