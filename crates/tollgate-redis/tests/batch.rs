@@ -10,7 +10,7 @@ use common::{client, rule, script_calls};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{Algorithm, Charge, Check, Mode, Rule};
+use tollgate_core::{Algorithm, Charge, Check, Mode, Rule, State};
 use tollgate_redis::{
     LeaseRequest, RedisConfig, RedisStore, SettleItem, StoreClock, MAX_INLINE_RULES,
 };
@@ -1923,6 +1923,11 @@ async fn writes_px_as_the_core_decides(clock: StoreClock) {
     } else {
         &[common::EPOCH_2026 + 123_457]
     };
+    // The PX of `state` written at `now`: its time to fresh, rounded up to the millisecond.
+    let px_at = |r: &Rule, state: &State, now: u64| -> u64 {
+        let idle = state.idle_at(r.limit().quota()).saturating_sub(now);
+        idle.div_ceil(1000).max(1)
+    };
     // A rule's PX, write after write, as the core decides its plans (of `costs`, one an
     // instant) from `first` on.
     let px_of = |r: &Rule, first: u64, costs: &[u64]| -> Vec<u64> {
@@ -1932,8 +1937,7 @@ async fn writes_px_as_the_core_decides(clock: StoreClock) {
             .map(|(&now, &cost)| {
                 let now = now - at[0] + first;
                 assert!(r.limit().check(&mut state, now, cost, true).allowed);
-                let idle = state.idle_at(r.limit().quota()).saturating_sub(now);
-                idle.div_ceil(1000).max(1)
+                px_at(r, &state, now)
             })
             .collect()
     };
@@ -2074,8 +2078,7 @@ async fn writes_px_as_the_core_decides(clock: StoreClock) {
         };
         let settled = r.limit().settle(&mut state, at[1], charge, 2);
         assert_eq!(settled.refunded, 3, "{algorithm}");
-        let idle = state.idle_at(r.limit().quota()).saturating_sub(at[1]);
-        px.push(idle.div_ceil(1000).max(1));
+        px.push(px_at(&r, &state, at[1]));
         expected.insert(store.key(&client(who), r.name()), px);
         let v = store.check(&[Check::new(client(who), &r, 5)], at[0]).await;
         assert!(v.expect("check").allowed, "{algorithm}: a charge of 5");

@@ -55,19 +55,8 @@ impl Monitor {
     /// Every command seen up to now: the server echoes `mark` (a command of its own after
     /// everything the test ran before this call), and the lines before it are returned.
     pub fn seen(&self, mark: &str) -> Vec<Seen> {
-        let cli = Command::new("redis-cli")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "echo",
-                mark,
-            ])
-            .stdin(Stdio::null())
-            .output()
-            .expect("redis-cli echo");
-        assert!(cli.status.success(), "redis-cli echo: {cli:?}");
+        let echoed = tollgate_testkit::redis_cli(self.port, &["echo", mark]);
+        assert_eq!(echoed.trim(), mark, "redis-cli echo");
         let quoted = format!("\"{mark}\"");
         let at = self.wait_for(|l| l.ends_with(&quoted), mark);
         let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
