@@ -12,6 +12,7 @@ local floor = math.floor
 local pack = struct.pack
 -- Integers go to redis.call as strings formatted with %d here (Redis prints a Lua number
 -- argument itself, with %.17g). The generated plan and batch scripts pass a write's PX as a
--- number instead: for a PX of a few digits that costs Redis less CPU, as it makes no Lua
--- string (docs/benchmarks.md, thirty-sixth session); these drivers were not measured so.
+-- number instead: in the batch script that costs Redis less CPU, as it makes no Lua string
+-- (about 2.5 % a plan, docs/benchmarks.md, thirty-seventh session); these drivers were not
+-- measured so.
 local fmt = string.format
