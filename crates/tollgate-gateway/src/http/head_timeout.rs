@@ -41,7 +41,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 /// A deadline that has passed: the connection is closed.
@@ -76,6 +76,10 @@ pub(crate) struct HeadWatch {
     write_blocked: AtomicBool,
     /// The connection's task while a read waits.
     waker: AtomicWaker,
+    /// The waker a read last registered in `waker` (its data and vtable pointers; 0, 0 for
+    /// none): a read that would register the same one again does not, as each registration
+    /// is two locked instructions (see [`HeadWatch::poll_read_into`]).
+    read_waker: (AtomicUsize, AtomicUsize),
 }
 
 impl Drop for HeadWatch {
@@ -118,6 +122,7 @@ impl HeadClock {
             deadline: AtomicU32::new(self.deadline()),
             write_blocked: AtomicBool::new(false),
             waker: AtomicWaker::new(),
+            read_waker: (AtomicUsize::new(0), AtomicUsize::new(0)),
         });
         self.lock().push(Arc::downgrade(&watch));
         watch
@@ -212,20 +217,49 @@ async fn sweep(clock: Weak<HeadClock>) {
 
 impl HeadWatch {
     /// A head has been read: its request is being served, and no wait runs.
+    ///
+    /// A load and a store, not a compare and swap (a locked instruction, a request's cost
+    /// twice over with [`HeadWatch::waiting`]): the sweeper may mark the connection expired
+    /// between the two, and then the head, read before the mark, wins, as it does when the
+    /// sweeper's compare and swap finds the deadline changed.
     pub(crate) fn serving(&self) {
-        self.set(SERVING);
+        if self.deadline.load(Relaxed) != EXPIRED {
+            self.deadline.store(SERVING, Relaxed);
+        }
     }
 
-    /// An answer has been handed to hyper whole: the wait for the next head begins.
+    /// An answer has been handed to hyper whole: the wait for the next head begins. From
+    /// serving, a store: the sweeper leaves a connection being served alone, so nothing
+    /// changes the deadline between the load and the store. Otherwise (the wait after a
+    /// connection's opening) a compare and swap, so that an expired connection stays expired
+    /// (it is being closed).
     pub(crate) fn waiting(&self) {
-        self.set(self.clock.deadline());
-    }
-
-    fn set(&self, deadline: u32) {
-        // An expired connection stays expired (it is being closed).
+        let deadline = self.clock.deadline();
+        if self.deadline.load(Relaxed) == SERVING {
+            self.deadline.store(deadline, Relaxed);
+            return;
+        }
         let _ = self
             .deadline
             .fetch_update(Relaxed, Relaxed, |d| (d != EXPIRED).then_some(deadline));
+    }
+
+    /// Registers `waker` to be woken by the sweeper (an expiry or a drain), unless it is the
+    /// one a read registered last. The sweeper's wakes take the registered waker, and each
+    /// ends the connection for good (expired, or draining: both are looked at before every
+    /// read), so the one registered last is either still there or no longer needed.
+    fn register_read(&self, waker: &Waker) {
+        let (data, vtable) = (
+            waker.data() as usize,
+            std::ptr::from_ref(waker.vtable()) as usize,
+        );
+        let (last_data, last_vtable) = &self.read_waker;
+        if data != 0 && last_data.load(Relaxed) == data && last_vtable.load(Relaxed) == vtable {
+            return;
+        }
+        last_data.store(data, Relaxed);
+        last_vtable.store(vtable, Relaxed);
+        self.waker.register(waker);
     }
 
     fn expired(&self) -> bool {
@@ -313,7 +347,7 @@ impl HeadWatch {
         }
         let read = tokio_util::io::poll_read_buf(Pin::new(stream), cx, buf);
         if read.is_pending() {
-            self.waker.register(cx.waker());
+            self.register_read(cx.waker());
             // Expired between the check and the registration: not woken, so now.
             if self.expired() {
                 return Poll::Ready(Err(timed_out()));
@@ -1122,6 +1156,55 @@ mod tests {
         assert_eq!(wakes.0.load(SeqCst), 1);
         assert!(!watch.expired());
         assert!(watch.draining());
+    }
+
+    #[tokio::test]
+    async fn a_read_registers_its_task_once_and_the_sweeper_still_wakes_the_latest() {
+        let clock = HeadClock::start(Duration::from_secs(2));
+        clock.tick_at(10);
+        let count = || Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
+        // A connection's reads find nothing, request after request, and wait with the same
+        // task's waker: registered by the first, the same one for the others.
+        let (task, watch) = (count(), clock.watch());
+        let waker = Waker::from(Arc::clone(&task));
+        for _ in 0..3 {
+            watch.register_read(&waker);
+            watch.serving();
+            watch.waiting();
+        }
+        assert_eq!(clock.tick_at(13), 0);
+        assert_eq!(clock.tick_at(14), 1, "expired");
+        assert_eq!(task.0.load(SeqCst), 1, "and its task woken");
+        // Another task's waker replaces the one registered; a waker with no data (a no-op
+        // one) is never taken for the same one.
+        let (first, second, watch) = (count(), count(), clock.watch());
+        watch.register_read(&Waker::from(Arc::clone(&first)));
+        watch.register_read(Waker::noop());
+        watch.register_read(Waker::noop());
+        watch.register_read(&Waker::from(Arc::clone(&second)));
+        clock.drain();
+        assert_eq!(first.0.load(SeqCst), 0);
+        assert_eq!(second.0.load(SeqCst), 1, "the drain wakes the latest");
+    }
+
+    #[tokio::test]
+    async fn a_head_read_at_the_sweep_serves_and_an_expired_wait_stays_expired() {
+        let clock = HeadClock::start(Duration::from_secs(2));
+        clock.tick_at(10);
+        let watch = clock.watch();
+        // Served and waiting again: plain stores, and the sweeper leaves a request being
+        // served alone.
+        watch.serving();
+        assert_eq!(clock.tick_at(20), 0, "served: never cut");
+        watch.waiting();
+        assert!(watch.awaiting_head());
+        assert_eq!(clock.tick_at(23), 0);
+        assert_eq!(clock.tick_at(24), 1);
+        // Expired: a head read afterwards does not revive it, nor does a wait begun anew.
+        watch.serving();
+        assert!(watch.expired());
+        watch.waiting();
+        assert!(watch.expired());
     }
 
     #[tokio::test]
