@@ -35,7 +35,7 @@ use crate::http::names::Names;
 use crate::http::refusal::{refuses_read, MAX_HEADERS, MAX_HEAD_BYTES};
 use crate::http::service::{unify, GatewayService, Written};
 use crate::http::util::ConnBody;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, HOST, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body::Body as _;
@@ -114,10 +114,9 @@ pub(crate) async fn serve<S: GatewayService>(
                 return handover(buf.freeze(), stream, &mut out, watch).await
             }
         };
-        let head = buf.split_to(parsed.len).freeze();
         let (hosts, len) = (parsed.hosts, parsed.len);
-        if !parsed.fill(&head, &mut fields, &mut req) || refuses_read(&req, hosts, len) {
-            return handover(rejoin(head, buf), stream, &mut out, watch).await;
+        if !parsed.fill(&buf[..len], &mut fields, &mut req) || refuses_read(&req, hosts, len) {
+            return handover(buf.freeze(), stream, &mut out, watch).await;
         }
         watch.serving();
         let decided = service.decide_head(&req, peer);
@@ -125,10 +124,11 @@ pub(crate) async fn serve<S: GatewayService>(
         let Some(mut decided) = decided else {
             // A reload switched to proxy mode: hyper serves this request and the rest.
             watch.waiting();
-            return handover(rejoin(head, buf), stream, &mut out, watch).await;
+            return handover(buf.freeze(), stream, &mut out, watch).await;
         };
-        // Nothing holds the head's bytes now: the buffer takes its room back when it grows.
-        drop(head);
+        // The request holds copies of the head's parts: the head is let go of here, and the
+        // buffer takes its room back when it grows.
+        buf.advance(len);
         let decision = match poll_once(&mut decided).await {
             Poll::Ready(decision) => decision,
             Poll::Pending => {
@@ -223,14 +223,6 @@ async fn handover(
     Served::Handover(unread)
 }
 
-/// A head split off and what follows it, together again (for hyper: a rare path, copied).
-fn rejoin(head: Bytes, rest: BytesMut) -> Bytes {
-    let mut all = BytesMut::with_capacity(head.len() + rest.len());
-    all.extend_from_slice(&head);
-    all.extend_from_slice(&rest);
-    all.freeze()
-}
-
 /// The whole of an answer's body: the gateway's own at once; one that settles a
 /// reservation at its end, read to its end. `None` when it failed.
 async fn body_bytes(body: ConnBody) -> Option<Bytes> {
@@ -284,11 +276,22 @@ struct Parsed {
 }
 
 impl Parsed {
-    /// Makes `req` this head's request, its target and `fields`' values sliced from `head`
-    /// (the bytes it was read from, split off); false when the target is not a URI or a value
-    /// not a header value.
-    fn fill(self, head: &Bytes, fields: &mut Fields, req: &mut Request<()>) -> bool {
-        let Ok(uri) = Uri::from_maybe_shared(head.slice(self.target)) else {
+    /// Makes `req` this head's request, its target and `fields`' values copied from `head`
+    /// (the bytes it was read from); false when the target is not a URI or a value not a
+    /// header value.
+    ///
+    /// Copied, not sliced from a shared buffer: a slice of a `Bytes` is a locked instruction
+    /// to take and another to drop, and the read buffer split to share the head one more of
+    /// each. A copy of a few dozen bytes is an allocation of this thread's allocator (no
+    /// locked instruction), and a target of `/` is the static one.
+    fn fill(self, head: &[u8], fields: &mut Fields, req: &mut Request<()>) -> bool {
+        let target = head.get(self.target).unwrap_or_default();
+        let uri = if target == b"/" {
+            Ok(Uri::from_static("/"))
+        } else {
+            Uri::try_from(target)
+        };
+        let Ok(uri) = uri else {
             return false;
         };
         *req.method_mut() = self.method;
@@ -301,7 +304,7 @@ impl Parsed {
         }
         for (name, at) in fields.list.drain(..) {
             // httparse checked the value's bytes, as HeaderValue does.
-            let Ok(value) = HeaderValue::from_maybe_shared(head.slice(at)) else {
+            let Ok(value) = HeaderValue::from_bytes(head.get(at).unwrap_or_default()) else {
                 return false;
             };
             headers.append(name, value);
@@ -875,14 +878,16 @@ mod tests {
         let two: Vec<_> = h.get_all("x-two").iter().collect();
         assert_eq!(two, ["a", "b"]);
         assert!(fields.list.is_empty(), "the fields are taken");
-        // Let go of after its decision: nothing of the head is held, the map's room kept.
+        // The request holds copies of the head's parts, no slice of the bytes read (each
+        // slice of a shared buffer a locked instruction to take and one to drop).
+        drop(head);
+        assert!(bytes.is_unique(), "no slice of the head is held");
+        // Let go of after its decision: the map's room kept.
         let room = req.headers().capacity();
         forget(&mut req);
         assert!(req.headers().is_empty());
         assert_eq!(req.headers().capacity(), room);
         assert_eq!(req.uri(), "/");
-        drop(head);
-        assert!(bytes.is_unique(), "no slice of the head is left");
     }
 
     /// What hyper's server writes for `resp` (as the gateway's builder sets it up), read back
