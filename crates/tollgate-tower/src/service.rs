@@ -133,8 +133,8 @@ impl<S> RateLimit<S> {
     {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let shared = self.shared.clone();
-        match self.shared.prepare(&req, given) {
+        let shared = &self.shared;
+        match shared.prepare(&req, given) {
             Prepared::Answer(resp) => Box::pin(async move { Ok(resp.map(Either::Right)) }),
             Prepared::Denied(result, retry_after) => {
                 let resp = too_many_requests(&result, retry_after);
@@ -148,6 +148,7 @@ impl<S> RateLimit<S> {
             }),
             Prepared::Unverified(u, span) => {
                 drop(req);
+                let shared = Arc::clone(shared);
                 Box::pin(async move { Ok(shared.unverified(u, span).await.map(Either::Right)) })
             }
             Prepared::Plan(plan, span) => {
@@ -166,6 +167,7 @@ impl<S> RateLimit<S> {
                         Ok(allowed) => Box::pin(pass(inner, call_inner, req, allowed)),
                     };
                 }
+                let shared = Arc::clone(shared);
                 Box::pin(async move {
                     let (result, reservation) = shared.decide(&plan, reserves, span).await;
                     match shared.decided(result, reservation) {
@@ -239,8 +241,10 @@ impl<S> RateLimit<S> {
         given: Option<&TrustedPeer>,
         limited: bool,
     ) -> DecideFuture {
-        let shared = self.shared.clone();
-        match self.shared.prepare(req, given) {
+        // The shared state is cloned (a locked instruction, and another to drop it) only for
+        // a decision that waits, whose future owns it.
+        let shared = &self.shared;
+        match shared.prepare(req, given) {
             Prepared::Answer(resp) => DecideFuture::ready(Decided::Answered(Box::new(resp))),
             Prepared::Denied(result, retry_after) if limited => {
                 DecideFuture::ready(Decided::Limited(Limited {
@@ -252,20 +256,25 @@ impl<S> RateLimit<S> {
                 Box::new(too_many_requests(&result, retry_after)),
             )),
             Prepared::Unmatched => DecideFuture::ready(Decided::Unmatched),
-            Prepared::Unverified(u, span) => DecideFuture::waiting(async move {
-                Decided::Answered(Box::new(shared.unverified(u, span).await))
-            }),
+            Prepared::Unverified(u, span) => {
+                let shared = Arc::clone(shared);
+                DecideFuture::waiting(async move {
+                    Decided::Answered(Box::new(shared.unverified(u, span).await))
+                })
+            }
             Prepared::Plan(plan, span) => {
                 if Shared::reserves(&plan) {
+                    let shared = Arc::clone(shared);
                     return DecideFuture::waiting(async move {
                         let (result, reservation) = shared.reserve_in(&plan, span).await;
-                        into_decided(shared, result, reservation, limited)
+                        into_decided(&shared, result, reservation, limited)
                     });
                 }
                 // On the in-process store the decision is made here: no future to box.
                 if let Some(result) = shared.check_now(&plan, &span) {
                     return DecideFuture::ready(into_decided(shared, result, None, limited));
                 }
+                let shared = Arc::clone(shared);
                 // A span not recorded (decision spans are TRACE) is neither entered on every
                 // poll nor given a wrapper around the check's future (nor is the decision
                 // recorded in it: `record_decision` skips it); the common case, one level of
@@ -276,7 +285,7 @@ impl<S> RateLimit<S> {
                     } else {
                         shared.check_in(&plan, span).await
                     };
-                    into_decided(shared, result, None, limited)
+                    into_decided(&shared, result, None, limited)
                 })
             }
         }
@@ -286,7 +295,7 @@ impl<S> RateLimit<S> {
 /// [`Shared::decided`] as [`RateLimit::decide`] tells it; a refusal left to the caller
 /// ([`Decided::Limited`]) when `limited`.
 fn into_decided(
-    shared: Arc<Shared>,
+    shared: &Arc<Shared>,
     result: tollgate::LimitResult,
     reservation: Option<tollgate::Reservation>,
     limited: bool,
@@ -390,7 +399,10 @@ impl Limited {
 pub struct Allowed {
     result: tollgate::LimitResult,
     reservation: Option<tollgate::Reservation>,
-    shared: Arc<Shared>,
+    /// The shared state, which reads the real cost from the answer: held only with a
+    /// reservation to settle (not an empty one), as a clone of it is two locked instructions
+    /// a request (taken and dropped).
+    shared: Option<Arc<Shared>>,
 }
 
 impl Allowed {
@@ -413,11 +425,10 @@ impl Allowed {
     /// any) when it ends.
     pub fn respond<B: http_body::Body>(self, mut resp: Response<B>) -> Response<RateLimitBody<B>> {
         add_headers(resp.headers_mut(), &self.result);
-        match self.reservation.filter(|r| !r.is_empty()) {
-            None => resp.map(|b| Either::Left(Settling::plain(b))),
-            Some(reservation) => {
-                let head = settle_head(resp.headers(), &reservation, &self.shared);
-                let names = Arc::clone(&self.shared.settle_headers);
+        match (self.reservation.filter(|r| !r.is_empty()), self.shared) {
+            (Some(reservation), Some(shared)) => {
+                let head = settle_head(resp.headers(), &reservation, &shared);
+                let names = Arc::clone(&shared.settle_headers);
                 resp.map(|b| {
                     Either::Left(Settling::with_pending(
                         b,
@@ -429,6 +440,8 @@ impl Allowed {
                     ))
                 })
             }
+            // No reservation to settle (`decided` holds the shared state with every other).
+            _ => resp.map(|b| Either::Left(Settling::plain(b))),
         }
     }
 }
@@ -515,15 +528,18 @@ impl Shared {
     /// What a decision makes of the request: allowed, or its 429 or 503 (boxed: an answer
     /// is large, and only a refused request pays for the box).
     fn decided(
-        self: Arc<Self>,
+        self: &Arc<Self>,
         result: tollgate::LimitResult,
         reservation: Option<tollgate::Reservation>,
     ) -> Result<Allowed, Box<Response<Full<Bytes>>>> {
         match result.action {
             Action::Allow => Ok(Allowed {
                 result,
+                shared: reservation
+                    .as_ref()
+                    .is_some_and(|r| !r.is_empty())
+                    .then(|| Arc::clone(self)),
                 reservation,
-                shared: self,
             }),
             Action::Limit { retry_after } => Err(Box::new(too_many_requests(&result, retry_after))),
             Action::Unavailable { retry_after } => Err(Box::new(unavailable(&result, retry_after))),
