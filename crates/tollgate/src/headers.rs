@@ -132,12 +132,20 @@ pub fn ratelimit_policy_value(result: &LimitResult) -> Option<bytes::Bytes> {
 /// address, for every result of that policy and of its [`crate::Policy::with_cost`] copies);
 /// `None` when no policy or several are advertised.
 pub fn ratelimit_policy_item(result: &LimitResult) -> Option<bytes::Bytes> {
+    only_advertised(result).map(|r| r.policy.advertised_bytes())
+}
+
+/// [`ratelimit_policy_item`]'s bytes, borrowed: for a caller that copies them, as a head
+/// written whole does (a shared copy is a locked instruction to take and one to drop).
+pub fn ratelimit_policy_item_str(result: &LimitResult) -> Option<&str> {
+    only_advertised(result).map(|r| r.policy.advertised())
+}
+
+/// The one policy a result advertises, when it advertises exactly one.
+fn only_advertised(result: &LimitResult) -> Option<&PolicyResult> {
     let mut enforced = result.results.iter().filter(|r| !r.policy.is_shadow());
     let first = enforced.next()?;
-    enforced
-        .next()
-        .is_none()
-        .then(|| first.policy.advertised_bytes())
+    enforced.next().is_none().then_some(first)
 }
 
 /// `"name";r=` for a policy named `name` (the start of its `RateLimit` value).

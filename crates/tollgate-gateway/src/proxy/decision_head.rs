@@ -46,19 +46,19 @@ pub(crate) fn allowed(result: &LimitResult) -> Response<Full<Bytes>> {
 /// to it), so they are written unchecked, where the template checks them (as `HeaderValue`
 /// does) once per value: 300 instructions a request (callgrind).
 pub(crate) fn write_allowed(result: &LimitResult, out: &mut Vec<u8>) -> bool {
-    let Some(item) = tollgate::headers::ratelimit_policy_item(result) else {
+    let Some(item) = tollgate::headers::ratelimit_policy_item_str(result) else {
         return false;
     };
     let start = out.len();
     out.extend_from_slice(HEAD_TO_POLICY);
-    out.extend_from_slice(&item);
+    out.extend_from_slice(item.as_bytes());
     out.extend_from_slice(b"\r\nratelimit: ");
     let value = out.len();
     if tollgate::headers::write_ratelimit(result, out).is_none() {
         out.truncate(start);
         return false;
     }
-    debug_assert!(header_value(&item) && header_value(&out[value..]));
+    debug_assert!(header_value(item.as_bytes()) && header_value(&out[value..]));
     out.extend_from_slice(b"\r\ncontent-length: 0\r\ndate: ");
     crate::http::plain::write_date(out);
     out.extend_from_slice(b"\r\n\r\n");
