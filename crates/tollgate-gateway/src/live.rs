@@ -54,9 +54,25 @@ pub const SETTLE: Duration = Duration::from_millis(750);
 type Current = RateLimit<Target>;
 
 /// The rate-limited service every connection calls: the current one, read per request.
-#[derive(Clone)]
 pub(crate) struct LiveService {
     current: Arc<ArcSwap<Current>>,
+    /// The current service as this handle last read it for a plain head
+    /// ([`GatewayService::decide_head`]), read again only once a reload has swapped it: a
+    /// look at the swapped pointer, where a load from the `ArcSwap` is two locked
+    /// instructions a request (a debt taken and paid). A connection's handle keeps it while
+    /// the connection is served without hyper, which closes a connection idle past the
+    /// header read timeout: an old service outlives a reload by that much at most. A clone
+    /// starts without one (hyper's path clones a handle a request).
+    plain: Option<arc_swap::Cache<Arc<ArcSwap<Current>>, Arc<Current>>>,
+}
+
+impl Clone for LiveService {
+    fn clone(&self) -> Self {
+        Self {
+            current: Arc::clone(&self.current),
+            plain: None,
+        }
+    }
 }
 
 impl Service<Request<Incoming>> for LiveService {
@@ -85,7 +101,10 @@ impl GatewayService for LiveService {
     type Decision = tollgate_tower::DecideFuture;
 
     fn decide_head(&mut self, req: &Request<()>, peer: &TrustedPeer) -> Option<Self::Decision> {
-        let current = self.current.load();
+        let current = self
+            .plain
+            .get_or_insert_with(|| arc_swap::Cache::new(Arc::clone(&self.current)))
+            .load();
         match current.get_ref() {
             Target::Decision => Some(current.decide_head(req, peer)),
             Target::Proxy(_) => None,
@@ -364,6 +383,7 @@ impl Live {
     pub(crate) fn service(&self) -> LiveService {
         LiveService {
             current: self.service.clone(),
+            plain: None,
         }
     }
 
