@@ -22,6 +22,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::request::{Descriptor, Override, RlsRequest, MAX_DESCRIPTORS, MAX_ENTRIES};
 use crate::wire::response::{AddedHeaders, Current, Decided, DescriptorAnswer};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tollgate::policy::{FailurePolicy, SyncMode};
@@ -290,7 +291,9 @@ enum Slot<'c> {
 /// One (client, policy) of the plan and how its status reads.
 struct Item<'c> {
     client: ClientKey,
-    policy: Policy,
+    /// The rule's registered policy, borrowed (a clone is a locked instruction to take and
+    /// one to drop, ten of each for a request of ten descriptors), or an override's.
+    policy: Cow<'c, Policy>,
     cost: u64,
     current: Current<'c>,
     /// In quota mode (and not a shadow).
@@ -440,7 +443,8 @@ impl RlsService {
         // the registered policy itself for the first item of its rule at its own cost, a copy
         // with the item's cost (or in quota mode) otherwise.
         let own_cost = |it: &Item| it.cost == it.policy.cost();
-        let policies: Vec<Policy> = items
+        // Borrowed where it is the item's own policy (see `Item::policy`).
+        let policies: Vec<Cow<'_, Policy>> = items
             .iter()
             .enumerate()
             .map(|(k, it)| {
@@ -452,12 +456,12 @@ impl RlsService {
                         .any(|e| e.policy.id() == it.policy.id() && own_cost(e))
                 };
                 let p = if own_cost(it) && first_of_rule() {
-                    it.policy.clone()
+                    Cow::Borrowed(&*it.policy)
                 } else {
-                    it.policy.with_cost(it.cost)
+                    Cow::Owned(it.policy.with_cost(it.cost))
                 };
                 if it.quota {
-                    p.in_quota_mode()
+                    Cow::Owned(p.in_quota_mode())
                 } else {
                     p
                 }
@@ -465,9 +469,9 @@ impl RlsService {
             .collect();
         for (it, p) in items.iter().zip(&policies) {
             if it.negative {
-                given.push(it.client, p.clone());
+                given.push(it.client, Policy::clone(p));
             } else {
-                plan.push(it.client, p.clone());
+                plan.push(it.client, Policy::clone(p));
             }
         }
         // Give-backs first, so that a charge in the same call (Envoy's stream-end "estimate
@@ -568,7 +572,7 @@ impl RlsService {
             let client = self.client(domain, d, None, Some(&salt), &mut items.key);
             let item = Item {
                 client,
-                policy,
+                policy: Cow::Owned(policy),
                 cost,
                 current,
                 quota: false,
@@ -589,7 +593,7 @@ impl RlsService {
                     known.unwrap_or_else(|| self.client(domain, d, Some(f), None, &mut items.key));
                 let item = Item {
                     client,
-                    policy: policy.clone(),
+                    policy: Cow::Borrowed(policy),
                     cost,
                     current,
                     quota,
@@ -1129,7 +1133,7 @@ impl RlsService {
 struct Answer<'a, 'c> {
     slots: &'a [Slot<'c>],
     items: &'a [Item<'c>],
-    policies: &'a [Policy],
+    policies: &'a [Cow<'a, Policy>],
     result: &'a LimitResult,
     /// A blocked descriptor denied the request.
     blocked: bool,
