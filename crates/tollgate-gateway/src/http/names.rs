@@ -36,7 +36,7 @@ impl Names {
                 return Some(known.name.clone());
             }
         }
-        let name = HeaderName::from_bytes(raw).ok()?;
+        let name = well_known(HeaderName::from_bytes(raw).ok()?);
         if i <= self.kept.len() && i < KEPT_POSITIONS {
             let known = (raw.len() <= KEPT_NAME).then(|| {
                 let mut kept = [0; KEPT_NAME];
@@ -70,5 +70,75 @@ impl Names {
     #[cfg(test)]
     pub(crate) fn bytes_at_most(&self) -> usize {
         self.kept.capacity() * (std::mem::size_of::<Option<Known>>() + KEPT_NAME)
+    }
+}
+
+/// Request header names that `http` does not know but requests often carry (API keys, the
+/// forwarding and tracing headers). A name read is one of these as a static name: a custom
+/// name's bytes are shared, and each clone of it (a request's, from the names kept) is a
+/// locked instruction to take and one to drop, where a static name's are none.
+const WELL_KNOWN: &[&str] = &[
+    "x-api-key",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "x-real-ip",
+    "x-request-id",
+    "x-correlation-id",
+    "x-user-id",
+    "x-tenant-id",
+    "traceparent",
+    "tracestate",
+    "x-amzn-trace-id",
+    "x-b3-traceid",
+    "x-b3-spanid",
+    "x-b3-sampled",
+    "x-requested-with",
+    "x-csrf-token",
+    "keep-alive",
+    "priority",
+    "sec-ch-ua",
+    "sec-ch-ua-mobile",
+    "sec-ch-ua-platform",
+    "sec-fetch-dest",
+    "sec-fetch-mode",
+    "sec-fetch-site",
+    "sec-fetch-user",
+];
+
+/// `name` as a static name when it is one of [`WELL_KNOWN`] (the same name), else itself.
+fn well_known(name: HeaderName) -> HeaderName {
+    match WELL_KNOWN.iter().find(|w| **w == name.as_str()) {
+        Some(w) => HeaderName::from_static(w),
+        None => name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn well_known_names_are_the_names_read_and_others_are_left_as_read() {
+        for w in WELL_KNOWN {
+            // Each is a valid lowercase name that `http` does not know as standard (a
+            // standard one would gain nothing here).
+            let parsed = HeaderName::from_bytes(w.to_ascii_uppercase().as_bytes()).expect("name");
+            assert_eq!(parsed.as_str(), *w);
+            let known = well_known(parsed.clone());
+            assert_eq!(known, parsed);
+            assert_eq!(known.as_str(), *w);
+        }
+        for other in ["x-api-keys", "x-custom", "host", "x-api-ke"] {
+            let parsed = HeaderName::from_bytes(other.as_bytes()).expect("name");
+            assert_eq!(well_known(parsed.clone()).as_str(), parsed.as_str());
+        }
+        // Read by position as any other name.
+        let mut names = Names::default();
+        for _ in 0..3 {
+            let n = names.name(0, b"X-Api-Key").expect("a name");
+            assert_eq!(n, HeaderName::from_static("x-api-key"));
+        }
     }
 }
