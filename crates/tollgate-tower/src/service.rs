@@ -398,11 +398,11 @@ impl Limited {
 /// An allowed request, waiting for its response.
 pub struct Allowed {
     result: tollgate::LimitResult,
-    reservation: Option<tollgate::Reservation>,
-    /// The shared state, which reads the real cost from the answer: held only with a
-    /// reservation to settle (not an empty one), as a clone of it is two locked instructions
-    /// a request (taken and dropped).
-    shared: Option<Arc<Shared>>,
+    /// A reservation to settle when the answer ends (never an empty one, which holds nothing
+    /// and is dropped at once), with the shared state that reads the real cost from the
+    /// answer: held only then, as a clone of the shared state is two locked instructions a
+    /// request (taken and dropped).
+    settle: Option<(tollgate::Reservation, Arc<Shared>)>,
 }
 
 impl Allowed {
@@ -415,7 +415,7 @@ impl Allowed {
     /// held): the caller writes the `RateLimit` headers itself ([`crate::response`]). Else
     /// the request back, for [`Allowed::respond`].
     pub fn into_result(self) -> Result<tollgate::LimitResult, Allowed> {
-        if self.reservation.as_ref().is_some_and(|r| !r.is_empty()) {
+        if self.settle.is_some() {
             return Err(self);
         }
         Ok(self.result)
@@ -425,8 +425,9 @@ impl Allowed {
     /// any) when it ends.
     pub fn respond<B: http_body::Body>(self, mut resp: Response<B>) -> Response<RateLimitBody<B>> {
         add_headers(resp.headers_mut(), &self.result);
-        match (self.reservation.filter(|r| !r.is_empty()), self.shared) {
-            (Some(reservation), Some(shared)) => {
+        match self.settle {
+            None => resp.map(|b| Either::Left(Settling::plain(b))),
+            Some((reservation, shared)) => {
                 let head = settle_head(resp.headers(), &reservation, &shared);
                 let names = Arc::clone(&shared.settle_headers);
                 resp.map(|b| {
@@ -440,8 +441,6 @@ impl Allowed {
                     ))
                 })
             }
-            // No reservation to settle (`decided` holds the shared state with every other).
-            _ => resp.map(|b| Either::Left(Settling::plain(b))),
         }
     }
 }
@@ -535,11 +534,9 @@ impl Shared {
         match result.action {
             Action::Allow => Ok(Allowed {
                 result,
-                shared: reservation
-                    .as_ref()
-                    .is_some_and(|r| !r.is_empty())
-                    .then(|| Arc::clone(self)),
-                reservation,
+                settle: reservation
+                    .filter(|r| !r.is_empty())
+                    .map(|r| (r, Arc::clone(self))),
             }),
             Action::Limit { retry_after } => Err(Box::new(too_many_requests(&result, retry_after))),
             Action::Unavailable { retry_after } => Err(Box::new(unavailable(&result, retry_after))),
