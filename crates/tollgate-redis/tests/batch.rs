@@ -62,7 +62,7 @@ async fn concurrent_plans_on_one_key_admit_exactly_the_limit_in_fewer_script_cal
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_long_queue_at_a_small_max_batch_admits_exactly_the_limit() {
     // Fixed windows of an hour on Redis's clock: an hour turning mid-race admits twice.
-    common::clear_of_window_end(HOUR);
+    tollgate_testkit::clear_of_window_end(HOUR);
     let server = RedisServer::start();
     for max_batch in [2, 3] {
         let config = RedisConfig::standalone(server.url()).with_max_batch(max_batch);
@@ -143,7 +143,7 @@ fn rules_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn uniform_batches_of_plans_of_several_rules_admit_exactly_the_tightest_limit() {
     // Fixed windows of an hour on Redis's clock, counted over two races.
-    common::clear_of_window_end(HOUR);
+    tollgate_testkit::clear_of_window_end(HOUR);
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     for n in 1..=5u64 {
@@ -177,7 +177,7 @@ async fn uniform_batches_of_plans_of_several_rules_admit_exactly_the_tightest_li
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn new_clients_of_a_uniform_batch_are_answered_and_written_as_one_alone() {
     // Windows of a day on Redis's clock, answers compared with ones given before.
-    common::clear_of_window_end(DAY);
+    tollgate_testkit::clear_of_window_end(DAY);
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     for n in 1..=3u64 {
@@ -198,7 +198,7 @@ async fn new_clients_of_a_uniform_batch_are_answered_and_written_as_one_alone() 
 async fn new_clients_of_a_few_limits_in_one_batch_are_answered_and_written_as_one_alone() {
     // Windows of a day on Redis's clock, answers compared with ones given before (and the
     // PX of a window's write is the time left of it).
-    common::clear_of_window_end(DAY);
+    tollgate_testkit::clear_of_window_end(DAY);
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     for algorithm in Algorithm::ALL {
@@ -1826,7 +1826,7 @@ async fn plans_of_many_forms_leave_in_one_call_of_the_stores_script() {
 async fn batches_of_the_same_forms_in_another_order_share_one_script() {
     // A fixed window of an hour on Redis's clock: a client's second plan finds what its first
     // took only in the same hour.
-    common::clear_of_window_end(HOUR);
+    tollgate_testkit::clear_of_window_end(HOUR);
     let (server, relay, store, warm) = behind_a_relay(Duration::from_secs(10), "forms-warm").await;
     // Two forms outside the store's list: its forms (the warm-up's token bucket, then forms of
     // sixteen, sixteen, sixteen and fifteen rules) fill what one script holds, so batches of

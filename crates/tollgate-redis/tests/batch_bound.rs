@@ -108,7 +108,7 @@ async fn past_the_batch_scripts_bound_plans_still_leave_together_and_decide_exac
     // GCRA of 1,000 a day frees a unit every 86.4 s (of 1,000 an hour, every 3.6 s: a slow
     // machine could see one come back), and the fixed window is clear of the day's end from
     // here on (the bursts above may outlast the margin checked when the server started).
-    common::clear_of_window_end(DAY);
+    tollgate_testkit::clear_of_window_end(DAY);
 
     // Past the bound, plans of a form no batch has had (three rules) find no batch script:
     // queued behind a call the relay holds, they leave one call each, written together, and

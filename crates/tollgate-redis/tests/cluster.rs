@@ -18,7 +18,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 #[tokio::test]
 async fn a_clients_keys_share_one_slot_and_clients_spread_over_every_master() {
     // Two of every algorithm an hour on Redis's clock, the third refused: within one hour.
-    common::clear_of_window_end(HOUR);
+    tollgate_testkit::clear_of_window_end(HOUR);
     let cluster = RedisCluster::start(3, 0);
     let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
     let rules: Vec<_> = Algorithm::ALL
@@ -146,7 +146,7 @@ async fn a_failover_is_survived_without_recreating_the_store() {
 #[tokio::test]
 async fn a_plan_across_two_slots_gives_back_the_first_slot_when_the_second_denies() {
     // Fixed windows of an hour on Redis's clock, read before and after: within one hour.
-    common::clear_of_window_end(HOUR);
+    tollgate_testkit::clear_of_window_end(HOUR);
     let cluster = RedisCluster::start(3, 0);
     let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
     let slot = |key: &str| cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
@@ -199,7 +199,7 @@ async fn a_plan_across_two_slots_gives_back_the_first_slot_when_the_second_denie
 #[tokio::test]
 async fn quota_checks_across_slots_deny_only_together_and_give_back_the_rest() {
     // Fixed windows of an hour on Redis's clock, read before and after: within one hour.
-    common::clear_of_window_end(HOUR);
+    tollgate_testkit::clear_of_window_end(HOUR);
     let cluster = RedisCluster::start(3, 0);
     let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
     let slot = |key: &str| cluster.nodes()[0].cli(&["cluster", "keyslot", key]);

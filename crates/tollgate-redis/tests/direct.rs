@@ -318,7 +318,7 @@ async fn a_reply_owed_to_a_caller_that_gave_up_goes_to_no_one_else() {
 #[tokio::test]
 async fn connections_the_server_closed_are_replaced_without_failing_a_call() {
     // A fixed window of an hour on Redis's clock, counted down over three seconds.
-    common::clear_of_window_end(HOUR);
+    tollgate_testkit::clear_of_window_end(HOUR);
     let server = RedisServer::start();
     let store = RedisStore::connect(RedisConfig::standalone(server.url()))
         .await

@@ -40,25 +40,26 @@ static CHECKED: Once = Once::new();
 /// Waits until the hour has turned if fewer than [`MARGIN`] are left of it, the first time
 /// it is called in this process; at once otherwise.
 pub fn start_clear_of_the_hour() {
-    CHECKED.call_once(|| clear_of_window_end(HOUR, MARGIN));
+    CHECKED.call_once(|| clear_of_window_end(HOUR));
 }
 
 /// Waits until just past the end of the current window of `period` (windows aligned to
 /// multiples of `period` since the Unix epoch, as fixed windows and sliding window counters
-/// are) if fewer than `margin` are left of it; returns at once otherwise. The wait blocks the
-/// calling thread, at most `margin` and a second.
+/// are) if fewer than [`MARGIN`] are left of it; returns at once otherwise. The wait blocks
+/// the calling thread, at most [`MARGIN`] and a second.
 ///
 /// Unlike [`start_clear_of_the_hour`] it checks on every call. Call it where a test starts
-/// counting, with a `margin` longer than the counting lasts: a wait after some counting would
+/// counting, when the counting lasts less than [`MARGIN`]: a wait after some counting would
 /// put the edge inside the test instead of keeping it out. A redis-server started by the test
 /// reads the same system clock (`TIME`), and so does a gateway process it starts.
 ///
-/// Panics when `margin` and a second are longer than `period`: no start would be clear.
-pub fn clear_of_window_end(period: Duration, margin: Duration) {
+/// Panics when [`MARGIN`] and a second are longer than `period` (a minute's window): no start
+/// would be clear.
+pub fn clear_of_window_end(period: Duration) {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    if let Some(wait) = wait_at(since_epoch, period, margin) {
+    if let Some(wait) = wait_at(since_epoch, period, MARGIN) {
         eprintln!(
             "testkit: {:.1} s before the end of a {:?} window: waiting for it to pass, so \
              that the window does not turn over during the test",

@@ -35,10 +35,7 @@ impl Service<Request<()>> for Ok200 {
 /// answers given apart ("5 pass, the 6th is 429"). Every call checks: `cargo test` runs these
 /// tests in one process, where the once-a-process `start_clear_of_the_hour` covers the first.
 fn clear_of_the_hours_end() {
-    tollgate_testkit::clear_of_window_end(
-        std::time::Duration::from_secs(3600),
-        tollgate_testkit::edge::MARGIN,
-    );
+    tollgate_testkit::clear_of_window_end(std::time::Duration::from_secs(3600));
 }
 
 fn policy(limiter: &Limiter, name: &str, limit: u64, shadow: bool) -> tollgate::Policy {

@@ -496,7 +496,7 @@ async fn on_a_three_master_cluster_settles_and_holds_stay_in_each_clients_slot()
     // `settling`'s minute (a minute ends sixty times as often), and the test started clear of
     // the hour's end.
     let hour = Duration::from_secs(3600);
-    tollgate_testkit::clear_of_window_end(hour, tollgate_testkit::edge::MARGIN);
+    tollgate_testkit::clear_of_window_end(hour);
     let cluster = tokio::task::spawn_blocking(|| tollgate_testkit::RedisCluster::start(3, 0))
         .await
         .expect("cluster");

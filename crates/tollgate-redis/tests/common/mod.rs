@@ -118,17 +118,6 @@ async fn connect_to(config: RedisConfig, clock: StoreClock, what: &str) -> Redis
     }
 }
 
-/// Returns when at least [`tollgate_testkit::edge::MARGIN`] (a minute, far longer than what
-/// its callers count for) is left of the current window of `period`, aligned to the epoch;
-/// else waits until just past its end. A test that counts in fixed windows or sliding counters on Redis's
-/// own clock (`StoreClock::Store`: the test's redis-server reads this machine's clock) and
-/// compares answers given apart calls it first: the window turning between them changes the
-/// answers. Every call checks, unlike the once-a-process check of each `RedisServer` start,
-/// which `cargo test` running a file's tests in one process leaves to the first.
-pub fn clear_of_window_end(period: Duration) {
-    tollgate_testkit::clear_of_window_end(period, tollgate_testkit::edge::MARGIN);
-}
-
 /// Microseconds since the epoch of 2026-01-01, a realistic `now`.
 pub const EPOCH_2026: u64 = 1_767_225_600_000_000;
 
