@@ -1175,6 +1175,15 @@ mod tests {
         assert_eq!(clock.tick_at(13), 0);
         assert_eq!(clock.tick_at(14), 1, "expired");
         assert_eq!(task.0.load(SeqCst), 1, "and its task woken");
+        // Registered by the first read only: a registration taken (as only a wake that ends
+        // the connection takes it) is not made again for the same task, and is for another.
+        let again = clock.watch();
+        again.register_read(&waker);
+        assert!(again.waker.take().is_some(), "registered by the first read");
+        again.register_read(&waker);
+        assert!(again.waker.take().is_none(), "not again for the same task");
+        again.register_read(&Waker::from(count()));
+        assert!(again.waker.take().is_some(), "another task's is registered");
         // Another task's waker replaces the one registered; a waker with no data (a no-op
         // one) is never taken for the same one.
         let (first, second, watch) = (count(), count(), clock.watch());
