@@ -1,5 +1,5 @@
 //! The command line: `cargo xtask bench [--quick] [--reps N] [--only SECTIONS]
-//! [--baseline TOLLGATE_BIN]`.
+//! [--baseline TOLLGATE_BIN] [--tollgate TOLLGATE_BIN]`.
 
 use std::path::PathBuf;
 
@@ -44,6 +44,11 @@ pub struct BenchArgs {
     /// report ratios against.
     #[arg(long, value_name = "TOLLGATE_BIN", value_parser = parse_binary)]
     pub baseline: Option<PathBuf>,
+    /// Measure this `tollgate` binary as this build's (e.g. `scripts/build-pgo`'s, built
+    /// from this tree with profile-guided optimization) instead of the release build of the
+    /// tree. The other binaries are still built from the tree; the run's line names it.
+    #[arg(long, value_name = "TOLLGATE_BIN", value_parser = parse_binary)]
+    pub tollgate: Option<PathBuf>,
 }
 
 /// The sections `--only` names (one value, so clap does not take it for a list of values).
@@ -66,6 +71,7 @@ impl BenchArgs {
             reps,
             sections,
             baseline: self.baseline.clone(),
+            tollgate: self.tollgate.clone(),
         }
     }
 }
@@ -132,19 +138,25 @@ mod tests {
         assert!(!s.quick);
         assert_eq!(s.sections, Section::ALL.to_vec());
         assert_eq!(s.baseline, None);
+        assert_eq!(s.tollgate, None);
     }
 
     #[test]
-    fn a_baseline_is_an_existing_file_made_absolute() {
+    fn a_baseline_or_a_tollgate_binary_is_an_existing_file_made_absolute() {
         let file = std::env::temp_dir().join(format!("xtask-baseline-{}", std::process::id()));
         std::fs::write(&file, "").expect("write");
         let s = settings(&format!("--only rls --baseline {}", file.display())).expect("valid");
         assert_eq!(s.sections, vec![Section::Rls]);
         assert_eq!(s.baseline.as_deref(), Some(file.as_path()));
+        let s = settings(&format!("--tollgate {}", file.display())).expect("valid");
+        assert_eq!(s.tollgate.as_deref(), Some(file.as_path()));
+        assert_eq!(s.baseline, None);
         let _ = std::fs::remove_file(&file);
-        let e = settings("--baseline /nonexistent/tollgate").expect_err("missing");
-        assert_eq!(e.exit_code(), 2);
-        assert!(e.to_string().contains("is not a file"), "{e}");
+        for flag in ["--baseline", "--tollgate"] {
+            let e = settings(&format!("{flag} /nonexistent/tollgate")).expect_err("missing");
+            assert_eq!(e.exit_code(), 2);
+            assert!(e.to_string().contains("is not a file"), "{e}");
+        }
     }
 
     #[test]
@@ -191,7 +203,7 @@ mod tests {
         let e = settings("--help").expect_err("help exits");
         assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
         let help = e.to_string();
-        for flag in ["--quick", "--reps", "--only", "--baseline"] {
+        for flag in ["--quick", "--reps", "--only", "--baseline", "--tollgate"] {
             assert!(help.contains(flag), "{help}");
         }
     }

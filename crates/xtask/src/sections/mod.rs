@@ -40,6 +40,9 @@ pub struct Settings {
     /// `--baseline`: a `tollgate` binary measured side by side with this build (rls, coalesce,
     /// far, gateway).
     pub baseline: Option<PathBuf>,
+    /// `--tollgate`: the `tollgate` binary measured as this build's instead of the tree's
+    /// release build.
+    pub tollgate: Option<PathBuf>,
 }
 
 /// One section of the document.
@@ -188,9 +191,14 @@ pub fn run_all(settings: &Settings) -> anyhow::Result<bool> {
     let results = Results::create(&out.join("results.jsonl"))?;
     install_tools(&logs);
     // What is built is what is measured: the tree as it is now, committed or not.
-    let revision = git_revision(&root);
+    let mut revision = git_revision(&root);
     log("building release binaries");
-    let bins = build::binaries(&root, &logs)?;
+    let mut bins = build::binaries(&root, &logs)?;
+    if let Some(tollgate) = &settings.tollgate {
+        // Measured as this build's; the run's line says which it is.
+        bins.tollgate = tollgate.clone();
+        revision = format!("{revision}, this build's tollgate {}", tollgate.display());
+    }
     let peers = settings
         .sections
         .contains(&Section::Peers)
