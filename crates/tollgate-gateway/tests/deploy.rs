@@ -288,6 +288,35 @@ async fn the_image_limits_requests_as_a_non_root_user_on_a_read_only_root() {
     drop(container);
 }
 
+/// The profile-guided build's scripts refuse bad arguments before building anything (a real
+/// build takes two release builds and a training load: it is run by hand, see
+/// scripts/build-pgo), and say what is wrong.
+#[test]
+fn the_pgo_build_scripts_refuse_bad_arguments_before_building() {
+    let refused = |cmd: &mut Command, says: &str| {
+        let shown = format!("{cmd:?}");
+        let out = cmd.output().unwrap_or_else(|e| panic!("{shown}: {e}"));
+        assert_eq!(out.status.code(), Some(2), "{shown}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{shown}: {stderr}");
+    };
+    let script = |name: &str| Command::new(repo().join("scripts").join(name));
+    refused(
+        script("image").args(["--pgo", "--binary", "/bin/true"]),
+        "--pgo builds the binary",
+    );
+    refused(script("build-pgo").arg("--fast"), "unknown argument --fast");
+    for seconds in ["0", "601", "x", "1.5", "-3"] {
+        refused(
+            script("build-pgo").env("PGO_SECONDS", seconds),
+            "PGO_SECONDS is a whole number",
+        );
+    }
+    let help = stdout(&run(script("build-pgo").arg("--help")));
+    assert!(help.contains("target/pgo/release/tollgate"), "{help}");
+    assert!(help.contains("-Cprofile-use"), "{help}");
+}
+
 /// `kubectl kustomize DIR`, validated by kubernetes-validate against the Kubernetes schemas;
 /// returns the rendered YAML.
 fn render_and_validate(kubectl: &Path, validate: &Path, dir: &str) -> String {
