@@ -304,7 +304,9 @@ impl Parsed {
         }
         for (name, at) in fields.list.drain(..) {
             // httparse checked the value's bytes, as HeaderValue does.
-            let Ok(value) = HeaderValue::from_bytes(head.get(at).unwrap_or_default()) else {
+            // (A range outside the head, which httparse never gives, is refused, not read as
+            // an empty value.)
+            let Some(Ok(value)) = head.get(at).map(HeaderValue::from_bytes) else {
                 return false;
             };
             headers.append(name, value);
@@ -888,6 +890,19 @@ mod tests {
         assert!(req.headers().is_empty());
         assert_eq!(req.headers().capacity(), room);
         assert_eq!(req.uri(), "/");
+    }
+
+    #[test]
+    fn a_field_outside_the_head_given_refuses_the_request_rather_than_reading_it_empty() {
+        let bytes = b"GET /p HTTP/1.1\r\nHost: h\r\nX-Api-Key: k1\r\n\r\n";
+        let mut fields = Fields::default();
+        let Head::Plain(parsed) = parse(bytes, &mut fields) else {
+            panic!("plain");
+        };
+        // The target is within the first 20 bytes; the fields' values are not.
+        let mut req = Request::new(());
+        assert!(!parsed.fill(&bytes[..20], &mut fields, &mut req));
+        assert!(req.headers().get("x-api-key").is_none());
     }
 
     /// What hyper's server writes for `resp` (as the gateway's builder sets it up), read back
