@@ -315,6 +315,45 @@ fn the_pgo_build_scripts_refuse_bad_arguments_before_building() {
     let help = stdout(&run(script("build-pgo").arg("--help")));
     assert!(help.contains("target/pgo/release/tollgate"), "{help}");
     assert!(help.contains("-Cprofile-use"), "{help}");
+    // deploy/Containerfile's build step, run by `sh` as a container build runs it (its base
+    // image cannot be pulled here): a PGO build-arg other than 0 or 1 is refused before any
+    // package is installed or anything is built.
+    let build_step = containerfile_build_step();
+    for pgo in ["2", "yes", ""] {
+        refused(
+            Command::new("sh")
+                .args(["-c", &build_step])
+                .env("PGO", pgo)
+                .current_dir(std::env::temp_dir()),
+            "PGO is 0 or 1",
+        );
+    }
+}
+
+/// The shell of deploy/Containerfile's `RUN` after `ARG PGO=0` (the build), its continued
+/// lines joined.
+fn containerfile_build_step() -> String {
+    let file = std::fs::read_to_string(repo().join("deploy/Containerfile"))
+        .expect("read deploy/Containerfile");
+    let after_arg = file
+        .split_once("ARG PGO=0\n")
+        .map(|(_, rest)| rest)
+        .expect("deploy/Containerfile declares ARG PGO=0");
+    let mut step = String::new();
+    for line in after_arg.lines() {
+        let (text, continued) = match line.strip_suffix('\\') {
+            Some(text) => (text, true),
+            None => (line, false),
+        };
+        step.push_str(text);
+        step.push(' ');
+        if !continued {
+            break;
+        }
+    }
+    step.strip_prefix("RUN ")
+        .map(str::to_owned)
+        .expect("a RUN follows ARG PGO=0")
 }
 
 /// `kubectl kustomize DIR`, validated by kubernetes-validate against the Kubernetes schemas;
