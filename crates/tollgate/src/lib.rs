@@ -763,6 +763,21 @@ impl Limiter {
         }
         let checks = checks_of(items);
         let started = trace::store_call_started();
+        if let [one] = checks.as_slice() {
+            // A plan of one policy (most are): its decision alone, no verdict allocated.
+            let d = store.check_one(one, now);
+            trace::record_store_call(started, 1);
+            let allowed = tollgate_core::plan_allows([(one.mode, d.allowed)]);
+            let action = if allowed {
+                Action::Allow
+            } else {
+                Action::limit_micros(tollgate_core::denied_retry_after(
+                    std::slice::from_ref(&d),
+                    &checks,
+                ))
+            };
+            return self.apply_decisions(items, allowed, action, [d], now, results);
+        }
         let verdict = store.check(&checks, now);
         trace::record_store_call(started, checks.len());
         self.apply_verdict(items, &checks, verdict, now, results)
@@ -856,6 +871,27 @@ impl Limiter {
         } else {
             Action::limit_micros(verdict.retry_after(checks))
         };
+        self.apply_decisions(
+            items,
+            verdict.allowed,
+            action,
+            verdict.decisions,
+            now,
+            results,
+        )
+    }
+
+    /// [`Limiter::apply_verdict`] of a verdict held as its parts: whether the plan was
+    /// allowed, its action, and one decision per item in order.
+    fn apply_decisions(
+        &self,
+        items: &[(&ClientKey, &Policy)],
+        allowed: bool,
+        action: Action,
+        decisions: impl IntoIterator<Item = tollgate_core::Decision>,
+        now: Micros,
+        results: &mut Vec<PolicyResult>,
+    ) -> Action {
         // The store's answers for the deny cache's later local answers of plans of several
         // policies: remembered when such a plan was denied, refreshed by every store answer
         // while held (one relaxed load when nothing is held).
@@ -863,15 +899,15 @@ impl Limiter {
             .inner
             .last
             .as_ref()
-            .filter(|l| (items.len() > 1 && !verdict.allowed) || !l.is_empty());
-        for ((client, p), d) in items.iter().zip(verdict.decisions) {
+            .filter(|l| (items.len() > 1 && !allowed) || !l.is_empty());
+        for ((client, p), d) in items.iter().zip(decisions) {
             if let Some(last) = last {
                 let known = Known {
                     allowed: d.allowed,
                     remaining: d.remaining,
                     reset_at: now.saturating_add(d.reset_after),
                 };
-                if verdict.allowed || items.len() == 1 {
+                if allowed || items.len() == 1 {
                     last.refresh(client, p.inner.deny_key, known);
                 } else if d.allowed || p.is_shadow() {
                     // (The others are in the deny cache.)
@@ -880,7 +916,7 @@ impl Limiter {
             }
             let outcome = match (d.allowed, p.mode()) {
                 // Another rule denied: this one was decided but not charged.
-                (true, _) if !verdict.allowed => Outcome::NotCharged,
+                (true, _) if !allowed => Outcome::NotCharged,
                 (true, _) => Outcome::Allowed,
                 (false, Mode::Shadow) => Outcome::ShadowLimited,
                 (false, _) => Outcome::Limited,

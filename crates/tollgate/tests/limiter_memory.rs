@@ -441,6 +441,59 @@ async fn check_now_decides_as_check_does_on_the_in_process_store() {
     assert_eq!(metrics(&a), metrics(&b));
 }
 
+#[tokio::test]
+async fn a_plan_of_one_policy_decides_as_it_does_beside_a_shadow_policy_in_every_mode() {
+    // A plan of one policy is decided on its own (no verdict allocated), a plan of two through
+    // the store's verdict. A shadow policy that never limits changes nothing of the other's
+    // answer, so twin limiters fed the plan alone and the plan beside it must agree on every
+    // action (the retry time with it), outcome and remaining count, enforced, in quota mode
+    // and in shadow mode, over the limit and back under it.
+    for alg in [Algorithm::TokenBucket, Algorithm::FixedWindow, Algorithm::Gcra] {
+        for mode in ["enforce", "quota", "shadow"] {
+            let clock = ManualClock::new(T0);
+            let (alone, beside) = (limiter(&clock), limiter(&clock));
+            let make = |l: &Limiter| {
+                let mut s = spec("api", alg, 3, Duration::from_secs(10));
+                s.shadow = mode == "shadow";
+                let p = l.policy(s).expect("policy");
+                if mode == "quota" {
+                    p.in_quota_mode()
+                } else {
+                    p
+                }
+            };
+            let (p_alone, p_beside) = (make(&alone), make(&beside));
+            let mut open = spec("open", Algorithm::TokenBucket, 1_000_000, Duration::from_secs(1));
+            open.shadow = true;
+            let open = beside.policy(open).expect("policy");
+            let mut limited = 0;
+            for i in 0..16u32 {
+                let one = alone
+                    .check(&tollgate::Plan::for_client(client(1), [&p_alone]))
+                    .await;
+                let two = beside
+                    .check(&tollgate::Plan::for_client(client(1), [&p_beside, &open]))
+                    .await;
+                let what = format!("{alg:?} {mode}, request {i}");
+                assert_eq!(one.action, two.action, "{what}");
+                let first = |r: &tollgate::LimitResult| {
+                    let p = &r.results[0];
+                    (p.outcome, p.decision.map(|d| (d.remaining, d.retry_after)))
+                };
+                assert_eq!(first(&one), first(&two), "{what}");
+                limited += usize::from(matches!(
+                    first(&one).0,
+                    Outcome::Limited | Outcome::ShadowLimited
+                ));
+                // Four requests a second against 3 in 10 s: limited within the first
+                // second, then admitted again as the seconds pass.
+                clock.advance(Duration::from_millis(if i % 4 == 3 { 2_500 } else { 10 }));
+            }
+            assert!(limited > 0, "{alg:?} {mode}: never over the limit");
+        }
+    }
+}
+
 #[cfg(feature = "redis")]
 #[test]
 fn check_now_does_not_answer_for_a_remote_store() {
