@@ -402,7 +402,7 @@ impl RedisStore {
             }
         }
         let reply = self.run_plan(checks, now, true, true).await?;
-        Ok(verdict(checks, reply.decisions))
+        Ok(verdict(checks, reply.decisions.into_vec()))
     }
 
     /// [`RedisStore::check`], also telling when (on the store's clock) each check was decided:
@@ -441,7 +441,10 @@ impl RedisStore {
         }
         let reply = self.run_plan(checks, now, false, true).await?;
         let at = reply.now.unwrap_or(now);
-        Ok((verdict(checks, reply.decisions), vec![at; checks.len()]))
+        Ok((
+            verdict(checks, reply.decisions.into_vec()),
+            vec![at; checks.len()],
+        ))
     }
 
     /// Settles, releases or renews charges (see [`SettleItem`]) in one script call per server
@@ -1742,7 +1745,23 @@ impl CheckReply {
     /// The plan's verdict: `checks` must be the ones [`RedisStore::check_begin`] was given.
     pub fn verdict(&self, checks: &[Check<'_>]) -> Result<Verdict, RedisStoreError> {
         let reply = parse_reply(&self.value, limits_of(checks), self.base)?;
-        Ok(verdict(checks, reply.decisions))
+        Ok(verdict(checks, reply.decisions.into_vec()))
+    }
+
+    /// The decision of a plan of one check, `check` (the one [`RedisStore::check_begin`] was
+    /// given), without the verdict's vector: the caller applies it as the verdict of that
+    /// plan would be (allowed when [`tollgate_core::plan_allows`] says so).
+    pub fn decision(&self, check: &Check<'_>) -> Result<tollgate_core::Decision, RedisStoreError> {
+        let reply = parse_reply(
+            &self.value,
+            limits_of(std::slice::from_ref(check)),
+            self.base,
+        )?;
+        reply
+            .decisions
+            .into_iter()
+            .next()
+            .ok_or_else(|| RedisStoreError::protocol("the script answered no decision"))
     }
 }
 

@@ -737,14 +737,27 @@ impl Limiter {
         reply: Result<tollgate_redis::CheckReply, tollgate_redis::RedisStoreError>,
         now: Micros,
     ) -> LimitResult {
+        // Timed from the store's own reading of the clock as it took the plan.
+        let started = call.pending.begun();
+        let mut results = Vec::with_capacity(call.items.len());
+        if let [one] = call.checks.as_slice() {
+            // A plan of one policy (most are): its decision alone, no verdict allocated.
+            let answer = reply
+                .and_then(|r| r.decision(one))
+                .map_err(|e| store::failure(&e));
+            let answer = self.guard_end(call.breaker, Permit::Call, started, answer);
+            trace::record_store_call(call.traced, 1);
+            let action = match answer {
+                Ok(d) => self.apply_one(&call.items, one, d, now, &mut results),
+                Err(skip_for) => self.apply_failure(&call.items, now, skip_for, &mut results),
+            };
+            return LimitResult { action, results };
+        }
         let answer = reply
             .and_then(|r| r.verdict(&call.checks))
             .map_err(|e| store::failure(&e));
-        // Timed from the store's own reading of the clock as it took the plan.
-        let started = call.pending.begun();
         let answer = self.guard_end(call.breaker, Permit::Call, started, answer);
         trace::record_store_call(call.traced, call.checks.len());
-        let mut results = Vec::with_capacity(call.items.len());
         let action = self.apply_outcome(&call.items, &call.checks, answer, now, &mut results);
         LimitResult { action, results }
     }
@@ -767,16 +780,7 @@ impl Limiter {
             // A plan of one policy (most are): its decision alone, no verdict allocated.
             let d = store.check_one(one, now);
             trace::record_store_call(started, 1);
-            let allowed = tollgate_core::plan_allows([(one.mode, d.allowed)]);
-            let action = if allowed {
-                Action::Allow
-            } else {
-                Action::limit_micros(tollgate_core::denied_retry_after(
-                    std::slice::from_ref(&d),
-                    &checks,
-                ))
-            };
-            return self.apply_decisions(items, allowed, action, [d], now, results);
+            return self.apply_one(items, one, d, now, results);
         }
         let verdict = store.check(&checks, now);
         trace::record_store_call(started, checks.len());
@@ -879,6 +883,28 @@ impl Limiter {
             now,
             results,
         )
+    }
+
+    /// [`Limiter::apply_verdict`] of a plan of one check, `one`, given its decision `d` alone
+    /// (no verdict's vector): allowed and retried by the verdict's own rules.
+    fn apply_one(
+        &self,
+        items: &[(&ClientKey, &Policy)],
+        one: &Check<'_>,
+        d: tollgate_core::Decision,
+        now: Micros,
+        results: &mut Vec<PolicyResult>,
+    ) -> Action {
+        let allowed = tollgate_core::plan_allows([(one.mode, d.allowed)]);
+        let action = if allowed {
+            Action::Allow
+        } else {
+            Action::limit_micros(tollgate_core::denied_retry_after(
+                std::slice::from_ref(&d),
+                std::slice::from_ref(one),
+            ))
+        };
+        self.apply_decisions(items, allowed, action, [d], now, results)
     }
 
     /// [`Limiter::apply_verdict`] of a verdict held as its parts: whether the plan was

@@ -448,7 +448,11 @@ async fn a_plan_of_one_policy_decides_as_it_does_beside_a_shadow_policy_in_every
     // answer, so twin limiters fed the plan alone and the plan beside it must agree on every
     // action (the retry time with it), outcome and remaining count, enforced, in quota mode
     // and in shadow mode, over the limit and back under it.
-    for alg in [Algorithm::TokenBucket, Algorithm::FixedWindow, Algorithm::Gcra] {
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+    ] {
         for mode in ["enforce", "quota", "shadow"] {
             let clock = ManualClock::new(T0);
             let (alone, beside) = (limiter(&clock), limiter(&clock));
@@ -463,7 +467,12 @@ async fn a_plan_of_one_policy_decides_as_it_does_beside_a_shadow_policy_in_every
                 }
             };
             let (p_alone, p_beside) = (make(&alone), make(&beside));
-            let mut open = spec("open", Algorithm::TokenBucket, 1_000_000, Duration::from_secs(1));
+            let mut open = spec(
+                "open",
+                Algorithm::TokenBucket,
+                1_000_000,
+                Duration::from_secs(1),
+            );
             open.shadow = true;
             let open = beside.policy(open).expect("policy");
             let mut limited = 0;

@@ -1,6 +1,8 @@
 //! `not_charged` on a real `redis-server`: a policy that allowed while another rule of the
 //! plan denied counts `not_charged`, whether the store decided the denial or the deny cache
-//! answered it locally, so `allowed` counts only charged admissions.
+//! answered it locally, so `allowed` counts only charged admissions. And a plan of one policy
+//! (applied without a verdict) decides as the same policy beside a shadow one that never
+//! limits (a plan of two, applied through the verdict), in every mode.
 #![cfg(feature = "redis")]
 
 use std::sync::Arc;
@@ -53,4 +55,69 @@ async fn a_policy_another_rule_denied_counts_not_charged_on_redis_and_in_the_den
     // per_ip was charged once and refused nine times with the request.
     assert_eq!(count("per_ip", Outcome::Allowed), 1);
     assert_eq!(count("per_ip", Outcome::NotCharged), 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_of_one_policy_decides_as_it_does_beside_a_shadow_policy_in_every_mode() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let redis = RedisConfig::standalone(server.url())
+        .with_clock(StoreClock::Local)
+        .with_key_prefix("one");
+    let mut cfg = LimiterConfig::new(Backend::Redis(redis));
+    cfg.clock = Arc::new(clock.clone());
+    cfg.timeout = Duration::from_secs(2);
+    // Every answer from the store: the deny cache would answer some denials locally.
+    cfg.deny_cache_capacity = 0;
+    let l = Limiter::new(cfg);
+    let mut client = 0u8;
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+    ] {
+        for mode in ["enforce", "quota", "shadow"] {
+            let quota = Quota::new(3, Duration::from_secs(10)).expect("quota");
+            let mut spec = PolicySpec::new(
+                format!("api_{alg:?}_{mode}"),
+                Limit::new(alg, quota).expect("limit"),
+            );
+            spec.shadow = mode == "shadow";
+            let p = l.policy(spec).expect("policy");
+            let p = if mode == "quota" {
+                p.in_quota_mode()
+            } else {
+                p
+            };
+            let wide = Quota::new(1_000_000, Duration::from_secs(1)).expect("quota");
+            let mut open = PolicySpec::new(
+                format!("open_{alg:?}_{mode}"),
+                Limit::new(Algorithm::TokenBucket, wide).expect("limit"),
+            );
+            open.shadow = true;
+            let open = l.policy(open).expect("policy");
+            // Two clients of their own: one sends the plan alone, one beside `open`.
+            let (alone, beside) = (ClientKey([client; 16]), ClientKey([client + 1; 16]));
+            client += 2;
+            let mut limited = 0;
+            for i in 0..16u32 {
+                let one = l.check(&Plan::for_client(alone, [&p])).await;
+                let two = l.check(&Plan::for_client(beside, [&p, &open])).await;
+                let what = format!("{alg:?} {mode}, request {i}");
+                assert_eq!(one.action, two.action, "{what}");
+                let first = |r: &tollgate::LimitResult| {
+                    let p = &r.results[0];
+                    (p.outcome, p.decision.map(|d| (d.remaining, d.retry_after)))
+                };
+                assert_eq!(first(&one), first(&two), "{what}");
+                assert!(first(&one).1.is_some(), "{what}: the store answered");
+                limited += usize::from(matches!(
+                    first(&one).0,
+                    Outcome::Limited | Outcome::ShadowLimited
+                ));
+                clock.advance(Duration::from_millis(if i % 4 == 3 { 2_500 } else { 10 }));
+            }
+            assert!(limited > 0, "{alg:?} {mode}: never over the limit");
+        }
+    }
 }
