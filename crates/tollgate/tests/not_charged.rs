@@ -5,6 +5,8 @@
 //! limits (a plan of two, applied through the verdict), in every mode.
 #![cfg(feature = "redis")]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate::clock::ManualClock;
@@ -104,17 +106,7 @@ async fn a_plan_of_one_policy_decides_as_it_does_beside_a_shadow_policy_in_every
                 let one = l.check(&Plan::for_client(alone, [&p])).await;
                 let two = l.check(&Plan::for_client(beside, [&p, &open])).await;
                 let what = format!("{alg:?} {mode}, request {i}");
-                assert_eq!(one.action, two.action, "{what}");
-                let first = |r: &tollgate::LimitResult| {
-                    let p = &r.results[0];
-                    (p.outcome, p.decision.map(|d| (d.remaining, d.retry_after)))
-                };
-                assert_eq!(first(&one), first(&two), "{what}");
-                assert!(first(&one).1.is_some(), "{what}: the store answered");
-                limited += usize::from(matches!(
-                    first(&one).0,
-                    Outcome::Limited | Outcome::ShadowLimited
-                ));
+                limited += usize::from(common::answered_alike(&one, &two, &what));
                 clock.advance(Duration::from_millis(if i % 4 == 3 { 2_500 } else { 10 }));
             }
             assert!(limited > 0, "{alg:?} {mode}: never over the limit");

@@ -1,6 +1,23 @@
-//! Helpers shared by the Redis-backed limiter tests.
+//! Helpers shared by the limiter tests.
+// Each test binary that includes this module uses some of its helpers, not all.
+#![allow(dead_code)]
 
-use tollgate::Limiter;
+use tollgate::{LimitResult, Limiter, Outcome};
+
+/// Checks that a plan of one policy (`one`, applied without a verdict) and the same policy
+/// beside a shadow policy that never limits (`two`, through the verdict) were answered alike:
+/// the action (its retry time with it), and the first policy's outcome, remaining count and
+/// retry time, from a decision the store made. Returns whether that policy was over its limit.
+pub fn answered_alike(one: &LimitResult, two: &LimitResult, what: &str) -> bool {
+    assert_eq!(one.action, two.action, "{what}");
+    let first = |r: &LimitResult| {
+        let p = &r.results[0];
+        (p.outcome, p.decision.map(|d| (d.remaining, d.retry_after)))
+    };
+    assert_eq!(first(one), first(two), "{what}");
+    assert!(first(one).1.is_some(), "{what}: the store decided");
+    matches!(first(one).0, Outcome::Limited | Outcome::ShadowLimited)
+}
 
 /// The limiter's metrics in the Prometheus text format.
 pub fn metrics_text(l: &Limiter) -> String {
