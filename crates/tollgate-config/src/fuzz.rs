@@ -147,7 +147,7 @@ const PIECES: &[&str] = &[
     "{ limit = 1 }",
 ];
 
-/// The fuzzer's tokens: [`PIECES`] and every word of the schema's keys.
+/// The fuzzer's tokens: the fixed pieces (`PIECES`) and every word of the schema's keys.
 pub fn tokens() -> Vec<&'static str> {
     let mut out = PIECES.to_vec();
     out.extend(crate::schema::words());
