@@ -1427,8 +1427,61 @@ async fn each_plan_of_a_batch_expires_when_its_own_state_is_fresh_again() {
     }
 }
 
+/// Across slots, as on one server: a Cluster node's plans of many slots leave in one call of
+/// the across-slots script, and each writes its key with its own PX. Fresh token buckets of
+/// 100 a minute charged 1, 50, 100 or 7, each client of a slot of its own on one master,
+/// expire when each is full again, 0.6 s a token.
+#[tokio::test(flavor = "current_thread")]
+async fn on_a_cluster_each_plan_of_a_batch_across_slots_expires_when_its_own_state_is_fresh_again()
+{
+    let cluster = RedisCluster::start(3, 0);
+    let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
+    let r = Arc::new(rule(
+        "px-across",
+        Algorithm::TokenBucket,
+        100,
+        Duration::from_secs(60),
+    ));
+    // Clients of distinct slots served by the first client's master: their plans can share a
+    // call only across slots.
+    let master = |who: u128| {
+        cluster
+            .master_of_key(&store.key(&client(who), r.name()))
+            .expect("a master serves every slot")
+    };
+    let node = master(600);
+    let mut slots = std::collections::HashSet::new();
+    let costs = [1u64, 1, 50, 50, 1, 100, 7, 1];
+    let plans: Vec<(u128, u64)> = (600u128..)
+        .filter(|&who| master(who) == node && slots.insert(client(who).cluster_slot()))
+        .zip(costs)
+        .collect();
+    // The plain script loaded first (a cost of 0 writes nothing), so the plans coalesce.
+    store
+        .check(&[Check::new(client(599), &r, 0)], common::EPOCH_2026)
+        .await
+        .expect("check");
+    let done = batched_with_pttls(
+        &cluster.nodes()[node],
+        &store,
+        &r,
+        &plans,
+        common::EPOCH_2026,
+    )
+    .await;
+    for (&cost, (verdict, pttl)) in costs.iter().zip(done) {
+        assert!(verdict.allowed);
+        let want = i64::try_from(cost * 600).expect("small");
+        assert!(
+            pttl <= want && pttl + 5_000 > want,
+            "cost {cost}: pttl {pttl}, want {want}"
+        );
+    }
+}
+
 /// `plans` (client, cost) of `r` spawned at once on one thread (the first leaves alone, the
-/// rest queue behind it), checked to have coalesced: each one's verdict, then its key's PTTL.
+/// rest queue behind it), checked to have coalesced on `server`, which holds every key: each
+/// one's verdict, then its key's PTTL.
 async fn batched_with_pttls(
     server: &RedisServer,
     store: &RedisStore,
