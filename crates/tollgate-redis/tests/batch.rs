@@ -1402,26 +1402,40 @@ async fn the_batch_scripts_with_the_most_locals_compile() {
 async fn each_plan_of_a_batch_expires_when_its_own_state_is_fresh_again() {
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
+    let r = px_rule(&store, "px").await;
+    let plans: Vec<(u128, u64)> = (500u128..).zip(PX_COSTS).collect();
+    let done = batched_with_pttls(&server, &store, &r, &plans, common::EPOCH_2026).await;
+    each_expires_when_full_again(&done);
+}
+
+/// The costs of [`px_rule`]'s plans: 1, 50, 100 or 7 tokens of 100.
+const PX_COSTS: [u64; 8] = [1, 1, 50, 50, 1, 100, 7, 1];
+
+/// A token bucket of 100 a minute (0.6 s a token) named `name`, its plan's script loaded (a
+/// cost of 0 writes nothing), so the plans that follow coalesce.
+async fn px_rule(store: &RedisStore, name: &str) -> Arc<Rule> {
     let r = Arc::new(rule(
-        "px",
+        name,
         Algorithm::TokenBucket,
         100,
         Duration::from_secs(60),
     ));
-    let costs = [1u64, 1, 50, 50, 1, 100, 7, 1];
-    // The plan's script loaded first (a cost of 0 writes nothing), so the plans coalesce.
     store
         .check(&[Check::new(client(499), &r, 0)], common::EPOCH_2026)
         .await
         .expect("check");
-    let plans: Vec<(u128, u64)> = (500u128..).zip(costs).collect();
-    let done = batched_with_pttls(&server, &store, &r, &plans, common::EPOCH_2026).await;
-    for (&cost, (verdict, pttl)) in costs.iter().zip(done) {
+    r
+}
+
+/// Each of [`PX_COSTS`]' plans allowed, its key expiring when its bucket is full again.
+fn each_expires_when_full_again(done: &[(tollgate_core::Verdict, i64)]) {
+    assert_eq!(done.len(), PX_COSTS.len());
+    for (&cost, (verdict, pttl)) in PX_COSTS.iter().zip(done) {
         assert!(verdict.allowed);
         let want = i64::try_from(cost * 600).expect("small");
         // At most its idle time, and not much less (the test's own seconds).
         assert!(
-            pttl <= want && pttl + 5_000 > want,
+            *pttl <= want && pttl + 5_000 > want,
             "cost {cost}: pttl {pttl}, want {want}"
         );
     }
@@ -1436,12 +1450,7 @@ async fn on_a_cluster_each_plan_of_a_batch_across_slots_expires_when_its_own_sta
 {
     let cluster = RedisCluster::start(3, 0);
     let store = store(RedisConfig::cluster(cluster.seed_urls())).await;
-    let r = Arc::new(rule(
-        "px-across",
-        Algorithm::TokenBucket,
-        100,
-        Duration::from_secs(60),
-    ));
+    let r = px_rule(&store, "px-across").await;
     // Clients of distinct slots served by the first client's master: their plans can share a
     // call only across slots.
     let master = |who: u128| {
@@ -1451,16 +1460,10 @@ async fn on_a_cluster_each_plan_of_a_batch_across_slots_expires_when_its_own_sta
     };
     let node = master(600);
     let mut slots = std::collections::HashSet::new();
-    let costs = [1u64, 1, 50, 50, 1, 100, 7, 1];
     let plans: Vec<(u128, u64)> = (600u128..)
         .filter(|&who| master(who) == node && slots.insert(client(who).cluster_slot()))
-        .zip(costs)
+        .zip(PX_COSTS)
         .collect();
-    // The plain script loaded first (a cost of 0 writes nothing), so the plans coalesce.
-    store
-        .check(&[Check::new(client(599), &r, 0)], common::EPOCH_2026)
-        .await
-        .expect("check");
     let done = batched_with_pttls(
         &cluster.nodes()[node],
         &store,
@@ -1469,14 +1472,7 @@ async fn on_a_cluster_each_plan_of_a_batch_across_slots_expires_when_its_own_sta
         common::EPOCH_2026,
     )
     .await;
-    for (&cost, (verdict, pttl)) in costs.iter().zip(done) {
-        assert!(verdict.allowed);
-        let want = i64::try_from(cost * 600).expect("small");
-        assert!(
-            pttl <= want && pttl + 5_000 > want,
-            "cost {cost}: pttl {pttl}, want {want}"
-        );
-    }
+    each_expires_when_full_again(&done);
 }
 
 /// `plans` (client, cost) of `r` spawned at once on one thread (the first leaves alone, the
