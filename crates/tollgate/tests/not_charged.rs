@@ -17,17 +17,23 @@ use tollgate_testkit::RedisServer;
 
 const T0: u64 = 1_800_000_000_000_000;
 
+/// A limiter's config on `server`, its keys under `prefix`, timed by `clock` (the store's
+/// clock is the limiter's: nothing depends on the machine's time).
+fn config(server: &RedisServer, clock: &ManualClock, prefix: &str) -> LimiterConfig {
+    let redis = RedisConfig::standalone(server.url())
+        .with_clock(StoreClock::Local)
+        .with_key_prefix(prefix);
+    let mut cfg = LimiterConfig::new(Backend::Redis(redis));
+    cfg.clock = Arc::new(clock.clone());
+    cfg.timeout = Duration::from_secs(2);
+    cfg
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_another_rule_denied_counts_not_charged_on_redis_and_in_the_deny_cache() {
     let server = RedisServer::start();
     let clock = ManualClock::new(T0);
-    let redis = RedisConfig::standalone(server.url())
-        .with_clock(StoreClock::Local)
-        .with_key_prefix("nc");
-    let mut cfg = LimiterConfig::new(Backend::Redis(redis));
-    cfg.clock = Arc::new(clock.clone());
-    cfg.timeout = Duration::from_secs(1);
-    let l = Limiter::new(cfg);
+    let l = Limiter::new(config(&server, &clock, "nc"));
     let spec = |name: &str, limit: u64| {
         let quota = Quota::new(limit, Duration::from_secs(3600)).expect("quota");
         PolicySpec::new(
@@ -63,12 +69,7 @@ async fn a_policy_another_rule_denied_counts_not_charged_on_redis_and_in_the_den
 async fn a_plan_of_one_policy_decides_as_it_does_beside_a_shadow_policy_in_every_mode() {
     let server = RedisServer::start();
     let clock = ManualClock::new(T0);
-    let redis = RedisConfig::standalone(server.url())
-        .with_clock(StoreClock::Local)
-        .with_key_prefix("one");
-    let mut cfg = LimiterConfig::new(Backend::Redis(redis));
-    cfg.clock = Arc::new(clock.clone());
-    cfg.timeout = Duration::from_secs(2);
+    let mut cfg = config(&server, &clock, "one");
     // Every answer from the store: the deny cache would answer some denials locally.
     cfg.deny_cache_capacity = 0;
     let l = Limiter::new(cfg);
