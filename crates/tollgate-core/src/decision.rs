@@ -52,8 +52,12 @@ pub struct Verdict {
     pub allowed: bool,
     /// One decision per check, in the order given. When the verdict is a denial, nothing was
     /// charged: the checks that would have allowed report their uncharged state.
-    pub decisions: Vec<Decision>,
+    pub decisions: Decisions,
 }
+
+/// A verdict's decisions: a plan of one check (most are) keeps its one inline, so deciding it
+/// allocates nothing, on any store.
+pub type Decisions = smallvec::SmallVec<[Decision; 1]>;
 
 impl Verdict {
     /// When denied: the earliest time the plan would pass (the largest of the enforced
@@ -64,7 +68,19 @@ impl Verdict {
         if self.allowed {
             return None;
         }
-        denied_retry_after(&self.decisions, checks)
+        let worst = worst_of_enforced(self, checks)?;
+        let mut quota = self
+            .decisions
+            .iter()
+            .zip(checks)
+            .filter(|(_, c)| c.mode == crate::Mode::Quota)
+            .peekable();
+        if quota.peek().is_none() || quota.clone().any(|(d, _)| d.allowed) {
+            return Some(worst);
+        }
+        // Every quota check denied: the plan passes when the first of them does.
+        let earliest = quota.filter_map(|(d, _)| d.retry_after).min()?;
+        Some(worst.max(earliest))
     }
 
     /// The index of the most constrained decision: the denial with the longest wait, or, when
@@ -74,28 +90,11 @@ impl Verdict {
     }
 }
 
-/// [`Verdict::retry_after`] of a denied plan's `decisions` (one per check of `checks`, in
-/// order), for a caller that holds them without a `Verdict` (a plan of one check decided on
-/// its own, with nothing allocated).
-pub fn denied_retry_after(decisions: &[Decision], checks: &[crate::Check<'_>]) -> Option<Micros> {
-    let worst = worst_of_enforced(decisions, checks)?;
-    let mut quota = decisions
-        .iter()
-        .zip(checks)
-        .filter(|(_, c)| c.mode == crate::Mode::Quota)
-        .peekable();
-    if quota.peek().is_none() || quota.clone().any(|(d, _)| d.allowed) {
-        return Some(worst);
-    }
-    // Every quota check denied: the plan passes when the first of them does.
-    let earliest = quota.filter_map(|(d, _)| d.retry_after).min()?;
-    Some(worst.max(earliest))
-}
-
 /// The largest retry time of the enforced denials (`None`: one can never pass).
-fn worst_of_enforced(decisions: &[Decision], checks: &[crate::Check<'_>]) -> Option<Micros> {
+fn worst_of_enforced(v: &Verdict, checks: &[crate::Check<'_>]) -> Option<Micros> {
     let mut worst: Micros = 0;
-    for (d, _) in decisions
+    for (d, _) in v
+        .decisions
         .iter()
         .zip(checks)
         .filter(|(d, c)| !d.allowed && c.enforces())

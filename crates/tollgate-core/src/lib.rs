@@ -43,7 +43,7 @@ pub mod settle;
 mod time;
 
 pub use algorithms::{decide, Algorithm, Limit, LimitError, State, UnknownAlgorithm};
-pub use decision::{denied_retry_after, Decision, Verdict};
+pub use decision::{Decision, Decisions, Verdict};
 pub use key::{plan_allows, Check, ClientKey, Mode, Rule};
 pub use quota::{Quota, QuotaError, MAX_BURST_SPAN, MAX_LIMIT, MAX_PERIOD};
 pub use rate::{RateError, RateField};

@@ -205,13 +205,11 @@ impl MemoryStore {
     /// for the whole decision.
     pub fn check(&self, checks: &[Check<'_>], now: Micros) -> Verdict {
         if let [one] = checks {
-            // Allocate before taking any lock: the critical section is only the decision.
-            let mut decisions = Vec::with_capacity(1);
+            // A verdict's one decision is inline: nothing is allocated.
             let d = self.check_one(one, now);
-            decisions.push(d);
             return Verdict {
                 allowed: tollgate_core::plan_allows([(one.mode, d.allowed)]),
-                decisions,
+                decisions: tollgate_core::Decisions::from_buf([d]),
             };
         }
         let keys: Vec<Place> = checks.iter().map(|c| self.place(&c.client)).collect();

@@ -2,7 +2,7 @@
 
 use crate::shard::{denial, Shard};
 use crate::Place;
-use tollgate_core::{Check, Decision, Micros, State, Verdict};
+use tollgate_core::{Check, Micros, State, Verdict};
 
 /// Decides `checks` all-or-nothing (the rules of [`tollgate_core::decide`]); `keys[i]` is
 /// where check `i`'s client lives and `at[i]` the index of its shard in `shards`.
@@ -32,7 +32,7 @@ pub(crate) fn decide<G: std::ops::DerefMut<Target = Shard>>(
         states.push(state);
     }
     let before = states.clone();
-    let mut decisions: Vec<Decision> = checks
+    let mut decisions: tollgate_core::Decisions = checks
         .iter()
         .zip(&owner)
         .map(|(c, &o)| c.rule.limit().check(&mut states[o], now, c.cost, true))

@@ -992,11 +992,11 @@ pub(crate) fn finish(parts: &[&str]) -> Script {
 }
 
 /// A script's answer: the script's `now` (absent from an integer reply) and one decision per
-/// rule, in plan order (a plan of one rule's inline: nothing allocated for it).
+/// rule, in plan order.
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub(crate) now: Option<Micros>,
-    pub(crate) decisions: SmallVec<[Decision; 1]>,
+    pub(crate) decisions: tollgate_core::Decisions,
 }
 
 /// Parses any script's reply (see the module docs) for rules whose limits are `limits`.
@@ -1010,7 +1010,7 @@ pub(crate) fn parse_reply(
         redis::Value::Int(v) if n == 1 && base > 0 => {
             let v = u64::try_from(*v)
                 .map_err(|_| RedisStoreError::protocol(format!("the script answered {v}")))?;
-            let mut decisions = SmallVec::new();
+            let mut decisions = tollgate_core::Decisions::new();
             for limit in limits {
                 decisions.push(Decision {
                     allowed: true,
@@ -1031,7 +1031,7 @@ pub(crate) fn parse_reply(
                     .iter()
                     .fold(0u64, |acc, &x| (acc << 8) | u64::from(x))
             };
-            let mut decisions = SmallVec::with_capacity(n);
+            let mut decisions = tollgate_core::Decisions::with_capacity(n);
             for (item, limit) in b[7..].chunks_exact(22).zip(limits) {
                 let allowed = match item[0] {
                     0 => false,

@@ -381,7 +381,7 @@ impl RedisStore {
         if checks.is_empty() {
             return Ok(Verdict {
                 allowed: true,
-                decisions: Vec::new(),
+                decisions: tollgate_core::Decisions::new(),
             });
         }
         if let Some(c) = twice(checks) {
@@ -402,7 +402,7 @@ impl RedisStore {
             }
         }
         let reply = self.run_plan(checks, now, true, true).await?;
-        Ok(verdict(checks, reply.decisions.into_vec()))
+        Ok(verdict(checks, reply.decisions))
     }
 
     /// [`RedisStore::check`], also telling when (on the store's clock) each check was decided:
@@ -441,10 +441,7 @@ impl RedisStore {
         }
         let reply = self.run_plan(checks, now, false, true).await?;
         let at = reply.now.unwrap_or(now);
-        Ok((
-            verdict(checks, reply.decisions.into_vec()),
-            vec![at; checks.len()],
-        ))
+        Ok((verdict(checks, reply.decisions), vec![at; checks.len()]))
     }
 
     /// Settles, releases or renews charges (see [`SettleItem`]) in one script call per server
@@ -938,7 +935,7 @@ impl RedisStore {
                 decisions[i] = reply.decisions.first().copied();
             }
         }
-        let decisions: Vec<_> = decisions.into_iter().flatten().collect();
+        let decisions: tollgate_core::Decisions = decisions.into_iter().flatten().collect();
         Ok(Verdict {
             allowed: false,
             decisions,
@@ -1545,7 +1542,7 @@ async fn connect_cluster(urls: &[String]) -> Result<ClusterConnection, RedisStor
 }
 
 /// The verdict of a plan from its decisions: allowed when every enforced rule allowed.
-fn verdict(checks: &[Check<'_>], decisions: Vec<tollgate_core::Decision>) -> Verdict {
+fn verdict(checks: &[Check<'_>], decisions: tollgate_core::Decisions) -> Verdict {
     let allowed = tollgate_core::plan_allows(
         checks
             .iter()
@@ -1745,23 +1742,7 @@ impl CheckReply {
     /// The plan's verdict: `checks` must be the ones [`RedisStore::check_begin`] was given.
     pub fn verdict(&self, checks: &[Check<'_>]) -> Result<Verdict, RedisStoreError> {
         let reply = parse_reply(&self.value, limits_of(checks), self.base)?;
-        Ok(verdict(checks, reply.decisions.into_vec()))
-    }
-
-    /// The decision of a plan of one check, `check` (the one [`RedisStore::check_begin`] was
-    /// given), without the verdict's vector: the caller applies it as the verdict of that
-    /// plan would be (allowed when [`tollgate_core::plan_allows`] says so).
-    pub fn decision(&self, check: &Check<'_>) -> Result<tollgate_core::Decision, RedisStoreError> {
-        let reply = parse_reply(
-            &self.value,
-            limits_of(std::slice::from_ref(check)),
-            self.base,
-        )?;
-        reply
-            .decisions
-            .into_iter()
-            .next()
-            .ok_or_else(|| RedisStoreError::protocol("the script answered no decision"))
+        Ok(verdict(checks, reply.decisions))
     }
 }
 

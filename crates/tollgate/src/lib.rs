@@ -737,27 +737,14 @@ impl Limiter {
         reply: Result<tollgate_redis::CheckReply, tollgate_redis::RedisStoreError>,
         now: Micros,
     ) -> LimitResult {
-        // Timed from the store's own reading of the clock as it took the plan.
-        let started = call.pending.begun();
-        let mut results = Vec::with_capacity(call.items.len());
-        if let [one] = call.checks.as_slice() {
-            // A plan of one policy (most are): its decision alone, no verdict allocated.
-            let answer = reply
-                .and_then(|r| r.decision(one))
-                .map_err(|e| store::failure(&e));
-            let answer = self.guard_end(call.breaker, Permit::Call, started, answer);
-            trace::record_store_call(call.traced, 1);
-            let action = match answer {
-                Ok(d) => self.apply_one(&call.items, one, d, now, &mut results),
-                Err(skip_for) => self.apply_failure(&call.items, now, skip_for, &mut results),
-            };
-            return LimitResult { action, results };
-        }
         let answer = reply
             .and_then(|r| r.verdict(&call.checks))
             .map_err(|e| store::failure(&e));
+        // Timed from the store's own reading of the clock as it took the plan.
+        let started = call.pending.begun();
         let answer = self.guard_end(call.breaker, Permit::Call, started, answer);
         trace::record_store_call(call.traced, call.checks.len());
+        let mut results = Vec::with_capacity(call.items.len());
         let action = self.apply_outcome(&call.items, &call.checks, answer, now, &mut results);
         LimitResult { action, results }
     }
@@ -776,12 +763,6 @@ impl Limiter {
         }
         let checks = checks_of(items);
         let started = trace::store_call_started();
-        if let [one] = checks.as_slice() {
-            // A plan of one policy (most are): its decision alone, no verdict allocated.
-            let d = store.check_one(one, now);
-            trace::record_store_call(started, 1);
-            return self.apply_one(items, one, d, now, results);
-        }
         let verdict = store.check(&checks, now);
         trace::record_store_call(started, checks.len());
         self.apply_verdict(items, &checks, verdict, now, results)
@@ -875,49 +856,6 @@ impl Limiter {
         } else {
             Action::limit_micros(verdict.retry_after(checks))
         };
-        self.apply_decisions(
-            items,
-            verdict.allowed,
-            action,
-            verdict.decisions,
-            now,
-            results,
-        )
-    }
-
-    /// [`Limiter::apply_verdict`] of a plan of one check, `one`, given its decision `d` alone
-    /// (no verdict's vector): allowed and retried by the verdict's own rules.
-    fn apply_one(
-        &self,
-        items: &[(&ClientKey, &Policy)],
-        one: &Check<'_>,
-        d: tollgate_core::Decision,
-        now: Micros,
-        results: &mut Vec<PolicyResult>,
-    ) -> Action {
-        let allowed = tollgate_core::plan_allows([(one.mode, d.allowed)]);
-        let action = if allowed {
-            Action::Allow
-        } else {
-            Action::limit_micros(tollgate_core::denied_retry_after(
-                std::slice::from_ref(&d),
-                std::slice::from_ref(one),
-            ))
-        };
-        self.apply_decisions(items, allowed, action, [d], now, results)
-    }
-
-    /// [`Limiter::apply_verdict`] of a verdict held as its parts: whether the plan was
-    /// allowed, its action, and one decision per item in order.
-    fn apply_decisions(
-        &self,
-        items: &[(&ClientKey, &Policy)],
-        allowed: bool,
-        action: Action,
-        decisions: impl IntoIterator<Item = tollgate_core::Decision>,
-        now: Micros,
-        results: &mut Vec<PolicyResult>,
-    ) -> Action {
         // The store's answers for the deny cache's later local answers of plans of several
         // policies: remembered when such a plan was denied, refreshed by every store answer
         // while held (one relaxed load when nothing is held).
@@ -925,15 +863,15 @@ impl Limiter {
             .inner
             .last
             .as_ref()
-            .filter(|l| (items.len() > 1 && !allowed) || !l.is_empty());
-        for ((client, p), d) in items.iter().zip(decisions) {
+            .filter(|l| (items.len() > 1 && !verdict.allowed) || !l.is_empty());
+        for ((client, p), d) in items.iter().zip(verdict.decisions) {
             if let Some(last) = last {
                 let known = Known {
                     allowed: d.allowed,
                     remaining: d.remaining,
                     reset_at: now.saturating_add(d.reset_after),
                 };
-                if allowed || items.len() == 1 {
+                if verdict.allowed || items.len() == 1 {
                     last.refresh(client, p.inner.deny_key, known);
                 } else if d.allowed || p.is_shadow() {
                     // (The others are in the deny cache.)
@@ -942,7 +880,7 @@ impl Limiter {
             }
             let outcome = match (d.allowed, p.mode()) {
                 // Another rule denied: this one was decided but not charged.
-                (true, _) if !allowed => Outcome::NotCharged,
+                (true, _) if !verdict.allowed => Outcome::NotCharged,
                 (true, _) => Outcome::Allowed,
                 (false, Mode::Shadow) => Outcome::ShadowLimited,
                 (false, _) => Outcome::Limited,

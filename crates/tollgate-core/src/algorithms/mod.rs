@@ -331,7 +331,7 @@ where
     I: IntoIterator<Item = (&'a Limit, &'a mut State, u64, Mode)>,
 {
     let mut items: Vec<_> = items.into_iter().collect();
-    let mut decisions: Vec<Decision> = items
+    let mut decisions: crate::Decisions = items
         .iter_mut()
         .map(|(limit, state, cost, _)| limit.check(state, now, *cost, false))
         .collect();
