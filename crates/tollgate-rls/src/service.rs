@@ -903,7 +903,7 @@ impl RlsService {
                         code: code.into(),
                         current: Some(*current),
                         remaining: 0,
-                        reset: Some(proto_duration(until_window_end(*unit))),
+                        reset: Some(proto_duration(until_window_end(*unit, i.limiter.now()))),
                     };
                     let outcome = if *shadow {
                         Outcome::ShadowLimited
@@ -1023,7 +1023,12 @@ impl RlsService {
             out.push("ratelimit", |v| {
                 v.extend_from_slice(name.as_bytes());
                 v.extend_from_slice(b";r=0;t=");
-                tollgate::headers::write_u64(v, until_window_end(unit).as_secs().max(1));
+                tollgate::headers::write_u64(
+                    v,
+                    until_window_end(unit, self.inner.limiter.now())
+                        .as_secs()
+                        .max(1),
+                );
                 true
             });
             return;
@@ -1139,12 +1144,9 @@ struct Answer<'a, 'c> {
     blocked: bool,
 }
 
-/// How long until the current window of `unit` ends (windows aligned to the Unix epoch, as
-/// envoyproxy/ratelimit's fixed windows are).
-fn until_window_end(unit: Unit) -> std::time::Duration {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+/// How long from `now` (since the Unix epoch: the limiter's clock) until the current window
+/// of `unit` ends (windows aligned to the epoch, as envoyproxy/ratelimit's fixed windows are).
+fn until_window_end(unit: Unit, now: std::time::Duration) -> std::time::Duration {
     let len = unit.seconds().max(1);
     std::time::Duration::from_secs(len - now.as_secs() % len).saturating_sub(
         std::time::Duration::from_nanos(u64::from(now.subsec_nanos())),
@@ -1244,6 +1246,56 @@ mod tests {
             RlsOptions::default(),
         )
         .expect("service")
+    }
+
+    /// A blocked descriptor's reset is the end of its epoch-aligned window on the limiter's
+    /// clock, not the machine's: in its status and in the `RateLimit` header. (On the system
+    /// clock the minute's end would be anywhere.)
+    #[tokio::test]
+    async fn a_blocked_descriptors_reset_is_on_the_limiters_clock() {
+        let clock = Arc::new(tollgate::clock::ManualClock::new(T0));
+        let limiter = Limiter::new(LimiterConfig {
+            clock: clock.clone(),
+            ..LimiterConfig::new(Backend::default())
+        });
+        let yaml = "domain: edge\ndescriptors:\n  - key: banned\n    rate_limit:\n      unit: minute\n      requests_per_unit: 0\n";
+        let config = crate::config::load_str([("banned.yaml", yaml)]).expect("yaml");
+        let s = RlsService::new(
+            limiter,
+            IdentityHasher::new(b"s"),
+            config,
+            RlsOptions::default(),
+        )
+        .expect("service");
+        let message = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![descriptor(&[("banned", "x")])],
+            hits_addend: 0,
+        };
+        for (after, reset, header) in [
+            (0, 60_000_000, "t=60"),
+            (10_250_000, 49_750_000, "t=49"),
+            (59_999_999, 1, "t=1"),
+            (60_000_000, 60_000_000, "t=60"),
+        ] {
+            clock.set(T0 + after);
+            let answer = s.decide(&message).await.expect("decided");
+            assert_eq!(answer.overall_code, i32::from(Code::OverLimit), "{after}");
+            let d = answer.statuses[0]
+                .duration_until_reset
+                .clone()
+                .expect("a reset");
+            let micros = u64::try_from(d.seconds).expect("seconds") * 1_000_000
+                + u64::try_from(d.nanos).expect("nanos") / 1_000;
+            assert_eq!(micros, reset, "{after}");
+            let value = answer
+                .response_headers_to_add
+                .iter()
+                .find(|h| h.key == "ratelimit")
+                .map(|h| h.value.as_str())
+                .expect("a RateLimit header");
+            assert!(value.ends_with(header), "{after}: {value}");
+        }
     }
 
     fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {

@@ -327,6 +327,14 @@ impl Limiter {
             .snapshot(self.breaker_open(), self.memory_keys())
     }
 
+    /// The limiter's clock ([`LimiterConfig::clock`]) now: the time since the Unix epoch that
+    /// its decisions are made at (with the `store` clock, Redis reads its own in the script).
+    /// For what a front end reports beside a decision, such as when an epoch-aligned window
+    /// ends, so that a test's manual clock drives it too.
+    pub fn now(&self) -> Duration {
+        micros_to_duration(self.inner.clock.now())
+    }
+
     /// The `k` most limited (client, policy) pairs of the last five minutes on this limiter's
     /// clock (the current minute and the four before it), most limited first, and how many
     /// limited requests that window saw in all. Bounded memory (a space-saving summary): a
