@@ -1281,10 +1281,7 @@ mod tests {
             clock.set(T0 + after);
             let answer = s.decide(&message).await.expect("decided");
             assert_eq!(answer.overall_code, i32::from(Code::OverLimit), "{after}");
-            let d = answer.statuses[0]
-                .duration_until_reset
-                .clone()
-                .expect("a reset");
+            let d = answer.statuses[0].duration_until_reset.expect("a reset");
             let micros = u64::try_from(d.seconds).expect("seconds") * 1_000_000
                 + u64::try_from(d.nanos).expect("nanos") / 1_000;
             assert_eq!(micros, reset, "{after}");
