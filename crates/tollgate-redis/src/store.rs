@@ -90,8 +90,10 @@ pub struct RedisStore {
     prefix: Arc<str>,
     clock: StoreClock,
     ttl_floor_ms: Option<u64>,
-    /// The plan scripts this store loaded into its server(s), by shape: one lookup per plan
-    /// finds the script and knows it is loaded.
+    /// The plan scripts this store has, by shape: loaded into its server(s) (`prepare`, or
+    /// the first use of a form by a plan that does not coalesce), or handed to a lane, whose
+    /// first call of it loads it (see [`RedisStore::lane_script`]). One lookup a plan finds
+    /// its script.
     ready: Ready,
     /// One script load at a time: a burst of first uses of a shape loads it once.
     loading: Arc<tokio::sync::Mutex<()>>,
@@ -685,15 +687,17 @@ impl RedisStore {
         coalesce: bool,
     ) -> Result<Reply, RedisStoreError> {
         let form = form_of(checks);
+        // Only the plans of one slot (`check`) coalesce; the calls of a plan across slots
+        // (packed replies) go one by one.
+        let coalesce = self.max_batch > 1 && coalesce;
         let script = match &form {
+            Some(form) if coalesce => self.lane_script(form),
             Some(form) => self.loaded(form).await?,
             None => None,
         };
         if let (Some(s), Some(form)) = (script, form) {
             let (job, reply_base) = self.plan_job(checks, now, form, s, integer_reply);
-            // Only the plans of one slot (`check`) coalesce; the calls of a plan across
-            // slots (packed replies) go one by one.
-            let reply = if self.max_batch > 1 && coalesce {
+            let reply = if coalesce {
                 let deadline = tokio::time::Instant::now() + self.call_timeout();
                 self.enqueue(self.lane_of(&checks[0].client), Job::Plan(job), deadline)
                     .await?
@@ -751,8 +755,8 @@ impl RedisStore {
     /// [`RedisStore::check`] within the store's call timeout (`store.timeout`) as a whole: a
     /// timeout error once it has passed. A plan that coalesces where lanes have the store's
     /// own connections (a standalone server, the master the sentinels name, a Cluster: there,
-    /// a plan of one slot) with its script loaded has no timer of its own: the lane's bound
-    /// it (the call it leads, or the batch it leaves in, whose call is bounded by the earliest
+    /// a plan of one slot) of a form with a script of its own has no timer of its own: the
+    /// lane bounds it (the call it leads, or the batch it leaves in, whose call is bounded by the earliest
     /// deadline of its plans; a plan still queued at its deadline is answered then, unsent;
     /// on a Cluster, a call sent again on redis-rs's client within the same deadline). Any
     /// other plan (a Cluster plan across slots among them) runs under one timer. This
@@ -766,8 +770,7 @@ impl RedisStore {
             return pending.await?.verdict(checks);
         }
         let timeout = self.call_timeout();
-        // Boxed: the script's first load, the generic script and a Cluster plan across slots
-        // are large futures that the common case above never needs, and a plan's future is
+        // Boxed: the generic script and a Cluster plan across slots are large futures that the common case above never needs, and a plan's future is
         // moved (and boxed by its callers) whole on its way through the gateway.
         let bounded = tokio::time::timeout(timeout, self.check(checks, now));
         match Box::pin(bounded).await {
@@ -779,7 +782,8 @@ impl RedisStore {
     /// [`RedisStore::check_bounded`]'s common case begun without a future of its own: a plan
     /// that coalesces on a lane of the store's own connections (a standalone server, the
     /// master the sentinels name, a Cluster plan of one slot), checking no rule twice for
-    /// a client, with its script loaded. It is handed to its lane here, before this
+    /// a client, of a form with a script of its own (loaded or not: see
+    /// [`RedisStore::lane_script`]). It is handed to its lane here, before this
     /// returns (sent at once when the lane is idle: by whoever polls the [`PendingCheck`]);
     /// the lane bounds it by the store's call timeout from now. `None` for any other plan:
     /// [`RedisStore::check_bounded`] decides it then.
@@ -793,7 +797,7 @@ impl RedisStore {
             return None;
         }
         let form = form_of(checks)?;
-        let script = self.ready_script(&form)?;
+        let script = self.lane_script(&form)?;
         let begun = tokio::time::Instant::now();
         let (job, base) = self.plan_job(checks, now, form, script, true);
         let lane = self.lane_of(&first.client);
@@ -942,8 +946,9 @@ impl RedisStore {
         })
     }
 
-    /// The script of `form`, loaded into this store's server(s) on first use; `None` when the
-    /// plan runs the generic script.
+    /// The script of `form`, loaded into this store's server(s) on first use (unless a lane
+    /// has it already: see [`RedisStore::lane_script`]); `None` when the plan runs the generic
+    /// script.
     async fn loaded(&self, form: &Form) -> Result<Option<Arc<Script>>, RedisStoreError> {
         if let Some(s) = self.ready_script(form) {
             return Ok(Some(s));
@@ -951,7 +956,28 @@ impl RedisStore {
         Box::pin(self.load_form(form.clone())).await
     }
 
-    /// The script of `form` when it is loaded already.
+    /// The script of `form` for a plan handed to its lane at once (`None`: the generic
+    /// script serves it): the one this store has, or else the one generated for the form,
+    /// kept from now on but not loaded first. Its lane's call loads it where the server
+    /// lacks it: an EVALSHA answered NOSCRIPT, then EVAL; in a round of calls written
+    /// together, EVAL (see `Lane::loaded`). A SCRIPT LOAD awaited first (as [`Self::loaded`]
+    /// does for a plan that does not coalesce) let the plans that arrived meanwhile, of
+    /// forms already loaded, join the queue before it and be decided first: out of arrival
+    /// order, on the same keys.
+    fn lane_script(&self, form: &Form) -> Option<Arc<Script>> {
+        if let Some(s) = self.ready_script(form) {
+            return Some(s);
+        }
+        let s = plan_script(form)?;
+        self.ready
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(form.clone(), Arc::clone(&s));
+        Some(s)
+    }
+
+    /// The script of `form` when this store has it (loaded, or handed to a lane, whose call
+    /// loads it: see [`Self::lane_script`]).
     fn ready_script(&self, form: &Form) -> Option<Arc<Script>> {
         self.ready
             .read()

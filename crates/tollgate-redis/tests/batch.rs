@@ -386,6 +386,56 @@ async fn plans_of_a_batch_are_decided_in_arrival_order() {
     assert!(script_calls(|a| server.cli(a)) < 20);
 }
 
+/// A plan of a form whose script the store has not loaded yet keeps its place in the queue:
+/// it is decided before the plans that arrived after it, whose scripts were loaded (its
+/// lane's call loads its script; a SCRIPT LOAD awaited first let them overtake it). Here the
+/// new form's plan takes a client's whole limit, and the plan after it, of a loaded form,
+/// must be the one denied; both ways of handing a plan over (`check`, `check_begin`).
+#[tokio::test(flavor = "current_thread")]
+async fn a_plan_of_a_form_not_loaded_yet_keeps_its_place_in_the_queue() {
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    for begun in [false, true] {
+        let x = Arc::new(rule(&format!("x-{begun}"), Algorithm::FixedWindow, 10, DAY));
+        // Another algorithm for the second rule: a form no plan of this store has had.
+        let algorithm = if begun {
+            Algorithm::Gcra
+        } else {
+            Algorithm::LeakyBucket
+        };
+        let y = Arc::new(rule(&format!("y-{begun}"), algorithm, 10, DAY));
+        // The one-rule fixed window's script is loaded; the new form's is not.
+        load_script(&store, &x).await;
+        let check = |plan: Vec<(Arc<Rule>, u128, u64)>| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let checks: Vec<Check<'_>> = plan
+                    .iter()
+                    .map(|(r, c, cost)| Check::new(client(*c), r, *cost))
+                    .collect();
+                if begun {
+                    match store.check_begin(&checks, 0) {
+                        Some(pending) => pending.await.and_then(|r| r.verdict(&checks)),
+                        None => panic!("a plan of one server's client is begun"),
+                    }
+                } else {
+                    store.check(&checks, 0).await
+                }
+            })
+        };
+        // The first finds the lane idle and leads it; the other two queue behind it.
+        let lead = check(vec![(x.clone(), 90, 1)]);
+        let new_form = check(vec![(x.clone(), 91, 10), (y.clone(), 91, 1)]);
+        let after = check(vec![(x.clone(), 91, 1)]);
+        let lead = lead.await.expect("task").expect("check");
+        let new_form = new_form.await.expect("task").expect("check");
+        let after = after.await.expect("task").expect("check");
+        assert!(lead.allowed, "begun: {begun}");
+        assert!(new_form.allowed, "begun: {begun}: {new_form:?}");
+        assert!(!after.allowed, "begun: {begun}: {after:?}");
+    }
+}
+
 /// Checks begun (`check_begin`: handed to the lane before it returns) and given up before
 /// anyone polls them: the one that found the lane idle held it, and gives it back with what
 /// queued behind it sent; one given up in the queue is never sent. Nothing of either is
@@ -395,10 +445,11 @@ async fn checks_begun_and_given_up_unpolled_free_the_lane_and_charge_nothing() {
     let server = RedisServer::start();
     let store = store(RedisConfig::standalone(server.url())).await;
     let r = Arc::new(rule("given-up", Algorithm::TokenBucket, 5, DAY));
-    // Loads the plan's script: only a plan whose script is loaded is begun this way.
-    let unloaded = [Check::new(client(1), &r, 0)];
-    assert!(store.check_begin(&unloaded, 0).is_none());
-    store.check(&unloaded, 0).await.expect("check");
+    // Loads the plan's script, so that the leader's call below is one round trip.
+    store
+        .check(&[Check::new(client(1), &r, 0)], 0)
+        .await
+        .expect("check");
     let mine = [Check::new(client(2), &r, 1)];
     let leader = store.check_begin(&mine, 0).expect("begun");
     let queued = store.check_begin(&mine, 0).expect("begun");
