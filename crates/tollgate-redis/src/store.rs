@@ -782,10 +782,11 @@ impl RedisStore {
     /// [`RedisStore::check_bounded`]'s common case begun without a future of its own: a plan
     /// that coalesces on a lane of the store's own connections (a standalone server, the
     /// master the sentinels name, a Cluster plan of one slot), checking no rule twice for
-    /// a client, of a form with a script of its own (loaded or not: see
-    /// [`RedisStore::lane_script`]). It is handed to its lane here, before this
-    /// returns (sent at once when the lane is idle: by whoever polls the [`PendingCheck`]);
-    /// the lane bounds it by the store's call timeout from now. `None` for any other plan:
+    /// a client, of a form with a script of its own (loaded or not: a script the server
+    /// lacks is loaded by the call that carries the plan). It is handed to its lane here,
+    /// before this returns (sent at once when the lane is idle: by whoever polls the
+    /// [`PendingCheck`]); the lane bounds it by the store's call timeout from now. `None` for
+    /// any other plan:
     /// [`RedisStore::check_bounded`] decides it then.
     ///
     /// The pending check is a small future (a plan's future is moved, and polled through
