@@ -756,11 +756,12 @@ impl RedisStore {
     /// timeout error once it has passed. A plan that coalesces where lanes have the store's
     /// own connections (a standalone server, the master the sentinels name, a Cluster: there,
     /// a plan of one slot) of a form with a script of its own has no timer of its own: the
-    /// lane bounds it (the call it leads, or the batch it leaves in, whose call is bounded by the earliest
-    /// deadline of its plans; a plan still queued at its deadline is answered then, unsent;
-    /// on a Cluster, a call sent again on redis-rs's client within the same deadline). Any
-    /// other plan (a Cluster plan across slots among them) runs under one timer. This
-    /// saves a timer a decision: an entry put into tokio's timer wheel and taken out again.
+    /// lane bounds it (the call it leads, or the batch it leaves in, whose call is bounded by
+    /// the earliest deadline of its plans; a plan still queued at its deadline is answered
+    /// then, unsent; on a Cluster, a call sent again on redis-rs's client within the same
+    /// deadline). Any other plan (a Cluster plan across slots among them) runs under one
+    /// timer. This saves a timer a decision: an entry put into tokio's timer wheel and taken
+    /// out again.
     pub async fn check_bounded(
         &self,
         checks: &[Check<'_>],
@@ -770,8 +771,9 @@ impl RedisStore {
             return pending.await?.verdict(checks);
         }
         let timeout = self.call_timeout();
-        // Boxed: the generic script and a Cluster plan across slots are large futures that the common case above never needs, and a plan's future is
-        // moved (and boxed by its callers) whole on its way through the gateway.
+        // Boxed: the generic script and a Cluster plan across slots are large futures that
+        // the common case above never needs, and a plan's future is moved (and boxed by its
+        // callers) whole on its way through the gateway.
         let bounded = tokio::time::timeout(timeout, self.check(checks, now));
         match Box::pin(bounded).await {
             Ok(r) => r,
