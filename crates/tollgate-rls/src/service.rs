@@ -1234,11 +1234,16 @@ mod tests {
     /// turning between a test's two answers (one charged, the next refused) would let the
     /// second in.
     fn service() -> RlsService {
+        service_on(YAML, Arc::new(tollgate::clock::ManualClock::new(T0)))
+    }
+
+    /// `yaml` served from the memory store on `clock`.
+    fn service_on(yaml: &str, clock: Arc<tollgate::clock::ManualClock>) -> RlsService {
         let limiter = Limiter::new(LimiterConfig {
-            clock: Arc::new(tollgate::clock::ManualClock::new(T0)),
+            clock,
             ..LimiterConfig::new(Backend::default())
         });
-        let config = crate::config::load_str([("test.yaml", YAML)]).expect("yaml");
+        let config = crate::config::load_str([("test.yaml", yaml)]).expect("yaml");
         RlsService::new(
             limiter,
             IdentityHasher::new(b"s"),
@@ -1254,19 +1259,8 @@ mod tests {
     #[tokio::test]
     async fn a_blocked_descriptors_reset_is_on_the_limiters_clock() {
         let clock = Arc::new(tollgate::clock::ManualClock::new(T0));
-        let limiter = Limiter::new(LimiterConfig {
-            clock: clock.clone(),
-            ..LimiterConfig::new(Backend::default())
-        });
         let yaml = "domain: edge\ndescriptors:\n  - key: banned\n    rate_limit:\n      unit: minute\n      requests_per_unit: 0\n";
-        let config = crate::config::load_str([("banned.yaml", yaml)]).expect("yaml");
-        let s = RlsService::new(
-            limiter,
-            IdentityHasher::new(b"s"),
-            config,
-            RlsOptions::default(),
-        )
-        .expect("service");
+        let s = service_on(yaml, clock.clone());
         let message = RateLimitRequest {
             domain: "edge".into(),
             descriptors: vec![descriptor(&[("banned", "x")])],
