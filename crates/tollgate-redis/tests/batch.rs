@@ -1029,6 +1029,137 @@ async fn batched_plans_match_core_decided_one_after_another() {
     assert!(batched > SEEDS * 150, "{batched}");
 }
 
+/// The same on Redis's own clock, where a batch takes the paths the local clock never does (a
+/// uniform call's loop, its new clients decided once, a plan of one rule that finds no state
+/// answered as the first such plan was): waves of plans of one to four rules, mostly at cost 1,
+/// for a few dozen clients, against `tollgate_core::decide`. Every rule has a day's period
+/// and a limit below 20, so nothing refills or turns over during the test, and whatever
+/// instant Redis reads decides the same `allowed` and `remaining` as the model's.
+#[tokio::test(flavor = "current_thread")]
+async fn on_the_store_clock_batched_plans_match_core_decided_one_after_another() {
+    use common::Rng;
+    use tollgate_core::{decide, ClientKey};
+    const SEEDS: u64 = 10;
+    tollgate_testkit::clear_of_window_end(DAY);
+    let server = RedisServer::start();
+    let store = store(RedisConfig::standalone(server.url())).await;
+    let before = script_calls(|a| server.cli(a));
+    let mut plans_sent = 0u64;
+    for seed in 0..SEEDS {
+        let mut rng = Rng::new(7000 + seed);
+        let rules: Arc<Vec<Rule>> = Arc::new(
+            (0..6)
+                .map(|i| {
+                    let a = Algorithm::ALL[(i + seed as usize) % Algorithm::ALL.len()];
+                    rule(&format!("sc-{seed}-{i}"), a, rng.range(1, 19), DAY)
+                })
+                .collect(),
+        );
+        let modes = [Mode::Enforce, Mode::Enforce, Mode::Shadow, Mode::Quota];
+        // Forms of one rule (four of them, most plans), two, three and four rules.
+        let mut templates: Vec<Template> = Vec::new();
+        for n in 1..=4usize {
+            for _ in 0..(5 - n) {
+                let mut t: Template = Vec::new();
+                while t.len() < n {
+                    let r = rng.range(0, 5) as usize;
+                    if t.iter().any(|&(u, _)| u == r) {
+                        continue;
+                    }
+                    let m = if n == 1 && rng.chance(70) {
+                        Mode::Enforce
+                    } else {
+                        *rng.pick(&modes)
+                    };
+                    t.push((r, m));
+                }
+                templates.push(t);
+            }
+        }
+        let clients: Vec<u128> = (0..rng.range(5, 60))
+            .map(|i| u128::from(seed) << 16 | u128::from(i))
+            .collect();
+        let mut model: HashMap<(ClientKey, usize), State> = HashMap::new();
+        for wave in 0..3 {
+            let plans: Vec<Vec<(u128, usize, u64, Mode)>> = (0..200)
+                .map(|_| {
+                    let who = *rng.pick(&clients);
+                    rng.pick(&templates)
+                        .clone()
+                        .into_iter()
+                        .map(|(r, mode)| {
+                            let cost = match rng.range(0, 11) {
+                                0 => 0,
+                                1 => 2,
+                                2 => 25,
+                                _ => 1,
+                            };
+                            (who, r, cost, mode)
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut tasks = Vec::new();
+            for plan in plans.clone() {
+                let (store, rules) = (store.clone(), rules.clone());
+                tasks.push(tokio::spawn(async move {
+                    let checks: Vec<Check<'_>> = plan
+                        .iter()
+                        .map(|&(c, r, cost, mode)| Check {
+                            client: client(c),
+                            rule: &rules[r],
+                            cost,
+                            mode,
+                        })
+                        .collect();
+                    store.check(&checks, 0).await
+                }));
+            }
+            let mut got = Vec::new();
+            for t in tasks {
+                got.push(t.await.expect("task").expect("check"));
+            }
+            plans_sent += plans.len() as u64;
+            let now = tollgate_core::Clock::now(&tollgate_core::SystemClock);
+            for (i, (plan, got)) in plans.iter().zip(got).enumerate() {
+                let mut taken: Vec<State> = plan
+                    .iter()
+                    .map(|&(c, r, _, _)| {
+                        model
+                            .remove(&(client(c), r))
+                            .unwrap_or_else(|| rules[r].limit().fresh())
+                    })
+                    .collect();
+                let expected = decide(
+                    plan.iter()
+                        .zip(taken.iter_mut())
+                        .map(|(&(_, r, cost, mode), s)| (rules[r].limit(), s, cost, mode)),
+                    now,
+                );
+                for (&(c, r, _, _), s) in plan.iter().zip(taken) {
+                    model.insert((client(c), r), s);
+                }
+                let seen = |v: &tollgate_core::Verdict| {
+                    let each: Vec<(bool, u64)> = v
+                        .decisions
+                        .iter()
+                        .map(|d| (d.allowed, d.remaining))
+                        .collect();
+                    (v.allowed, each)
+                };
+                assert_eq!(
+                    seen(&got),
+                    seen(&expected),
+                    "seed {seed}, wave {wave}, plan {i}: {plan:?}"
+                );
+            }
+        }
+    }
+    // Most plans left in batches.
+    let calls = script_calls(|a| server.cli(a)) - before;
+    assert!(calls < plans_sent / 2, "{plans_sent} plans, {calls} calls");
+}
+
 /// Plans of many clients in many slots: on a Cluster they queue per node and leave in one
 /// across-slots batch call each, decided exactly as alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
