@@ -2031,16 +2031,20 @@ impl RedisStore {
         let mut packed: Vec<Packed> = {
             // One lock for the round's calls, released before the round is sent.
             let run = lane.scripts_run();
+            // By their scripts' SHAs when this lane has run every one of them, else all whole
+            // (see `Lane::loaded`): a round of both kinds, on a server that lost its scripts
+            // (a failover or a flush, which lose them all), would run its EVALs and then, after
+            // them, again the calls answered NOSCRIPT, out of arrival order. A round of SHAs
+            // only is answered NOSCRIPT throughout then, and sent again call after call.
+            let whole = entries.iter().any(|e| !run.contains(&e.script().sha));
             entries
                 .iter()
                 .map(|entry| {
-                    // By its script's SHA once this lane has run that script, else whole (see
-                    // `Lane::loaded`).
                     let script = entry.script();
-                    let (first, second): (&[u8], &[u8]) = if run.contains(&script.sha) {
-                        (b"EVALSHA", script.sha.as_bytes())
-                    } else {
+                    let (first, second): (&[u8], &[u8]) = if whole {
                         (b"EVAL", script.text.as_bytes())
+                    } else {
+                        (b"EVALSHA", script.sha.as_bytes())
                     };
                     match entry {
                         Entry::Batch {

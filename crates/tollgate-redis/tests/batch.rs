@@ -1916,6 +1916,59 @@ async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
     assert!(relay.most_calls_written_together() >= 2);
 }
 
+/// The same after the server lost its scripts (a failover, a flush) while the lane still
+/// counts them as run: a round of a known batch script and a new one goes whole, so the known
+/// one's call is not answered NOSCRIPT and run again after the new one's, out of arrival
+/// order. Client 903's first plan leaves in a batch of the store's list (token bucket), its
+/// second in a batch of a new list (GCRA joins it), both in one round.
+#[tokio::test(flavor = "current_thread")]
+async fn after_the_server_lost_its_scripts_a_round_is_decided_in_arrival_order() {
+    let (server, relay, store) = relayed(2, Duration::from_secs(10)).await;
+    let tb = Arc::new(rule("lost-tb", Algorithm::TokenBucket, 10, HOUR));
+    let gcra = Arc::new(rule("lost-gcra", Algorithm::Gcra, 10, HOUR));
+    // Batches of token-bucket plans run: their batch script is one the lane has run.
+    assert_eq!(concurrent(&store, &tb, 900, 10).await, 10);
+    let one = |who: u128, r: &Arc<Rule>, cost: u64| {
+        let (store, r) = (store.clone(), r.clone());
+        tokio::spawn(async move {
+            let checks = [Check::new(client(who), &r, cost)];
+            store.check(&checks, 0).await.map(|v| v.allowed)
+        })
+    };
+    one(901, &gcra, 1).await.expect("task").expect("gcra");
+
+    relay.hold();
+    let before = relay.calls();
+    let lead = one(902, &tb, 1);
+    relay.wait_for_calls(before + 1).await;
+    server.cli(&["script", "flush"]);
+    // Two batches of two: [903 6, 905 1] of the token bucket's list, [904 GCRA, 903 6] of
+    // the new list.
+    let queued: Vec<_> = [(903, &tb, 6), (905, &tb, 1), (904, &gcra, 1), (903, &tb, 6)]
+        .into_iter()
+        .map(|(who, r, cost)| one(who, r, cost))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    relay.release();
+    assert!(lead.await.expect("task").expect("lead"));
+    let mut allowed = Vec::new();
+    for t in queued {
+        allowed.push(
+            tokio::time::timeout(HANG, t)
+                .await
+                .expect("hung")
+                .expect("task")
+                .expect("check"),
+        );
+    }
+    assert_eq!(
+        allowed,
+        [true, true, true, false],
+        "decided out of arrival order"
+    );
+    assert!(relay.most_calls_written_together() >= 2);
+}
+
 /// Fills the list of forms (`lane.rs`) of a `behind_a_relay` store, whose list holds
 /// its warm-up's one-rule form (`warm`): four forms of 16, 16, 16 and 15 rules, the most rules
 /// one batch script holds in all (64), each first run alone (its plan script loaded), then
