@@ -1875,45 +1875,15 @@ async fn through_sentinel_a_long_queue_at_a_small_max_batch_admits_exactly_the_l
 // One thread: the plans spawned run, and queue, in spawn order as soon as the test waits.
 #[tokio::test(flavor = "current_thread")]
 async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
-    let (_server, relay, store) = relayed(2, Duration::from_secs(10)).await;
-    let tb = Arc::new(rule("order-tb", Algorithm::TokenBucket, 10, HOUR));
-    let gcra = Arc::new(rule("order-gcra", Algorithm::Gcra, 10, HOUR));
-    // The plan scripts loaded, and batches of token-bucket plans run (their batch script).
-    assert_eq!(concurrent(&store, &tb, 900, 10).await, 10);
-    let one = |who: u128, r: &Arc<Rule>, cost: u64| {
-        let (store, r) = (store.clone(), r.clone());
-        tokio::spawn(async move {
-            let checks = [Check::new(client(who), &r, cost)];
-            store.check(&checks, 0).await.map(|v| v.allowed)
-        })
-    };
-    one(901, &gcra, 1).await.expect("task").expect("gcra");
-
-    relay.hold();
-    let before = relay.calls();
-    let lead = one(902, &tb, 1);
-    relay.wait_for_calls(before + 1).await;
-    // Queued in this order: [first, other] is a batch of a new list of forms (token bucket,
-    // GCRA); second leaves alone after it.
-    let queued: Vec<_> = [(903, &tb, 6), (904, &gcra, 1), (903, &tb, 6)]
-        .into_iter()
-        .map(|(who, r, cost)| one(who, r, cost))
-        .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    relay.release();
-    assert!(lead.await.expect("task").expect("lead"));
-    let mut allowed = Vec::new();
-    for t in queued {
-        allowed.push(
-            tokio::time::timeout(HANG, t)
-                .await
-                .expect("hung")
-                .expect("task")
-                .expect("check"),
-        );
-    }
-    assert_eq!(allowed, [true, true, false], "decided out of arrival order");
-    assert!(relay.most_calls_written_together() >= 2);
+    // [903, 904] is a batch of a new list of forms (token bucket, GCRA); 903's second plan
+    // leaves alone after it.
+    let answered =
+        queued_behind_a_held_call(false, &[(903, false, 6), (904, true, 1), (903, false, 6)]).await;
+    assert_eq!(
+        answered,
+        [true, true, false],
+        "decided out of arrival order"
+    );
 }
 
 /// The same after the server lost its scripts (a failover, a flush) while the lane still
@@ -1923,30 +1893,53 @@ async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
 /// second in a batch of a new list (GCRA joins it), both in one round.
 #[tokio::test(flavor = "current_thread")]
 async fn after_the_server_lost_its_scripts_a_round_is_decided_in_arrival_order() {
+    // Two batches of two: [903, 905] of the token bucket's list, [904 (GCRA), 903] of the new
+    // list.
+    let queued = [
+        (903, false, 6),
+        (905, false, 1),
+        (904, true, 1),
+        (903, false, 6),
+    ];
+    let answered = queued_behind_a_held_call(true, &queued).await;
+    assert_eq!(
+        answered,
+        [true, true, true, false],
+        "decided out of arrival order"
+    );
+}
+
+/// Checks queued on one thread behind a call the relay holds, on a store at `max_batch = 2`
+/// whose lane has run the token bucket's batch script and whose GCRA plan ran alone, the
+/// server's scripts flushed first when `flush`: each (client, GCRA rather than the token
+/// bucket, cost), both rules 10 an hour. Whether each was allowed, in order; they left in
+/// calls written together.
+async fn queued_behind_a_held_call(flush: bool, queued: &[(u128, bool, u64)]) -> Vec<bool> {
     let (server, relay, store) = relayed(2, Duration::from_secs(10)).await;
-    let tb = Arc::new(rule("lost-tb", Algorithm::TokenBucket, 10, HOUR));
-    let gcra = Arc::new(rule("lost-gcra", Algorithm::Gcra, 10, HOUR));
-    // Batches of token-bucket plans run: their batch script is one the lane has run.
+    let tb = Arc::new(rule("order-tb", Algorithm::TokenBucket, 10, HOUR));
+    let gcra = Arc::new(rule("order-gcra", Algorithm::Gcra, 10, HOUR));
+    // The plan scripts loaded, and batches of token-bucket plans run (their batch script).
     assert_eq!(concurrent(&store, &tb, 900, 10).await, 10);
-    let one = |who: u128, r: &Arc<Rule>, cost: u64| {
-        let (store, r) = (store.clone(), r.clone());
+    let one = |who: u128, gcra_rule: bool, cost: u64| {
+        let r = if gcra_rule { gcra.clone() } else { tb.clone() };
+        let store = store.clone();
         tokio::spawn(async move {
             let checks = [Check::new(client(who), &r, cost)];
             store.check(&checks, 0).await.map(|v| v.allowed)
         })
     };
-    one(901, &gcra, 1).await.expect("task").expect("gcra");
+    one(901, true, 1).await.expect("task").expect("gcra");
 
     relay.hold();
     let before = relay.calls();
-    let lead = one(902, &tb, 1);
+    let lead = one(902, false, 1);
     relay.wait_for_calls(before + 1).await;
-    server.cli(&["script", "flush"]);
-    // Two batches of two: [903 6, 905 1] of the token bucket's list, [904 GCRA, 903 6] of
-    // the new list.
-    let queued: Vec<_> = [(903, &tb, 6), (905, &tb, 1), (904, &gcra, 1), (903, &tb, 6)]
-        .into_iter()
-        .map(|(who, r, cost)| one(who, r, cost))
+    if flush {
+        server.cli(&["script", "flush"]);
+    }
+    let queued: Vec<_> = queued
+        .iter()
+        .map(|&(who, gcra_rule, cost)| one(who, gcra_rule, cost))
         .collect();
     tokio::time::sleep(Duration::from_millis(100)).await;
     relay.release();
@@ -1961,12 +1954,8 @@ async fn after_the_server_lost_its_scripts_a_round_is_decided_in_arrival_order()
                 .expect("check"),
         );
     }
-    assert_eq!(
-        allowed,
-        [true, true, true, false],
-        "decided out of arrival order"
-    );
     assert!(relay.most_calls_written_together() >= 2);
+    allowed
 }
 
 /// Fills the list of forms (`lane.rs`) of a `behind_a_relay` store, whose list holds
