@@ -788,8 +788,7 @@ impl RedisStore {
     /// lacks is loaded by the call that carries the plan). It is handed to its lane here,
     /// before this returns (sent at once when the lane is idle: by whoever polls the
     /// [`PendingCheck`]); the lane bounds it by the store's call timeout from now. `None` for
-    /// any other plan:
-    /// [`RedisStore::check_bounded`] decides it then.
+    /// any other plan: [`RedisStore::check_bounded`] decides it then.
     ///
     /// The pending check is a small future (a plan's future is moved, and polled through
     /// every caller's, on its way through a gateway); its [`CheckReply`] gives the verdict.

@@ -445,8 +445,8 @@ async fn check_now_decides_as_check_does_on_the_in_process_store() {
 
 #[tokio::test]
 async fn a_plan_of_one_policy_decides_as_it_does_beside_a_shadow_policy_in_every_mode() {
-    // A plan of one policy is decided on its own (no verdict allocated), a plan of two through
-    // the store's verdict. A shadow policy that never limits changes nothing of the other's
+    // A plan of one policy keeps its verdict's one decision inline (nothing allocated), a
+    // plan of two does not. A shadow policy that never limits changes nothing of the other's
     // answer, so twin limiters fed the plan alone and the plan beside it must agree on every
     // action (the retry time with it), outcome and remaining count, enforced, in quota mode
     // and in shadow mode, over the limit and back under it.

@@ -1,8 +1,8 @@
 //! `not_charged` on a real `redis-server`: a policy that allowed while another rule of the
 //! plan denied counts `not_charged`, whether the store decided the denial or the deny cache
 //! answered it locally, so `allowed` counts only charged admissions. And a plan of one policy
-//! (applied without a verdict) decides as the same policy beside a shadow one that never
-//! limits (a plan of two, applied through the verdict), in every mode.
+//! (its verdict's one decision kept inline) decides as the same policy beside a shadow one
+//! that never limits (a plan of two), in every mode.
 #![cfg(feature = "redis")]
 
 mod common;

@@ -4,10 +4,11 @@
 
 use tollgate::{LimitResult, Limiter, Outcome};
 
-/// Checks that a plan of one policy (`one`, applied without a verdict) and the same policy
-/// beside a shadow policy that never limits (`two`, through the verdict) were answered alike:
-/// the action (its retry time with it), and the first policy's outcome, remaining count and
-/// retry time, from a decision the store made. Returns whether that policy was over its limit.
+/// Checks that a plan of one policy (`one`, its verdict's decision inline) and the same policy
+/// beside a shadow policy that never limits (`two`, a verdict of two decisions) were answered
+/// alike: the action (its retry time with it), and the first policy's outcome, remaining count
+/// and retry time, from a decision the store made. Returns whether that policy was over its
+/// limit.
 pub fn answered_alike(one: &LimitResult, two: &LimitResult, what: &str) -> bool {
     assert_eq!(one.action, two.action, "{what}");
     let first = |r: &LimitResult| {
