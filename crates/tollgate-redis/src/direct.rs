@@ -21,7 +21,7 @@
 //! It speaks RESP2: `AUTH` (with the URL's user and password), `SELECT` (its database) and
 //! `CLIENT SETNAME tollgate-batch` on connect (a server or an ACL user that refuses CLIENT
 //! leaves the connection unnamed, as redis-rs ignores a refused `CLIENT SETINFO`), then
-//! EVALSHA / EVAL. Plain TCP, TLS (`rediss://`, rustls with the system's roots, which honour
+//! EVALSHA / SCRIPT LOAD. Plain TCP, TLS (`rediss://`, rustls with the system's roots, which honour
 //! `SSL_CERT_FILE`, as redis-rs's) and Unix sockets; a URL it does not handle this way (TLS
 //! without verification, client certificates) keeps redis-rs's connection for every call.
 

@@ -16,9 +16,10 @@
 //! as an argument) from `scripts/<algorithm>.lua` (one decision body per algorithm) by
 //! `src/script.rs`, which documents the call and the one reply format;
 //! `scripts/check.lua` is the generic fallback and `scripts/lease.lua` the lease driver. They
-//! are loaded once and called with EVALSHA; a
-//! NOSCRIPT reply (a restarted server, a FLUSH, a promoted replica) is answered by sending
-//! the script itself, which reloads it, without failing the request.
+//! are loaded once (SCRIPT LOAD) and called with EVALSHA; a NOSCRIPT reply (a restarted
+//! server, a FLUSH, a promoted replica) is answered by loading the script again and sending
+//! the call once more, without failing the request. The store never sends EVAL: Redis 7.4 and
+//! later evict the scripts EVAL loaded (least recently used, past 500), not SCRIPT LOAD's.
 //!
 //! Coalesced calls (`RedisConfig::max_batch`, `lane.rs`): while a call is in flight on a
 //! connection (a slot on a Cluster), the plans and lease calls that arrive queue and leave

@@ -961,8 +961,9 @@ impl RedisStore {
     /// The script of `form` for a plan handed to its lane at once (`None`: the generic
     /// script serves it): the one this store has, or else the one generated for the form,
     /// kept from now on but not loaded first. Its lane's call loads it where the server
-    /// lacks it: an EVALSHA answered NOSCRIPT, then EVAL; in a round of calls written
-    /// together, EVAL (see `Lane::loaded`). A SCRIPT LOAD awaited first (as [`Self::loaded`]
+    /// lacks it: an EVALSHA answered NOSCRIPT, then SCRIPT LOAD and the EVALSHA written
+    /// together; in a round of calls written together, a SCRIPT LOAD of each of the round's
+    /// scripts first (see `Lane::loaded`). A SCRIPT LOAD awaited first (as [`Self::loaded`]
     /// does for a plan that does not coalesce) let the plans that arrived meanwhile, of
     /// forms already loaded, join the queue before it and be decided first: out of arrival
     /// order, on the same keys.
@@ -1006,7 +1007,7 @@ impl RedisStore {
     }
 
     /// SCRIPT LOAD (on a cluster: on every master), so the first call is an EVALSHA like the
-    /// others. A server that loses its cache later answers NOSCRIPT and gets an EVAL.
+    /// others. A server that loses its cache later answers NOSCRIPT and gets a SCRIPT LOAD.
     async fn load(&self, s: &Script) -> Result<(), RedisStoreError> {
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(&s.text);
@@ -1385,8 +1386,11 @@ impl RedisStore {
     }
 
     /// EVALSHA of `s` with the arguments `args` writes. A server that lost its script cache
-    /// (restart, FLUSH, failover) answers NOSCRIPT; EVAL then sends the script, which caches it
-    /// again, so the next EVALSHA works and no request fails for it.
+    /// (restart, FLUSH, failover) answers NOSCRIPT; SCRIPT LOAD then loads the script again
+    /// and the EVALSHA is sent once more, so no request fails for it. Never EVAL: Redis 7.4
+    /// and later delete the scripts EVAL loaded, least recently used first, past 500 of them
+    /// (another application's EVALs could push the store's out), and keep what SCRIPT LOAD
+    /// loaded until a flush.
     pub(crate) async fn run_script(
         &self,
         s: &Script,
@@ -1405,32 +1409,65 @@ impl RedisStore {
         via: Via<'_>,
         room: Room,
     ) -> Result<redis::Value, RedisError> {
-        if let Some(own) = self.own_connection(via) {
+        if let (Via::Lane(lane), Some(own)) = (via, self.own_connection(via)) {
             // Written once, as the bytes the store's own connection sends (`command.rs`).
-            let packed = |first: &[u8], second: &[u8]| packed_call(first, second, room, &args);
-            return match self
-                .query_own(own, packed(b"EVALSHA", s.sha.as_bytes()))
-                .await
-            {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    self.query_own(own, packed(b"EVAL", s.text.as_bytes()))
-                        .await
+            let packed = || packed_call(b"EVALSHA", s.sha.as_bytes(), room, &args);
+            // A script this lane has run on its server goes by its SHA alone; any other is
+            // loaded first (SCRIPT LOAD and the call written together), so that a new form's
+            // first call is not answered NOSCRIPT (an error in the server's stats).
+            let known = lane.scripts_run().contains(&s.sha);
+            if known {
+                match self.query_own(own, packed()).await {
+                    Err(e) if is_noscript(&e) => lane.forget_run(),
+                    other => return other,
                 }
-                other => other,
-            };
-        }
-        let mut cmd = Cmd::with_capacity(room.args + 2, room.bytes + 64);
-        cmd.arg("EVALSHA").arg(&s.sha);
-        args(&mut cmd);
-        match self.query(&cmd).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut eval = redis::cmd("EVAL");
-                eval.arg(&s.text);
-                args(&mut eval);
-                self.query(&eval).await
             }
-            other => other,
+            // Loaded, then run: one write, the server answering in order.
+            let mut both = [packed_load(s), packed()];
+            let mut replies = self.query_own_many(own, &mut both).await?.into_iter();
+            match (replies.next(), replies.next()) {
+                (Some(Err(e)), _) => return Err(e),
+                // A Cluster node's call that the node did not run went on redis-rs's cluster
+                // connection, to a node that may lack the script: loaded there below.
+                (Some(Ok(_)), Some(Err(e))) if is_noscript(&e) => {}
+                (Some(Ok(_)), Some(run)) => {
+                    lane.note_run(std::iter::once(s.sha.as_str()));
+                    return run;
+                }
+                _ => {
+                    return Err(RedisError::from((
+                        ErrorKind::Client,
+                        "two calls written together",
+                        "not answered twice".to_string(),
+                    )))
+                }
+            }
+            return self
+                .run_script_shared(s, evalsha_cmd(s, &args, room), true)
+                .await;
         }
+        self.run_script_shared(s, evalsha_cmd(s, &args, room), false)
+            .await
+    }
+
+    /// [`RedisStore::run_script`] on redis-rs's connections: `cmd` (the EVALSHA), and on
+    /// NOSCRIPT (or first when `load_first`) SCRIPT LOAD (on a Cluster, on every master) and
+    /// `cmd` again.
+    async fn run_script_shared(
+        &self,
+        s: &Script,
+        cmd: Cmd,
+        load_first: bool,
+    ) -> Result<redis::Value, RedisError> {
+        if !load_first {
+            match self.query(&cmd).await {
+                Err(e) if is_noscript(&e) => {}
+                other => return other,
+            }
+        }
+        self.query(redis::cmd("SCRIPT").arg("LOAD").arg(&s.text))
+            .await?;
+        self.query(&cmd).await
     }
 
     /// Whether a plan that coalesces has no timer of its own, its lane bounding it (see
@@ -2030,21 +2067,26 @@ impl RedisStore {
         let mut packed: Vec<Packed> = {
             // One lock for the round's calls, released before the round is sent.
             let run = lane.scripts_run();
-            // By their scripts' SHAs when this lane has run every one of them, else all whole
-            // (see `Lane::loaded`): a round of both kinds, on a server that lost its scripts
-            // (a failover or a flush, which lose them all), would run its EVALs and then, after
-            // them, again the calls answered NOSCRIPT, out of arrival order. A round of SHAs
-            // only is answered NOSCRIPT throughout then, and sent again call after call.
-            let whole = entries.iter().any(|e| !run.contains(&e.script().sha));
-            entries
+            // A round with a script this lane has not run loads every script of the round
+            // first (SCRIPT LOAD, see `Lane::loaded`): on a server that lost its scripts (a
+            // failover or a flush, which lose them all), a round that loaded only the new one
+            // would run it and then, after it, again the calls answered NOSCRIPT, out of
+            // arrival order. A round of known scripts only is answered NOSCRIPT throughout
+            // then, and sent again call after call.
+            let mut loads: Vec<&Script> = Vec::new();
+            if entries.iter().any(|e| !run.contains(&e.script().sha)) {
+                for e in &entries {
+                    let script = e.script();
+                    if !loads.iter().any(|l| l.sha == script.sha) {
+                        loads.push(script);
+                    }
+                }
+            }
+            loads
                 .iter()
-                .map(|entry| {
-                    let script = entry.script();
-                    let (first, second): (&[u8], &[u8]) = if whole {
-                        (b"EVAL", script.text.as_bytes())
-                    } else {
-                        (b"EVALSHA", script.sha.as_bytes())
-                    };
+                .map(|s| packed_load(s))
+                .chain(entries.iter().map(|entry| {
+                    let (first, second) = (b"EVALSHA".as_slice(), entry.script().sha.as_bytes());
                     match entry {
                         Entry::Batch {
                             batch,
@@ -2065,13 +2107,14 @@ impl RedisStore {
                             }),
                         },
                     }
-                })
+                }))
                 .collect()
         };
+        let loads = packed.len() - entries.len();
         let replies =
             tokio::time::timeout_at(deadline, self.query_own_many(own, &mut packed)).await;
         let replies = match replies {
-            Ok(Ok(replies)) if replies.len() == entries.len() => replies,
+            Ok(Ok(mut replies)) if replies.len() == packed.len() => replies.split_off(loads),
             failed => {
                 let e = match failed {
                     Err(_) => RedisStoreError::timed_out(self.call_timeout()),
@@ -2079,7 +2122,7 @@ impl RedisStore {
                     Ok(Ok(replies)) => RedisStoreError::protocol(format!(
                         "{} replies to {} calls written together",
                         replies.len(),
-                        entries.len()
+                        packed.len()
                     )),
                 };
                 for w in entries.into_iter().flat_map(Entry::into_waiting) {
@@ -2088,7 +2131,8 @@ impl RedisStore {
                 return;
             }
         };
-        let is_noscript = |r: &Result<redis::Value, RedisError>| matches!(r, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
+        let is_noscript =
+            |r: &Result<redis::Value, RedisError>| matches!(r, Err(e) if is_noscript(e));
         if replies.iter().any(is_noscript) {
             lane.forget_run();
         } else {
@@ -2375,8 +2419,30 @@ impl Entry {
     }
 }
 
-/// A command for the store's own connection: `first` and `second` (`EVALSHA` and the SHA, or
-/// `EVAL` and the text), then `args`, with `room` reserved up front.
+/// Whether the server answered that it has no script of that SHA.
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// EVALSHA of `s` with the arguments `args` writes, for redis-rs's connections.
+fn evalsha_cmd(s: &Script, args: &dyn Fn(&mut dyn Args), room: Room) -> Cmd {
+    let mut cmd = Cmd::with_capacity(room.args + 2, room.bytes + 64);
+    cmd.arg("EVALSHA").arg(&s.sha);
+    args(&mut cmd);
+    cmd
+}
+
+/// SCRIPT LOAD of `s`, for the store's own connection.
+fn packed_load(s: &Script) -> Packed {
+    let mut p = Packed::with_capacity(s.text.len() + 32);
+    p.bulk(b"SCRIPT");
+    p.bulk(b"LOAD");
+    p.bulk(s.text.as_bytes());
+    p
+}
+
+/// A command for the store's own connection: `first` and `second` (`EVALSHA` and the SHA),
+/// then `args`, with `room` reserved up front.
 fn packed_call(
     first: &[u8],
     second: &[u8],

@@ -111,7 +111,7 @@ async fn concurrent_plans(
 }
 
 /// Loads `r`'s plan script with a check that charges nothing, so that the plans after it
-/// coalesce (only a plan whose script is loaded is begun on a lane).
+/// find it on the server.
 async fn load_script(store: &RedisStore, r: &Arc<Rule>) {
     store
         .check(&[Check::new(client(1), r, 0)], 0)
@@ -547,6 +547,80 @@ async fn a_flushed_script_cache_is_refilled_by_the_batch_without_failing_a_plan(
             1000 - 301,
             "{max_batch}"
         );
+    }
+}
+
+/// The store loads its scripts with SCRIPT LOAD, never EVAL: Redis 7.4 and later delete the
+/// scripts EVAL loaded, least recently used first, past 500 of them, and another
+/// application's EVALs count toward them. Plans of forms the store has not loaded run at
+/// once, mixing in batches of new lists of forms, on a fresh server and again after a
+/// flush; another client then EVALs 600 scripts of its own, and the same plans run once
+/// more. The server ran no EVAL but that client's, and after them answered no call NOSCRIPT
+/// (on Redis 7.4 and later, a script the store had loaded with EVAL would be gone). Every
+/// plan is decided (a thousand a day, none refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scripts_are_loaded_by_script_load_and_outlive_another_clients_evals() {
+    for max_batch in [1, 64] {
+        let server = RedisServer::start();
+        let store = store(RedisConfig::standalone(server.url()).with_max_batch(max_batch)).await;
+        let rules: Vec<Arc<Rule>> = Algorithm::ALL
+            .iter()
+            .map(|&a| Arc::new(rule(&format!("evict-{}", a.name()), a, 1000, DAY)))
+            .collect();
+        // Four forms: one rule, one rule of another algorithm, two and three rules.
+        let sets = [
+            vec![rules[0].clone()],
+            vec![rules[1].clone()],
+            vec![rules[2].clone(), rules[3].clone()],
+            vec![rules[4].clone(), rules[0].clone(), rules[1].clone()],
+        ];
+        // Each form's 40 plans for a client of its own, the four forms' plans at once.
+        let round = |who: u128| {
+            let runs: Vec<_> = sets
+                .iter()
+                .enumerate()
+                .map(|(i, set)| {
+                    let (store, set) = (store.clone(), set.clone());
+                    tokio::spawn(async move {
+                        concurrent_plans(&store, &set, &[who + i as u128], 40).await
+                    })
+                })
+                .collect();
+            async move {
+                for run in runs {
+                    assert_eq!(run.await.expect("task"), [40], "max_batch {max_batch}");
+                }
+            }
+        };
+        round(100).await;
+        server.cli(&["script", "flush"]);
+        round(200).await;
+        let client = redis::Client::open(server.url()).expect("url");
+        let mut other = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        for i in 0..600 {
+            let _: i64 = redis::cmd("EVAL")
+                .arg(format!("return {i}"))
+                .arg(0)
+                .query_async(&mut other)
+                .await
+                .expect("eval");
+        }
+        let noscript = common::errors_of(|a| server.cli(a), "NOSCRIPT");
+        round(300).await;
+        assert_eq!(
+            common::errors_of(|a| server.cli(a), "NOSCRIPT"),
+            noscript,
+            "max_batch {max_batch}: a script of the store's was gone"
+        );
+        assert_eq!(
+            common::calls_of(|a| server.cli(a), &["eval"]),
+            600,
+            "max_batch {max_batch}: the store sent EVAL"
+        );
+        assert!(common::calls_of(|a| server.cli(a), &["script|load"]) > 0);
     }
 }
 
@@ -2044,8 +2118,8 @@ async fn plans_of_many_forms_leave_in_one_call_of_the_stores_script() {
     // And the held lead's.
     assert_eq!(concurrent(&store, &first, 1_999, 1).await, 1);
     let before = common::cached_scripts(|a| server.cli(a));
-    // Twice: the first time the batch script is new (its call answered NOSCRIPT, then sent
-    // whole: two calls), the second time it is known (one call).
+    // Twice: the first time the batch script is new (its call answered NOSCRIPT, then loaded
+    // and sent again: two calls), the second time it is known (one call).
     for (round, calls_expected) in [(0u128, 1..=2), (1, 1..=1)] {
         let lead = held_lead(&relay, &store, &first, 2_000 + round).await;
         let calls = relay.calls();

@@ -123,13 +123,39 @@ pub const EPOCH_2026: u64 = 1_767_225_600_000_000;
 
 /// Script calls (EVALSHA and EVAL) a server ran since its stats were reset.
 pub fn script_calls(cli: impl Fn(&[&str]) -> String) -> u64 {
+    calls_of(&cli, &["evalsha", "eval"])
+}
+
+/// The calls of the commands `names` (lower case, as INFO commandstats names them) a server
+/// ran since its stats were reset.
+pub fn calls_of(cli: impl Fn(&[&str]) -> String, names: &[&str]) -> u64 {
     let stats = cli(&["info", "commandstats"]);
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+    counts(&stats, |name| {
+        name.strip_prefix("cmdstat_")
+            .is_some_and(|n| names.contains(&n))
+    })
+}
+
+/// The errors of the kind `code` (`NOSCRIPT`, ...) a server answered since its stats were
+/// reset (INFO errorstats).
+pub fn errors_of(cli: impl Fn(&[&str]) -> String, code: &str) -> u64 {
+    let stats = cli(&["info", "errorstats"]);
+    counts(&stats, |name| name.strip_prefix("errorstat_") == Some(code))
+}
+
+/// The sum of the `calls=` or `count=` of the INFO lines whose name `wanted` picks.
+fn counts(info: &str, wanted: impl Fn(&str) -> bool) -> u64 {
+    info.lines()
         .filter_map(|l| {
-            let calls = l.split("calls=").nth(1)?;
-            calls.split(',').next()?.parse::<u64>().ok()
+            let (name, fields) = l.split_once(':')?;
+            if !wanted(name) {
+                return None;
+            }
+            let n = fields.split(',').find_map(|f| {
+                f.strip_prefix("calls=")
+                    .or_else(|| f.strip_prefix("count="))
+            })?;
+            n.trim().parse::<u64>().ok()
         })
         .sum()
 }
