@@ -1940,8 +1940,8 @@ async fn through_sentinel_a_long_queue_at_a_small_max_batch_admits_exactly_the_l
     assert_eq!(remaining_after_one(&store, &r, 61).await, 99);
 }
 
-/// A round's batch whose script the server has not run yet goes whole (EVAL), so it is
-/// decided before the round's later calls, in arrival order. Two plans of one client, six
+/// A round's batch whose script the server has not run yet is loaded in front of the round's
+/// calls (SCRIPT LOAD), so it is decided before the round's later calls, in arrival order. Two plans of one client, six
 /// tokens each of ten: the first in a batch of a new list of forms (the store's list grown by
 /// GCRA), the second alone after it (its own script, which the server has). With the new
 /// batch's call answered NOSCRIPT and sent again after the round, the second would take the
@@ -1961,9 +1961,9 @@ async fn a_new_batch_script_in_a_round_is_decided_in_arrival_order() {
 }
 
 /// The same after the server lost its scripts (a failover, a flush) while the lane still
-/// counts them as run: a round of a known batch script and a new one goes whole, so the known
-/// one's call is not answered NOSCRIPT and run again after the new one's, out of arrival
-/// order. Client 903's first plan leaves in a batch of the store's list (token bucket), its
+/// counts them as run: a round of a known batch script and a new one loads both in front of
+/// its calls, so the known one's call is not answered NOSCRIPT and run again after the new
+/// one's, out of arrival order. Client 903's first plan leaves in a batch of the store's list (token bucket), its
 /// second in a batch of a new list (GCRA joins it), both in one round.
 #[tokio::test(flavor = "current_thread")]
 async fn after_the_server_lost_its_scripts_a_round_is_decided_in_arrival_order() {

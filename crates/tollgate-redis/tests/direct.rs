@@ -157,6 +157,166 @@ async fn a_user_refused_client_commands_still_gets_the_own_connection() {
     assert!(!any_with(&clients, &["tollgate-batch"]), "{clients:?}");
 }
 
+/// The commands the store runs, and the keys it touches, are all an ACL user needs (the list
+/// docs/operations.md gives): no EVAL, which the store never sends. Such a user is served at
+/// `max_batch` 1 (redis-rs's connection) and 64 (the own connection, one round of calls written
+/// together and plans alone), on a fresh server and after the server lost its scripts (`SCRIPT
+/// FLUSH`, as after a restart or a failover), and an operator's reset deletes a client's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_least_privilege_user_without_eval_is_served_through_a_flush() {
+    let server = RedisServer::start_with_args(&["--requirepass", "adm1n"]);
+    let admin = ["-a", "adm1n", "--no-auth-warning"];
+    let mut acl: Vec<&str> = admin.to_vec();
+    acl.extend([
+        "acl",
+        "setuser",
+        "gw",
+        "on",
+        ">pw-7q",
+        "~tg:*",
+        "resetchannels",
+        "-@all",
+    ]);
+    acl.extend(LEAST_PRIVILEGE);
+    assert_eq!(server.cli(&acl).trim(), "OK");
+    let mut flush: Vec<&str> = admin.to_vec();
+    flush.extend(["script", "flush"]);
+    let url = format!("redis://gw:pw-7q@127.0.0.1:{}", server.port());
+    let tb = Arc::new(rule("acl-tb", Algorithm::TokenBucket, 100, HOUR));
+    let gcra = Arc::new(rule("acl-gcra", Algorithm::Gcra, 100, HOUR));
+    for max_batch in [1, 64] {
+        let config = RedisConfig::standalone(url.clone())
+            .with_max_batch(max_batch)
+            .with_key_prefix("tg");
+        let store = RedisStore::connect(config).await.expect("connect");
+        store.ping().await.expect("ping");
+        let who = 1_000 * max_batch as u128;
+        // 20 plans of each of two forms at once, then, after a flush, 20 more of each.
+        for round in 0..2 {
+            if round == 1 {
+                server.cli(&flush);
+            }
+            let tasks: Vec<_> = (0..40)
+                .map(|i| {
+                    let (store, tb, gcra) = (store.clone(), tb.clone(), gcra.clone());
+                    tokio::spawn(async move {
+                        let checks = if i % 2 == 0 {
+                            vec![Check::new(client(who), &tb, 1)]
+                        } else {
+                            vec![
+                                Check::new(client(who), &tb, 1),
+                                Check::new(client(who), &gcra, 1),
+                            ]
+                        };
+                        store.check(&checks, 0).await.map(|v| v.allowed)
+                    })
+                })
+                .collect();
+            for t in tasks {
+                let allowed = tokio::time::timeout(Duration::from_secs(10), t)
+                    .await
+                    .expect("no hang")
+                    .expect("task");
+                assert!(allowed.expect("decided"), "max_batch {max_batch}");
+            }
+        }
+        // 80 of the token bucket's 100 taken, 40 of GCRA's; one more of each.
+        assert_eq!(
+            remaining(&store, &tb, who).await,
+            100 - 81,
+            "max_batch {max_batch}"
+        );
+        assert_eq!(
+            remaining(&store, &gcra, who).await,
+            100 - 41,
+            "max_batch {max_batch}"
+        );
+        assert!(store.reset(&client(who), "acl-tb").await.expect("reset"));
+        assert_eq!(
+            remaining(&store, &tb, who).await,
+            99,
+            "max_batch {max_batch}"
+        );
+    }
+}
+
+/// Behind Sentinel, the URL's user also authenticates to the sentinels (it asks them where the
+/// master is) and asks the master its role: with what docs/operations.md lists for Sentinel
+/// ([`LEAST_PRIVILEGE`] and `ROLE` on the data nodes, `SENTINEL` on the sentinels) it is served,
+/// again after the master lost its scripts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_the_least_privilege_user_is_served_through_a_flush() {
+    let set = tokio::task::spawn_blocking(tollgate_testkit::RedisSentinels::start)
+        .await
+        .expect("sentinels");
+    // redis-cli on any port of the set (a sentinel, or the master, which `set` lends mutably).
+    let cli_at = |port: u16, args: &[&str]| {
+        let port = port.to_string();
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let user = [
+        "acl",
+        "setuser",
+        "gw",
+        "on",
+        ">pw-s4",
+        "~tg:*",
+        "resetchannels",
+        "-@all",
+    ];
+    let master = set.master_port().expect("a master");
+    for port in [master, set.replica().port()] {
+        let mut acl = user.to_vec();
+        acl.push("+role");
+        acl.extend(LEAST_PRIVILEGE);
+        assert_eq!(cli_at(port, &acl), "OK");
+    }
+    let mut urls = Vec::new();
+    for url in set.sentinel_urls() {
+        let port: u16 = url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port");
+        let mut acl = user.to_vec();
+        acl.extend(["+sentinel", "+role"]);
+        assert_eq!(cli_at(port, &acl), "OK");
+        urls.push(url.replace("redis://", "redis://gw:pw-s4@"));
+    }
+    let r = rule("acl-s", Algorithm::TokenBucket, 10, HOUR);
+    for max_batch in [1, 64] {
+        let config = RedisConfig::sentinel(urls.clone(), set.master_name())
+            .with_max_batch(max_batch)
+            .with_key_prefix("tg");
+        let store = RedisStore::connect(config).await.expect("connect");
+        let who = max_batch as u128;
+        assert_eq!(remaining(&store, &r, who).await, 9, "max_batch {max_batch}");
+        assert_eq!(cli_at(master, &["script", "flush"]), "OK");
+        assert_eq!(remaining(&store, &r, who).await, 8, "max_batch {max_batch}");
+    }
+}
+
+/// What docs/operations.md tells operators a gateway's Redis ACL user needs (besides its keys,
+/// `~<key_prefix>:*`), on a standalone server.
+const LEAST_PRIVILEGE: [&str; 11] = [
+    "+evalsha",
+    "+script|load",
+    "+ping",
+    "+info",
+    "+del",
+    "+client|setname",
+    "+get",
+    "+set",
+    "+mget",
+    "+time",
+    "+exists",
+];
+
 /// On a Cluster, each node's coalesced calls go on the store's own connection to that node
 /// (named, as on a standalone server), at the address the node table gives; with
 /// `max_batch = 1` there is none. Every plan is decided exactly the same either way.
@@ -216,21 +376,34 @@ async fn on_a_cluster_each_node_gets_the_stores_own_connection() {
 }
 
 /// A Cluster node's own connection authenticates as the URL's user, on every master: the
-/// first URL's credentials go with the address the node table gives.
+/// first URL's credentials go with the address the node table gives. The user has only what
+/// docs/operations.md lists for a Cluster ([`LEAST_PRIVILEGE`] and `CLUSTER SLOTS`), and is
+/// served again after every master lost its scripts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_nodes_own_connection_authenticates_as_the_urls_user() {
     let cluster = RedisCluster::start(3, 0);
     // A user of its own on every node (ACLs are per node); the default user stays open for
     // the test's own redis-cli.
     for n in cluster.nodes() {
-        n.cli(&["acl", "setuser", "gw", "on", ">pw-c1", "~*", "+@all"]);
+        let mut acl = vec![
+            "acl",
+            "setuser",
+            "gw",
+            "on",
+            ">pw-c1",
+            "~tg:*",
+            "resetchannels",
+        ];
+        acl.extend(["-@all", "+cluster|slots"]);
+        acl.extend(LEAST_PRIVILEGE);
+        assert_eq!(n.cli(&acl).trim(), "OK");
     }
     let urls: Vec<String> = cluster
         .nodes()
         .iter()
         .map(|n| format!("redis://gw:pw-c1@127.0.0.1:{}", n.port()))
         .collect();
-    let store = RedisStore::connect(RedisConfig::cluster(urls))
+    let store = RedisStore::connect(RedisConfig::cluster(urls).with_key_prefix("tg"))
         .await
         .expect("connect");
     let r = rule("acl-c", Algorithm::TokenBucket, 3, HOUR);
@@ -254,6 +427,15 @@ async fn a_cluster_nodes_own_connection_authenticates_as_the_urls_user() {
             !any_with(&clients, &[" name=tollgate-batch ", " user=default "]),
             "master {m}: {clients:?}"
         );
+    }
+    for &m in &masters {
+        cluster.nodes()[m].cli(&["script", "flush"]);
+    }
+    for &m in &masters {
+        let who = common::clients_of(&cluster, m, 1)
+            .next()
+            .expect("a client of this master");
+        assert_eq!(remaining(&store, &r, who).await, 1, "client {who}");
     }
 }
 
