@@ -116,11 +116,11 @@ pub(crate) struct Lane {
     /// A Cluster node's own connection (`direct.rs`), where its calls go; `None` where they
     /// go on the store's other connections.
     pub(crate) node: Option<NodeConn>,
-    /// The SHAs of the scripts this lane's calls written together have run on its server: a
-    /// round with a call of any other script loads every script of the round first (SCRIPT
-    /// LOAD of each, written in front of the calls), so that no call of a round is answered
-    /// NOSCRIPT and run again after the round's later calls, out of arrival order. Forgotten
-    /// when a call is answered NOSCRIPT anyway (a restart, a
+    /// The SHAs of the scripts this lane's calls have run on its server: a call of any other
+    /// script is sent behind a SCRIPT LOAD of it, and a round with such a call goes call after
+    /// call, so that no call of a round is answered NOSCRIPT and run again after the round's
+    /// later calls, out of arrival order. Forgotten when a call is answered NOSCRIPT anyway (a
+    /// restart, a
     /// flush, a failover).
     pub(crate) loaded: Mutex<HashSet<String>>,
 }

@@ -18,8 +18,9 @@
 //! `scripts/check.lua` is the generic fallback and `scripts/lease.lua` the lease driver. They
 //! are loaded once (SCRIPT LOAD) and called with EVALSHA; a NOSCRIPT reply (a restarted
 //! server, a FLUSH, a promoted replica) is answered by loading the script again and sending
-//! the call once more, without failing the request. The store never sends EVAL: Redis 7.4 and
-//! later evict the scripts EVAL loaded (least recently used, past 500), not SCRIPT LOAD's.
+//! the call once more, without failing the request. EVAL only as a last resort (a script lost
+//! again between its load and its call, twice): Redis 7.4 and later evict the scripts EVAL
+//! loaded (least recently used, past 500), not SCRIPT LOAD's.
 //!
 //! Coalesced calls (`RedisConfig::max_batch`, `lane.rs`): while a call is in flight on a
 //! connection (a slot on a Cluster), the plans and lease calls that arrive queue and leave

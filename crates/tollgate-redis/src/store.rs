@@ -961,9 +961,8 @@ impl RedisStore {
     /// The script of `form` for a plan handed to its lane at once (`None`: the generic
     /// script serves it): the one this store has, or else the one generated for the form,
     /// kept from now on but not loaded first. Its lane's call loads it where the server
-    /// lacks it: an EVALSHA answered NOSCRIPT, then SCRIPT LOAD and the EVALSHA written
-    /// together; in a round of calls written together, a SCRIPT LOAD of each of the round's
-    /// scripts first (see `Lane::loaded`). A SCRIPT LOAD awaited first (as [`Self::loaded`]
+    /// lacks it: SCRIPT LOAD and the EVALSHA written together, the round it is in sent call
+    /// after call (see `Lane::loaded`). A SCRIPT LOAD awaited first (as [`Self::loaded`]
     /// does for a plan that does not coalesce) let the plans that arrived meanwhile, of
     /// forms already loaded, join the queue before it and be decided first: out of arrival
     /// order, on the same keys.
@@ -1387,14 +1386,14 @@ impl RedisStore {
 
     /// EVALSHA of `s` with the arguments `args` writes. A server that lost its script cache
     /// (restart, FLUSH, failover) answers NOSCRIPT; SCRIPT LOAD then loads the script again
-    /// and the EVALSHA is sent once more, so no request fails for it. Never EVAL: Redis 7.4
-    /// and later delete the scripts EVAL loaded, least recently used first, past 500 of them
-    /// (another application's EVALs could push the store's out), and keep what SCRIPT LOAD
-    /// loaded until a flush.
+    /// and the EVALSHA is sent once more, so no request fails for it. EVAL only as the last
+    /// resort ([`RELOADS`]): Redis 7.4 and later delete the scripts EVAL loaded, least
+    /// recently used first, past 500 of them (another application's EVALs could push the
+    /// store's out), and keep what SCRIPT LOAD loaded until a flush.
     pub(crate) async fn run_script(
         &self,
         s: &Script,
-        args: impl Fn(&mut dyn Args),
+        args: impl Fn(&mut dyn Args) + Sync,
     ) -> Result<redis::Value, RedisError> {
         self.run_script_on(s, args, Via::Shared, Room::SMALL).await
     }
@@ -1405,7 +1404,7 @@ impl RedisStore {
     pub(crate) async fn run_script_on(
         &self,
         s: &Script,
-        args: impl Fn(&mut dyn Args),
+        args: impl Fn(&mut dyn Args) + Sync,
         via: Via<'_>,
         room: Room,
     ) -> Result<redis::Value, RedisError> {
@@ -1422,52 +1421,70 @@ impl RedisStore {
                     other => return other,
                 }
             }
-            // Loaded, then run: one write, the server answering in order.
-            let mut both = [packed_load(s), packed()];
-            let mut replies = self.query_own_many(own, &mut both).await?.into_iter();
-            match (replies.next(), replies.next()) {
-                (Some(Err(e)), _) => return Err(e),
-                // A Cluster node's call that the node did not run went on redis-rs's cluster
-                // connection, to a node that may lack the script: loaded there below.
-                (Some(Ok(_)), Some(Err(e))) if is_noscript(&e) => {}
-                (Some(Ok(_)), Some(run)) => {
-                    lane.note_run(std::iter::once(s.sha.as_str()));
-                    return run;
-                }
-                _ => {
-                    return Err(RedisError::from((
-                        ErrorKind::Client,
-                        "two calls written together",
-                        "not answered twice".to_string(),
-                    )))
+            // Loaded, then run: one write, the server answering in order. A flush can still
+            // come between the two (a long script is read in several pieces, and the server
+            // serves other clients between them): tried again, a few times.
+            for _ in 0..RELOADS {
+                let mut both = [packed_load(s), packed()];
+                let mut replies = self.query_own_many(own, &mut both).await?.into_iter();
+                match (replies.next(), replies.next()) {
+                    (Some(Err(e)), _) => return Err(e),
+                    // Lost again; or a Cluster node's call that the node did not run went on
+                    // redis-rs's cluster connection, to a node that may lack the script (then
+                    // loaded there below).
+                    (Some(Ok(_)), Some(Err(e))) if is_noscript(&e) => {}
+                    (Some(Ok(_)), Some(run)) => {
+                        lane.note_run(std::iter::once(s.sha.as_str()));
+                        return run;
+                    }
+                    _ => {
+                        return Err(RedisError::from((
+                            ErrorKind::Client,
+                            "two calls written together",
+                            "not answered twice".to_string(),
+                        )))
+                    }
                 }
             }
+            // The script itself, the one call that cannot meet NOSCRIPT (a Cluster node that
+            // did not run it sends it on redis-rs's cluster connection, which follows the
+            // redirection).
             return self
-                .run_script_shared(s, evalsha_cmd(s, &args, room), true)
+                .query_own(own, packed_call(b"EVAL", s.text.as_bytes(), room, &args))
                 .await;
         }
-        self.run_script_shared(s, evalsha_cmd(s, &args, room), false)
-            .await
+        self.run_script_shared(s, &args, room).await
     }
 
-    /// [`RedisStore::run_script`] on redis-rs's connections: `cmd` (the EVALSHA), and on
-    /// NOSCRIPT (or first when `load_first`) SCRIPT LOAD (on a Cluster, on every master) and
-    /// `cmd` again.
+    /// [`RedisStore::run_script`] on redis-rs's connections: the EVALSHA, and on NOSCRIPT a
+    /// SCRIPT LOAD (on a Cluster, on every master) and the EVALSHA again, then EVAL (see
+    /// [`RELOADS`]).
     async fn run_script_shared(
         &self,
         s: &Script,
-        cmd: Cmd,
-        load_first: bool,
+        args: &(dyn Fn(&mut dyn Args) + Sync),
+        room: Room,
     ) -> Result<redis::Value, RedisError> {
-        if !load_first {
+        let mut cmd = Cmd::with_capacity(room.args + 2, room.bytes + 64);
+        cmd.arg("EVALSHA").arg(&s.sha);
+        args(&mut cmd);
+        match self.query(&cmd).await {
+            Err(e) if is_noscript(&e) => {}
+            other => return other,
+        }
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(&s.text);
+        for _ in 0..RELOADS {
+            self.query(&load).await?;
             match self.query(&cmd).await {
                 Err(e) if is_noscript(&e) => {}
                 other => return other,
             }
         }
-        self.query(redis::cmd("SCRIPT").arg("LOAD").arg(&s.text))
-            .await?;
-        self.query(&cmd).await
+        let mut eval = Cmd::with_capacity(room.args + 2, room.bytes + s.text.len() + 64);
+        eval.arg("EVAL").arg(&s.text);
+        args(&mut eval);
+        self.query(&eval).await
     }
 
     /// Whether a plan that coalesces has no timer of its own, its lane bounding it (see
@@ -2048,73 +2065,67 @@ impl RedisStore {
     /// connection, bounded as one call by the earliest deadline of their plans. One call
     /// alone goes as it would without the others. A call the server answers NOSCRIPT (a
     /// restart, a flush) is sent again on its own, which loads its script.
-    async fn run_together(&self, lane: &Lane, own: Own<'_>, mut entries: Vec<Entry>) {
-        if entries.len() <= 1 {
-            match entries.pop() {
-                Some(Entry::Batch {
-                    batch,
-                    shapes,
-                    call,
-                }) => self.run_batch_call(lane, batch, &shapes, &call).await,
-                Some(Entry::Alone(w)) => self.run_one(lane, w).await,
-                None => {}
+    ///
+    /// A round with a script this lane has not run (see `Lane::loaded`) goes call after call
+    /// instead, each loading its script first where it is new ([`RedisStore::run_script_on`]).
+    /// Written together, its calls' scripts would be loaded in front of them, and a flush
+    /// between two of those loads (or a failover) would leave a later call's script loaded and
+    /// an earlier one's not: the later call would run, and the earlier, answered NOSCRIPT, run
+    /// again after it, out of arrival order. A round of known scripts only, after such a loss,
+    /// is answered NOSCRIPT from some call on to its end, and those calls are sent again call
+    /// after call. So the first round of a new script on a lane, and the round after a loss,
+    /// pay a round trip a call.
+    async fn run_together(&self, lane: &Lane, own: Own<'_>, entries: Vec<Entry>) {
+        let new = {
+            let run = lane.scripts_run();
+            entries.iter().any(|e| !run.contains(&e.script().sha))
+        };
+        if entries.len() <= 1 || new {
+            for entry in entries {
+                match entry {
+                    Entry::Batch {
+                        batch,
+                        shapes,
+                        call,
+                    } => self.run_batch_call(lane, batch, &shapes, &call).await,
+                    Entry::Alone(w) => self.run_one(lane, w).await,
+                }
             }
             return;
         }
         let Some(deadline) = entries.iter().filter_map(Entry::earliest).min() else {
             return;
         };
-        let mut packed: Vec<Packed> = {
-            // One lock for the round's calls, released before the round is sent.
-            let run = lane.scripts_run();
-            // A round with a script this lane has not run loads every script of the round
-            // first (SCRIPT LOAD, see `Lane::loaded`): on a server that lost its scripts (a
-            // failover or a flush, which lose them all), a round that loaded only the new one
-            // would run it and then, after it, again the calls answered NOSCRIPT, out of
-            // arrival order. A round of known scripts only is answered NOSCRIPT throughout
-            // then, and sent again call after call.
-            let mut loads: Vec<&Script> = Vec::new();
-            if entries.iter().any(|e| !run.contains(&e.script().sha)) {
-                for e in &entries {
-                    let script = e.script();
-                    if !loads.iter().any(|l| l.sha == script.sha) {
-                        loads.push(script);
+        let mut packed: Vec<Packed> = entries
+            .iter()
+            .map(|entry| {
+                let (first, second) = (b"EVALSHA".as_slice(), entry.script().sha.as_bytes());
+                match entry {
+                    Entry::Batch {
+                        batch,
+                        shapes,
+                        call,
+                    } => {
+                        let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
+                        packed_call(first, second, call.room, |cmd| {
+                            self.push_call_args(cmd, &jobs, shapes, call)
+                        })
                     }
-                }
-            }
-            loads
-                .iter()
-                .map(|s| packed_load(s))
-                .chain(entries.iter().map(|entry| {
-                    let (first, second) = (b"EVALSHA".as_slice(), entry.script().sha.as_bytes());
-                    match entry {
-                        Entry::Batch {
-                            batch,
-                            shapes,
-                            call,
-                        } => {
-                            let jobs: Vec<&Job> = batch.iter().map(|w| &w.job).collect();
-                            packed_call(first, second, call.room, |cmd| {
-                                self.push_call_args(cmd, &jobs, shapes, call)
-                            })
+                    Entry::Alone(w) => match &w.job {
+                        Job::Plan(p) => {
+                            packed_call(first, second, p.room(), |cmd| self.push_plan_args(cmd, p))
                         }
-                        Entry::Alone(w) => match &w.job {
-                            Job::Plan(p) => packed_call(first, second, p.room(), |cmd| {
-                                self.push_plan_args(cmd, p)
-                            }),
-                            Job::Lease(l) => packed_call(first, second, Room::lease(l), |cmd| {
-                                self.push_lease_call_args(cmd, l)
-                            }),
-                        },
-                    }
-                }))
-                .collect()
-        };
-        let loads = packed.len() - entries.len();
+                        Job::Lease(l) => packed_call(first, second, Room::lease(l), |cmd| {
+                            self.push_lease_call_args(cmd, l)
+                        }),
+                    },
+                }
+            })
+            .collect();
         let replies =
             tokio::time::timeout_at(deadline, self.query_own_many(own, &mut packed)).await;
         let replies = match replies {
-            Ok(Ok(mut replies)) if replies.len() == packed.len() => replies.split_off(loads),
+            Ok(Ok(replies)) if replies.len() == packed.len() => replies,
             failed => {
                 let e = match failed {
                     Err(_) => RedisStoreError::timed_out(self.call_timeout()),
@@ -2419,17 +2430,16 @@ impl Entry {
     }
 }
 
+/// How many times a call answered NOSCRIPT is sent again behind a SCRIPT LOAD of its script
+/// before it is sent with the script itself (EVAL): the server lost the script again between
+/// the load and the call each time (a flush or a failover; a long script is read in several
+/// pieces, and the server serves other clients between them). EVAL runs whatever the server
+/// lost, but Redis 7.4 and later evict the scripts it loads, so it is the last resort only.
+const RELOADS: usize = 2;
+
 /// Whether the server answered that it has no script of that SHA.
 fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-}
-
-/// EVALSHA of `s` with the arguments `args` writes, for redis-rs's connections.
-fn evalsha_cmd(s: &Script, args: &dyn Fn(&mut dyn Args), room: Room) -> Cmd {
-    let mut cmd = Cmd::with_capacity(room.args + 2, room.bytes + 64);
-    cmd.arg("EVALSHA").arg(&s.sha);
-    args(&mut cmd);
-    cmd
 }
 
 /// SCRIPT LOAD of `s`, for the store's own connection.
