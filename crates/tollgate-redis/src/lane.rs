@@ -120,8 +120,8 @@ pub(crate) struct Lane {
     /// script is sent behind a SCRIPT LOAD of it, and a round with such a call goes call after
     /// call, so that no call of a round is answered NOSCRIPT and run again after the round's
     /// later calls, out of arrival order. Forgotten when a call is answered NOSCRIPT anyway (a
-    /// restart, a
-    /// flush, a failover).
+    /// restart, a flush, a failover); after a load, only those the server says it still has
+    /// (SCRIPT EXISTS, written with the load) are kept ([`Lane::keep_run`]).
     pub(crate) loaded: Mutex<HashSet<String>>,
 }
 
@@ -199,6 +199,14 @@ impl Lane {
     /// Forgets every script noted: the server answered that it has one no more.
     pub(crate) fn forget_run(&self) {
         self.scripts_run().clear();
+    }
+
+    /// Keeps, of the scripts noted, only those `present` (what the server said it has, just
+    /// after a call that loaded one), and notes those.
+    pub(crate) fn keep_run(&self, present: impl Iterator<Item = String>) {
+        let mut loaded = self.scripts_run();
+        loaded.clear();
+        loaded.extend(present);
     }
 
     /// The address of the node's own connection (see [`Lane::node`]).

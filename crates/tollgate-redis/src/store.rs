@@ -1421,27 +1421,36 @@ impl RedisStore {
                     other => return other,
                 }
             }
-            // Loaded, then run: one write, the server answering in order. A flush can still
-            // come between the two (a long script is read in several pieces, and the server
+            // Loaded, then asked which of the scripts the lane counts as run the server still
+            // has, then run: one write, the server answering in order. A flush that came
+            // before the load (one this lane never saw answered NOSCRIPT) lost the others,
+            // and a round that took them as loaded would run the calls of this script and
+            // not theirs, out of arrival order; the lane keeps only those the server has. A
+            // flush after the question loses this one too, so the next round that counts on
+            // them is answered NOSCRIPT from its first call on. A flush can also come between
+            // the load and the call (a long script is read in several pieces, and the server
             // serves other clients between them): tried again, a few times.
             for _ in 0..RELOADS {
-                let mut both = [packed_load(s), packed()];
-                let mut replies = self.query_own_many(own, &mut both).await?.into_iter();
-                match (replies.next(), replies.next()) {
-                    (Some(Err(e)), _) => return Err(e),
+                let mut asked: Vec<String> = lane.scripts_run().iter().cloned().collect();
+                if !asked.contains(&s.sha) {
+                    asked.push(s.sha.clone());
+                }
+                let mut three = [packed_load(s), packed_exists(&asked), packed()];
+                let mut replies = self.query_own_many(own, &mut three).await?.into_iter();
+                match (replies.next(), replies.next(), replies.next()) {
+                    (Some(Err(e)), _, _) => return Err(e),
                     // Lost again; or a Cluster node's call that the node did not run went on
-                    // redis-rs's cluster connection, to a node that may lack the script (then
-                    // loaded there below).
-                    (Some(Ok(_)), Some(Err(e))) if is_noscript(&e) => {}
-                    (Some(Ok(_)), Some(run)) => {
-                        lane.note_run(std::iter::once(s.sha.as_str()));
+                    // redis-rs's cluster connection, to a node that may lack the script.
+                    (Some(Ok(_)), _, Some(Err(e))) if is_noscript(&e) => lane.forget_run(),
+                    (Some(Ok(_)), Some(exists), Some(run)) => {
+                        lane.keep_run(present(asked, exists));
                         return run;
                     }
                     _ => {
                         return Err(RedisError::from((
                             ErrorKind::Client,
-                            "two calls written together",
-                            "not answered twice".to_string(),
+                            "three calls written together",
+                            "not answered three times".to_string(),
                         )))
                     }
                 }
@@ -2440,6 +2449,34 @@ const RELOADS: usize = 2;
 /// Whether the server answered that it has no script of that SHA.
 fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// SCRIPT EXISTS of `shas`, for the store's own connection.
+fn packed_exists(shas: &[String]) -> Packed {
+    let mut p = Packed::with_capacity(shas.len() * 48 + 32);
+    p.bulk(b"SCRIPT");
+    p.bulk(b"EXISTS");
+    for sha in shas {
+        p.bulk(sha.as_bytes());
+    }
+    p
+}
+
+/// The SHAs of `asked` that SCRIPT EXISTS's `reply` says the server has (none where the reply
+/// is not one flag each).
+fn present(
+    asked: Vec<String>,
+    reply: Result<redis::Value, RedisError>,
+) -> impl Iterator<Item = String> {
+    let flags = match reply {
+        Ok(redis::Value::Array(flags)) if flags.len() == asked.len() => flags,
+        _ => Vec::new(),
+    };
+    asked
+        .into_iter()
+        .zip(flags)
+        .filter(|(_, flag)| matches!(flag, redis::Value::Int(1)))
+        .map(|(sha, _)| sha)
 }
 
 /// SCRIPT LOAD of `s`, for the store's own connection.
