@@ -2091,7 +2091,21 @@ async fn after_an_unseen_flush_a_new_scripts_call_leaves_the_flushed_ones_unload
     let lead = plan(950, true, 1);
     relay.wait_for_calls(before + 1).await;
     // A batch of two token-bucket plans, then the new form's plan alone.
-    let queued = [plan(903, false, 6), plan(905, false, 1), plan(903, true, 6)];
+    let queued = vec![plan(903, false, 6), plan(905, false, 1), plan(903, true, 6)];
+    let allowed = released_in_order(&relay, lead, queued).await;
+    assert_eq!(allowed, [true, true, false], "decided out of arrival order");
+}
+
+/// A check's task: whether it was allowed.
+type Allowed = tokio::task::JoinHandle<Result<bool, tollgate_redis::RedisStoreError>>;
+
+/// Lets the call the relay holds go, 100 ms after the checks behind it were spawned (so that
+/// they queue); the held `lead` was allowed, and whether each of `queued` was, in order.
+async fn released_in_order(
+    relay: &common::relay::Relay,
+    lead: Allowed,
+    queued: Vec<Allowed>,
+) -> Vec<bool> {
     tokio::time::sleep(Duration::from_millis(100)).await;
     relay.release();
     assert!(lead.await.expect("task").expect("lead"));
@@ -2105,7 +2119,7 @@ async fn after_an_unseen_flush_a_new_scripts_call_leaves_the_flushed_ones_unload
                 .expect("check"),
         );
     }
-    assert_eq!(allowed, [true, true, false], "decided out of arrival order");
+    allowed
 }
 
 /// Checks queued on one thread behind a call the relay holds, on a store at `max_batch = 2`
@@ -2140,19 +2154,7 @@ async fn queued_behind_a_held_call(flush: bool, queued: &[(u128, bool, u64)]) ->
         .iter()
         .map(|&(who, gcra_rule, cost)| one(who, gcra_rule, cost))
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    relay.release();
-    assert!(lead.await.expect("task").expect("lead"));
-    let mut allowed = Vec::new();
-    for t in queued {
-        allowed.push(
-            tokio::time::timeout(HANG, t)
-                .await
-                .expect("hung")
-                .expect("task")
-                .expect("check"),
-        );
-    }
+    let allowed = released_in_order(&relay, lead, queued).await;
     // Every round held a script new to the lane (the warm-up's batch script, then GCRA's
     // list): it went call after call.
     assert_eq!(relay.most_calls_written_together(), 1);
