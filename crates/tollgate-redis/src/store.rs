@@ -1443,7 +1443,13 @@ impl RedisStore {
                     // redis-rs's cluster connection, to a node that may lack the script.
                     (Some(Ok(_)), _, Some(Err(e))) if is_noscript(&e) => lane.forget_run(),
                     (Some(Ok(_)), Some(exists), Some(run)) => {
-                        lane.keep_run(present(asked, exists));
+                        match present(asked, exists) {
+                            Some(present) => lane.keep_run(present),
+                            // A user that may not run SCRIPT EXISTS: this one is noted, the
+                            // others kept (a flush this lane did not see answered NOSCRIPT
+                            // is not found out this way, see docs/operations.md).
+                            None => lane.note_run(std::iter::once(s.sha.as_str())),
+                        }
                         return run;
                     }
                     _ => {
@@ -2462,21 +2468,23 @@ fn packed_exists(shas: &[String]) -> Packed {
     p
 }
 
-/// The SHAs of `asked` that SCRIPT EXISTS's `reply` says the server has (none where the reply
-/// is not one flag each).
+/// The SHAs of `asked` that SCRIPT EXISTS's `reply` says the server has; `None` where the
+/// reply is not one flag each (a refusal: an ACL user without SCRIPT EXISTS).
 fn present(
     asked: Vec<String>,
     reply: Result<redis::Value, RedisError>,
-) -> impl Iterator<Item = String> {
+) -> Option<impl Iterator<Item = String>> {
     let flags = match reply {
         Ok(redis::Value::Array(flags)) if flags.len() == asked.len() => flags,
-        _ => Vec::new(),
+        _ => return None,
     };
-    asked
-        .into_iter()
-        .zip(flags)
-        .filter(|(_, flag)| matches!(flag, redis::Value::Int(1)))
-        .map(|(sha, _)| sha)
+    Some(
+        asked
+            .into_iter()
+            .zip(flags)
+            .filter(|(_, flag)| matches!(flag, redis::Value::Int(1)))
+            .map(|(sha, _)| sha),
+    )
 }
 
 /// SCRIPT LOAD of `s`, for the store's own connection.

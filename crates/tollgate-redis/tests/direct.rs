@@ -303,9 +303,10 @@ async fn behind_sentinel_the_least_privilege_user_is_served_through_a_flush() {
 
 /// What docs/operations.md tells operators a gateway's Redis ACL user needs (besides its keys,
 /// `~<key_prefix>:*`), on a standalone server.
-const LEAST_PRIVILEGE: [&str; 11] = [
+const LEAST_PRIVILEGE: [&str; 12] = [
     "+evalsha",
     "+script|load",
+    "+script|exists",
     "+ping",
     "+info",
     "+del",
