@@ -1008,9 +1008,7 @@ impl RedisStore {
     /// SCRIPT LOAD (on a cluster: on every master), so the first call is an EVALSHA like the
     /// others. A server that loses its cache later answers NOSCRIPT and gets a SCRIPT LOAD.
     async fn load(&self, s: &Script) -> Result<(), RedisStoreError> {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(&s.text);
-        let sha: String = match self.query(&cmd).await? {
+        let sha: String = match self.query(&script_load(s)).await? {
             redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
             redis::Value::SimpleString(s) => s,
             other => {
@@ -1487,8 +1485,7 @@ impl RedisStore {
             Err(e) if is_noscript(&e) => {}
             other => return other,
         }
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(&s.text);
+        let load = script_load(s);
         for _ in 0..RELOADS {
             self.query(&load).await?;
             match self.query(&cmd).await {
@@ -2157,15 +2154,14 @@ impl RedisStore {
                 return;
             }
         };
-        let is_noscript =
-            |r: &Result<redis::Value, RedisError>| matches!(r, Err(e) if is_noscript(e));
-        if replies.iter().any(is_noscript) {
+        let lost = |r: &Result<redis::Value, RedisError>| matches!(r, Err(e) if is_noscript(e));
+        if replies.iter().any(lost) {
             lane.forget_run();
         } else {
             lane.note_run(entries.iter().map(|e| e.script().sha.as_str()));
         }
         for (entry, reply) in entries.into_iter().zip(replies) {
-            let noscript = is_noscript(&reply);
+            let noscript = lost(&reply);
             match entry {
                 Entry::Batch { batch, shapes, .. } if noscript => {
                     self.run_batch(lane, batch, &shapes).await;
@@ -2485,6 +2481,13 @@ fn present(
             .filter(|(_, flag)| matches!(flag, redis::Value::Int(1)))
             .map(|(sha, _)| sha),
     )
+}
+
+/// SCRIPT LOAD of `s`, for redis-rs's connections (on a Cluster, sent to every master).
+fn script_load(s: &Script) -> Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(&s.text);
+    cmd
 }
 
 /// SCRIPT LOAD of `s`, for the store's own connection.

@@ -250,15 +250,8 @@ async fn behind_sentinel_the_least_privilege_user_is_served_through_a_flush() {
         .await
         .expect("sentinels");
     // redis-cli on any port of the set (a sentinel, or the master, which `set` lends mutably).
-    let cli_at = |port: u16, args: &[&str]| {
-        let port = port.to_string();
-        let out = std::process::Command::new("redis-cli")
-            .args(["-p", &port])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
+    let cli_at =
+        |port: u16, args: &[&str]| tollgate_testkit::redis_cli(port, args).trim().to_string();
     let user = [
         "acl",
         "setuser",
