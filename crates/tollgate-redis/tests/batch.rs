@@ -1048,7 +1048,7 @@ fn core_decides(
 #[tokio::test(flavor = "current_thread")]
 async fn batched_plans_match_core_decided_one_after_another() {
     let server = RedisServer::start();
-    let (batched, _) = local_clock_traces(&server, 64, false).await;
+    let (batched, _) = local_clock_traces(Servers::One(&server), 64, false).await;
     // Most plans left in batches (fewer script calls than plans).
     assert!(batched > TRACES * 150, "{batched}");
 }
@@ -1068,19 +1068,79 @@ async fn batched_plans_match_core_decided_one_after_another() {
 async fn with_the_scripts_flushed_under_them_batched_plans_match_core() {
     for max_batch in [64, 2] {
         let server = RedisServer::start();
-        let (_, flushes) = local_clock_traces(&server, max_batch, true).await;
+        let (_, flushes) = local_clock_traces(Servers::One(&server), max_batch, true).await;
         assert!(flushes >= TRACES, "{flushes} flushes");
         // The flushes met the store's calls: some were answered NOSCRIPT, and loaded again.
         assert!(common::errors_of(|a| server.cli(a), "NOSCRIPT") > 0);
     }
 }
 
+/// The same on a Cluster of three masters, each flushed every 200 µs by a client of its own:
+/// each node's lane runs the across-slots batch script on the node's own connection, and its
+/// rounds and reloads keep every client's plans in arrival order there too. Each plan is of
+/// one client (a plan across slots is not one atomic call on a Cluster), among eight clients
+/// of the trace spread over the nodes.
+#[tokio::test(flavor = "current_thread")]
+async fn on_a_cluster_with_the_scripts_flushed_under_them_batched_plans_match_core() {
+    for max_batch in [64, 2] {
+        let cluster = RedisCluster::start(3, 0);
+        let (batched, flushes) =
+            local_clock_traces(Servers::Cluster(&cluster), max_batch, true).await;
+        assert!(flushes >= TRACES, "{flushes} flushes");
+        assert!(batched > 0, "no plan left in a batch");
+        let noscripts: u64 = cluster
+            .nodes()
+            .iter()
+            .map(|n| common::errors_of(|a| n.cli(a), "NOSCRIPT"))
+            .sum();
+        assert!(noscripts > 0);
+    }
+}
+
+/// Where traces run: one server, or every master of a Cluster.
+#[derive(Clone, Copy)]
+enum Servers<'a> {
+    One(&'a RedisServer),
+    Cluster(&'a RedisCluster),
+}
+
+impl<'a> Servers<'a> {
+    fn config(self) -> RedisConfig {
+        match self {
+            Servers::One(server) => RedisConfig::standalone(server.url()),
+            Servers::Cluster(cluster) => RedisConfig::cluster(cluster.seed_urls()),
+        }
+    }
+
+    /// The servers that run scripts (a Cluster's masters).
+    fn masters(self) -> Vec<&'a RedisServer> {
+        match self {
+            Servers::One(server) => vec![server],
+            Servers::Cluster(cluster) => cluster
+                .master_indices()
+                .into_iter()
+                .map(|i| &cluster.nodes()[i])
+                .collect(),
+        }
+    }
+
+    /// Script calls run, on all of them.
+    fn script_calls(self) -> u64 {
+        self.masters()
+            .iter()
+            .map(|m| script_calls(|a| m.cli(a)))
+            .sum()
+    }
+}
+
 /// The traces of the two tests above, on `server` at `max_batch`: how many plans left in
 /// batches (fewer script calls than plans), and how many flushes were sent (with `flush`,
 /// during each trace).
-async fn local_clock_traces(server: &RedisServer, max_batch: usize, flush: bool) -> (u64, u64) {
+async fn local_clock_traces(servers: Servers<'_>, max_batch: usize, flush: bool) -> (u64, u64) {
     use common::{random_limit, Rng};
-    let config = RedisConfig::standalone(server.url())
+    let cluster = matches!(servers, Servers::Cluster(_));
+    let config = servers
+        .config()
         .with_clock(StoreClock::Local)
         .with_max_batch(max_batch);
     // Virtual time: keys must not expire in real time.
@@ -1113,11 +1173,15 @@ async fn local_clock_traces(server: &RedisServer, max_batch: usize, flush: bool)
                 .map(|r| (r, *rng.pick(&modes)))
                 .collect(),
         ];
-        let clients: Vec<u128> = (0..2).map(|i| u128::from(seed) << 8 | i).collect();
+        let clients: Vec<u128> = (0..if cluster { 8 } else { 2 })
+            .map(|i| u128::from(seed) << 8 | i)
+            .collect();
         let mut now = common::EPOCH_2026;
         let mut plans: Vec<TracePlan> = Vec::new();
         for _ in 0..300 {
             let t = rng.pick(&templates);
+            // On a Cluster every check of a plan is its one client's.
+            let one = cluster.then(|| *rng.pick(&clients));
             let q = rules[t[0].0].limit().quota();
             now = match rng.range(0, 5) {
                 0 => now,
@@ -1136,16 +1200,28 @@ async fn local_clock_traces(server: &RedisServer, max_batch: usize, flush: bool)
                         2 => rng.range(1, cap),
                         _ => rng.range(1, (cap / 4).max(1)),
                     };
-                    (*rng.pick(&clients), r, cost, mode)
+                    let who = match one {
+                        Some(who) => who,
+                        None => *rng.pick(&clients),
+                    };
+                    (who, r, cost, mode)
                 })
                 .collect();
             plans.push((checks, now));
         }
-        let before = script_calls(|a| server.cli(a));
-        let flusher = flush.then(|| Flusher::start(&server.url()));
+        let before = servers.script_calls();
+        let flushers: Vec<Flusher> = if flush {
+            servers
+                .masters()
+                .iter()
+                .map(|m| Flusher::start(&m.url()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let got = spawned_in_order(&store, &rules, &plans).await;
-        flushes += flusher.map_or(0, Flusher::stop);
-        batched += 300 - (script_calls(|a| server.cli(a)) - before).min(300);
+        flushes += flushers.into_iter().map(Flusher::stop).sum::<u64>();
+        batched += 300 - (servers.script_calls() - before).min(300);
         let mut states = HashMap::new();
         for (i, ((plan, now), got)) in plans.iter().zip(got).enumerate() {
             let expected = core_decides(&mut states, &rules, plan, *now);
