@@ -25,6 +25,9 @@ pub enum ErrorKind {
     Auth,
     /// A call this store refuses (a rule checked twice for one client, say).
     Invalid,
+    /// The server is past its `maxmemory` and refuses writes (`maxmemory-policy noeviction`,
+    /// or keys it may not evict): `OOM`. Nothing of the call was written.
+    Oom,
 }
 
 impl ErrorKind {
@@ -40,6 +43,7 @@ impl ErrorKind {
             ErrorKind::Config => "config",
             ErrorKind::Auth => "auth",
             ErrorKind::Invalid => "invalid",
+            ErrorKind::Oom => "oom",
         }
     }
 }
@@ -58,7 +62,8 @@ pub struct RedisStoreError {
 
 impl RedisStoreError {
     /// One of `connection`, `timeout`, `cluster`, `busy`, `script`, `protocol`, `config`,
-    /// `auth` (the server refused the credentials, or wants some), `invalid`.
+    /// `auth` (the server refused the credentials, or wants some), `invalid`, `oom` (the
+    /// server is full).
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
@@ -171,6 +176,10 @@ impl From<RedisError> for RedisStoreError {
                 | redis::ErrorKind::Server(ServerErrorKind::NoPerm) => Kind::Config,
                 // A script still running (BUSY) is another client's long script.
                 _ if e.code() == Some("BUSY") => Kind::Busy,
+                // Past `maxmemory` with nothing it may evict: the script's first write was
+                // refused, so nothing of it was written (Redis stops a script at its first
+                // write, never after one).
+                _ if e.code() == Some("OOM") => Kind::Oom,
                 _ => Kind::Script,
             }
         };

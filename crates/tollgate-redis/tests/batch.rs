@@ -792,6 +792,53 @@ async fn on_a_cluster_plans_behind_a_frozen_node_are_answered_by_their_own_deadl
     assert!(slots_reads >= 1, "the node table was not read again");
 }
 
+/// A server past its `maxmemory` with nothing it may evict (`noeviction`, Redis's default
+/// policy) refuses a script's first write with OOM, and Redis stops a script at its first
+/// write or never, so the whole call fails with nothing of it written: every plan of a batch
+/// fails with the kind `oom` (not `script`, which points at a bug), none is charged, and the
+/// store serves again, every limit whole, once the server has room. At `max_batch` 1 (a call
+/// a plan) and 64 (the first plan alone, the others in batches: fewer OOM answers than plans).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_fails_each_plan_of_a_batch_as_oom_and_charges_none() {
+    for max_batch in [1, 64] {
+        let server = RedisServer::start();
+        let store = store(RedisConfig::standalone(server.url()).with_max_batch(max_batch)).await;
+        let r = Arc::new(rule("full", Algorithm::TokenBucket, 5, HOUR));
+        // The scripts loaded while there is room; then none.
+        assert!(store
+            .check(&[Check::new(client(1), &r, 0)], 0)
+            .await
+            .is_ok());
+        server.cli(&["config", "resetstat"]);
+        server.cli(&["config", "set", "maxmemory", "1"]);
+        let who: Vec<u128> = (20..24).collect();
+        let tasks = who
+            .iter()
+            .flat_map(|&w| spawn_checks(&store, &r, w, 10))
+            .collect();
+        for result in joined(tasks).await {
+            match result {
+                Err(e) => {
+                    assert_eq!(e.kind(), tollgate_redis::ErrorKind::Oom, "{e}");
+                    assert!(!e.is_transient(), "{e}");
+                }
+                Ok(v) => {
+                    panic!("max_batch {max_batch}: a plan was decided on a full server: {v:?}")
+                }
+            }
+        }
+        let ooms = common::errors_of(|a| server.cli(a), "OOM");
+        match max_batch {
+            1 => assert_eq!(ooms, 40),
+            _ => assert!((1..40).contains(&ooms), "{ooms} OOM answers for 40 plans"),
+        }
+        server.cli(&["config", "set", "maxmemory", "0"]);
+        for &w in &who {
+            assert_eq!(remaining_after_one(&store, &r, w).await, 4, "client {w}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_killed_under_a_batch_fails_each_of_its_plans() {
     for max_batch in [64, 2] {

@@ -213,6 +213,8 @@ pub enum StoreErrorKind {
     Cluster,
     /// The store refused the credentials.
     Auth,
+    /// The store is full: Redis past its `maxmemory` refuses writes (`noeviction`).
+    Oom,
     /// The circuit breaker is open: the store was not called.
     BreakerOpen,
     /// Anything else (busy, configuration, a refused call).
@@ -221,13 +223,14 @@ pub enum StoreErrorKind {
 
 impl StoreErrorKind {
     /// Every kind, in metric order.
-    pub const ALL: [StoreErrorKind; 8] = [
+    pub const ALL: [StoreErrorKind; 9] = [
         StoreErrorKind::Timeout,
         StoreErrorKind::Connection,
         StoreErrorKind::Script,
         StoreErrorKind::Protocol,
         StoreErrorKind::Cluster,
         StoreErrorKind::Auth,
+        StoreErrorKind::Oom,
         StoreErrorKind::BreakerOpen,
         StoreErrorKind::Other,
     ];
@@ -241,6 +244,7 @@ impl StoreErrorKind {
             StoreErrorKind::Protocol => "protocol",
             StoreErrorKind::Cluster => "cluster",
             StoreErrorKind::Auth => "auth",
+            StoreErrorKind::Oom => "oom",
             StoreErrorKind::BreakerOpen => "breaker_open",
             StoreErrorKind::Other => "other",
         }

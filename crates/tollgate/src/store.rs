@@ -501,6 +501,7 @@ pub(crate) fn failure(e: &RedisStoreError) -> StoreFailure {
         K::Script => StoreErrorKind::Script,
         K::Protocol => StoreErrorKind::Protocol,
         K::Auth => StoreErrorKind::Auth,
+        K::Oom => StoreErrorKind::Oom,
         K::Busy | K::Config | K::Invalid => StoreErrorKind::Other,
     };
     StoreFailure {

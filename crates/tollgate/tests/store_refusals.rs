@@ -1,5 +1,6 @@
-//! A Redis that refuses the gateway's credentials is counted as an `auth` store error, so an
-//! operator sees a wrong password as one and not as "other" among transient failures.
+//! A Redis that refuses the gateway's calls is counted by why: credentials refused as an `auth`
+//! store error, so an operator sees a wrong password as one and not as "other" among transient
+//! failures; a full Redis (past `maxmemory`, `noeviction`) as `oom`, not as `script` (a bug).
 #![cfg(feature = "redis")]
 
 mod common;
@@ -61,4 +62,34 @@ async fn a_wrong_password_or_none_counts_as_an_auth_error() {
         .await;
     assert_eq!(r.results[0].outcome, Outcome::Allowed);
     assert_eq!(store_errors(&l, "auth"), 0);
+}
+
+/// A Redis past its `maxmemory` under `noeviction` refuses every script's first write, so
+/// every call: each request follows its policy's failure policy, the store error is `oom`,
+/// nothing is charged, and the store decides again once it has room.
+#[tokio::test]
+async fn a_full_redis_counts_as_an_oom_error_and_charges_nothing() {
+    let server = RedisServer::start();
+    let mut cfg = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(server.url())));
+    cfg.timeout = Duration::from_millis(500);
+    let l = Limiter::new(cfg);
+    let quota = Quota::per_hour(3).expect("quota");
+    let mut spec = PolicySpec::new("api", Limit::new(Algorithm::Gcra, quota).expect("limit"));
+    spec.on_failure = FailurePolicy::Closed;
+    let p = l.policy(spec).expect("policy");
+    let plan = tollgate::Plan::for_client(ClientKey([4; 16]), [&p]);
+    let outcome = |r: tollgate::LimitResult| r.results[0].outcome;
+    assert_eq!(outcome(l.check(&plan).await), Outcome::Allowed);
+    server.cli(&["config", "set", "maxmemory", "1"]);
+    for _ in 0..2 {
+        assert_eq!(outcome(l.check(&plan).await), Outcome::FailedClosed);
+    }
+    assert_eq!(store_errors(&l, "oom"), 2, "{}", metrics_text(&l));
+    assert_eq!(store_errors(&l, "script"), 0);
+    server.cli(&["config", "set", "maxmemory", "0"]);
+    // One of three was taken before: two are left, the refused calls charged nothing.
+    for _ in 0..2 {
+        assert_eq!(outcome(l.check(&plan).await), Outcome::Allowed);
+    }
+    assert_eq!(outcome(l.check(&plan).await), Outcome::Limited);
 }
