@@ -420,6 +420,13 @@ fn the_kubernetes_manifests_render_and_validate() {
     assert!(tried.contains("redis-url:"));
     // Redis's expiry in short slices (docs/operations.md, "Redis: `hz 100`").
     assert!(tried.contains("- --hz\n        - \"100\"\n"), "{tried}");
+    // Full, it evicts the keys nearest to fresh, below the container's memory limit
+    // (docs/operations.md, "Redis: memory").
+    assert!(
+        tried.contains("- --maxmemory\n        - 192mb\n        - --maxmemory-policy\n        - volatile-ttl\n"),
+        "{tried}"
+    );
+    assert!(tried.contains("memory: 256Mi"), "{tried}");
 
     // The ConfigMap's file is a config `serve` accepts, with the Secret's variables set.
     let out = tollgate()

@@ -7,6 +7,7 @@
 //! default `hz 10`, 2.5 ms at `hz 100` (docs/operations.md, "Redis: `hz 100`"). The store reads
 //! the setting when it connects and says so when it is below [`ADVISED_HZ`].
 
+use crate::reply::{info_field, info_texts};
 use redis::Value;
 
 /// The `hz` operations.md advises for a limiter's Redis.
@@ -15,24 +16,14 @@ pub(crate) const ADVISED_HZ: u32 = 100;
 /// The expiry frequency an `INFO server` text gives: `configured_hz` (what the operator set;
 /// `hz` may be raised above it for a while by `dynamic-hz`), else `hz`.
 pub(crate) fn hz_of(info: &str) -> Option<u32> {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.trim_end().strip_prefix(name)?.parse().ok())
-    };
-    field("configured_hz:").or_else(|| field("hz:"))
+    let field = |name: &str| info_field(info, name)?.parse().ok();
+    field("configured_hz").or_else(|| field("hz"))
 }
 
 /// Every expiry frequency in an `INFO` reply: one text (a server), or one per node (a
 /// Cluster's reply, a map or an array of them).
 pub(crate) fn collect_hz(reply: &Value, out: &mut Vec<u32>) {
-    match reply {
-        Value::BulkString(bytes) => out.extend(std::str::from_utf8(bytes).ok().and_then(hz_of)),
-        Value::SimpleString(text) => out.extend(hz_of(text)),
-        Value::VerbatimString { text, .. } => out.extend(hz_of(text)),
-        Value::Map(pairs) => pairs.iter().for_each(|(_, v)| collect_hz(v, out)),
-        Value::Array(items) | Value::Set(items) => items.iter().for_each(|v| collect_hz(v, out)),
-        _ => {}
-    }
+    out.extend(info_texts(reply).into_iter().filter_map(hz_of));
 }
 
 /// What to tell the operator of a Redis whose expiry runs `hz` times a second, if anything.

@@ -48,6 +48,7 @@ mod command;
 mod config;
 mod direct;
 mod error;
+mod eviction;
 mod expiry;
 mod keys;
 mod lane;

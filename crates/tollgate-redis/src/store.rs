@@ -351,7 +351,28 @@ impl RedisStore {
                 tracing::warn!("{advice}");
             }
         }
+        if let Ok(limits) = store.memory_limits().await {
+            // Once, for the first server (a Cluster's node) that has advice.
+            if let Some(advice) = limits
+                .iter()
+                .find_map(|(bytes, policy)| crate::eviction::advice(*bytes, policy))
+            {
+                tracing::warn!("{advice}");
+            }
+        }
         Ok(store)
+    }
+
+    /// Every answering server's `maxmemory` in bytes (0: none) and `maxmemory-policy` (`INFO
+    /// memory`; a Cluster: each node `INFO` was routed to). Once full, a Redis under
+    /// `noeviction` refuses every decision, and one that evicts by use or at random drops
+    /// limited clients' state (docs/operations.md, "Redis: memory"); [`RedisStore::connect`]
+    /// warns where a limit is set under a policy other than `volatile-ttl`.
+    pub async fn memory_limits(&self) -> Result<Vec<(u64, String)>, RedisStoreError> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("memory");
+        let reply = self.query(&cmd).await?;
+        Ok(crate::eviction::collect_limits(&reply))
     }
 
     /// Redis's active expiry frequency (`INFO server`: `configured_hz`, else `hz`) on every

@@ -481,19 +481,103 @@ fn enforced(limit: Limit) -> RuleShape {
 }
 
 #[tokio::test]
-async fn the_expiry_frequency_is_read_from_the_server() {
-    // Redis's default, which connect() warns about (docs/operations.md, "Redis: `hz 100`").
+async fn the_expiry_frequency_and_the_memory_policy_are_read_from_the_server() {
+    // Redis's default, which connect() warns about (docs/operations.md, "Redis: `hz 100`";
+    // "Redis: memory" for the policy, warned about where a maxmemory is set).
     let default = RedisServer::start();
     let store = common::connect(&default.url(), StoreClock::Store).await;
     assert_eq!(store.expiry_hz().await.expect("INFO server"), [10]);
-    let advised = RedisServer::start_with_args(&["--hz", "100"]);
+    // No memory limit by default: nothing refused, nothing evicted, no advice.
+    let limits = store.memory_limits().await.expect("INFO memory");
+    assert_eq!(limits, [(0, "noeviction".to_string())]);
+    let advised = RedisServer::start_with_args(&[
+        "--hz",
+        "100",
+        "--maxmemory",
+        "64mb",
+        "--maxmemory-policy",
+        "volatile-ttl",
+    ]);
     let store = common::connect(&advised.url(), StoreClock::Store).await;
     assert_eq!(store.expiry_hz().await.expect("INFO server"), [100]);
+    let limits = store.memory_limits().await.expect("INFO memory");
+    assert_eq!(limits, [(64 << 20, "volatile-ttl".to_string())]);
     // A server that refuses INFO is still served: the advice is all that is lost.
     let renamed = RedisServer::start_with_args(&["--rename-command", "INFO", "\"\""]);
     let store = common::connect(&renamed.url(), StoreClock::Store).await;
     assert!(store.expiry_hz().await.is_err());
+    assert!(store.memory_limits().await.is_err());
     let r = rule("served", Algorithm::TokenBucket, 1, HOUR);
     let checks = [Check::new(client(77), &r, 1)];
     assert!(store.check(&checks, 0).await.expect("check").allowed);
+}
+
+/// A flood of new clients (made-up API keys) fills a server with a `maxmemory`. Every key the
+/// store writes expires when its state is fresh again, so under `maxmemory-policy volatile-ttl`
+/// (what docs/operations.md recommends) Redis makes room by evicting the keys nearest to
+/// fresh: the flood's own, one request old, before a limited client's, which holds a whole
+/// period of debt. Every plan of the flood is decided, and the limited client stays limited.
+/// Under `noeviction` (Redis's default) the same flood ends in plans that fail as `oom`: each
+/// request then follows its failure policy, so a flood could turn limiting off where that
+/// policy is `open`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_new_clients_on_a_full_server_evicts_its_own_keys_under_volatile_ttl() {
+    for policy in ["volatile-ttl", "noeviction"] {
+        let server = RedisServer::start_with_args(&["--maxmemory-policy", policy]);
+        let store = common::connect(&server.url(), StoreClock::Store).await;
+        let r = std::sync::Arc::new(rule("flood", Algorithm::TokenBucket, 5, HOUR));
+        let limited = client(7);
+        for _ in 0..5 {
+            let v = store.check(&[Check::new(limited, &r, 1)], 0).await;
+            assert!(v.expect("check").allowed);
+        }
+        let used: u64 = info_field(&server, "memory", "used_memory");
+        let room = (used + (1 << 20)).to_string();
+        server.cli(&["config", "set", "maxmemory", &room]);
+        // Rounds of 1,000 new clients at once, until Redis has evicted 2,000 keys or refused a
+        // write (at most 50 rounds: 1 MiB holds about 10,000 of these keys).
+        let mut oom = 0usize;
+        for round in 0..50u128 {
+            let tasks: Vec<_> = (0..1000u128)
+                .map(|i| {
+                    let (store, r) = (store.clone(), r.clone());
+                    tokio::spawn(async move {
+                        let who = client(1_000_000 + round * 1000 + i);
+                        store.check(&[Check::new(who, &r, 1)], 0).await
+                    })
+                })
+                .collect();
+            for t in tasks {
+                match t.await.expect("task") {
+                    Ok(v) => assert!(v.allowed, "a new client was limited"),
+                    Err(e) if e.kind() == tollgate_redis::ErrorKind::Oom => oom += 1,
+                    Err(e) => panic!("{policy}: {e}"),
+                }
+            }
+            if oom > 0 || info_field(&server, "stats", "evicted_keys") >= 2000 {
+                break;
+            }
+        }
+        let evicted = info_field(&server, "stats", "evicted_keys");
+        if policy == "noeviction" {
+            assert!(oom > 0, "the flood never filled the server");
+            assert_eq!(evicted, 0);
+            continue;
+        }
+        assert_eq!(oom, 0, "{policy}: plans failed on a server that may evict");
+        assert!(evicted >= 2000, "{evicted} keys evicted");
+        let v = store.check(&[Check::new(limited, &r, 1)], 0).await;
+        let v = v.expect("check");
+        assert!(!v.allowed, "the limited client's state was evicted");
+        assert_eq!(v.decisions[0].remaining, 0);
+    }
+}
+
+/// A number of a server's `INFO section`.
+fn info_field(server: &RedisServer, section: &str, field: &str) -> u64 {
+    let info = server.cli(&["info", section]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in {info}"))
 }
