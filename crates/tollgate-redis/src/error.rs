@@ -19,7 +19,9 @@ pub enum ErrorKind {
     Script,
     /// A reply this store does not understand.
     Protocol,
-    /// A bad configuration (URL, client settings).
+    /// A bad configuration (URL, client settings), or a server whose own settings refuse
+    /// writes now: MISCONF (it cannot save its data and `stop-writes-on-bgsave-error` is on),
+    /// NOREPLICAS (fewer replicas than `min-replicas-to-write`). Nothing of the call was written.
     Config,
     /// The server refused our credentials (NOAUTH, WRONGPASS, NOPERM).
     Auth,
@@ -180,6 +182,8 @@ impl From<RedisError> for RedisStoreError {
                 // refused, so nothing of it was written (Redis stops a script at its first
                 // write, never after one).
                 _ if e.code() == Some("OOM") => Kind::Oom,
+                // Writes refused by the server's settings, as OOM at the script's first write.
+                _ if matches!(e.code(), Some("MISCONF" | "NOREPLICAS")) => Kind::Config,
                 _ => Kind::Script,
             }
         };

@@ -581,3 +581,29 @@ fn info_field(server: &RedisServer, section: &str, field: &str) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {field} in {info}"))
 }
+
+/// A server whose own settings refuse writes (here `min-replicas-to-write 1` with no replica:
+/// NOREPLICAS; a failed save under `stop-writes-on-bgsave-error`, MISCONF, is answered the same
+/// way) fails each call at its script's first write: the kind is `config`, a setting to fix on
+/// the server, not `script`, and nothing is charged.
+#[tokio::test]
+async fn a_server_whose_settings_refuse_writes_fails_as_config_and_charges_nothing() {
+    let server = RedisServer::start();
+    let store = common::connect(&server.url(), StoreClock::Store).await;
+    let r = rule("refused", Algorithm::TokenBucket, 3, HOUR);
+    let checks = [Check::new(client(8), &r, 1)];
+    assert!(store.check(&checks, 0).await.expect("check").allowed);
+    server.cli(&["config", "set", "min-replicas-to-write", "1"]);
+    for _ in 0..2 {
+        let err = store.check(&checks, 0).await.expect_err("no replica");
+        assert_eq!(err.kind(), tollgate_redis::ErrorKind::Config, "{err}");
+        assert!(err.to_string().contains("NOREPLICAS"), "{err}");
+    }
+    server.cli(&["config", "set", "min-replicas-to-write", "0"]);
+    let v = store.check(&checks, 0).await.expect("check");
+    assert!(v.allowed);
+    assert_eq!(
+        v.decisions[0].remaining, 1,
+        "the refused calls charged nothing"
+    );
+}
