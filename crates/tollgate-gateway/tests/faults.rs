@@ -122,3 +122,72 @@ async fn killing_redis_under_load_follows_each_policy_and_recovers() {
         StatusCode::OK
     );
 }
+
+/// A Redis that fills up (past its `maxmemory` under the default `noeviction`) refuses every
+/// decision: no request is answered 500, each policy follows its `on_failure`, the errors are
+/// counted as `oom`, and the one warning the breaker logs says what Redis answered. Once
+/// Redis has room, the limits are shared again and the refused calls charged nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_follows_each_policy_counts_oom_and_the_breakers_warning_says_why() {
+    let redis = RedisServer::start();
+    let body = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout = \"500ms\"\n\
+         breaker = {{ failures = 3, open_for = \"200ms\" }}\n\
+         [identity]\nsources = [\"header:x-api-key\"]\nsecret = \"s\"\n\
+         [[policy]]\nname = \"login\"\nmatch = {{ path_prefix = \"/login\" }}\nalgorithm = \"gcra\"\n\
+         limit = 3\nperiod = \"1h\"\non_failure = \"closed\"\n\
+         [[policy]]\nname = \"api\"\nmatch = {{ path_prefix = \"/api\" }}\nalgorithm = \"token_bucket\"\n\
+         limit = 1000\nperiod = \"1h\"\non_failure = \"open\"\n",
+        redis.url()
+    );
+    let g = Gateway::start("", &body);
+    let c = client();
+    let key: &[(&str, &[u8])] = &[("x-api-key", b"k1")];
+    assert_eq!(get(&c, &g.url("/login"), key).await.status, StatusCode::OK);
+    redis.cli(&["config", "set", "maxmemory", "1"]);
+    for round in 0..6 {
+        let login = get(&c, &g.url("/login"), key).await;
+        assert_eq!(
+            login.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "round {round}"
+        );
+        let api = get(&c, &g.url("/api"), key).await;
+        assert_eq!(api.status, StatusCode::OK, "round {round}");
+    }
+    let metrics = get(&c, &g.admin_url("/metrics"), &[]).await.text();
+    assert!(metrics.contains("tollgate_breaker_open 1"), "{metrics}");
+    assert!(
+        metrics.contains("tollgate_store_errors_total{kind=\"oom\"} 3\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tollgate_store_errors_total{kind=\"script\"} 0\n"),
+        "{metrics}"
+    );
+    let log = g.log_text();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("circuit breaker open"))
+        .unwrap_or_else(|| panic!("no breaker warning in\n{log}"));
+    assert!(
+        warning.contains("error=oom: ") && warning.contains("command not allowed when used memory"),
+        "{warning}"
+    );
+    redis.cli(&["config", "set", "maxmemory", "0"]);
+    // Bounded: at most 100 rounds of 50 ms for the breaker's probe to succeed.
+    let mut answered = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let a = get(&c, &g.url("/login"), key).await;
+        if a.status != StatusCode::SERVICE_UNAVAILABLE {
+            answered = Some(a.status);
+            break;
+        }
+    }
+    // One of three was taken before Redis filled up, one now: one is left, then 429.
+    assert_eq!(answered, Some(StatusCode::OK));
+    assert_eq!(get(&c, &g.url("/login"), key).await.status, StatusCode::OK);
+    let limited = get(&c, &g.url("/login"), key).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+}

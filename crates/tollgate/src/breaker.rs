@@ -91,7 +91,9 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn on_failure(&self, permit: Permit, now: Micros) {
+    /// A failed call; `why` (the failure, bounded) goes with the log line of a state change,
+    /// so that the one warning an operator sees says what the store answered.
+    pub(crate) fn on_failure(&self, permit: Permit, now: Micros, why: &dyn std::fmt::Display) {
         let n = self
             .consecutive
             .fetch_add(1, Ordering::AcqRel)
@@ -100,7 +102,7 @@ impl Breaker {
         if permit == Permit::Probe {
             self.open_until.store(until, Ordering::Release);
             self.probing.store(false, Ordering::Release);
-            tracing::warn!(target: "tollgate::breaker", "probe failed; circuit breaker open again");
+            tracing::warn!(target: "tollgate::breaker", error = %why, "probe failed; circuit breaker open again");
         } else if n >= self.threshold
             && self
                 .open_until
@@ -111,6 +113,7 @@ impl Breaker {
                 target: "tollgate::breaker",
                 failures = n,
                 open_for_us = self.open_for,
+                error = %why,
                 "store failing; circuit breaker open"
             );
         }
@@ -163,7 +166,8 @@ mod tests {
         let k1 = tollgate_core::ClientKey([1; 16]);
         let k2 = tollgate_core::ClientKey([2; 16]);
         for _ in 0..5 {
-            b.for_client(&k1).on_failure(super::Permit::Call, 0);
+            b.for_client(&k1)
+                .on_failure(super::Permit::Call, 0, &"test");
         }
         assert!(b.any_open());
         assert!(b.for_client(&k1).is_open());
@@ -185,13 +189,13 @@ mod tests {
     #[test]
     fn opens_after_consecutive_failures_only() {
         let b = breaker();
-        b.on_failure(Permit::Call, 0);
-        b.on_failure(Permit::Call, 0);
+        b.on_failure(Permit::Call, 0, &"test");
+        b.on_failure(Permit::Call, 0, &"test");
         b.on_success(Permit::Call);
-        b.on_failure(Permit::Call, 0);
-        b.on_failure(Permit::Call, 0);
+        b.on_failure(Permit::Call, 0, &"test");
+        b.on_failure(Permit::Call, 0, &"test");
         assert_eq!(b.acquire(0), Permit::Call);
-        b.on_failure(Permit::Call, 0);
+        b.on_failure(Permit::Call, 0, &"test");
         assert_eq!(b.acquire(10), Permit::Skip(1_000_000 - 10));
         assert!(b.is_open());
     }
@@ -200,7 +204,7 @@ mod tests {
     fn one_probe_after_open_for_then_closes_on_success() {
         let b = breaker();
         for _ in 0..3 {
-            b.on_failure(Permit::Call, 0);
+            b.on_failure(Permit::Call, 0, &"test");
         }
         assert_eq!(b.acquire(1_000_000), Permit::Probe);
         assert!(matches!(b.acquire(1_000_000), Permit::Skip(_)));
@@ -213,10 +217,10 @@ mod tests {
     fn failed_probe_reopens_for_another_period() {
         let b = breaker();
         for _ in 0..3 {
-            b.on_failure(Permit::Call, 0);
+            b.on_failure(Permit::Call, 0, &"test");
         }
         assert_eq!(b.acquire(2_000_000), Permit::Probe);
-        b.on_failure(Permit::Probe, 2_000_000);
+        b.on_failure(Permit::Probe, 2_000_000, &"test");
         assert_eq!(b.acquire(2_500_000), Permit::Skip(500_000));
         assert_eq!(b.acquire(3_000_000), Permit::Probe);
     }

@@ -842,10 +842,10 @@ impl Limiter {
                 breaker.on_success(permit);
                 Ok(v)
             }
-            Err(StoreFailure { kind, message }) => {
-                i.metrics.store_error(kind);
-                tracing::debug!(target: "tollgate::store", kind = kind.as_str(), %message, "store call failed");
-                breaker.on_failure(permit, i.clock.now());
+            Err(failure) => {
+                i.metrics.store_error(failure.kind);
+                tracing::debug!(target: "tollgate::store", kind = failure.kind.as_str(), message = %failure.message, "store call failed");
+                breaker.on_failure(permit, i.clock.now(), &failure);
                 Err(duration_to_micros(i.timeout).max(1))
             }
         }

@@ -84,6 +84,21 @@ pub(crate) struct StoreFailure {
     pub(crate) message: String,
 }
 
+/// The most characters of a failure's message a log line carries (a server's error text
+/// names the script and its line; nothing a client sends is in it).
+const MESSAGE_SHOWN: usize = 200;
+
+impl std::fmt::Display for StoreFailure {
+    /// `kind: message`, the message cut to [`MESSAGE_SHOWN`] characters.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = match self.message.char_indices().nth(MESSAGE_SHOWN) {
+            Some((cut, _)) => &self.message[..cut],
+            None => &self.message,
+        };
+        write!(f, "{}: {shown}", self.kind)
+    }
+}
+
 pub(crate) enum Store {
     #[cfg(feature = "memory")]
     Memory(MemoryStore),
@@ -507,5 +522,28 @@ pub(crate) fn failure(e: &RedisStoreError) -> StoreFailure {
     StoreFailure {
         kind,
         message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_shows_its_kind_and_at_most_200_characters_of_its_message() {
+        let short = StoreFailure {
+            kind: StoreErrorKind::Oom,
+            message: "command not allowed".into(),
+        };
+        assert_eq!(short.to_string(), "oom: command not allowed");
+        // Cut at a character, not a byte: 300 two-byte characters.
+        let long = StoreFailure {
+            kind: StoreErrorKind::Script,
+            message: "é".repeat(300),
+        };
+        assert_eq!(
+            long.to_string(),
+            format!("script: {}", "é".repeat(MESSAGE_SHOWN))
+        );
     }
 }
