@@ -105,6 +105,8 @@ pub struct RedisStore {
     call_timeout: std::time::Duration,
     /// The connection the coalesced calls go on (`direct.rs`).
     lane_conn: LaneConn,
+    /// PINGs the shared connection (see [`KEEP_ALIVE`]) while a clone lives.
+    _keep_alive: Arc<KeepAlive>,
 }
 
 /// The lanes of coalesced calls: one for a standalone server (or the master the sentinels
@@ -252,6 +254,49 @@ enum Connection {
     Sentinel(crate::sentinel::SentinelConnection),
 }
 
+impl Connection {
+    /// `cmd`'s reply; an error reply is an `Err`, one inside an array stays where it is.
+    async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
+        match self {
+            Connection::Standalone(c) => reply_of(&mut c.clone(), cmd).await,
+            Connection::Cluster(c) => reply_of(&mut c.clone(), cmd).await,
+            Connection::Sentinel(c) => c.query(cmd).await,
+        }
+    }
+}
+
+/// How often the store PINGs its shared connections (redis-rs's: script loads, settles,
+/// readiness, the plans that do not coalesce, and every plan with `max_batch = 1`; on a
+/// Cluster, every node). A server with a `timeout` closes a connection idle that many seconds
+/// (a whole number, at least 1), and redis-rs learns of it only from the next call, which
+/// fails: the first request after a quiet spell followed its failure policy. Twice a second
+/// keeps every connection busier than any `timeout`; a PING that fails (the server went away)
+/// also starts the reconnection before a request needs it. The store's own connections
+/// (`direct.rs`) check their socket before each call instead.
+const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// PINGs `conn` every [`KEEP_ALIVE`], until [`KeepAlive`] ends it.
+async fn keep_alive(conn: Connection) {
+    let mut tick = tokio::time::interval(KEEP_ALIVE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ping = redis::cmd("PING");
+    loop {
+        tick.tick().await;
+        // Its answer does not matter: a failure is seen by redis-rs, which reconnects.
+        let _ = tokio::time::timeout(KEEP_ALIVE, conn.query(&ping)).await;
+    }
+}
+
+/// The keep-alive task of a store, held by every clone: the last one dropped ends the task,
+/// and with it the task's handle on the connection, which then closes as the store's own do.
+struct KeepAlive(tokio::task::AbortHandle);
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.conn {
@@ -327,6 +372,7 @@ impl RedisStore {
                     LaneConn::ClusterNodes(Box::new(info))
                 }),
         };
+        let conn_for_keep_alive = conn.clone();
         let store = Self {
             conn,
             prefix: config.key_prefix.into(),
@@ -341,6 +387,9 @@ impl RedisStore {
             max_batch,
             call_timeout: config.call_timeout,
             lane_conn,
+            _keep_alive: Arc::new(KeepAlive(
+                tokio::spawn(keep_alive(conn_for_keep_alive)).abort_handle(),
+            )),
         };
         // The generic script; plan scripts load on first use or in `prepare`.
         store.load(generic_script()).await?;
@@ -1621,11 +1670,7 @@ impl RedisStore {
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
-        match &self.conn {
-            Connection::Standalone(c) => reply_of(&mut c.clone(), cmd).await,
-            Connection::Cluster(c) => reply_of(&mut c.clone(), cmd).await,
-            Connection::Sentinel(c) => c.query(cmd).await,
-        }
+        self.conn.query(cmd).await
     }
 }
 

@@ -244,3 +244,36 @@ async fn quota_checks_across_slots_deny_only_together_and_give_back_the_rest() {
     let after = store.check(&query, 0).await.expect("query").decisions[0];
     assert_eq!(after.remaining, before.remaining, "given back");
 }
+
+/// Nodes with a `timeout` close connections idle that many seconds: the store's PINGs keep
+/// redis-rs's connection to every node busy, so the first plans after a quiet spell (with
+/// `max_batch = 1`, all on those connections) are decided, not failed with "no connections
+/// found", on every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_call_fails_after_a_quiet_spell_longer_than_the_nodes_idle_timeout() {
+    let cluster = RedisCluster::start_with_args(3, 0, &["--timeout", "1"]);
+    let config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+        .with_max_batch(1)
+        .with_key_prefix("test");
+    let store = tollgate_redis::RedisStore::connect(config)
+        .await
+        .expect("connect");
+    let r = rule("quiet", Algorithm::TokenBucket, 5, HOUR);
+    // Clients on every master.
+    let mut masters = HashSet::new();
+    let clients: Vec<u128> = (0..64u128)
+        .filter(|&n| masters.insert(cluster.master_of_key(&store.key(&client(n), "quiet"))))
+        .collect();
+    assert_eq!(masters.len(), 3);
+    for &n in &clients {
+        let checks = [Check::new(client(n), &r, 1)];
+        assert!(store.check(&checks, 0).await.expect("check").allowed);
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for &n in &clients {
+        let checks = [Check::new(client(n), &r, 1)];
+        let v = store.check(&checks, 0).await;
+        let v = v.unwrap_or_else(|e| panic!("client {n}: {e}"));
+        assert_eq!(v.decisions[0].remaining, 3, "client {n}");
+    }
+}

@@ -607,3 +607,32 @@ async fn a_server_whose_settings_refuse_writes_fails_as_config_and_charges_nothi
         "the refused calls charged nothing"
     );
 }
+
+/// A server with a `timeout` closes a client's connection idle that many seconds. redis-rs
+/// learns of it only from its next call, which failed (the first request after a quiet spell
+/// followed its failure policy, and with `max_batch = 1` every plan takes that connection);
+/// the store PINGs its shared connection twice a second, so none sits idle that long. The
+/// batches' own connection checks its socket before each call. Both settings, after the
+/// shortest `timeout` a server takes (1 s) has passed twice over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_call_fails_after_a_quiet_spell_longer_than_the_servers_idle_timeout() {
+    let server = RedisServer::start_with_args(&["--timeout", "1"]);
+    let r = rule("quiet", Algorithm::TokenBucket, 5, HOUR);
+    let mut stores = Vec::new();
+    for max_batch in [1, 64] {
+        let config = RedisConfig::standalone(server.url())
+            .with_max_batch(max_batch)
+            .with_key_prefix(format!("quiet{max_batch}"));
+        let store = RedisStore::connect(config).await.expect("connect");
+        let checks = [Check::new(client(9), &r, 1)];
+        assert!(store.check(&checks, 0).await.expect("check").allowed);
+        stores.push((max_batch, store));
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for (max_batch, store) in &stores {
+        let checks = [Check::new(client(9), &r, 1)];
+        let v = store.check(&checks, 0).await;
+        let v = v.unwrap_or_else(|e| panic!("max_batch {max_batch}: {e}"));
+        assert_eq!(v.decisions[0].remaining, 3, "max_batch {max_batch}");
+    }
+}
