@@ -613,7 +613,8 @@ async fn a_server_whose_settings_refuse_writes_fails_as_config_and_charges_nothi
 /// followed its failure policy, and with `max_batch = 1` every plan takes that connection);
 /// the store PINGs its shared connection twice a second, so none sits idle that long. The
 /// batches' own connection checks its socket before each call. Both settings, after the
-/// shortest `timeout` a server takes (1 s) has passed twice over.
+/// shortest `timeout` a server takes (1 s) has passed twice over, and a settle (redis-rs's
+/// connection at every setting).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_call_fails_after_a_quiet_spell_longer_than_the_servers_idle_timeout() {
     let server = RedisServer::start_with_args(&["--timeout", "1"]);
@@ -635,4 +636,25 @@ async fn no_call_fails_after_a_quiet_spell_longer_than_the_servers_idle_timeout(
         let v = v.unwrap_or_else(|e| panic!("max_batch {max_batch}: {e}"));
         assert_eq!(v.decisions[0].remaining, 3, "max_batch {max_batch}");
     }
+    // A settle takes redis-rs's connection at every setting: after another quiet spell, the
+    // default's store gives one unit of its last charge back.
+    let (_, store) = &stores[1];
+    let (v, charges) = store
+        .check_timed(&[Check::new(client(9), &r, 2)], 0)
+        .await
+        .expect("check");
+    assert!(v.allowed);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let item = tollgate_redis::SettleItem {
+        client: client(9),
+        rule: &r,
+        units: 2,
+        at: charges[0],
+        real: Some(1),
+    };
+    let settled = store
+        .settle(&[item], 0)
+        .await
+        .expect("a settle after a quiet spell");
+    assert_eq!(settled, [1]);
 }
