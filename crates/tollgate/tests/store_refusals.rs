@@ -13,14 +13,21 @@ use tollgate::store::RedisConfig;
 use tollgate::{Backend, ClientKey, Limiter, LimiterConfig, Outcome, PolicySpec};
 use tollgate_testkit::RedisServer;
 
-async fn failed_checks(url: String) -> Limiter {
+/// A limiter on the Redis at `url` and its one policy, `api`: GCRA, `limit` an hour, closed
+/// when the store fails.
+fn closed_policy(url: String, limit: u64) -> (Limiter, tollgate::Policy) {
     let mut cfg = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(url)));
     cfg.timeout = Duration::from_millis(500);
     let l = Limiter::new(cfg);
-    let quota = Quota::per_hour(10).expect("quota");
+    let quota = Quota::per_hour(limit).expect("quota");
     let mut spec = PolicySpec::new("api", Limit::new(Algorithm::Gcra, quota).expect("limit"));
     spec.on_failure = FailurePolicy::Closed;
     let p = l.policy(spec).expect("policy");
+    (l, p)
+}
+
+async fn failed_checks(url: String) -> Limiter {
+    let (l, p) = closed_policy(url, 10);
     for _ in 0..2 {
         let r = l
             .check(&tollgate::Plan::for_client(ClientKey([3; 16]), [&p]))
@@ -70,13 +77,7 @@ async fn a_wrong_password_or_none_counts_as_an_auth_error() {
 #[tokio::test]
 async fn a_full_redis_counts_as_an_oom_error_and_charges_nothing() {
     let server = RedisServer::start();
-    let mut cfg = LimiterConfig::new(Backend::Redis(RedisConfig::standalone(server.url())));
-    cfg.timeout = Duration::from_millis(500);
-    let l = Limiter::new(cfg);
-    let quota = Quota::per_hour(3).expect("quota");
-    let mut spec = PolicySpec::new("api", Limit::new(Algorithm::Gcra, quota).expect("limit"));
-    spec.on_failure = FailurePolicy::Closed;
-    let p = l.policy(spec).expect("policy");
+    let (l, p) = closed_policy(server.url(), 3);
     let plan = tollgate::Plan::for_client(ClientKey([4; 16]), [&p]);
     let outcome = |r: tollgate::LimitResult| r.results[0].outcome;
     assert_eq!(outcome(l.check(&plan).await), Outcome::Allowed);
