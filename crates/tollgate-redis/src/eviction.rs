@@ -5,9 +5,10 @@
 //! least: `volatile-ttl` evicts those first, and a flood of made-up clients (keys one request
 //! old) makes room out of its own keys. `noeviction`, Redis's default, refuses every write
 //! instead, and so every decision (each request follows its `on_failure`: `open` lets it
-//! through); the LRU, LFU and random policies evict a limited client's state as readily as any,
-//! which gives it its whole limit again. The store reads the setting when it connects and says
-//! so when a limit is set under another policy (docs/operations.md, "Redis: memory").
+//! through); the LRU and random policies evict a limited client's state as readily as any
+//! (the LFU ones too, once its count of uses has decayed while it waited), which gives it its
+//! whole limit again. The store reads the setting when it connects and says so when a limit is
+//! set under another policy (docs/operations.md, "Redis: memory").
 
 use crate::reply::{info_field, info_texts};
 use redis::Value;
