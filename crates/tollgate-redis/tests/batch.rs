@@ -2137,6 +2137,24 @@ async fn through_sentinel_a_long_queue_at_a_small_max_batch_admits_exactly_the_l
     assert_eq!(remaining_after_one(&store, &r, 61).await, 99);
 }
 
+/// Behind Sentinel too, a quiet spell longer than the master's idle `timeout` fails no call: the
+/// store PINGs the master's shared connection twice a second (see the standalone and Cluster
+/// tests). Before, the first plan after it failed with `broken pipe` at `max_batch = 1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_no_call_fails_after_a_quiet_spell_longer_than_the_idle_timeout() {
+    let set = tokio::task::spawn_blocking(tollgate_testkit::RedisSentinels::start)
+        .await
+        .expect("sentinels");
+    let master = set.master_port().expect("a master");
+    tollgate_testkit::redis_cli(master, &["config", "set", "timeout", "1"]);
+    let config = RedisConfig::sentinel(set.sentinel_urls(), set.master_name()).with_max_batch(1);
+    let store = store(config).await;
+    let r = Arc::new(rule("quiet", Algorithm::TokenBucket, 5, HOUR));
+    assert_eq!(remaining_after_one(&store, &r, 62).await, 4);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(remaining_after_one(&store, &r, 62).await, 3);
+}
+
 /// A round with a batch whose script the server has not run yet goes call after call, the new
 /// script loaded in front of its call, so it is decided before the round's later calls, in
 /// arrival order. Two plans of one client, six
