@@ -251,7 +251,13 @@ async fn quota_checks_across_slots_deny_only_together_and_give_back_the_rest() {
 /// found", on every master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_call_fails_after_a_quiet_spell_longer_than_the_nodes_idle_timeout() {
-    let cluster = RedisCluster::start_with_args(3, 0, &["--timeout", "1"]);
+    // The timeout is set once the cluster is up: `redis-cli --cluster create` holds connections
+    // idle while the nodes join, and on a loaded machine a node closed them under it (the
+    // whole test run then waited on it).
+    let cluster = RedisCluster::start(3, 0);
+    for node in cluster.nodes() {
+        assert_eq!(node.cli(&["config", "set", "timeout", "1"]).trim(), "OK");
+    }
     let config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
         .with_max_batch(1)
         .with_key_prefix("test");
