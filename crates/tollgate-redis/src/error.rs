@@ -19,9 +19,10 @@ pub enum ErrorKind {
     Script,
     /// A reply this store does not understand.
     Protocol,
-    /// A bad configuration (URL, client settings), or a server whose own settings refuse
-    /// writes now: MISCONF (it cannot save its data and `stop-writes-on-bgsave-error` is on),
-    /// NOREPLICAS (fewer replicas than `min-replicas-to-write`). Nothing of the call was written.
+    /// A bad configuration (URL, client settings, an ACL that refuses a command), or a server
+    /// whose own settings refuse writes now: MISCONF (it cannot save its data and
+    /// `stop-writes-on-bgsave-error` is on), NOREPLICAS (fewer replicas than
+    /// `min-replicas-to-write`); a call refused so wrote nothing.
     Config,
     /// The server refused our credentials (NOAUTH, WRONGPASS, NOPERM).
     Auth,
@@ -176,15 +177,17 @@ impl From<RedisError> for RedisStoreError {
                 _ if wants_auth(&e) => Kind::Auth,
                 redis::ErrorKind::InvalidClientConfig
                 | redis::ErrorKind::Server(ServerErrorKind::NoPerm) => Kind::Config,
-                // A script still running (BUSY) is another client's long script.
-                _ if e.code() == Some("BUSY") => Kind::Busy,
-                // Past `maxmemory` with nothing it may evict: the script's first write was
-                // refused, so nothing of it was written (Redis stops a script at its first
-                // write, never after one).
-                _ if e.code() == Some("OOM") => Kind::Oom,
-                // Writes refused by the server's settings, as OOM at the script's first write.
-                _ if matches!(e.code(), Some("MISCONF" | "NOREPLICAS")) => Kind::Config,
-                _ => Kind::Script,
+                _ => match e.code() {
+                    // A script still running (BUSY) is another client's long script.
+                    Some("BUSY") => Kind::Busy,
+                    // Writes refused: past `maxmemory` with nothing the server may evict (OOM),
+                    // or by its settings (MISCONF, NOREPLICAS). Redis checks these only before
+                    // a script's first write (`scriptVerifyOOM`, `scriptVerifyWriteCommandAllow`
+                    // in 7.0's script.c), so nothing of the call was written.
+                    Some("OOM") => Kind::Oom,
+                    Some("MISCONF" | "NOREPLICAS") => Kind::Config,
+                    _ => Kind::Script,
+                },
             }
         };
         Self {

@@ -22,8 +22,8 @@ pub(crate) fn hz_of(info: &str) -> Option<u32> {
 
 /// Every expiry frequency in an `INFO` reply: one text (a server), or one per node (a
 /// Cluster's reply, a map or an array of them).
-pub(crate) fn collect_hz(reply: &Value, out: &mut Vec<u32>) {
-    out.extend(info_texts(reply).into_iter().filter_map(hz_of));
+pub(crate) fn collect_hz(reply: &Value) -> Vec<u32> {
+    info_texts(reply).into_iter().filter_map(hz_of).collect()
 }
 
 /// What to tell the operator of a Redis whose expiry runs `hz` times a second, if anything.
@@ -67,17 +67,12 @@ mod tests {
     fn every_node_of_a_cluster_reply_counts() {
         let node =
             |hz: u32| Value::BulkString(format!("# Server\r\nconfigured_hz:{hz}\r\n").into_bytes());
-        let mut found = Vec::new();
-        collect_hz(
-            &Value::Map(vec![
-                (Value::SimpleString("a:1".into()), node(100)),
-                (Value::SimpleString("b:2".into()), node(10)),
-            ]),
-            &mut found,
-        );
+        let found = collect_hz(&Value::Map(vec![
+            (Value::SimpleString("a:1".into()), node(100)),
+            (Value::SimpleString("b:2".into()), node(10)),
+        ]));
         assert_eq!(found, [100, 10]);
-        found.clear();
-        collect_hz(&Value::Int(3), &mut found);
+        let found = collect_hz(&Value::Int(3));
         assert!(found.is_empty());
     }
 

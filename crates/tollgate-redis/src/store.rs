@@ -432,9 +432,7 @@ impl RedisStore {
         let mut cmd = redis::cmd("INFO");
         cmd.arg("server");
         let reply = self.query(&cmd).await?;
-        let mut found = Vec::new();
-        crate::expiry::collect_hz(&reply, &mut found);
-        Ok(found)
+        Ok(crate::expiry::collect_hz(&reply))
     }
 
     /// Decides a plan (`checks`, of one or several clients) all-or-nothing (the rules of

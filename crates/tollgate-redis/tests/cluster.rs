@@ -45,11 +45,26 @@ async fn a_clients_keys_share_one_slot_and_clients_spread_over_every_master() {
 }
 
 #[tokio::test]
-async fn the_expiry_frequency_is_read_from_the_nodes() {
-    let cluster = RedisCluster::start_with_args(3, 0, &["--hz", "100"]);
+async fn the_expiry_frequency_and_the_memory_policy_are_read_from_the_nodes() {
+    let args = [
+        "--hz",
+        "100",
+        "--maxmemory",
+        "64mb",
+        "--maxmemory-policy",
+        "volatile-ttl",
+    ];
+    let cluster = RedisCluster::start_with_args(3, 0, &args);
     let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
     let hz = store.expiry_hz().await.expect("INFO server");
     assert!(!hz.is_empty() && hz.iter().all(|&hz| hz == 100), "{hz:?}");
+    // The memory policy the same way (docs/operations.md, "Redis: memory").
+    let limits = store.memory_limits().await.expect("INFO memory");
+    let advised = (64 << 20, "volatile-ttl".to_string());
+    assert!(
+        !limits.is_empty() && limits.iter().all(|l| *l == advised),
+        "{limits:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -531,7 +531,7 @@ async fn a_flood_of_new_clients_on_a_full_server_evicts_its_own_keys_under_volat
             let v = store.check(&[Check::new(limited, &r, 1)], 0).await;
             assert!(v.expect("check").allowed);
         }
-        let used: u64 = info_field(&server, "memory", "used_memory");
+        let used: u64 = common::info_number(|a| server.cli(a), "memory", "used_memory");
         let room = (used + (1 << 20)).to_string();
         server.cli(&["config", "set", "maxmemory", &room]);
         // Rounds of 1,000 new clients at once, until Redis has evicted 2,000 keys or refused a
@@ -554,11 +554,11 @@ async fn a_flood_of_new_clients_on_a_full_server_evicts_its_own_keys_under_volat
                     Err(e) => panic!("{policy}: {e}"),
                 }
             }
-            if oom > 0 || info_field(&server, "stats", "evicted_keys") >= 2000 {
+            if oom > 0 || common::info_number(|a| server.cli(a), "stats", "evicted_keys") >= 2000 {
                 break;
             }
         }
-        let evicted = info_field(&server, "stats", "evicted_keys");
+        let evicted = common::info_number(|a| server.cli(a), "stats", "evicted_keys");
         if policy == "noeviction" {
             assert!(oom > 0, "the flood never filled the server");
             assert_eq!(evicted, 0);
@@ -571,15 +571,6 @@ async fn a_flood_of_new_clients_on_a_full_server_evicts_its_own_keys_under_volat
         assert!(!v.allowed, "the limited client's state was evicted");
         assert_eq!(v.decisions[0].remaining, 0);
     }
-}
-
-/// A number of a server's `INFO section`.
-fn info_field(server: &RedisServer, section: &str, field: &str) -> u64 {
-    let info = server.cli(&["info", section]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in {info}"))
 }
 
 /// A server whose own settings refuse writes (here `min-replicas-to-write 1` with no replica:

@@ -162,9 +162,14 @@ fn counts(info: &str, wanted: impl Fn(&str) -> bool) -> u64 {
 
 /// The scripts a server keeps (`INFO memory`'s `number_of_cached_scripts`).
 pub fn cached_scripts(cli: impl Fn(&[&str]) -> String) -> u64 {
-    let info = cli(&["info", "memory"]);
+    info_number(cli, "memory", "number_of_cached_scripts")
+}
+
+/// A number of a server's `INFO section`: the field `field`; panics (with the text) without it.
+pub fn info_number(cli: impl Fn(&[&str]) -> String, section: &str, field: &str) -> u64 {
+    let info = cli(&["info", section]);
     info.lines()
-        .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no script count in {info}"))
+        .find_map(|l| l.trim_end().strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in {info}"))
 }
