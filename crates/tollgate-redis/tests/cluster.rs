@@ -46,15 +46,7 @@ async fn a_clients_keys_share_one_slot_and_clients_spread_over_every_master() {
 
 #[tokio::test]
 async fn the_expiry_frequency_and_the_memory_policy_are_read_from_the_nodes() {
-    let args = [
-        "--hz",
-        "100",
-        "--maxmemory",
-        "64mb",
-        "--maxmemory-policy",
-        "volatile-ttl",
-    ];
-    let cluster = RedisCluster::start_with_args(3, 0, &args);
+    let cluster = RedisCluster::start_with_args(3, 0, &common::ADVISED_ARGS);
     let store = common::connect_cluster(cluster.seed_urls(), StoreClock::Store).await;
     let hz = store.expiry_hz().await.expect("INFO server");
     assert!(!hz.is_empty() && hz.iter().all(|&hz| hz == 100), "{hz:?}");

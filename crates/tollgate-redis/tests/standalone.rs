@@ -490,14 +490,7 @@ async fn the_expiry_frequency_and_the_memory_policy_are_read_from_the_server() {
     // No memory limit by default: nothing refused, nothing evicted, no advice.
     let limits = store.memory_limits().await.expect("INFO memory");
     assert_eq!(limits, [(0, "noeviction".to_string())]);
-    let advised = RedisServer::start_with_args(&[
-        "--hz",
-        "100",
-        "--maxmemory",
-        "64mb",
-        "--maxmemory-policy",
-        "volatile-ttl",
-    ]);
+    let advised = RedisServer::start_with_args(&common::ADVISED_ARGS);
     let store = common::connect(&advised.url(), StoreClock::Store).await;
     assert_eq!(store.expiry_hz().await.expect("INFO server"), [100]);
     let limits = store.memory_limits().await.expect("INFO memory");

@@ -118,6 +118,17 @@ async fn connect_to(config: RedisConfig, clock: StoreClock, what: &str) -> Redis
     }
 }
 
+/// The server settings docs/operations.md advises for a limiter's Redis ("Redis: `hz 100`",
+/// "Redis: memory"), with a 64 MiB limit.
+pub const ADVISED_ARGS: [&str; 6] = [
+    "--hz",
+    "100",
+    "--maxmemory",
+    "64mb",
+    "--maxmemory-policy",
+    "volatile-ttl",
+];
+
 /// Microseconds since the epoch of 2026-01-01, a realistic `now`.
 pub const EPOCH_2026: u64 = 1_767_225_600_000_000;
 
