@@ -1186,8 +1186,13 @@ impl<'a> Servers<'a> {
 async fn local_clock_traces(servers: Servers<'_>, max_batch: usize, flush: bool) -> (u64, u64) {
     use common::{random_limit, Rng};
     let cluster = matches!(servers, Servers::Cluster(_));
+    // Calls bounded by the hang guard, not the default second: under a flush storm every call
+    // may reload scripts of hundreds of kilobytes, and with both flush tests at once on a
+    // loaded 2-core machine a call took longer than a second (a timeout is not what these
+    // tests look at: nothing here asserts on time).
     let config = servers
         .config()
+        .with_call_timeout(HANG)
         .with_clock(StoreClock::Local)
         .with_max_batch(max_batch);
     // Virtual time: keys must not expire in real time.
