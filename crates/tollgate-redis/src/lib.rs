@@ -32,7 +32,8 @@
 //! multiplexed connection that pipelines every concurrent call and reconnects by itself;
 //! the coalesced calls of a standalone server go on a connection of the store's own, written
 //! and read by the caller that leads the lane: `direct.rs`, `resp.rs`) and
-//! `cluster-async` for Redis Cluster (slot map, MOVED/ASK, refresh after a failover); with Redis
+//! `cluster-async` for Redis Cluster (slot map, refresh after a failover; built without retries,
+//! a call is sent again only where its node did not run it: `resend.rs`); with Redis
 //! Sentinel, one `ConnectionManager` to the master the sentinels name, looked up again after a
 //! failover (see `sentinel.rs`). fred was
 //! measured beside it on the same workload (EVALSHA of the GCRA script, 64 concurrent
@@ -54,6 +55,7 @@ mod keys;
 mod lane;
 mod lease;
 mod reply;
+mod resend;
 mod resp;
 mod script;
 mod sentinel;

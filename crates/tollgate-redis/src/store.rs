@@ -259,7 +259,12 @@ impl Connection {
     async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
         match self {
             Connection::Standalone(c) => reply_of(&mut c.clone(), cmd).await,
-            Connection::Cluster(c) => reply_of(&mut c.clone(), cmd).await,
+            Connection::Cluster(c) => match reply_of(&mut c.clone(), cmd).await {
+                Err(e) if crate::resend::is_resent(&e) => {
+                    Box::pin(crate::resend::again(c, cmd, e)).await
+                }
+                reply => reply,
+            },
             Connection::Sentinel(c) => c.query(cmd).await,
         }
     }
@@ -1688,9 +1693,9 @@ async fn connect_cluster(urls: &[String]) -> Result<ClusterConnection, RedisStor
     let client = ClusterClient::builder(urls.iter().map(String::as_str))
         .connection_timeout(CONNECT_TIMEOUT)
         .response_timeout(RESPONSE_TIMEOUT)
-        .retries(3)
-        .min_retry_wait(20)
-        .max_retry_wait(200)
+        // None of redis-rs's: it would also resend a call its node may have run (a settle
+        // applied twice); `resend.rs` sends again only what certainly did not run.
+        .retries(0)
         .build()
         .map_err(|e| {
             let urls: Vec<String> = urls.iter().map(|u| redact(u)).collect();

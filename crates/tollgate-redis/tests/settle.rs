@@ -416,3 +416,154 @@ async fn a_renewal_on_the_stores_clock_answers_the_instant_the_hold_moved_to() {
             .allowed
     );
 }
+
+/// A Cluster whose nodes clients reach through [`common::cut`] relays only (each node
+/// announces its relay's port), and the one `Cut` that arms them all.
+async fn cluster_behind_cuts() -> (
+    tollgate_testkit::RedisCluster,
+    Vec<String>,
+    std::sync::Arc<common::cut::Cut>,
+) {
+    let cluster = tollgate_testkit::RedisCluster::start(3, 0);
+    let cut = std::sync::Arc::new(common::cut::Cut::default());
+    let mut ports = Vec::new();
+    for n in cluster.nodes() {
+        let port = common::cut::relay(n.port(), std::sync::Arc::clone(&cut)).await;
+        n.cli(&["config", "set", "cluster-announce-port", &port.to_string()]);
+        ports.push(port);
+    }
+    // Every node's slot table names the relays (the nodes tell each other by gossip).
+    let named = || {
+        cluster.nodes().iter().all(|n| {
+            let slots = n.cli(&["cluster", "slots"]);
+            let lines: Vec<&str> = slots.lines().map(str::trim).collect();
+            ports
+                .iter()
+                .all(|p| lines.contains(&p.to_string().as_str()))
+                && cluster
+                    .nodes()
+                    .iter()
+                    .all(|m| !lines.contains(&m.port().to_string().as_str()))
+        })
+    };
+    let mut waited = 0;
+    while !named() {
+        assert!(waited < 100, "the nodes never announced their relays");
+        waited += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let seeds = ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    (cluster, seeds, cut)
+}
+
+/// A call whose node ran it but whose answer never came back is not sent again: redis-rs's
+/// own retries did, and a settle's refund (or a hold's release) applied twice. Measured
+/// before the change: the refund of 6 landed twice (16 expected, 20 seen, capped at the
+/// limit). Now the call fails (the caller's failure policy; a failed settle leaves the
+/// estimate charged) and its work counts once; at `max_batch` 1 (every call on redis-rs's
+/// connection) and at the default (settles always are).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_call_whose_answer_was_lost_after_it_ran_is_not_sent_again() {
+    let (_cluster, seeds, cut) = cluster_behind_cuts().await;
+    let now = EPOCH_2026;
+    for (round, max_batch) in [(0u128, 1usize), (1, tollgate_redis::DEFAULT_MAX_BATCH)] {
+        let config = tollgate_redis::RedisConfig::cluster(seeds.clone())
+            .with_clock(StoreClock::Local)
+            .with_max_batch(max_batch)
+            .with_key_prefix(format!("cut{max_batch}"));
+        let store = RedisStore::connect(config).await.expect("connect");
+        let tokens = common::rule(
+            "tokens",
+            Algorithm::TokenBucket,
+            20,
+            std::time::Duration::from_secs(3600),
+        );
+        let held = common::rule(
+            "held",
+            Algorithm::Concurrency,
+            2,
+            std::time::Duration::from_secs(600),
+        );
+        let a = common::client(round * 10 + 1);
+        let b = common::client(round * 10 + 2);
+        let remaining = |client| {
+            let store = &store;
+            let tokens = &tokens;
+            async move {
+                store
+                    .check(&[Check::new(client, tokens, 0)], now)
+                    .await
+                    .expect("query")
+                    .decisions[0]
+                    .remaining
+            }
+        };
+        let settle = |client, rule, units, real| SettleItem {
+            client,
+            rule,
+            units,
+            at: now,
+            real: Some(real),
+        };
+        // Scripts loaded on every node (a settle that applies nothing), so what is cut is
+        // the call itself.
+        for c in [a, b] {
+            store
+                .check(&[Check::new(c, &tokens, 10)], now)
+                .await
+                .expect("charge");
+            store
+                .settle(&[settle(c, &tokens, 10, 10)], now)
+                .await
+                .expect("warm the settle script");
+        }
+        // A refund of 6, cut after it ran.
+        let cuts = cut.cuts();
+        cut.arm();
+        let r = store.settle(&[settle(a, &tokens, 10, 4)], now).await;
+        cut.disarm();
+        assert_eq!(cut.cuts(), cuts + 1, "one answer cut");
+        let e = r.expect_err("its answer was lost");
+        assert_eq!(e.kind(), tollgate_redis::ErrorKind::Connection, "{e}");
+        assert_eq!(remaining(a).await, 16, "the refund applied once");
+        if max_batch == 1 {
+            // A charge of 3, cut after it ran: charged once, answered as a failure.
+            cut.arm();
+            let r = store.check(&[Check::new(b, &tokens, 3)], now).await;
+            cut.disarm();
+            assert_eq!(cut.cuts(), cuts + 2, "one answer cut");
+            assert!(r.is_err(), "its answer was lost: {r:?}");
+            assert_eq!(remaining(b).await, 7, "charged once");
+        }
+        // Two holds of two; one released, cut after it ran: one is free, not both.
+        for _ in 0..2 {
+            let v = store
+                .check(&[Check::new(b, &held, 1)], now)
+                .await
+                .expect("hold");
+            assert!(v.allowed);
+        }
+        let cuts = cut.cuts();
+        cut.arm();
+        let r = store.settle(&[settle(b, &held, 1, 0)], now).await;
+        cut.disarm();
+        assert_eq!(cut.cuts(), cuts + 1, "one answer cut");
+        assert!(r.is_err(), "its answer was lost: {r:?}");
+        let v = store
+            .check(&[Check::new(b, &held, 1)], now)
+            .await
+            .expect("hold");
+        assert!(v.allowed, "the release applied");
+        let v = store
+            .check(&[Check::new(b, &held, 1)], now)
+            .await
+            .expect("hold");
+        assert!(
+            !v.allowed,
+            "the release applied twice: a third request in flight"
+        );
+    }
+}

@@ -2,6 +2,7 @@
 //! connected to servers the tests start themselves.
 #![allow(dead_code)]
 
+pub mod cut;
 pub mod relay;
 
 use std::time::Duration;

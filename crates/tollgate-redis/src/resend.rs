@@ -1,0 +1,200 @@
+//! Calls on redis-rs's Cluster connection are sent again only when their node certainly did
+//! not run them.
+//!
+//! redis-rs's own retries (`ClusterClientBuilder::retries`) also resend a call after a dropped
+//! connection or a response timeout, when the node may already have run it. Measured on three
+//! masters behind a relay that dropped the connection once a node had answered a settle: the
+//! call was sent again and the refund applied twice (a client got back 12 units of a 6-unit
+//! refund, capped at its limit). A hold's release applied twice would free another request's
+//! slot. So the store's Cluster client has no retries of its own, and [`again`] sends a call
+//! again (at most [`RESENDS`] times) only on an answer that says nothing ran:
+//! - MOVED and ASK: to the node they name (ASK after `ASKING`, on the same connection);
+//! - TRYAGAIN, CLUSTERDOWN, MASTERDOWN and READONLY, no connection to the slot's node, or a
+//!   refused connection: after a wait, by slot again (redis-rs reads the slot map again
+//!   after each of them).
+//!
+//! Any other failure (a dropped connection, a timeout) is the caller's: the request follows
+//! its failure policy, and a settle that failed leaves its estimate charged.
+
+use crate::reply::reply_of;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use std::time::Duration;
+
+/// The most times one call is sent again (redis-rs's `retries` was 3).
+pub(crate) const RESENDS: u32 = 3;
+
+/// The first wait before sending a call again by slot; each next one doubles, up to
+/// [`MAX_WAIT`].
+const MIN_WAIT: Duration = Duration::from_millis(20);
+const MAX_WAIT: Duration = Duration::from_millis(200);
+
+/// What to do after a failed try.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// The node may have run it (or the failure is final): the caller's failure.
+    Fail,
+    /// Send it to this node (MOVED).
+    To(String, u16),
+    /// Send `ASKING` then the call to this node (ASK).
+    Asking(String, u16),
+    /// Wait, then send it by slot again.
+    Wait,
+}
+
+/// Whether a call that failed with `e` is sent again ([`again`]).
+pub(crate) fn is_resent(e: &RedisError) -> bool {
+    next_after(e) != Next::Fail
+}
+
+/// `cmd` sent again on `conn` after it failed with `first` (see the module): the last reply.
+/// Boxed by its caller: the first try's future, which every call carries, stays small.
+pub(crate) async fn again(
+    conn: &ClusterConnection,
+    cmd: &Cmd,
+    first: RedisError,
+) -> Result<Value, RedisError> {
+    let mut c = conn.clone();
+    let mut reply = Err(first);
+    let mut wait = MIN_WAIT;
+    for _ in 0..RESENDS {
+        let next = match &reply {
+            Ok(_) => break,
+            Err(e) => next_after(e),
+        };
+        reply = match next {
+            Next::Fail => break,
+            Next::To(host, port) => {
+                let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                single(c.route_command(cmd.clone(), to).await)
+            }
+            Next::Asking(host, port) => {
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING").add_command(cmd.clone());
+                let to = SingleNodeRoutingInfo::ByAddress { host, port };
+                match c.route_pipeline(pipe, 1, 1, to).await {
+                    Ok(values) => single(values.into_iter().next().ok_or_else(|| {
+                        RedisError::from((ErrorKind::Parse, "no reply after ASKING"))
+                    })),
+                    Err(e) => Err(e),
+                }
+            }
+            Next::Wait => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MAX_WAIT);
+                reply_of(&mut c, cmd).await
+            }
+        };
+    }
+    reply
+}
+
+/// A reply whose error is an `Err`, as [`reply_of`] gives it.
+fn single(reply: Result<Value, RedisError>) -> Result<Value, RedisError> {
+    match reply? {
+        Value::ServerError(e) => Err(e.into()),
+        v => Ok(v),
+    }
+}
+
+/// What follows the failure `e`.
+fn next_after(e: &RedisError) -> Next {
+    match e.kind() {
+        ErrorKind::Server(k @ (ServerErrorKind::Moved | ServerErrorKind::Ask)) => {
+            match e
+                .redirect_node()
+                .and_then(|(addr, _slot)| host_and_port(addr))
+            {
+                Some((host, port)) if k == ServerErrorKind::Moved => Next::To(host, port),
+                Some((host, port)) => Next::Asking(host, port),
+                // A node named in a form not understood: by slot, once the map is read again.
+                None => Next::Wait,
+            }
+        }
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly,
+        )
+        | ErrorKind::ClusterConnectionNotFound => Next::Wait,
+        _ if e.is_connection_refusal() => Next::Wait,
+        _ => Next::Fail,
+    }
+}
+
+/// `host:port` (the host may be an IPv6 address, whose colons come before the last).
+fn host_and_port(addr: &str) -> Option<(String, u16)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return None;
+    }
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(text: &str) -> RedisError {
+        match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
+            Ok(Value::ServerError(e)) => e.into(),
+            other => panic!("not a server error: {other:?}"),
+        }
+    }
+
+    fn io(kind: std::io::ErrorKind) -> RedisError {
+        std::io::Error::from(kind).into()
+    }
+
+    #[test]
+    fn only_answers_that_say_nothing_ran_are_sent_again() {
+        assert_eq!(
+            next_after(&server("MOVED 3999 127.0.0.1:6381")),
+            Next::To("127.0.0.1".into(), 6381)
+        );
+        assert_eq!(
+            next_after(&server("ASK 3999 [::1]:7002")),
+            Next::Asking("::1".into(), 7002)
+        );
+        assert_eq!(
+            next_after(&server("ASK 3999 ::1:7002")),
+            Next::Asking("::1".into(), 7002)
+        );
+        for text in [
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+            "MASTERDOWN Link with MASTER is down",
+            "READONLY You can't write against a read only replica.",
+            "MOVED 3999 nowhere",
+            "MOVED 3999 :6379",
+        ] {
+            assert_eq!(next_after(&server(text)), Next::Wait, "{text}");
+        }
+        assert_eq!(
+            next_after(&io(std::io::ErrorKind::ConnectionRefused)),
+            Next::Wait
+        );
+        let not_found: RedisError = (ErrorKind::ClusterConnectionNotFound, "none").into();
+        assert_eq!(next_after(&not_found), Next::Wait);
+        // The node may have run these: never sent again.
+        for kind in [
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::TimedOut,
+        ] {
+            assert_eq!(next_after(&io(kind)), Next::Fail, "{kind:?}");
+        }
+        for text in [
+            "BUSY Redis is busy running a script",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "NOSCRIPT No matching script",
+            "ERR user_script:1: boom",
+        ] {
+            assert_eq!(next_after(&server(text)), Next::Fail, "{text}");
+        }
+    }
+}
