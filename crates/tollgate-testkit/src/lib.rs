@@ -31,3 +31,13 @@ pub use server::RedisServer;
 pub fn redis_cli(port: u16, args: &[&str]) -> String {
     process::cli(port, args)
 }
+
+/// [`redis_cli`] bounded by `limit`: past it `redis-cli` is killed and the error names the
+/// command and what it had written ([`redis_cli`] and every server's `cli` use 60 s, and panic).
+pub fn redis_cli_within(
+    port: u16,
+    args: &[&str],
+    limit: std::time::Duration,
+) -> Result<String, String> {
+    process::cli_within(port, args, limit)
+}

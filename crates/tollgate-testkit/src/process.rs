@@ -126,23 +126,83 @@ pub(crate) fn pings(port: u16) -> bool {
         .is_some_and(|r| r == "+PONG" || r.starts_with("-NOAUTH"))
 }
 
-/// Runs redis-cli against the server on `port`.
+/// The longest one redis-cli may take before the test fails: well under nextest's kill (300 s,
+/// `.config/nextest.toml`), so a redis-cli that never returns (a `--cluster create` waiting on
+/// nodes that closed its connections did, for 300 s) fails its test saying which command it was.
+pub(crate) const CLI_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs redis-cli against the server on `port`: its output (standard output, then error).
+/// Panics when it does not return within [`CLI_TIMEOUT`] (it is killed first).
 pub(crate) fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
+    match cli_within(port, args, CLI_TIMEOUT) {
+        Ok(out) => out,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// [`cli`] bounded by `limit`: past it redis-cli is killed and the error says which command
+/// it was and what it had written.
+pub(crate) fn cli_within(port: u16, args: &[&str], limit: Duration) -> Result<String, String> {
+    let spawned = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .stdin(Stdio::null())
-        .output();
-    match out {
-        Ok(o) => {
-            let mut s = String::from_utf8_lossy(&o.stdout).into_owned();
-            s.push_str(&String::from_utf8_lossy(&o.stderr));
-            s
-        }
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             panic!("redis-cli is not on PATH: {INSTALL_HINT}")
         }
         Err(e) => panic!("cannot run redis-cli: {e}"),
+    };
+    // Read as it writes (a full pipe would stop it), on threads that end with its pipes.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    // Polled from 1 ms on, doubling to 50 ms: most runs take a few milliseconds.
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    let exited = loop {
+        if !matches!(child.try_wait(), Ok(None)) {
+            break true;
+        }
+        if start.elapsed() >= limit {
+            let _ = child.kill();
+            break false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    };
+    let _ = child.wait();
+    let mut text = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
+    text.push_str(&String::from_utf8_lossy(&err.join().unwrap_or_default()));
+    if exited {
+        Ok(text)
+    } else {
+        Err(format!(
+            "redis-cli {args:?} against 127.0.0.1:{port} did not return within {limit:?} \
+             (killed); it had written:\n{text}"
+        ))
     }
 }
 

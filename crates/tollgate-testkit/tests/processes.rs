@@ -32,6 +32,28 @@ fn a_paused_server_stops_answering_until_resumed() {
     assert!(s.is_up());
 }
 
+/// A redis-cli that does not return (here: its server stopped) is killed at its bound, and the
+/// failure names the command, where a test once hung until nextest killed it at 300 s.
+#[test]
+fn a_redis_cli_that_does_not_return_is_killed_at_its_bound() {
+    let s = RedisServer::start();
+    s.pause();
+    let r = tollgate_testkit::redis_cli_within(
+        s.port(),
+        &["cluster", "info"],
+        std::time::Duration::from_millis(300),
+    );
+    s.resume();
+    let e = r.expect_err("a stopped server never answers");
+    assert!(
+        e.contains("[\"cluster\", \"info\"]") && e.contains("did not return"),
+        "{e}"
+    );
+    let answered =
+        tollgate_testkit::redis_cli_within(s.port(), &["ping"], std::time::Duration::from_secs(30));
+    assert_eq!(answered.as_deref().map(str::trim), Ok("PONG"));
+}
+
 #[test]
 fn a_cluster_of_three_masters_serves_every_slot() {
     let c = RedisCluster::start(3, 0);
