@@ -8,7 +8,8 @@
 //! refund, capped at its limit). A hold's release applied twice would free another request's
 //! slot. So the store's Cluster client has no retries of its own, and [`again`] sends a call
 //! again (at most [`RESENDS`] times) only on an answer that says nothing ran:
-//! - MOVED and ASK: to the node they name (ASK after `ASKING`, on the same connection);
+//! - MOVED and ASK: to the node they name (ASK after `ASKING`, on the same connection; a
+//!   user needs `+asking` for it, docs/operations.md);
 //! - TRYAGAIN, CLUSTERDOWN, MASTERDOWN and READONLY, no connection to the slot's node, or a
 //!   refused connection: after a wait, by slot again (redis-rs reads the slot map again
 //!   after each of them).
@@ -70,14 +71,23 @@ pub(crate) async fn again(
                 single(c.route_command(cmd.clone(), to).await)
             }
             Next::Asking(host, port) => {
+                let to = SingleNodeRoutingInfo::ByAddress { host, port };
+                // One write, so no other call on the connection comes between the two.
                 let mut pipe = redis::pipe();
                 pipe.cmd("ASKING").add_command(cmd.clone());
-                let to = SingleNodeRoutingInfo::ByAddress { host, port };
-                match c.route_pipeline(pipe, 1, 1, to).await {
+                let reply = match c.route_pipeline(pipe, 1, 1, to.clone()).await {
                     Ok(values) => single(values.into_iter().next().ok_or_else(|| {
                         RedisError::from((ErrorKind::Parse, "no reply after ASKING"))
                     })),
                     Err(e) => Err(e),
+                };
+                match reply {
+                    // Sent back: ASKING may have been refused (a user without `+asking`),
+                    // which redis-rs does not show beside the MOVED; then that is the failure.
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::Moved) => {
+                        Err(asking_refused(&mut c, to).await.unwrap_or(e))
+                    }
+                    other => other,
                 }
             }
             Next::Wait => {
@@ -88,6 +98,23 @@ pub(crate) async fn again(
         };
     }
     reply
+}
+
+/// The error `ASKING` gets on the node `to`, if it is refused (a PING after it takes the flag
+/// it would otherwise leave on the connection).
+async fn asking_refused(
+    c: &mut ClusterConnection,
+    to: SingleNodeRoutingInfo,
+) -> Option<RedisError> {
+    let mut probe = redis::pipe();
+    probe.cmd("ASKING").cmd("PING");
+    match c.route_pipeline(probe, 0, 2, to).await {
+        Ok(values) => match values.into_iter().next() {
+            Some(Value::ServerError(e)) => Some(e.into()),
+            _ => None,
+        },
+        Err(_) => None,
+    }
 }
 
 /// A reply whose error is an `Err`, as [`reply_of`] gives it.

@@ -371,8 +371,8 @@ async fn on_a_cluster_each_node_gets_the_stores_own_connection() {
 
 /// A Cluster node's own connection authenticates as the URL's user, on every master: the
 /// first URL's credentials go with the address the node table gives. The user has only what
-/// docs/operations.md lists for a Cluster ([`LEAST_PRIVILEGE`] and `CLUSTER SLOTS`), and is
-/// served again after every master lost its scripts.
+/// docs/operations.md lists for a Cluster ([`LEAST_PRIVILEGE`], `CLUSTER SLOTS` and `ASKING`),
+/// and is served again after every master lost its scripts, and in a slot being resharded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_nodes_own_connection_authenticates_as_the_urls_user() {
     let cluster = RedisCluster::start(3, 0);
@@ -388,7 +388,7 @@ async fn a_cluster_nodes_own_connection_authenticates_as_the_urls_user() {
             "~tg:*",
             "resetchannels",
         ];
-        acl.extend(["-@all", "+cluster|slots"]);
+        acl.extend(["-@all", "+cluster|slots", "+asking"]);
         acl.extend(LEAST_PRIVILEGE);
         assert_eq!(n.cli(&acl).trim(), "OK");
     }
@@ -431,6 +431,32 @@ async fn a_cluster_nodes_own_connection_authenticates_as_the_urls_user() {
             .expect("a client of this master");
         assert_eq!(remaining(&store, &r, who).await, 1, "client {who}");
     }
+    // A slot in the middle of a resharding: its owner answers ASK for a key it does not
+    // hold, and the call goes to the importing node after ASKING, which the user may send.
+    let who = 88_888u128;
+    let slot = u32::from(client(who).cluster_slot());
+    let (_, to) = cluster.owner_and_other(slot);
+    assert!(cluster.begin_migration(slot, to), "the migration began");
+    // Without `+asking`, the failure says so (not the MOVED the call would then get).
+    for n in cluster.nodes() {
+        assert_eq!(n.cli(&["acl", "setuser", "gw", "-asking"]).trim(), "OK");
+    }
+    let refused = store
+        .check(&[Check::new(client(who), &r, 1)], 0)
+        .await
+        .expect_err("ASKING refused");
+    assert!(refused.to_string().contains("asking"), "{refused}");
+    for n in cluster.nodes() {
+        assert_eq!(n.cli(&["acl", "setuser", "gw", "+asking"]).trim(), "OK");
+    }
+    assert_eq!(
+        remaining(&store, &r, who).await,
+        2,
+        "served by the importing node"
+    );
+    assert_eq!(remaining(&store, &r, who).await, 1);
+    let keys_there = cluster.nodes()[to].cli(&["cluster", "countkeysinslot", &slot.to_string()]);
+    assert_eq!(keys_there.trim(), "1");
 }
 
 #[cfg(unix)]
