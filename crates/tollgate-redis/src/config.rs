@@ -109,6 +109,13 @@ impl RedisConfig {
         self
     }
 
+    /// How long redis-rs's connections wait for a reply: [`RESPONSE_TIMEOUT`], or the call
+    /// timeout (`store.timeout`) when it is longer. Below it, a plan alone (`max_batch = 1`, a
+    /// plan across slots) failed at 1 s while the coalesced ones waited the full timeout.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.call_timeout.max(RESPONSE_TIMEOUT)
+    }
+
     /// The same configuration with `prefix`.
     pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
@@ -229,7 +236,9 @@ pub fn check_url(url: &str) -> Result<(), String> {
 
 /// A connection attempt gives up after this: a dead server fails calls fast.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// A reply that takes longer than this fails the call (callers usually time out sooner).
+/// A reply on redis-rs's connections that takes longer than this fails the call (callers
+/// usually time out sooner), unless the store's call timeout is longer
+/// ([`RedisConfig::response_timeout`]).
 pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[cfg(test)]

@@ -22,7 +22,7 @@
 //! the master already connected. One lookup runs at a time.
 
 use crate::command::Packed;
-use crate::config::{redact, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use crate::config::{redact, CONNECT_TIMEOUT};
 use crate::error::RedisStoreError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
@@ -54,6 +54,8 @@ struct Inner {
     sentinels: Vec<redis::Client>,
     /// When the last lookup failed.
     failed_at: Mutex<Option<Instant>>,
+    /// How long the master's connection waits for a reply (`RedisConfig::response_timeout`).
+    response_timeout: Duration,
 }
 
 /// The master in use and which lookup found it.
@@ -73,6 +75,7 @@ impl SentinelConnection {
     pub(crate) async fn connect(
         urls: &[String],
         master_name: &str,
+        response_timeout: Duration,
     ) -> Result<Self, RedisStoreError> {
         let redacted = || urls.iter().map(|u| redact(u)).collect::<Vec<_>>();
         let sentinel = Sentinel::build(urls.to_vec()).map_err(|e| {
@@ -99,6 +102,7 @@ impl SentinelConnection {
                 current: Mutex::new(None),
                 sentinels,
                 failed_at: Mutex::new(None),
+                response_timeout,
             }),
         };
         conn.master().await?;
@@ -240,7 +244,7 @@ async fn lookup(inner: Arc<Inner>) -> Result<Master, RedisError> {
         // at once (and this store then asks the sentinels again).
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_response_timeout(Some(inner.response_timeout))
             .set_number_of_retries(0);
         let info = client.get_connection_info().clone();
         let addr = info.addr().to_string();

@@ -5,7 +5,7 @@ use crate::batch_script::{
     batch_script, batch_script_across, push_batch_call, CallPlan, ELSEWHERE,
 };
 use crate::command::{joined, Args, Packed};
-use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT};
 use crate::direct::Many;
 use crate::error::RedisStoreError;
 use crate::keys::Keys;
@@ -350,17 +350,24 @@ impl RedisStore {
         }
         let conn = if let Some(master) = &config.sentinel_master {
             Connection::Sentinel(
-                crate::sentinel::SentinelConnection::connect(&config.urls, master).await?,
+                crate::sentinel::SentinelConnection::connect(
+                    &config.urls,
+                    master,
+                    config.response_timeout(),
+                )
+                .await?,
             )
         } else if config.cluster {
-            Connection::Cluster(connect_cluster(&config.urls).await?)
+            Connection::Cluster(connect_cluster(&config.urls, config.response_timeout()).await?)
         } else {
             if config.urls.len() != 1 {
                 return Err(RedisStoreError::config(
                     "a standalone Redis takes exactly one URL (use the redis-cluster backend for several)",
                 ));
             }
-            Connection::Standalone(connect_standalone(&config.urls[0]).await?)
+            Connection::Standalone(
+                connect_standalone(&config.urls[0], config.response_timeout()).await?,
+            )
         };
         let max_batch = config.max_batch.clamp(1, crate::MAX_BATCH);
         let lane_conn = match &conn {
@@ -1677,22 +1684,28 @@ impl RedisStore {
     }
 }
 
-async fn connect_standalone(url: &str) -> Result<ConnectionManager, RedisStoreError> {
+async fn connect_standalone(
+    url: &str,
+    response_timeout: std::time::Duration,
+) -> Result<ConnectionManager, RedisStoreError> {
     let client = redis::Client::open(url)
         .map_err(|e| RedisStoreError::config(format!("invalid Redis URL {}: {e}", redact(url))))?;
     // No reconnect retries inside the client: while the server is down each call fails at
     // once (and triggers the next attempt) instead of waiting out a backoff schedule.
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_response_timeout(Some(response_timeout))
         .set_number_of_retries(0);
     Ok(ConnectionManager::new_with_config(client, config).await?)
 }
 
-async fn connect_cluster(urls: &[String]) -> Result<ClusterConnection, RedisStoreError> {
+async fn connect_cluster(
+    urls: &[String],
+    response_timeout: std::time::Duration,
+) -> Result<ClusterConnection, RedisStoreError> {
     let client = ClusterClient::builder(urls.iter().map(String::as_str))
         .connection_timeout(CONNECT_TIMEOUT)
-        .response_timeout(RESPONSE_TIMEOUT)
+        .response_timeout(response_timeout)
         // None of redis-rs's: it would also resend a call its node may have run (a settle
         // applied twice); `resend.rs` sends again only what certainly did not run.
         .retries(0)

@@ -409,6 +409,62 @@ async fn a_frozen_server_times_out_and_is_used_again_when_it_thaws() {
     assert!(recovered);
 }
 
+/// A call timeout (`store.timeout`) longer than redis-rs's one-second reply timeout holds for
+/// every call: with the server frozen 1.5 s under a 5 s timeout, the plan is answered at
+/// `max_batch` 1 (redis-rs's connection), where it failed after 1 s while the coalesced
+/// calls waited, and at the default; and on a Cluster, where plans alone go on redis-rs's
+/// cluster connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_timeout_longer_than_a_second_holds_on_every_connection() {
+    let freeze = Duration::from_millis(1_500);
+    let r = rule("slow", Algorithm::TokenBucket, 10, HOUR);
+    let who = client(9);
+    let ask = |store: tollgate_redis::RedisStore, r: tollgate_core::Rule| async move {
+        store.check_bounded(&[Check::new(who, &r, 1)], 0).await
+    };
+    for max_batch in [1, tollgate_redis::DEFAULT_MAX_BATCH] {
+        let server = RedisServer::start();
+        let config = tollgate_redis::RedisConfig::standalone(server.url())
+            .with_call_timeout(Duration::from_secs(5))
+            .with_max_batch(max_batch);
+        let store = tollgate_redis::RedisStore::connect(config)
+            .await
+            .expect("connect");
+        ask(store.clone(), r.clone()).await.expect("warm");
+        server.pause();
+        let call = tokio::spawn(ask(store.clone(), r.clone()));
+        tokio::time::sleep(freeze).await;
+        server.resume();
+        let v = call.await.expect("task");
+        assert_eq!(
+            v.expect("answered within the call timeout").decisions[0].remaining,
+            8,
+            "max_batch {max_batch}"
+        );
+    }
+    let mut cluster = tollgate_testkit::RedisCluster::start(3, 0);
+    let config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+        .with_call_timeout(Duration::from_secs(5))
+        .with_max_batch(1);
+    let store = tollgate_redis::RedisStore::connect(config)
+        .await
+        .expect("connect");
+    ask(store.clone(), r.clone()).await.expect("warm");
+    let node = cluster
+        .master_of_key(&format!("tollgate:{{{who}}}:slow"))
+        .expect("a master");
+    cluster.node_mut(node).pause();
+    let call = tokio::spawn(ask(store.clone(), r.clone()));
+    tokio::time::sleep(freeze).await;
+    cluster.node_mut(node).resume();
+    let v = call.await.expect("task");
+    assert_eq!(
+        v.expect("answered within the call timeout").decisions[0].remaining,
+        8,
+        "on a Cluster"
+    );
+}
+
 #[tokio::test]
 async fn credentials_come_from_the_url() {
     let server = RedisServer::start_with_args(&["--requirepass", "s3cret"]);
