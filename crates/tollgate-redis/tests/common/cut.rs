@@ -50,37 +50,31 @@ pub async fn relay(upstream: u16, cut: Arc<Cut>) -> u16 {
 }
 
 async fn connection(client: TcpStream, server: TcpStream, cut: Arc<Cut>) {
-    let _ = client.set_nodelay(true);
-    let _ = server.set_nodelay(true);
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
+    let ((client_read, mut client_write), (mut server_read, server_write)) =
+        super::relay::ends(client, server);
     // A script call went up while armed (`called`), and has been written to the server
     // (`sent`): the next answer is cut, its own or one before it, and with it the call's.
     let called = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicBool::new(false));
     let (up_called, up_sent) = (Arc::clone(&called), Arc::clone(&sent));
     let up_cut = Arc::clone(&cut);
-    let up = tokio::spawn(async move {
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = match client_read.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            let chunk = &buf[..n];
+    let up = tokio::spawn(super::relay::pass_up(
+        client_read,
+        server_write,
+        move |chunk| {
             let call =
                 up_cut.armed.load(Ordering::SeqCst) && chunk.windows(7).any(|w| w == b"EVALSHA");
             if call {
                 up_called.store(true, Ordering::SeqCst);
             }
-            if server_write.write_all(chunk).await.is_err() {
-                break;
-            }
+            call
+        },
+        move |call| {
             if call {
                 up_sent.store(true, Ordering::SeqCst);
             }
-        }
-    });
+        },
+    ));
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = match server_read.read(&mut buf).await {

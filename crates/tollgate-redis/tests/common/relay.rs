@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
@@ -152,22 +153,52 @@ fn script_calls(chunk: &[u8]) -> usize {
     count(b"$7\r\nEVALSHA\r\n") + count(b"$4\r\nEVAL\r\n")
 }
 
-async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
+/// What a client writes, passed on to its server chunk by chunk: `before` sees each chunk
+/// before it is written, `after` once it is (true: the chunk was a script call `before`
+/// marked). Ends with either side; the server's side is shut down then.
+pub async fn pass_up(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut before: impl FnMut(&[u8]) -> bool,
+    mut after: impl FnMut(bool),
+) {
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let marked = before(&buf[..n]);
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        after(marked);
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Both ends of a relayed connection, without Nagle's delay, split into their halves.
+pub fn ends(
+    client: TcpStream,
+    server: TcpStream,
+) -> (
+    (OwnedReadHalf, OwnedWriteHalf),
+    (OwnedReadHalf, OwnedWriteHalf),
+) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
+    (client.into_split(), server.into_split())
+}
+
+async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
+    let ((client_read, mut client_write), (mut server_read, server_write)) = ends(client, server);
     let own = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let own_up = Arc::clone(&own);
     let shared_up = Arc::clone(&shared);
-    let up = tokio::spawn(async move {
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = match client_read.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            let chunk = &buf[..n];
+    let up = tokio::spawn(pass_up(
+        client_read,
+        server_write,
+        move |chunk| {
             if chunk.windows(14).any(|w| w == b"tollgate-batch") {
                 own_up.store(true, std::sync::atomic::Ordering::SeqCst);
             }
@@ -178,12 +209,10 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
                 s.in_a_row += calls;
                 s.most_in_a_row = s.most_in_a_row.max(s.in_a_row);
             }
-            if server_write.write_all(chunk).await.is_err() {
-                break;
-            }
-        }
-        let _ = server_write.shutdown().await;
-    });
+            false
+        },
+        |_| {},
+    ));
     // Replies are read as they come and queued, so that holding them never stops the server.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     let read = tokio::spawn(async move {
