@@ -12,6 +12,11 @@ use std::time::Duration;
 use tollgate::policy::FailurePolicy;
 use tollgate::store::BreakerConfig;
 
+/// The longest `store.timeout`. A frozen store holds each request that long, and every
+/// request meanwhile, until `store.breaker.failures` of them have timed out; past a minute it
+/// is a unit typed wrong (`"20m"` for `"20ms"`: twenty minutes), not a store far away.
+const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A URL the Redis client can connect with; the error quotes it without its secrets.
 fn redis_url(s: &str) -> Result<String, String> {
     match tollgate_redis::check_url(s) {
@@ -100,7 +105,17 @@ pub(super) fn store(
         key::STORE_TIMEOUT,
         &raw.timeout,
         Duration::from_millis(20),
-        |s| duration(s),
+        |s| {
+            let d = duration(s)?;
+            if d > MAX_STORE_TIMEOUT {
+                return Err(format!(
+                    "is longer than a request may wait for the store (at most {}s); \
+                     \"m\" is minutes, \"ms\" milliseconds",
+                    MAX_STORE_TIMEOUT.as_secs()
+                ));
+            }
+            Ok(d)
+        },
     );
     let key_prefix = field(
         r,

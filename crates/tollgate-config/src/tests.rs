@@ -134,6 +134,28 @@ fn every_value_error_is_reported_at_once() {
     }
 }
 
+/// `"20m"` for `"20ms"` (twenty minutes a request may wait on a frozen store) is refused, at
+/// its line, without echoing it; a minute is the most, and a far store's seconds pass.
+#[test]
+fn a_store_timeout_past_a_minute_is_refused_as_a_unit_typed_wrong() {
+    let with = |t: &str| format!("[store]\nbackend = \"redis\"\ntimeout = \"{t}\"\n");
+    let e = errors(&with("20m"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("error: t.toml:3:11: store.timeout: is longer than")
+            && e[0].contains("at most 60s")
+            && e[0].contains("\"ms\" milliseconds")
+            && !e[0].contains("20m"),
+        "{e:?}"
+    );
+    for t in ["61s", "2m", "1h", "18446744073709551615us"] {
+        assert_eq!(errors(&with(t)).len(), 1, "{t}");
+    }
+    for t in ["20ms", "5s", "60s", "1m"] {
+        assert_eq!(errors(&with(t)), Vec::<String>::new(), "{t}");
+    }
+}
+
 #[test]
 fn quota_rules_and_uniqueness_are_checked() {
     let p = |extra: &str| {
