@@ -6,8 +6,8 @@
 //! masters behind a relay that dropped the connection once a node had answered a settle: the
 //! call was sent again and the refund of 6 units applied twice (20 left of 20 where 16 were
 //! due: the second capped at the limit). A hold's release applied twice would free another
-//! request's slot. So the store's Cluster client has no retries of its own, and [`again`] sends a call
-//! again (at most [`RESENDS`] times) only on an answer that says nothing ran:
+//! request's slot. So the store's Cluster client has no retries of its own, and [`again`]
+//! sends a call again (at most [`RESENDS`] times) only on an answer that says nothing ran:
 //! - MOVED and ASK: to the node they name (ASK after `ASKING`, on the same connection; a
 //!   user needs `+asking` for it, docs/operations.md);
 //! - TRYAGAIN, CLUSTERDOWN, MASTERDOWN and READONLY, no connection to the slot's node, or a
