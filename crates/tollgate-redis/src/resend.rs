@@ -15,7 +15,12 @@
 //!   after each of them).
 //!
 //! Any other failure (a dropped connection, a timeout) is the caller's: the request follows
-//! its failure policy, and a settle that failed leaves its estimate charged.
+//! its failure policy, and a settle that failed leaves its estimate charged. Except for a
+//! command that does the same run twice as once ([`idempotent`]: a script's load, a PING, a
+//! question): it is also sent again after a dropped connection or a timeout. A SCRIPT LOAD
+//! goes to every master, so without that a master whose connection had just dropped (a
+//! restart the keep-alive PING had not seen yet) failed the first call of a new form on a
+//! healthy one (`broken pipe`).
 
 use crate::reply::reply_of;
 use redis::cluster_async::ClusterConnection;
@@ -44,9 +49,25 @@ enum Next {
     Wait,
 }
 
-/// Whether a call that failed with `e` is sent again ([`again`]).
-pub(crate) fn is_resent(e: &RedisError) -> bool {
-    next_after(e) != Next::Fail
+/// Whether `cmd`, failed with `e`, is sent again ([`again`]).
+pub(crate) fn is_resent(cmd: &Cmd, e: &RedisError) -> bool {
+    next_after(e, idempotent(cmd)) != Next::Fail
+}
+
+/// Whether running `cmd` twice does what running it once does: SCRIPT LOAD and EXISTS, PING,
+/// INFO, TIME, CLUSTER SLOTS (what the store sends besides its scripts, which charge).
+fn idempotent(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter().map(|a| match a {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => &b""[..],
+    });
+    let is = |arg: Option<&[u8]>, name: &str| {
+        arg.is_some_and(|a| a.eq_ignore_ascii_case(name.as_bytes()))
+    };
+    let (first, second) = (args.next(), args.next());
+    ["PING", "INFO", "TIME"].iter().any(|n| is(first, n))
+        || (is(first, "SCRIPT") && (is(second, "LOAD") || is(second, "EXISTS")))
+        || (is(first, "CLUSTER") && is(second, "SLOTS"))
 }
 
 /// `cmd` sent again on `conn` after it failed with `first` (see the module): the last reply.
@@ -59,10 +80,11 @@ pub(crate) async fn again(
     let mut c = conn.clone();
     let mut reply = Err(first);
     let mut wait = MIN_WAIT;
+    let idempotent = idempotent(cmd);
     for _ in 0..RESENDS {
         let next = match &reply {
             Ok(_) => break,
-            Err(e) => next_after(e),
+            Err(e) => next_after(e, idempotent),
         };
         reply = match next {
             Next::Fail => break,
@@ -125,8 +147,8 @@ fn single(reply: Result<Value, RedisError>) -> Result<Value, RedisError> {
     }
 }
 
-/// What follows the failure `e`.
-fn next_after(e: &RedisError) -> Next {
+/// What follows the failure `e` of a command ([`idempotent`] or not).
+fn next_after(e: &RedisError, idempotent: bool) -> Next {
     match e.kind() {
         ErrorKind::Server(k @ (ServerErrorKind::Moved | ServerErrorKind::Ask)) => {
             match e
@@ -147,6 +169,10 @@ fn next_after(e: &RedisError) -> Next {
         )
         | ErrorKind::ClusterConnectionNotFound => Next::Wait,
         _ if e.is_connection_refusal() => Next::Wait,
+        // Whether or not it ran, once more does no harm.
+        _ if idempotent && (e.is_io_error() || e.is_connection_dropped() || e.is_timeout()) => {
+            Next::Wait
+        }
         _ => Next::Fail,
     }
 }
@@ -179,15 +205,15 @@ mod tests {
     #[test]
     fn only_answers_that_say_nothing_ran_are_sent_again() {
         assert_eq!(
-            next_after(&server("MOVED 3999 127.0.0.1:6381")),
+            next_after(&server("MOVED 3999 127.0.0.1:6381"), false),
             Next::To("127.0.0.1".into(), 6381)
         );
         assert_eq!(
-            next_after(&server("ASK 3999 [::1]:7002")),
+            next_after(&server("ASK 3999 [::1]:7002"), false),
             Next::Asking("::1".into(), 7002)
         );
         assert_eq!(
-            next_after(&server("ASK 3999 ::1:7002")),
+            next_after(&server("ASK 3999 ::1:7002"), false),
             Next::Asking("::1".into(), 7002)
         );
         for text in [
@@ -198,14 +224,14 @@ mod tests {
             "MOVED 3999 nowhere",
             "MOVED 3999 :6379",
         ] {
-            assert_eq!(next_after(&server(text)), Next::Wait, "{text}");
+            assert_eq!(next_after(&server(text), false), Next::Wait, "{text}");
         }
         assert_eq!(
-            next_after(&io(std::io::ErrorKind::ConnectionRefused)),
+            next_after(&io(std::io::ErrorKind::ConnectionRefused), false),
             Next::Wait
         );
         let not_found: RedisError = (ErrorKind::ClusterConnectionNotFound, "none").into();
-        assert_eq!(next_after(&not_found), Next::Wait);
+        assert_eq!(next_after(&not_found, false), Next::Wait);
         // The node may have run these: never sent again.
         for kind in [
             std::io::ErrorKind::UnexpectedEof,
@@ -213,7 +239,9 @@ mod tests {
             std::io::ErrorKind::BrokenPipe,
             std::io::ErrorKind::TimedOut,
         ] {
-            assert_eq!(next_after(&io(kind)), Next::Fail, "{kind:?}");
+            assert_eq!(next_after(&io(kind), false), Next::Fail, "{kind:?}");
+            // A load or a question is sent again whatever happened to the first.
+            assert_eq!(next_after(&io(kind), true), Next::Wait, "{kind:?}");
         }
         for text in [
             "BUSY Redis is busy running a script",
@@ -221,7 +249,39 @@ mod tests {
             "NOSCRIPT No matching script",
             "ERR user_script:1: boom",
         ] {
-            assert_eq!(next_after(&server(text)), Next::Fail, "{text}");
+            assert_eq!(next_after(&server(text), false), Next::Fail, "{text}");
+            assert_eq!(next_after(&server(text), true), Next::Fail, "{text}");
+        }
+    }
+
+    #[test]
+    fn loads_and_questions_are_idempotent_and_script_calls_are_not() {
+        let cmd = |args: &[&str]| {
+            let mut c = redis::cmd(args[0]);
+            for a in &args[1..] {
+                c.arg(*a);
+            }
+            c
+        };
+        for yes in [
+            &["SCRIPT", "LOAD", "return 1"][..],
+            &["script", "exists", "abc"],
+            &["PING"],
+            &["INFO", "memory"],
+            &["TIME"],
+            &["CLUSTER", "SLOTS"],
+        ] {
+            assert!(idempotent(&cmd(yes)), "{yes:?}");
+        }
+        for no in [
+            &["EVALSHA", "abc", "1", "k"][..],
+            &["EVAL", "return 1", "0"],
+            &["SCRIPT", "FLUSH"],
+            &["CLUSTER", "FAILOVER"],
+            &["SET", "k", "v"],
+            &["DEL", "k"],
+        ] {
+            assert!(!idempotent(&cmd(no)), "{no:?}");
         }
     }
 }

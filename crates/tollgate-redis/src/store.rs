@@ -260,7 +260,7 @@ impl Connection {
         match self {
             Connection::Standalone(c) => reply_of(&mut c.clone(), cmd).await,
             Connection::Cluster(c) => match reply_of(&mut c.clone(), cmd).await {
-                Err(e) if crate::resend::is_resent(&e) => {
+                Err(e) if crate::resend::is_resent(cmd, &e) => {
                     Box::pin(crate::resend::again(c, cmd, e)).await
                 }
                 reply => reply,

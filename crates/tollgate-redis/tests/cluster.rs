@@ -290,3 +290,41 @@ async fn no_call_fails_after_a_quiet_spell_longer_than_the_nodes_idle_timeout() 
         assert_eq!(v.decisions[0].remaining, 3, "client {n}");
     }
 }
+
+/// A new form's script is loaded on every master (SCRIPT LOAD goes to each). Right after one
+/// master restarted, before the keep-alive PING saw its connection drop, the load failed on
+/// that connection and with it the first call of the form, for a client of a healthy master
+/// (`broken pipe`, with the store's cluster client built without redis-rs's retries). A load
+/// does the same twice as once, so it is sent again: the call is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_forms_first_call_on_a_healthy_master_survives_another_masters_restart() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+        .with_max_batch(1)
+        .with_call_timeout(Duration::from_secs(5));
+    let store = tollgate_redis::RedisStore::connect(config)
+        .await
+        .expect("connect");
+    let warm = rule("warm", Algorithm::TokenBucket, 1000, HOUR);
+    let restarted = client(5);
+    let v = store
+        .check(&[Check::new(restarted, &warm, 1)], 0)
+        .await
+        .expect("warm");
+    assert!(v.allowed);
+    let node = cluster
+        .master_of_key(&format!("tollgate:{{{restarted}}}:warm"))
+        .expect("a master");
+    let healthy = (0..1000u128)
+        .map(client)
+        .find(|c| cluster.master_of_key(&format!("tollgate:{{{c}}}:warm")) != Some(node))
+        .expect("a client of another master");
+    cluster.node_mut(node).restart();
+    let fresh = rule("fresh", Algorithm::SlidingWindowLog, 1000, HOUR);
+    let v = store
+        .check_bounded(&[Check::new(healthy, &fresh, 1)], 0)
+        .await
+        .expect("the healthy master's client is answered");
+    assert!(v.allowed);
+    assert_eq!(v.decisions[0].remaining, 999);
+}
