@@ -26,6 +26,7 @@
 //! without verification, client certificates) keeps redis-rs's connection for every call.
 
 use crate::config::{redact, CONNECT_TIMEOUT};
+use crate::reply::server_error_as_err;
 use crate::resp;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -329,14 +330,6 @@ fn expect_ok(v: Value, what: &'static str) -> Result<(), RedisError> {
             "unexpected reply",
             format!("{what} answered {other:?}"),
         ))),
-    }
-}
-
-/// A reply as redis-rs gives it: a server error is an `Err`.
-fn server_error_as_err(v: Value) -> Result<Value, RedisError> {
-    match v {
-        Value::ServerError(e) => Err(e.into()),
-        v => Ok(v),
     }
 }
 

@@ -24,7 +24,8 @@ pub enum ErrorKind {
     /// `stop-writes-on-bgsave-error` is on), NOREPLICAS (fewer replicas than
     /// `min-replicas-to-write`); a call refused so wrote nothing.
     Config,
-    /// The server refused our credentials (NOAUTH, WRONGPASS, NOPERM).
+    /// The server refused our credentials (NOAUTH, WRONGPASS; a refused command, NOPERM, is
+    /// [`ErrorKind::Config`]).
     Auth,
     /// A call this store refuses (a rule checked twice for one client, say).
     Invalid,
@@ -149,6 +150,13 @@ pub(crate) fn not_run_by_node(kind: redis::ErrorKind) -> bool {
                 | ServerErrorKind::ReadOnly
         )
     )
+}
+
+/// Whether a Cluster node's answer `e` says it did not run the call ([`not_run_by_node`]), or
+/// the node could not be reached at all. An I/O error after the call was written is neither:
+/// the call may have run.
+pub(crate) fn not_run_here(e: &RedisError) -> bool {
+    not_run_by_node(e.kind()) || e.is_connection_refusal()
 }
 
 impl From<RedisError> for RedisStoreError {

@@ -8,8 +8,13 @@ pub(crate) async fn reply_of(
     con: &mut impl redis::aio::ConnectionLike,
     cmd: &Cmd,
 ) -> Result<redis::Value, RedisError> {
-    match con.req_packed_command(cmd).await? {
-        redis::Value::ServerError(e) => Err(e.into()),
+    server_error_as_err(con.req_packed_command(cmd).await?)
+}
+
+/// A reply as redis-rs gives it: a server error is an `Err`.
+pub(crate) fn server_error_as_err(v: Value) -> Result<Value, RedisError> {
+    match v {
+        Value::ServerError(e) => Err(e.into()),
         v => Ok(v),
     }
 }

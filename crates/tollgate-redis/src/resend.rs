@@ -22,7 +22,8 @@
 //! restart the keep-alive PING had not seen yet) failed the first call of a new form on a
 //! healthy one (`broken pipe`).
 
-use crate::reply::reply_of;
+use crate::error::not_run_here;
+use crate::reply::{reply_of, server_error_as_err};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
@@ -49,11 +50,6 @@ enum Next {
     Wait,
 }
 
-/// Whether `cmd`, failed with `e`, is sent again ([`again`]).
-pub(crate) fn is_resent(cmd: &Cmd, e: &RedisError) -> bool {
-    next_after(e, idempotent(cmd)) != Next::Fail
-}
-
 /// Whether running `cmd` twice does what running it once does: SCRIPT LOAD and EXISTS, PING,
 /// INFO, TIME, CLUSTER SLOTS (what the store sends besides its scripts, which charge).
 fn idempotent(cmd: &Cmd) -> bool {
@@ -70,8 +66,8 @@ fn idempotent(cmd: &Cmd) -> bool {
         || (is(first, "CLUSTER") && is(second, "SLOTS"))
 }
 
-/// `cmd` sent again on `conn` after it failed with `first` (see the module): the last reply.
-/// Boxed by its caller: the first try's future, which every call carries, stays small.
+/// `cmd` sent again on `conn` after it failed with `first`, where the module says so: the last
+/// reply (`first` itself when nothing was sent again).
 pub(crate) async fn again(
     conn: &ClusterConnection,
     cmd: &Cmd,
@@ -90,19 +86,24 @@ pub(crate) async fn again(
             Next::Fail => break,
             Next::To(host, port) => {
                 let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                single(c.route_command(cmd.clone(), to).await)
+                c.route_command(cmd.clone(), to)
+                    .await
+                    .and_then(server_error_as_err)
             }
             Next::Asking(host, port) => {
                 let to = SingleNodeRoutingInfo::ByAddress { host, port };
                 // One write, so no other call on the connection comes between the two.
                 let mut pipe = redis::pipe();
                 pipe.cmd("ASKING").add_command(cmd.clone());
-                let reply = match c.route_pipeline(pipe, 1, 1, to.clone()).await {
-                    Ok(values) => single(values.into_iter().next().ok_or_else(|| {
-                        RedisError::from((ErrorKind::Parse, "no reply after ASKING"))
-                    })),
-                    Err(e) => Err(e),
-                };
+                let reply = c
+                    .route_pipeline(pipe, 1, 1, to.clone())
+                    .await
+                    .and_then(|v| {
+                        let reply = v.into_iter().next().ok_or_else(|| {
+                            RedisError::from((ErrorKind::Parse, "no reply after ASKING"))
+                        })?;
+                        server_error_as_err(reply)
+                    });
                 match reply {
                     // Sent back: ASKING may have been refused (a user without `+asking`),
                     // which redis-rs does not show beside the MOVED; then that is the failure.
@@ -139,14 +140,6 @@ async fn asking_refused(
     }
 }
 
-/// A reply whose error is an `Err`, as [`reply_of`] gives it.
-fn single(reply: Result<Value, RedisError>) -> Result<Value, RedisError> {
-    match reply? {
-        Value::ServerError(e) => Err(e.into()),
-        v => Ok(v),
-    }
-}
-
 /// What follows the failure `e` of a command ([`idempotent`] or not).
 fn next_after(e: &RedisError, idempotent: bool) -> Next {
     match e.kind() {
@@ -161,14 +154,10 @@ fn next_after(e: &RedisError, idempotent: bool) -> Next {
                 None => Next::Wait,
             }
         }
-        ErrorKind::Server(
-            ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ReadOnly,
-        )
-        | ErrorKind::ClusterConnectionNotFound => Next::Wait,
-        _ if e.is_connection_refusal() => Next::Wait,
+        // TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY, a refused connection, or none for
+        // the slot: nothing ran.
+        ErrorKind::ClusterConnectionNotFound => Next::Wait,
+        _ if not_run_here(e) => Next::Wait,
         // Whether or not it ran, once more does no harm.
         _ if idempotent && (e.is_io_error() || e.is_connection_dropped() || e.is_timeout()) => {
             Next::Wait

@@ -222,13 +222,6 @@ enum Own<'a> {
     Node(&'a crate::direct::Direct),
 }
 
-/// Whether a Cluster node's answer `e` says it did not run the call
-/// ([`crate::error::not_run_by_node`]), or the node could not be reached at all. An I/O error
-/// after the call was written is neither: the call may have run.
-fn not_run_here(e: &RedisError) -> bool {
-    crate::error::not_run_by_node(e.kind()) || e.is_connection_refusal()
-}
-
 /// Reads the Cluster's node table again (at most once a second,
 /// [`RedisStore::refresh_nodes_soon`]) when dropped before its node's call was answered.
 struct RefreshUnlessAnswered<'a> {
@@ -259,10 +252,10 @@ impl Connection {
     async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
         match self {
             Connection::Standalone(c) => reply_of(&mut c.clone(), cmd).await,
+            // A failure (rare) goes to the resend, boxed: the future every call carries
+            // stays small.
             Connection::Cluster(c) => match reply_of(&mut c.clone(), cmd).await {
-                Err(e) if crate::resend::is_resent(cmd, &e) => {
-                    Box::pin(crate::resend::again(c, cmd, e)).await
-                }
+                Err(e) => Box::pin(crate::resend::again(c, cmd, e)).await,
                 reply => reply,
             },
             Connection::Sentinel(c) => c.query(cmd).await,
@@ -1637,7 +1630,7 @@ impl RedisStore {
                 let reply = d.query(cmd.bytes()).await;
                 unanswered.answered = reply.is_ok();
                 match reply {
-                    Err(e) if not_run_here(&e) => self.query(&cmd.to_cmd()).await,
+                    Err(e) if crate::error::not_run_here(&e) => self.query(&cmd.to_cmd()).await,
                     other => other,
                 }
             }
@@ -1664,13 +1657,15 @@ impl RedisStore {
                 unanswered.answered = replies.as_ref().is_ok_and(|r| r.iter().all(Result::is_ok));
                 let replies = match replies {
                     Ok(replies) => replies,
-                    Err(e) if not_run_here(&e) => cmds.iter().map(|_| Err(e.clone())).collect(),
+                    Err(e) if crate::error::not_run_here(&e) => {
+                        cmds.iter().map(|_| Err(e.clone())).collect()
+                    }
                     Err(e) => return Err(e),
                 };
                 let mut answered = Vec::with_capacity(replies.len());
                 for (cmd, reply) in cmds.iter().zip(replies) {
                     answered.push(match reply {
-                        Err(e) if not_run_here(&e) => self.query(&cmd.to_cmd()).await,
+                        Err(e) if crate::error::not_run_here(&e) => self.query(&cmd.to_cmd()).await,
                         other => other,
                     });
                 }

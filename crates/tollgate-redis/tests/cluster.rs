@@ -313,11 +313,11 @@ async fn a_new_forms_first_call_on_a_healthy_master_survives_another_masters_res
         .expect("warm");
     assert!(v.allowed);
     let node = cluster
-        .master_of_key(&format!("tollgate:{{{restarted}}}:warm"))
+        .master_of_key(&store.key(&restarted, "warm"))
         .expect("a master");
     let healthy = (0..1000u128)
         .map(client)
-        .find(|c| cluster.master_of_key(&format!("tollgate:{{{c}}}:warm")) != Some(node))
+        .find(|c| cluster.master_of_key(&store.key(c, "warm")) != Some(node))
         .expect("a client of another master");
     cluster.node_mut(node).restart();
     let fresh = rule("fresh", Algorithm::SlidingWindowLog, 1000, HOUR);

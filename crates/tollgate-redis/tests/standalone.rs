@@ -451,7 +451,7 @@ async fn a_call_timeout_longer_than_a_second_holds_on_every_connection() {
         .expect("connect");
     ask(store.clone(), r.clone()).await.expect("warm");
     let node = cluster
-        .master_of_key(&format!("tollgate:{{{who}}}:slow"))
+        .master_of_key(&store.key(&who, "slow"))
         .expect("a master");
     cluster.node_mut(node).pause();
     let call = tokio::spawn(ask(store.clone(), r.clone()));

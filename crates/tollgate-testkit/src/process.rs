@@ -158,27 +158,8 @@ pub(crate) fn cli_within(port: u16, args: &[&str], limit: Duration) -> Result<St
         Err(e) => panic!("cannot run redis-cli: {e}"),
     };
     // Read as it writes (a full pipe would stop it), on threads that end with its pipes.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let out = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     // Polled from 1 ms on, doubling to 50 ms: most runs take a few milliseconds.
     let start = Instant::now();
     let mut pause = Duration::from_millis(1);
@@ -204,6 +185,17 @@ pub(crate) fn cli_within(port: u16, args: &[&str], limit: Duration) -> Result<St
              (killed); it had written:\n{text}"
         ))
     }
+}
+
+/// Reads `pipe` to its end on a thread of its own (a full pipe would stop its writer).
+fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut buf);
+        }
+        buf
+    })
 }
 
 /// Polls `f` every 20 ms until it returns true or `timeout` passes; returns its last answer.
