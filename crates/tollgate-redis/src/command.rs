@@ -132,6 +132,8 @@ pub(crate) struct Packed {
     /// [`HEAD`] bytes of room, then the arguments.
     buf: Vec<u8>,
     args: u64,
+    /// A Cluster node's ASK for it may be followed (see [`Packed::across_slots`]).
+    pub(crate) follows_ask: bool,
 }
 
 impl Args for Packed {
@@ -188,7 +190,21 @@ impl Packed {
     pub(crate) fn with_capacity(bytes: usize) -> Self {
         let mut buf = Vec::with_capacity(HEAD + bytes);
         buf.resize(HEAD, 0);
-        Packed { buf, args: 0 }
+        Packed {
+            buf,
+            args: 0,
+            follows_ask: true,
+        }
+    }
+
+    /// Marks a call of an across-slots script (its keys of several slots, one declared): a
+    /// node answers ASK for it when the declared key has left a migrating slot, though the
+    /// call's other keys of that slot may still be on the node; sent after the ASK, it would
+    /// read those keys on the importing node, where they are not yet, and write them there.
+    /// So it is not: its caller runs its plans alone, each with every key declared.
+    pub(crate) fn across_slots(mut self, across: bool) -> Self {
+        self.follows_ask = !across;
+        self
     }
 
     /// The whole command: the array's header, then the arguments.

@@ -46,10 +46,13 @@ pub(crate) const MAX_OWED: usize = 8;
 /// A read buffer that grew past this (a large reply) is shrunk back after the call.
 const KEEP_BUFFER: usize = 64 << 10;
 
-/// The connection of one server: its address and credentials, the idle socket.
+/// The connection of one server: its address and credentials, the idle socket(s).
 pub(crate) struct Direct {
     target: Target,
-    idle: Mutex<Option<Socket>>,
+    /// Sockets between calls: at most `keep` (a lane makes one call at a time, so one; the
+    /// redirections of a Cluster's calls come at once from many requests, `resend.rs`).
+    idle: Mutex<Vec<Socket>>,
+    keep: usize,
     /// A connection was opened (the first, at the first call).
     opened: AtomicBool,
     /// A connection was opened again since [`Direct::reconnected`] last asked: the one before
@@ -120,10 +123,40 @@ impl Direct {
                 db: settings.db(),
                 shown,
             },
-            idle: Mutex::new(None),
+            idle: Mutex::new(Vec::new()),
+            keep: 1,
             opened: AtomicBool::new(false),
             reopened: AtomicBool::new(false),
         })
+    }
+
+    /// The connection to the Cluster node at `host:port`, with `template`'s (the first URL's)
+    /// credentials and TLS, keeping up to `keep` sockets between calls; `None` where this
+    /// connection does not take `template` (see the module docs).
+    pub(crate) fn for_node(
+        template: &redis::ConnectionInfo,
+        host: &str,
+        port: u16,
+        keep: usize,
+    ) -> Option<Self> {
+        let addr = match template.addr() {
+            redis::ConnectionAddr::Tcp(..) => redis::ConnectionAddr::Tcp(host.to_owned(), port),
+            redis::ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => redis::ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => return None,
+        };
+        let info = template.clone().set_addr(addr);
+        let mut direct = Self::for_info(&info, format!("the Cluster node at {host}:{port}"))?;
+        direct.keep = keep.max(1);
+        Some(direct)
     }
 
     /// Where `info` connects, where this connection can reach it.
@@ -178,14 +211,20 @@ impl Direct {
 
     /// The idle socket, or a new one.
     async fn socket(&self) -> Result<Socket, RedisError> {
-        let idle = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        // A socket the server closed while it sat idle (a restart) is not used: the call
-        // would fail on it.
-        match idle.filter(|s| !s.stream.closed_by_peer()) {
+        let idle = {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut found = None;
+            while let Some(s) = idle.pop() {
+                // A socket the server closed while it sat idle (a restart) is not used: the
+                // call would fail on it.
+                if !s.stream.closed_by_peer() {
+                    found = Some(s);
+                    break;
+                }
+            }
+            found
+        };
+        match idle {
             Some(s) => Ok(s),
             None => {
                 if self.opened.swap(true, Ordering::Relaxed) {
@@ -259,9 +298,10 @@ impl Direct {
 
     fn put(&self, socket: Socket) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        // A second socket (two calls at once, which lanes do not make) is closed.
-        if idle.is_none() {
-            *idle = Some(socket);
+        // One past `keep` (more calls at once than it keeps, which lanes do not make) is
+        // closed.
+        if idle.len() < self.keep {
+            idle.push(socket);
         }
     }
 

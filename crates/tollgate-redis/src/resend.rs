@@ -9,7 +9,14 @@
 //! request's slot. So the store's Cluster client has no retries of its own, and [`again`]
 //! sends a call again (at most [`RESENDS`] times) only on an answer that says nothing ran:
 //! - MOVED and ASK: to the node they name (ASK after `ASKING`, on the same connection; a
-//!   user needs `+asking` for it, docs/operations.md);
+//!   user needs `+asking` for it, docs/operations.md), on a connection of the store's own
+//!   ([`Cluster`]): redis-rs's connection reaches by address only a node it is already
+//!   connected to, and answers any other with an error that makes it drop its connections and
+//!   start again from the seeds. Measured with a master added to three and a slot's keys
+//!   moved to it one by one under load (a cluster scaled out): every call that met an ASK
+//!   failed, and with `max_batch = 1` redis-rs's connection then stopped answering anything
+//!   for good (its recovery waits on a lock that a request it no longer polls was given), so
+//!   every later call timed out;
 //! - TRYAGAIN, CLUSTERDOWN, MASTERDOWN and READONLY, no connection to the slot's node, or a
 //!   refused connection: after a wait, by slot again (redis-rs reads the slot map again
 //!   after each of them).
@@ -22,12 +29,84 @@
 //! restart the keep-alive PING had not seen yet) failed the first call of a new form on a
 //! healthy one (`broken pipe`).
 
+use crate::direct::Direct;
 use crate::error::not_run_here;
 use crate::reply::{reply_of, server_error_as_err};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+/// The most nodes the store keeps a connection of its own to for redirections (past it, they
+/// are all closed and opened again as needed).
+const MAX_REDIRECT_NODES: usize = 64;
+
+/// Sockets kept between calls on the connection to one node a redirection named.
+const REDIRECT_IDLE: usize = 4;
+
+/// A Cluster's connections: redis-rs's, which routes every call by its slot, and the store's
+/// own to the nodes that MOVED and ASK name (`direct.rs`, with the first URL's credentials and
+/// TLS; none where that connection does not take the URL, see its module docs).
+#[derive(Clone)]
+pub(crate) struct Cluster {
+    pub(crate) conn: ClusterConnection,
+    redirects: Arc<Redirects>,
+}
+
+struct Redirects {
+    template: Option<redis::ConnectionInfo>,
+    nodes: Mutex<HashMap<(String, u16), Arc<Direct>>>,
+}
+
+impl Cluster {
+    /// `conn`, with connections of the store's own made like `first_url`'s.
+    pub(crate) fn new(conn: ClusterConnection, first_url: Option<&str>) -> Self {
+        let template = first_url
+            .and_then(|u| u.into_connection_info().ok())
+            .filter(Direct::takes);
+        Self {
+            conn,
+            redirects: Arc::new(Redirects {
+                template,
+                nodes: Mutex::default(),
+            }),
+        }
+    }
+
+    /// `cmd`'s reply (an error reply is an `Err`), sent again where the module says so; after
+    /// an ASK only when `follows_ask` (not a call of an across-slots script, see
+    /// `Packed::across_slots`).
+    pub(crate) async fn query(&self, cmd: &Cmd, follows_ask: bool) -> Result<Value, RedisError> {
+        match reply_of(&mut self.conn.clone(), cmd).await {
+            // A failure (rare) goes to the resend, boxed: the future every call carries
+            // stays small.
+            Err(e) => Box::pin(again(self, cmd, e, follows_ask)).await,
+            reply => reply,
+        }
+    }
+
+    /// The store's own connection to the node at `host:port`.
+    fn node(&self, host: &str, port: u16) -> Option<Arc<Direct>> {
+        let template = self.redirects.template.as_ref()?;
+        let mut nodes = self
+            .redirects
+            .nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let key = (host.to_owned(), port);
+        if let Some(d) = nodes.get(&key) {
+            return Some(Arc::clone(d));
+        }
+        if nodes.len() >= MAX_REDIRECT_NODES {
+            nodes.clear();
+        }
+        let d = Arc::new(Direct::for_node(template, host, port, REDIRECT_IDLE)?);
+        nodes.insert(key, Arc::clone(&d));
+        Some(d)
+    }
+}
 
 /// The most times one call is sent again (redis-rs's `retries` was 3).
 pub(crate) const RESENDS: u32 = 3;
@@ -66,14 +145,16 @@ fn idempotent(cmd: &Cmd) -> bool {
         || (is(first, "CLUSTER") && is(second, "SLOTS"))
 }
 
-/// `cmd` sent again on `conn` after it failed with `first`, where the module says so: the last
-/// reply (`first` itself when nothing was sent again).
-pub(crate) async fn again(
-    conn: &ClusterConnection,
+/// `cmd` sent again on `cluster` after it failed with `first`, where the module says so (after
+/// an ASK only when `follows_ask`): the last reply (`first` itself when nothing was sent
+/// again).
+async fn again(
+    cluster: &Cluster,
     cmd: &Cmd,
     first: RedisError,
+    follows_ask: bool,
 ) -> Result<Value, RedisError> {
-    let mut c = conn.clone();
+    let mut c = cluster.conn.clone();
     let mut reply = Err(first);
     let mut wait = MIN_WAIT;
     let idempotent = idempotent(cmd);
@@ -84,35 +165,20 @@ pub(crate) async fn again(
         };
         reply = match next {
             Next::Fail => break,
-            Next::To(host, port) => {
-                let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                c.route_command(cmd.clone(), to)
-                    .await
-                    .and_then(server_error_as_err)
-            }
-            Next::Asking(host, port) => {
-                let to = SingleNodeRoutingInfo::ByAddress { host, port };
-                // One write, so no other call on the connection comes between the two.
-                let mut pipe = redis::pipe();
-                pipe.cmd("ASKING").add_command(cmd.clone());
-                let reply = c
-                    .route_pipeline(pipe, 1, 1, to.clone())
-                    .await
-                    .and_then(|v| {
-                        let reply = v.into_iter().next().ok_or_else(|| {
-                            RedisError::from((ErrorKind::Parse, "no reply after ASKING"))
-                        })?;
-                        server_error_as_err(reply)
-                    });
-                match reply {
-                    // Sent back: ASKING may have been refused (a user without `+asking`),
-                    // which redis-rs does not show beside the MOVED; then that is the failure.
-                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::Moved) => {
-                        Err(asking_refused(&mut c, to).await.unwrap_or(e))
-                    }
-                    other => other,
+            Next::Asking(..) if !follows_ask => break,
+            Next::To(host, port) => match cluster.node(&host, port) {
+                Some(node) => node.query(&cmd.get_packed_command()).await,
+                // redis-rs reads the slot map again after a MOVED: by slot, after a wait.
+                None => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MAX_WAIT);
+                    reply_of(&mut c, cmd).await
                 }
-            }
+            },
+            Next::Asking(host, port) => match cluster.node(&host, port) {
+                Some(node) => asking_on(&node, cmd).await,
+                None => asking_by_address(&mut c, cmd, host, port).await,
+            },
             Next::Wait => {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(MAX_WAIT);
@@ -121,6 +187,55 @@ pub(crate) async fn again(
         };
     }
     reply
+}
+
+/// `ASKING` and `cmd` written together on `node`: `cmd`'s reply, or `ASKING`'s refusal (a user
+/// without `+asking`).
+async fn asking_on(node: &Direct, cmd: &Cmd) -> Result<Value, RedisError> {
+    let mut both = redis::cmd("ASKING").get_packed_command();
+    both.extend_from_slice(&cmd.get_packed_command());
+    let mut replies = node.query_many(&both, 2).await?.into_iter();
+    match (replies.next(), replies.next()) {
+        (Some(Err(refused)), _) => Err(refused),
+        (Some(Ok(_)), Some(reply)) => reply,
+        _ => Err(RedisError::from((
+            ErrorKind::Parse,
+            "no reply after ASKING",
+        ))),
+    }
+}
+
+/// [`asking_on`] on redis-rs's connection to `host:port`, where the store has none of its own
+/// (a URL its connections do not take): a node redis-rs is not connected to (one that serves
+/// no slot yet) fails the call (see the module docs).
+async fn asking_by_address(
+    c: &mut ClusterConnection,
+    cmd: &Cmd,
+    host: String,
+    port: u16,
+) -> Result<Value, RedisError> {
+    let to = SingleNodeRoutingInfo::ByAddress { host, port };
+    // One write, so no other call on the connection comes between the two.
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").add_command(cmd.clone());
+    let reply = c
+        .route_pipeline(pipe, 1, 1, to.clone())
+        .await
+        .and_then(|v| {
+            let reply = v
+                .into_iter()
+                .next()
+                .ok_or_else(|| RedisError::from((ErrorKind::Parse, "no reply after ASKING")))?;
+            server_error_as_err(reply)
+        });
+    match reply {
+        // Sent back: ASKING may have been refused (a user without `+asking`), which redis-rs
+        // does not show beside the MOVED; then that is the failure.
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::Moved) => {
+            Err(asking_refused(c, to).await.unwrap_or(e))
+        }
+        other => other,
+    }
 }
 
 /// The error `ASKING` gets on the node `to`, if it is refused (a PING after it takes the flag

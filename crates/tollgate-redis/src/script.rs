@@ -259,6 +259,14 @@ pub(crate) struct Script {
     pub(crate) sha: String,
 }
 
+impl Script {
+    /// Whether it is an across-slots script (see [`across_slots`]): one key declared, the
+    /// others in its arguments.
+    pub(crate) fn is_across_slots(&self) -> bool {
+        self.text.starts_with(ACROSS_SLOTS_SHEBANG)
+    }
+}
+
 /// The most rules a generated script inlines. Each rule adds seven Lua locals and its body
 /// twice; Lua 5.1 allows 200 locals per function (a batch script of four sixteen-rule
 /// branches loads and decides: tests/batch.rs). Larger plans run `check.lua`. Sixteen,

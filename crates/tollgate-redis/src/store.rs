@@ -243,21 +243,17 @@ type Ready = Arc<RwLock<HashMap<Form, Arc<Script>, LimitHash>>>;
 #[derive(Clone)]
 enum Connection {
     Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(crate::resend::Cluster),
     Sentinel(crate::sentinel::SentinelConnection),
 }
 
 impl Connection {
-    /// `cmd`'s reply; an error reply is an `Err`, one inside an array stays where it is.
-    async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
+    /// `cmd`'s reply; an error reply is an `Err`, one inside an array stays where it is. On a
+    /// Cluster, sent again after an ASK only when `follows_ask` (`resend.rs`).
+    async fn query(&self, cmd: &Cmd, follows_ask: bool) -> Result<redis::Value, RedisError> {
         match self {
             Connection::Standalone(c) => reply_of(&mut c.clone(), cmd).await,
-            // A failure (rare) goes to the resend, boxed: the future every call carries
-            // stays small.
-            Connection::Cluster(c) => match reply_of(&mut c.clone(), cmd).await {
-                Err(e) => Box::pin(crate::resend::again(c, cmd, e)).await,
-                reply => reply,
-            },
+            Connection::Cluster(c) => c.query(cmd, follows_ask).await,
             Connection::Sentinel(c) => c.query(cmd).await,
         }
     }
@@ -281,7 +277,7 @@ async fn keep_alive(conn: Connection) {
     loop {
         tick.tick().await;
         // Its answer does not matter: a failure is seen by redis-rs, which reconnects.
-        let _ = tokio::time::timeout(KEEP_ALIVE, conn.query(&ping)).await;
+        let _ = tokio::time::timeout(KEEP_ALIVE, conn.query(&ping, true)).await;
     }
 }
 
@@ -351,7 +347,10 @@ impl RedisStore {
                 .await?,
             )
         } else if config.cluster {
-            Connection::Cluster(connect_cluster(&config.urls, config.response_timeout()).await?)
+            Connection::Cluster(crate::resend::Cluster::new(
+                connect_cluster(&config.urls, config.response_timeout()).await?,
+                config.urls.first().map(String::as_str),
+            ))
         } else {
             if config.urls.len() != 1 {
                 return Err(RedisStoreError::config(
@@ -723,6 +722,12 @@ impl RedisStore {
             // Older than Redis 7: by slot from now on.
             Err(e) if refuses_script_flags(&e) => {
                 self.disable_node_lanes();
+                return Ok(chunk.to_vec());
+            }
+            // Its one declared key has left a migrating slot (see `Packed::across_slots`):
+            // by slot, every key declared.
+            Err(e) if is_ask(&e) => {
+                self.refresh_nodes_soon();
                 return Ok(chunk.to_vec());
             }
             Err(e) => return Err(e.into()),
@@ -1236,23 +1241,7 @@ impl RedisStore {
         let LaneConn::ClusterNodes(template) = &self.lane_conn else {
             return None;
         };
-        let addr = match template.addr() {
-            redis::ConnectionAddr::Tcp(..) => redis::ConnectionAddr::Tcp(host.clone(), *port),
-            redis::ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => redis::ConnectionAddr::TcpTls {
-                host: host.clone(),
-                port: *port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => return None,
-        };
-        let info = (**template).clone().set_addr(addr);
-        let direct =
-            crate::direct::Direct::for_info(&info, format!("the Cluster node at {host}:{port}"))?;
+        let direct = crate::direct::Direct::for_node(template, host, *port, 1)?;
         Some(NodeConn {
             addr: (host.clone(), *port),
             direct: Arc::new(direct),
@@ -1481,7 +1470,9 @@ impl RedisStore {
     ) -> Result<redis::Value, RedisError> {
         if let (Via::Lane(lane), Some(own)) = (via, self.own_connection(via)) {
             // Written once, as the bytes the store's own connection sends (`command.rs`).
-            let packed = || packed_call(b"EVALSHA", s.sha.as_bytes(), room, &args);
+            let across = s.is_across_slots();
+            let packed =
+                || packed_call(b"EVALSHA", s.sha.as_bytes(), room, &args).across_slots(across);
             // A script this lane has run on its server goes by its SHA alone; any other is
             // loaded first (SCRIPT LOAD and the call written together), so that a new form's
             // first call is not answered NOSCRIPT (an error in the server's stats).
@@ -1535,9 +1526,8 @@ impl RedisStore {
             // The script itself, the one call that cannot meet NOSCRIPT (a Cluster node that
             // did not run it sends it on redis-rs's cluster connection, which follows the
             // redirection).
-            return self
-                .query_own(own, packed_call(b"EVAL", s.text.as_bytes(), room, &args))
-                .await;
+            let eval = packed_call(b"EVAL", s.text.as_bytes(), room, &args).across_slots(across);
+            return self.query_own(own, eval).await;
         }
         self.run_script_shared(s, &args, room).await
     }
@@ -1551,17 +1541,18 @@ impl RedisStore {
         args: &(dyn Fn(&mut dyn Args) + Sync),
         room: Room,
     ) -> Result<redis::Value, RedisError> {
+        let follows_ask = !s.is_across_slots();
         let mut cmd = Cmd::with_capacity(room.args + 2, room.bytes + 64);
         cmd.arg("EVALSHA").arg(&s.sha);
         args(&mut cmd);
-        match self.query(&cmd).await {
+        match self.query_follows(&cmd, follows_ask).await {
             Err(e) if is_noscript(&e) => {}
             other => return other,
         }
         let load = script_load(s);
         for _ in 0..RELOADS {
             self.query(&load).await?;
-            match self.query(&cmd).await {
+            match self.query_follows(&cmd, follows_ask).await {
                 Err(e) if is_noscript(&e) => {}
                 other => return other,
             }
@@ -1569,7 +1560,7 @@ impl RedisStore {
         let mut eval = Cmd::with_capacity(room.args + 2, room.bytes + s.text.len() + 64);
         eval.arg("EVAL").arg(&s.text);
         args(&mut eval);
-        self.query(&eval).await
+        self.query_follows(&eval, follows_ask).await
     }
 
     /// Whether a plan that coalesces has no timer of its own, its lane bounding it (see
@@ -1630,7 +1621,10 @@ impl RedisStore {
                 let reply = d.query(cmd.bytes()).await;
                 unanswered.answered = reply.is_ok();
                 match reply {
-                    Err(e) if crate::error::not_run_here(&e) => self.query(&cmd.to_cmd()).await,
+                    Err(e) if !cmd.follows_ask && is_ask(&e) => Err(e),
+                    Err(e) if crate::error::not_run_here(&e) => {
+                        self.query_follows(&cmd.to_cmd(), cmd.follows_ask).await
+                    }
                     other => other,
                 }
             }
@@ -1665,7 +1659,10 @@ impl RedisStore {
                 let mut answered = Vec::with_capacity(replies.len());
                 for (cmd, reply) in cmds.iter().zip(replies) {
                     answered.push(match reply {
-                        Err(e) if crate::error::not_run_here(&e) => self.query(&cmd.to_cmd()).await,
+                        Err(e) if !cmd.follows_ask && is_ask(&e) => Err(e),
+                        Err(e) if crate::error::not_run_here(&e) => {
+                            self.query_follows(&cmd.to_cmd(), cmd.follows_ask).await
+                        }
                         other => other,
                     });
                 }
@@ -1675,7 +1672,17 @@ impl RedisStore {
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<redis::Value, RedisError> {
-        self.conn.query(cmd).await
+        self.conn.query(cmd, true).await
+    }
+
+    /// [`RedisStore::query`], on a Cluster sent again after an ASK only when `follows_ask`
+    /// (see `Packed::across_slots`).
+    async fn query_follows(
+        &self,
+        cmd: &Cmd,
+        follows_ask: bool,
+    ) -> Result<redis::Value, RedisError> {
+        self.conn.query(cmd, follows_ask).await
     }
 }
 
@@ -2080,6 +2087,13 @@ impl RedisStore {
                 self.run_each_alone(batch, Via::Shared).await;
                 return;
             }
+            // Its one declared key has left a migrating slot (see `Packed::across_slots`):
+            // each plan alone, every key declared, where the client follows the ASK.
+            Some(Err(e)) if across && is_ask(&e) => {
+                self.refresh_nodes_soon();
+                self.run_each_alone(batch, Via::Shared).await;
+                return;
+            }
             Some(Ok(redis::Value::Array(items))) if items.len() == batch.len() => Ok(items),
             Some(Ok(other)) => Err(RedisStoreError::protocol(format!(
                 "the batch script answered {other:?}, expected an array of {}",
@@ -2199,6 +2213,7 @@ impl RedisStore {
                         packed_call(first, second, call.room, |cmd| {
                             self.push_call_args(cmd, &jobs, shapes, call)
                         })
+                        .across_slots(call.across)
                     }
                     Entry::Alone(w) => match &w.job {
                         Job::Plan(p) => {
@@ -2526,6 +2541,11 @@ impl Entry {
 const RELOADS: usize = 2;
 
 /// Whether the server answered that it has no script of that SHA.
+/// Whether `e` is a Cluster node's ASK.
+fn is_ask(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(redis::ServerErrorKind::Ask)
+}
+
 fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }

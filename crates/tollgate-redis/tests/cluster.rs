@@ -328,3 +328,120 @@ async fn a_new_forms_first_call_on_a_healthy_master_survives_another_masters_res
     assert!(v.allowed);
     assert_eq!(v.decisions[0].remaining, 999);
 }
+
+/// A cluster scaled out under load: a master added after the store connected (redis-rs has
+/// no connection to it, and it serves no slot until the end), then the keys of a slot moved
+/// to it one at a time while twelve clients of that slot and forty of its node's others keep
+/// asking, two rules a plan. Before the store followed MOVED and ASK on connections of its
+/// own (`resend.rs`), every call that met an ASK failed (redis-rs reaches by address only
+/// nodes it knows), and with `max_batch = 1` redis-rs's connection then answered nothing for
+/// good (every later call timed out); and a batch that followed an ASK (its one declared key
+/// moved) read keys of the slot still on the owner as absent on the new node and wrote them
+/// there, so their MIGRATE found them (BUSYKEY) and those clients had two buckets. Now each
+/// client is admitted its five exactly, the keys all move, and calls fail only where a
+/// client's two keys are split between the nodes past the resends (TRYAGAIN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_scaled_out_under_load_decides_exactly_and_keeps_answering() {
+    for max_batch in [None, Some(1)] {
+        let mut cluster = RedisCluster::start(3, 0);
+        let mut config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+            .with_call_timeout(Duration::from_secs(2));
+        if let Some(b) = max_batch {
+            config = config.with_max_batch(b);
+        }
+        let store = tollgate_redis::RedisStore::connect(config)
+            .await
+            .expect("connect");
+        let bucket = Arc::new(rule("b", Algorithm::TokenBucket, 5, HOUR));
+        let window = Arc::new(rule("w", Algorithm::FixedWindow, 8, HOUR));
+        let slot = u32::from(client(1).cluster_slot());
+        let movers: Vec<u128> = (1..2_000_000u128)
+            .filter(|&w| u32::from(client(w).cluster_slot()) == slot)
+            .take(12)
+            .collect();
+        assert_eq!(movers.len(), 12);
+        let from = cluster.master_of_slot(slot).expect("the slot's master");
+        let others: Vec<u128> = (3_000_000u128..3_100_000)
+            .filter(|&w| {
+                let s = u32::from(client(w).cluster_slot());
+                s != slot && cluster.master_of_slot(s) == Some(from)
+            })
+            .take(40)
+            .collect();
+        let plan = |w: u128| {
+            [
+                Check::new(client(w), &bucket, 1),
+                Check::new(client(w), &window, 1),
+            ]
+        };
+        // Every mover's state exists before the move: one of five taken.
+        for &w in &movers {
+            assert!(store.check(&plan(w), 0).await.expect("first").allowed);
+        }
+        let new = cluster.add_master();
+        let cluster = Arc::new(cluster);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for &w in movers.iter().chain(&others) {
+            let (store, bucket, window, stop) =
+                (store.clone(), bucket.clone(), window.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let plan = [
+                    Check::new(client(w), &bucket, 1),
+                    Check::new(client(w), &window, 1),
+                ];
+                let (mut admitted, mut errors) = (0u32, Vec::new());
+                // Bounded: about 4 s at most (the move takes 1-2 s).
+                for _ in 0..1000 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    match store.check(&plan, 0).await {
+                        Ok(v) => admitted += u32::from(v.allowed),
+                        Err(e) => errors.push(e),
+                    }
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+                (w, admitted, errors)
+            }));
+        }
+        let mover = Arc::clone(&cluster);
+        let moved = tokio::task::spawn_blocking(move || {
+            mover.move_slot(slot, new, Duration::from_millis(30))
+        })
+        .await
+        .expect("the move's thread");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut failed = Vec::new();
+        for t in tasks {
+            let (w, admitted, errors) = t.await.expect("task");
+            let before = u32::from(movers.contains(&w));
+            assert_eq!(admitted + before, 5, "max_batch {max_batch:?}: client {w}");
+            failed.extend(errors);
+        }
+        moved.unwrap_or_else(|e| panic!("max_batch {max_batch:?}: {e}"));
+        // Only calls the cluster said it had not run, and few: a client's keys split
+        // between the nodes for longer than the resends wait.
+        assert!(
+            failed.len() <= 12
+                && failed
+                    .iter()
+                    .all(|e| e.kind() == tollgate_redis::ErrorKind::Cluster),
+            "max_batch {max_batch:?}: {failed:?}"
+        );
+        for &w in &movers {
+            let v = store
+                .check(&[Check::new(client(w), &bucket, 0)], 0)
+                .await
+                .unwrap_or_else(|e| panic!("max_batch {max_batch:?}: client {w}: {e}"));
+            assert_eq!(v.decisions[0].remaining, 0, "client {w}");
+        }
+        let keys = cluster.nodes()[new].cli(&["cluster", "countkeysinslot", &slot.to_string()]);
+        assert_eq!(
+            keys.trim(),
+            "24",
+            "every mover's two keys on the new master"
+        );
+    }
+}

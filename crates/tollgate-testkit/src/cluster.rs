@@ -16,6 +16,8 @@ pub const NODE_TIMEOUT_MS: u64 = 1000;
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// Every node's `redis-server` arguments, for a node added later.
+    extra: Vec<String>,
 }
 
 impl RedisCluster {
@@ -69,7 +71,7 @@ impl RedisCluster {
         let replicas = replicas_per_master.to_string();
         args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         let out = nodes[0].cli(&args);
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster { nodes, extra };
         if !cluster.wait_ok(CLUSTER_TIMEOUT) {
             panic!("cluster did not reach cluster_state:ok within {CLUSTER_TIMEOUT:?}; redis-cli said:\n{out}");
         }
@@ -180,6 +182,75 @@ impl RedisCluster {
             let _ = self.nodes[i].cli(&["cluster", "setslot", &slot_arg, "node", &to_id]);
         }
         process::wait_until(CLUSTER_TIMEOUT, || self.master_of_slot(slot) == Some(to))
+    }
+
+    /// Adds a master serving no slot, as scaling a cluster out does (`redis-cli --cluster
+    /// add-node`), and waits (bounded) until every running node knows it and the cluster is
+    /// ok. Returns its index.
+    pub fn add_master(&mut self) -> usize {
+        let i = self.nodes.len();
+        let node = RedisServer::start_with(self.extra.clone(), i as u32);
+        let new = format!("127.0.0.1:{}", node.port());
+        let Some(seed) = self.nodes.iter().find(|n| n.is_up()) else {
+            panic!("no running node to join");
+        };
+        let existing = format!("127.0.0.1:{}", seed.port());
+        let out = seed.cli(&["--cluster", "add-node", &new, &existing]);
+        self.nodes.push(node);
+        let port = format!(":{}", self.nodes[i].port());
+        let known = process::wait_until(CLUSTER_TIMEOUT, || {
+            self.nodes
+                .iter()
+                .filter(|n| n.is_up())
+                .all(|n| n.cli(&["cluster", "nodes"]).contains(&port))
+        });
+        assert!(known, "the new node did not join; redis-cli said:\n{out}");
+        assert!(
+            self.wait_ok(CLUSTER_TIMEOUT),
+            "the cluster is not ok after a join"
+        );
+        i
+    }
+
+    /// Hands `slot` and the keys it holds to node `to`, as a resharding does: `to` importing,
+    /// the owner migrating, its keys moved one by one with `MIGRATE` (`pause` after each, so
+    /// that calls meet a slot half moved), then the slot given to `to` (see
+    /// [`RedisCluster::move_empty_slot`]). An error says which step failed and how: a
+    /// `MIGRATE` answered `BUSYKEY` found the key already written on `to`.
+    pub fn move_slot(&self, slot: u32, to: usize, pause: Duration) -> Result<(), String> {
+        let Some(from) = self.master_of_slot(slot) else {
+            return Err(format!("no master serves slot {slot}"));
+        };
+        if from == to {
+            return Ok(());
+        }
+        if !self.begin_migration(slot, to) {
+            return Err(format!("the migration of slot {slot} did not begin"));
+        }
+        let slot_arg = slot.to_string();
+        let port = self.nodes[to].port().to_string();
+        // Bounded: a slot of a test holds at most a few hundred keys.
+        for _ in 0..10_000 {
+            let listed = self.nodes[from].cli(&["cluster", "getkeysinslot", &slot_arg, "1"]);
+            let Some(key) = listed.lines().map(str::trim).find(|k| !k.is_empty()) else {
+                break;
+            };
+            let out = self.nodes[from].cli(&["migrate", "127.0.0.1", &port, key, "0", "5000"]);
+            if !out.contains("OK") && !out.contains("NOKEY") {
+                return Err(format!("MIGRATE {key} answered {}", out.trim()));
+            }
+            std::thread::sleep(pause);
+        }
+        if !self.move_empty_slot(slot, to) {
+            return Err(format!("slot {slot} was not handed to node {to}"));
+        }
+        match self.nodes[from]
+            .cli(&["cluster", "countkeysinslot", &slot_arg])
+            .trim()
+        {
+            "0" => Ok(()),
+            n => Err(format!("{n} keys of slot {slot} stayed behind")),
+        }
     }
 
     /// The master serving `slot`, and another master (the lowest index): a slot's owner and
