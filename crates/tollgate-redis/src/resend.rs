@@ -16,7 +16,9 @@
 //!   moved to it one by one under load (a cluster scaled out): every call that met an ASK
 //!   failed, and with `max_batch = 1` redis-rs's connection then stopped answering anything
 //!   for good (its recovery waits on a lock that a request it no longer polls was given), so
-//!   every later call timed out;
+//!   every later call timed out. Where the store's connection does not take the first URL
+//!   (`direct.rs`; no URL this build connects with), a MOVED waits for redis-rs's new slot
+//!   map and goes by slot, and an ASK is the call's failure;
 //! - TRYAGAIN, CLUSTERDOWN, MASTERDOWN and READONLY, no connection to the slot's node, or a
 //!   refused connection: after a wait, by slot again (redis-rs reads the slot map again
 //!   after each of them).
@@ -31,9 +33,8 @@
 
 use crate::direct::Direct;
 use crate::error::not_run_here;
-use crate::reply::{reply_of, server_error_as_err};
+use crate::reply::reply_of;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -177,7 +178,9 @@ async fn again(
             },
             Next::Asking(host, port) => match cluster.node(&host, port) {
                 Some(node) => asking_on(&node, cmd).await,
-                None => asking_by_address(&mut c, cmd, host, port).await,
+                // Not by address on redis-rs's client (see the module docs): the ASK is the
+                // call's failure.
+                None => break,
             },
             Next::Wait => {
                 tokio::time::sleep(wait).await;
@@ -202,56 +205,6 @@ async fn asking_on(node: &Direct, cmd: &Cmd) -> Result<Value, RedisError> {
             ErrorKind::Parse,
             "no reply after ASKING",
         ))),
-    }
-}
-
-/// [`asking_on`] on redis-rs's connection to `host:port`, where the store has none of its own
-/// (a URL its connections do not take): a node redis-rs is not connected to (one that serves
-/// no slot yet) fails the call (see the module docs).
-async fn asking_by_address(
-    c: &mut ClusterConnection,
-    cmd: &Cmd,
-    host: String,
-    port: u16,
-) -> Result<Value, RedisError> {
-    let to = SingleNodeRoutingInfo::ByAddress { host, port };
-    // One write, so no other call on the connection comes between the two.
-    let mut pipe = redis::pipe();
-    pipe.cmd("ASKING").add_command(cmd.clone());
-    let reply = c
-        .route_pipeline(pipe, 1, 1, to.clone())
-        .await
-        .and_then(|v| {
-            let reply = v
-                .into_iter()
-                .next()
-                .ok_or_else(|| RedisError::from((ErrorKind::Parse, "no reply after ASKING")))?;
-            server_error_as_err(reply)
-        });
-    match reply {
-        // Sent back: ASKING may have been refused (a user without `+asking`), which redis-rs
-        // does not show beside the MOVED; then that is the failure.
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::Moved) => {
-            Err(asking_refused(c, to).await.unwrap_or(e))
-        }
-        other => other,
-    }
-}
-
-/// The error `ASKING` gets on the node `to`, if it is refused (a PING after it takes the flag
-/// it would otherwise leave on the connection).
-async fn asking_refused(
-    c: &mut ClusterConnection,
-    to: SingleNodeRoutingInfo,
-) -> Option<RedisError> {
-    let mut probe = redis::pipe();
-    probe.cmd("ASKING").cmd("PING");
-    match c.route_pipeline(probe, 0, 2, to).await {
-        Ok(values) => match values.into_iter().next() {
-            Some(Value::ServerError(e)) => Some(e.into()),
-            _ => None,
-        },
-        Err(_) => None,
     }
 }
 
