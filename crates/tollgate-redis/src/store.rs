@@ -609,16 +609,60 @@ impl RedisStore {
         }
         for (_, members) in groups {
             for chunk in members.chunks(SETTLE_CHUNK) {
-                let reply = self
-                    .run_script(settle_script(), |cmd| {
-                        cmd.arg(chunk.len());
-                        for &i in chunk {
-                            cmd.arg(self.key(&items[i].client, items[i].rule.name()));
-                        }
-                        self.push_settle_args(cmd, items, chunk, now);
-                    })
+                self.settle_in_slot(items, chunk, now, &mut out, &mut at)
                     .await?;
-                let (values, ran_at) = settle_values(reply, chunk.len())?;
+            }
+        }
+        Ok((out, at))
+    }
+
+    /// The settles of `chunk` (items of one slot, or of the one server) in one call; on a
+    /// Cluster slot being migrated whose keys of the call are split between the two nodes
+    /// (TRYAGAIN, after the resends), one call an item, each where its key is.
+    async fn settle_in_slot(
+        &self,
+        items: &[SettleArgs<'_>],
+        chunk: &[usize],
+        now: Micros,
+        out: &mut [u64],
+        at: &mut [Micros],
+    ) -> Result<(), RedisStoreError> {
+        match self.settle_call(items, chunk, now, out, at).await {
+            Err(e)
+                if chunk.len() > 1 && e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) =>
+            {
+                for &i in chunk {
+                    self.settle_call(items, &[i], now, out, at).await??;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+            Ok(applied) => applied,
+        }
+    }
+
+    /// One settle script call for `chunk` (items of one slot, or of the one server), its
+    /// values written to `out` and `at`: the call's failure as Redis gave it, or what its
+    /// reply makes of it.
+    async fn settle_call(
+        &self,
+        items: &[SettleArgs<'_>],
+        chunk: &[usize],
+        now: Micros,
+        out: &mut [u64],
+        at: &mut [Micros],
+    ) -> Result<Result<(), RedisStoreError>, RedisError> {
+        let reply = self
+            .run_script(settle_script(), |cmd| {
+                cmd.arg(chunk.len());
+                for &i in chunk {
+                    cmd.arg(self.key(&items[i].client, items[i].rule.name()));
+                }
+                self.push_settle_args(cmd, items, chunk, now);
+            })
+            .await?;
+        Ok(
+            settle_values(reply, chunk.len()).and_then(|(values, ran_at)| {
                 for (i, v) in values.into_iter().enumerate() {
                     at[chunk[i]] = ran_at;
                     out[chunk[i]] = match v {
@@ -630,9 +674,9 @@ impl RedisStore {
                         }
                     };
                 }
-            }
-        }
-        Ok((out, at))
+                Ok(())
+            }),
+        )
     }
 
     /// The settle script's arguments after its keys: now, the PX floor, 7 per item.
@@ -725,10 +769,13 @@ impl RedisStore {
                 return Ok(chunk.to_vec());
             }
             // Its one declared key has left a migrating slot (see `Packed::across_slots`):
-            // by slot, every key declared.
+            // one call an item, each declaring its key, so each goes where its key is.
             Err(e) if is_ask(&e) => {
                 self.refresh_nodes_soon();
-                return Ok(chunk.to_vec());
+                for &i in chunk {
+                    self.settle_call(items, &[i], now, out, at).await??;
+                }
+                return Ok(Vec::new());
             }
             Err(e) => return Err(e.into()),
         };

@@ -567,3 +567,101 @@ async fn on_a_cluster_a_call_whose_answer_was_lost_after_it_ran_is_not_sent_agai
         );
     }
 }
+
+/// A node's settles declare one key (the first item's; the others travel as arguments), so
+/// once that key has left a slot being migrated the owner answers ASK, while the slot's other
+/// keys of the call may still be on it. Followed, the call ran on the importing node, where
+/// those keys were not yet: a debt settled there wrote a second state beside the one still to
+/// move (its MIGRATE then met BUSYKEY), and a refund found nothing to refund. Now such a call
+/// is settled item by item, each where its key is: the moved one on the importing node (after
+/// ASKING), the other on the owner. With `max_batch = 1` (no node table: settles by slot, every
+/// key declared) the owner answers TRYAGAIN for the two keys split between the nodes, and the
+/// call goes item by item the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_settles_met_by_an_ask_are_applied_where_each_key_is() {
+    for max_batch in [None, Some(1)] {
+        settle_half_moved(max_batch).await;
+    }
+}
+
+async fn settle_half_moved(max_batch: Option<usize>) {
+    let cluster = tollgate_testkit::RedisCluster::start(3, 0);
+    let mut config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+        .with_clock(StoreClock::Local)
+        .with_key_prefix("settle");
+    if let Some(b) = max_batch {
+        config = config.with_max_batch(b);
+    }
+    let store = RedisStore::connect(config).await.expect("connect");
+    let rule = common::rule(
+        "half-moved",
+        Algorithm::TokenBucket,
+        20,
+        std::time::Duration::from_secs(3600),
+    );
+    let now = EPOCH_2026;
+    // Two clients of one slot: the first one's key moves, the second's stays.
+    let first = common::client(1);
+    let slot = first.cluster_slot();
+    let second = (2..2_000_000u128)
+        .map(common::client)
+        .find(|c| c.cluster_slot() == slot)
+        .expect("a second client of the slot");
+    for c in [first, second] {
+        let v = store
+            .check(&[Check::new(c, &rule, 10)], now)
+            .await
+            .expect("charge");
+        assert!(v.allowed);
+    }
+    let (from, to) = cluster.owner_and_other(u32::from(slot));
+    assert!(cluster.begin_migration(u32::from(slot), to));
+    let moved = store.key(&first, "half-moved");
+    let port = cluster.nodes()[to].port().to_string();
+    let out = cluster.nodes()[from].cli(&["migrate", "127.0.0.1", &port, &moved, "0", "5000"]);
+    assert!(out.contains("OK"), "{out}");
+    let items = [
+        // A refund of 6 for the moved key, a debt of 5 for the other.
+        SettleItem {
+            client: first,
+            rule: &rule,
+            units: 10,
+            at: now,
+            real: Some(4),
+        },
+        SettleItem {
+            client: second,
+            rule: &rule,
+            units: 10,
+            at: now,
+            real: Some(15),
+        },
+    ];
+    let applied = store.settle(&items, now).await;
+    // The second key moves now: nothing of it was written on the importing node.
+    let stayed = store.key(&second, "half-moved");
+    let out = cluster.nodes()[from].cli(&["migrate", "127.0.0.1", &port, &stayed, "0", "5000"]);
+    assert!(
+        out.contains("OK"),
+        "{max_batch:?}: the second key's MIGRATE: {out}"
+    );
+    assert!(cluster.move_empty_slot(u32::from(slot), to));
+    let left = |c| {
+        let store = store.clone();
+        let rule = &rule;
+        async move {
+            store
+                .check(&[Check::new(c, rule, 0)], now)
+                .await
+                .expect("query")
+                .decisions[0]
+                .remaining
+        }
+    };
+    assert_eq!(
+        (left(first).await, left(second).await),
+        (16, 5),
+        "{max_batch:?}"
+    );
+    assert_eq!(applied.expect("settled"), vec![6, 5], "{max_batch:?}");
+}
