@@ -9,8 +9,8 @@ use common::{client, rule};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::{Algorithm, Check};
-use tollgate_redis::{plan_script_sha, RuleShape, StoreClock};
+use tollgate_core::{Algorithm, Check, Rule};
+use tollgate_redis::{plan_script_sha, ErrorKind, RuleShape, StoreClock};
 use tollgate_testkit::RedisCluster;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -329,19 +329,108 @@ async fn a_new_forms_first_call_on_a_healthy_master_survives_another_masters_res
     assert_eq!(v.decisions[0].remaining, 999);
 }
 
-/// A cluster scaled out under load: a master added after the store connected (redis-rs has
-/// no connection to it, and it serves no slot until the end), then the keys of a slot moved
-/// to it one at a time while twelve clients of that slot and forty of its node's others keep
-/// asking, two rules a plan. Before the store followed MOVED and ASK on connections of its
-/// own (`resend.rs`), every call that met an ASK failed (redis-rs reaches by address only
-/// nodes it knows), and with `max_batch = 1` redis-rs's connection then answered nothing for
-/// good (every later call timed out); and a batch that followed an ASK (its one declared key
-/// moved) read keys of the slot still on the owner as absent on the new node and wrote them
-/// there, so their MIGRATE found them (BUSYKEY) and those clients had two buckets. Now each
-/// client is admitted its five exactly, the keys all move, and calls fail only where a
-/// client's two keys are split between the nodes past the resends (TRYAGAIN).
+/// What a client's plans got while a resharding ran: the client, how many were admitted, how
+/// many it sent, and the failures.
+type Outcome = (u128, u32, usize, Vec<tollgate_redis::RedisStoreError>);
+
+/// Each of `clients` asks `plan` (a bucket and a window, one unit each) every 3 ms while
+/// `reshard` runs on a thread of its own, and 300 ms past it: each client's outcome, and what
+/// `reshard` returned.
+async fn asking_while<T: Send + 'static>(
+    store: &tollgate_redis::RedisStore,
+    rules: [&Arc<Rule>; 2],
+    clients: &[u128],
+    reshard: impl FnOnce() -> T + Send + 'static,
+) -> (Vec<Outcome>, T) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for &w in clients {
+        let (store, stop) = (store.clone(), stop.clone());
+        let (bucket, window) = (Arc::clone(rules[0]), Arc::clone(rules[1]));
+        tasks.push(tokio::spawn(async move {
+            let plan = [
+                Check::new(client(w), &bucket, 1),
+                Check::new(client(w), &window, 1),
+            ];
+            let (mut admitted, mut sent, mut errors) = (0u32, 0usize, Vec::new());
+            // Bounded: about 4 s at most (a resharding here takes 1-2 s).
+            for _ in 0..1000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                sent += 1;
+                match store.check(&plan, 0).await {
+                    Ok(v) => admitted += u32::from(v.allowed),
+                    Err(e) => errors.push(e),
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            (w, admitted, sent, errors)
+        }));
+    }
+    let done = tokio::task::spawn_blocking(reshard)
+        .await
+        .expect("the resharding's thread");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.expect("task"));
+    }
+    (outcomes, done)
+}
+
+/// Whether `e` is a TRYAGAIN, or an ASK after the resends: a call whose keys a slot being
+/// migrated has split between two nodes (each sends it on to the other, or refuses it).
+fn split(e: &tollgate_redis::RedisStoreError) -> bool {
+    use redis::ServerErrorKind::{Ask, TryAgain};
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<redis::RedisError>())
+        .is_some_and(|r| matches!(r.kind(), redis::ErrorKind::Server(TryAgain | Ask)))
+}
+
+/// Every client admitted five in all (the movers one of them before the resharding), and few
+/// failures (at most one call in a hundred: a store that cannot follow an ASK fails more
+/// than one in twenty), each one `expected` says may happen.
+fn exact_and_few_failures(
+    what: &str,
+    outcomes: &[Outcome],
+    movers: &[u128],
+    expected: fn(&tollgate_redis::RedisStoreError) -> bool,
+) {
+    let (mut failed, mut calls) = (0, 0);
+    for (w, admitted, sent, errors) in outcomes {
+        let already = u32::from(movers.contains(w));
+        assert_eq!(admitted + already, 5, "{what}: client {w}");
+        assert!(
+            errors.iter().all(expected),
+            "{what}: client {w}: {errors:?}"
+        );
+        failed += errors.len();
+        calls += sent;
+    }
+    assert!(
+        failed * 100 <= calls,
+        "{what}: {failed} of {calls} calls failed"
+    );
+}
+
+/// A cluster scaled out and back in under load. Out: a master added after the store
+/// connected (redis-rs has no connection to it, and it serves no slot until the end), then the
+/// keys of a slot moved to it one at a time while twelve clients of that slot and forty of
+/// its node's others keep asking, two rules a plan. In: the slot moved back the same way, and
+/// the master removed (`--cluster del-node`, its process gone).
+///
+/// Before the store followed MOVED and ASK on connections of its own (`resend.rs`), every
+/// call that met an ASK failed (redis-rs reaches by address only nodes it knows), and with
+/// `max_batch = 1` redis-rs's connection then answered nothing for good (every later call
+/// timed out); and a batch that followed an ASK (its one declared key moved) read keys of the
+/// slot still on the owner as absent on the new node and wrote them there, so their MIGRATE
+/// found them (BUSYKEY) and those clients had two buckets. Now each client is admitted its
+/// five exactly, the keys all move, and calls fail only where a client's two keys are split
+/// between the nodes past the resends (TRYAGAIN).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_cluster_scaled_out_under_load_decides_exactly_and_keeps_answering() {
+async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answering() {
     for max_batch in [None, Some(1)] {
         let mut cluster = RedisCluster::start(3, 0);
         let mut config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
@@ -352,8 +441,6 @@ async fn a_cluster_scaled_out_under_load_decides_exactly_and_keeps_answering() {
         let store = tollgate_redis::RedisStore::connect(config)
             .await
             .expect("connect");
-        let bucket = Arc::new(rule("b", Algorithm::TokenBucket, 5, HOUR));
-        let window = Arc::new(rule("w", Algorithm::FixedWindow, 8, HOUR));
         let slot = u32::from(client(1).cluster_slot());
         let movers: Vec<u128> = (1..2_000_000u128)
             .filter(|&w| u32::from(client(w).cluster_slot()) == slot)
@@ -368,80 +455,78 @@ async fn a_cluster_scaled_out_under_load_decides_exactly_and_keeps_answering() {
             })
             .take(40)
             .collect();
-        let plan = |w: u128| {
-            [
-                Check::new(client(w), &bucket, 1),
-                Check::new(client(w), &window, 1),
-            ]
+        let clients: Vec<u128> = movers.iter().chain(&others).copied().collect();
+        let keys_of_slot = |c: &RedisCluster, node: usize| {
+            c.nodes()[node]
+                .cli(&["cluster", "countkeysinslot", &slot.to_string()])
+                .trim()
+                .to_string()
         };
+
+        // Out.
+        let rules = [
+            &Arc::new(rule("b", Algorithm::TokenBucket, 5, HOUR)),
+            &Arc::new(rule("w", Algorithm::FixedWindow, 8, HOUR)),
+        ];
         // Every mover's state exists before the move: one of five taken.
         for &w in &movers {
-            assert!(store.check(&plan(w), 0).await.expect("first").allowed);
+            let plan = [
+                Check::new(client(w), rules[0], 1),
+                Check::new(client(w), rules[1], 1),
+            ];
+            assert!(store.check(&plan, 0).await.expect("first").allowed);
         }
         let new = cluster.add_master();
         let cluster = Arc::new(cluster);
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut tasks = Vec::new();
-        for &w in movers.iter().chain(&others) {
-            let (store, bucket, window, stop) =
-                (store.clone(), bucket.clone(), window.clone(), stop.clone());
-            tasks.push(tokio::spawn(async move {
-                let plan = [
-                    Check::new(client(w), &bucket, 1),
-                    Check::new(client(w), &window, 1),
-                ];
-                let (mut admitted, mut errors) = (0u32, Vec::new());
-                // Bounded: about 4 s at most (the move takes 1-2 s).
-                for _ in 0..1000 {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        break;
-                    }
-                    match store.check(&plan, 0).await {
-                        Ok(v) => admitted += u32::from(v.allowed),
-                        Err(e) => errors.push(e),
-                    }
-                    tokio::time::sleep(Duration::from_millis(3)).await;
-                }
-                (w, admitted, errors)
-            }));
-        }
         let mover = Arc::clone(&cluster);
-        let moved = tokio::task::spawn_blocking(move || {
+        let (outcomes, moved) = asking_while(&store, rules, &clients, move || {
             mover.move_slot(slot, new, Duration::from_millis(30))
         })
-        .await
-        .expect("the move's thread");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut failed = Vec::new();
-        for t in tasks {
-            let (w, admitted, errors) = t.await.expect("task");
-            let before = u32::from(movers.contains(&w));
-            assert_eq!(admitted + before, 5, "max_batch {max_batch:?}: client {w}");
-            failed.extend(errors);
-        }
-        moved.unwrap_or_else(|e| panic!("max_batch {max_batch:?}: {e}"));
-        // Only calls the cluster said it had not run, and few: a client's keys split
-        // between the nodes for longer than the resends wait.
-        assert!(
-            failed.len() <= 12
-                && failed
-                    .iter()
-                    .all(|e| e.kind() == tollgate_redis::ErrorKind::Cluster),
-            "max_batch {max_batch:?}: {failed:?}"
-        );
-        for &w in &movers {
-            let v = store
-                .check(&[Check::new(client(w), &bucket, 0)], 0)
-                .await
-                .unwrap_or_else(|e| panic!("max_batch {max_batch:?}: client {w}: {e}"));
-            assert_eq!(v.decisions[0].remaining, 0, "client {w}");
-        }
-        let keys = cluster.nodes()[new].cli(&["cluster", "countkeysinslot", &slot.to_string()]);
+        .await;
+        let what = format!("out, max_batch {max_batch:?}");
+        moved.unwrap_or_else(|e| panic!("{what}: {e}"));
+        // Only a client's two keys split between the nodes for longer than the resends wait.
+        exact_and_few_failures(&what, &outcomes, &movers, split);
         assert_eq!(
-            keys.trim(),
+            keys_of_slot(&cluster, new),
             "24",
-            "every mover's two keys on the new master"
+            "{what}: the movers' keys"
+        );
+
+        // In.
+        let rules = [
+            &Arc::new(rule("b2", Algorithm::TokenBucket, 5, HOUR)),
+            &Arc::new(rule("w2", Algorithm::FixedWindow, 8, HOUR)),
+        ];
+        for &w in &movers {
+            let plan = [
+                Check::new(client(w), rules[0], 1),
+                Check::new(client(w), rules[1], 1),
+            ];
+            assert!(store.check(&plan, 0).await.expect("first").allowed);
+        }
+        let Ok(mut cluster) = Arc::try_unwrap(cluster) else {
+            panic!("the cluster is still shared");
+        };
+        let (outcomes, removed) = asking_while(&store, rules, &clients, move || {
+            let moved = cluster.move_slot(slot, from, Duration::from_millis(30));
+            let removed = moved.is_ok() && cluster.remove_master(new);
+            (moved, removed, cluster)
+        })
+        .await;
+        let (moved, removed, cluster) = removed;
+        let what = format!("in, max_batch {max_batch:?}");
+        moved.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(removed, "{what}: the master was not removed");
+        // Also calls in flight to the master as it went: the store's node table (read at
+        // most once a second) may still have sent its old slot's plans there.
+        let expected =
+            |e: &tollgate_redis::RedisStoreError| split(e) || e.kind() == ErrorKind::Connection;
+        exact_and_few_failures(&what, &outcomes, &movers, expected);
+        assert_eq!(
+            keys_of_slot(&cluster, from),
+            "48",
+            "{what}: both rounds' keys"
         );
     }
 }

@@ -212,6 +212,27 @@ impl RedisCluster {
         i
     }
 
+    /// Removes master `i`, which serves no slot any more (scaling a cluster in): `redis-cli
+    /// --cluster del-node` (every other node forgets it, and it is shut down), then its
+    /// process is stopped for good; waits (bounded) until no running node lists it and the
+    /// cluster is ok. Whether it went.
+    pub fn remove_master(&mut self, i: usize) -> bool {
+        let id = self.nodes[i].cli(&["cluster", "myid"]).trim().to_string();
+        let port = format!(":{}", self.nodes[i].port());
+        let Some(other) = (0..self.nodes.len()).find(|&j| j != i && self.nodes[j].is_up()) else {
+            return false;
+        };
+        let entry = format!("127.0.0.1:{}", self.nodes[other].port());
+        let _ = self.nodes[other].cli(&["--cluster", "del-node", &entry, &id]);
+        self.nodes[i].kill();
+        process::wait_until(CLUSTER_TIMEOUT, || {
+            self.nodes
+                .iter()
+                .filter(|n| n.is_up())
+                .all(|n| !n.cli(&["cluster", "nodes"]).contains(&port))
+        }) && self.wait_ok(CLUSTER_TIMEOUT)
+    }
+
     /// Hands `slot` and the keys it holds to node `to`, as a resharding does: `to` importing,
     /// the owner migrating, its keys moved one by one with `MIGRATE` (`pause` after each, so
     /// that calls meet a slot half moved), then the slot given to `to` (see
