@@ -257,14 +257,9 @@ impl Form {
 pub(crate) struct Script {
     pub(crate) text: String,
     pub(crate) sha: String,
-}
-
-impl Script {
-    /// Whether it is an across-slots script (see [`across_slots`]): one key declared, the
-    /// others in its arguments.
-    pub(crate) fn is_across_slots(&self) -> bool {
-        self.text.starts_with(ACROSS_SLOTS_SHEBANG)
-    }
+    /// An across-slots script (see [`across_slots`]): one key declared, the others in its
+    /// arguments.
+    pub(crate) across_slots: bool,
 }
 
 /// The most rules a generated script inlines. Each rule adds seven Lua locals and its body
@@ -413,7 +408,11 @@ fn lease_batch(driver: &str) -> Script {
 pub(crate) fn across_slots(script: Script) -> Script {
     let text = format!("{ACROSS_SLOTS_SHEBANG}{}", script.text);
     let sha = redis::Script::new(&text).get_hash().to_string();
-    Script { text, sha }
+    Script {
+        text,
+        sha,
+        across_slots: true,
+    }
 }
 
 /// [`lease_batch_script`] for the leases of several slots one Cluster node serves (Redis 7's
@@ -996,7 +995,11 @@ pub(crate) fn finish(parts: &[&str]) -> Script {
         text.push('\n');
     }
     let sha = redis::Script::new(&text).get_hash().to_string();
-    Script { text, sha }
+    Script {
+        text,
+        sha,
+        across_slots: false,
+    }
 }
 
 /// A script's answer: the script's `now` (absent from an integer reply) and one decision per
@@ -1157,6 +1160,7 @@ mod tests {
         let script = |n: usize| Script {
             text: "x".repeat(n),
             sha: String::new(),
+            across_slots: false,
         };
         let by_bytes = Bound {
             scripts: 100,
@@ -1373,6 +1377,7 @@ mod tests {
     fn the_across_slots_settle_and_lease_scripts_take_their_keys_from_argv() {
         let settle = settle_script_across().expect("settle.lua still has its two blocks");
         assert!(settle.text.starts_with(ACROSS_SLOTS_SHEBANG));
+        assert!(settle.across_slots && !settle_script().across_slots);
         assert_eq!(settle.sha, redis::Script::new(&settle.text).get_hash());
         assert!(
             settle.text.contains(SETTLE_ACROSS_KEYS) && settle.text.contains(SETTLE_ACROSS_READ)
@@ -1386,6 +1391,7 @@ mod tests {
         assert_ne!(plain.sha, settle.sha);
         let lease = lease_batch_script_across();
         assert!(lease.text.starts_with(ACROSS_SLOTS_SHEBANG));
+        assert!(lease.across_slots && !lease_batch_script().across_slots);
         assert!(lease.text.contains("redis.pcall('EXISTS', key)"));
         assert!(lease.text.contains("'TGELSEWHERE lease '"));
         assert_ne!(lease.sha, lease_batch_script().sha);

@@ -1517,7 +1517,7 @@ impl RedisStore {
     ) -> Result<redis::Value, RedisError> {
         if let (Via::Lane(lane), Some(own)) = (via, self.own_connection(via)) {
             // Written once, as the bytes the store's own connection sends (`command.rs`).
-            let across = s.is_across_slots();
+            let across = s.across_slots;
             let packed =
                 || packed_call(b"EVALSHA", s.sha.as_bytes(), room, &args).across_slots(across);
             // A script this lane has run on its server goes by its SHA alone; any other is
@@ -1588,7 +1588,7 @@ impl RedisStore {
         args: &(dyn Fn(&mut dyn Args) + Sync),
         room: Room,
     ) -> Result<redis::Value, RedisError> {
-        let follows_ask = !s.is_across_slots();
+        let follows_ask = !s.across_slots;
         let mut cmd = Cmd::with_capacity(room.args + 2, room.bytes + 64);
         cmd.arg("EVALSHA").arg(&s.sha);
         args(&mut cmd);
