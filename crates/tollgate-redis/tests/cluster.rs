@@ -415,6 +415,21 @@ fn exact_and_few_failures(
     );
 }
 
+/// Each of `clients` is answered after a resharding, its bucket (`rule`) empty: the store did
+/// not stop answering (redis-rs's client once stopped for good).
+async fn answered(
+    what: &str,
+    store: &tollgate_redis::RedisStore,
+    rule: &Arc<Rule>,
+    clients: &[u128],
+) {
+    for &w in clients {
+        let v = store.check(&[Check::new(client(w), rule, 0)], 0).await;
+        let v = v.unwrap_or_else(|e| panic!("{what}: client {w} after: {e}"));
+        assert_eq!(v.decisions[0].remaining, 0, "{what}: client {w} after");
+    }
+}
+
 /// A cluster scaled out and back in under load. Out: a master added after the store
 /// connected (redis-rs has no connection to it, and it serves no slot until the end), then the
 /// keys of a slot moved to it one at a time while twelve clients of that slot and forty of
@@ -427,8 +442,9 @@ fn exact_and_few_failures(
 /// timed out); and a batch that followed an ASK (its one declared key moved) read keys of the
 /// slot still on the owner as absent on the new node and wrote them there, so their MIGRATE
 /// found them (BUSYKEY) and those clients had two buckets. Now each client is admitted its
-/// five exactly, the keys all move, and calls fail only where a client's two keys are split
-/// between the nodes past the resends (TRYAGAIN).
+/// five exactly, the keys all move, every client is answered after each way, and at most one
+/// call in a hundred fails: where a client's two keys are split between the nodes past the
+/// resends, a call that outlived its timeout, and calls in flight to the master removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answering() {
     for max_batch in [None, Some(1)] {
@@ -485,8 +501,14 @@ async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answer
         .await;
         let what = format!("out, max_batch {max_batch:?}");
         moved.unwrap_or_else(|e| panic!("{what}: {e}"));
-        // Only a client's two keys split between the nodes for longer than the resends wait.
-        exact_and_few_failures(&what, &outcomes, &movers, split);
+        // Only a client's two keys split between the nodes for longer than the resends wait,
+        // or a call that outlived its timeout (on a loaded machine, once in about twenty runs,
+        // every call of `max_batch = 1` in flight timed out at once as the slot moved: redis-rs
+        // holds its client's lock while it reads the new slot map and connects).
+        let expected =
+            |e: &tollgate_redis::RedisStoreError| split(e) || e.kind() == ErrorKind::Timeout;
+        exact_and_few_failures(&what, &outcomes, &movers, expected);
+        answered(&what, &store, rules[0], &movers).await;
         assert_eq!(
             keys_of_slot(&cluster, new),
             "24",
