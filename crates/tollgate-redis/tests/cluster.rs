@@ -430,6 +430,25 @@ async fn answered(
     }
 }
 
+/// A bucket of five and a window of eight an hour, named after `phase`, of which each of
+/// `movers` has taken one: their state exists before the resharding.
+async fn one_taken(
+    store: &tollgate_redis::RedisStore,
+    phase: &str,
+    movers: &[u128],
+) -> (Arc<Rule>, Arc<Rule>) {
+    let bucket = Arc::new(rule(&format!("{phase}-b"), Algorithm::TokenBucket, 5, HOUR));
+    let window = Arc::new(rule(&format!("{phase}-w"), Algorithm::FixedWindow, 8, HOUR));
+    for &w in movers {
+        let plan = [
+            Check::new(client(w), &bucket, 1),
+            Check::new(client(w), &window, 1),
+        ];
+        assert!(store.check(&plan, 0).await.expect("first").allowed);
+    }
+    (bucket, window)
+}
+
 /// A cluster scaled out and back in under load. Out: a master added after the store
 /// connected (redis-rs has no connection to it, and it serves no slot until the end), then the
 /// keys of a slot moved to it one at a time while twelve clients of that slot and forty of
@@ -480,18 +499,8 @@ async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answer
         };
 
         // Out.
-        let rules = [
-            &Arc::new(rule("b", Algorithm::TokenBucket, 5, HOUR)),
-            &Arc::new(rule("w", Algorithm::FixedWindow, 8, HOUR)),
-        ];
-        // Every mover's state exists before the move: one of five taken.
-        for &w in &movers {
-            let plan = [
-                Check::new(client(w), rules[0], 1),
-                Check::new(client(w), rules[1], 1),
-            ];
-            assert!(store.check(&plan, 0).await.expect("first").allowed);
-        }
+        let (bucket, window) = one_taken(&store, "out", &movers).await;
+        let rules = [&bucket, &window];
         let new = cluster.add_master();
         let cluster = Arc::new(cluster);
         let mover = Arc::clone(&cluster);
@@ -516,17 +525,8 @@ async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answer
         );
 
         // In.
-        let rules = [
-            &Arc::new(rule("b2", Algorithm::TokenBucket, 5, HOUR)),
-            &Arc::new(rule("w2", Algorithm::FixedWindow, 8, HOUR)),
-        ];
-        for &w in &movers {
-            let plan = [
-                Check::new(client(w), rules[0], 1),
-                Check::new(client(w), rules[1], 1),
-            ];
-            assert!(store.check(&plan, 0).await.expect("first").allowed);
-        }
+        let (bucket, window) = one_taken(&store, "in", &movers).await;
+        let rules = [&bucket, &window];
         let Ok(mut cluster) = Arc::try_unwrap(cluster) else {
             panic!("the cluster is still shared");
         };
