@@ -52,10 +52,12 @@ const REDIRECT_IDLE: usize = 4;
 /// TLS; none where that connection does not take the URL, see its module docs).
 #[derive(Clone)]
 pub(crate) struct Cluster {
-    pub(crate) conn: ClusterConnection,
+    conn: ClusterConnection,
     redirects: Arc<Redirects>,
 }
 
+/// The store's own connections to the nodes redirections named, by address, made like
+/// `template` (none without one).
 struct Redirects {
     template: Option<redis::ConnectionInfo>,
     nodes: Mutex<HashMap<(String, u16), Arc<Direct>>>,

@@ -2587,12 +2587,12 @@ impl Entry {
 /// lost, but Redis 7.4 and later evict the scripts it loads, so it is the last resort only.
 const RELOADS: usize = 2;
 
-/// Whether the server answered that it has no script of that SHA.
 /// Whether `e` is a Cluster node's ASK.
 fn is_ask(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(redis::ServerErrorKind::Ask)
 }
 
+/// Whether the server answered that it has no script of that SHA.
 fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
