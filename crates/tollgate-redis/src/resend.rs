@@ -172,11 +172,7 @@ async fn again(
             Next::To(host, port) => match cluster.node(&host, port) {
                 Some(node) => node.query(&cmd.get_packed_command()).await,
                 // redis-rs reads the slot map again after a MOVED: by slot, after a wait.
-                None => {
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(MAX_WAIT);
-                    reply_of(&mut c, cmd).await
-                }
+                None => by_slot_after(&mut c, cmd, &mut wait).await,
             },
             Next::Asking(host, port) => match cluster.node(&host, port) {
                 Some(node) => asking_on(&node, cmd).await,
@@ -184,14 +180,21 @@ async fn again(
                 // call's failure.
                 None => break,
             },
-            Next::Wait => {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(MAX_WAIT);
-                reply_of(&mut c, cmd).await
-            }
+            Next::Wait => by_slot_after(&mut c, cmd, &mut wait).await,
         };
     }
     reply
+}
+
+/// `cmd` by slot on `c` after `wait`, which doubles for the next (up to [`MAX_WAIT`]).
+async fn by_slot_after(
+    c: &mut ClusterConnection,
+    cmd: &Cmd,
+    wait: &mut Duration,
+) -> Result<Value, RedisError> {
+    tokio::time::sleep(*wait).await;
+    *wait = (*wait * 2).min(MAX_WAIT);
+    reply_of(c, cmd).await
 }
 
 /// `ASKING` and `cmd` written together on `node`: `cmd`'s reply, or `ASKING`'s refusal (a user

@@ -579,18 +579,17 @@ impl RedisStore {
         items: &[SettleArgs<'_>],
         now: Micros,
     ) -> Result<(Vec<u64>, Vec<Micros>), RedisStoreError> {
-        let mut out = vec![0; items.len()];
-        let mut at = vec![now; items.len()];
+        let mut done = Settled {
+            out: vec![0; items.len()],
+            at: vec![now; items.len()],
+        };
         // On a Cluster whose node table is known, the items of one node go in one call of the
         // across-slots settle script; what it answers "elsewhere" (and what no node is known
         // for) goes by slot, like everything on an older Cluster.
         let (by_node, mut by_slot) = self.settle_groups_by_node(items);
         for members in by_node {
             for chunk in members.chunks(SETTLE_CHUNK) {
-                by_slot.extend(
-                    self.settle_across(items, chunk, now, &mut out, &mut at)
-                        .await?,
-                );
+                by_slot.extend(self.settle_across(items, chunk, now, &mut done).await?);
             }
         }
         by_slot.sort_unstable();
@@ -609,74 +608,64 @@ impl RedisStore {
         }
         for (_, members) in groups {
             for chunk in members.chunks(SETTLE_CHUNK) {
-                self.settle_in_slot(items, chunk, now, &mut out, &mut at)
-                    .await?;
-            }
-        }
-        Ok((out, at))
-    }
-
-    /// The settles of `chunk` (items of one slot, or of the one server) in one call; on a
-    /// Cluster slot being migrated whose keys of the call are split between the two nodes
-    /// (TRYAGAIN, after the resends), one call an item, each where its key is.
-    async fn settle_in_slot(
-        &self,
-        items: &[SettleArgs<'_>],
-        chunk: &[usize],
-        now: Micros,
-        out: &mut [u64],
-        at: &mut [Micros],
-    ) -> Result<(), RedisStoreError> {
-        match self.settle_call(items, chunk, now, out, at).await {
-            Err(e)
-                if chunk.len() > 1 && e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) =>
-            {
-                for &i in chunk {
-                    self.settle_call(items, &[i], now, out, at).await??;
+                match self.settle_reply(settle_script(), items, chunk, now).await {
+                    // A Cluster slot being migrated whose keys of the call are split between
+                    // the two nodes (after the resends): one call an item, each where its key
+                    // is.
+                    Err(e) if chunk.len() > 1 && is_try_again(&e) => {
+                        self.settle_each(items, chunk, now, &mut done).await?;
+                    }
+                    reply => {
+                        done.take(chunk, reply?, false)?;
+                    }
                 }
-                Ok(())
             }
-            Err(e) => Err(e.into()),
-            Ok(applied) => applied,
         }
+        Ok((done.out, done.at))
     }
 
-    /// One settle script call for `chunk` (items of one slot, or of the one server), its
-    /// values written to `out` and `at`: the call's failure as Redis gave it, or what its
-    /// reply makes of it.
-    async fn settle_call(
+    /// One call of the settle `script` (the by-slot one, or the across-slots one) for `chunk`.
+    async fn settle_reply(
         &self,
+        script: &Script,
         items: &[SettleArgs<'_>],
         chunk: &[usize],
         now: Micros,
-        out: &mut [u64],
-        at: &mut [Micros],
-    ) -> Result<Result<(), RedisStoreError>, RedisError> {
-        let reply = self
-            .run_script(settle_script(), |cmd| {
+    ) -> Result<redis::Value, RedisError> {
+        let key = |i: usize| self.key(&items[i].client, items[i].rule.name());
+        self.run_script(script, |cmd| {
+            if script.across_slots {
+                // One declared key routes the call; every item's key follows its arguments.
+                cmd.arg(1).arg(key(chunk[0]));
+                self.push_settle_args(cmd, items, chunk, now);
+                for &i in chunk {
+                    cmd.arg(key(i));
+                }
+            } else {
                 cmd.arg(chunk.len());
                 for &i in chunk {
-                    cmd.arg(self.key(&items[i].client, items[i].rule.name()));
+                    cmd.arg(key(i));
                 }
                 self.push_settle_args(cmd, items, chunk, now);
-            })
-            .await?;
-        Ok(
-            settle_values(reply, chunk.len()).and_then(|(values, ran_at)| {
-                for (i, v) in values.into_iter().enumerate() {
-                    at[chunk[i]] = ran_at;
-                    out[chunk[i]] = match v {
-                        redis::Value::Int(n) => u64::try_from(n).unwrap_or(0),
-                        other => {
-                            return Err(RedisStoreError::protocol(format!(
-                                "the settle script answered {other:?} for an item"
-                            )))
-                        }
-                    };
-                }
-                Ok(())
-            }),
-        )
+            }
+        })
+        .await
+    }
+
+    /// The items of `chunk` settled one call each (by slot, each declaring its key).
+    async fn settle_each(
+        &self,
+        items: &[SettleArgs<'_>],
+        chunk: &[usize],
+        now: Micros,
+        done: &mut Settled,
+    ) -> Result<(), RedisStoreError> {
+        for i in chunk {
+            let one = std::slice::from_ref(i);
+            let reply = self.settle_reply(settle_script(), items, one, now).await?;
+            done.take(one, reply, false)?;
+        }
+        Ok(())
     }
 
     /// The settle script's arguments after its keys: now, the PX floor, 7 per item.
@@ -745,23 +734,12 @@ impl RedisStore {
         items: &[SettleArgs<'_>],
         chunk: &[usize],
         now: Micros,
-        out: &mut [u64],
-        at: &mut [Micros],
+        done: &mut Settled,
     ) -> Result<Vec<usize>, RedisStoreError> {
         let Some(script) = settle_script_across() else {
             return Ok(chunk.to_vec());
         };
-        let key = |i: usize| self.key(&items[i].client, items[i].rule.name());
-        let reply = self
-            .run_script(script, |cmd| {
-                cmd.arg(1).arg(key(chunk[0]));
-                self.push_settle_args(cmd, items, chunk, now);
-                for &i in chunk {
-                    cmd.arg(key(i));
-                }
-            })
-            .await;
-        let reply = match reply {
+        let reply = match self.settle_reply(script, items, chunk, now).await {
             Ok(r) => r,
             // Older than Redis 7: by slot from now on.
             Err(e) if refuses_script_flags(&e) => {
@@ -772,30 +750,12 @@ impl RedisStore {
             // one call an item, each declaring its key, so each goes where its key is.
             Err(e) if is_ask(&e) => {
                 self.refresh_nodes_soon();
-                for &i in chunk {
-                    self.settle_call(items, &[i], now, out, at).await??;
-                }
+                self.settle_each(items, chunk, now, done).await?;
                 return Ok(Vec::new());
             }
             Err(e) => return Err(e.into()),
         };
-        let mut elsewhere = Vec::new();
-        let (values, ran_at) = settle_values(reply, chunk.len())?;
-        for (j, v) in values.into_iter().enumerate() {
-            let i = chunk[j];
-            match v {
-                redis::Value::Int(n) => {
-                    out[i] = u64::try_from(n).unwrap_or(0);
-                    at[i] = ran_at;
-                }
-                redis::Value::ServerError(e) if e.code() == ELSEWHERE => elsewhere.push(i),
-                other => {
-                    return Err(RedisStoreError::protocol(format!(
-                        "the settle script answered {other:?} for an item"
-                    )))
-                }
-            }
-        }
+        let elsewhere = done.take(chunk, reply, true)?;
         if !elsewhere.is_empty() {
             self.refresh_nodes_soon();
         }
@@ -2385,6 +2345,43 @@ impl RedisStore {
 
 /// The settle script's reply: one value per item of the `n` it was given, and the instant the
 /// call ran at.
+/// What a settle applied to each item, and the instant each call ran at.
+struct Settled {
+    out: Vec<u64>,
+    at: Vec<Micros>,
+}
+
+impl Settled {
+    /// Takes a settle call's `reply` for `chunk`: the items it answered "elsewhere", which
+    /// only an across-slots call (`across`) may (nothing of them applied).
+    fn take(
+        &mut self,
+        chunk: &[usize],
+        reply: redis::Value,
+        across: bool,
+    ) -> Result<Vec<usize>, RedisStoreError> {
+        let (values, ran_at) = settle_values(reply, chunk.len())?;
+        let mut elsewhere = Vec::new();
+        for (&i, v) in chunk.iter().zip(values) {
+            match v {
+                redis::Value::Int(n) => {
+                    self.out[i] = u64::try_from(n).unwrap_or(0);
+                    self.at[i] = ran_at;
+                }
+                redis::Value::ServerError(e) if across && e.code() == ELSEWHERE => {
+                    elsewhere.push(i)
+                }
+                other => {
+                    return Err(RedisStoreError::protocol(format!(
+                        "the settle script answered {other:?} for an item"
+                    )))
+                }
+            }
+        }
+        Ok(elsewhere)
+    }
+}
+
 fn settle_values(
     reply: redis::Value,
     n: usize,
@@ -2590,6 +2587,11 @@ const RELOADS: usize = 2;
 /// Whether `e` is a Cluster node's ASK.
 fn is_ask(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(redis::ServerErrorKind::Ask)
+}
+
+/// Whether `e` is a Cluster node's TRYAGAIN (a call's keys split by a slot's migration).
+fn is_try_again(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(redis::ServerErrorKind::TryAgain)
 }
 
 /// Whether the server answered that it has no script of that SHA.

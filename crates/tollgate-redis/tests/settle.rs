@@ -489,18 +489,7 @@ async fn on_a_cluster_a_call_whose_answer_was_lost_after_it_ran_is_not_sent_agai
         );
         let a = common::client(round * 10 + 1);
         let b = common::client(round * 10 + 2);
-        let remaining = |client| {
-            let store = &store;
-            let tokens = &tokens;
-            async move {
-                store
-                    .check(&[Check::new(client, tokens, 0)], now)
-                    .await
-                    .expect("query")
-                    .decisions[0]
-                    .remaining
-            }
-        };
+        let remaining = |client| common::remaining(&store, client, &tokens, now);
         let settle = |client, rule, units, real| SettleItem {
             client,
             rule,
@@ -646,18 +635,7 @@ async fn settle_half_moved(max_batch: Option<usize>) {
         "{max_batch:?}: the second key's MIGRATE: {out}"
     );
     assert!(cluster.move_empty_slot(u32::from(slot), to));
-    let left = |c| {
-        let store = store.clone();
-        let rule = &rule;
-        async move {
-            store
-                .check(&[Check::new(c, rule, 0)], now)
-                .await
-                .expect("query")
-                .decisions[0]
-                .remaining
-        }
-    };
+    let left = |c| common::remaining(&store, c, &rule, now);
     assert_eq!(
         (left(first).await, left(second).await),
         (16, 5),

@@ -169,9 +169,13 @@ impl RedisCluster {
         if from == to {
             return true;
         }
-        if !self.begin_migration(slot, to) {
-            return false;
-        }
+        self.begin_migration(slot, to) && self.hand_over(slot, from, to)
+    }
+
+    /// The end of a resharding of `slot` from `from` to `to` (its keys moved):
+    /// `CLUSTER SETSLOT slot NODE to` on `to` first, the owner, then the others; whether the
+    /// cluster then says `to` serves it (bounded wait).
+    fn hand_over(&self, slot: u32, from: usize, to: usize) -> bool {
         let to_id = self.nodes[to].cli(&["cluster", "myid"]).trim().to_string();
         let slot_arg = slot.to_string();
         let mut order: Vec<usize> = vec![to, from];
@@ -235,8 +239,8 @@ impl RedisCluster {
 
     /// Hands `slot` and the keys it holds to node `to`, as a resharding does: `to` importing,
     /// the owner migrating, its keys moved one by one with `MIGRATE` (`pause` after each, so
-    /// that calls meet a slot half moved), then the slot given to `to` (see
-    /// [`RedisCluster::move_empty_slot`]). An error says which step failed and how: a
+    /// that calls meet a slot half moved), then the slot given to `to` as
+    /// [`RedisCluster::move_empty_slot`] gives it. An error says which step failed and how: a
     /// `MIGRATE` answered `BUSYKEY` found the key already written on `to`.
     pub fn move_slot(&self, slot: u32, to: usize, pause: Duration) -> Result<(), String> {
         let Some(from) = self.master_of_slot(slot) else {
@@ -262,7 +266,7 @@ impl RedisCluster {
             }
             std::thread::sleep(pause);
         }
-        if !self.move_empty_slot(slot, to) {
+        if !self.hand_over(slot, from, to) {
             return Err(format!("slot {slot} was not handed to node {to}"));
         }
         match self.nodes[from]

@@ -6,8 +6,16 @@ pub mod cut;
 pub mod relay;
 
 use std::time::Duration;
-use tollgate_core::{Algorithm, ClientKey, Limit, Quota, Rule};
+use tollgate_core::{Algorithm, Check, ClientKey, Limit, Quota, Rule};
 use tollgate_redis::{RedisConfig, RedisStore, StoreClock};
+
+/// What `rule` has left for `client` at `now` (a check of cost 0, which charges nothing).
+pub async fn remaining(store: &RedisStore, client: ClientKey, rule: &Rule, now: u64) -> u64 {
+    match store.check(&[Check::new(client, rule, 0)], now).await {
+        Ok(v) => v.decisions[0].remaining,
+        Err(e) => panic!("query: {e}"),
+    }
+}
 
 /// SplitMix64: deterministic, seeded per test, no dependency.
 pub struct Rng(u64);
