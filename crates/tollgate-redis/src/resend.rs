@@ -18,7 +18,10 @@
 //!   for good (its recovery waits on a lock that a request it no longer polls was given), so
 //!   every later call timed out. Where the store's connection does not take the first URL
 //!   (`direct.rs`; no URL this build connects with), a MOVED waits for redis-rs's new slot
-//!   map and goes by slot, and an ASK is the call's failure;
+//!   map and goes by slot, and an ASK is the call's failure. A node so reached that answers
+//!   NOSCRIPT (a master added to scale out, which a SCRIPT LOAD sent to every master misses
+//!   while it serves no slot) is noted, and the store loads its script there before it sends
+//!   the call again ([`Cluster::load_where_lacking`]);
 //! - TRYAGAIN, CLUSTERDOWN, MASTERDOWN and READONLY, no connection to the slot's node, or a
 //!   refused connection: after a wait, by slot again (redis-rs reads the slot map again
 //!   after each of them).
@@ -44,6 +47,10 @@ use std::time::Duration;
 /// are all closed and opened again as needed).
 const MAX_REDIRECT_NODES: usize = 64;
 
+/// The longest a SCRIPT LOAD on a node that answered a redirected call NOSCRIPT may take
+/// ([`Cluster::load_where_lacking`]): past it, the node is no longer loaded.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Sockets kept between calls on the connection to one node a redirection named.
 const REDIRECT_IDLE: usize = 4;
 
@@ -61,6 +68,11 @@ pub(crate) struct Cluster {
 struct Redirects {
     template: Option<redis::ConnectionInfo>,
     nodes: Mutex<HashMap<(String, u16), Arc<Direct>>>,
+    /// The nodes that answered a redirected call NOSCRIPT, loaded by each caller that meets
+    /// one ([`Cluster::load_where_lacking`]): a master added to scale out has none of the
+    /// store's scripts, and a SCRIPT LOAD sent to every master misses it while it serves no
+    /// slot.
+    lacking: Mutex<Vec<Arc<Direct>>>,
 }
 
 impl Cluster {
@@ -74,6 +86,7 @@ impl Cluster {
             redirects: Arc::new(Redirects {
                 template,
                 nodes: Mutex::default(),
+                lacking: Mutex::default(),
             }),
         }
     }
@@ -108,6 +121,54 @@ impl Cluster {
         let d = Arc::new(Direct::for_node(template, host, port, REDIRECT_IDLE)?);
         nodes.insert(key, Arc::clone(&d));
         Some(d)
+    }
+
+    /// `reply`, the answer of a call redirected to `node`; a NOSCRIPT notes the node for
+    /// [`Cluster::load_where_lacking`].
+    fn noting(
+        &self,
+        node: &Arc<Direct>,
+        reply: Result<Value, RedisError>,
+    ) -> Result<Value, RedisError> {
+        if matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
+            let mut lacking = self.redirects.lacking();
+            if !lacking.iter().any(|d| Arc::ptr_eq(d, node)) && lacking.len() < MAX_REDIRECT_NODES {
+                lacking.push(Arc::clone(node));
+            }
+        }
+        reply
+    }
+
+    /// `load` (a SCRIPT LOAD, as the store's own connection writes it) on each node that
+    /// answered a redirected call NOSCRIPT. Every caller loads its own script there before it
+    /// sends its call again: taken by one caller, the node list would send the others' calls
+    /// back before that caller's load had landed (measured: scaled out under load, calls were
+    /// still sent whole). A node stays listed (a load of a script it has costs little, and only
+    /// a NOSCRIPT leads here) until a load there fails or takes longer than [`LOAD_TIMEOUT`]: a
+    /// node gone, or one not reached. The loads run on a task of their own, so a caller that
+    /// gives up first (its deadline passed) does not leave a dead node listed.
+    pub(crate) async fn load_where_lacking(&self, load: Vec<u8>) {
+        let lacking = self.redirects.lacking().clone();
+        if lacking.is_empty() {
+            return;
+        }
+        let redirects = Arc::clone(&self.redirects);
+        let loads = tokio::spawn(async move {
+            for node in lacking {
+                let loaded = tokio::time::timeout(LOAD_TIMEOUT, node.query(&load)).await;
+                if !matches!(loaded, Ok(Ok(_))) {
+                    redirects.lacking().retain(|d| !Arc::ptr_eq(d, &node));
+                }
+            }
+        });
+        // A panic in a load is the task's; the call that follows says what the node has.
+        let _ = loads.await;
+    }
+}
+
+impl Redirects {
+    fn lacking(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Direct>>> {
+        self.lacking.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -170,12 +231,12 @@ async fn again(
             Next::Fail => break,
             Next::Asking(..) if !follows_ask => break,
             Next::To(host, port) => match cluster.node(&host, port) {
-                Some(node) => node.query(&cmd.get_packed_command()).await,
+                Some(node) => cluster.noting(&node, node.query(&cmd.get_packed_command()).await),
                 // redis-rs reads the slot map again after a MOVED: by slot, after a wait.
                 None => by_slot_after(&mut c, cmd, &mut wait).await,
             },
             Next::Asking(host, port) => match cluster.node(&host, port) {
-                Some(node) => asking_on(&node, cmd).await,
+                Some(node) => cluster.noting(&node, asking_on(&node, cmd).await),
                 // Not by address on redis-rs's client (see the module docs): the ASK is the
                 // call's failure.
                 None => break,

@@ -1484,9 +1484,14 @@ impl RedisStore {
             // loaded first (SCRIPT LOAD and the call written together), so that a new form's
             // first call is not answered NOSCRIPT (an error in the server's stats).
             let known = lane.scripts_run().contains(&s.sha);
+            // Answered NOSCRIPT: then also loaded where a redirection met none (a Cluster).
+            let mut lost = false;
             if known {
                 match self.query_own(own, packed()).await {
-                    Err(e) if is_noscript(&e) => lane.forget_run(),
+                    Err(e) if is_noscript(&e) => {
+                        lane.forget_run();
+                        lost = true;
+                    }
                     other => return other,
                 }
             }
@@ -1500,6 +1505,9 @@ impl RedisStore {
             // the load and the call (a long script is read in several pieces, and the server
             // serves other clients between them): tried again, a few times.
             for _ in 0..RELOADS {
+                if lost {
+                    Box::pin(self.load_where_redirected(s)).await;
+                }
                 let mut asked: Vec<String> = lane.scripts_run().iter().cloned().collect();
                 if !asked.contains(&s.sha) {
                     asked.push(s.sha.clone());
@@ -1510,7 +1518,10 @@ impl RedisStore {
                     (Some(Err(e)), _, _) => return Err(e),
                     // Lost again; or a Cluster node's call that the node did not run went on
                     // redis-rs's cluster connection, to a node that may lack the script.
-                    (Some(Ok(_)), _, Some(Err(e))) if is_noscript(&e) => lane.forget_run(),
+                    (Some(Ok(_)), _, Some(Err(e))) if is_noscript(&e) => {
+                        lane.forget_run();
+                        lost = true;
+                    }
                     (Some(Ok(_)), Some(exists), Some(run)) => {
                         match present(asked, exists) {
                             Some(present) => lane.keep_run(present),
@@ -1559,6 +1570,7 @@ impl RedisStore {
         let load = script_load(s);
         for _ in 0..RELOADS {
             self.query(&load).await?;
+            Box::pin(self.load_where_redirected(s)).await;
             match self.query_follows(&cmd, follows_ask).await {
                 Err(e) if is_noscript(&e) => {}
                 other => return other,
@@ -1568,6 +1580,18 @@ impl RedisStore {
         eval.arg("EVAL").arg(&s.text);
         args(&mut eval);
         self.query_follows(&eval, follows_ask).await
+    }
+
+    /// On a Cluster, SCRIPT LOAD of `s` on the nodes that answered a redirected call NOSCRIPT
+    /// (`resend.rs`): a master added to scale out serves no slot until its first is handed
+    /// over, so a load sent to every master misses it, and the calls redirected there would
+    /// be sent whole (EVAL, which a user without `+eval` may not send) after their reloads.
+    /// Boxed where it is called: it runs only after a NOSCRIPT, and every call's future
+    /// would carry it.
+    async fn load_where_redirected(&self, s: &Script) {
+        if let Connection::Cluster(c) = &self.conn {
+            c.load_where_lacking(packed_load(s).bytes().to_vec()).await;
+        }
     }
 
     /// Whether a plan that coalesces has no timer of its own, its lane bounding it (see

@@ -523,6 +523,13 @@ async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answer
             "24",
             "{what}: the movers' keys"
         );
+        // Redirected there before it served a slot, the plans met no script: each was loaded
+        // there and run by its SHA, none sent whole.
+        let stats = cluster.nodes()[new].cli(&["info", "commandstats"]);
+        assert!(
+            !stats.contains("cmdstat_eval:"),
+            "{what}: EVAL sent:\n{stats}"
+        );
 
         // In.
         let (bucket, window) = one_taken(&store, "in", &movers).await;
@@ -550,5 +557,73 @@ async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answer
             "48",
             "{what}: both rounds' keys"
         );
+    }
+}
+
+/// A master added to scale a cluster out has loaded none of the store's scripts, and serves
+/// no slot until its first is handed over, so a SCRIPT LOAD sent to every master does not
+/// reach it. A plan redirected there (ASK while the slot moves, MOVED after) is answered
+/// NOSCRIPT: the script is loaded on the node the redirection named, and the plan runs by its
+/// SHA, never as EVAL, which a user without `+eval` may not send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_redirected_to_a_new_master_loads_its_script_there_and_never_sends_eval() {
+    for max_batch in [None, Some(1)] {
+        let mut cluster = RedisCluster::start(3, 0);
+        let mut config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+            .with_clock(StoreClock::Local)
+            .with_key_prefix("new");
+        if let Some(b) = max_batch {
+            config = config.with_max_batch(b);
+        }
+        let store = tollgate_redis::RedisStore::connect(config)
+            .await
+            .expect("connect");
+        let bucket = rule("scaled", Algorithm::TokenBucket, 5, HOUR);
+        let who = client(1);
+        let slot = u32::from(who.cluster_slot());
+        let take = |n: u64| {
+            let store = &store;
+            let bucket = &bucket;
+            async move {
+                match store.check(&[Check::new(who, bucket, 1)], n).await {
+                    Ok(v) => (v.allowed, v.decisions[0].remaining),
+                    Err(e) => panic!("{max_batch:?}, plan {n}: {e}"),
+                }
+            }
+        };
+        assert_eq!(take(0).await, (true, 4), "{max_batch:?}");
+        let new = cluster.add_master();
+        assert!(cluster.begin_migration(slot, new));
+        let from = cluster.master_of_slot(slot).expect("an owner");
+        let key = store.key(&who, "scaled");
+        let port = cluster.nodes()[new].port().to_string();
+        let out = cluster.nodes()[from].cli(&["migrate", "127.0.0.1", &port, &key, "0", "5000"]);
+        assert!(out.contains("OK"), "{out}");
+        // ASK: the key is on the importing node, which has no script yet.
+        assert_eq!(take(1).await, (true, 3), "{max_batch:?}: after an ASK");
+        assert!(cluster.move_empty_slot(slot, new));
+        // MOVED: the slot is the new master's.
+        assert_eq!(take(2).await, (true, 2), "{max_batch:?}: after a MOVED");
+        let stats = cluster.nodes()[new].cli(&["info", "commandstats"]);
+        assert!(
+            stats.contains("cmdstat_evalsha:calls="),
+            "{max_batch:?}: the plans ran on the new master:\n{stats}"
+        );
+        assert!(
+            !stats.contains("cmdstat_eval:"),
+            "{max_batch:?}: a script sent whole to the new master:\n{stats}"
+        );
+        // Scaled in again: the slot back (a plan sent there by the map that has the slot on
+        // the new master, and sent on), then the new master gone. A NOSCRIPT now (the old
+        // owner flushed) also loads on the nodes noted before, the gone one among them: that
+        // load fails, and the plan does not.
+        cluster
+            .move_slot(slot, from, Duration::ZERO)
+            .unwrap_or_else(|e| panic!("{max_batch:?}: {e}"));
+        assert_eq!(take(3).await, (true, 1), "{max_batch:?}: moved back");
+        assert!(cluster.remove_master(new), "{max_batch:?}");
+        let flushed = cluster.nodes()[from].cli(&["script", "flush"]);
+        assert!(flushed.contains("OK"), "{flushed}");
+        assert_eq!(take(4).await, (true, 0), "{max_batch:?}: after a flush");
     }
 }
