@@ -416,7 +416,11 @@ fn exact_and_few_failures(
 }
 
 /// Each of `clients` is answered after a resharding, its bucket (`rule`) empty: the store did
-/// not stop answering (redis-rs's client once stopped for good).
+/// not stop answering (redis-rs's client once stopped for good). A call that times out is
+/// asked again, up to five times: on a loaded machine (once in twelve runs with four copies
+/// of this test at once) the first call after the slot moved at `max_batch = 1` outlived its
+/// 2 s, the stall the phase itself allows a call. A store that stopped answering times out
+/// all five.
 async fn answered(
     what: &str,
     store: &tollgate_redis::RedisStore,
@@ -424,9 +428,21 @@ async fn answered(
     clients: &[u128],
 ) {
     for &w in clients {
-        let v = store.check(&[Check::new(client(w), rule, 0)], 0).await;
-        let v = v.unwrap_or_else(|e| panic!("{what}: client {w} after: {e}"));
-        assert_eq!(v.decisions[0].remaining, 0, "{what}: client {w} after");
+        let mut last = None;
+        for _ in 0..5 {
+            match store.check(&[Check::new(client(w), rule, 0)], 0).await {
+                Ok(v) => {
+                    assert_eq!(v.decisions[0].remaining, 0, "{what}: client {w} after");
+                    last = None;
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::Timeout => last = Some(e),
+                Err(e) => panic!("{what}: client {w} after: {e}"),
+            }
+        }
+        if let Some(e) = last {
+            panic!("{what}: client {w} after, five times: {e}");
+        }
     }
 }
 
