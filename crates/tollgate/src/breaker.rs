@@ -2,6 +2,16 @@
 //! opens and no request waits on the store; after `open_for` exactly one request probes
 //! (half-open); its success closes the breaker, its failure opens it again.
 //!
+//! Consecutive means one after another: a failure counts only if its call began after the
+//! last failure counted ([`Round`]). Calls in flight together that fail together (one stall
+//! of the store, past the timeout) are one failure, not one each. Counted one each, a single
+//! stall of a loaded gateway's store opened the breaker at once: measured with
+//! `max_batch = 1`, 64 calls in flight timed out together behind a Redis stall and the
+//! breaker then failed 74,213 of 233,627 requests open without asking the store
+//! (docs/benchmarks.md, forty-sixth session). A store that stays down fails the calls begun
+//! after each counted failure too, and opens the breaker after `failures` such rounds: a
+//! timeout each, where a burst of calls in flight opened it after one.
+//!
 //! Lock-free: three atomics. State changes are logged once per change, never per request.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -37,11 +47,18 @@ pub(crate) enum Permit {
     Skip(Micros),
 }
 
+/// The failures a breaker has counted when a call began: the call's failure counts only if no
+/// other was counted since (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Round(u64);
+
 #[derive(Debug)]
 pub(crate) struct Breaker {
     threshold: u32,
     open_for: Micros,
     consecutive: AtomicU32,
+    /// Failures counted since the breaker was made (the current [`Round`]).
+    counted: AtomicU64,
     /// 0 while closed; otherwise when the next probe may go.
     open_until: AtomicU64,
     probing: AtomicBool,
@@ -53,9 +70,15 @@ impl Breaker {
             threshold: cfg.failures.max(1),
             open_for: duration_to_micros(cfg.open_for).max(1),
             consecutive: AtomicU32::new(0),
+            counted: AtomicU64::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
         }
+    }
+
+    /// The round a call beginning now is in, for [`Breaker::on_failure`].
+    pub(crate) fn round(&self) -> Round {
+        Round(self.counted.load(Ordering::Acquire))
     }
 
     pub(crate) fn is_open(&self) -> bool {
@@ -91,14 +114,30 @@ impl Breaker {
         }
     }
 
-    /// A failed call; `why` (the failure, bounded) goes with the log line of a state change,
-    /// so that the one warning an operator sees says what the store answered.
-    pub(crate) fn on_failure(&self, permit: Permit, now: Micros, why: &dyn std::fmt::Display) {
+    /// A failed call, begun in `began` ([`Breaker::round`]); `why` (the failure, bounded)
+    /// goes with the log line of a state change, so that the one warning an operator sees says
+    /// what the store answered.
+    pub(crate) fn on_failure(
+        &self,
+        permit: Permit,
+        began: Round,
+        now: Micros,
+        why: &dyn std::fmt::Display,
+    ) {
+        let until = now.saturating_add(self.open_for);
+        if permit != Permit::Probe
+            && self
+                .counted
+                .compare_exchange(began.0, began.0 + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            // Another failure was counted while this call was in flight: the same stall.
+            return;
+        }
         let n = self
             .consecutive
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
-        let until = now.saturating_add(self.open_for);
         if permit == Permit::Probe {
             self.open_until.store(until, Ordering::Release);
             self.probing.store(false, Ordering::Release);
@@ -166,8 +205,12 @@ mod tests {
         let k1 = tollgate_core::ClientKey([1; 16]);
         let k2 = tollgate_core::ClientKey([2; 16]);
         for _ in 0..5 {
-            b.for_client(&k1)
-                .on_failure(super::Permit::Call, 0, &"test");
+            b.for_client(&k1).on_failure(
+                super::Permit::Call,
+                b.for_client(&k1).round(),
+                0,
+                &"test",
+            );
         }
         assert!(b.any_open());
         assert!(b.for_client(&k1).is_open());
@@ -189,22 +232,47 @@ mod tests {
     #[test]
     fn opens_after_consecutive_failures_only() {
         let b = breaker();
-        b.on_failure(Permit::Call, 0, &"test");
-        b.on_failure(Permit::Call, 0, &"test");
+        b.on_failure(Permit::Call, b.round(), 0, &"test");
+        b.on_failure(Permit::Call, b.round(), 0, &"test");
         b.on_success(Permit::Call);
-        b.on_failure(Permit::Call, 0, &"test");
-        b.on_failure(Permit::Call, 0, &"test");
+        b.on_failure(Permit::Call, b.round(), 0, &"test");
+        b.on_failure(Permit::Call, b.round(), 0, &"test");
         assert_eq!(b.acquire(0), Permit::Call);
-        b.on_failure(Permit::Call, 0, &"test");
+        b.on_failure(Permit::Call, b.round(), 0, &"test");
         assert_eq!(b.acquire(10), Permit::Skip(1_000_000 - 10));
         assert!(b.is_open());
+    }
+
+    #[test]
+    fn calls_in_flight_together_that_fail_together_count_once() {
+        let b = breaker();
+        // Ten calls begun before a stall, all failing past their timeout: one failure.
+        let began = b.round();
+        for _ in 0..10 {
+            b.on_failure(Permit::Call, began, 0, &"stall");
+        }
+        assert_eq!(b.acquire(0), Permit::Call, "one stall is one failure");
+        // The store stays down: the calls begun after each counted failure fail too.
+        for _ in 0..2 {
+            let began = b.round();
+            for _ in 0..10 {
+                b.on_failure(Permit::Call, began, 0, &"down");
+            }
+        }
+        assert!(
+            b.is_open(),
+            "three rounds of failures, as three failures one by one"
+        );
+        // A late failure of a call begun before the breaker opened changes nothing.
+        b.on_failure(Permit::Call, began, 5, &"late");
+        assert_eq!(b.acquire(10), Permit::Skip(1_000_000 - 10));
     }
 
     #[test]
     fn one_probe_after_open_for_then_closes_on_success() {
         let b = breaker();
         for _ in 0..3 {
-            b.on_failure(Permit::Call, 0, &"test");
+            b.on_failure(Permit::Call, b.round(), 0, &"test");
         }
         assert_eq!(b.acquire(1_000_000), Permit::Probe);
         assert!(matches!(b.acquire(1_000_000), Permit::Skip(_)));
@@ -217,10 +285,10 @@ mod tests {
     fn failed_probe_reopens_for_another_period() {
         let b = breaker();
         for _ in 0..3 {
-            b.on_failure(Permit::Call, 0, &"test");
+            b.on_failure(Permit::Call, b.round(), 0, &"test");
         }
         assert_eq!(b.acquire(2_000_000), Permit::Probe);
-        b.on_failure(Permit::Probe, 2_000_000, &"test");
+        b.on_failure(Permit::Probe, b.round(), 2_000_000, &"test");
         assert_eq!(b.acquire(2_500_000), Permit::Skip(500_000));
         assert_eq!(b.acquire(3_000_000), Permit::Probe);
     }

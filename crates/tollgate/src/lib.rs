@@ -97,7 +97,7 @@ pub mod clock {
     pub use tollgate_core::{Clock, ManualClock, SystemClock};
 }
 
-use breaker::{Breakers, Permit};
+use breaker::{Breakers, Permit, Round};
 use clock::{Clock, SystemClock};
 use deny_cache::DenyCache;
 use last_answer::{Known, LastAnswers};
@@ -134,6 +134,8 @@ struct StoreCall<'a> {
     items: Few<(&'a ClientKey, &'a Policy)>,
     checks: Few<Check<'a>>,
     breaker: &'a breaker::Breaker,
+    /// The breaker's round as the call began (see `breaker.rs`).
+    round: Round,
     traced: Option<Instant>,
     pending: tollgate_redis::PendingCheck<'a>,
 }
@@ -726,11 +728,13 @@ impl Limiter {
         }
         let checks = checks_of(&items);
         let traced = trace::store_call_started();
+        let round = breaker.round();
         let pending = i.store.check_begin(&checks, now, i.timeout)?;
         Some(StoreCall {
             items,
             checks,
             breaker,
+            round,
             traced,
             pending,
         })
@@ -750,7 +754,7 @@ impl Limiter {
             .map_err(|e| store::failure(&e));
         // Timed from the store's own reading of the clock as it took the plan.
         let started = call.pending.begun();
-        let answer = self.guard_end(call.breaker, Permit::Call, started, answer);
+        let answer = self.guard_end(call.breaker, Permit::Call, call.round, started, answer);
         trace::record_store_call(call.traced, call.checks.len());
         let mut results = Vec::with_capacity(call.items.len());
         let action = self.apply_outcome(&call.items, &call.checks, answer, now, &mut results);
@@ -822,9 +826,9 @@ impl Limiter {
             i.metrics.store_error(StoreErrorKind::BreakerOpen);
             return Err(wait);
         }
-        let started = Instant::now();
+        let (round, started) = (breaker.round(), Instant::now());
         let result = call.await;
-        self.guard_end(breaker, permit, started, result)
+        self.guard_end(breaker, permit, round, started, result)
     }
 
     /// A guarded call's end (see [`Limiter::guarded`]): its time observed, its breaker told.
@@ -832,6 +836,7 @@ impl Limiter {
         &self,
         breaker: &breaker::Breaker,
         permit: Permit,
+        round: Round,
         started: Instant,
         result: Result<T, StoreFailure>,
     ) -> Result<T, Micros> {
@@ -845,7 +850,7 @@ impl Limiter {
             Err(failure) => {
                 i.metrics.store_error(failure.kind);
                 tracing::debug!(target: "tollgate::store", kind = failure.kind.as_str(), message = %failure.message, "store call failed");
-                breaker.on_failure(permit, i.clock.now(), &failure);
+                breaker.on_failure(permit, round, i.clock.now(), &failure);
                 Err(duration_to_micros(i.timeout).max(1))
             }
         }

@@ -209,6 +209,58 @@ async fn a_frozen_redis_costs_at_most_the_timeout_and_counts_nothing_twice() {
     assert!((3..=7).contains(&charged), "charged {charged}");
 }
 
+/// `n` checks of clients `first..first + n` under `p`, all in flight at once: their outcomes.
+async fn together(l: &Limiter, p: &Policy, first: u8, n: u8) -> Vec<Outcome> {
+    let mut set = tokio::task::JoinSet::new();
+    for c in first..first + n {
+        let (l, p) = (l.clone(), p.clone());
+        set.spawn(async move { timed_check(&l, &client(c), &[&p]).await.results[0].outcome });
+    }
+    let mut outcomes = Vec::with_capacity(usize::from(n));
+    while let Some(o) = set.join_next().await {
+        outcomes.push(o.expect("a check"));
+    }
+    outcomes
+}
+
+/// One stall of the store (frozen past the timeout, then thawed) fails every call in flight
+/// at that moment together. Those are one failure to the breaker, not one each: the breaker
+/// (3 failures) stays closed, and the next request is decided by Redis. Counted one each, as
+/// before, 32 calls of one stall opened it, and every request failed open for `open_for`
+/// without asking the store. A store that stays frozen still opens it: the calls begun after
+/// each counted failure fail too, three rounds of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_stall_that_fails_the_calls_in_flight_together_does_not_open_the_breaker() {
+    let (server, _clock, l, p) = api_on_redis(100);
+    assert_eq!(outcome(&l, &p).await, Outcome::Allowed);
+
+    server.pause();
+    let stalled = together(&l, &p, 10, 32).await;
+    server.resume();
+    assert!(
+        stalled.iter().all(|o| *o == Outcome::FailedOpen),
+        "{stalled:?}"
+    );
+    assert!(metrics(&l).contains("tollgate_breaker_open 0\n"));
+    // Decided by Redis again at once: no open spell to wait out (the clock has not moved).
+    let calls = l.metrics().store_calls();
+    assert_eq!(outcome(&l, &p).await, Outcome::Allowed);
+    assert!(l.metrics().store_calls() > calls);
+
+    // Frozen for good: each round of calls in flight together is one more failure.
+    server.pause();
+    for round in 0..3u8 {
+        let failed = together(&l, &p, 50 + round * 8, 8).await;
+        assert!(
+            failed.iter().all(|o| *o == Outcome::FailedOpen),
+            "{failed:?}"
+        );
+    }
+    let m = metrics(&l);
+    server.resume();
+    assert!(m.contains("tollgate_breaker_open 1\n"), "{m}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_fallback_over_four_gateways_admits_about_the_shared_limit() {
     let mut server = RedisServer::start();
