@@ -13,7 +13,7 @@
 //! `failures` such rounds: a timeout each, where a burst of calls in flight opened it after
 //! one.
 //!
-//! Lock-free: three atomics. State changes are logged once per change, never per request.
+//! Lock-free: four atomics. State changes are logged once per change, never per request.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -129,7 +129,12 @@ impl Breaker {
         if permit != Permit::Probe
             && self
                 .counted
-                .compare_exchange(began.0, began.0 + 1, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(
+                    began.0,
+                    began.0.wrapping_add(1),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
                 .is_err()
         {
             // Another failure was counted while this call was in flight: the same stall.
