@@ -587,7 +587,8 @@ async fn a_plan_redirected_to_a_new_master_loads_its_script_there_and_never_send
         let mut cluster = RedisCluster::start(3, 0);
         let mut config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
             .with_clock(StoreClock::Local)
-            .with_key_prefix("new");
+            .with_key_prefix("new")
+            .with_call_timeout(Duration::from_secs(5));
         if let Some(b) = max_batch {
             config = config.with_max_batch(b);
         }
