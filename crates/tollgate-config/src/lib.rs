@@ -9,6 +9,7 @@ mod error;
 mod fields;
 mod header_tiers;
 mod jwt;
+mod log_cost;
 mod overrides;
 mod policy;
 mod raw;

@@ -133,6 +133,12 @@ pub(crate) fn validate_keyed(
         &identity.trust,
         &proxy_set,
     ));
+    warnings.extend(super::log_cost::warnings(
+        file,
+        &policies,
+        rls.as_ref(),
+        &store.backend,
+    ));
     if r.errors.is_empty() {
         Ok(Config {
             origin: file.to_string(),

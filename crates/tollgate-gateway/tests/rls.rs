@@ -252,6 +252,47 @@ fn check_config_reports_yaml_errors_with_the_yaml_file_line_and_key() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 descriptor rule"));
 }
 
+/// A descriptor's sliding log of 5,000 an hour on Redis costs Redis a read and a write of
+/// up to 5,000 records a request: check-config says so, naming the YAML line (the
+/// descriptor's `rate_limit`) and the rule; 100 an hour draws nothing.
+#[test]
+fn check_config_warns_of_a_long_sliding_log_in_the_yaml() {
+    let yaml = scratch("long-log.yaml");
+    let toml = scratch("long-log.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\
+             [rls]\nlisten = \"127.0.0.1:18082\"\nconfig = \"{}\"\n",
+            yaml.display()
+        ),
+    )
+    .expect("write toml");
+    for (per_hour, warned) in [(5_000, true), (100, false)] {
+        std::fs::write(
+            &yaml,
+            format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n\
+                 \x20     requests_per_unit: {per_hour}\n      algorithm: sliding_window_log\n"
+            ),
+        )
+        .expect("write yaml");
+        let out = tollgate()
+            .arg("check-config")
+            .arg(&toml)
+            .output()
+            .expect("run check-config");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        let expected = format!("warning: {}:5: d.k: ", yaml.display());
+        let found = err.lines().any(|l| {
+            l.starts_with(&expected) && l.contains("sliding_window_log with a limit of 5000")
+        });
+        assert_eq!(found, warned, "{per_hour} an hour: {err}");
+        assert_eq!(err.contains("sliding_window_log"), warned, "{err}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_rls_loads_the_grpc_service_and_checks_its_accounting() {
     let redis = RedisServer::start();
