@@ -203,6 +203,15 @@ async fn the_http_gateway_and_the_rls_share_one_process_and_one_limiter() {
     );
 }
 
+/// `tollgate check-config TOML`, run to its end.
+fn check_config(toml: &std::path::Path) -> std::process::Output {
+    tollgate()
+        .arg("check-config")
+        .arg(toml)
+        .output()
+        .expect("run check-config")
+}
+
 #[test]
 fn check_config_reports_yaml_errors_with_the_yaml_file_line_and_key() {
     let yaml = scratch("bad.yaml");
@@ -220,11 +229,7 @@ fn check_config_reports_yaml_errors_with_the_yaml_file_line_and_key() {
         ),
     )
     .expect("write toml");
-    let out = tollgate()
-        .arg("check-config")
-        .arg(&toml)
-        .output()
-        .expect("run check-config");
+    let out = check_config(&toml);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     let expected = format!(
@@ -238,11 +243,7 @@ fn check_config_reports_yaml_errors_with_the_yaml_file_line_and_key() {
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
     )
     .expect("write yaml");
-    let out = tollgate()
-        .arg("check-config")
-        .arg(&toml)
-        .output()
-        .expect("run check-config");
+    let out = check_config(&toml);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -277,11 +278,7 @@ fn check_config_warns_of_a_long_sliding_log_in_the_yaml() {
             ),
         )
         .expect("write yaml");
-        let out = tollgate()
-            .arg("check-config")
-            .arg(&toml)
-            .output()
-            .expect("run check-config");
+        let out = check_config(&toml);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{err}");
         let expected = format!("warning: {}:5: d.k: ", yaml.display());

@@ -329,6 +329,20 @@ async fn a_new_forms_first_call_on_a_healthy_master_survives_another_masters_res
     assert_eq!(v.decisions[0].remaining, 999);
 }
 
+/// A store on `config`, with `max_batch` when given (else the default).
+async fn connect_at(
+    config: tollgate_redis::RedisConfig,
+    max_batch: Option<usize>,
+) -> tollgate_redis::RedisStore {
+    let config = match max_batch {
+        Some(b) => config.with_max_batch(b),
+        None => config,
+    };
+    tollgate_redis::RedisStore::connect(config)
+        .await
+        .expect("connect")
+}
+
 /// What a client's plans got while a resharding ran: the client, how many were admitted, how
 /// many it sent, and the failures.
 type Outcome = (u128, u32, usize, Vec<tollgate_redis::RedisStoreError>);
@@ -484,14 +498,9 @@ async fn one_taken(
 async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answering() {
     for max_batch in [None, Some(1)] {
         let mut cluster = RedisCluster::start(3, 0);
-        let mut config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+        let config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
             .with_call_timeout(Duration::from_secs(2));
-        if let Some(b) = max_batch {
-            config = config.with_max_batch(b);
-        }
-        let store = tollgate_redis::RedisStore::connect(config)
-            .await
-            .expect("connect");
+        let store = connect_at(config, max_batch).await;
         let slot = u32::from(client(1).cluster_slot());
         let movers: Vec<u128> = (1..2_000_000u128)
             .filter(|&w| u32::from(client(w).cluster_slot()) == slot)
@@ -585,16 +594,11 @@ async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answer
 async fn a_plan_redirected_to_a_new_master_loads_its_script_there_and_never_sends_eval() {
     for max_batch in [None, Some(1)] {
         let mut cluster = RedisCluster::start(3, 0);
-        let mut config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+        let config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
             .with_clock(StoreClock::Local)
             .with_key_prefix("new")
             .with_call_timeout(Duration::from_secs(5));
-        if let Some(b) = max_batch {
-            config = config.with_max_batch(b);
-        }
-        let store = tollgate_redis::RedisStore::connect(config)
-            .await
-            .expect("connect");
+        let store = connect_at(config, max_batch).await;
         let bucket = rule("scaled", Algorithm::TokenBucket, 5, HOUR);
         let who = client(1);
         let slot = u32::from(who.cluster_slot());
