@@ -152,6 +152,11 @@ pub(crate) fn not_run_by_node(kind: redis::ErrorKind) -> bool {
     )
 }
 
+/// Whether the server answered that it has no script of that SHA.
+pub(crate) fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
 /// Whether a Cluster node's answer `e` says it did not run the call ([`not_run_by_node`]), or
 /// the node could not be reached at all. An I/O error after the call was written is neither:
 /// the call may have run.

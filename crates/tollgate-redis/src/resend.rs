@@ -35,7 +35,7 @@
 //! healthy one (`broken pipe`).
 
 use crate::direct::Direct;
-use crate::error::not_run_here;
+use crate::error::{is_noscript, not_run_here};
 use crate::reply::reply_of;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
@@ -130,7 +130,7 @@ impl Cluster {
         node: &Arc<Direct>,
         reply: Result<Value, RedisError>,
     ) -> Result<Value, RedisError> {
-        if matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
+        if matches!(&reply, Err(e) if is_noscript(e)) {
             let mut lacking = self.redirects.lacking();
             if !lacking.iter().any(|d| Arc::ptr_eq(d, node)) && lacking.len() < MAX_REDIRECT_NODES {
                 lacking.push(Arc::clone(node));

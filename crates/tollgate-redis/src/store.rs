@@ -7,7 +7,7 @@ use crate::batch_script::{
 use crate::command::{joined, Args, Packed};
 use crate::config::{redact, RedisConfig, StoreClock, CONNECT_TIMEOUT};
 use crate::direct::Many;
-use crate::error::RedisStoreError;
+use crate::error::{is_noscript, RedisStoreError};
 use crate::keys::Keys;
 use crate::lane::{Answer, Forms, Job, Lane, NodeConn, PlanJob, Room, Waiting};
 use crate::lease::{parse_lease, Lease, LeaseJob, LeaseRequest};
@@ -23,7 +23,7 @@ use crate::script::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::fmt;
@@ -2367,8 +2367,6 @@ impl RedisStore {
     }
 }
 
-/// The settle script's reply: one value per item of the `n` it was given, and the instant the
-/// call ran at.
 /// What a settle applied to each item, and the instant each call ran at.
 struct Settled {
     out: Vec<u64>,
@@ -2406,6 +2404,8 @@ impl Settled {
     }
 }
 
+/// The settle script's reply: one value per item of the `n` it was given, and the instant the
+/// call ran at.
 fn settle_values(
     reply: redis::Value,
     n: usize,
@@ -2616,11 +2616,6 @@ fn is_ask(e: &RedisError) -> bool {
 /// Whether `e` is a Cluster node's TRYAGAIN (a call's keys split by a slot's migration).
 fn is_try_again(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(redis::ServerErrorKind::TryAgain)
-}
-
-/// Whether the server answered that it has no script of that SHA.
-fn is_noscript(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// SCRIPT EXISTS of `shas`, for the store's own connection.
