@@ -1,12 +1,12 @@
-//! A `sliding_window_log` policy keeps one record per admission instant in one Redis value,
-//! which each of its requests reads and writes whole: its cost on Redis grows with the log.
-//! Measured on Redis 7.0.15 (tollgate-redis's `log_cost` example: one client, its log filled
-//! by its own admissions, INFO commandstats): 66 µs of Redis time a request at 1,000
-//! records, 0.71 ms at 10,000, 3.6 ms at 50,000 and 7.3 ms at 100,000, where the other
-//! algorithms cost tens of µs. A client that sends at its limit keeps its log full, so under a
-//! large limit one client can occupy a Redis core and every other request's store call times
-//! out. Allowed (the core caps the limit at 100,000), but `check-config` and `serve` warn
-//! above [`LOG_WARN_LIMIT`] on a Redis store.
+//! A `sliding_window_log` policy keeps one record per admission instant in one Redis value, which
+//! each of its requests reads and writes whole: its cost on Redis grows with the log. Measured on
+//! Redis 7.0.15 (tollgate-redis's `log_cost` example: one client, its log filled by its own
+//! admissions, INFO commandstats): 66 µs of Redis time a request at 1,000 records, 0.71 ms at
+//! 10,000, 3.6 ms at 50,000 and 7.3 ms at 100,000, where a token bucket's plan costs Redis about 6
+//! µs (docs/benchmarks.md, "Redis's floor per plan"). A client that sends at its limit keeps its
+//! log full, so under a large limit one client can occupy a Redis core and every other request's
+//! store call times out. Allowed (the core caps the limit at 100,000), but `check-config` and
+//! `serve` warn above [`LOG_WARN_LIMIT`] on a Redis store.
 
 use crate::{PolicyConfig, RlsSettings, StoreBackend};
 use tollgate::quota::Limit;

@@ -7,8 +7,8 @@
 //! of the store, past the timeout) are one failure, not one each. Counted one each, a single
 //! stall of a loaded gateway's store could open the breaker at once: in the Redis
 //! benchmark (64 calls in flight, `max_batch = 1`) it refused 74,149 calls in one run, their
-//! requests failed open; with this rule, ten runs had no refusal, and a stall that failed 64
-//! calls at once left it closed (docs/benchmarks.md, forty-sixth session). A store that stays
+//! requests failed open; with this rule, ten runs had no refusal, one of them with 64
+//! requests failed open (docs/benchmarks.md, forty-sixth session). A store that stays
 //! down fails the calls begun after each counted failure too, and opens the breaker after
 //! `failures` such rounds: a timeout each, where a burst of calls in flight opened it after
 //! one.
