@@ -1,7 +1,8 @@
 -- check.lua: the generic plan script, for plans the generated scripts do not serve (more
--- rules than a generated script inlines, or past the bound on generated scripts; see
--- src/script.rs). The Rust side runs it as one script: bounds, prelude.lua, the six algorithm
--- files as functions, then this file.
+-- rules than a generated script inlines, past the bound on generated scripts, or with a
+-- sliding log longer than script.rs's IN_PLACE_LOG_LIMIT; see src/script.rs). The Rust side
+-- runs it as one script: bounds, prelude.lua, ttl.lua, args.lua, the algorithm files as
+-- functions, log_ranged.lua, sliding_window_log_in_place.lua, then this file.
 --
 -- KEYS[i]  the state of rule i: <prefix>:{<client>}:<rule>.
 -- ARGV[1]  now in microseconds since the Unix epoch (clock = local), or the empty string to
@@ -73,15 +74,34 @@ for i = 1, n do
   algs[i], limits[i], periods[i], bursts[i], intervals[i], costs[i], modes[i] = rule(i)
 end
 
--- 2. Read every key (one slot: MGET is valid in a cluster).
-local raws = redis.call('MGET', unpack(KEYS))
+-- 2. Read every key (one slot: MGET is valid in a cluster) but the sliding logs': a log is
+--    decided where it lies (sliding_window_log_in_place.lua), never read whole.
+local raws, reads, at = {}, {}, {}
+for i = 1, n do
+  if algs[i] ~= sliding_window_log then
+    reads[#reads + 1], at[#reads + 1] = KEYS[i], i
+  end
+end
+if #reads > 0 then
+  local got = redis.call('MGET', unpack(reads))
+  for j = 1, #reads do
+    raws[at[j]] = got[j]
+  end
+end
+
+-- Rule i decided at cost `cost`: a log in place, any other rule on its value.
+local function decide(i, cost)
+  if algs[i] == sliding_window_log then
+    return log_in_place(KEYS[i], now, limits[i], periods[i], cost)
+  end
+  return algs[i](raws[i], now, limits[i], periods[i], bursts[i], intervals[i], cost)
+end
 
 -- 3. Decide every rule without writing.
 local oks, remainings, resets, retries, values, idles = {}, {}, {}, {}, {}, {}
 local all, quotas, quota_oks = true, 0, 0
 for i = 1, n do
-  oks[i], remainings[i], resets[i], retries[i], values[i], idles[i] =
-    algs[i](raws[i], now, limits[i], periods[i], bursts[i], intervals[i], costs[i])
+  oks[i], remainings[i], resets[i], retries[i], values[i], idles[i] = decide(i, costs[i])
   if modes[i] == 2 then
     quotas = quotas + 1
     if oks[i] then
@@ -100,14 +120,18 @@ end
 if all then
   for i = 1, n do
     if oks[i] and costs[i] > 0 then
-      redis.call('SET', KEYS[i], values[i], 'PX', px(idles[i], now, ttl_floor))
+      local ms = px(idles[i], now, ttl_floor)
+      if algs[i] == sliding_window_log then
+        log_write(KEYS[i], values[i], ms)
+      else
+        redis.call('SET', KEYS[i], values[i], 'PX', ms)
+      end
     end
   end
 else
   for i = 1, n do
     if oks[i] and costs[i] > 0 then
-      local _, remaining, reset =
-        algs[i](raws[i], now, limits[i], periods[i], bursts[i], intervals[i], 0)
+      local _, remaining, reset = decide(i, 0)
       remainings[i], resets[i] = remaining, reset
     end
   end

@@ -242,85 +242,130 @@ local function sliding_window_counter(raw, now, limit, p, burst, t, units, at, r
   return done, pack('>BI7I7I7', 67, ws, current, previous), idle
 end
 
-local function sliding_window_log(raw, now, limit, p, burst, t, units, at, real)
-  local n, before = 0, 0
-  if raw and #raw >= 8 and (#raw - 8) % 14 == 0 and string.byte(raw, 1) == 83 then
-    n = (#raw - 8) / 14
-    before = struct.unpack('>I7', raw, 2)
-  end
-  local ats, us = {}, {}
-  local prev = before
-  for i = 1, n do
-    local a, total = struct.unpack('>I7I7', raw, i * 14 - 5)
-    ats[i], us[i] = a, total - prev
-    prev = total
-  end
-  local newest = n > 0 and ats[n] or 0
+-- The sliding log is settled where it lies (log_ranged.lua's reads and writes): a long log
+-- (up to MAX_LOG_LIMIT records, 1.4 MB) read whole and rebuilt record by record cost Redis
+-- 59 ms a settle at 100,000 records (docs/benchmarks.md). It writes itself and returns the
+-- units applied. `t` is the call's instant (for PX), `now` the log's (clamped to its newest).
+--
+-- Costs: a debt appends a record or changes the newest (O(log n) reads); a give-back that
+-- keeps the newest record changes it alone. A refund that keeps its record rewrites the totals
+-- on the shorter side of it, a loop per record (a refund soon after its charge: the records
+-- after it, few). A settle that removes a record writes the value anew (it cannot shrink in
+-- place: a copy inside Redis, plus that loop for a record not the newest), dropping the dead
+-- prefix: records at or before newest - p, which the core dropped when it charged, and which
+-- a newest record removed would no longer keep out of the window (see
+-- sliding_window_log_in_place.lua for why they stay until then). Measured at 100,000 records:
+-- 3.4 ms a whole refund of the newest record, 24 ms one in the middle (docs/benchmarks.md).
+local function sliding_window_log(key, t, p, units, at, real, ttl_floor)
+  local r = log_open(key)
+  local n, newest, total = r.n, r.newest, r.total
+  local now = t
   if now < newest then
     now = newest
   end
-  local done = 0
-  if real == GIVE_BACK then
-    -- The newest live entries first; one pass per entry at most.
-    while done < units and #ats > 0 and not (now >= p and ats[#ats] <= now - p) do
-      local take = min(units - done, us[#us])
-      us[#us] = us[#us] - take
-      done = done + take
-      if us[#us] > 0 then
-        break
-      end
-      ats[#ats], us[#us] = nil, nil
+  local first, dead = 1, 0
+  if n > 0 and now >= p then
+    first = log_first(r, now - p)
+  end
+  if n > 0 and newest >= p then
+    dead = log_first(r, newest - p) - 1
+  end
+  -- The log without records k + 1 .. n (record k's total lowered by `less`), the dead prefix
+  -- dropped: written anew, or deleted when no record is left or (as every adjuster's state)
+  -- when it is fresh by the call's instant.
+  local function cut_after(k, less)
+    local at_k = k > dead and log_at(r, k)
+    if not at_k or at_k + p <= t then
+      redis.call('DEL', key)
+      return
     end
+    local last = struct.pack('>I7I7', at_k, log_cum(r, k) - less)
+    local value = struct.pack('>BI7', 83, log_cum(r, dead)) .. log_records(r, dead + 1, k - 1) ..
+      last
+    redis.call('SET', key, value, 'PX', px(at_k + p, t, ttl_floor))
+  end
+  -- Records i .. j re-packed with their totals moved by `by` (a loop per record: the cost).
+  local function moved(i, j, by)
+    local bytes, parts = log_records(r, i, j), {}
+    for o = 1, #bytes, 14 do
+      local a, c = struct.unpack('>I7I7', bytes, o)
+      parts[#parts + 1] = struct.pack('>I7I7', a, c + by)
+    end
+    return table.concat(parts)
+  end
+  -- Record k's units lowered by `less` (with `drop`, all of them: the record goes). Either
+  -- the totals after it go down (written over themselves, unless the record goes) or, when
+  -- fewer records come before it, the totals before it and the base go up (the value written
+  -- anew, the dead prefix dropped): a loop over the shorter side.
+  local function lower(k, less, drop)
+    local ms = px(newest + p, t, ttl_floor)
+    local after = k + 1
+    if not drop then
+      after = k
+    end
+    if k - 1 - dead < n - k then
+      local value = struct.pack('>BI7', 83, log_cum(r, dead) + less) ..
+        moved(dead + 1, k - 1, less) .. log_records(r, after, n)
+      redis.call('SET', key, value, 'PX', ms)
+    elseif drop then
+      local value = struct.pack('>BI7', 83, log_cum(r, dead)) .. log_records(r, dead + 1, k - 1) ..
+        moved(after, n, -less)
+      redis.call('SET', key, value, 'PX', ms)
+    else
+      redis.call('SETRANGE', key, k * 14 - 6, moved(k, n, -less))
+      redis.call('PEXPIRE', key, ms)
+    end
+  end
+  if real == GIVE_BACK then
+    -- The newest live records first; each emptied one goes, the first left with units stops.
+    local done, k = 0, n
+    while done < units and k >= first do
+      local u = log_cum(r, k) - log_cum(r, k - 1)
+      local take = min(units - done, u)
+      done = done + take
+      if take < u then
+        if k == n then
+          lower(n, take, false)
+        else
+          cut_after(k, take)
+        end
+        return done
+      end
+      k = k - 1
+    end
+    if done > 0 then
+      cut_after(k, 0)
+    end
+    return done
   elseif real < units then
-    if now >= p and at <= now - p then
+    -- A refund of the charge at `at`: nothing once it left the window, else from its record.
+    if (now >= p and at <= now - p) or n == 0 then
       return 0
     end
-    for i = 1, n do
-      if ats[i] == at then
-        done = min(units - real, us[i])
-        us[i] = us[i] - done
-        if us[i] == 0 then
-          table.remove(ats, i)
-          table.remove(us, i)
-        end
-        break
-      end
+    local k = log_first(r, at - 1)
+    if k > n or log_at(r, k) ~= at then
+      return 0
     end
-  else
-    -- The expired records go first (as a charge drops them), then the debt is logged now.
-    local first, live = 1, 0
-    while first <= #ats and now >= p and ats[first] <= now - p do
-      before = before + us[first]
-      first = first + 1
+    local u = log_cum(r, k) - log_cum(r, k - 1)
+    local done = min(units - real, u)
+    if done == u and k == n then
+      cut_after(n - 1, 0)
+    elseif done > 0 then
+      lower(k, done, done == u)
     end
-    local a2, u2 = {}, {}
-    for i = first, #ats do
-      a2[#a2 + 1], u2[#u2 + 1] = ats[i], us[i]
-      live = live + us[i]
-    end
-    ats, us = a2, u2
-    local room = MAX_COUNT - live
-    done = min(real - units, room > 0 and room or 0)
-    if done > 0 then
-      if #ats > 0 and ats[#ats] == now then
-        us[#us] = us[#us] + done
-      else
-        ats[#ats + 1], us[#us + 1] = now, done
-      end
-    end
+    return done
   end
-  if done == 0 then
-    return 0
+  -- A debt, charged now (the expired records go, as a charge drops them).
+  local live = 0
+  if first <= n then
+    live = total - log_cum(r, first - 1)
   end
-  if #ats == 0 then
-    return done, false, 0
+  local room = MAX_COUNT - live
+  local done = min(real - units, room > 0 and room or 0)
+  if done > 0 then
+    log_write(key, log_charge(r, first, now, done), px(now + p, t, ttl_floor))
   end
-  local parts, total = { pack('>BI7', 83, before) }, before
-  for i = 1, #ats do
-    total = total + us[i]
-    parts[i + 1] = pack('>I7I7', ats[i], total)
-  end
-  return done, table.concat(parts), ats[#ats] + p
+  return done
 end
 
 local function concurrency(raw, now, limit, p, burst, t, units, at, real)
@@ -412,8 +457,8 @@ if n == 0 or #ARGV ~= 2 + 7 * n then
 end
 local keys = KEYS
 -- end of keys
-local function read(key)
-  return redis.call('GET', key), false
+local function read(key, cmd)
+  return redis.call(cmd, key), false
 end
 -- end of read
 local now = read_now()
@@ -437,9 +482,13 @@ end
 local out = {}
 for i = 1, n do
   local it = items[i]
-  local raw, elsewhere = read(keys[i])
+  -- A log is read where it lies (its adjuster's reads): only whether the node serves it here.
+  local log = it[1] == sliding_window_log
+  local raw, elsewhere = read(keys[i], log and 'EXISTS' or 'GET')
   if elsewhere then
     out[i] = redis.error_reply('TGELSEWHERE settle ' .. i .. ': a key is served by another node')
+  elseif log then
+    out[i] = sliding_window_log(keys[i], now, it[3], it[6], it[7], it[8], ttl_floor)
   else
     local done, value, idle = it[1](raw, now, it[2], it[3], it[4], it[5], it[6], it[7], it[8])
     if value == false or (value and idle <= now) then

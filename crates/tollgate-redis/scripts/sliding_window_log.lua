@@ -18,7 +18,10 @@
 -- Memory is O(limit): up to one record per admitted unit still in the window (14 bytes each;
 -- requests at the same microsecond share one). That is why the core caps its limit at
 -- MAX_LOG_LIMIT. Missing (or another algorithm's value) is an empty log. The key expires one
--- period after its newest record.
+-- period after its newest record. A value written in place (sliding_window_log_in_place.lua,
+-- for a log longer than script.rs's IN_PLACE_LOG_LIMIT, which a reload may shorten) may begin
+-- with records at or before newest - p: they fall before every horizon, and a commit drops
+-- them with the other expired records.
 --
 -- Record i (1-based) starts at byte 9 + (i - 1) * 14: its `at` there (i * 14 - 5) and its
 -- `cum` 7 bytes later (i * 14 + 2, which for i = 0 is `base`). Both binary searches are

@@ -73,6 +73,6 @@ pub use error::{ErrorKind, RedisStoreError};
 pub use lease::{Lease, LeaseRequest};
 pub use script::{
     generic_script_sha, generic_script_text, plan_script_quotas, plan_script_sha, plan_script_text,
-    RuleShape, MAX_INLINE_RULES,
+    RuleShape, IN_PLACE_LOG_LIMIT, MAX_INLINE_RULES,
 };
 pub use store::{CheckReply, GiveBackItem, PendingCheck, RedisStore, SettleItem};

@@ -29,9 +29,10 @@
 //! script's `now` (us), then per rule allowed (1/0), remaining, reset_after (us) and
 //! retry_after + 1 (us; 0: allowed, or retrying never helps).
 //!
-//! Plans with more rules than [`MAX_INLINE_RULES`], and forms past [`MAX_SCRIPTS`], run
-//! `scripts/check.lua` (the bodies as functions, the quotas and modes as arguments), which
-//! answers in the same format.
+//! Plans with more rules than [`MAX_INLINE_RULES`], forms past [`MAX_SCRIPTS`], and plans with
+//! a sliding log longer than [`IN_PLACE_LOG_LIMIT`] run `scripts/check.lua` (the bodies as
+//! functions, the quotas and modes as arguments; a sliding log decided where it lies,
+//! `scripts/sliding_window_log_in_place.lua`), which answers in the same format.
 
 use crate::error::RedisStoreError;
 use smallvec::SmallVec;
@@ -48,6 +49,8 @@ const TTL: &str = include_str!("../scripts/ttl.lua");
 const PACKED: &str = include_str!("../scripts/packed.lua");
 const ARGS: &str = include_str!("../scripts/args.lua");
 const CHECK: &str = include_str!("../scripts/check.lua");
+const LOG_RANGED: &str = include_str!("../scripts/log_ranged.lua");
+const LOG_IN_PLACE: &str = include_str!("../scripts/sliding_window_log_in_place.lua");
 const LEASE: &str = include_str!("../scripts/lease.lua");
 const SETTLE: &str = include_str!("../scripts/settle.lua");
 
@@ -243,8 +246,12 @@ impl Form {
         Some(Form { rules })
     }
 
-    /// [`Form::new`] of these rules.
+    /// [`Form::new`] of these rules; `None` also for a plan with a sliding log the generic
+    /// script decides in place (see [`IN_PLACE_LOG_LIMIT`]).
     pub(crate) fn of(rules: &[RuleShape]) -> Option<Form> {
+        if rules.iter().any(|r| in_place(&r.limit)) {
+            return None;
+        }
         Form::new(rules.iter().map(|r| (r.limit.algorithm(), r.mode)))
     }
 
@@ -280,6 +287,22 @@ const INLINE_RULES: usize = 8;
 /// filling Redis' script cache: past it, plans run `check.lua`.
 pub(crate) const MAX_SCRIPTS: usize = 1024;
 
+/// The longest `sliding_window_log` (its limit: the most records its value holds) a generated
+/// script decides. A generated script reads a log whole and writes it whole on every
+/// admission: Redis's time for that grows with the log (36 µs a request at 500 records, 76 at
+/// 1,000, 7.3 ms at 100,000: docs/benchmarks.md, "A long `sliding_window_log` on Redis"). A
+/// plan with a longer log runs the generic script, which decides a log in place
+/// (`scripts/sliding_window_log_in_place.lua`: a few reads of 7 or 14 bytes and an append):
+/// 26 µs at 500 records, 35 at 100,000. Such a plan is sent alone, at once: it does not
+/// coalesce, nor queue behind its lane's plans.
+pub const IN_PLACE_LOG_LIMIT: u64 = 500;
+
+/// Whether a rule of `limit` is a sliding log longer than [`IN_PLACE_LOG_LIMIT`]: its plan
+/// runs the generic script.
+pub(crate) fn in_place(limit: &Limit) -> bool {
+    limit.algorithm() == Algorithm::SlidingWindowLog && limit.quota().limit() > IN_PLACE_LOG_LIMIT
+}
+
 /// The generic script (`check.lua`): any number of rules, quotas and modes as arguments.
 pub(crate) fn generic_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
@@ -287,6 +310,8 @@ pub(crate) fn generic_script() -> &'static Script {
         let functions: Vec<String> = Algorithm::EVERY.iter().map(|&a| as_function(a)).collect();
         let mut parts = vec![PRELUDE, TTL, ARGS];
         parts.extend(functions.iter().map(String::as_str));
+        parts.push(LOG_RANGED);
+        parts.push(LOG_IN_PLACE);
         parts.push(CHECK);
         finish(&parts)
     })
@@ -295,7 +320,7 @@ pub(crate) fn generic_script() -> &'static Script {
 /// Settles, releases and renewals of any keys in one call (`scripts/settle.lua`).
 pub(crate) fn settle_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| finish(&[PRELUDE, TTL, ARGS, SETTLE]))
+    SCRIPT.get_or_init(|| finish(&[PRELUDE, TTL, ARGS, LOG_RANGED, SETTLE]))
 }
 
 /// The first line of an across-slots script (Redis 7: a script with this flag may touch keys
@@ -315,8 +340,8 @@ end
 ";
 
 /// The across-slots read of `settle.lua`: a key the node does not serve is "elsewhere".
-const SETTLE_ACROSS_READ: &str = "local function read(key)
-  local raw = redis.pcall('GET', key)
+const SETTLE_ACROSS_READ: &str = "local function read(key, cmd)
+  local raw = redis.pcall(cmd, key)
   if type(raw) == 'table' then
     return nil, true
   end
@@ -346,11 +371,13 @@ pub(crate) fn settle_script_across() -> Option<&'static Script> {
             )?;
             let settle = swap(
                 &settle,
-                "local function read(key)",
+                "local function read(key, cmd)",
                 "-- end of read\n",
                 SETTLE_ACROSS_READ,
             )?;
-            Some(across_slots(finish(&[PRELUDE, TTL, ARGS, &settle])))
+            Some(across_slots(finish(&[
+                PRELUDE, TTL, ARGS, LOG_RANGED, &settle,
+            ])))
         })
         .as_ref()
 }
@@ -1384,10 +1411,17 @@ mod tests {
         );
         // Neither the plain blocks nor KEYS are left.
         assert!(!settle.text.contains("#KEYS") && !settle.text.contains("KEYS["));
-        assert!(!settle.text.contains("redis.call('GET'"));
+        // The plain read is gone. A sliding log's own reads (log_ranged.lua's redis.call) come
+        // after the across read answered that the node serves its key (EXISTS, through pcall).
+        assert!(!settle.text.contains("return redis.call(cmd, key), false"));
+        assert!(settle
+            .text
+            .contains("read(keys[i], log and 'EXISTS' or 'GET')"));
         // The plain script keeps its own.
         let plain = settle_script();
-        assert!(plain.text.contains("local keys = KEYS\n") && !plain.text.contains("pcall"));
+        assert!(plain.text.contains("local keys = KEYS\n"));
+        assert!(plain.text.contains("return redis.call(cmd, key), false"));
+        assert!(!plain.text.contains("redis.pcall(cmd, key)"));
         assert_ne!(plain.sha, settle.sha);
         let lease = lease_batch_script_across();
         assert!(lease.text.starts_with(ACROSS_SLOTS_SHEBANG));

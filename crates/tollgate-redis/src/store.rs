@@ -2500,8 +2500,15 @@ struct SlotRange {
     addr: Option<(String, u16)>,
 }
 
-/// The form of a plan's script (see [`Form::new`]).
+/// The form of a plan's script (see [`Form::new`]); `None` also for a plan with a sliding log
+/// the generic script decides in place (see [`crate::script::IN_PLACE_LOG_LIMIT`]).
 fn form_of(checks: &[Check<'_>]) -> Option<Form> {
+    if checks
+        .iter()
+        .any(|c| crate::script::in_place(c.rule.limit()))
+    {
+        return None;
+    }
     Form::new(checks.iter().map(|c| (c.rule.limit().algorithm(), c.mode)))
 }
 

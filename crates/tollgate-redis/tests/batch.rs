@@ -1184,7 +1184,7 @@ impl<'a> Servers<'a> {
 /// batches (fewer script calls than plans), and how many flushes were sent (with `flush`,
 /// during each trace).
 async fn local_clock_traces(servers: Servers<'_>, max_batch: usize, flush: bool) -> (u64, u64) {
-    use common::{random_limit, Rng};
+    use common::Rng;
     let cluster = matches!(servers, Servers::Cluster(_));
     // Calls bounded by the hang guard, not the default second: under a flush storm every call
     // may reload scripts of hundreds of kilobytes, and with both flush tests at once on a
@@ -1205,7 +1205,7 @@ async fn local_clock_traces(servers: Servers<'_>, max_batch: usize, flush: bool)
             (0..tollgate_redis::MAX_INLINE_RULES)
                 .map(|i| {
                     let a = Algorithm::ALL[(i + seed as usize) % Algorithm::ALL.len()];
-                    Rule::new(format!("bd-{seed}-{i}"), random_limit(&mut rng, a))
+                    Rule::new(format!("bd-{seed}-{i}"), coalescing_limit(&mut rng, a))
                 })
                 .collect(),
         );
@@ -1281,6 +1281,21 @@ async fn local_clock_traces(servers: Servers<'_>, max_batch: usize, flush: bool)
         }
     }
     (batched, flushes)
+}
+
+/// A random limit (`random_limit`'s, with its draws) of a plan that coalesces: a sliding log
+/// longer than [`tollgate_redis::IN_PLACE_LOG_LIMIT`] is cut to it. A longer log's plan runs
+/// the generic script, sent at once rather than queued in its lane (tests/long_log.rs), so
+/// it is not decided in arrival order with the lane's plans, which these traces hold to.
+fn coalescing_limit(rng: &mut common::Rng, a: Algorithm) -> tollgate_core::Limit {
+    let limit = common::random_limit(rng, a);
+    let q = limit.quota();
+    if a != Algorithm::SlidingWindowLog || q.limit() <= tollgate_redis::IN_PLACE_LOG_LIMIT {
+        return limit;
+    }
+    let period = Duration::from_micros(q.period_micros());
+    let q = tollgate_core::Quota::new(tollgate_redis::IN_PLACE_LOG_LIMIT, period).expect("quota");
+    tollgate_core::Limit::new(a, q).expect("a shorter log of the same period")
 }
 
 /// The traces of [`local_clock_traces`]: sixteen, each one's forms new to the store. The
@@ -2723,18 +2738,24 @@ async fn writes_px_as_the_core_decides(clock: StoreClock) {
             clients_of_a_call.clear();
             continue;
         }
-        if !seen.args[0].eq_ignore_ascii_case(b"SET") {
+        // A write is a SET with its PX, or (a sliding log charged in place by the generic
+        // script: APPEND or SETRANGE) a PEXPIRE.
+        let ms_at = if seen.args[0].eq_ignore_ascii_case(b"SET") {
+            seen.args
+                .iter()
+                .position(|a| a.eq_ignore_ascii_case(b"PX"))
+                .map(|i| i + 1)
+        } else if seen.args[0].eq_ignore_ascii_case(b"PEXPIRE") {
+            Some(2)
+        } else {
             continue;
-        }
+        };
         let key = String::from_utf8_lossy(&seen.args[1]).into_owned();
         let tag = key.split(['{', '}']).nth(1).unwrap_or_default();
         clients_of_a_call.insert(tag.to_string());
         most_clients_in_a_call = most_clients_in_a_call.max(clients_of_a_call.len());
-        let px = seen
-            .args
-            .iter()
-            .position(|a| a.eq_ignore_ascii_case(b"PX"))
-            .and_then(|i| seen.args.get(i + 1))
+        let px = ms_at
+            .and_then(|i| seen.args.get(i))
             .and_then(|ms| std::str::from_utf8(ms).ok()?.parse::<u64>().ok());
         let Some(px) = px else {
             panic!("{key}: a write without a PX in whole milliseconds: {seen:?}");

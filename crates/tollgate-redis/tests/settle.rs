@@ -237,6 +237,22 @@ async fn a_batch_of_settles_for_many_clients_is_one_call_and_a_bad_item_changes_
 /// store, its items are answered "elsewhere" by the old node and settled where the slot went.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_settles_go_per_node_and_follow_a_moved_slot() {
+    settles_per_node(Algorithm::TokenBucket, 10).await;
+}
+
+/// The same of a sliding log long enough to be decided and settled in place (its reads after
+/// the across read's EXISTS said the node serves the key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_long_logs_settles_go_per_node_and_follow_a_moved_slot() {
+    settles_per_node(
+        Algorithm::SlidingWindowLog,
+        tollgate_redis::IN_PLACE_LOG_LIMIT + 100,
+    )
+    .await;
+}
+
+/// Charges of 10 (settled at 4) under `limit` a minute of `algorithm`.
+async fn settles_per_node(algorithm: Algorithm, limit: u64) {
     let cluster = tollgate_testkit::RedisCluster::start(3, 0);
     let config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
         .with_clock(StoreClock::Local)
@@ -244,8 +260,8 @@ async fn on_a_cluster_settles_go_per_node_and_follow_a_moved_slot() {
     let store = RedisStore::connect(config).await.expect("connect");
     let rule = common::rule(
         "per-node",
-        Algorithm::TokenBucket,
-        10,
+        algorithm,
+        limit,
         std::time::Duration::from_secs(60),
     );
     let now = EPOCH_2026;
@@ -296,7 +312,7 @@ async fn on_a_cluster_settles_go_per_node_and_follow_a_moved_slot() {
             .check(&[Check::new(*c, &rule, 0)], now)
             .await
             .expect("query");
-        assert_eq!(v.decisions[0].remaining, 6);
+        assert_eq!(v.decisions[0].remaining, limit - 4);
     }
     // The slot moves; the store's table still says `from`.
     assert!(cluster.move_empty_slot(slot, to), "the slot did not move");
@@ -333,7 +349,7 @@ async fn on_a_cluster_settles_go_per_node_and_follow_a_moved_slot() {
         .check(&[Check::new(mover, &rule, 0)], now)
         .await
         .expect("query");
-    assert_eq!(v.decisions[0].remaining, 9);
+    assert_eq!(v.decisions[0].remaining, limit - 1);
 }
 
 /// With clock = store, a renewal moves a hold to the bucket of Redis's TIME, whatever `now`
