@@ -505,12 +505,17 @@ fn client_keys_follow_the_store_unless_a_keying_is_given() {
 }
 
 #[test]
-fn a_long_sliding_log_on_redis_draws_a_warning_and_a_short_one_or_the_memory_store_none() {
-    let cfg = |backend: &str, limit: u64, tier_limit: u64| {
+fn a_long_settled_sliding_log_on_redis_draws_a_warning_and_a_short_or_unsettled_one_none() {
+    let cfg = |backend: &str, limit: u64, tier_limit: u64, settled: bool| {
+        let settle = if settled {
+            "cost_from_response = \"x-used\"\n"
+        } else {
+            ""
+        };
         format!(
-            "[store]\n{backend}\n[identity]\nsecret = \"s\"\n\
+            "{PROXY}[store]\n{backend}\n[identity]\nsecret = \"s\"\n\
              [[policy]]\nname = \"log\"\nalgorithm = \"sliding_window_log\"\nlimit = {limit}\n\
-             period = \"1h\"\ntier = \"header:x-plan\"\n\
+             period = \"1h\"\n{settle}tier = \"header:x-plan\"\n\
              tiers = {{ gold = {{ limit = {tier_limit} }} }}\n"
         )
     };
@@ -519,25 +524,29 @@ fn a_long_sliding_log_on_redis_draws_a_warning_and_a_short_one_or_the_memory_sto
         Err(e) => panic!("{e}"),
     };
     let redis = "backend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"";
-    let long: Vec<String> = warnings(&cfg(redis, 10_000, 50_000))
+    let long: Vec<String> = warnings(&cfg(redis, 10_000, 50_000, true))
         .into_iter()
         .filter(|w| w.contains("sliding_window_log"))
         .collect();
     assert_eq!(long.len(), 2, "{long:?}");
     assert!(
-        long[0].starts_with("warning: t.toml: policy[0]: sliding_window_log with a limit of 10000"),
+        long[0].starts_with(
+            "warning: t.toml: policy[0]: sliding_window_log with a limit of 10000 and its cost settled"
+        ),
         "{long:?}"
     );
     assert!(
         long[1].starts_with(
-            "warning: t.toml: policy[0].tiers.gold: sliding_window_log with a limit of 50000"
+            "warning: t.toml: policy[0].tiers.gold: sliding_window_log with a limit of 50000 and"
         ),
         "{long:?}"
     );
-    // At the bound, and on the memory store, nothing.
+    // At the bound, unsettled (a check costs the same at any length), and on the memory
+    // store, nothing.
     for text in [
-        cfg(redis, super::log_cost::LOG_WARN_LIMIT, 100),
-        cfg("backend = \"memory\"", 10_000, 50_000),
+        cfg(redis, super::log_cost::LOG_WARN_LIMIT, 100, true),
+        cfg(redis, 10_000, 50_000, false),
+        cfg("backend = \"memory\"", 10_000, 50_000, true),
     ] {
         let w = warnings(&text);
         assert!(w.iter().all(|w| !w.contains("sliding_window_log")), "{w:?}");
