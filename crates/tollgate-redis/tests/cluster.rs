@@ -569,9 +569,12 @@ async fn a_cluster_scaled_out_and_in_under_load_decides_exactly_and_keeps_answer
         moved.unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(removed, "{what}: the master was not removed");
         // Also calls in flight to the master as it went: the store's node table (read at
-        // most once a second) may still have sent its old slot's plans there.
-        let expected =
-            |e: &tollgate_redis::RedisStoreError| split(e) || e.kind() == ErrorKind::Connection;
+        // most once a second) may still have sent its old slot's plans there. And, as out, a
+        // call that outlived its timeout while redis-rs read the new slot map (in a full
+        // `scripts/test` run, once: a client's call at `max_batch = 1`).
+        let expected = |e: &tollgate_redis::RedisStoreError| {
+            split(e) || matches!(e.kind(), ErrorKind::Connection | ErrorKind::Timeout)
+        };
         exact_and_few_failures(&what, &outcomes, &movers, expected);
         assert_eq!(
             keys_of_slot(&cluster, from),
