@@ -79,7 +79,8 @@ end
 local raws, reads, at = {}, {}, {}
 for i = 1, n do
   if algs[i] ~= sliding_window_log then
-    reads[#reads + 1], at[#reads + 1] = KEYS[i], i
+    local j = #reads + 1
+    reads[j], at[j] = KEYS[i], i
   end
 end
 if #reads > 0 then
