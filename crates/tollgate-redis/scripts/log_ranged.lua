@@ -77,12 +77,25 @@ local function log_records(r, i, j)
   return redis.call('GETRANGE', r.key, i * 14 - 6, j * 14 + 7)
 end
 
+-- The window (now - p, now] of the log read as `r` (`now` at or after its newest record): its
+-- first record (n + 1 when none is) and the total before that record.
+local function log_window(r, now, p)
+  local first = 1
+  if now >= p then
+    first = log_first(r, now - p)
+  end
+  if first > r.n then
+    return first, r.total
+  end
+  return first, log_cum(r, first - 1)
+end
+
 -- The write that charges `units` at `now` (at or after the newest record) to the log read as
--- `r`, whose first record inside the window is `first`: { 'SET', value } for a log with no
+-- `r`, whose window (log_window) is `first` and `before`: { 'SET', value } for a log with no
 -- record inside it (written anew) or whose expired records outnumber the live ones (the live
 -- ones written anew without them: the dead prefix is cut), else { 'SETRANGE', offset, record }
 -- (the newest record shares the instant: its total grows) or { 'APPEND', record }.
-local function log_charge(r, first, now, units)
+local function log_charge(r, first, before, now, units)
   local n = r.n
   if first > n then
     return { 'SET', struct.pack('>BI7I7I7', 83, 0, now, units) }
@@ -94,7 +107,6 @@ local function log_charge(r, first, now, units)
     last = n - 1
   end
   if first - 1 > last - first + 2 then
-    local before = log_cum(r, first - 1)
     return { 'SET', struct.pack('>BI7', 83, before) .. log_records(r, first, last) .. record }
   elseif last < n then
     return { 'SETRANGE', n * 14 - 6, record }

@@ -255,7 +255,7 @@ end
 -- prefix: records at or before newest - p, which the core dropped when it charged, and which
 -- a newest record removed would no longer keep out of the window (see
 -- sliding_window_log_in_place.lua for why they stay until then). Measured at 100,000 records:
--- 3.4 ms a whole refund of the newest record, 24 ms one in the middle (docs/benchmarks.md).
+-- 3.4-3.6 ms a whole refund of the newest record, 24-33 ms one in the middle (docs/benchmarks.md).
 local function sliding_window_log(key, t, p, units, at, real, ttl_floor)
   local r = log_open(key)
   local n, newest, total = r.n, r.newest, r.total
@@ -263,17 +263,22 @@ local function sliding_window_log(key, t, p, units, at, real, ttl_floor)
   if now < newest then
     now = newest
   end
-  local first, dead = 1, 0
-  if n > 0 and now >= p then
-    first = log_first(r, now - p)
-  end
-  if n > 0 and newest >= p then
-    dead = log_first(r, newest - p) - 1
+  -- The dead prefix's last record (0: none), read only by a settle that needs it.
+  local dead
+  local function dead_end()
+    if not dead then
+      dead = 0
+      if n > 0 and newest >= p then
+        dead = log_first(r, newest - p) - 1
+      end
+    end
+    return dead
   end
   -- The log without records k + 1 .. n (record k's total lowered by `less`), the dead prefix
   -- dropped: written anew, or deleted when no record is left or (as every adjuster's state)
   -- when it is fresh by the call's instant.
   local function cut_after(k, less)
+    local dead = dead_end()
     local at_k = k > dead and log_at(r, k)
     if not at_k or at_k + p <= t then
       redis.call('DEL', key)
@@ -303,6 +308,12 @@ local function sliding_window_log(key, t, p, units, at, real, ttl_floor)
     if not drop then
       after = k
     end
+    -- The newest record is only ever lowered here (removed, it goes through cut_after): its
+    -- side is the short one, and the dead prefix is not read.
+    local dead = 0
+    if k < n then
+      dead = dead_end()
+    end
     if k - 1 - dead < n - k then
       local value = struct.pack('>BI7', 83, log_cum(r, dead) + less) ..
         moved(dead + 1, k - 1, less) .. log_records(r, after, n)
@@ -318,6 +329,10 @@ local function sliding_window_log(key, t, p, units, at, real, ttl_floor)
   end
   if real == GIVE_BACK then
     -- The newest live records first; each emptied one goes, the first left with units stops.
+    local first = 1
+    if now >= p then
+      first = log_first(r, now - p)
+    end
     local done, k = 0, n
     while done < units and k >= first do
       local u = log_cum(r, k) - log_cum(r, k - 1)
@@ -356,14 +371,11 @@ local function sliding_window_log(key, t, p, units, at, real, ttl_floor)
     return done
   end
   -- A debt, charged now (the expired records go, as a charge drops them).
-  local live = 0
-  if first <= n then
-    live = total - log_cum(r, first - 1)
-  end
-  local room = MAX_COUNT - live
+  local first, before = log_window(r, now, p)
+  local room = MAX_COUNT - (total - before)
   local done = min(real - units, room > 0 and room or 0)
   if done > 0 then
-    log_write(key, log_charge(r, first, now, done), px(now + p, t, ttl_floor))
+    log_write(key, log_charge(r, first, before, now, done), px(now + p, t, ttl_floor))
   end
   return done
 end

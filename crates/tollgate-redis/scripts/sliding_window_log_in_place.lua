@@ -27,22 +27,14 @@
 -- settle that removes the newest record drops the dead prefix first (settle.lua), so the
 -- clamp it loosens cannot bring one back.
 --
--- log_ranged.lua comes first: log_open, log_at, log_cum, log_first, log_charge.
+-- log_ranged.lua comes first: log_open, log_at, log_cum, log_window, log_charge.
 local function log_in_place(key, now, limit, p, cost)
   local r = log_open(key)
   local n, newest, total = r.n, r.newest, r.total
   if now < newest then
     now = newest
   end
-  -- `first`: the first record inside the window (now - p, now], n + 1 when none is.
-  local first = 1
-  if now >= p then
-    first = log_first(r, now - p)
-  end
-  local before = total
-  if first <= n then
-    before = log_cum(r, first - 1)
-  end
+  local first, before = log_window(r, now, p)
   local in_window = total - before
   local ok, remaining, reset, retry, write, idle_at = false, 0, 0, -1, nil, nil
   if limit > in_window then
@@ -55,7 +47,7 @@ local function log_in_place(key, now, limit, p, cost)
     ok, remaining = true, limit - in_window - cost
     if cost > 0 then
       reset, idle_at = p, now + p
-      write = log_charge(r, first, now, cost)
+      write = log_charge(r, first, before, now, cost)
     end
   elseif cost <= limit then
     -- Drop the oldest live records until the request fits: the last one dropped decides.

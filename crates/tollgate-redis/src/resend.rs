@@ -139,7 +139,7 @@ impl Cluster {
         reply
     }
 
-    /// `load` (a SCRIPT LOAD, as the store's own connection writes it) on each node that
+    /// `load()` (a SCRIPT LOAD, as the store's own connection writes it) on each node that
     /// answered a redirected call NOSCRIPT. Every caller loads its own script there before it
     /// sends its call again: taken by one caller, the node list would send the others' calls
     /// back before that caller's load had landed (measured: scaled out under load, calls were
@@ -147,11 +147,13 @@ impl Cluster {
     /// a NOSCRIPT leads here) until a load there fails or takes longer than [`LOAD_TIMEOUT`]: a
     /// node gone, or one not reached. The loads run on a task of their own, so a caller that
     /// gives up first (its deadline passed) does not leave a dead node listed.
-    pub(crate) async fn load_where_lacking(&self, load: Vec<u8>) {
+    pub(crate) async fn load_where_lacking(&self, load: impl FnOnce() -> Vec<u8>) {
         let lacking = self.redirects.lacking().clone();
         if lacking.is_empty() {
             return;
         }
+        // Packed only when a node needs it: a script's SCRIPT LOAD is its whole text.
+        let load = load();
         let redirects = Arc::clone(&self.redirects);
         let loads = tokio::spawn(async move {
             for node in lacking {

@@ -1590,7 +1590,8 @@ impl RedisStore {
     /// would carry it.
     async fn load_where_redirected(&self, s: &Script) {
         if let Connection::Cluster(c) = &self.conn {
-            c.load_where_lacking(packed_load(s).bytes().to_vec()).await;
+            c.load_where_lacking(|| packed_load(s).bytes().to_vec())
+                .await;
         }
     }
 
@@ -2500,16 +2501,9 @@ struct SlotRange {
     addr: Option<(String, u16)>,
 }
 
-/// The form of a plan's script (see [`Form::new`]); `None` also for a plan with a sliding log
-/// the generic script decides in place (see [`crate::script::IN_PLACE_LOG_LIMIT`]).
+/// The form of a plan's script (see [`Form::of_limits`]).
 fn form_of(checks: &[Check<'_>]) -> Option<Form> {
-    if checks
-        .iter()
-        .any(|c| crate::script::in_place(c.rule.limit()))
-    {
-        return None;
-    }
-    Form::new(checks.iter().map(|c| (c.rule.limit().algorithm(), c.mode)))
+    Form::of_limits(checks.iter().map(|c| (c.rule.limit(), c.mode)))
 }
 
 /// The limits of a plan's rules, in plan order (what its reply is read against).

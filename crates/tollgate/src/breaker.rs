@@ -125,7 +125,6 @@ impl Breaker {
         now: Micros,
         why: &dyn std::fmt::Display,
     ) {
-        let until = now.saturating_add(self.open_for);
         if permit != Permit::Probe
             && self
                 .counted
@@ -144,6 +143,7 @@ impl Breaker {
             .consecutive
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
+        let until = now.saturating_add(self.open_for);
         if permit == Permit::Probe {
             self.open_until.store(until, Ordering::Release);
             self.probing.store(false, Ordering::Release);
