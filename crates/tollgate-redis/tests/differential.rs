@@ -9,7 +9,7 @@ mod common;
 use common::{random_limit, Rng, EPOCH_2026};
 use std::collections::HashMap;
 use tollgate_core::{decide, Algorithm, Check, ClientKey, Micros, Mode, Rule, State, Verdict};
-use tollgate_redis::{RedisStore, StoreClock};
+use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
 /// The next `now`: mostly forward by amounts around the period (including exactly at window
@@ -142,17 +142,9 @@ async fn run_trace(
     }
 }
 
-/// A store on `server` deciding at the caller's time. Virtual time runs at its own pace (and
-/// backwards): keys must not expire in real time, hence the PX floor.
-async fn local_store(server: &RedisServer) -> RedisStore {
-    common::connect(&server.url(), StoreClock::Local)
-        .await
-        .with_ttl_floor(std::time::Duration::from_secs(3600))
-}
-
 async fn differential(algorithm: Algorithm, seeds: std::ops::Range<u64>) {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     let mut outcomes = Outcomes::default();
     for seed in seeds {
         let mut rng = Rng::new(seed * 7919 + algorithm as u64);
@@ -206,7 +198,7 @@ async fn gcra_matches_core() {
 #[tokio::test]
 async fn mixed_policies_are_decided_all_or_nothing_like_core() {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     let mut outcomes = Outcomes::default();
     for seed in 100..112 {
         let mut rng = Rng::new(seed);
@@ -224,7 +216,7 @@ async fn mixed_policies_are_decided_all_or_nothing_like_core() {
 #[tokio::test]
 async fn plans_of_one_to_sixteen_rules_match_core() {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     let mut outcomes = Outcomes::default();
     for n in 1..=tollgate_redis::MAX_INLINE_RULES {
         for seed in 0..Algorithm::ALL.len() as u64 {
@@ -246,7 +238,7 @@ async fn plans_of_one_to_sixteen_rules_match_core() {
 #[tokio::test]
 async fn requests_with_seventeen_policies_use_the_generic_script_and_match_core() {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     let mut outcomes = Outcomes::default();
     for seed in 200..206 {
         let mut rng = Rng::new(seed);

@@ -11,14 +11,8 @@ use std::time::Duration;
 use tollgate_core::{
     decide, Algorithm, Charge, Check, ClientKey, Limit, Micros, Mode, Quota, Rule, State,
 };
-use tollgate_redis::{GiveBackItem, RedisStore, SettleItem, StoreClock, IN_PLACE_LOG_LIMIT};
+use tollgate_redis::{GiveBackItem, RedisStore, SettleItem, IN_PLACE_LOG_LIMIT};
 use tollgate_testkit::RedisServer;
-
-async fn local_store(server: &RedisServer) -> RedisStore {
-    common::connect(&server.url(), StoreClock::Local)
-        .await
-        .with_ttl_floor(Duration::from_secs(3600))
-}
 
 fn log_limit(limit: u64, period: Micros) -> Limit {
     let q = Quota::new(limit, Duration::from_micros(period)).expect("quota");
@@ -172,7 +166,7 @@ async fn trace(store: &RedisStore, seed: u64, seen: &mut Seen) {
 #[tokio::test]
 async fn long_logs_decided_in_place_match_core_across_settles_clock_steps_and_reloads() {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     let mut seen = Seen::default();
     for seed in 0..10 {
         trace(&store, 4_000 + seed, &mut seen).await;
@@ -197,7 +191,7 @@ async fn long_logs_decided_in_place_match_core_across_settles_clock_steps_and_re
 #[tokio::test]
 async fn a_full_long_log_is_read_in_small_pieces_and_holds_at_most_twice_its_window() {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     let limit = 3_000;
     let rule = Rule::new("full", log_limit(limit, 3_000_000));
     let client = common::client(5);
@@ -265,7 +259,7 @@ async fn a_full_long_log_is_read_in_small_pieces_and_holds_at_most_twice_its_win
 #[tokio::test]
 async fn a_long_log_key_of_another_type_reads_as_empty_and_is_replaced() {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     let rule = Rule::new("typed", log_limit(IN_PLACE_LOG_LIMIT + 1, 60_000_000));
     let client: ClientKey = common::client(9);
     let key = store.key(&client, "typed");
@@ -294,7 +288,7 @@ async fn a_long_log_key_of_another_type_reads_as_empty_and_is_replaced() {
 #[tokio::test]
 async fn expired_records_stay_out_when_a_settle_removes_the_newest_and_the_clock_steps_back() {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     let rule = Rule::new("dead", log_limit(IN_PLACE_LOG_LIMIT + 1, 1_000_000));
     for (who, by_refund) in [(21u128, true), (22, false)] {
         let client = common::client(who);

@@ -13,12 +13,6 @@ use tollgate_core::{Algorithm, Charge, Check, ClientKey, Limit, Quota, Rule, Sta
 use tollgate_redis::{GiveBackItem, RedisStore, SettleItem, StoreClock};
 use tollgate_testkit::RedisServer;
 
-async fn local_store(server: &RedisServer) -> RedisStore {
-    common::connect(&server.url(), StoreClock::Local)
-        .await
-        .with_ttl_floor(std::time::Duration::from_secs(3600))
-}
-
 fn limit_for(rng: &mut Rng, a: Algorithm) -> Limit {
     if a == Algorithm::Concurrency {
         let limit = rng.range(1, 12);
@@ -154,7 +148,7 @@ async fn trace(store: &RedisStore, a: Algorithm, seed: u64, seen: &mut Seen) {
 #[tokio::test]
 async fn settles_releases_and_renewals_match_core_for_every_algorithm() {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     for a in Algorithm::EVERY {
         let mut seen = Seen::default();
         for seed in 0..8 {
@@ -173,7 +167,7 @@ async fn settles_releases_and_renewals_match_core_for_every_algorithm() {
 #[tokio::test]
 async fn a_batch_of_settles_for_many_clients_is_one_call_and_a_bad_item_changes_nothing() {
     let server = RedisServer::start();
-    let store = local_store(&server).await;
+    let store = common::local_store(&server).await;
     let rule = common::rule(
         "batch",
         Algorithm::TokenBucket,

@@ -109,6 +109,14 @@ pub fn rule(name: &str, algorithm: Algorithm, limit: u64, period: Duration) -> R
     }
 }
 
+/// A store on `server` deciding at the caller's time. Virtual time runs at its own pace (and
+/// backwards): keys must not expire in real time, hence the PX floor of an hour.
+pub async fn local_store(server: &tollgate_testkit::RedisServer) -> RedisStore {
+    connect(&server.url(), StoreClock::Local)
+        .await
+        .with_ttl_floor(Duration::from_secs(3600))
+}
+
 pub async fn connect(url: &str, clock: StoreClock) -> RedisStore {
     connect_to(RedisConfig::standalone(url), clock, url).await
 }
