@@ -60,6 +60,7 @@ mod resp;
 mod script;
 mod sentinel;
 mod store;
+mod watchdog;
 
 #[doc(hidden)]
 pub use batch_script::{

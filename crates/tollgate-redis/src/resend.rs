@@ -38,6 +38,7 @@
 use crate::direct::Direct;
 use crate::error::{is_noscript, not_run_here};
 use crate::reply::reply_of;
+use crate::watchdog::Shared;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
 use std::collections::HashMap;
@@ -55,12 +56,13 @@ const LOAD_TIMEOUT: Duration = Duration::from_secs(1);
 /// Sockets kept between calls on the connection to one node a redirection named.
 const REDIRECT_IDLE: usize = 4;
 
-/// A Cluster's connections: redis-rs's, which routes every call by its slot, and the store's
-/// own to the nodes that MOVED and ASK name (`direct.rs`, with the first URL's credentials and
-/// TLS; none where that connection does not take the URL, see its module docs).
+/// A Cluster's connections: redis-rs's, which routes every call by its slot (built again when
+/// it stops answering, `watchdog.rs`), and the store's own to the nodes that MOVED and ASK name
+/// (`direct.rs`, with the first URL's credentials and TLS; none where that connection does not
+/// take the URL, see its module docs).
 #[derive(Clone)]
 pub(crate) struct Cluster {
-    conn: ClusterConnection,
+    shared: Arc<Shared>,
     redirects: Arc<Redirects>,
 }
 
@@ -77,13 +79,13 @@ struct Redirects {
 }
 
 impl Cluster {
-    /// `conn`, with connections of the store's own made like `first_url`'s.
-    pub(crate) fn new(conn: ClusterConnection, first_url: Option<&str>) -> Self {
+    /// `shared` (redis-rs's), with connections of the store's own made like `first_url`'s.
+    pub(crate) fn new(shared: Shared, first_url: Option<&str>) -> Self {
         let template = first_url
             .and_then(|u| u.into_connection_info().ok())
             .filter(Direct::takes);
         Self {
-            conn,
+            shared: Arc::new(shared),
             redirects: Arc::new(Redirects {
                 template,
                 nodes: Mutex::default(),
@@ -96,12 +98,17 @@ impl Cluster {
     /// an ASK only when `follows_ask` (not a call of an across-slots script, see
     /// `Packed::across_slots`).
     pub(crate) async fn query(&self, cmd: &Cmd, follows_ask: bool) -> Result<Value, RedisError> {
-        match reply_of(&mut self.conn.clone(), cmd).await {
+        match reply_of(&mut self.shared.conn(), cmd).await {
             // A failure (rare) goes to the resend, boxed: the future every call carries
             // stays small.
             Err(e) => Box::pin(again(self, cmd, e, follows_ask)).await,
             reply => reply,
         }
+    }
+
+    /// redis-rs's connection and its watchdog.
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     /// The store's own connection to the node at `host:port`.
@@ -246,7 +253,7 @@ async fn again(
     first: RedisError,
     follows_ask: bool,
 ) -> Result<Value, RedisError> {
-    let mut c = cluster.conn.clone();
+    let mut c = cluster.shared.conn();
     let mut reply = Err(first);
     let mut wait = MIN_WAIT;
     let idempotent = idempotent(cmd);

@@ -22,7 +22,6 @@ use crate::script::{
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError};
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -269,15 +268,20 @@ impl Connection {
 /// (`direct.rs`) check their socket before each call instead.
 const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// PINGs `conn` every [`KEEP_ALIVE`], until [`KeepAlive`] ends it.
+/// PINGs `conn` every [`KEEP_ALIVE`], until [`KeepAlive`] ends it; on a Cluster, also watches
+/// redis-rs's client (`watchdog.rs`).
 async fn keep_alive(conn: Connection) {
     let mut tick = tokio::time::interval(KEEP_ALIVE);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let ping = redis::cmd("PING");
+    let mut watch = crate::watchdog::Watch::default();
     loop {
         tick.tick().await;
         // Its answer does not matter: a failure is seen by redis-rs, which reconnects.
         let _ = tokio::time::timeout(KEEP_ALIVE, conn.query(&ping, true)).await;
+        if let Connection::Cluster(c) = &conn {
+            c.shared().watch(&mut watch).await;
+        }
     }
 }
 
@@ -1403,6 +1407,35 @@ impl RedisStore {
         self.call_timeout
     }
 
+    /// On a Cluster, how many times redis-rs's client was built again after it answered
+    /// nothing for 2 s (`watchdog.rs`); 0 elsewhere.
+    pub fn cluster_client_rebuilds(&self) -> u64 {
+        match &self.conn {
+            Connection::Cluster(c) => c.shared().rebuilds(),
+            _ => 0,
+        }
+    }
+
+    /// Tests only: on a Cluster, redis-rs's connection replaced with one to the Cluster seeded
+    /// by `seeds` (which the test then pauses, so that it answers nothing, as a stuck client
+    /// does); the client that builds it again stays the store's. Whether it was replaced.
+    #[doc(hidden)]
+    pub async fn replace_cluster_connection_for_tests(&self, seeds: &[String]) -> bool {
+        let Connection::Cluster(c) = &self.conn else {
+            return false;
+        };
+        let Ok(other) = redis::cluster::ClusterClient::new(seeds.to_vec()) else {
+            return false;
+        };
+        match other.get_async_connection().await {
+            Ok(conn) => {
+                c.shared().replace(conn);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// One plan alone: its shape's script.
     pub(crate) async fn run_job(&self, job: &PlanJob) -> Result<redis::Value, RedisError> {
         self.run_job_on(job, Via::Shared).await
@@ -1733,10 +1766,12 @@ async fn connect_standalone(
     Ok(ConnectionManager::new_with_config(client, config).await?)
 }
 
+/// redis-rs's connection to the Cluster seeded by `urls`, with the client that builds it
+/// again (`watchdog.rs`).
 async fn connect_cluster(
     urls: &[String],
     response_timeout: std::time::Duration,
-) -> Result<ClusterConnection, RedisStoreError> {
+) -> Result<crate::watchdog::Shared, RedisStoreError> {
     let client = ClusterClient::builder(urls.iter().map(String::as_str))
         .connection_timeout(CONNECT_TIMEOUT)
         .response_timeout(response_timeout)
@@ -1748,7 +1783,8 @@ async fn connect_cluster(
             let urls: Vec<String> = urls.iter().map(|u| redact(u)).collect();
             RedisStoreError::config(format!("invalid Redis Cluster URLs {urls:?}: {e}"))
         })?;
-    Ok(client.get_async_connection().await?)
+    let conn = client.get_async_connection().await?;
+    Ok(crate::watchdog::Shared::new(client, conn))
 }
 
 /// The verdict of a plan from its decisions: allowed when every enforced rule allowed.
