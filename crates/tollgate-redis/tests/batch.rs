@@ -2175,6 +2175,43 @@ async fn through_sentinel_no_call_fails_after_a_quiet_spell_longer_than_the_idle
     assert_eq!(remaining_after_one(&store, &r, 62).await, 3);
 }
 
+/// Two of three sentinels paused (they accept a connection and answer nothing): the store
+/// still finds its master through the third, at connect and again after the master restarted
+/// under it (its connection broken, the master forgotten and looked up anew), within a bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_that_answer_nothing_do_not_keep_the_store_from_its_master() {
+    let mut set = tokio::task::spawn_blocking(tollgate_testkit::RedisSentinels::start)
+        .await
+        .expect("sentinels");
+    set.pause_sentinel(0);
+    set.pause_sentinel(1);
+    let r = Arc::new(rule("paused", Algorithm::TokenBucket, 10, HOUR));
+    for (who, max_batch) in [(63, 1), (64, 64)] {
+        let config = RedisConfig::sentinel(set.sentinel_urls(), set.master_name())
+            .with_max_batch(max_batch)
+            .with_call_timeout(Duration::from_millis(500));
+        let connect = tokio::time::timeout(HANG, store(config));
+        let store = connect.await.expect("connected within the bound");
+        assert_eq!(remaining_after_one(&store, &r, who).await, 9, "{max_batch}");
+        set.master().restart();
+        let plan = [Check::new(client(who), &r, 1)];
+        let began = std::time::Instant::now();
+        let again = loop {
+            match store.check_bounded(&plan, 0).await {
+                Ok(v) => break v,
+                Err(_) if began.elapsed() < HANG => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("max_batch {max_batch}: no master after {HANG:?}: {e}"),
+            }
+        };
+        // The restarted master is empty: a new bucket, one taken.
+        assert_eq!(again.decisions[0].remaining, 9, "max_batch {max_batch}");
+    }
+    set.resume_sentinel(0);
+    set.resume_sentinel(1);
+}
+
 /// A round with a batch whose script the server has not run yet goes call after call, the new
 /// script loaded in front of its call, so it is decided before the round's later calls, in
 /// arrival order. Two plans of one client, six

@@ -99,6 +99,24 @@ impl RedisSentinels {
         })
     }
 
+    /// Freezes sentinel `i` (SIGSTOP): its connections stay open, and it answers nothing.
+    pub fn pause_sentinel(&self, i: usize) {
+        if let Some(pid) = self.sentinel_pid(i) {
+            process::signal(pid, "STOP");
+        }
+    }
+
+    /// Resumes sentinel `i` after [`RedisSentinels::pause_sentinel`] (SIGCONT).
+    pub fn resume_sentinel(&self, i: usize) {
+        if let Some(pid) = self.sentinel_pid(i) {
+            process::signal(pid, "CONT");
+        }
+    }
+
+    fn sentinel_pid(&self, i: usize) -> Option<u32> {
+        self.sentinels.get(i)?.child.as_ref().map(Child::id)
+    }
+
     /// Asks the sentinels for a failover (`SENTINEL FAILOVER`): the replica is promoted while
     /// the old master keeps running (it answers as a master until the sentinels demote it).
     pub fn failover(&self) -> String {
