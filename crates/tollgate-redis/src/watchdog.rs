@@ -14,6 +14,8 @@
 //! node's error reply), says the client's task still takes calls; only silence does not. After
 //! [`STUCK_AFTER`] of silence the client is built again from its seeds and takes the calls that
 //! follow; the calls already made on the old one finish there (each holds the old connection).
+//! A rebuild that cannot connect (the whole Cluster unreachable, which is not the client's
+//! fault) doubles the silence the next one waits for, up to [`MOST_STUCK_AFTER`].
 //! A stuck task of redis-rs's cannot be stopped from outside, so it stays, with its sockets,
 //! until the process ends: one per time the watchdog acted (`rebuilds`, logged).
 
@@ -25,9 +27,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long redis-rs's client may answer nothing before it is built again: four probes in a
-/// row, each given [`PROBE_TIMEOUT`], on a healthy client each answered in well under 1 ms.
+/// How long redis-rs's client may answer nothing before it is built again: three or four
+/// probes in a row, each given [`PROBE_TIMEOUT`], on a healthy client each answered in well
+/// under 1 ms.
 pub(crate) const STUCK_AFTER: Duration = Duration::from_secs(2);
+
+/// After a rebuild that could not connect (the whole Cluster unreachable: then the old client
+/// is not the trouble), the next waits twice as long, up to this.
+const MOST_STUCK_AFTER: Duration = Duration::from_secs(32);
 
 /// The longest the watchdog's PING waits for its answer.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -79,13 +86,13 @@ impl Shared {
             Ok(Err(e)) => !e.is_timeout(),
             Err(_) => false,
         };
-        if watch.stuck(answered, Instant::now()) {
-            self.rebuild().await;
+        if watch.stuck(answered, Instant::now()) && !self.rebuild().await {
+            watch.failed();
         }
     }
 
-    /// A new connection from the client, put where calls take it.
-    async fn rebuild(&self) {
+    /// A new connection from the client, put where calls take it; whether one connected.
+    async fn rebuild(&self) -> bool {
         const SILENT: &str = "redis-rs's Redis Cluster client answers nothing";
         match tokio::time::timeout(REBUILD_TIMEOUT, self.client.get_async_connection()).await {
             Ok(Ok(fresh)) => {
@@ -96,37 +103,59 @@ impl Shared {
                     "{SILENT} (for {} s); built again",
                     STUCK_AFTER.as_secs()
                 );
+                true
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "{SILENT}, and a new one could not connect"),
-            Err(_) => tracing::warn!(
-                "{SILENT}, and a new one did not connect in {} s",
-                REBUILD_TIMEOUT.as_secs()
-            ),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "{SILENT}, and a new one could not connect");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "{SILENT}, and a new one did not connect in {} s",
+                    REBUILD_TIMEOUT.as_secs()
+                );
+                false
+            }
         }
     }
 }
 
-/// Since when the probes have gone unanswered.
-#[derive(Debug, Default)]
+/// Since when the probes have gone unanswered, and how long a silence builds the client again.
+#[derive(Debug)]
 pub(crate) struct Watch {
     silent_since: Option<Instant>,
+    after: Duration,
+}
+
+impl Default for Watch {
+    fn default() -> Self {
+        Self {
+            silent_since: None,
+            after: STUCK_AFTER,
+        }
+    }
 }
 
 impl Watch {
     /// Whether, after a probe at `now` (`answered` or not), the client is to be built again:
-    /// silent for [`STUCK_AFTER`] since the first unanswered probe, or since the last time
-    /// it said so.
+    /// silent for [`STUCK_AFTER`] (longer after rebuilds that failed, [`Watch::failed`]) since
+    /// the first unanswered probe, or since the last time it said so.
     fn stuck(&mut self, answered: bool, now: Instant) -> bool {
         if answered {
-            self.silent_since = None;
+            *self = Self::default();
             return false;
         }
         let since = *self.silent_since.get_or_insert(now);
-        if now.saturating_duration_since(since) < STUCK_AFTER {
+        if now.saturating_duration_since(since) < self.after {
             return false;
         }
         self.silent_since = Some(now);
         true
+    }
+
+    /// The rebuild [`Watch::stuck`] asked for could not connect: the next waits twice as long.
+    fn failed(&mut self) {
+        self.after = (self.after * 2).min(MOST_STUCK_AFTER);
     }
 }
 
@@ -152,5 +181,17 @@ mod tests {
         assert!(w.stuck(false, at(6_600)));
         // A clock read earlier than the last (none with Instant, but no panic either).
         assert!(!w.stuck(false, at(6_000)));
+        // Rebuilds that could not connect: 4 s, then 8 s, up to 32 s; an answer starts again.
+        w.failed();
+        assert!(!w.stuck(false, at(10_599)));
+        assert!(w.stuck(false, at(10_600)));
+        for _ in 0..10 {
+            w.failed();
+        }
+        assert!(!w.stuck(false, at(42_599)));
+        assert!(w.stuck(false, at(42_600)), "at most 32 s");
+        assert!(!w.stuck(true, at(43_000)));
+        assert!(!w.stuck(false, at(43_100)));
+        assert!(w.stuck(false, at(45_100)), "2 s again after an answer");
     }
 }
