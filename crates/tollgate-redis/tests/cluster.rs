@@ -706,4 +706,60 @@ async fn a_cluster_client_that_answers_nothing_is_built_again_and_decides_exactl
     }
 }
 
+/// The whole Cluster paused for 6 s (every node silent, as when the network to it is cut):
+/// the watchdog finds redis-rs's client silent, and its rebuilds cannot connect (they wait
+/// longer each time), so the old client stays, and once the nodes answer again the store
+/// decides at once. At most one rebuild lands: one under way as the nodes resume may connect.
+/// The calls that timed out meanwhile sat in the nodes' sockets and ran as they resumed (a
+/// timeout says nothing about whether a call ran), so the bucket is down by at most those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_paused_whole_decides_again_once_it_answers() {
+    let cluster = RedisCluster::start(3, 0);
+    let config = tollgate_redis::RedisConfig::cluster(cluster.seed_urls())
+        .with_call_timeout(Duration::from_millis(300));
+    let store = connect_at(config, Some(1)).await;
+    let bucket = rule("outage", Algorithm::TokenBucket, 1_000, HOUR);
+    let plan = [Check::new(client(8), &bucket, 1)];
+    let take = || store.check_bounded(&plan, 0);
+    assert_eq!(take().await.expect("first").decisions[0].remaining, 999);
+    for node in cluster.nodes() {
+        node.pause();
+    }
+    let paused = std::time::Instant::now();
+    let mut unanswered = 0;
+    while paused.elapsed() < Duration::from_secs(6) {
+        let e = take().await.expect_err("a paused Cluster answers nothing");
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        unanswered += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for node in cluster.nodes() {
+        node.resume();
+    }
+    let resumed = std::time::Instant::now();
+    let answer = loop {
+        match take().await {
+            Ok(v) => break v,
+            Err(e) if resumed.elapsed() < HALF_MINUTE => {
+                assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+                unanswered += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!(
+                "not answered {:?} after the nodes resumed: {e}",
+                resumed.elapsed()
+            ),
+        }
+    };
+    assert!(store.cluster_client_rebuilds() <= 1);
+    assert!(answer.allowed);
+    let left = answer.decisions[0].remaining;
+    assert!(
+        (998 - unanswered..=998).contains(&left),
+        "{left} left after {unanswered} unanswered calls"
+    );
+    let next = take().await.expect("after").decisions[0].remaining;
+    assert_eq!(next, left - 1);
+}
+
 const HALF_MINUTE: Duration = Duration::from_secs(30);
