@@ -5,7 +5,9 @@
 //!   charged and the state stays in a steady shape (the sliding log holds about
 //!   `limit / 2` entries, pruning one and pushing one per request);
 //! - `denied`: the quota is exhausted and time stands still, so every request is denied with a
-//!   retry time and nothing is written.
+//!   retry time and nothing is written;
+//! - `long_log`: the sliding log's `allowed` path at limits of 1,000 to 100,000 a second
+//!   (`limit / 2` entries in the window): what one admitted request costs as the log grows.
 //!
 //! Run: `cargo bench -p tollgate-core --bench algorithms -- --quick`.
 
@@ -69,6 +71,30 @@ fn denied(c: &mut Criterion) {
     group.finish();
 }
 
+fn long_log(c: &mut Criterion) {
+    let mut group = c.benchmark_group("long_log");
+    for n in [1_000, 10_000, 100_000] {
+        let quota = Quota::new(n, Duration::from_secs(1)).expect("a valid quota");
+        let limit = Limit::new(Algorithm::SlidingWindowLog, quota).expect("a valid log");
+        let step = 2 * quota.emission_interval_micros();
+        let mut state = limit.fresh();
+        let mut now = START;
+        for _ in 0..2 * n {
+            now += step;
+            assert!(limit.check(&mut state, now, 1, true).allowed);
+        }
+        group.bench_function(n.to_string(), |b| {
+            b.iter(|| {
+                now += step;
+                let d = limit.check(black_box(&mut state), black_box(now), 1, true);
+                debug_assert!(d.allowed);
+                d
+            })
+        });
+    }
+    group.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
@@ -78,6 +104,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = allowed, denied
+    targets = allowed, denied, long_log
 }
 criterion_main!(benches);

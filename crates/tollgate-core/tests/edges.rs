@@ -189,7 +189,7 @@ fn any_state() -> impl Strategy<Value = State> {
                 .into_iter()
                 .map(|(at, units)| LogEntry { at, units })
                 .collect();
-            State::SlidingWindowLog(SlidingWindowLogState { entries })
+            State::SlidingWindowLog(SlidingWindowLogState::from_entries(entries))
         }),
         (t, any::<u64>(), any::<u64>()).prop_map(|(window_start, current, previous)| {
             State::SlidingWindowCounter(SlidingWindowCounterState {
@@ -296,13 +296,13 @@ fn states_left_by_a_larger_quota_are_decided_without_overflow() {
             current: u64::MAX,
             previous: u64::MAX,
         }),
-        State::SlidingWindowLog(SlidingWindowLogState {
-            entries: [LogEntry {
+        State::SlidingWindowLog(SlidingWindowLogState::from_entries(
+            [LogEntry {
                 at: WALL,
                 units: u64::MAX,
             }]
             .into(),
-        }),
+        )),
         State::Gcra(GcraState { tat: u64::MAX }),
     ];
     for state in states {

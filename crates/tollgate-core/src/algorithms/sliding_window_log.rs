@@ -3,7 +3,9 @@
 //! O(limit) per client, which is why its quotas are capped at [`MAX_LOG_LIMIT`].
 //!
 //! Entries with the same timestamp are merged, so a burst of cost `n` at one instant is one
-//! entry.
+//! entry. The state keeps the sum of its entries' units, so a decision sums only the entries
+//! that left the window since the last admission (pruned then): an admission costs the same
+//! at any length of log (`cargo bench -p tollgate-core --bench algorithms -- long_log`).
 
 use crate::{Decision, Micros, Quota};
 use std::collections::VecDeque;
@@ -21,16 +23,90 @@ pub struct LogEntry {
 }
 
 /// The admitted units still inside the window, oldest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default)]
 pub struct SlidingWindowLogState {
     /// Admitted units, oldest first, timestamps strictly increasing.
-    pub entries: VecDeque<LogEntry>,
+    entries: VecDeque<LogEntry>,
+    /// The units of `entries`, summed; `u64::MAX` once the sum reaches it (then summed anew
+    /// where needed: no limit or debt comes near, only states made up by tests).
+    units: u64,
+}
+
+/// Two states are equal when their entries are (the sum follows from them).
+impl PartialEq for SlidingWindowLogState {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl Eq for SlidingWindowLogState {}
+
+impl std::hash::Hash for SlidingWindowLogState {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.entries.hash(h);
+    }
 }
 
 impl SlidingWindowLogState {
+    /// A log of `entries`: oldest first, timestamps strictly increasing (not checked; a log
+    /// out of order decides as its order says).
+    pub fn from_entries(entries: VecDeque<LogEntry>) -> Self {
+        let units = sum(entries.iter());
+        Self { entries, units }
+    }
+
+    /// Admitted units, oldest first.
+    pub fn entries(&self) -> &VecDeque<LogEntry> {
+        &self.entries
+    }
+
     fn newest(&self) -> Micros {
         self.entries.back().map_or(0, |e| e.at)
     }
+
+    /// The units of entries `from..`.
+    fn units_from(&self, from: usize) -> u64 {
+        if self.units == u64::MAX {
+            return sum(self.entries.range(from..));
+        }
+        // The entries before `from` are those that left the window since the last admission.
+        self.units - sum(self.entries.range(..from))
+    }
+
+    /// `units` more at `now` (merged into the newest entry when it is at `now`).
+    fn push(&mut self, now: Micros, units: u64) {
+        match self.entries.back_mut() {
+            Some(last) if last.at == now => last.units = last.units.saturating_add(units),
+            _ => self.entries.push_back(LogEntry { at: now, units }),
+        }
+        self.units = self.units.saturating_add(units);
+    }
+
+    /// Drops the entries at or before `horizon` (none while `now < p`).
+    fn prune(&mut self, now: Micros, p: Micros, horizon: Micros) {
+        while let Some(e) = self.entries.front() {
+            if !(now >= p && e.at <= horizon) {
+                break;
+            }
+            let units = e.units;
+            self.entries.pop_front();
+            self.forget(units);
+        }
+    }
+
+    /// `units` fewer in the sum.
+    fn forget(&mut self, units: u64) {
+        if self.units == u64::MAX {
+            self.units = sum(self.entries.iter());
+        } else {
+            self.units -= units;
+        }
+    }
+}
+
+/// The units of `entries`, summed, saturated at `u64::MAX`.
+fn sum<'a>(entries: impl Iterator<Item = &'a LogEntry>) -> u64 {
+    entries.fold(0u64, |a, e| a.saturating_add(e.units))
 }
 
 /// Decides one request; writes the state only when `commit` and the request is allowed with a
@@ -47,21 +123,11 @@ pub fn check(
     let now = now.max(state.newest());
     // Entries at or before `horizon` are out of the window (now - period, now].
     let horizon = now.saturating_sub(p);
-    // Timestamps are increasing: a binary search finds the first live entry, and the sum
-    // runs over plain slices (the only O(entries) part of a decision).
+    // Timestamps are increasing: a binary search finds the first live entry.
     let first_live = state
         .entries
         .partition_point(|e| now >= p && e.at <= horizon);
-    let live = state.entries.range(first_live..);
-    let (front, back) = state.entries.as_slices();
-    // Summed in u128 (no overflow for any count of u64 entries), saturated back to u64.
-    let units = |s: &[LogEntry]| s.iter().map(|e| u128::from(e.units)).sum::<u128>();
-    let total = if first_live <= front.len() {
-        units(&front[first_live..]) + units(back)
-    } else {
-        units(&back[first_live - front.len()..])
-    };
-    let in_window = u64::try_from(total).unwrap_or(u64::MAX);
+    let in_window = state.units_from(first_live);
     let mut d = Decision {
         allowed: false,
         limit,
@@ -83,27 +149,15 @@ pub fn check(
             d.reset_after = p;
         }
         if commit && cost > 0 {
-            while state
-                .entries
-                .front()
-                .is_some_and(|e| now >= p && e.at <= horizon)
-            {
-                state.entries.pop_front();
-            }
-            match state.entries.back_mut() {
-                Some(last) if last.at == now => last.units = last.units.saturating_add(cost),
-                _ => state.entries.push_back(LogEntry {
-                    at: now,
-                    units: cost,
-                }),
-            }
+            state.prune(now, p, horizon);
+            state.push(now, cost);
         }
         return d;
     }
     // Drop the oldest live entries until the request fits; the last one dropped decides.
     let mut excess = in_window.saturating_add(cost) - limit;
     let mut at = now;
-    for e in live {
+    for e in state.entries.range(first_live..) {
         at = e.at;
         if e.units >= excess {
             break;
@@ -137,7 +191,7 @@ pub fn refund(
     if now >= p && at <= now - p {
         return 0;
     }
-    let Some(i) = state.entries.iter().position(|e| e.at == at) else {
+    let Ok(i) = state.entries.binary_search_by_key(&at, |e| e.at) else {
         return 0;
     };
     let back = units.min(state.entries[i].units);
@@ -145,6 +199,7 @@ pub fn refund(
     if state.entries[i].units == 0 {
         state.entries.remove(i);
     }
+    state.forget(back);
     back
 }
 
@@ -154,26 +209,11 @@ pub fn owe(q: &Quota, state: &mut SlidingWindowLogState, now: Micros, units: u64
     let p = q.period_micros();
     let now = now.max(state.newest());
     let horizon = now.saturating_sub(p);
-    while state
-        .entries
-        .front()
-        .is_some_and(|e| now >= p && e.at <= horizon)
-    {
-        state.entries.pop_front();
-    }
-    let live: u64 = state
-        .entries
-        .iter()
-        .fold(0u64, |a, e| a.saturating_add(e.units));
+    state.prune(now, p, horizon);
+    let live = state.units_from(0);
     let take = units.min(crate::settle::MAX_COUNT.saturating_sub(live));
     if take > 0 {
-        match state.entries.back_mut() {
-            Some(last) if last.at == now => last.units += take,
-            _ => state.entries.push_back(LogEntry {
-                at: now,
-                units: take,
-            }),
-        }
+        state.push(now, take);
     }
     take
 }
@@ -196,11 +236,114 @@ pub fn give_back(q: &Quota, state: &mut SlidingWindowLogState, now: Micros, unit
         let take = (units - back).min(last.units);
         last.units -= take;
         back += take;
-        if last.units == 0 {
+        let emptied = last.units == 0;
+        if emptied {
             state.entries.pop_back();
-        } else {
+        }
+        state.forget(take);
+        if !emptied {
             break;
         }
     }
     back
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    /// One operation on a log: a check (committed or not), a refund of an entry, a debt, a
+    /// give-back; with how far the clock moves first (backwards too) and how many units.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Check { commit: bool },
+        Refund { entry: usize },
+        Owe,
+        GiveBack,
+    }
+
+    fn op() -> impl Strategy<Value = (Op, i64, u64)> {
+        let kind = prop_oneof![
+            4 => any::<bool>().prop_map(|commit| Op::Check { commit }),
+            1 => any::<usize>().prop_map(|entry| Op::Refund { entry }),
+            1 => Just(Op::Owe),
+            1 => Just(Op::GiveBack),
+        ];
+        (kind, -300i64..1_500, 0u64..12)
+    }
+
+    /// The units in the window as the log's entries say, summed from scratch.
+    fn live(state: &SlidingWindowLogState, p: Micros, now: Micros) -> u64 {
+        let now = now.max(state.newest());
+        state
+            .entries
+            .iter()
+            .filter(|e| !(now >= p && e.at <= now - p))
+            .fold(0u64, |a, e| a.saturating_add(e.units))
+    }
+
+    proptest! {
+        /// Whatever runs on a log, its kept sum is its entries' sum, and every decision's
+        /// remaining count is the limit less the units its window holds, summed from scratch.
+        #[test]
+        fn the_kept_sum_is_the_entries_sum(ops in prop::collection::vec(op(), 1..200)) {
+            let q = Quota::new(20, Duration::from_millis(5)).expect("a quota");
+            let p = q.period_micros();
+            let mut state = SlidingWindowLogState::default();
+            let mut now: Micros = 1_000_000;
+            for (op, step, units) in ops {
+                now = now.saturating_add_signed(step);
+                match op {
+                    Op::Check { commit } => {
+                        let expect = q.limit().saturating_sub(live(&state, p, now));
+                        let d = check(&q, &mut state, now, units, commit);
+                        if d.allowed {
+                            prop_assert_eq!(d.remaining, expect - units);
+                        } else {
+                            prop_assert_eq!(d.remaining, expect);
+                        }
+                    }
+                    Op::Refund { entry } => {
+                        let at = match state.entries.len() {
+                            0 => now,
+                            n => state.entries[entry % n].at,
+                        };
+                        refund(&q, &mut state, now, units, at);
+                    }
+                    Op::Owe => {
+                        owe(&q, &mut state, now, units);
+                    }
+                    Op::GiveBack => {
+                        give_back(&q, &mut state, now, units);
+                    }
+                }
+                prop_assert_eq!(state.units, sum(state.entries.iter()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_saturated_sum_is_summed_anew_once_it_falls() {
+        let q = Quota::new(10, Duration::from_secs(1)).expect("a quota");
+        let mut state = SlidingWindowLogState::from_entries(
+            [
+                LogEntry {
+                    at: 1,
+                    units: u64::MAX,
+                },
+                LogEntry { at: 2, units: 3 },
+            ]
+            .into(),
+        );
+        assert_eq!(state.units, u64::MAX);
+        assert_eq!(check(&q, &mut state, 3, 1, true).remaining, 0);
+        // The first entry leaves the window: the sum is exact again.
+        let later = 1 + q.period_micros();
+        let d = check(&q, &mut state, later, 1, true);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 10 - 3 - 1);
+        assert_eq!(state.units, 4);
+    }
 }
