@@ -14,7 +14,8 @@
 // `criterion_group!` generates a public function without docs.
 #![allow(missing_docs)]
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
 use std::hint::black_box;
 use std::time::Duration;
 use tollgate_core::{Algorithm, Limit, Micros, Quota};
@@ -28,26 +29,30 @@ fn limit(algorithm: Algorithm) -> Limit {
 /// A wall-clock-like start, aligned to the period.
 const START: Micros = 1_700_000_000_000_000;
 
+/// Admissions of one unit every other emission interval of `limit`, as `name` in `group`,
+/// after two windows of them warmed the state into its steady shape.
+fn admissions(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, limit: &Limit) {
+    let step = 2 * limit.quota().emission_interval_micros();
+    let mut state = limit.fresh();
+    let mut now = START;
+    for _ in 0..2 * limit.quota().limit() {
+        now += step;
+        assert!(limit.check(&mut state, now, 1, true).allowed);
+    }
+    group.bench_function(name, |b| {
+        b.iter(|| {
+            now += step;
+            let d = limit.check(black_box(&mut state), black_box(now), 1, true);
+            debug_assert!(d.allowed);
+            d
+        })
+    });
+}
+
 fn allowed(c: &mut Criterion) {
     let mut group = c.benchmark_group("allowed");
     for algorithm in Algorithm::ALL {
-        let limit = limit(algorithm);
-        let step = 2 * limit.quota().emission_interval_micros();
-        let mut state = limit.fresh();
-        let mut now = START;
-        // Warm the state into its steady shape (a full window of history).
-        for _ in 0..2 * limit.quota().limit() {
-            now += step;
-            assert!(limit.check(&mut state, now, 1, true).allowed);
-        }
-        group.bench_function(algorithm.name(), |b| {
-            b.iter(|| {
-                now += step;
-                let d = limit.check(black_box(&mut state), black_box(now), 1, true);
-                debug_assert!(d.allowed);
-                d
-            })
-        });
+        admissions(&mut group, algorithm.name(), &limit(algorithm));
     }
     group.finish();
 }
@@ -76,21 +81,7 @@ fn long_log(c: &mut Criterion) {
     for n in [1_000, 10_000, 100_000] {
         let quota = Quota::new(n, Duration::from_secs(1)).expect("a valid quota");
         let limit = Limit::new(Algorithm::SlidingWindowLog, quota).expect("a valid log");
-        let step = 2 * quota.emission_interval_micros();
-        let mut state = limit.fresh();
-        let mut now = START;
-        for _ in 0..2 * n {
-            now += step;
-            assert!(limit.check(&mut state, now, 1, true).allowed);
-        }
-        group.bench_function(n.to_string(), |b| {
-            b.iter(|| {
-                now += step;
-                let d = limit.check(black_box(&mut state), black_box(now), 1, true);
-                debug_assert!(d.allowed);
-                d
-            })
-        });
+        admissions(&mut group, &n.to_string(), &limit);
     }
     group.finish();
 }
