@@ -765,10 +765,10 @@ fn uniform_loops(lua: &mut String, forms: &[Form], across: bool) {
                          if",
                     );
                 }
+                lua.push_str(" not raw and fresh_value then\n");
+                crate::script::set_replacing(lua, "      ", "key", "fresh_value", "fresh_px");
                 lua.push_str(
-                    " not raw and fresh_value then\n      \
-                     redis.call('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n      \
-                     if not distinct then\n        \
+                    "      if not distinct then\n        \
                      written[key] = fresh_value\n      \
                      end\n      \
                      out[i] = fresh_out\n    \
@@ -847,9 +847,12 @@ fn one_rule(lua: &mut String, rule: (Algorithm, Mode), s: usize) {
          local fresh = not raw and not timed and cost == 1\n    \
          local kept = fresh and fresh_of[{s}]\n    \
          kept = kept and kept[quotas]\n    \
-         if kept then\n      \
-         redis.call('SET', key, kept[1], 'PX', kept[2], 'GET')\n      \
-         written[key] = kept[1]\n      \
+         if kept then"
+    );
+    crate::script::set_replacing(lua, "      ", "key", "kept[1]", "kept[2]");
+    let _ = writeln!(
+        lua,
+        "      written[key] = kept[1]\n      \
          out[i] = kept[3]\n    \
          else"
     );
@@ -1217,9 +1220,22 @@ mod tests {
         // Each write passes its PX as a number (Redis prints it: no Lua string a write) or,
         // in a run of writes of the same milliseconds, as text formatted once. One write for
         // the one-rule form, two for the two-rule one, each in its branch and its uniform
-        // loop.
-        let writes = s.text.matches("'PX', px_arg, 'GET')").count();
+        // loop. Each write is a `redis.pcall`, and a `redis.call` again where it failed
+        // (`crate::script::set_replacing`).
+        let writes = s
+            .text
+            .matches("local set = redis.pcall('SET', key, value, 'PX', px_arg, 'GET')")
+            .count()
+            + (1..=2)
+                .map(|i| {
+                    let w = format!(
+                        "local set = redis.pcall('SET', keys[k + {i}], value_{i}, 'PX', px_arg, 'GET')"
+                    );
+                    s.text.matches(&w).count()
+                })
+                .sum::<usize>();
         assert_eq!(writes, 6);
+        assert_eq!(s.text.matches("'PX', px_arg, 'GET')").count(), 2 * writes);
         // Text only from the second write in a row of the same milliseconds.
         assert_eq!(
             s.text
@@ -1244,7 +1260,7 @@ mod tests {
         );
         assert!(s.text.contains(
             "    if not raw and fresh_value then\n      \
-             redis.call('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n"
+             local set = redis.pcall('SET', key, fresh_value, 'PX', fresh_px, 'GET')\n"
         ));
         assert!(s
             .text
@@ -1478,6 +1494,6 @@ mod tests {
         // Another script than the one-slot batch of the same shapes.
         let plain = batch_script(&[one, two]).expect("script");
         assert_ne!(plain.sha, s.sha);
-        assert!(!plain.text.contains("pcall") && plain.text.contains("MGET"));
+        assert!(!plain.text.contains("redis.pcall('GET'") && plain.text.contains("MGET"));
     }
 }

@@ -110,6 +110,69 @@ async fn concurrent_plans(
     allowed
 }
 
+/// A key of another type under the store's prefix (a stray `LPUSH`, another application's
+/// key) reads as absent and is written over by the plan scripts (one rule reads with GET,
+/// several with MGET) and by the batch script alike: no plan fails, and none is charged in
+/// part. Before, `SET ... GET` answered WRONGTYPE after the earlier writes of the call had
+/// landed: a two-rule plan failed with its first rule charged, a batch failed every plan in it
+/// with those before charged, and that client's calls kept failing until the key went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_of_another_type_is_written_over_and_fails_no_plan() {
+    let server = RedisServer::start();
+    let config = RedisConfig::standalone(server.url()).with_clock(StoreClock::Local);
+    let store = store(config).await;
+    let bucket = Arc::new(rule("wt-b", Algorithm::TokenBucket, 50, HOUR));
+    let window = Arc::new(rule("wt-w", Algorithm::FixedWindow, 50, HOUR));
+    let stray = |who: u128, rule: &str, how: &str| {
+        let key = store.key(&client(who), rule);
+        server.cli(&[how, &key, "stray"]);
+        key
+    };
+    let kind = |key: &str| server.cli(&["type", key]).trim().to_string();
+    let now = common::EPOCH_2026;
+    // One rule (GET).
+    let key = stray(70, "wt-b", "LPUSH");
+    let v = store
+        .check(&[Check::new(client(70), &bucket, 1)], now)
+        .await;
+    assert_eq!(v.expect("one rule").decisions[0].remaining, 49);
+    assert_eq!(kind(&key), "string");
+    // Two rules (MGET), the first with a state, the second a set.
+    let plan = [
+        Check::new(client(71), &bucket, 1),
+        Check::new(client(71), &window, 1),
+    ];
+    assert!(store.check(&plan, now).await.expect("first").allowed);
+    let key = store.key(&client(71), "wt-w");
+    server.cli(&["DEL", &key]);
+    server.cli(&["SADD", &key, "stray"]);
+    let v = store.check(&plan, now).await.expect("two rules");
+    let left: Vec<u64> = v.decisions.iter().map(|d| d.remaining).collect();
+    assert_eq!(
+        left,
+        [48, 49],
+        "the bucket charged once more, the window anew"
+    );
+    assert_eq!(kind(&key), "string");
+    // Batches: ten clients' plans at once, two of them meeting a stray key.
+    let who: Vec<u128> = (80..90).collect();
+    let lists = [stray(82, "wt-b", "RPUSH"), stray(85, "wt-w", "LPUSH")];
+    let allowed = concurrent_plans(&store, &[bucket.clone(), window.clone()], &who, 200).await;
+    assert_eq!(allowed, vec![20; 10]);
+    for key in &lists {
+        assert_eq!(kind(key), "string");
+    }
+    for &w in &who {
+        let plan = [
+            Check::new(client(w), &bucket, 1),
+            Check::new(client(w), &window, 1),
+        ];
+        let v = store.check(&plan, now).await.expect("after");
+        let left: Vec<u64> = v.decisions.iter().map(|d| d.remaining).collect();
+        assert_eq!(left, [29, 29], "client {w}: each plan charged once, whole");
+    }
+}
+
 /// Loads `r`'s plan script with a check that charges nothing, so that the plans after it
 /// find it on the server.
 async fn load_script(store: &RedisStore, r: &Arc<Rule>) {
