@@ -84,17 +84,19 @@ impl SlidingWindowLogState {
 
     /// Drops the entries at or before `horizon` (none while `now < p`).
     fn prune(&mut self, now: Micros, p: Micros, horizon: Micros) {
+        let mut dropped = 0u64;
         while let Some(e) = self.entries.front() {
             if !(now >= p && e.at <= horizon) {
                 break;
             }
-            let units = e.units;
+            dropped = dropped.saturating_add(e.units);
             self.entries.pop_front();
-            self.forget(units);
         }
+        self.forget(dropped);
     }
 
-    /// `units` fewer in the sum.
+    /// `units` fewer in the sum (once the entries no longer hold them; a saturated sum is
+    /// made anew from what they hold).
     fn forget(&mut self, units: u64) {
         if self.units == u64::MAX {
             self.units = sum(self.entries.iter());
@@ -236,15 +238,13 @@ pub fn give_back(q: &Quota, state: &mut SlidingWindowLogState, now: Micros, unit
         let take = (units - back).min(last.units);
         last.units -= take;
         back += take;
-        let emptied = last.units == 0;
-        if emptied {
+        if last.units == 0 {
             state.entries.pop_back();
-        }
-        state.forget(take);
-        if !emptied {
+        } else {
             break;
         }
     }
+    state.forget(back);
     back
 }
 
