@@ -995,9 +995,8 @@ pub(crate) fn write(lua: &mut String, key: &str, value: &str, idle: &str) {
 /// raised as `redis.call` raises it (`error` of pcall's answer: the same reply, counted once
 /// in the server's error stats). Before, the write failed after the earlier writes
 /// of the plan (and of the batch) had landed: a plan charged in part, though its call failed,
-/// and every later call of that client failing until the key went. `redis.pcall` costs what
-/// `redis.call` does (one C function, a flag apart); the test of its answer, a few Lua
-/// instructions a write.
+/// and every later call of that client failing until the key went. Counted by callgrind
+/// (`scripts/profile-redis`, docs/benchmarks.md): no change in Redis's instructions a plan.
 pub(crate) fn set_replacing(lua: &mut String, indent: &str, key: &str, value: &str, px: &str) {
     let _ = writeln!(
         lua,
